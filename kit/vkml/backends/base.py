@@ -1,0 +1,144 @@
+"""What a backend is, which one is current, and the counters every test reads.
+
+A backend compiles Programs into executables and runs them.  One ``run`` is
+one *submission*: the unit of cost that laziness exists to save (the seed
+measured 40-105 us of host time per submission on a GPU), so it is counted,
+and so are compiles and executable-cache hits.  Tests assert these counts;
+they never assert seconds.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+
+from ..errors import BackendError
+
+
+@dataclass
+class Stats:
+    """Counters since the last :func:`reset_stats`.
+
+    - ``submissions``: units of work handed to a backend (one per realize).
+    - ``compiles``: programs compiled into executables.
+    - ``cache_hits``: realizes that found their executable already compiled.
+    - ``traces``: functions traced into programs (jit, scan steps, kernels).
+    - ``derivations``: derived programs made (jvp, vjp, transposes).
+    """
+
+    submissions: int = 0
+    compiles: int = 0
+    cache_hits: int = 0
+    traces: int = 0
+    derivations: int = 0
+
+    def snapshot(self) -> "Stats":
+        return Stats(**{f.name: getattr(self, f.name) for f in fields(self)})
+
+    def __sub__(self, other: "Stats") -> "Stats":
+        return Stats(**{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(self)})
+
+    def __getitem__(self, name):
+        return getattr(self, name)
+
+
+STATS = Stats()
+
+
+def stats() -> Stats:
+    """A snapshot of the counters (subtract two snapshots to count what happened between)."""
+    return STATS.snapshot()
+
+
+def reset_stats() -> None:
+    for f in fields(STATS):
+        setattr(STATS, f.name, 0)
+
+
+class ExecutionFailure(Exception):
+    """Raised by an executable: equation ``index`` of its program raised ``error``."""
+
+    def __init__(self, index, error):
+        super().__init__(index, error)
+        self.index = index
+        self.error = error
+
+
+class Backend:
+    """Compile Programs once per structure and run them, counting submissions.
+
+    Subclasses implement ``_compile(program) -> callable(list_of_arrays) -> list_of_arrays``
+    and set ``name`` and ``device`` (the placement printed in programs).
+    """
+
+    name = "?"
+    device = "?"
+
+    def __init__(self):
+        self._executables = {}
+
+    def executable(self, key, make_program):
+        """The executable for structural ``key``; ``make_program()`` builds the Program on a miss."""
+        exe = self._executables.get(key)
+        if exe is None:
+            exe = self._compile(make_program())
+            self._executables[key] = exe
+            STATS.compiles += 1
+        else:
+            STATS.cache_hits += 1
+        return exe
+
+    def run(self, exe, args):
+        """One submission."""
+        STATS.submissions += 1
+        return exe(args)
+
+    def clear_cache(self):
+        self._executables.clear()
+
+    @property
+    def cache_size(self) -> int:
+        return len(self._executables)
+
+    def _compile(self, program):
+        raise NotImplementedError
+
+    def info(self) -> dict:
+        return {"backend": self.name, "device": self.device, "cached executables": self.cache_size}
+
+
+_FACTORIES = {}
+_CURRENT = [None]
+
+
+def register(name, factory):
+    _FACTORIES[name] = factory
+
+
+def current() -> Backend:
+    if _CURRENT[0] is None:
+        set_backend(os.environ.get("VKML_BACKEND", "numpy"))
+    return _CURRENT[0]
+
+
+_INSTANCES = {}
+
+
+def set_backend(name: str) -> Backend:
+    """Select the backend new work runs on: ``"numpy"`` (default, always present)."""
+    if name not in _FACTORIES:
+        raise BackendError(f"unknown backend {name!r}; available: {', '.join(sorted(_FACTORIES))}")
+    if name not in _INSTANCES:
+        _INSTANCES[name] = _FACTORIES[name]()
+    backend = _INSTANCES[name]
+    from ..ops import api
+    api.DEFAULT_DEVICE[0] = backend.device
+    _CURRENT[0] = backend
+    return backend
+
+
+def backend_info() -> dict:
+    """What the current backend is and which backends this machine has."""
+    info = current().info()
+    info["available"] = sorted(_FACTORIES)
+    return info

@@ -1,0 +1,40 @@
+"""The errors vkml raises.
+
+Every refusal is a subclass of :class:`VkmlError`, and also of the builtin
+exception a Python user would expect (``ValueError`` for a wrong shape,
+``TypeError`` for a wrong kind of argument, ...), so ``except ValueError``
+keeps working.  Messages name the op, node or plane and say what to do
+instead; a refused call changes nothing.
+"""
+
+
+class VkmlError(Exception):
+    """Base class of every error vkml raises on purpose."""
+
+
+class ShapeError(VkmlError, ValueError):
+    """Operands whose shapes do not fit the op."""
+
+
+class DTypeError(VkmlError, TypeError):
+    """An operand of a dtype the op does not accept."""
+
+
+class ArgumentError(VkmlError, TypeError):
+    """An argument of the wrong kind (not an array, not a tensor, ...)."""
+
+
+class GradError(VkmlError, RuntimeError):
+    """A derivative that cannot be taken as asked (non-scalar root, integer input, ...)."""
+
+
+class ExecutionError(VkmlError, RuntimeError):
+    """An op that failed while its program ran (e.g. a gather index out of range)."""
+
+
+class TracingError(VkmlError, TypeError):
+    """A traced value used where a concrete one is needed (Python ``if``, ``bool()``)."""
+
+
+class BackendError(VkmlError, RuntimeError):
+    """A backend that is unknown or cannot run here."""

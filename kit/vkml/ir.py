@@ -1,0 +1,267 @@
+"""The one IR: values (:class:`Var`), equations (:class:`Eqn`) and :class:`Program`.
+
+Every kind of work in vkml becomes a Program: a lazy tensor graph at realize,
+a jitted function when it is traced, a per-sample kernel of the graph layer.
+A backend compiles and runs Programs and nothing else, and every
+transformation (jvp, partial evaluation, transpose, vmap, the printer) is an
+interpreter that walks a Program's equations.
+
+Building is done by *binding* a primitive to input Vars (see ``vkml.ops``):
+that makes an :class:`Eqn` and its output Vars, and each output remembers
+the equation that made it (``var.eqn``).  So Vars form a DAG, and a Program
+is that DAG cut at its leaves and put in topological order by
+:func:`collect`.  A Var that already holds a concrete array (``var.value``)
+is a leaf: an input of the program that reads it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import ArgumentError, TracingError
+
+#: The dtypes every primitive understands.
+DTYPES = tuple(np.dtype(d) for d in ("bool", "int32", "int64", "float32", "float64"))
+
+
+def dtype_name(dtype) -> str:
+    return np.dtype(dtype).name
+
+
+def is_float(dtype) -> bool:
+    return np.dtype(dtype).kind == "f"
+
+
+class Var:
+    """A value of the IR: its abstract type (shape, dtype, device) and where it comes from.
+
+    ``eqn`` is the equation that computes it (None for a leaf); ``value`` is
+    the concrete array once known.  A Var may have both: a realized tensor
+    that still needs its history for a later backward keeps its ``eqn``.
+    """
+
+    __slots__ = ("shape", "dtype", "device", "eqn", "value", "__weakref__")
+
+    def __init__(self, shape, dtype, device="CPU", eqn=None, value=None):
+        self.shape = shape
+        self.dtype = dtype
+        self.device = device
+        self.eqn = eqn
+        self.value = value
+
+    @property
+    def aval(self):
+        return (self.shape, self.dtype, self.device)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    def type_str(self) -> str:
+        return f"{dtype_name(self.dtype)} {format_shape(self.shape)} at {self.device}"
+
+    def __repr__(self):
+        return f"Var({self.type_str()})"
+
+
+def format_shape(shape) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+class Eqn:
+    """One primitive applied to input Vars, giving output Vars.
+
+    ``params`` are the primitive's static parameters (axes, shapes, nested
+    programs); they must be hashable because they are part of a program's
+    structural key.  ``where`` is the user's source line that made it, used
+    to name the line in error messages.
+    """
+
+    __slots__ = ("prim", "inputs", "outputs", "params", "where")
+
+    def __init__(self, prim, inputs, outputs, params, where=None):
+        self.prim = prim
+        self.inputs = inputs
+        self.outputs = outputs
+        self.params = params
+        self.where = where
+
+    def describe(self) -> str:
+        """A short text naming the op, its operands and the line that made it."""
+        args = ", ".join(v.type_str() for v in self.inputs)
+        text = f"{self.prim.name}({args})"
+        if self.params:
+            text += " with " + ", ".join(f"{k}={_param_str(v)}" for k, v in self.params.items())
+        if self.where:
+            text += f", made at {self.where}"
+        return text
+
+    def __repr__(self):
+        return f"Eqn({self.describe()})"
+
+
+def _param_str(value) -> str:
+    if isinstance(value, Program):
+        return "<program>"
+    if isinstance(value, np.dtype):
+        return value.name
+    return str(value)
+
+
+def params_key(params: dict) -> tuple:
+    """Params as a hashable, order-independent tuple."""
+    if not params:
+        return ()
+    return tuple(sorted(params.items()))
+
+
+class Program:
+    """A closed list of equations: ``outputs = f(inputs)``.
+
+    ``consts`` are leaf Vars with values that the program holds itself (the
+    literal ``0.`` of a scan's initial carry, say); inputs are supplied per
+    call.  Programs compare and hash by structure, so a training step that
+    builds the same graph every time finds its compiled executable in the
+    cache.
+    """
+
+    __slots__ = ("inputs", "consts", "eqns", "outputs", "_key", "__weakref__", "__dict__")
+
+    def __init__(self, inputs, eqns, outputs, consts=()):
+        self.inputs = tuple(inputs)
+        self.consts = tuple(consts)
+        self.eqns = tuple(eqns)
+        self.outputs = tuple(outputs)
+        self._key = None
+
+    @property
+    def key(self) -> tuple:
+        """The structural key: what the program computes, not which arrays it holds."""
+        if self._key is None:
+            self._key = structure_key(self.inputs, self.consts, self.eqns, self.outputs,
+                                      with_const_values=True)
+        return self._key
+
+    def __hash__(self):
+        return hash(self.key)
+
+    def __eq__(self, other):
+        return self is other or (isinstance(other, Program) and self.key == other.key)
+
+    @property
+    def in_avals(self):
+        return tuple(v.aval for v in self.inputs)
+
+    @property
+    def out_avals(self):
+        return tuple(v.aval for v in self.outputs)
+
+    def __str__(self):
+        from .printer import pp_program
+        return pp_program(self)
+
+    def __repr__(self):
+        return f"<Program ({len(self.inputs)} inputs, {len(self.eqns)} equations, {len(self.outputs)} outputs)>"
+
+
+def _value_key(value):
+    a = np.asarray(value)
+    return (a.dtype.str, a.shape, a.tobytes())
+
+
+def structure_key(inputs, consts, eqns, outputs, with_const_values: bool) -> tuple:
+    """Number every Var by first appearance and describe the program with those numbers."""
+    ids = {}
+    parts = []
+    for v in inputs:
+        ids[v] = len(ids)
+        parts.append(v.aval)
+    for v, value in consts:
+        ids[v] = len(ids)
+        parts.append((v.aval, _value_key(value)) if with_const_values else v.aval)
+    parts.append(len(inputs))
+    for e in eqns:
+        parts.append((e.prim.name, params_key(e.params), tuple(ids[v] for v in e.inputs)))
+        for v in e.outputs:
+            ids[v] = len(ids)
+    parts.append(tuple(ids[v] for v in outputs))
+    return tuple(parts)
+
+
+def collect(outputs, is_leaf=None):
+    """Put the DAG under ``outputs`` in topological order, cut at leaves.
+
+    A Var is a leaf when it has no equation, or ``is_leaf(var)`` says so
+    (default: it already holds a value).  Returns ``(leaves, eqns)``: the
+    leaves in first-visit order and the equations in an order where every
+    input is computed before it is read.  Iterative, so a chain of 100 000
+    ops does not hit Python's recursion limit.
+    """
+    if is_leaf is None:
+        is_leaf = _has_value
+    leaves = []
+    order = []
+    seen_vars = set()
+    seen_eqns = set()
+    # Depth-first, children in operand order, so the order is deterministic.
+    stack = [(v, False) for v in reversed(outputs)]
+    while stack:
+        var, expanded = stack.pop()
+        if expanded:
+            e = var.eqn
+            if id(e) not in seen_eqns:
+                seen_eqns.add(id(e))
+                order.append(e)
+            continue
+        if var in seen_vars:
+            continue
+        seen_vars.add(var)
+        if var.eqn is None or is_leaf(var):
+            leaves.append(var)
+            continue
+        e = var.eqn
+        if id(e) in seen_eqns:
+            continue
+        stack.append((var, True))
+        for src in reversed(e.inputs):
+            if src not in seen_vars:
+                stack.append((src, False))
+    return leaves, order
+
+
+def _has_value(var) -> bool:
+    return var.value is not None
+
+
+def program_from_dag(inputs, outputs) -> Program:
+    """Close the DAG between placeholder ``inputs`` and ``outputs`` into a Program.
+
+    Leaves that hold values become the program's consts; a leaf that is
+    neither an input nor a value is a placeholder from another trace that
+    escaped into this one, which is refused.
+    """
+    input_set = set(inputs)
+    leaves, eqns = collect(outputs, is_leaf=lambda v: v in input_set or v.value is not None)
+    consts = []
+    for v in leaves:
+        if v in input_set:
+            continue
+        if v.value is None:
+            raise TracingError(
+                f"a traced value ({v.type_str()}) from another trace was used here; "
+                "pass it as an argument of the function instead of capturing it")
+        consts.append((v, v.value))
+    return Program(inputs, eqns, outputs, consts)
+
+
+def check_var(x, what="argument") -> Var:
+    if not isinstance(x, Var):
+        raise ArgumentError(f"{what} must be an IR Var, got {type(x).__name__}")
+    return x

@@ -1,0 +1,820 @@
+"""The operations users and rules write with, built on the primitives.
+
+These functions take IR Vars (or Python/NumPy numbers and arrays) and return
+Vars.  They do what the primitives deliberately do not: NumPy dtype
+promotion (Python scalars are weak, as in NumPy 2), NumPy broadcasting,
+negative axes, ``keepdims``, and composites such as ``mean``, ``softmax``,
+``conv2d`` and pooling.  ``vkml.Tensor`` methods and the JVP/transpose rules
+both call these, so there is one definition of each operation.
+
+Composed rather than primitive, and why:
+
+- ``mean`` = sum / count; ``min`` = -max(-x); ``softmax``/``log_softmax`` from
+  max, exp, sum, log: their derivatives then come for free.
+- ``conv2d`` = pad + one strided slice per kernel tap + concatenate + matmul
+  (im2col).  A kernel of k*k taps costs k*k slices, all movement ops whose
+  transposes are pads, so its backward is a handful of matmuls and pads; a
+  dedicated primitive would need its own backward kernels, which the design
+  rule forbids unless a derivative cannot be composed.
+- ``max_pool2d``/``avg_pool2d`` = reshape + reduce_max/sum for
+  non-overlapping windows, strided slices + max otherwise.
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+import numbers
+
+import numpy as np
+
+from ..errors import ArgumentError, DTypeError, ShapeError
+from ..ir import Var, dtype_name
+from .core import Linear, bind
+from .elementwise import (abs_p, add_p, cast_p, cos_p, div_p, equal_p, exp_p, greater_equal_p,
+                          greater_p, less_equal_p, less_p, log_p, logical_and_p, logical_not_p,
+                          logical_or_p, maximum_p, minimum_p, mul_p, neg_p, not_equal_p, pow_p,
+                          sign_p, sin_p, sqrt_p, stop_gradient_p, sub_p, tanh_p, where_p)
+from .linalg import matmul_p
+from .movement import (broadcast_in_dim_p, concatenate_p, flip_p, gather_p, pad_p, reshape_p,
+                       scatter_add_p, slice_p, transpose_p)
+from .reductions import argmax_p, reduce_max_p, reduce_sum_p
+
+#: The device new constants are placed on (the current backend's).
+DEFAULT_DEVICE = ["CPU"]
+
+_SCALARS = (bool, int, float, np.bool_, np.number)
+
+
+# -- turning inputs into Vars ----------------------------------------------------
+
+def constant(value, dtype=None, device=None) -> Var:
+    """A leaf Var holding ``value`` (copied, so later changes to it are not seen)."""
+    arr = np.array(value, dtype=dtype)
+    if arr.dtype.kind not in "biuf" or arr.dtype.itemsize > 8:
+        raise ArgumentError(f"cannot make a tensor from {type(value).__name__} data of dtype "
+                            f"{arr.dtype}; pass numbers, lists of numbers or a NumPy array")
+    arr = arr.astype(_canonical_dtype(arr.dtype), copy=False)
+    arr.flags.writeable = False
+    return Var(arr.shape, arr.dtype, device or DEFAULT_DEVICE[0], value=arr)
+
+
+def _canonical_dtype(dtype):
+    """Map NumPy's dtypes onto the five vkml has (int8 -> int32, float16 -> float32, ...)."""
+    k = dtype.kind
+    if k == "b":
+        return np.dtype(bool)
+    if k in "iu":
+        return np.dtype(np.int64) if dtype.itemsize >= 8 or (k == "u" and dtype.itemsize >= 4) \
+            else np.dtype(np.int32)
+    return np.dtype(np.float64) if dtype.itemsize >= 8 else np.dtype(np.float32)
+
+
+def as_var(x) -> Var:
+    if isinstance(x, Var):
+        return x
+    if isinstance(x, Linear):
+        raise ArgumentError("a Linear marker cannot be computed with")
+    if isinstance(x, (np.ndarray, *_SCALARS)) or isinstance(x, (list, tuple)):
+        return constant(x)
+    raise ArgumentError(f"expected a tensor, an array or a number, got {type(x).__name__}")
+
+
+def _is_weak(x):
+    return isinstance(x, (bool, int, float)) and not isinstance(x, np.generic)
+
+
+def _scalar_var(value, dtype, device):
+    arr = np.array(value, dtype=dtype)
+    arr.flags.writeable = False
+    return Var((), arr.dtype, device, value=arr)
+
+
+def promote(*xs):
+    """Vars of one common dtype, NumPy rules, Python scalars weak (``f32 * 2.0`` is f32)."""
+    strong = [x for x in xs if not _is_weak(x)]
+    strong = [as_var(x) for x in strong]
+    if not strong:
+        dtype = np.result_type(*xs)
+        dtype = _canonical_dtype(dtype)
+        device = DEFAULT_DEVICE[0]
+    else:
+        dtypes = [v.dtype for v in strong]
+        weak = [x for x in xs if _is_weak(x)]
+        dtype = np.result_type(*dtypes, *weak) if weak else np.result_type(*dtypes)
+        dtype = _canonical_dtype(dtype)
+        device = strong[0].device
+    out, it = [], iter(strong)
+    for x in xs:
+        v = _scalar_var(x, dtype, device) if _is_weak(x) else next(it)
+        out.append(cast(v, dtype))
+    return out
+
+
+def broadcast_shapes(op, *shapes):
+    ndim = builtins.max(len(s) for s in shapes)
+    out = []
+    for i in range(ndim):
+        dims = {s[i - ndim + len(s)] for s in shapes if i - ndim + len(s) >= 0}
+        dims.discard(1)
+        if len(dims) > 1:
+            raise ShapeError(f"{op}: shapes {' and '.join(str(tuple(s)) for s in shapes)} "
+                             "cannot be broadcast together; make the dimensions match "
+                             "(or be 1), e.g. with reshape")
+        out.append(dims.pop() if dims else 1)
+    return tuple(out)
+
+
+def broadcast_to(x, shape):
+    x = as_var(x)
+    shape = tuple(int(d) for d in shape)
+    if x.shape == shape:
+        return x
+    if len(shape) < x.ndim:
+        raise ShapeError(f"broadcast_to: cannot broadcast {x.shape} to fewer dimensions {shape}")
+    lead = len(shape) - x.ndim
+    return broadcast_in_dim(x, shape, tuple(range(lead, len(shape))))
+
+
+def _elementwise(prim, *xs):
+    vs = promote(*xs)
+    shapes = [v.shape for v in vs]
+    if any(s != shapes[0] for s in shapes):
+        shape = broadcast_shapes(prim.name, *shapes)
+        vs = [broadcast_to(v, shape) for v in vs]
+    return bind(prim, *vs)
+
+
+def _floating(x):
+    x = as_var(x)
+    if x.dtype.kind != "f":
+        return cast(x, np.float64)
+    return x
+
+
+# -- elementwise -------------------------------------------------------------------
+
+def add(x, y):
+    return _elementwise(add_p, x, y)
+
+
+def sub(x, y):
+    return _elementwise(sub_p, x, y)
+
+
+def mul(x, y):
+    return _elementwise(mul_p, x, y)
+
+
+def div(x, y):
+    """True division: integers divide as floats (NumPy's ``/``)."""
+    x, y = promote(x, y)
+    if x.dtype.kind != "f":
+        x, y = cast(x, np.float64), cast(y, np.float64)
+    return _elementwise(div_p, x, y)
+
+
+def floor_divide(x, y):
+    x, y = promote(x, y)
+    if x.dtype.kind == "f":
+        raise DTypeError("floor_divide: use vkml.floor(x / y) for floating operands")
+    return _elementwise(div_p, x, y)
+
+
+def pow(x, y):
+    return _elementwise(pow_p, x, y)
+
+
+def maximum(x, y):
+    return _elementwise(maximum_p, x, y)
+
+
+def minimum(x, y):
+    return _elementwise(minimum_p, x, y)
+
+
+def equal(x, y):
+    return _elementwise(equal_p, x, y)
+
+
+def not_equal(x, y):
+    return _elementwise(not_equal_p, x, y)
+
+
+def less(x, y):
+    return _elementwise(less_p, x, y)
+
+
+def less_equal(x, y):
+    return _elementwise(less_equal_p, x, y)
+
+
+def greater(x, y):
+    return _elementwise(greater_p, x, y)
+
+
+def greater_equal(x, y):
+    return _elementwise(greater_equal_p, x, y)
+
+
+def logical_and(x, y):
+    return _elementwise(logical_and_p, cast(as_var(x), bool), cast(as_var(y), bool))
+
+
+def logical_or(x, y):
+    return _elementwise(logical_or_p, cast(as_var(x), bool), cast(as_var(y), bool))
+
+
+def logical_not(x):
+    return bind(logical_not_p, cast(as_var(x), bool))
+
+
+def neg(x):
+    return bind(neg_p, as_var(x))
+
+
+def exp(x):
+    return bind(exp_p, _floating(x))
+
+
+def log(x):
+    return bind(log_p, _floating(x))
+
+
+def sin(x):
+    return bind(sin_p, _floating(x))
+
+
+def cos(x):
+    return bind(cos_p, _floating(x))
+
+
+def tanh(x):
+    return bind(tanh_p, _floating(x))
+
+
+def sqrt(x):
+    return bind(sqrt_p, _floating(x))
+
+
+def abs(x):
+    return bind(abs_p, as_var(x))
+
+
+def sign(x):
+    return bind(sign_p, as_var(x))
+
+
+def stop_gradient(x):
+    return bind(stop_gradient_p, as_var(x))
+
+
+def where(cond, x, y):
+    c = as_var(cond)
+    if c.dtype.kind != "b":
+        c = not_equal(c, 0)
+    x, y = promote(x, y)
+    shape = broadcast_shapes("where", c.shape, x.shape, y.shape)
+    return bind(where_p, broadcast_to(c, shape), broadcast_to(x, shape), broadcast_to(y, shape))
+
+
+def cast(x, dtype):
+    x = as_var(x)
+    dtype = np.dtype(dtype)
+    if dtype not in (np.dtype(bool), np.dtype(np.int32), np.dtype(np.int64),
+                     np.dtype(np.float32), np.dtype(np.float64)):
+        raise DTypeError(f"cast: vkml has bool, int32, int64, float32 and float64, not {dtype}")
+    if x.dtype == dtype:
+        return x
+    return bind(cast_p, x, dtype=dtype)
+
+
+def relu(x):
+    x = as_var(x)
+    return where(greater(x, 0), x, zeros_like(x))
+
+
+def sigmoid(x):
+    """1 / (1 + e**-x), written with tanh so it never overflows."""
+    x = _floating(x)
+    return mul(0.5, add(tanh(mul(0.5, x)), 1.0))
+
+
+def square(x):
+    x = as_var(x)
+    return mul(x, x)
+
+
+def clip(x, lo=None, hi=None):
+    x = as_var(x)
+    if lo is not None:
+        x = maximum(x, lo)
+    if hi is not None:
+        x = minimum(x, hi)
+    return x
+
+
+# -- constants ------------------------------------------------------------------------
+
+def full(shape, value, dtype=None, device=None):
+    shape = tuple(int(d) for d in shape)
+    dtype = np.dtype(dtype) if dtype is not None else _canonical_dtype(np.array(value).dtype)
+    return broadcast_in_dim(_scalar_var(value, dtype, device or DEFAULT_DEVICE[0]), shape, ())
+
+
+def zeros(shape, dtype=np.float32, device=None):
+    return full(shape, 0, dtype, device)
+
+
+def ones(shape, dtype=np.float32, device=None):
+    return full(shape, 1, dtype, device)
+
+
+def zeros_like(x):
+    return full(x.shape, 0, x.dtype, x.device)
+
+
+def ones_like(x):
+    return full(x.shape, 1, x.dtype, x.device)
+
+
+# -- reductions ------------------------------------------------------------------------
+
+def normalize_axes(op, ndim, axis):
+    if axis is None:
+        return tuple(range(ndim))
+    axes = (axis,) if isinstance(axis, numbers.Integral) else tuple(axis)
+    out = []
+    for a in axes:
+        if not isinstance(a, numbers.Integral) or not -ndim <= a < builtins.max(ndim, 1):
+            raise ShapeError(f"{op}: axis {a} is out of range for {ndim} dimensions")
+        out.append(int(a) % builtins.max(ndim, 1))
+    if len(set(out)) != len(out):
+        raise ShapeError(f"{op}: repeated axis in {axis}")
+    return tuple(sorted(out))
+
+
+def _keep(x, reduced, axes, keepdims):
+    if not keepdims:
+        return reduced
+    shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+    return reshape(reduced, shape)
+
+
+def reduce_sum(x, axes):
+    """Sum over ``axes`` (already normalized): the primitive, skipped when there is nothing to sum."""
+    axes = tuple(axes)
+    if not axes:
+        return x
+    return bind(reduce_sum_p, x, axes=axes)
+
+
+def sum(x, axis=None, keepdims=False):
+    """NumPy's sum: bool and int32 sum as int64."""
+    x = as_var(x)
+    if x.dtype.kind == "b" or x.dtype == np.int32:
+        x = cast(x, np.int64)
+    axes = normalize_axes("sum", x.ndim, axis)
+    return _keep(x, reduce_sum(x, axes), axes, keepdims)
+
+
+def mean(x, axis=None, keepdims=False):
+    x = _floating(x)
+    axes = normalize_axes("mean", x.ndim, axis)
+    count = math.prod(x.shape[a] for a in axes)
+    if count == 0:
+        raise ShapeError(f"mean: no elements to average over axis {axis} of shape {x.shape}")
+    return _keep(x, div(reduce_sum(x, axes), float(count)), axes, keepdims)
+
+
+def max(x, axis=None, keepdims=False):
+    x = as_var(x)
+    axes = normalize_axes("max", x.ndim, axis)
+    if any(x.shape[a] == 0 for a in axes):
+        raise ShapeError(f"max: cannot take the maximum over an empty axis of shape {x.shape}")
+    out = bind(reduce_max_p, x, axes=axes) if axes else x
+    return _keep(x, out, axes, keepdims)
+
+
+def min(x, axis=None, keepdims=False):
+    return neg(max(neg(as_var(x)), axis, keepdims))
+
+
+def argmax(x, axis=None):
+    x = as_var(x)
+    if axis is None:
+        x, axis = reshape(x, (-1,)), 0
+    axis = normalize_axes("argmax", x.ndim, axis)[0]
+    return bind(argmax_p, x, axis=axis)
+
+
+def argmin(x, axis=None):
+    return argmax(neg(as_var(x)), axis)
+
+
+def logsumexp(x, axis=-1, keepdims=False):
+    x = _floating(x)
+    axes = normalize_axes("logsumexp", x.ndim, axis)
+    m = stop_gradient(max(x, axes, keepdims=True))
+    out = add(log(sum(exp(sub(x, m)), axes, keepdims=True)), m)
+    return out if keepdims else reshape(out, tuple(d for i, d in enumerate(x.shape) if i not in axes))
+
+
+def log_softmax(x, axis=-1):
+    x = _floating(x)
+    return sub(x, logsumexp(x, axis, keepdims=True))
+
+
+def softmax(x, axis=-1):
+    return exp(log_softmax(x, axis))
+
+
+# -- movement ----------------------------------------------------------------------------
+
+def reshape(x, shape):
+    x = as_var(x)
+    if isinstance(shape, numbers.Integral):
+        shape = (shape,)
+    shape = [int(d) for d in shape]
+    if shape.count(-1) > 1:
+        raise ShapeError(f"reshape: at most one -1 in {tuple(shape)}")
+    if -1 in shape:
+        known = math.prod(d for d in shape if d != -1)
+        if known == 0 or x.size % known:
+            raise ShapeError(f"reshape: cannot reshape {x.shape} into {tuple(shape)}")
+        shape[shape.index(-1)] = x.size // known
+    shape = tuple(shape)
+    if shape == x.shape:
+        return x
+    return bind(reshape_p, x, shape=shape)
+
+
+def broadcast_in_dim(x, shape, dims):
+    x = as_var(x)
+    shape, dims = tuple(shape), tuple(dims)
+    if shape == x.shape and dims == tuple(range(len(shape))):
+        return x
+    return bind(broadcast_in_dim_p, x, shape=shape, dims=dims)
+
+
+def transpose(x, perm=None):
+    x = as_var(x)
+    perm = tuple(reversed(range(x.ndim))) if perm is None else \
+        tuple(int(p) % builtins.max(x.ndim, 1) for p in perm)
+    if perm == tuple(range(x.ndim)):
+        return x
+    return bind(transpose_p, x, perm=perm)
+
+
+def swapaxes(x, a, b):
+    x = as_var(x)
+    perm = list(range(x.ndim))
+    a, b = normalize_axes("swapaxes", x.ndim, a)[0], normalize_axes("swapaxes", x.ndim, b)[0]
+    perm[a], perm[b] = perm[b], perm[a]
+    return transpose(x, perm)
+
+
+def expand_dims(x, axis):
+    x = as_var(x)
+    axis = int(axis) % (x.ndim + 1)
+    return reshape(x, x.shape[:axis] + (1,) + x.shape[axis:])
+
+
+def squeeze(x, axis=None):
+    x = as_var(x)
+    axes = normalize_axes("squeeze", x.ndim, axis) if axis is not None else \
+        tuple(i for i, d in enumerate(x.shape) if d == 1)
+    for a in axes:
+        if x.shape[a] != 1:
+            raise ShapeError(f"squeeze: axis {a} of shape {x.shape} has size {x.shape[a]}, not 1")
+    return reshape(x, tuple(d for i, d in enumerate(x.shape) if i not in axes))
+
+
+def flatten(x, start_dim=0, end_dim=-1):
+    x = as_var(x)
+    if x.ndim == 0:
+        return reshape(x, (1,))
+    s, e = start_dim % x.ndim, end_dim % x.ndim
+    return reshape(x, x.shape[:s] + (math.prod(x.shape[s:e + 1]),) + x.shape[e + 1:])
+
+
+def slice(x, starts, limits, strides=None):
+    x = as_var(x)
+    strides = tuple(strides) if strides is not None else (1,) * x.ndim
+    starts, limits = tuple(starts), tuple(limits)
+    if starts == (0,) * x.ndim and limits == x.shape and strides == (1,) * x.ndim:
+        return x
+    return bind(slice_p, x, starts=starts, limits=limits, strides=strides)
+
+
+def pad(x, lo, hi, interior=None):
+    """Zero padding; negative ``lo``/``hi`` crop, as in lax.pad."""
+    x = as_var(x)
+    interior = tuple(interior) if interior is not None else (0,) * x.ndim
+    lo, hi = tuple(int(a) for a in lo), tuple(int(b) for b in hi)
+    if builtins.min(lo + hi, default=0) < 0:
+        x = pad(x, tuple(builtins.max(a, 0) for a in lo), tuple(builtins.max(b, 0) for b in hi),
+                interior)
+        starts = tuple(-a if a < 0 else 0 for a in lo)
+        limits = tuple(d + b if b < 0 else d for d, b in zip(x.shape, hi))
+        return slice(x, starts, limits)
+    if not any(lo) and not any(hi) and not any(interior):
+        return x
+    return bind(pad_p, x, lo=lo, hi=hi, interior=interior)
+
+
+def concatenate(xs, axis=0):
+    xs = list(xs)
+    if not xs:
+        raise ArgumentError("concatenate: needs at least one operand")
+    xs = promote(*xs)
+    if len(xs) == 1:
+        return xs[0]
+    axis = normalize_axes("concatenate", xs[0].ndim, axis)[0]
+    return bind(concatenate_p, *xs, axis=axis)
+
+
+def stack(xs, axis=0):
+    xs = [as_var(x) for x in xs]
+    if not xs:
+        raise ArgumentError("stack: needs at least one operand")
+    shapes = {x.shape for x in xs}
+    if len(shapes) > 1:
+        raise ShapeError(f"stack: all operands must have one shape, got {sorted(shapes)}")
+    axis = int(axis) % (xs[0].ndim + 1)
+    return concatenate([expand_dims(x, axis) for x in xs], axis)
+
+
+def flip(x, axes=None):
+    x = as_var(x)
+    axes = normalize_axes("flip", x.ndim, axes)
+    if not axes:
+        return x
+    return bind(flip_p, x, axes=axes)
+
+
+def gather(x, idx):
+    """``x[idx[..., 0], idx[..., 1], ...]``: the gather primitive (tf.gather_nd)."""
+    return bind(gather_p, as_var(x), as_var(idx))
+
+
+def scatter_add(base, idx, upd):
+    return bind(scatter_add_p, as_var(base), as_var(idx), as_var(upd))
+
+
+def take(x, indices, axis=0):
+    """NumPy's take: pick along ``axis`` (negative indices count from the end)."""
+    x, idx = as_var(x), as_var(indices)
+    if idx.dtype.kind not in "iu":
+        raise DTypeError(f"take: indices must be integers, got {dtype_name(idx.dtype)}")
+    axis = normalize_axes("take", x.ndim, axis)[0]
+    idx = _wrap_negative(idx, x.shape[axis])
+    moved = transpose(x, (axis,) + tuple(i for i in range(x.ndim) if i != axis))
+    picked = gather(moved, reshape(idx, idx.shape + (1,)))
+    # picked: idx.shape + rest; move the index dims back to where axis was.
+    k = idx.ndim
+    rest = x.ndim - 1
+    perm = tuple(range(k, k + axis)) + tuple(range(k)) + tuple(range(k + axis, k + rest))
+    return transpose(picked, perm)
+
+
+def take_along_axis(x, indices, axis):
+    """NumPy's take_along_axis: ``out[i, j] = x[i, idx[i, j]]`` for axis 1 of a matrix, etc."""
+    x, idx = as_var(x), as_var(indices)
+    axis = normalize_axes("take_along_axis", x.ndim, axis)[0]
+    if idx.ndim != x.ndim:
+        raise ShapeError(f"take_along_axis: indices need {x.ndim} dimensions, got {idx.shape}")
+    idx = _wrap_negative(idx, x.shape[axis])
+    shape = broadcast_shapes("take_along_axis",
+                             tuple(d for i, d in enumerate(x.shape) if i != axis),
+                             tuple(d for i, d in enumerate(idx.shape) if i != axis))
+    out_shape = shape[:axis] + (idx.shape[axis],) + shape[axis:]
+    idx = broadcast_to(idx, out_shape)
+    cols = []
+    for i in range(x.ndim):
+        if i == axis:
+            cols.append(cast(idx, np.int64))
+        else:
+            ar = constant(np.arange(out_shape[i], dtype=np.int64))
+            cols.append(broadcast_in_dim(ar, out_shape, (i,)))
+    coords = stack(cols, axis=-1)
+    xb = broadcast_to(x, tuple(out_shape[i] if i != axis else x.shape[axis] for i in range(x.ndim)))
+    return gather(xb, coords)
+
+
+def _wrap_negative(idx, n):
+    if isinstance(idx, Var) and idx.value is not None and idx.value.size and idx.value.min() >= 0:
+        return idx
+    return where(less(idx, 0), add(idx, n), idx)
+
+
+# -- indexing ------------------------------------------------------------------------------
+
+def getitem(x, index):
+    """NumPy indexing: ints, slices, None, Ellipsis, and integer/bool arrays."""
+    x = as_var(x)
+    if not isinstance(index, tuple):
+        index = (index,)
+    n_real = builtins.sum(1 for i in index if i is not None and i is not Ellipsis)
+    if builtins.sum(1 for i in index if i is Ellipsis) > 1:
+        raise ShapeError("index: at most one Ellipsis (...)")
+    expanded = []
+    for i in index:
+        if i is Ellipsis:
+            expanded.extend([builtins.slice(None)] * (x.ndim - n_real))
+        else:
+            expanded.append(i)
+    if n_real > x.ndim:
+        raise ShapeError(f"index: too many indices ({n_real}) for shape {x.shape}")
+    expanded.extend([builtins.slice(None)] * (x.ndim - builtins.sum(1 for i in expanded if i is not None)))
+
+    # 1. basic indexing: slices (positive strides), then flips, then int picks, None inserts
+    starts, limits, strides, flips = [], [], [], []
+    out_shape, advanced = [], []   # advanced: (output position, index Var)
+    axis = 0
+    for item in expanded:
+        if item is None:
+            out_shape.append(("new", None))
+            continue
+        d = x.shape[axis]
+        if isinstance(item, builtins.slice):
+            s, l, st = item.indices(d)
+            if st > 0:
+                starts.append(s), limits.append(builtins.max(s, l)), strides.append(st)
+            else:
+                # walk backwards: take the same elements forwards, then flip
+                n = len(range(s, l, st))
+                first = s + (n - 1) * st if n else 0
+                starts.append(first), limits.append(first + (n - 1) * (-st) + 1 if n else 0)
+                strides.append(-st)
+                flips.append(axis)
+            out_shape.append(("keep", axis))
+        elif isinstance(item, (numbers.Integral, np.integer)) and not isinstance(item, (bool, np.bool_)):
+            i = int(item)
+            if not -d <= i < d:
+                raise ShapeError(f"index: {i} is out of range for axis {axis} of size {d}")
+            i %= d
+            starts.append(i), limits.append(i + 1), strides.append(1)
+            out_shape.append(("drop", axis))
+        else:
+            arr = item
+            if not isinstance(arr, Var):
+                arr = np.asarray(arr)
+                if arr.dtype.kind == "b":
+                    if arr.shape != (d,):
+                        raise ShapeError(f"index: a bool mask must match axis {axis} of size {d}")
+                    arr = np.nonzero(arr)[0]
+                if arr.dtype.kind not in "iu":
+                    raise ArgumentError(f"index: cannot index with {type(item).__name__} "
+                                        "(use ints, slices, None, ... or integer arrays)")
+                if arr.size and (arr.max() >= d or arr.min() < -d):
+                    raise ShapeError(f"index: {int(arr.max() if arr.max() >= d else arr.min())} is "
+                                     f"out of range for axis {axis} of size {d}")
+                arr = constant(np.where(arr < 0, arr + d, arr).astype(np.int64))
+            elif arr.dtype.kind not in "iu":
+                raise DTypeError(f"index: tensor indices must be integers, got {dtype_name(arr.dtype)}")
+            starts.append(0), limits.append(d), strides.append(1)
+            advanced.append((axis, arr))
+            out_shape.append(("adv", axis))
+        axis += 1
+    y = slice(x, starts, limits, strides)
+    if flips:
+        y = flip(y, flips)
+    # drop int-indexed axes
+    kept_axes = [a for kind, a in out_shape if kind in ("keep", "adv")]
+    y = reshape(y, tuple(y.shape[a] for a in kept_axes))
+    if advanced:
+        if any(kind == "new" for kind, _ in out_shape):
+            raise ArgumentError("index: None together with array indices is not supported; "
+                                "index with the arrays first, then add the axis with None")
+        return _advanced(y, out_shape, advanced)
+    # insert new axes
+    shape = []
+    for kind, a in out_shape:
+        if kind == "new":
+            shape.append(1)
+        elif kind == "keep":
+            shape.append(y.shape[kept_axes.index(a)])
+    return reshape(y, tuple(shape))
+
+
+def _advanced(y, out_shape, advanced):
+    """Gather for the integer-array part of an index, with NumPy's placement of the result dims."""
+    kept = [(kind, a) for kind, a in out_shape if kind in ("keep", "adv")]
+    adv_pos = [i for i, (kind, _) in enumerate(kept) if kind == "adv"]
+    idxs = [_wrap_negative(v, y.shape[p]) for p, (_, v) in zip(adv_pos, advanced)]
+    bshape = broadcast_shapes("index", *[v.shape for v in idxs])
+    idxs = [broadcast_to(cast(v, np.int64), bshape) for v in idxs]
+    others = [i for i in range(y.ndim) if i not in adv_pos]
+    moved = transpose(y, tuple(adv_pos) + tuple(others))
+    picked = gather(moved, stack(idxs, axis=-1))        # bshape + other dims
+    contiguous = adv_pos == list(range(adv_pos[0], adv_pos[0] + len(adv_pos)))
+    nb = len(bshape)
+    if contiguous and adv_pos[0] > 0:
+        k = adv_pos[0]
+        perm = tuple(range(nb, nb + k)) + tuple(range(nb)) + tuple(range(nb + k, picked.ndim))
+        picked = transpose(picked, perm)
+    return picked
+
+
+# -- linear algebra --------------------------------------------------------------------------
+
+def matmul(a, b):
+    """NumPy's ``a @ b``: 1-D operands, batch broadcasting, dtype promotion."""
+    a, b = promote(a, b)
+    if a.ndim == 0 or b.ndim == 0:
+        raise ShapeError("matmul: operands must have at least one dimension; use * for scalars")
+    a2 = reshape(a, (1,) + a.shape) if a.ndim == 1 else a
+    b2 = reshape(b, b.shape + (1,)) if b.ndim == 1 else b
+    if a2.shape[-1] != b2.shape[-2]:
+        raise ShapeError(f"matmul: cannot multiply {a.shape} by {b.shape}; "
+                         f"inner dimensions {a2.shape[-1]} and {b2.shape[-2]} differ")
+    batch = broadcast_shapes("matmul", a2.shape[:-2], b2.shape[:-2])
+    a2 = broadcast_to(a2, batch + a2.shape[-2:])
+    b2 = broadcast_to(b2, batch + b2.shape[-2:])
+    out = bind(matmul_p, a2, b2)
+    if a.ndim == 1:
+        out = reshape(out, out.shape[:-2] + out.shape[-1:])
+    if b.ndim == 1:
+        out = reshape(out, out.shape[:-1])
+    return out
+
+
+def dot(a, b):
+    return matmul(a, b)
+
+
+# -- convolution and pooling (composed; see the module docstring) -----------------------------
+
+def _pair(v, name):
+    if isinstance(v, numbers.Integral):
+        return (int(v), int(v))
+    v = tuple(int(i) for i in v)
+    if len(v) != 2:
+        raise ArgumentError(f"{name} must be an int or a pair of ints, got {v}")
+    return v
+
+
+def _windows(x, kh, kw, sh, sw):
+    """Every (i, j) kernel tap of x (N, C, H, W) as a strided slice (N, C, Ho, Wo)."""
+    n, c, h, w = x.shape
+    ho, wo = (h - kh) // sh + 1, (w - kw) // sw + 1
+    taps = []
+    for i in range(kh):
+        for j in range(kw):
+            taps.append(slice(x, (0, 0, i, j), (n, c, i + (ho - 1) * sh + 1, j + (wo - 1) * sw + 1),
+                              (1, 1, sh, sw)))
+    return taps, ho, wo
+
+
+def conv2d(x, weight, bias=None, stride=1, padding=0):
+    """2-D cross-correlation, NCHW input, (O, C, kh, kw) weight, as torch.nn.functional.conv2d."""
+    x, weight = promote(x, weight)
+    if x.ndim != 4 or weight.ndim != 4:
+        raise ShapeError(f"conv2d: needs a 4-D input (N, C, H, W) and a 4-D weight (O, C, kh, kw), "
+                         f"got {x.shape} and {weight.shape}")
+    n, c, h, w = x.shape
+    o, c2, kh, kw = weight.shape
+    if c != c2:
+        raise ShapeError(f"conv2d: input has {c} channels but the weight expects {c2}")
+    sh, sw = _pair(stride, "stride")
+    ph, pw = _pair(padding, "padding")
+    if ph or pw:
+        x = pad(x, (0, 0, ph, pw), (0, 0, ph, pw))
+    if x.shape[2] < kh or x.shape[3] < kw:
+        raise ShapeError(f"conv2d: kernel {kh}x{kw} is larger than the padded input {x.shape[2:]}")
+    taps, ho, wo = _windows(x, kh, kw, sh, sw)
+    # columns: (N, C, kh*kw, Ho*Wo) -> (N, Ho*Wo, C*kh*kw)
+    cols = stack([reshape(t, (n, c, ho * wo)) for t in taps], axis=2)
+    cols = transpose(reshape(cols, (n, c * kh * kw, ho * wo)), (0, 2, 1))
+    out = matmul(cols, transpose(reshape(weight, (o, c * kh * kw))))   # (N, Ho*Wo, O)
+    out = reshape(transpose(out, (0, 2, 1)), (n, o, ho, wo))
+    if bias is not None:
+        out = add(out, reshape(as_var(bias), (1, o, 1, 1)))
+    return out
+
+
+def _pool(x, kernel_size, stride, op):
+    x = as_var(x)
+    if x.ndim != 4:
+        raise ShapeError(f"pool2d: needs a 4-D input (N, C, H, W), got {x.shape}")
+    kh, kw = _pair(kernel_size, "kernel_size")
+    sh, sw = _pair(stride if stride is not None else (kh, kw), "stride")
+    n, c, h, w = x.shape
+    if h < kh or w < kw:
+        raise ShapeError(f"pool2d: window {kh}x{kw} is larger than the input {x.shape[2:]}")
+    ho, wo = (h - kh) // sh + 1, (w - kw) // sw + 1
+    if (sh, sw) == (kh, kw):
+        # non-overlapping windows: crop, then one reshape and one reduction
+        x = slice(x, (0, 0, 0, 0), (n, c, ho * kh, wo * kw))
+        return op(reshape(x, (n, c, ho, kh, wo, kw)), (3, 5))
+    taps, _, _ = _windows(x, kh, kw, sh, sw)
+    return op(stack(taps, axis=-1), (4,))
+
+
+def max_pool2d(x, kernel_size, stride=None):
+    return _pool(x, kernel_size, stride, lambda v, axes: max(v, axes))
+
+
+def avg_pool2d(x, kernel_size, stride=None):
+    return _pool(_floating(x), kernel_size, stride, lambda v, axes: mean(v, axes))

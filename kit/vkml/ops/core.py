@@ -1,0 +1,110 @@
+"""What a primitive is, and how it is bound into the IR.
+
+A :class:`Primitive` gathers everything about one operation in one place:
+its shape/dtype rule, its NumPy implementation (the reference semantics every
+backend must match), its JVP rule written with other primitives, and -- for a
+linear primitive -- its transpose rule.  Reverse mode is then "linearize and
+transpose", so no primitive needs a hand-written backward kernel.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from ..ir import Eqn, Var
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+#: Every primitive by name; ``vkml.ops.PRIMITIVES`` is the whole instruction set.
+PRIMITIVES: dict[str, "Primitive"] = {}
+
+
+class Primitive:
+    """One operation of the IR.
+
+    Attributes set by each primitive's block (see ``elementwise.py`` etc.):
+
+    - ``abstract(*in_vars, **params) -> [(shape, dtype), ...]``: the shape/dtype
+      rule; it raises a ``VkmlError`` naming the op for operands that do not fit.
+    - ``impl(*arrays, **params)``: NumPy reference implementation.
+    - ``jvp(primals, tangents, outs, **params) -> tangents_out``: tangents are
+      Vars or ``None`` (a symbolic zero); written with primitives.
+    - ``transpose(cts, *args, **params) -> cts_in``: only for linear
+      primitives; ``args`` holds a :class:`Linear` marker for each operand the
+      primitive is linear in and the Var itself for the others.
+    - ``batch(args, dims, **params) -> (outs, out_dims)``: the vmap rule.
+    """
+
+    multiple_results = False
+    #: elementwise primitives fuse into one ``Map`` in printed programs.
+    elementwise = False
+
+    def __init__(self, name: str, *, multiple_results=False, elementwise=False, doc=""):
+        self.name = name
+        self.multiple_results = multiple_results
+        self.elementwise = elementwise
+        self.__doc__ = doc
+        self.abstract = None
+        self.impl = None
+        self.jvp = None
+        self.transpose = None
+        self.batch = None
+        if name in PRIMITIVES:
+            raise ValueError(f"primitive {name!r} registered twice")
+        PRIMITIVES[name] = self
+
+    def __repr__(self):
+        return f"<primitive {self.name}>"
+
+    def __reduce__(self):
+        return (_lookup, (self.name,))
+
+
+def _lookup(name):
+    return PRIMITIVES[name]
+
+
+class Linear:
+    """Stands for an operand a linear primitive is transposed in (JAX's UndefinedPrimal)."""
+
+    __slots__ = ("shape", "dtype", "device")
+
+    def __init__(self, var_or_aval):
+        self.shape, self.dtype, self.device = (
+            var_or_aval.aval if isinstance(var_or_aval, (Var, Linear)) else var_or_aval)
+
+    @property
+    def aval(self):
+        return (self.shape, self.dtype, self.device)
+
+
+def user_site():
+    """``file:line`` of the first frame outside the vkml package: the user's line."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+
+def bind_at(where, prim: Primitive, args, params):
+    """Apply ``prim`` to Vars ``args``: check shapes, make the Eqn and its output Vars."""
+    out_types = prim.abstract(*args, **params)
+    device = args[0].device if args else "CPU"
+    eqn = Eqn(prim, tuple(args), None, params, where)
+    outs = [Var(shape, dtype, device, eqn) for shape, dtype in out_types]
+    eqn.outputs = tuple(outs)
+    return outs if prim.multiple_results else outs[0]
+
+
+def bind(prim: Primitive, *args, **params):
+    """Bind ``prim`` at the user's current line (the line error messages will name)."""
+    return bind_at(user_site(), prim, args, params)
+
+
+def rebind(eqn: Eqn, args, **overrides):
+    """Apply ``eqn``'s primitive to new operands, keeping its params and source line."""
+    params = dict(eqn.params, **overrides) if overrides else eqn.params
+    return bind_at(eqn.where, eqn.prim, tuple(args), params)

@@ -1,0 +1,319 @@
+"""Elementwise primitives: one block each, with its NumPy implementation and rules.
+
+All operands of an elementwise primitive have the same shape and dtype:
+broadcasting and dtype promotion are done before binding, by the functions in
+``vkml.ops.api`` (``add`` broadcasts and promotes, ``add_p`` does not).  That
+keeps every rule here a one-liner and every transpose free of "un-broadcast"
+special cases.
+
+Rules call the functions of ``api`` (imported as ``F``), so a rule is
+written with the same operations a user writes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import DTypeError, ShapeError
+from ..ir import dtype_name
+from .core import Linear, Primitive
+
+F = None  # vkml.ops.api, bound at the end of vkml/ops/__init__.py (it imports this module)
+
+
+# -- shape/dtype rules ------------------------------------------------------
+
+def _same_type(name, *xs):
+    x0 = xs[0]
+    for x in xs[1:]:
+        if x.shape != x0.shape:
+            raise ShapeError(f"{name}: operand shapes {x0.shape} and {x.shape} differ; "
+                             f"use vkml.{name} (which broadcasts) or broadcast_to first")
+        if x.dtype != x0.dtype:
+            raise DTypeError(f"{name}: operand dtypes {dtype_name(x0.dtype)} and "
+                             f"{dtype_name(x.dtype)} differ; cast one with .astype()")
+    return x0
+
+
+def _unary_float(name):
+    def rule(x):
+        if x.dtype.kind != "f":
+            raise DTypeError(f"{name}: needs a floating operand, got {dtype_name(x.dtype)}; "
+                             "cast with .astype(np.float32) or use vkml." + name)
+        return [(x.shape, x.dtype)]
+    return rule
+
+
+def _unary_numeric(name):
+    def rule(x):
+        if x.dtype.kind == "b":
+            raise DTypeError(f"{name}: needs a numeric operand, got bool; cast it first")
+        return [(x.shape, x.dtype)]
+    return rule
+
+
+def _binary_numeric(name):
+    def rule(x, y):
+        _same_type(name, x, y)
+        if x.dtype.kind == "b":
+            raise DTypeError(f"{name}: needs numeric operands, got bool; cast them first")
+        return [(x.shape, x.dtype)]
+    return rule
+
+
+def _binary_float(name):
+    def rule(x, y):
+        _same_type(name, x, y)
+        if x.dtype.kind != "f":
+            raise DTypeError(f"{name}: needs floating operands, got {dtype_name(x.dtype)}; "
+                             "cast with .astype(np.float32)")
+        return [(x.shape, x.dtype)]
+    return rule
+
+
+def _compare(name):
+    def rule(x, y):
+        _same_type(name, x, y)
+        return [(x.shape, np.dtype(bool))]
+    return rule
+
+
+def _define(name, abstract, impl, doc, jvp=None, transpose=None):
+    p = Primitive(name, elementwise=True, doc=doc)
+    p.abstract = abstract
+    p.impl = impl
+    p.jvp = jvp
+    p.transpose = transpose
+    return p
+
+
+def _zero_jvp(primals, tangents, outs, **params):
+    return [None]
+
+
+def _sum_tangents(*ts):
+    """Add the tangents that are not symbolic zeros (None)."""
+    live = [t for t in ts if t is not None]
+    if not live:
+        return None
+    out = live[0]
+    for t in live[1:]:
+        out = F.add(out, t)
+    return out
+
+
+# -- unary -------------------------------------------------------------------
+
+neg_p = _define(
+    "neg", _unary_numeric("neg"), np.negative, "-x; linear.",
+    jvp=lambda p, t, o: [F.neg(t[0])],
+    transpose=lambda ct, x: [F.neg(ct[0])])
+
+exp_p = _define(
+    "exp", _unary_float("exp"), np.exp, "e**x.",
+    jvp=lambda p, t, o: [F.mul(t[0], o[0])])
+
+log_p = _define(
+    "log", _unary_float("log"), np.log, "Natural logarithm.",
+    jvp=lambda p, t, o: [F.div(t[0], p[0])])
+
+sin_p = _define(
+    "sin", _unary_float("sin"), np.sin, "Sine.",
+    jvp=lambda p, t, o: [F.mul(t[0], F.cos(p[0]))])
+
+cos_p = _define(
+    "cos", _unary_float("cos"), np.cos, "Cosine.",
+    jvp=lambda p, t, o: [F.neg(F.mul(t[0], F.sin(p[0])))])
+
+tanh_p = _define(
+    "tanh", _unary_float("tanh"), np.tanh, "Hyperbolic tangent; also gives sigmoid without overflow.",
+    jvp=lambda p, t, o: [F.mul(t[0], F.sub(1.0, F.mul(o[0], o[0])))])
+
+sqrt_p = _define(
+    "sqrt", _unary_float("sqrt"), np.sqrt, "Square root.",
+    jvp=lambda p, t, o: [F.div(t[0], F.mul(2.0, o[0]))])
+
+abs_p = _define(
+    "abs", _unary_numeric("abs"), np.abs, "|x|; its derivative is sign(x) (0 at 0, as autograd).",
+    jvp=lambda p, t, o: [F.mul(t[0], F.sign(p[0]))])
+
+sign_p = _define(
+    "sign", _unary_numeric("sign"), np.sign,
+    "-1, 0 or 1. A primitive because abs's derivative needs it; its own derivative is zero.",
+    jvp=_zero_jvp)
+
+
+def _stop_gradient_impl(x):
+    return x
+
+
+stop_gradient_p = _define(
+    "stop_gradient", lambda x: [(x.shape, x.dtype)], _stop_gradient_impl,
+    "Identity whose derivative is zero: what ``detach`` means inside a traced program.",
+    jvp=_zero_jvp)
+
+
+def _logical_not_rule(x):
+    if x.dtype.kind != "b":
+        raise DTypeError(f"logical_not: needs a bool operand, got {dtype_name(x.dtype)}; "
+                         "compare first (x != 0)")
+    return [(x.shape, x.dtype)]
+
+
+logical_not_p = _define("logical_not", _logical_not_rule, np.logical_not, "~x for bool.",
+                        jvp=_zero_jvp)
+
+
+# -- binary ------------------------------------------------------------------
+
+def _add_transpose(ct, x, y):
+    return [ct[0], ct[0]]
+
+
+add_p = _define(
+    "add", _binary_numeric("add"), np.add, "x + y; linear in both.",
+    jvp=lambda p, t, o: [_sum_tangents(t[0], t[1])],
+    transpose=_add_transpose)
+
+sub_p = _define(
+    "sub", _binary_numeric("sub"), np.subtract, "x - y; linear in both.",
+    jvp=lambda p, t, o: [_sum_tangents(t[0], None if t[1] is None else F.neg(t[1]))],
+    transpose=lambda ct, x, y: [ct[0], F.neg(ct[0])])
+
+
+def _mul_transpose(ct, x, y):
+    # Linear in exactly one operand: the other is a constant factor.
+    if isinstance(x, Linear):
+        return [F.mul(ct[0], y), None]
+    return [None, F.mul(x, ct[0])]
+
+
+mul_p = _define(
+    "mul", _binary_numeric("mul"), np.multiply, "x * y; linear in each operand separately.",
+    jvp=lambda p, t, o: [_sum_tangents(None if t[0] is None else F.mul(t[0], p[1]),
+                                       None if t[1] is None else F.mul(p[0], t[1]))],
+    transpose=_mul_transpose)
+
+
+def _div_jvp(p, t, o):
+    # d(x/y) = (dx - (x/y) dy) / y
+    num = _sum_tangents(t[0], None if t[1] is None else F.neg(F.mul(o[0], t[1])))
+    return [F.div(num, p[1])]
+
+
+def _div_impl(x, y):
+    if x.dtype.kind in "iu":
+        return np.floor_divide(x, y)
+    return np.divide(x, y)
+
+
+div_p = _define(
+    "div", _binary_numeric("div"), _div_impl,
+    "x / y (floor division for integers, as NumPy's //); linear in x.",
+    jvp=_div_jvp,
+    transpose=lambda ct, x, y: [F.div(ct[0], y), None])
+
+
+def _pow_jvp(p, t, o):
+    x, y = p
+    tx = None if t[0] is None else F.mul(t[0], F.mul(y, F.pow(x, F.sub(y, 1))))
+    ty = None if t[1] is None else F.mul(t[1], F.mul(F.log(x), o[0]))
+    return [_sum_tangents(tx, ty)]
+
+
+pow_p = _define("pow", _binary_numeric("pow"), np.power, "x ** y.", jvp=_pow_jvp)
+
+
+def _balanced_select(x, y, tx, ty, x_wins):
+    """Tangent of max/min: the winner's tangent, half of each on a tie (as autograd does)."""
+    tx = F.zeros_like(x) if tx is None else tx
+    ty = F.zeros_like(y) if ty is None else ty
+    win = F.cast(x_wins, x.dtype)
+    tie = F.cast(F.equal(x, y), x.dtype)
+    wx = F.add(win, F.mul(0.5, tie))
+    wy = F.sub(1.0, F.add(win, F.mul(0.5, tie)))
+    return F.add(F.mul(tx, wx), F.mul(ty, wy))
+
+
+maximum_p = _define(
+    "max", _binary_numeric("max"), np.maximum, "Elementwise larger of x and y.",
+    jvp=lambda p, t, o: [_balanced_select(p[0], p[1], t[0], t[1], F.greater(p[0], p[1]))])
+
+minimum_p = _define(
+    "min", _binary_numeric("min"), np.minimum, "Elementwise smaller of x and y.",
+    jvp=lambda p, t, o: [_balanced_select(p[0], p[1], t[0], t[1], F.less(p[0], p[1]))])
+
+equal_p = _define("eq", _compare("eq"), np.equal, "x == y.", jvp=_zero_jvp)
+not_equal_p = _define("ne", _compare("ne"), np.not_equal, "x != y.", jvp=_zero_jvp)
+less_p = _define("lt", _compare("lt"), np.less, "x < y.", jvp=_zero_jvp)
+less_equal_p = _define("le", _compare("le"), np.less_equal, "x <= y.", jvp=_zero_jvp)
+greater_p = _define("gt", _compare("gt"), np.greater, "x > y.", jvp=_zero_jvp)
+greater_equal_p = _define("ge", _compare("ge"), np.greater_equal, "x >= y.", jvp=_zero_jvp)
+
+
+def _logical_rule(name):
+    def rule(x, y):
+        _same_type(name, x, y)
+        if x.dtype.kind != "b":
+            raise DTypeError(f"{name}: needs bool operands, got {dtype_name(x.dtype)}")
+        return [(x.shape, x.dtype)]
+    return rule
+
+
+logical_and_p = _define("logical_and", _logical_rule("logical_and"), np.logical_and,
+                        "x & y for bool.", jvp=_zero_jvp)
+logical_or_p = _define("logical_or", _logical_rule("logical_or"), np.logical_or,
+                       "x | y for bool.", jvp=_zero_jvp)
+
+
+# -- select and cast -----------------------------------------------------------
+
+def _where_rule(c, x, y):
+    _same_type("where", x, y)
+    if c.dtype.kind != "b":
+        raise DTypeError(f"where: the condition must be bool, got {dtype_name(c.dtype)}; "
+                         "compare first (c != 0)")
+    if c.shape != x.shape:
+        raise ShapeError(f"where: condition shape {c.shape} differs from operand shape {x.shape}")
+    return [(x.shape, x.dtype)]
+
+
+def _where_jvp(p, t, o):
+    c, x, y = p
+    if t[1] is None and t[2] is None:
+        return [None]
+    tx = F.zeros_like(x) if t[1] is None else t[1]
+    ty = F.zeros_like(y) if t[2] is None else t[2]
+    return [F.where(c, tx, ty)]
+
+
+def _where_transpose(ct, c, x, y):
+    zero = F.zeros_like(ct[0])
+    return [None,
+            F.where(c, ct[0], zero) if isinstance(x, Linear) else None,
+            F.where(c, zero, ct[0]) if isinstance(y, Linear) else None]
+
+
+where_p = _define("where", _where_rule, np.where,
+                  "c ? x : y elementwise; linear in x and y.", jvp=_where_jvp,
+                  transpose=_where_transpose)
+
+
+def _cast_rule(x, *, dtype):
+    return [(x.shape, dtype)]
+
+
+def _cast_impl(x, *, dtype):
+    return np.asarray(x).astype(dtype, copy=False)
+
+
+def _cast_jvp(p, t, o, *, dtype):
+    if t[0] is None or dtype.kind != "f":
+        return [None]
+    return [F.cast(t[0], dtype)]
+
+
+cast_p = _define("cast", _cast_rule, _cast_impl,
+                 "Convert to another dtype; linear between floating dtypes.",
+                 jvp=_cast_jvp,
+                 transpose=lambda ct, x, *, dtype: [F.cast(ct[0], x.dtype)])

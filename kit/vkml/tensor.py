@@ -1,0 +1,708 @@
+"""The lazy Tensor, realize, assign, eager mode and backward.
+
+A Tensor is a thin handle on an IR Var: its methods build equations through
+``vkml.ops.api`` and no math lives here.  Nothing runs until a value is
+observed (``.numpy()``, ``.item()``, ``realize``, printing, the end of
+``backward``); then the pending DAG becomes a Program, looked up in the
+backend's cache by structure, and run as ONE submission.  A training step
+that builds the same graph every time therefore compiles once.
+
+Values are never written in place: ``assign_`` points the tensor at a new
+buffer.  A graph still pending on the old value keeps reading the old value,
+and no two assignments can overlap, so ``assign`` of N pairs is always one
+submission.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import numbers
+import os
+import weakref
+
+import numpy as np
+
+from . import backends
+from .backends import ExecutionFailure
+from .errors import ArgumentError, DTypeError, ExecutionError, GradError, ShapeError, TracingError
+from .ir import Var, collect, dtype_name, format_shape, structure_key, Program
+from .ops import api
+from .transforms import vjp_program
+
+_EAGER = [os.environ.get("VKML_EAGER", "0") not in ("", "0", "false", "False")]
+_GRAD_ENABLED = [True]
+
+#: leaf Var -> weakref to the Tensor whose ``.grad`` receives its gradient.
+_GRAD_LEAVES: "weakref.WeakKeyDictionary[Var, weakref.ref]" = weakref.WeakKeyDictionary()
+
+
+def set_eager(enabled: bool) -> None:
+    """Run every operation at once (debugging: an error names the line that caused it)."""
+    _EAGER[0] = bool(enabled)
+
+
+def is_eager() -> bool:
+    return _EAGER[0]
+
+
+@contextlib.contextmanager
+def eager(enabled: bool = True):
+    """``with vkml.eager():`` -- eager mode for a block, restored afterwards (also on error)."""
+    old = _EAGER[0]
+    _EAGER[0] = bool(enabled)
+    try:
+        yield
+    finally:
+        _EAGER[0] = old
+
+
+@contextlib.contextmanager
+def no_grad():
+    """Operations in this block do not record gradients (optimizer updates, evaluation)."""
+    old = _GRAD_ENABLED[0]
+    _GRAD_ENABLED[0] = False
+    try:
+        yield
+    finally:
+        _GRAD_ENABLED[0] = old
+
+
+class Tensor:
+    """A lazy n-dimensional array that can carry gradients (see the module docstring)."""
+
+    __slots__ = ("var", "requires_grad", "grad", "__weakref__")
+    __array_priority__ = 1000  # so ndarray * Tensor calls Tensor.__rmul__
+
+    def __init__(self, var: Var, requires_grad: bool = False):
+        self.var = var
+        self.requires_grad = requires_grad
+        self.grad = None
+        if requires_grad and var.eqn is None:
+            _GRAD_LEAVES[var] = weakref.ref(self)
+
+    # -- what it is -------------------------------------------------------------------
+    shape = property(lambda self: self.var.shape)
+    dtype = property(lambda self: self.var.dtype)
+    device = property(lambda self: self.var.device)
+    ndim = property(lambda self: len(self.var.shape))
+    size = property(lambda self: self.var.size)
+    is_leaf = property(lambda self: self.var.eqn is None)
+
+    def __len__(self):
+        if not self.shape:
+            raise ShapeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    # -- observing values --------------------------------------------------------------
+    def realize(self) -> "Tensor":
+        realize(self)
+        return self
+
+    def numpy(self) -> np.ndarray:
+        """The value as a read-only NumPy array (realizes if pending)."""
+        realize(self)
+        out = np.asarray(self.var.value).view()
+        out.flags.writeable = False
+        return out
+
+    def __array__(self, dtype=None, copy=None):
+        arr = self.numpy()
+        return arr.astype(dtype) if dtype is not None else np.array(arr)
+
+    def item(self):
+        if self.size != 1:
+            raise ShapeError(f"item: needs a tensor with one element, got shape {self.shape}; "
+                             "reduce it first (e.g. .sum())")
+        return self.numpy().reshape(()).item()
+
+    def tolist(self):
+        return self.numpy().tolist()
+
+    def _concrete(self, what):
+        if _is_traced(self.var):
+            raise TracingError(
+                f"{what} of a traced value ({self.var.type_str()}) has no value while tracing; "
+                "use vkml.where for a choice made per element, or vkml.scan / vkml.cond for "
+                "control flow")
+        return self.item()
+
+    def __bool__(self):
+        if self.size != 1:
+            raise ShapeError(f"the truth value of a tensor of shape {self.shape} is ambiguous; "
+                             "use .any() or .all()")
+        return bool(self._concrete("bool()"))
+
+    def __float__(self):
+        return float(self._concrete("float()"))
+
+    def __int__(self):
+        return int(self._concrete("int()"))
+
+    def __index__(self):
+        if self.dtype.kind not in "iu":
+            raise DTypeError("only integer tensors can be used as an index")
+        return int(self._concrete("an index"))
+
+    def __repr__(self):
+        if _is_traced(self.var):
+            return f"Tensor({self.var.type_str()}, traced)"
+        body = np.array2string(self.numpy(), separator=", ", prefix="tensor(")
+        grad = ", requires_grad=True" if self.requires_grad else ""
+        return f"tensor({body}, dtype={dtype_name(self.dtype)}{grad})"
+
+    # -- autograd ------------------------------------------------------------------------
+    def backward(self):
+        backward(self)
+
+    def detach(self) -> "Tensor":
+        """The same values, cut from the gradient graph."""
+        if self.var.value is not None:
+            return Tensor(Var(*self.var.aval, value=self.var.value))
+        return Tensor(api.stop_gradient(self.var))
+
+    def requires_grad_(self, flag: bool = True) -> "Tensor":
+        if flag:
+            _check_grad_dtype(self.var, "requires_grad_")
+            if self.var.eqn is not None:
+                raise GradError("requires_grad_: only leaf tensors can be made to require grad; "
+                                "call .detach().requires_grad_() to start a new leaf")
+            _GRAD_LEAVES[self.var] = weakref.ref(self)
+        self.requires_grad = bool(flag)
+        return self
+
+    def zero_grad(self):
+        self.grad = None
+
+    # -- in place ----------------------------------------------------------------------------
+    def assign_(self, src) -> "Tensor":
+        assign([self], [src])
+        return self
+
+    # -- methods delegate to the functional forms -----------------------------------------------
+    def __getitem__(self, index):
+        return _apply(api.getitem, self, _unwrap_index(index))
+
+    def reshape(self, *shape):
+        return reshape(self, shape[0] if len(shape) == 1 and not isinstance(shape[0], numbers.Integral)
+                       else shape)
+
+    view = reshape
+
+    def transpose(self, *axes):
+        return transpose(self, axes[0] if len(axes) == 1 and not isinstance(axes[0], numbers.Integral)
+                         else (axes or None))
+
+    def permute(self, *axes):
+        return self.transpose(*axes)
+
+    @property
+    def T(self):
+        return transpose(self)
+
+    def astype(self, dtype):
+        return cast(self, dtype)
+
+    def float(self):
+        return cast(self, np.float32)
+
+    def double(self):
+        return cast(self, np.float64)
+
+    def long(self):
+        return cast(self, np.int64)
+
+    def int(self):
+        return cast(self, np.int32)
+
+    def sum(self, axis=None, keepdims=False):
+        return sum(self, axis, keepdims)
+
+    def mean(self, axis=None, keepdims=False):
+        return mean(self, axis, keepdims)
+
+    def max(self, axis=None, keepdims=False):
+        return max(self, axis, keepdims)
+
+    def min(self, axis=None, keepdims=False):
+        return min(self, axis, keepdims)
+
+    def argmax(self, axis=None):
+        return argmax(self, axis)
+
+    def argmin(self, axis=None):
+        return argmin(self, axis)
+
+    def flatten(self, start_dim=0, end_dim=-1):
+        return flatten(self, start_dim, end_dim)
+
+    def squeeze(self, axis=None):
+        return squeeze(self, axis)
+
+    def unsqueeze(self, axis):
+        return expand_dims(self, axis)
+
+    def expand_dims(self, axis):
+        return expand_dims(self, axis)
+
+    def broadcast_to(self, shape):
+        return broadcast_to(self, shape)
+
+    def swapaxes(self, a, b):
+        return swapaxes(self, a, b)
+
+    def clip(self, lo=None, hi=None):
+        return clip(self, lo, hi)
+
+    def exp(self):
+        return exp(self)
+
+    def log(self):
+        return log(self)
+
+    def sin(self):
+        return sin(self)
+
+    def cos(self):
+        return cos(self)
+
+    def tanh(self):
+        return tanh(self)
+
+    def sqrt(self):
+        return sqrt(self)
+
+    def abs(self):
+        return abs(self)
+
+    def relu(self):
+        return relu(self)
+
+    def sigmoid(self):
+        return sigmoid(self)
+
+    def softmax(self, axis=-1):
+        return softmax(self, axis)
+
+    def log_softmax(self, axis=-1):
+        return log_softmax(self, axis)
+
+    def pow(self, y):
+        return pow(self, y)
+
+    def matmul(self, y):
+        return matmul(self, y)
+
+    def any(self, axis=None):
+        return greater(sum(cast(self, bool), axis), 0)
+
+    def all(self, axis=None):
+        return equal(sum(logical_not(cast(self, bool)), axis), 0)
+
+    # operators
+    def __neg__(self):
+        return neg(self)
+
+    def __pos__(self):
+        return self
+
+    def __abs__(self):
+        return abs(self)
+
+    def __invert__(self):
+        return logical_not(self)
+
+    def __add__(self, y):
+        return add(self, y)
+
+    def __radd__(self, y):
+        return add(y, self)
+
+    def __sub__(self, y):
+        return sub(self, y)
+
+    def __rsub__(self, y):
+        return sub(y, self)
+
+    def __mul__(self, y):
+        return mul(self, y)
+
+    def __rmul__(self, y):
+        return mul(y, self)
+
+    def __truediv__(self, y):
+        return div(self, y)
+
+    def __rtruediv__(self, y):
+        return div(y, self)
+
+    def __floordiv__(self, y):
+        return floor_divide(self, y)
+
+    def __rfloordiv__(self, y):
+        return floor_divide(y, self)
+
+    def __pow__(self, y):
+        return pow(self, y)
+
+    def __rpow__(self, y):
+        return pow(y, self)
+
+    def __matmul__(self, y):
+        return matmul(self, y)
+
+    def __rmatmul__(self, y):
+        return matmul(y, self)
+
+    def __and__(self, y):
+        return logical_and(self, y)
+
+    def __or__(self, y):
+        return logical_or(self, y)
+
+    def __eq__(self, y):
+        return equal(self, y)
+
+    def __ne__(self, y):
+        return not_equal(self, y)
+
+    def __lt__(self, y):
+        return less(self, y)
+
+    def __le__(self, y):
+        return less_equal(self, y)
+
+    def __gt__(self, y):
+        return greater(self, y)
+
+    def __ge__(self, y):
+        return greater_equal(self, y)
+
+    __hash__ = object.__hash__
+
+
+# -- making tensors -------------------------------------------------------------------------------
+
+def _check_grad_dtype(var, what):
+    if var.dtype.kind != "f":
+        raise GradError(f"{what}: only floating tensors can require grad, got "
+                        f"{dtype_name(var.dtype)}; cast it with .astype(np.float32) first")
+
+
+def tensor(data, dtype=None, requires_grad: bool = False) -> Tensor:
+    """A new leaf tensor holding a copy of ``data`` (array, list or number)."""
+    if isinstance(data, Tensor):
+        data = data.numpy()
+    if isinstance(data, (str, bytes, dict, set)) or data is None:
+        raise ArgumentError(f"tensor: cannot make a tensor from {type(data).__name__}; "
+                            "pass a number, a (nested) list of numbers or a NumPy array")
+    try:
+        var = api.constant(data, dtype)
+    except (TypeError, ValueError) as err:
+        if isinstance(err, ArgumentError):
+            raise
+        raise ArgumentError(f"tensor: cannot make a tensor from {type(data).__name__} "
+                            f"({err}); pass numbers, nested lists of equal length or an array")
+    if requires_grad:
+        _check_grad_dtype(var, "tensor(requires_grad=True)")
+    return Tensor(var, requires_grad)
+
+
+def _as_tensor(x) -> Tensor:
+    return x if isinstance(x, Tensor) else tensor(x)
+
+
+def zeros(shape, dtype=np.float32, requires_grad=False):
+    return tensor(np.zeros(shape, dtype=dtype), requires_grad=requires_grad)
+
+
+def ones(shape, dtype=np.float32, requires_grad=False):
+    return tensor(np.ones(shape, dtype=dtype), requires_grad=requires_grad)
+
+
+def full(shape, value, dtype=None, requires_grad=False):
+    return tensor(np.full(shape, value, dtype=dtype), requires_grad=requires_grad)
+
+
+def arange(*args, dtype=None):
+    return tensor(np.arange(*args, dtype=dtype))
+
+
+def zeros_like(t, requires_grad=False):
+    return zeros(t.shape, t.dtype, requires_grad)
+
+
+def ones_like(t, requires_grad=False):
+    return ones(t.shape, t.dtype, requires_grad)
+
+
+# -- applying operations ---------------------------------------------------------------------------
+
+def _unwrap(x):
+    if isinstance(x, Tensor):
+        return x.var
+    if isinstance(x, (list, tuple)):
+        return type(x)(_unwrap(v) for v in x)
+    return x
+
+
+def _unwrap_index(index):
+    if isinstance(index, tuple):
+        return tuple(_unwrap(i) for i in index)
+    return _unwrap(index)
+
+
+def _needs_grad(args):
+    for a in args:
+        if isinstance(a, Tensor):
+            if a.requires_grad:
+                return True
+        elif isinstance(a, (list, tuple)) and _needs_grad(a):
+            return True
+    return False
+
+
+def _apply(fn, *args, **kwargs):
+    """Run an ``api`` function on the Vars of tensor arguments and wrap the result."""
+    out = fn(*(_unwrap(a) for a in args), **kwargs)
+    requires = _GRAD_ENABLED[0] and out.dtype.kind == "f" and _needs_grad(args)
+    t = Tensor(out, requires)
+    if _EAGER[0] and not _is_traced(out):
+        realize(t)
+    return t
+
+
+def _lift(fn, name=None):
+    def op(*args, **kwargs):
+        return _apply(fn, *args, **kwargs)
+    op.__name__ = name or fn.__name__
+    op.__qualname__ = op.__name__
+    op.__doc__ = fn.__doc__
+    return op
+
+
+add = _lift(api.add)
+sub = _lift(api.sub)
+mul = _lift(api.mul)
+div = _lift(api.div)
+floor_divide = _lift(api.floor_divide)
+pow = _lift(api.pow)
+maximum = _lift(api.maximum)
+minimum = _lift(api.minimum)
+equal = _lift(api.equal)
+not_equal = _lift(api.not_equal)
+less = _lift(api.less)
+less_equal = _lift(api.less_equal)
+greater = _lift(api.greater)
+greater_equal = _lift(api.greater_equal)
+logical_and = _lift(api.logical_and)
+logical_or = _lift(api.logical_or)
+logical_not = _lift(api.logical_not)
+neg = _lift(api.neg)
+exp = _lift(api.exp)
+log = _lift(api.log)
+sin = _lift(api.sin)
+cos = _lift(api.cos)
+tanh = _lift(api.tanh)
+sqrt = _lift(api.sqrt)
+abs = _lift(api.abs)
+sign = _lift(api.sign)
+relu = _lift(api.relu)
+sigmoid = _lift(api.sigmoid)
+square = _lift(api.square)
+clip = _lift(api.clip)
+where = _lift(api.where)
+cast = _lift(api.cast)
+stop_gradient = _lift(api.stop_gradient)
+sum = _lift(api.sum)
+mean = _lift(api.mean)
+max = _lift(api.max)
+min = _lift(api.min)
+argmax = _lift(api.argmax)
+argmin = _lift(api.argmin)
+logsumexp = _lift(api.logsumexp)
+log_softmax = _lift(api.log_softmax)
+softmax = _lift(api.softmax)
+reshape = _lift(api.reshape)
+broadcast_to = _lift(api.broadcast_to)
+transpose = _lift(api.transpose)
+permute = transpose
+swapaxes = _lift(api.swapaxes)
+expand_dims = _lift(api.expand_dims)
+squeeze = _lift(api.squeeze)
+flatten = _lift(api.flatten)
+pad = _lift(api.pad)
+concatenate = _lift(api.concatenate)
+stack = _lift(api.stack)
+flip = _lift(api.flip)
+gather = _lift(api.gather)
+scatter_add = _lift(api.scatter_add)
+take = _lift(api.take)
+take_along_axis = _lift(api.take_along_axis)
+matmul = _lift(api.matmul)
+dot = matmul
+conv2d = _lift(api.conv2d)
+max_pool2d = _lift(api.max_pool2d)
+avg_pool2d = _lift(api.avg_pool2d)
+
+
+# -- realize ------------------------------------------------------------------------------------------
+
+def _is_traced(var) -> bool:
+    """Whether ``var`` depends on a placeholder of a trace (so it has no value to compute)."""
+    if var.value is not None:
+        return False
+    if var.eqn is None:
+        return True
+    leaves, _ = collect([var])
+    return any(l.value is None for l in leaves)
+
+
+def _run(out_vars):
+    """Compute ``out_vars`` (none holding a value yet) in ONE submission; return their values."""
+    leaves, eqns = collect(out_vars)
+    for leaf in leaves:
+        if leaf.value is None:
+            raise TracingError(
+                f"cannot compute a value that depends on a traced placeholder ({leaf.type_str()}); "
+                "return it from the traced function instead")
+    key = structure_key(leaves, (), eqns, out_vars, with_const_values=False)
+    backend = backends.current()
+    exe = backend.executable(key, lambda: Program(leaves, eqns, out_vars))
+    return _submit(backend, exe, [l.value for l in leaves], eqns)
+
+
+def _submit(backend, exe, args, eqns):
+    try:
+        return backend.run(exe, args)
+    except ExecutionFailure as failure:
+        eqn = eqns[failure.index]
+        raise ExecutionError(f"{eqn.describe()} failed: {failure.error}") from failure.error
+
+
+def realize(tensors) -> None:
+    """Compute every pending tensor in ``tensors`` (one or a list) in ONE submission.
+
+    Idempotent: tensors that already hold values cost nothing.
+    """
+    ts = [tensors] if isinstance(tensors, Tensor) else list(tensors)
+    pending, seen = [], set()
+    for t in ts:
+        if not isinstance(t, Tensor):
+            raise ArgumentError(f"realize: expected Tensors, got {type(t).__name__}")
+        if t.var.value is None and t.var not in seen:
+            seen.add(t.var)
+            pending.append(t)
+    if not pending:
+        return
+    values = _run([t.var for t in pending])
+    for t, value in zip(pending, values):
+        _settle(t.var, value, keep_history=t.requires_grad)
+
+
+def _settle(var, value, keep_history):
+    var.value = value
+    if not keep_history:
+        var.eqn = None  # frees the graph behind it; a backward through it is not needed
+
+
+# -- assign -------------------------------------------------------------------------------------------
+
+def assign(destinations, sources) -> None:
+    """Write ``sources[i]`` into ``destinations[i]`` for every i, as ONE submission.
+
+    The batched ``dst.assign_(src)``: an optimiser step is one assignment per
+    parameter, and a loop would pay one submission each.  Every pair is
+    checked before anything is written, so a bad pair changes nothing.
+    Because values are never written in place, sources that read
+    destinations (a swap, ``p.assign_(p - lr * g)``) see the old values and
+    never need a per-pair fallback.
+    """
+    dsts, srcs = list(destinations), list(sources)
+    if len(dsts) != len(srcs):
+        raise ArgumentError(f"assign: {len(dsts)} destinations but {len(srcs)} sources")
+    src_vars = []
+    for i, (d, s) in enumerate(zip(dsts, srcs)):
+        if not isinstance(d, Tensor):
+            raise ArgumentError(f"assign: destination {i} is a {type(d).__name__}, not a Tensor")
+        v = s.var if isinstance(s, Tensor) else api.constant(s, d.dtype)
+        if v.shape != d.shape:
+            if v.ndim == 0:
+                v = api.broadcast_to(v, d.shape)
+            else:
+                raise ShapeError(f"assign: source {i} has shape {v.shape} but destination has "
+                                 f"{d.shape}; reshape the source first")
+        if v.dtype != d.dtype:
+            raise DTypeError(f"assign: source {i} is {dtype_name(v.dtype)} but destination is "
+                             f"{dtype_name(d.dtype)}; cast the source with .astype()")
+        if _is_traced(v):
+            raise TracingError("assign: cannot assign a traced value")
+        src_vars.append(v)
+    pending = list({id(v): v for v in src_vars if v.value is None}.values())
+    if pending:
+        values = _run(pending)
+        for v, value in zip(pending, values):
+            _settle(v, value, keep_history=False)
+    for d, v in zip(dsts, src_vars):
+        d.var = Var(*v.aval, value=v.value)
+        if d.requires_grad:
+            _GRAD_LEAVES[d.var] = weakref.ref(d)
+
+
+# -- backward -----------------------------------------------------------------------------------------
+
+_BACKWARD_PROGRAMS = {}
+
+
+def backward(root) -> None:
+    """Accumulate d(root)/d(leaf) into ``leaf.grad`` for every leaf that requires grad.
+
+    ``root`` must be a 0-d floating tensor (the seed is 1).  Gradients ADD to
+    ``.grad`` (call ``zero_grad`` between steps).  The backward program is
+    derived from the forward one by linearize + transpose, cached by the
+    forward graph's structure, and run in ONE submission with the root's value.
+    """
+    if not isinstance(root, Tensor):
+        raise ArgumentError(f"backward: expected a Tensor, got {type(root).__name__}")
+    if root.shape != ():
+        raise GradError(f"backward: the root must be a 0-d tensor, got shape {format_shape(root.shape)}; "
+                        "reduce it to a scalar first (e.g. loss.sum() or loss.mean())")
+    if not root.requires_grad:
+        raise GradError("backward: the root does not require grad; create its inputs with "
+                        "vkml.tensor(..., requires_grad=True)")
+    leaves, eqns = collect([root.var], is_leaf=_never)
+    targets = []
+    for i, leaf in enumerate(leaves):
+        ref = _GRAD_LEAVES.get(leaf)
+        t = ref() if ref is not None else None
+        if t is not None and t.requires_grad and t.var is leaf:
+            targets.append((i, t))
+        if leaf.value is None:
+            raise TracingError("backward: the graph depends on a traced placeholder; "
+                               "use vkml.grad inside traced functions")
+    if not targets:
+        raise GradError("backward: no leaf of this graph requires grad")
+    olds = [t.grad for _, t in targets if t.grad is not None]
+    realize(olds)
+    has_old = tuple(t.grad is not None for _, t in targets)
+    wrt = tuple(i for i, _ in targets)
+    key = (structure_key(leaves, (), eqns, [root.var], with_const_values=False), wrt, has_old)
+    backend = backends.current()
+
+    def derive():
+        backends.STATS.derivations += 1
+        return vjp_program(Program(leaves, eqns, [root.var]), wrt, has_old)
+
+    program = _BACKWARD_PROGRAMS.get(key)
+    if program is None:
+        program = _BACKWARD_PROGRAMS[key] = derive()
+    exe = backend.executable(("backward",) + key, lambda: program)
+    seed = np.ones((), dtype=root.dtype)
+    args = [l.value for l in leaves] + [seed] + [g.var.value for g in olds]
+    outs = _submit(backend, exe, args, program.eqns)
+    root.var.value = outs[0]
+    for (_, t), g in zip(targets, outs[1:]):
+        t.grad = Tensor(Var(*t.var.aval, value=g))
+
+
+def _never(var):
+    return False

@@ -1,0 +1,198 @@
+"""Automatic differentiation as three interpreters over Programs.
+
+Reverse mode is derived, not hand-written (as in JAX and rune):
+
+1. :func:`jvp_program` -- forward mode: every equation is replayed and its
+   primitive's JVP rule emits the tangent equations beside it.
+2. :func:`partial_eval` -- split that derivative into the part that reads no
+   tangent (it runs at the call and returns the values the rest needs, the
+   *residuals*) and the part that is linear in the tangents.
+3. :func:`transpose_program` -- run the linear part backwards with each linear
+   primitive's transpose rule: cotangents in, cotangents out.
+
+``vjp_program`` = 1 + 2 + 3.  Cotangents that meet at one Var are added in a
+fixed order (reverse program order), so a gradient is the same bits every
+run.
+"""
+
+from __future__ import annotations
+
+from ..errors import GradError
+from ..ir import Program, Var, program_from_dag
+from ..ops import Linear, api, rebind
+from .interpret import inline
+
+
+def _placeholder(v):
+    return Var(v.shape, v.dtype, v.device)
+
+
+def _as_list(outs, prim):
+    return outs if prim.multiple_results else [outs]
+
+
+def jvp_program(prog: Program, has_tangent) -> Program:
+    """Forward-mode derivative of ``prog``.
+
+    Inputs: ``prog``'s inputs, then one tangent per input flagged in
+    ``has_tangent``.  Outputs: ``prog``'s outputs, then one tangent per output
+    (zeros where an output does not depend on a tangent).
+    """
+    primals = [_placeholder(v) for v in prog.inputs]
+    tangents = [_placeholder(v) for v, h in zip(prog.inputs, has_tangent) if h]
+    env = dict(zip(prog.inputs, primals))
+    tenv = {}
+    it = iter(tangents)
+    for v, h in zip(prog.inputs, has_tangent):
+        if h:
+            tenv[v] = next(it)
+    for eqn in prog.eqns:
+        ins = [env.get(v, v) for v in eqn.inputs]
+        outs = _as_list(rebind(eqn, ins), eqn.prim)
+        env.update(zip(eqn.outputs, outs))
+        tins = [tenv.get(v) for v in eqn.inputs]
+        if any(t is not None for t in tins):
+            if eqn.prim.jvp is None:
+                raise GradError(f"{eqn.prim.name} has no derivative (op {eqn.describe()}); "
+                                "wrap it in vkml.stop_gradient if its value is all you need")
+            touts = eqn.prim.jvp(ins, tins, outs, **eqn.params)
+            for o, t in zip(eqn.outputs, touts):
+                if t is not None:
+                    tenv[o] = t
+    outs = [env.get(v, v) for v in prog.outputs]
+    touts = [tenv.get(v) if tenv.get(v) is not None else api.zeros_like(o)
+             for v, o in zip(prog.outputs, outs)]
+    return program_from_dag(primals + tangents, outs + touts)
+
+
+def partial_eval(prog: Program, unknown_inputs):
+    """Split ``prog`` into a known part and an unknown part.
+
+    An equation is unknown if any operand is.  Returns ``(known, unknown,
+    out_unknown)`` where ``known`` maps the known inputs to the known outputs
+    followed by the residuals, ``unknown`` maps residuals + unknown inputs to
+    the unknown outputs, and ``out_unknown[i]`` tells which part gives output i.
+    """
+    unknown = {v for v, u in zip(prog.inputs, unknown_inputs) if u}
+    known_eqns, unknown_eqns = [], []
+    for eqn in prog.eqns:
+        if any(v in unknown for v in eqn.inputs):
+            unknown_eqns.append(eqn)
+            unknown.update(eqn.outputs)
+        else:
+            known_eqns.append(eqn)
+    const_vars = {v for v, _ in prog.consts}
+    residuals, seen = [], set()
+
+    def residual(v):
+        if v not in unknown and v not in const_vars and v not in seen:
+            seen.add(v)
+            residuals.append(v)
+
+    for eqn in unknown_eqns:
+        for v in eqn.inputs:
+            residual(v)
+    out_unknown = [v in unknown for v in prog.outputs]
+    known_inputs = [v for v, u in zip(prog.inputs, unknown_inputs) if not u]
+    known_outs = [v for v, u in zip(prog.outputs, out_unknown) if not u]
+    known = Program(known_inputs, known_eqns, known_outs + residuals,
+                    [(v, val) for v, val in prog.consts if _used(v, known_eqns, known_outs)])
+    unknown_in = [v for v, u in zip(prog.inputs, unknown_inputs) if u]
+    unknown_outs = [v for v, u in zip(prog.outputs, out_unknown) if u]
+    # An unknown output that is itself a residual-free known Var cannot happen: it would be known.
+    unknown_prog = Program(residuals + unknown_in, unknown_eqns, unknown_outs,
+                           [(v, val) for v, val in prog.consts if _used(v, unknown_eqns, ())])
+    return known, unknown_prog, out_unknown
+
+
+def _used(var, eqns, outputs):
+    return var in outputs or any(var in e.inputs for e in eqns)
+
+
+def transpose_program(lin: Program, linear_inputs) -> Program:
+    """Transpose a program linear in the inputs flagged ``linear_inputs``.
+
+    The result takes the non-linear inputs, then one cotangent per output,
+    and returns one cotangent per linear input.
+    """
+    consts_in = [_placeholder(v) for v, l in zip(lin.inputs, linear_inputs) if not l]
+    cts_in = [_placeholder(v) for v in lin.outputs]
+    env = {}
+    it = iter(consts_in)
+    linear = set()
+    for v, l in zip(lin.inputs, linear_inputs):
+        if l:
+            linear.add(v)
+        else:
+            env[v] = next(it)
+    # Forward: what does not depend on a linear input is computed as it is.
+    lin_eqns = []
+    for eqn in lin.eqns:
+        if any(v in linear for v in eqn.inputs):
+            lin_eqns.append(eqn)
+            linear.update(eqn.outputs)
+        else:
+            outs = _as_list(rebind(eqn, [env.get(v, v) for v in eqn.inputs]), eqn.prim)
+            env.update(zip(eqn.outputs, outs))
+    # Backward: cotangents flow from the outputs to the linear inputs.
+    ct = {}
+
+    def accumulate(v, c):
+        ct[v] = c if v not in ct else api.add(ct[v], c)
+
+    for v, c in zip(lin.outputs, cts_in):
+        if v in linear:
+            accumulate(v, c)
+    for eqn in reversed(lin_eqns):
+        cts_out = [ct.pop(o, None) for o in eqn.outputs]
+        if all(c is None for c in cts_out):
+            continue
+        if eqn.prim.transpose is None:
+            raise GradError(f"{eqn.prim.name} is not linear in its tangent, so it cannot be "
+                            f"transposed (op {eqn.describe()}); this is a bug in its JVP rule")
+        cts_out = [api.zeros(o.shape, o.dtype, o.device) if c is None else c
+                   for o, c in zip(eqn.outputs, cts_out)]
+        args = [Linear(v) if v in linear else env.get(v, v) for v in eqn.inputs]
+        cts = eqn.prim.transpose(cts_out, *args, **eqn.params)
+        for v, c in zip(eqn.inputs, cts):
+            if c is not None and v in linear:
+                accumulate(v, c)
+    outs = []
+    for v, l in zip(lin.inputs, linear_inputs):
+        if l:
+            outs.append(ct[v] if v in ct else api.zeros(v.shape, v.dtype, v.device))
+    return program_from_dag(consts_in + cts_in, outs)
+
+
+def vjp_program(prog: Program, wrt, accumulate=None) -> Program:
+    """One program computing ``prog``'s outputs and the cotangents of inputs ``wrt``.
+
+    Inputs: ``prog``'s inputs, then one cotangent per output, then (for each
+    ``wrt`` position flagged in ``accumulate``) a gradient to add to.
+    Outputs: ``prog``'s outputs, then one gradient per ``wrt`` position.
+    This is linearize + transpose fused into one submission: what
+    ``Tensor.backward`` runs.
+    """
+    pairs = sorted(zip(wrt, accumulate or [False] * len(wrt)))
+    wrt = [i for i, _ in pairs]
+    accumulate = [a for _, a in pairs]
+    has_tangent = [i in wrt for i in range(len(prog.inputs))]
+    jvp = jvp_program(prog, has_tangent)
+    n_in, n_out = len(prog.inputs), len(prog.outputs)
+    known, linear, out_unknown = partial_eval(jvp, [False] * n_in + [True] * len(wrt))
+    # The primal outputs never read a tangent; the tangent outputs may be known zeros.
+    primals = [_placeholder(v) for v in prog.inputs]
+    cts = [_placeholder(v) for v in prog.outputs]
+    olds = [_placeholder(prog.inputs[i]) for i, a in zip(wrt, accumulate) if a]
+    known_out = inline(known, primals)
+    n_known = sum(1 for u in out_unknown if not u)
+    by_output = known_out[:n_known]
+    residuals = known_out[n_known:]
+    values = by_output[:n_out]
+    tangent_cts = [c for c, u in zip(cts, out_unknown[n_out:]) if u]
+    transposed = transpose_program(linear, [False] * len(residuals) + [True] * len(wrt))
+    grads = inline(transposed, residuals + tangent_cts) if tangent_cts else \
+        [api.zeros(prog.inputs[i].shape, prog.inputs[i].dtype, prog.inputs[i].device) for i in wrt]
+    it = iter(olds)
+    grads = [api.add(next(it), g) if a else g for g, a in zip(grads, accumulate)]
+    return program_from_dag(primals + cts + olds, values + grads)
