@@ -23,6 +23,8 @@ from .tensor import (Tensor, abs, add, arange, argmax, argmin, assign, avg_pool2
                      sqrt, square, squeeze, stack, stop_gradient, sub, sum, swapaxes, take,
                      take_along_axis, tanh, tensor, transpose, where, zeros, zeros_like)
 
+from . import nn, optim
+
 float32, float64, int32, int64 = "float32", "float64", "int32", "int64"
 bool_ = "bool"
 

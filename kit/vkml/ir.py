@@ -32,6 +32,14 @@ def is_float(dtype) -> bool:
     return np.dtype(dtype).kind == "f"
 
 
+_NEXT_SERIAL = [0]
+
+
+def current_serial() -> int:
+    """The serial the next Var will get: Vars with a smaller one existed before this call."""
+    return _NEXT_SERIAL[0]
+
+
 class Var:
     """A value of the IR: its abstract type (shape, dtype, device) and where it comes from.
 
@@ -40,9 +48,13 @@ class Var:
     that still needs its history for a later backward keeps its ``eqn``.
     """
 
-    __slots__ = ("shape", "dtype", "device", "eqn", "value", "__weakref__")
+    __slots__ = ("shape", "dtype", "device", "eqn", "value", "serial", "__weakref__")
 
     def __init__(self, shape, dtype, device="CPU", eqn=None, value=None):
+        # A creation counter: a trace knows the Vars made before it started are
+        # not its own (they are captures), without a trace id on every Var.
+        self.serial = _NEXT_SERIAL[0]
+        _NEXT_SERIAL[0] += 1
         self.shape = shape
         self.dtype = dtype
         self.device = device

@@ -1,58 +1,16 @@
-"""What a backend is, which one is current, and the counters every test reads.
+"""What a backend is and which one is current.
 
 A backend compiles Programs into executables and runs them.  One ``run`` is
 one *submission*: the unit of cost that laziness exists to save (the seed
-measured 40-105 us of host time per submission on a GPU), so it is counted,
-and so are compiles and executable-cache hits.  Tests assert these counts;
-they never assert seconds.
+measured 40-105 us of host time per submission on a GPU), so it is counted
+in ``vkml.stats()``, and so are compiles and executable-cache hits.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
-
 from ..errors import BackendError
-
-
-@dataclass
-class Stats:
-    """Counters since the last :func:`reset_stats`.
-
-    - ``submissions``: units of work handed to a backend (one per realize).
-    - ``compiles``: programs compiled into executables.
-    - ``cache_hits``: realizes that found their executable already compiled.
-    - ``traces``: functions traced into programs (jit, scan steps, kernels).
-    - ``derivations``: derived programs made (jvp, vjp, transposes).
-    """
-
-    submissions: int = 0
-    compiles: int = 0
-    cache_hits: int = 0
-    traces: int = 0
-    derivations: int = 0
-
-    def snapshot(self) -> "Stats":
-        return Stats(**{f.name: getattr(self, f.name) for f in fields(self)})
-
-    def __sub__(self, other: "Stats") -> "Stats":
-        return Stats(**{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(self)})
-
-    def __getitem__(self, name):
-        return getattr(self, name)
-
-
-STATS = Stats()
-
-
-def stats() -> Stats:
-    """A snapshot of the counters (subtract two snapshots to count what happened between)."""
-    return STATS.snapshot()
-
-
-def reset_stats() -> None:
-    for f in fields(STATS):
-        setattr(STATS, f.name, 0)
+from ..stats import STATS, Stats, reset_stats, stats  # noqa: F401  (re-exported)
 
 
 class ExecutionFailure(Exception):

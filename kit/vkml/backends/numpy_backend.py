@@ -20,13 +20,48 @@ from .base import Backend, ExecutionFailure, register
 _COUNTER = itertools.count()
 
 
-def _callable(eqn):
+def _callable(eqn, compile_nested):
+    lower = _LOWERINGS.get(eqn.prim.name)
+    if lower is not None:
+        return lower(compile_nested, **eqn.params)
     impl = eqn.prim.impl
     return functools.partial(impl, **eqn.params) if eqn.params else impl
 
 
-def compile_program(program):
-    """Generate, compile and return ``run(args) -> list of arrays`` for ``program``."""
+def _lower_call(compile_nested, *, program):
+    run = compile_nested(program)
+    return lambda *args: run(list(args))
+
+
+def _lower_scan(compile_nested, *, program, num_consts, num_carry, length, reverse):
+    """A Python loop over the rows, calling the step's compiled function once per row."""
+    run = compile_nested(program)
+    nc, nk = num_consts, num_carry
+    y_types = [(v.shape, v.dtype) for v in program.outputs[nk:]]
+    rows = range(length - 1, -1, -1) if reverse else range(length)
+
+    def scan(*args):
+        consts, carry, xs = list(args[:nc]), list(args[nc:nc + nk]), args[nc + nk:]
+        ys = [np.empty((length,) + shape, dtype) for shape, dtype in y_types]
+        for i in rows:
+            out = run(consts + carry + [x[i] for x in xs])
+            carry = out[:nk]
+            for y, v in zip(ys, out[nk:]):
+                y[i] = v
+        return carry + ys
+    return scan
+
+
+_LOWERINGS = {"call": _lower_call, "scan": _lower_scan}
+
+
+def compile_program(program, compile_nested=None):
+    """Generate, compile and return ``run(args) -> list of arrays`` for ``program``.
+
+    ``compile_nested(program)`` compiles the programs that scan and call
+    equations hold (the backend passes its cached compile).
+    """
+    compile_nested = compile_nested or compile_program
     names = {}
     for i, v in enumerate(program.inputs):
         names[v] = f"a{i}"
@@ -43,7 +78,7 @@ def compile_program(program):
     tmp = itertools.count()
     for i, eqn in enumerate(program.eqns):
         fn = f"f{i}"
-        namespace[fn] = _callable(eqn)
+        namespace[fn] = _callable(eqn, compile_nested)
         outs = []
         for v in eqn.outputs:
             names[v] = f"v{next(tmp)}"
@@ -82,7 +117,10 @@ class NumpyBackend(Backend):
     device = "CPU"
 
     def _compile(self, program):
-        return compile_program(program)
+        return compile_program(program, self._compile_nested)
+
+    def _compile_nested(self, program):
+        return self.executable(("nested", program), lambda: program)
 
     def info(self):
         info = super().info()

@@ -34,6 +34,9 @@ class Primitive:
       primitives; ``args`` holds a :class:`Linear` marker for each operand the
       primitive is linear in and the Var itself for the others.
     - ``batch(args, dims, **params) -> (outs, out_dims)``: the vmap rule.
+    - ``partial_eval(eqn, args, unknown, to_unknown)``: only for primitives
+      holding programs (scan, call), to split an equation whose operands are
+      partly known (see ``transforms.ad.partial_eval``).
     """
 
     multiple_results = False
@@ -50,6 +53,7 @@ class Primitive:
         self.jvp = None
         self.transpose = None
         self.batch = None
+        self.partial_eval = None
         if name in PRIMITIVES:
             raise ValueError(f"primitive {name!r} registered twice")
         PRIMITIVES[name] = self

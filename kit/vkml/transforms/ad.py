@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from ..errors import GradError
 from ..ir import Program, Var, program_from_dag
+from ..stats import STATS
 from ..ops import Linear, api, rebind
 from .interpret import inline
 
@@ -65,48 +66,61 @@ def jvp_program(prog: Program, has_tangent) -> Program:
     return program_from_dag(primals + tangents, outs + touts)
 
 
-def partial_eval(prog: Program, unknown_inputs):
-    """Split ``prog`` into a known part and an unknown part.
+def partial_eval(prog: Program, unknown_inputs, instantiate=None):
+    """Split ``prog`` into the part that reads no unknown input and the rest.
 
-    An equation is unknown if any operand is.  Returns ``(known, unknown,
-    out_unknown)`` where ``known`` maps the known inputs to the known outputs
-    followed by the residuals, ``unknown`` maps residuals + unknown inputs to
-    the unknown outputs, and ``out_unknown[i]`` tells which part gives output i.
+    Returns ``(known, unknown, out_unknown)``: ``known`` maps the known
+    inputs to the known outputs followed by the *residuals* (known values the
+    unknown part reads); ``unknown`` maps residuals + unknown inputs to the
+    unknown outputs; ``out_unknown[i]`` says which part gives output i.
+    ``instantiate[i]`` forces output i into the unknown part even if known.
+    Equations with mixed operands are split by their primitive's
+    ``partial_eval`` rule when it has one (a scan splits its step), and go to
+    the unknown part whole otherwise.
     """
-    unknown = {v for v, u in zip(prog.inputs, unknown_inputs) if u}
-    known_eqns, unknown_eqns = [], []
+    instantiate = instantiate or [False] * len(prog.outputs)
+    kenv, uenv = {}, {}
+    known_in, unknown_in = [], []
+    for v, u in zip(prog.inputs, unknown_inputs):
+        p = _placeholder(v)
+        (unknown_in if u else known_in).append(p)
+        (uenv if u else kenv)[v] = p
+    residual_of, residual_sources = {}, []
+
+    def to_unknown(kv):
+        """A known Var as the unknown part sees it: shared if a constant, else a residual."""
+        if kv.value is not None and kv.eqn is None:
+            return kv
+        r = residual_of.get(kv)
+        if r is None:
+            r = residual_of[kv] = _placeholder(kv)
+            residual_sources.append(kv)
+        return r
+
     for eqn in prog.eqns:
-        if any(v in unknown for v in eqn.inputs):
-            unknown_eqns.append(eqn)
-            unknown.update(eqn.outputs)
+        flags = [v in uenv for v in eqn.inputs]
+        if not any(flags):
+            outs = _as_list(rebind(eqn, [kenv.get(v, v) for v in eqn.inputs]), eqn.prim)
+            kenv.update(zip(eqn.outputs, outs))
+        elif eqn.prim.partial_eval is not None:
+            args = [uenv[v] if f else kenv.get(v, v) for v, f in zip(eqn.inputs, flags)]
+            kouts, uouts = eqn.prim.partial_eval(eqn, args, flags, to_unknown)
+            for o, k, u in zip(eqn.outputs, kouts, uouts):
+                if u is not None:
+                    uenv[o] = u
+                else:
+                    kenv[o] = k
         else:
-            known_eqns.append(eqn)
-    const_vars = {v for v, _ in prog.consts}
-    residuals, seen = [], set()
-
-    def residual(v):
-        if v not in unknown and v not in const_vars and v not in seen:
-            seen.add(v)
-            residuals.append(v)
-
-    for eqn in unknown_eqns:
-        for v in eqn.inputs:
-            residual(v)
-    out_unknown = [v in unknown for v in prog.outputs]
-    known_inputs = [v for v, u in zip(prog.inputs, unknown_inputs) if not u]
-    known_outs = [v for v, u in zip(prog.outputs, out_unknown) if not u]
-    known = Program(known_inputs, known_eqns, known_outs + residuals,
-                    [(v, val) for v, val in prog.consts if _used(v, known_eqns, known_outs)])
-    unknown_in = [v for v, u in zip(prog.inputs, unknown_inputs) if u]
-    unknown_outs = [v for v, u in zip(prog.outputs, out_unknown) if u]
-    # An unknown output that is itself a residual-free known Var cannot happen: it would be known.
-    unknown_prog = Program(residuals + unknown_in, unknown_eqns, unknown_outs,
-                           [(v, val) for v, val in prog.consts if _used(v, unknown_eqns, ())])
-    return known, unknown_prog, out_unknown
-
-
-def _used(var, eqns, outputs):
-    return var in outputs or any(var in e.inputs for e in eqns)
+            ins = [uenv[v] if f else to_unknown(kenv.get(v, v)) for v, f in zip(eqn.inputs, flags)]
+            outs = _as_list(rebind(eqn, ins), eqn.prim)
+            uenv.update(zip(eqn.outputs, outs))
+    out_unknown = [v in uenv or inst for v, inst in zip(prog.outputs, instantiate)]
+    known_outs = [kenv.get(v, v) for v, u in zip(prog.outputs, out_unknown) if not u]
+    unknown_outs = [uenv[v] if v in uenv else to_unknown(kenv.get(v, v))
+                    for v, u in zip(prog.outputs, out_unknown) if u]
+    known = program_from_dag(known_in, known_outs + residual_sources)
+    unknown = program_from_dag([residual_of[s] for s in residual_sources] + unknown_in, unknown_outs)
+    return known, unknown, out_unknown
 
 
 def transpose_program(lin: Program, linear_inputs) -> Program:
@@ -196,3 +210,22 @@ def vjp_program(prog: Program, wrt, accumulate=None) -> Program:
     it = iter(olds)
     grads = [api.add(next(it), g) if a else g for g, a in zip(grads, accumulate)]
     return program_from_dag(primals + cts + olds, values + grads)
+
+
+_DERIVED = {}
+
+
+def derived(kind: str, prog: Program, flags, make):
+    """The program derived from ``prog`` by ``kind`` with ``flags``, made once and cached.
+
+    A derivation is keyed by what it is derived from (the program's structure),
+    what kind it is (jvp, partial evaluation, transpose, vmap) and which inputs
+    carry tangents or are linear -- so a second gradient of the same function
+    derives nothing.
+    """
+    key = (kind, prog, tuple(flags))
+    out = _DERIVED.get(key)
+    if out is None:
+        STATS.derivations += 1
+        out = _DERIVED[key] = make()
+    return out

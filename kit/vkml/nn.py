@@ -1,0 +1,396 @@
+"""Layers and losses: what a training loop is written with.
+
+Everything here is a thin composition of tensor operations (``vkml.conv2d``,
+``vkml.matmul``, ``vkml.log_softmax``, ...), so a layer adds no primitive,
+its gradient comes from the tensor layer's autograd, and a model's forward
+pass is just more lazy graph: a whole training step (forward, backward,
+optimiser update) is a handful of submissions however many layers it has.
+
+A *parameter* is a leaf tensor that requires grad -- ``vkml.tensor(...,
+requires_grad=True)``, made by :func:`Parameter`.  A :class:`Module` finds
+its parameters by looking at its attributes (in the order they were set, as
+PyTorch does), so there is no registration call to forget.  A tensor
+attribute that does not require grad is state, not a parameter: it is not
+returned by ``parameters()`` and no optimiser touches it.
+
+Initial values follow PyTorch's defaults (``U(-1/sqrt(fan_in),
+1/sqrt(fan_in))`` for weights and biases of ``Linear`` and ``Conv2d``) and
+come from a NumPy ``Generator``: pass ``rng=`` to a layer, or seed the
+module-level one with :func:`manual_seed`, so a model is reproducible.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+from .errors import ArgumentError, DTypeError, ShapeError
+from .tensor import (Tensor, conv2d, flatten, matmul, max_pool2d, mean, relu, reshape,
+                     take_along_axis, tensor, transpose)
+from .tensor import log_softmax as _log_softmax
+
+__all__ = ["Module", "Parameter", "Linear", "Conv2d", "MaxPool2d", "ReLU", "Flatten", "Sequential",
+           "manual_seed", "cross_entropy", "log_softmax", "mse", "mse_loss"]
+
+_RNG = [np.random.default_rng()]
+
+
+def manual_seed(seed: int) -> None:
+    """Seed the generator layers draw their initial values from when no ``rng=`` is given.
+
+    ``vkml.nn.manual_seed(0)`` before building a model makes its initial
+    parameters the same every run (``torch.manual_seed``'s job here).
+    """
+    if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
+        raise ArgumentError(f"manual_seed: the seed must be an int, got {type(seed).__name__}")
+    _RNG[0] = np.random.default_rng(int(seed))
+
+
+def _generator(rng) -> np.random.Generator:
+    if rng is None:
+        return _RNG[0]
+    if isinstance(rng, np.random.Generator):
+        return rng
+    if isinstance(rng, numbers.Integral) and not isinstance(rng, bool):
+        return np.random.default_rng(int(rng))
+    raise ArgumentError(f"rng must be a numpy.random.Generator or an int seed, got {type(rng).__name__}")
+
+
+def Parameter(data, dtype=np.float32) -> Tensor:
+    """A trainable leaf: ``vkml.tensor(data, dtype, requires_grad=True)``.
+
+    A function, not a Tensor subclass: a parameter is nothing more than a
+    leaf that requires grad, and that is all the autograd and the optimisers
+    look at.
+    """
+    return tensor(np.asarray(data, dtype=dtype), requires_grad=True)
+
+
+def _uniform(rng, bound, shape, dtype):
+    return Parameter(rng.uniform(-bound, bound, size=shape), dtype)
+
+
+def _positive_int(value, what, layer):
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value <= 0:
+        raise ArgumentError(f"{layer}: {what} must be a positive int, got {value!r}")
+    return int(value)
+
+
+def _pair(value, what, layer, minimum=1):
+    items = (value, value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) \
+        else tuple(value) if isinstance(value, (tuple, list)) else None
+    if items is None or len(items) != 2 or not all(
+            isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= minimum for v in items):
+        raise ArgumentError(f"{layer}: {what} must be an int >= {minimum} or a pair of them, "
+                            f"got {value!r}")
+    return (int(items[0]), int(items[1]))
+
+
+# -- Module ----------------------------------------------------------------------------------------
+
+class Module:
+    """Base class of layers and models: holds parameters and sub-modules as attributes.
+
+    Subclasses set their parameters and sub-modules as attributes in
+    ``__init__`` (call ``super().__init__()`` first) and define ``forward``;
+    calling the module calls ``forward``.  ``parameters()`` walks the
+    attributes in the order they were set, depth first, so the order is the
+    same every run -- optimiser state lines up with it, and two models built
+    the same way list their parameters the same way.
+    """
+
+    #: read by layers that act differently in training and evaluation (class default: training).
+    training = True
+
+    def __init__(self):
+        self.training = True
+
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError(f"{type(self).__name__} must define forward()")
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    # -- what it holds -------------------------------------------------------------------------
+    def named_children(self):
+        """``(name, module)`` for each direct sub-module; lists/tuples of modules count too."""
+        for name, value in vars(self).items():
+            if isinstance(value, Module):
+                yield name, value
+            elif isinstance(value, (list, tuple)):
+                for i, item in enumerate(value):
+                    if isinstance(item, Module):
+                        yield f"{name}.{i}", item
+
+    def children(self):
+        return [m for _, m in self.named_children()]
+
+    def modules(self):
+        """This module and every sub-module, depth first."""
+        out = [self]
+        for child in self.children():
+            out.extend(child.modules())
+        return out
+
+    def _own_parameters(self):
+        for name, value in vars(self).items():
+            if isinstance(value, Tensor) and value.requires_grad:
+                yield name, value
+
+    def named_parameters(self, prefix: str = ""):
+        """``[(dotted name, tensor), ...]`` for every parameter, each once, in a fixed order."""
+        out, seen = [], set()
+        self._collect(prefix, out, seen)
+        return out
+
+    def _collect(self, prefix, out, seen):
+        for name, p in self._own_parameters():
+            if id(p) not in seen:   # a shared (tied) parameter is listed once
+                seen.add(id(p))
+                out.append((prefix + name, p))
+        for name, child in self.named_children():
+            child._collect(f"{prefix}{name}.", out, seen)
+
+    def parameters(self):
+        """Every parameter (leaf tensor that requires grad), in ``named_parameters`` order."""
+        return [p for _, p in self.named_parameters()]
+
+    def num_parameters(self) -> int:
+        return int(sum(p.size for p in self.parameters()))
+
+    # -- modes and gradients ---------------------------------------------------------------------
+    def train(self, mode: bool = True) -> "Module":
+        """Set training mode here and in every sub-module (layers like dropout read ``training``)."""
+        for m in self.modules():
+            m.training = bool(mode)
+        return self
+
+    def eval(self) -> "Module":
+        return self.train(False)
+
+    def zero_grad(self) -> None:
+        """Drop every parameter's ``.grad`` (backward accumulates, so call this between steps)."""
+        for p in self.parameters():
+            p.grad = None
+
+    def extra_repr(self) -> str:
+        return ""
+
+    def __repr__(self):
+        children = list(self.named_children())
+        if not children:
+            return f"{type(self).__name__}({self.extra_repr()})"
+        lines = [f"{type(self).__name__}("]
+        for name, child in children:
+            body = repr(child).replace("\n", "\n  ")
+            lines.append(f"  ({name}): {body}")
+        return "\n".join(lines) + "\n)"
+
+
+# -- layers ------------------------------------------------------------------------------------------
+
+class Linear(Module):
+    """``y = x @ weight.T + bias``, weight of shape (out_features, in_features) as in PyTorch.
+
+    Initialised like ``torch.nn.Linear``: weight and bias uniform in
+    ``(-1/sqrt(in_features), 1/sqrt(in_features))``, so models ported from
+    PyTorch train the same way.
+    """
+
+    def __init__(self, in_features, out_features, bias=True, *, rng=None, dtype=np.float32):
+        super().__init__()
+        self.in_features = _positive_int(in_features, "in_features", "Linear")
+        self.out_features = _positive_int(out_features, "out_features", "Linear")
+        gen = _generator(rng)
+        bound = 1.0 / math.sqrt(self.in_features)
+        self.weight = _uniform(gen, bound, (self.out_features, self.in_features), dtype)
+        self.bias = _uniform(gen, bound, (self.out_features,), dtype) if bias else None
+
+    def forward(self, x):
+        if not isinstance(x, Tensor):
+            x = tensor(x)
+        if x.ndim == 0 or x.shape[-1] != self.in_features:
+            raise ShapeError(f"Linear({self.in_features}, {self.out_features}): the input's last "
+                             f"dimension must be {self.in_features}, got shape {x.shape}")
+        y = matmul(x, transpose(self.weight))
+        return y + self.bias if self.bias is not None else y
+
+    def extra_repr(self):
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}")
+
+
+class Conv2d(Module):
+    """2-D convolution (cross-correlation) over NCHW input, as ``torch.nn.Conv2d``.
+
+    Weight (out_channels, in_channels, kh, kw), initialised like PyTorch:
+    uniform in ``(-1/sqrt(fan_in), 1/sqrt(fan_in))`` with ``fan_in =
+    in_channels * kh * kw``.  Runs ``vkml.conv2d`` (im2col + one matmul).
+    """
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, bias=True, *,
+                 rng=None, dtype=np.float32):
+        super().__init__()
+        self.in_channels = _positive_int(in_channels, "in_channels", "Conv2d")
+        self.out_channels = _positive_int(out_channels, "out_channels", "Conv2d")
+        self.kernel_size = _pair(kernel_size, "kernel_size", "Conv2d")
+        self.stride = _pair(stride, "stride", "Conv2d")
+        self.padding = _pair(padding, "padding", "Conv2d", minimum=0)
+        gen = _generator(rng)
+        fan_in = self.in_channels * self.kernel_size[0] * self.kernel_size[1]
+        bound = 1.0 / math.sqrt(fan_in)
+        self.weight = _uniform(gen, bound, (self.out_channels, self.in_channels) + self.kernel_size,
+                               dtype)
+        self.bias = _uniform(gen, bound, (self.out_channels,), dtype) if bias else None
+
+    def forward(self, x):
+        if not isinstance(x, Tensor):
+            x = tensor(x)
+        if x.ndim != 4 or x.shape[1] != self.in_channels:
+            raise ShapeError(f"Conv2d({self.in_channels}, {self.out_channels}): needs input of shape "
+                             f"(N, {self.in_channels}, H, W), got {x.shape}")
+        return conv2d(x, self.weight, self.bias, self.stride, self.padding)
+
+    def extra_repr(self):
+        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+                f"stride={self.stride}, padding={self.padding}, bias={self.bias is not None}")
+
+
+class MaxPool2d(Module):
+    """Max over (kh, kw) windows of NCHW input; ``stride`` defaults to the window (no overlap)."""
+
+    def __init__(self, kernel_size, stride=None):
+        super().__init__()
+        self.kernel_size = _pair(kernel_size, "kernel_size", "MaxPool2d")
+        self.stride = self.kernel_size if stride is None else _pair(stride, "stride", "MaxPool2d")
+
+    def forward(self, x):
+        return max_pool2d(x, self.kernel_size, self.stride)
+
+    def extra_repr(self):
+        return f"kernel_size={self.kernel_size}, stride={self.stride}"
+
+
+class ReLU(Module):
+    """``max(x, 0)`` elementwise."""
+
+    def forward(self, x):
+        return relu(x)
+
+
+class Flatten(Module):
+    """Flatten dimensions ``start_dim..end_dim`` into one (default: all but the batch dimension)."""
+
+    def __init__(self, start_dim=1, end_dim=-1):
+        super().__init__()
+        self.start_dim, self.end_dim = int(start_dim), int(end_dim)
+
+    def forward(self, x):
+        return flatten(x, self.start_dim, self.end_dim)
+
+    def extra_repr(self):
+        return f"start_dim={self.start_dim}, end_dim={self.end_dim}"
+
+
+class Sequential(Module):
+    """Layers applied one after another; parameters are named ``"0.weight"``, ``"1.bias"``, ...."""
+
+    def __init__(self, *layers):
+        super().__init__()
+        for i, layer in enumerate(layers):
+            if not isinstance(layer, Module):
+                raise ArgumentError(f"Sequential: layer {i} is a {type(layer).__name__}, not a "
+                                    "vkml.nn.Module; wrap functions in a Module subclass")
+        self.layers = list(layers)
+
+    def named_children(self):
+        for i, layer in enumerate(self.layers):
+            yield str(i), layer
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+    def __len__(self):
+        return len(self.layers)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return Sequential(*self.layers[i])
+        return self.layers[i]
+
+    def __iter__(self):
+        return iter(self.layers)
+
+
+# -- losses --------------------------------------------------------------------------------------------
+
+def log_softmax(x, axis=-1) -> Tensor:
+    """``x - logsumexp(x)`` along ``axis``, computed stably (the max is subtracted first)."""
+    return _log_softmax(x, axis)
+
+
+def _labels(labels, n, classes):
+    """Class indices as an int tensor of shape (n, 1), checked against ``classes`` when known."""
+    if isinstance(labels, Tensor):
+        t = labels
+        if t.dtype.kind not in "iu":
+            raise DTypeError(f"cross_entropy: labels must be integer class indices, got "
+                             f"{t.dtype.name}; cast them with .astype(np.int64)")
+        known = t.var.value
+    else:
+        arr = np.asarray(labels)
+        if arr.dtype.kind not in "iu":
+            raise DTypeError(f"cross_entropy: labels must be integer class indices, got an array of "
+                             f"{arr.dtype}; pass e.g. np.asarray(labels, dtype=np.int64)")
+        t = tensor(arr)
+        known = t.var.value
+    if t.shape != (n,):
+        raise ShapeError(f"cross_entropy: labels must have shape ({n},) to match the logits' batch, "
+                         f"got {t.shape}")
+    if known is not None and known.size and (known.min() < 0 or known.max() >= classes):
+        bad = int(known.min() if known.min() < 0 else known.max())
+        raise ArgumentError(f"cross_entropy: label {bad} is not a class index in [0, {classes})")
+    return reshape(t, (n, 1))
+
+
+def cross_entropy(logits, labels) -> Tensor:
+    """Mean negative log-likelihood of ``labels`` under ``softmax(logits)`` (``F.cross_entropy``).
+
+    ``logits`` is (N, C); ``labels`` are N class indices (int array or
+    tensor).  Written as ``-mean(take_along_axis(log_softmax(logits),
+    labels))``: picking the one log-probability per row needs no one-hot
+    matrix, and the gradient (``softmax - onehot``, divided by N) comes
+    from the tensor layer's rules for the pieces.
+    """
+    if not isinstance(logits, Tensor):
+        logits = tensor(logits)
+    if logits.ndim != 2:
+        raise ShapeError(f"cross_entropy: logits must be (batch, classes), got shape {logits.shape}")
+    n, classes = logits.shape
+    idx = _labels(labels, n, classes)
+    picked = take_along_axis(_log_softmax(logits, -1), idx, 1)
+    return -mean(picked)
+
+
+def mse(pred, target) -> Tensor:
+    """Mean of ``(pred - target)**2`` over every element (``F.mse_loss``).
+
+    The shapes must match exactly: a silently broadcast target (say (N,)
+    against (N, 1)) gives an N-by-N loss that still trains, just wrongly.
+    """
+    if not isinstance(pred, Tensor):
+        pred = tensor(pred)
+    if not isinstance(target, Tensor):
+        target = tensor(np.asarray(target, dtype=pred.dtype))
+    if pred.shape != target.shape:
+        raise ShapeError(f"mse: prediction has shape {pred.shape} but target has {target.shape}; "
+                         "reshape one of them (they are not broadcast)")
+    d = pred - target
+    return mean(d * d)
+
+
+mse_loss = mse

@@ -1,0 +1,306 @@
+"""Primitives that hold programs: ``scan`` (a loop) and ``call`` (a compiled function).
+
+They live here, above ``ops``, because their rules are transformations of
+the programs they hold: the derivative of a scan is a scan of its step's
+derivative, its transpose is a scan that runs the step's transpose from the
+last row to the first, and partial evaluation splits the step so the forward
+loop keeps per row only what the linear part reads.  Every derived step is
+cached (``ad.derived``), so a second gradient derives nothing.
+
+Calling convention of ``scan``: operands are ``consts + init + xs``; the step
+program maps ``consts + carry + x`` to ``carry + y``; results are the final
+carry followed by the ys stacked along a new leading axis of ``length`` rows.
+"""
+
+from __future__ import annotations
+
+from ..errors import GradError, ShapeError
+from ..ir import Program, Var, dtype_name, format_shape, program_from_dag
+from ..ops import Linear, Primitive, api, bind
+from .ad import derived, jvp_program, partial_eval, transpose_program
+from .interpret import inline
+
+
+def _placeholder(v):
+    return Var(v.shape, v.dtype, v.device)
+
+
+def depends(prog: Program, flags):
+    """Which outputs of ``prog`` depend on the inputs flagged (floating values only)."""
+    dep = {v for v, f in zip(prog.inputs, flags) if f}
+    for e in prog.eqns:
+        if any(v in dep for v in e.inputs):
+            dep.update(o for o in e.outputs if o.dtype.kind == "f")
+    return [v in dep for v in prog.outputs]
+
+
+def reorder_inputs(prog: Program, order) -> Program:
+    """The same program taking its inputs in another order (``order[i]`` = old position)."""
+    return Program([prog.inputs[i] for i in order], prog.eqns, prog.outputs, prog.consts)
+
+
+def select_outputs(prog: Program, picks) -> Program:
+    return Program(prog.inputs, prog.eqns, [prog.outputs[i] for i in picks], prog.consts)
+
+
+# -- scan ------------------------------------------------------------------------------------
+
+scan_p = Primitive("scan", multiple_results=True,
+                   doc="A loop over the rows of xs whose step is one program, traced once.")
+
+
+def _scan_abstract(*args, program, num_consts, num_carry, length, reverse):
+    n_in = len(program.inputs)
+    if len(args) != n_in:
+        raise ShapeError(f"scan: the step takes {n_in} operands, got {len(args)}")
+    for i, (a, p) in enumerate(zip(args, program.inputs)):
+        want = p.shape if i < num_consts + num_carry else (length,) + p.shape
+        if a.shape != want or a.dtype != p.dtype:
+            raise ShapeError(f"scan: operand {i} is {dtype_name(a.dtype)} {format_shape(a.shape)}, "
+                             f"the step expects {dtype_name(p.dtype)} {format_shape(want)}")
+    outs = program.outputs
+    return [(v.shape, v.dtype) for v in outs[:num_carry]] + \
+        [((length,) + v.shape, v.dtype) for v in outs[num_carry:]]
+
+
+scan_p.abstract = _scan_abstract
+
+
+def scan_bind(program, consts, init, xs, length, reverse):
+    return bind(scan_p, *consts, *init, *xs, program=program, num_consts=len(consts),
+                num_carry=len(init), length=length, reverse=reverse)
+
+
+def _scan_jvp(primals, tangents, outs, *, program, num_consts, num_carry, length, reverse):
+    nc, nk = num_consts, num_carry
+    has = [t is not None for t in tangents]
+    floats = [v.dtype.kind == "f" for v in program.inputs]
+    carry_t = has[nc:nc + nk]
+    while True:  # a carry has a tangent if its init has one or the step gives it one
+        flags = has[:nc] + carry_t + has[nc + nk:]
+        out_dep = depends(program, flags)
+        new = [(a or b) and f for a, b, f in zip(carry_t, out_dep[:nk], floats[nc:nc + nk])]
+        if new == carry_t:
+            break
+        carry_t = new
+    flags = has[:nc] + carry_t + has[nc + nk:]
+    y_t = out_dep[nk:]
+    step = derived("scan-jvp", program, flags, lambda: _jvp_step(program, flags, nc, nk, carry_t, y_t))
+    consts, init, xs = primals[:nc], primals[nc:nc + nk], primals[nc + nk:]
+    tconsts = [t for t, f in zip(tangents[:nc], has[:nc]) if f]
+    tinit = [tangents[nc + i] if tangents[nc + i] is not None else api.zeros_like(init[i])
+             for i in range(nk) if carry_t[i]]
+    txs = [t for t, f in zip(tangents[nc + nk:], has[nc + nk:]) if f]
+    res = scan_bind(step, consts + tconsts, init + tinit, xs + txs, length, reverse)
+    n_tc = sum(carry_t)
+    ny = len(program.outputs) - nk
+    tcarry = iter(res[nk:nk + n_tc])
+    tys = iter(res[nk + n_tc + ny:])
+    return [next(tcarry) if f else None for f in carry_t] + [next(tys) if f else None for f in y_t]
+
+
+def _jvp_step(program, flags, nc, nk, carry_t, y_t):
+    """The scan step of the derivative: (consts, tconsts), (carry, tcarry), (x, tx) in that order."""
+    jp = jvp_program(program, flags)
+    n = len(program.inputs)
+    prim = list(range(n))
+    tan_pos = {}
+    for i, f in enumerate(flags):
+        if f:
+            tan_pos[i] = n + len(tan_pos)
+    groups = [range(0, nc), range(nc, nc + nk), range(nc + nk, n)]
+    order = []
+    for g in groups:
+        order += [prim[i] for i in g] + [tan_pos[i] for i in g if i in tan_pos]
+    jp = reorder_inputs(jp, order)
+    n_out = len(program.outputs)
+    picks = list(range(nk)) + [n_out + i for i in range(nk) if carry_t[i]] + \
+        list(range(nk, n_out)) + [n_out + nk + i for i, f in enumerate(y_t) if f]
+    return select_outputs(jp, picks)
+
+
+scan_p.jvp = _scan_jvp
+
+
+def _scan_partial_eval(eqn, args, unknown, to_unknown):
+    p = eqn.params
+    program, nc, nk = p["program"], p["num_consts"], p["num_carry"]
+    n = len(program.inputs)
+    carry_u = unknown[nc:nc + nk]
+    while True:
+        flags = unknown[:nc] + carry_u + unknown[nc + nk:]
+        out_dep = _unknown_flow(program, flags)
+        new = [a or b for a, b in zip(carry_u, out_dep[:nk])]
+        if new == carry_u:
+            break
+        carry_u = new
+    flags = unknown[:nc] + carry_u + unknown[nc + nk:]
+    inst = carry_u + [False] * (len(program.outputs) - nk)
+    known, unk, out_u = derived("scan-pe", program, flags + inst,
+                                lambda: partial_eval(program, flags, inst))
+    # Residuals are known_step outputs after the known ones; classify each by origin.
+    n_known_out = sum(1 for u in out_u if not u)
+    residuals = known.outputs[n_known_out:]
+    known_inputs = [i for i in range(n) if not flags[i]]
+    origin = {known.inputs[j]: known_inputs[j] for j in range(len(known_inputs))}
+    res_const, res_x, res_stacked = [], [], []
+    for r_idx, r in enumerate(residuals):
+        i = origin.get(r)
+        if i is not None and i < nc:
+            res_const.append((r_idx, i))
+        elif i is not None and i >= nc + nk:
+            res_x.append((r_idx, i))
+        else:
+            res_stacked.append(r_idx)
+    # The known scan: known consts, carries and xs; ys gain the stacked residuals.
+    k_carry = [i for i in range(nk) if not out_u[i]]
+    k_ys = [i for i in range(nk, len(program.outputs)) if not out_u[i]]
+    kouts_pos = {i: j for j, i in enumerate([i for i, u in enumerate(out_u) if not u])}
+    known_step = select_outputs(known, [kouts_pos[i] for i in k_carry] + [kouts_pos[i] for i in k_ys] +
+                                [n_known_out + r for r in res_stacked])
+    kargs = [a for a, f in zip(args, flags) if not f]
+    knc = sum(1 for i in range(nc) if not flags[i])
+    knk = sum(1 for i in range(nc, nc + nk) if not flags[i])
+    kres = scan_bind(known_step, kargs[:knc], kargs[knc:knc + knk], kargs[knc + knk:],
+                     p["length"], p["reverse"]) if known_step.outputs else []
+    k_carry_out = kres[:len(k_carry)]
+    k_ys_out = kres[len(k_carry):len(k_carry) + len(k_ys)]
+    stacked = kres[len(k_carry) + len(k_ys):]
+    # The unknown scan: inputs reordered to consts / carry / xs.
+    n_res = len(residuals)
+    unk_pos = [i for i in range(n) if flags[i]]          # unknown step inputs, original order
+    pos_of = {i: n_res + j for j, i in enumerate(unk_pos)}
+    u_consts = [r for r, _ in res_const] + [pos_of[i] for i in unk_pos if i < nc]
+    u_carry = [pos_of[i] for i in unk_pos if nc <= i < nc + nk]
+    u_xs = res_stacked + [r for r, _ in res_x] + [pos_of[i] for i in unk_pos if i >= nc + nk]
+    unknown_step = reorder_inputs(unk, u_consts + u_carry + u_xs)
+    uargs_consts = [to_unknown(args[i]) for _, i in res_const] + \
+        [args[i] for i in unk_pos if i < nc]
+    uargs_carry = [args[i] if unknown[i] else to_unknown(args[i]) for i in unk_pos if nc <= i < nc + nk]
+    uargs_xs = [to_unknown(s) for s in stacked] + [to_unknown(args[i]) for _, i in res_x] + \
+        [args[i] for i in unk_pos if i >= nc + nk]
+    ures = scan_bind(unknown_step, uargs_consts, uargs_carry, uargs_xs, p["length"], p["reverse"])
+    n_uc = sum(carry_u)
+    kouts, uouts = [], []
+    kc, ky = iter(k_carry_out), iter(k_ys_out)
+    uc, uy = iter(ures[:n_uc]), iter(ures[n_uc:])
+    for i in range(len(program.outputs)):
+        if out_u[i]:
+            kouts.append(None)
+            uouts.append(next(uc) if i < nk else next(uy))
+        else:
+            kouts.append(next(kc) if i < nk else next(ky))
+            uouts.append(None)
+    return kouts, uouts
+
+
+def _unknown_flow(prog, flags):
+    dep = {v for v, f in zip(prog.inputs, flags) if f}
+    for e in prog.eqns:
+        if any(v in dep for v in e.inputs):
+            dep.update(e.outputs)
+    return [v in dep for v in prog.outputs]
+
+
+scan_p.partial_eval = _scan_partial_eval
+
+
+def _scan_transpose(cts, *args, program, num_consts, num_carry, length, reverse):
+    nc, nk = num_consts, num_carry
+    lin = [isinstance(a, Linear) for a in args]
+    if not all(lin[nc:nc + nk]):
+        raise GradError("scan: cannot transpose a loop whose carry is not linear; "
+                        "this is a bug in the scan's partial evaluation")
+    step_t = derived("scan-transpose", program, lin, lambda: _transpose_step(program, lin, nc, nk))
+    res_consts = [a for a, l in zip(args[:nc], lin[:nc]) if not l]
+    res_xs = [a for a, l in zip(args[nc + nk:], lin[nc + nk:]) if not l]
+    lin_consts = [a for a, l in zip(args[:nc], lin[:nc]) if l]
+    acc0 = [api.zeros(a.shape, a.dtype, a.device) for a in lin_consts]
+    ct_carry, ct_ys = list(cts[:nk]), list(cts[nk:])
+    out = scan_bind(step_t, res_consts, acc0 + ct_carry, res_xs + ct_ys, length, not reverse)
+    ct_lin_consts = iter(out[:len(acc0)])
+    ct_init = iter(out[len(acc0):len(acc0) + nk])
+    ct_lin_xs = iter(out[len(acc0) + nk:])
+    result = []
+    for i, l in enumerate(lin):
+        if not l:
+            result.append(None)
+        elif i < nc:
+            result.append(next(ct_lin_consts))
+        elif i < nc + nk:
+            result.append(next(ct_init))
+        else:
+            result.append(next(ct_lin_xs))
+    return result
+
+
+def _transpose_step(program, lin, nc, nk):
+    """Step of the transposed loop: consts = residual consts; carry = (const cts so far, carry ct);
+    xs = (residual xs, ys' cts); it adds this row's const cts in and emits the xs' cts."""
+    tp = transpose_program(program, lin)
+    res_c = [_placeholder(v) for v, l in zip(program.inputs[:nc], lin[:nc]) if not l]
+    acc = [_placeholder(v) for v, l in zip(program.inputs[:nc], lin[:nc]) if l]
+    ct_c = [_placeholder(v) for v in program.outputs[:nk]]
+    res_x = [_placeholder(v) for v, l in zip(program.inputs[nc + nk:], lin[nc + nk:]) if not l]
+    ct_y = [_placeholder(v) for v in program.outputs[nk:]]
+    outs = inline(tp, res_c + res_x + ct_c + ct_y)
+    n_lc = len(acc)
+    ct_consts, ct_carry_in, ct_xs = outs[:n_lc], outs[n_lc:n_lc + nk], outs[n_lc + nk:]
+    new_acc = [api.add(a, c) for a, c in zip(acc, ct_consts)]
+    return program_from_dag(res_c + acc + ct_c + res_x + ct_y, new_acc + ct_carry_in + ct_xs)
+
+
+scan_p.transpose = _scan_transpose
+
+
+# -- call ---------------------------------------------------------------------------------------
+
+call_p = Primitive("call", multiple_results=True,
+                   doc="Run a whole program as one equation: a jitted function inside a larger graph.")
+
+
+def _call_abstract(*args, program):
+    if len(args) != len(program.inputs):
+        raise ShapeError(f"call: the program takes {len(program.inputs)} operands, got {len(args)}")
+    for i, (a, p) in enumerate(zip(args, program.inputs)):
+        if a.shape != p.shape or a.dtype != p.dtype:
+            raise ShapeError(f"call: operand {i} is {a.type_str()}, the program expects {p.type_str()}")
+    return [(v.shape, v.dtype) for v in program.outputs]
+
+
+def _call_jvp(primals, tangents, outs, *, program):
+    flags = [t is not None and v.dtype.kind == "f" for t, v in zip(tangents, program.inputs)]
+    jp = derived("jvp", program, flags, lambda: jvp_program(program, flags))
+    res = bind(call_p, *primals, *[t for t, f in zip(tangents, flags) if f], program=jp)
+    return res[len(program.outputs):]
+
+
+def _call_partial_eval(eqn, args, unknown, to_unknown):
+    program = eqn.params["program"]
+    known, unk, out_u = derived("pe", program, unknown, lambda: partial_eval(program, unknown))
+    kres = bind(call_p, *[a for a, u in zip(args, unknown) if not u], program=known)
+    n_known = sum(1 for u in out_u if not u)
+    residuals = [to_unknown(r) for r in kres[n_known:]]
+    ures = bind(call_p, *residuals, *[a for a, u in zip(args, unknown) if u], program=unk)
+    kit, uit = iter(kres[:n_known]), iter(ures)
+    kouts = [None if u else next(kit) for u in out_u]
+    uouts = [next(uit) if u else None for u in out_u]
+    return kouts, uouts
+
+
+def _call_transpose(cts, *args, program):
+    lin = [isinstance(a, Linear) for a in args]
+    tp = derived("transpose", program, lin, lambda: transpose_program(program, lin))
+    res = bind(call_p, *[a for a, l in zip(args, lin) if not l], *cts, program=tp)
+    it = iter(res)
+    return [next(it) if l else None for l in lin]
+
+
+call_p.abstract = _call_abstract
+call_p.jvp = _call_jvp
+call_p.partial_eval = _call_partial_eval
+call_p.transpose = _call_transpose
+
+
+def call(program, *args):
+    return bind(call_p, *args, program=program)
