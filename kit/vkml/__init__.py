@@ -13,6 +13,8 @@ from .backends import backend_info, reset_stats, set_backend, stats
 from .errors import (ArgumentError, BackendError, DTypeError, ExecutionError, GradError, ShapeError,
                      TracingError, VkmlError)
 from .ir import Program, Var
+from .printer import pp_program
+from .programs import Jitted, grad, jit, jvp, linearize, program, scan, value_and_grad, vjp
 from .tensor import (Tensor, abs, add, arange, argmax, argmin, assign, avg_pool2d, backward,
                      broadcast_to, cast, clip, concatenate, conv2d, cos, div, dot, eager, equal,
                      exp, expand_dims, flatten, flip, floor_divide, full, gather, greater,

@@ -48,15 +48,18 @@ class Var:
     that still needs its history for a later backward keeps its ``eqn``.
     """
 
-    __slots__ = ("shape", "dtype", "device", "eqn", "value", "serial", "__weakref__")
+    __slots__ = ("shape", "dtype", "device", "eqn", "value", "serial", "weak", "__weakref__")
 
-    def __init__(self, shape, dtype, device="CPU", eqn=None, value=None):
+    def __init__(self, shape, dtype, device="CPU", eqn=None, value=None, weak=False):
         # A creation counter: a trace knows the Vars made before it started are
         # not its own (they are captures), without a trace id on every Var.
         self.serial = _NEXT_SERIAL[0]
         _NEXT_SERIAL[0] += 1
         self.shape = shape
         self.dtype = dtype
+        # A weakly typed scalar (a Python number passed to a jitted function):
+        # it takes the dtype of what it meets, as the number itself would.
+        self.weak = weak
         self.device = device
         self.eqn = eqn
         self.value = value

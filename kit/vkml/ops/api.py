@@ -84,6 +84,13 @@ def _is_weak(x):
     return isinstance(x, (bool, int, float)) and not isinstance(x, np.generic)
 
 
+def _weak_example(x):
+    """What a weak operand counts as in promotion: a Python number of its kind."""
+    if isinstance(x, Var):
+        return {"b": False, "i": 0, "u": 0}.get(x.dtype.kind, 0.0)
+    return x
+
+
 def _scalar_var(value, dtype, device):
     arr = np.array(value, dtype=dtype)
     arr.flags.writeable = False
@@ -92,21 +99,19 @@ def _scalar_var(value, dtype, device):
 
 def promote(*xs):
     """Vars of one common dtype, NumPy rules, Python scalars weak (``f32 * 2.0`` is f32)."""
-    strong = [x for x in xs if not _is_weak(x)]
-    strong = [as_var(x) for x in strong]
+    weak_flags = [_is_weak(x) or (isinstance(x, Var) and x.weak) for x in xs]
+    strong = [as_var(x) for x, w in zip(xs, weak_flags) if not w]
+    weak = [_weak_example(x) for x, w in zip(xs, weak_flags) if w]
     if not strong:
-        dtype = np.result_type(*xs)
-        dtype = _canonical_dtype(dtype)
-        device = DEFAULT_DEVICE[0]
+        dtype = _canonical_dtype(np.result_type(*[x.dtype if isinstance(x, Var) else x for x in xs]))
+        device = next((x.device for x in xs if isinstance(x, Var)), DEFAULT_DEVICE[0])
     else:
         dtypes = [v.dtype for v in strong]
-        weak = [x for x in xs if _is_weak(x)]
-        dtype = np.result_type(*dtypes, *weak) if weak else np.result_type(*dtypes)
-        dtype = _canonical_dtype(dtype)
+        dtype = _canonical_dtype(np.result_type(*dtypes, *weak) if weak else np.result_type(*dtypes))
         device = strong[0].device
     out, it = [], iter(strong)
-    for x in xs:
-        v = _scalar_var(x, dtype, device) if _is_weak(x) else next(it)
+    for x, w in zip(xs, weak_flags):
+        v = next(it) if not w else (x if isinstance(x, Var) else _scalar_var(x, dtype, device))
         out.append(cast(v, dtype))
     return out
 

@@ -207,10 +207,10 @@ scan_p.partial_eval = _scan_partial_eval
 
 def _scan_transpose(cts, *args, program, num_consts, num_carry, length, reverse):
     nc, nk = num_consts, num_carry
-    lin = [isinstance(a, Linear) for a in args]
-    if not all(lin[nc:nc + nk]):
-        raise GradError("scan: cannot transpose a loop whose carry is not linear; "
-                        "this is a bug in the scan's partial evaluation")
+    given = [isinstance(a, Linear) for a in args]
+    # Every carry is transposed as linear: an init that is not (the zero tangent
+    # of a constant init) only adds a constant, and its cotangent is dropped.
+    lin = given[:nc] + [True] * nk + given[nc + nk:]
     step_t = derived("scan-transpose", program, lin, lambda: _transpose_step(program, lin, nc, nk))
     res_consts = [a for a, l in zip(args[:nc], lin[:nc]) if not l]
     res_xs = [a for a, l in zip(args[nc + nk:], lin[nc + nk:]) if not l]
@@ -228,7 +228,8 @@ def _scan_transpose(cts, *args, program, num_consts, num_carry, length, reverse)
         elif i < nc:
             result.append(next(ct_lin_consts))
         elif i < nc + nk:
-            result.append(next(ct_init))
+            ct = next(ct_init)
+            result.append(ct if given[i] else None)
         else:
             result.append(next(ct_lin_xs))
     return result
