@@ -1,0 +1,171 @@
+"""One training step of a 784-256-10 MLP (ReLU, cross-entropy, Adam) at batch 64, float32.
+
+Side by side in one run:
+
+- ``vkml``: ``vkml.nn`` + ``vkml.optim`` on the NumPy backend (forward, ``backward``, ``Adam.step``);
+- ``numpy``: the same step written by hand -- forward, manual backward, Adam -- the floor for
+  a backend that runs NumPy;
+- ``torch``: PyTorch on the CPU (skipped with a note when torch is not installed).
+
+All three run on ONE thread (``OMP_NUM_THREADS``/``OPENBLAS_NUM_THREADS``/``MKL_NUM_THREADS`` are set
+before NumPy is imported, and ``torch.set_num_threads``), so the comparison is of work and overhead,
+not of thread pools.  ``--threads N`` changes that for all three.  They start from the same weights
+and batch, and the script checks that they compute the same loss.
+
+    PYTHONPATH=kit python3 bench/mlp_step.py [--repeat 200] [--threads 1] [--profile]
+"""
+
+import argparse
+import os
+import sys
+
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("--repeat", type=int, default=200, help="timed steps per contender")
+parser.add_argument("--warmup", type=int, default=20)
+parser.add_argument("--threads", type=int, default=1, help="BLAS/OpenMP threads for all three")
+parser.add_argument("--profile", action="store_true", help="also profile vkml's step with cProfile")
+args = parser.parse_args()
+
+for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[var] = str(args.threads)   # before numpy is imported, or it has no effect
+
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "kit"))
+import vkml  # noqa: E402
+from _timing import median_seconds, print_table  # noqa: E402
+
+BATCH, D_IN, D_HID, D_OUT = 64, 784, 256, 10
+LR, B1, B2, EPS = 1e-3, 0.9, 0.999, 1e-8
+
+rng = np.random.default_rng(0)
+X = rng.standard_normal((BATCH, D_IN)).astype(np.float32)
+Y = rng.integers(0, D_OUT, BATCH)
+
+
+# -- vkml ----------------------------------------------------------------------------------------
+
+vkml.nn.manual_seed(0)
+model = vkml.nn.Sequential(vkml.nn.Linear(D_IN, D_HID), vkml.nn.ReLU(), vkml.nn.Linear(D_HID, D_OUT))
+INIT = [np.array(p.numpy()) for p in model.parameters()]   # W1, b1, W2, b2 for the others
+opt = vkml.optim.Adam(model.parameters(), lr=LR, betas=(B1, B2), eps=EPS)
+xt, yt = vkml.tensor(X), vkml.tensor(Y)
+
+
+def vkml_step():
+    opt.zero_grad()
+    loss = vkml.nn.cross_entropy(model(xt), yt)
+    loss.backward()
+    opt.step()
+    return loss
+
+
+# -- hand-written NumPy --------------------------------------------------------------------------
+
+class NumpyMLP:
+    """Forward, manual backward and an in-place Adam: what a careful NumPy programmer writes."""
+
+    def __init__(self, params):
+        self.params = [p.copy() for p in params]
+        self.m = [np.zeros_like(p) for p in params]
+        self.v = [np.zeros_like(p) for p in params]
+        self.t = 0
+        self.onehot = np.zeros((BATCH, D_OUT), np.float32)
+        self.onehot[np.arange(BATCH), Y] = 1.0
+
+    def step(self):
+        w1, b1, w2, b2 = self.params
+        h = X @ w1.T + b1
+        a = np.maximum(h, 0)
+        z = a @ w2.T + b2
+        z = z - z.max(axis=1, keepdims=True)
+        e = np.exp(z)
+        s = e.sum(axis=1, keepdims=True)
+        loss = float(np.mean(np.log(s)[:, 0] - z[np.arange(BATCH), Y]))
+        dz = (e / s - self.onehot) * np.float32(1.0 / BATCH)
+        dw2 = dz.T @ a
+        db2 = dz.sum(axis=0)
+        da = dz @ w2
+        da *= h > 0
+        dw1 = da.T @ X
+        db1 = da.sum(axis=0)
+        self.t += 1
+        step_size = np.float32(LR / (1 - B1 ** self.t))
+        inv_bc2 = np.float32(1 / np.sqrt(1 - B2 ** self.t))
+        for p, g, m, v in zip(self.params, (dw1, db1, dw2, db2), self.m, self.v):
+            m *= B1
+            m += np.float32(1 - B1) * g
+            v *= B2
+            v += np.float32(1 - B2) * (g * g)
+            p -= step_size * m / (np.sqrt(v) * inv_bc2 + np.float32(EPS))
+        return loss
+
+
+# -- PyTorch ---------------------------------------------------------------------------------------
+
+def torch_contender():
+    try:
+        import torch
+    except ImportError:
+        return None, "torch is not installed: skipped (pip install torch)"
+    torch.set_num_threads(args.threads)
+    net = torch.nn.Sequential(torch.nn.Linear(D_IN, D_HID), torch.nn.ReLU(), torch.nn.Linear(D_HID, D_OUT))
+    with torch.no_grad():
+        for p, init in zip(net.parameters(), INIT):
+            p.copy_(torch.from_numpy(init))
+    topt = torch.optim.Adam(net.parameters(), lr=LR, betas=(B1, B2), eps=EPS)
+    tx, ty = torch.from_numpy(X), torch.from_numpy(Y)
+
+    def step():
+        topt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(net(tx), ty)
+        loss.backward()
+        topt.step()
+        return loss
+
+    return step, f"torch {torch.__version__}, {torch.get_num_threads()} thread(s)"
+
+
+def main():
+    ref = NumpyMLP(INIT)
+    tstep, tnote = torch_contender()
+    # Same weights, same batch: the first losses agree (a wrong contender would be a useless bench).
+    l_vkml, l_np = vkml_step().item(), ref.step()
+    losses = {"vkml": l_vkml, "numpy": l_np}
+    if tstep is not None:
+        losses["torch"] = tstep().item()
+    assert all(abs(v - l_np) < 1e-4 for v in losses.values()), losses
+
+    rows = [("vkml", median_seconds(vkml_step, repeat=args.repeat, warmup=args.warmup)),
+            ("numpy", median_seconds(ref.step, repeat=args.repeat, warmup=args.warmup))]
+    if tstep is not None:
+        rows.append(("torch", median_seconds(tstep, repeat=args.repeat, warmup=args.warmup)))
+    before = vkml.stats()
+    n = 20
+    for _ in range(n):
+        vkml_step()
+    delta = vkml.stats() - before
+    per_step = {"vkml": f"{delta.submissions / n:g}"}
+
+    print(f"MLP {D_IN}-{D_HID}-{D_OUT}, batch {BATCH}, float32, Adam; {args.threads} thread(s) "
+          f"(OMP/OPENBLAS/MKL_NUM_THREADS={args.threads}); median of {args.repeat} steps")
+    print(f"numpy {np.__version__}; {tnote}")
+    print(f"first-step loss: " + ", ".join(f"{k} {v:.6f}" for k, v in losses.items()))
+    print_table("one training step (forward, backward, Adam):", rows, baselines=("numpy", "torch"),
+                extra=[("submissions/step", per_step)])
+    print(f"vkml over {n} more steps: {delta.submissions} submissions, {delta.compiles} compiles, "
+          f"{delta.cache_hits} cache hits")
+
+    if args.profile:
+        import cProfile
+        import pstats
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(200):
+            vkml_step()
+        prof.disable()
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(40)
+
+
+if __name__ == "__main__":
+    main()
