@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import numbers
+import weakref
 
 import numpy as np
 
@@ -32,12 +33,12 @@ from .printer import pp_program
 from .pytree import flatten, unflatten
 from .stats import STATS
 from .tensor import Tensor, _GRAD_ENABLED, _submit
-from .transforms import jvp_program, partial_eval, transpose_program
+from .transforms import jvp_program, partial_eval, transpose_program, vmap_program
 from .transforms.ad import derived
 from .transforms.control import call, scan_bind
 
 __all__ = ["jit", "scan", "grad", "value_and_grad", "vjp", "jvp", "linearize", "program",
-           "pp_program", "Jitted"]
+           "pp_program", "Jitted", "vmap", "jacfwd", "jacrev", "hessian", "hvp"]
 
 
 # -- arguments -------------------------------------------------------------------------------
@@ -173,18 +174,28 @@ class Jitted:
         return f"<vkml.jit of {getattr(self.fn, '__qualname__', self.fn)!r}>"
 
 
+_JITTED = weakref.WeakKeyDictionary()
+
+
 def jit(fn=None):
     """Trace ``fn`` once per key into a Program; compile it once per variant; run it.
 
     Values never cause a retrace; a new shape, dtype, pytree structure or
     aliasing pattern does.  Tensors the function closes over are constants
     of its program: pass what changes (or needs a gradient) as an argument.
+    ``jit`` of the same function object returns the same cached function.
     """
     if fn is None:
         return jit
     if isinstance(fn, Jitted):
         return fn
-    return Jitted(fn)
+    try:
+        jitted = _JITTED.get(fn)
+    except TypeError:
+        return Jitted(fn)
+    if jitted is None:
+        jitted = _JITTED[fn] = Jitted(fn)
+    return jitted
 
 
 def _apply_program(owner, entry, variant_tag, prog, in_vars, requires_grad):
@@ -498,3 +509,157 @@ def program(fn, *args) -> Program:
     jitted = jit(fn)
     entry, _, _ = jitted._lookup(args)
     return entry.program
+
+
+# -- vmap and Jacobians -------------------------------------------------------------------------------
+
+def _move_axis(var, src, dst):
+    if src == dst:
+        return var
+    perm = [i for i in range(var.ndim) if i != src]
+    perm.insert(dst, src)
+    return api.transpose(var, perm)
+
+
+def vmap(fn, in_axes=0, out_axes=0):
+    """``fn`` written for one example, mapped over an axis of its arguments.
+
+    ``in_axes``: one int/None for all arguments or one per argument (None =
+    not mapped).  The program for one example is traced once per key and
+    its batched form derived once per batch size.
+    """
+    jitted = jit(fn)
+
+    def batched(*args):
+        axes = tuple(in_axes) if isinstance(in_axes, (tuple, list)) else (in_axes,) * len(args)
+        if len(axes) != len(args):
+            raise ArgumentError(f"vmap: in_axes has {len(axes)} entries for {len(args)} arguments")
+        flags, example, in_vars, sizes = [], [], [], set()
+        for a, ax in zip(args, axes):
+            leaves, tree = flatten(a)
+            ex = []
+            for x in leaves:
+                v = _leaf_var(x, "vmap")
+                if ax is None:
+                    flags.append(False)
+                    in_vars.append(v)
+                    ex.append(x)
+                    continue
+                if not -v.ndim <= ax < max(v.ndim, 1) or v.ndim == 0:
+                    raise ShapeError(f"vmap: in_axes {ax} is out of range for an argument of shape "
+                                     f"{format_shape(v.shape)}")
+                ax2 = ax % v.ndim
+                sizes.add(v.shape[ax2])
+                flags.append(True)
+                moved = _move_axis(v, ax2, 0)
+                in_vars.append(moved)
+                ex.append(Tensor(Var(moved.shape[1:], v.dtype, v.device)))
+            example.append(unflatten(tree, ex))
+        if len(sizes) != 1:
+            raise ShapeError(f"vmap: mapped axes must all have one size, got {sorted(sizes) or 'none'}")
+        size = sizes.pop()
+        entry, _, _ = jitted._lookup(tuple(example))
+        prog = entry.program
+        bprog = jitted._derive(entry, ("vmap", tuple(flags), size), lambda: derived(
+            "vmap", prog, flags + [size], lambda: vmap_program(prog, flags, size)))
+        rg = any(isinstance(x, Tensor) and x.requires_grad for a in args for x in flatten(a)[0])
+        outs = _apply_program(jitted, entry, ("vmap", size), bprog, in_vars, rg)
+        if out_axes != 0:
+            outs = [_wrap_like(o, _move_axis(o.var, 0, out_axes % o.ndim)) for o in outs]
+        return unflatten(entry.out_tree, outs)
+
+    return batched
+
+
+def _wrap_like(t, var):
+    return Tensor(var, t.requires_grad)
+
+
+def _single_leaf(arg, where):
+    leaves, _ = flatten(arg)
+    if len(leaves) != 1:
+        raise ArgumentError(f"{where}: the differentiated argument must be one array, "
+                            f"got a pytree of {len(leaves)} leaves")
+
+
+def jacfwd(fn, argnums=0):
+    """The Jacobian by forward mode: the derivative program mapped over a basis of tangents.
+    Shape: output shape + input shape."""
+    jitted = jit(fn)
+
+    def jac(*args):
+        nums = _argnums(argnums, len(args))
+        if len(nums) != 1:
+            raise ArgumentError("jacfwd: give one argnum")
+        _single_leaf(args[nums[0]], "jacfwd")
+        entry, leaves, in_vars = jitted._lookup(args)
+        flags = _wrt_flags(args, nums)
+        i = flags.index(True)
+        _float_check(in_vars[i], "jacfwd", i)
+        prog = entry.program
+        if len(prog.outputs) != 1:
+            raise ArgumentError("jacfwd: the function must return one array")
+        jp = jitted._derive(entry, ("jvp", tuple(flags)),
+                            lambda: derived("jvp", prog, flags, lambda: jvp_program(prog, flags)))
+        x = in_vars[i]
+        n = x.size
+        bflags = [False] * len(prog.inputs) + [True]
+        bj = jitted._derive(entry, ("jacfwd", tuple(flags)), lambda: derived(
+            "vmap", jp, bflags + [n], lambda: vmap_program(jp, bflags, n)))
+        basis = api.constant(np.eye(n, dtype=x.dtype).reshape((n,) + x.shape))
+        rg = any(isinstance(t, Tensor) and t.requires_grad for t in leaves)
+        outs = _apply_program(jitted, entry, ("jacfwd",), bj, in_vars + [basis], rg)
+        t = outs[1].var                                  # (n, *out)
+        out_shape = t.shape[1:]
+        m = int(np.prod(out_shape, dtype=np.int64))
+        j = api.reshape(api.transpose(api.reshape(t, (n, m))), out_shape + x.shape)
+        return Tensor(j, rg)
+
+    return jac
+
+
+def jacrev(fn, argnums=0):
+    """The Jacobian by reverse mode: the transposed program mapped over a basis of cotangents.
+    Shape: output shape + input shape."""
+    jitted = jit(fn)
+
+    def jac(*args):
+        nums = _argnums(argnums, len(args))
+        if len(nums) != 1:
+            raise ArgumentError("jacrev: give one argnum")
+        _single_leaf(args[nums[0]], "jacrev")
+        entry, leaves, in_vars = jitted._lookup(args)
+        flags = _wrt_flags(args, nums)
+        i = flags.index(True)
+        _float_check(in_vars[i], "jacrev", i)
+        prog = entry.program
+        if len(prog.outputs) != 1:
+            raise ArgumentError("jacrev: the function must return one array")
+        known, linear, transposed, out_u, n_res = _vjp_parts(jitted, entry, flags, 1)
+        rg = any(isinstance(t, Tensor) and t.requires_grad for t in leaves)
+        known_out = _apply_program(jitted, entry, ("known",), known, in_vars, rg)
+        n_known = len(known.outputs) - n_res
+        residuals = [r.var for r in known_out[n_known:]]
+        out = prog.outputs[0]
+        x = in_vars[i]
+        m = out.size
+        if not out_u[1]:                                 # the output does not depend on x
+            return Tensor(api.zeros(out.shape + x.shape, x.dtype), False)
+        bflags = [False] * n_res + [True]
+        bt = jitted._derive(entry, ("jacrev", tuple(flags)), lambda: derived(
+            "vmap", transposed, bflags + [m], lambda: vmap_program(transposed, bflags, m)))
+        basis = api.constant(np.eye(m, dtype=out.dtype).reshape((m,) + out.shape))
+        res = _apply_program(jitted, entry, ("jacrev",), bt, residuals + [basis], rg)
+        return Tensor(api.reshape(res[0].var, out.shape + x.shape), rg)
+
+    return jac
+
+
+def hessian(fn, argnums=0):
+    """Second derivatives of a scalar function: ``jacfwd(jacrev(f))``."""
+    return jacfwd(jacrev(fn, argnums), argnums)
+
+
+def hvp(fn, primals, tangents):
+    """Hessian-vector product by forward-over-reverse: ``jvp(grad(f), primals, tangents)``."""
+    return jvp(grad(fn), primals, tangents)[1]

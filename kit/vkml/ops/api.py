@@ -157,6 +157,25 @@ def _floating(x):
     return x
 
 
+# -- batching (vmap rules use these) -----------------------------------------------------
+
+def broadcast_batch(x, size):
+    """An unbatched value repeated along a new leading batch axis of ``size``."""
+    return broadcast_in_dim(x, (size,) + x.shape, tuple(range(1, x.ndim + 1)))
+
+
+def batch_all(vals, dims, size):
+    """Every operand batched at axis 0 (``dims[i]`` is 0 or None; unbatched ones broadcast)."""
+    return [x if d == 0 else broadcast_batch(x, size) for x, d in zip(vals, dims)]
+
+
+def batch_coordinate(idx):
+    """Prepend each row's batch number to a batched index (B, ..., k) -> (B, ..., k + 1)."""
+    b = constant(np.arange(idx.shape[0], dtype=idx.dtype))
+    b = broadcast_in_dim(b, idx.shape[:-1] + (1,), (0,))
+    return concatenate([b, idx], axis=-1)
+
+
 # -- elementwise -------------------------------------------------------------------
 
 def add(x, y):
@@ -394,6 +413,8 @@ def mean(x, axis=None, keepdims=False):
 
 def max(x, axis=None, keepdims=False):
     x = as_var(x)
+    if x.dtype.kind == "b":     # NumPy's max of bools is any()
+        return cast(max(cast(x, np.int32), axis, keepdims), bool)
     axes = normalize_axes("max", x.ndim, axis)
     if any(x.shape[a] == 0 for a in axes):
         raise ShapeError(f"max: cannot take the maximum over an empty axis of shape {x.shape}")
@@ -401,12 +422,22 @@ def max(x, axis=None, keepdims=False):
     return _keep(x, out, axes, keepdims)
 
 
+def _order_reversed(x):
+    """An order-reversing map: -x for floats, -1 - x for integers (-x overflows at the minimum)."""
+    return neg(x) if x.dtype.kind == "f" else sub(-1, x)
+
+
 def min(x, axis=None, keepdims=False):
-    return neg(max(neg(as_var(x)), axis, keepdims))
+    x = as_var(x)
+    if x.dtype.kind == "b":
+        return cast(min(cast(x, np.int32), axis, keepdims), bool)
+    return _order_reversed(max(_order_reversed(x), axis, keepdims))
 
 
 def argmax(x, axis=None):
     x = as_var(x)
+    if x.dtype.kind == "b":
+        x = cast(x, np.int32)
     if axis is None:
         x, axis = reshape(x, (-1,)), 0
     axis = normalize_axes("argmax", x.ndim, axis)[0]
@@ -414,7 +445,8 @@ def argmax(x, axis=None):
 
 
 def argmin(x, axis=None):
-    return argmax(neg(as_var(x)), axis)
+    x = as_var(x)
+    return argmax(_order_reversed(cast(x, np.int32) if x.dtype.kind == "b" else x), axis)
 
 
 def logsumexp(x, axis=-1, keepdims=False):
@@ -518,6 +550,11 @@ def pad(x, lo, hi, interior=None):
     interior = tuple(interior) if interior is not None else (0,) * x.ndim
     lo, hi = tuple(int(a) for a in lo), tuple(int(b) for b in hi)
     if builtins.min(lo + hi, default=0) < 0:
+        if len(lo) == len(hi) == len(interior) == x.ndim and builtins.min(
+                (a + n + builtins.max(0, n - 1) * i + b
+                 for n, a, b, i in zip(x.shape, lo, hi, interior)), default=0) < 0:
+            raise ShapeError(f"pad: lo={lo} hi={hi} crop more than the whole of an axis of "
+                             f"shape {x.shape}; crop at most the padded length")
         x = pad(x, tuple(builtins.max(a, 0) for a in lo), tuple(builtins.max(b, 0) for b in hi),
                 interior)
         starts = tuple(-a if a < 0 else 0 for a in lo)

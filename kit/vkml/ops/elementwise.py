@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import DTypeError, ShapeError
 from ..ir import dtype_name
-from .core import Linear, Primitive
+from .core import Linear, Primitive, bind
 
 F = None  # vkml.ops.api, bound at the end of vkml/ops/__init__.py (it imports this module)
 
@@ -84,7 +84,15 @@ def _define(name, abstract, impl, doc, jvp=None, transpose=None):
     p.impl = impl
     p.jvp = jvp
     p.transpose = transpose
+    p.batch = _batch_elementwise(p)
     return p
+
+
+def _batch_elementwise(prim):
+    """vmap rule of every elementwise primitive: batch all operands, apply, batched at 0."""
+    def rule(vals, dims, size, **params):
+        return [bind(prim, *F.batch_all(vals, dims, size), **params)], [0]
+    return rule
 
 
 def _zero_jvp(primals, tangents, outs, **params):

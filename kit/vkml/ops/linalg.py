@@ -6,7 +6,7 @@ import numpy as np
 
 from ..errors import DTypeError, ShapeError
 from ..ir import dtype_name
-from .core import Linear, Primitive
+from .core import Linear, Primitive, bind
 
 F = None  # vkml.ops.api, bound by vkml/ops/__init__.py
 
@@ -47,3 +47,4 @@ matmul_p.abstract = _matmul_rule
 matmul_p.impl = np.matmul
 matmul_p.jvp = _matmul_jvp
 matmul_p.transpose = _matmul_transpose
+matmul_p.batch = lambda v, d, n: ([bind(matmul_p, *F.batch_all(v, d, n))], [0])

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import DTypeError, ShapeError
 from ..ir import dtype_name
-from .core import Linear, Primitive
+from .core import Linear, Primitive, bind
 
 F = None  # vkml.ops.api, bound by vkml/ops/__init__.py
 
@@ -292,3 +292,39 @@ scatter_add_p = _define(
     "scatter_add",
     "base with upd added at the rows idx picks, in index order; the transpose of gather.",
     _scatter_add_rule, _scatter_add_impl, _scatter_add_jvp, _scatter_add_transpose)
+
+
+# -- vmap rules: the batch axis is axis 0 of every batched operand ---------------------------
+
+def _plus1(axes):
+    return tuple(a + 1 for a in axes)
+
+
+reshape_p.batch = lambda v, d, n, *, shape: ([bind(reshape_p, v[0], shape=(n,) + shape)], [0])
+broadcast_in_dim_p.batch = lambda v, d, n, *, shape, dims: (
+    [bind(broadcast_in_dim_p, v[0], shape=(n,) + shape, dims=(0,) + _plus1(dims))], [0])
+transpose_p.batch = lambda v, d, n, *, perm: ([bind(transpose_p, v[0], perm=(0,) + _plus1(perm))], [0])
+slice_p.batch = lambda v, d, n, *, starts, limits, strides: (
+    [bind(slice_p, v[0], starts=(0,) + starts, limits=(n,) + limits, strides=(1,) + strides)], [0])
+pad_p.batch = lambda v, d, n, *, lo, hi, interior: (
+    [bind(pad_p, v[0], lo=(0,) + lo, hi=(0,) + hi, interior=(0,) + interior)], [0])
+concatenate_p.batch = lambda v, d, n, *, axis: (
+    [bind(concatenate_p, *F.batch_all(v, d, n), axis=axis + 1)], [0])
+flip_p.batch = lambda v, d, n, *, axes: ([bind(flip_p, v[0], axes=_plus1(axes))], [0])
+
+
+def _gather_batch(vals, dims, size):
+    x, idx = vals
+    if dims[0] is None:               # one table, per-sample indices: gather as is
+        return [bind(gather_p, x, idx)], [0]
+    x, idx = F.batch_all(vals, dims, size)
+    return [bind(gather_p, x, F.batch_coordinate(idx))], [0]
+
+
+def _scatter_add_batch(vals, dims, size):
+    base, idx, upd = F.batch_all(vals, dims, size)
+    return [bind(scatter_add_p, base, F.batch_coordinate(idx), upd)], [0]
+
+
+gather_p.batch = _gather_batch
+scatter_add_p.batch = _scatter_add_batch

@@ -6,7 +6,7 @@ import numpy as np
 
 from ..errors import DTypeError, ShapeError
 from ..ir import dtype_name
-from .core import Primitive
+from .core import Primitive, bind
 
 F = None  # vkml.ops.api, bound by vkml/ops/__init__.py
 
@@ -75,3 +75,12 @@ argmax_p = Primitive("argmax", doc="Index of the first maximum along ``axis`` (i
 argmax_p.abstract = _argmax_rule
 argmax_p.impl = lambda x, *, axis: np.argmax(x, axis=axis).astype(np.int64, copy=False)
 argmax_p.jvp = lambda p, t, o, *, axis: [None]
+
+
+def _shift(axes):
+    return tuple(a + 1 for a in axes)
+
+
+reduce_sum_p.batch = lambda v, d, n, *, axes: ([bind(reduce_sum_p, v[0], axes=_shift(axes))], [0])
+reduce_max_p.batch = lambda v, d, n, *, axes: ([bind(reduce_max_p, v[0], axes=_shift(axes))], [0])
+argmax_p.batch = lambda v, d, n, *, axis: ([bind(argmax_p, v[0], axis=axis + 1)], [0])

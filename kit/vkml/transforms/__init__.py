@@ -8,3 +8,6 @@ from .ad import jvp_program, partial_eval, transpose_program, vjp_program
 from .interpret import inline
 
 __all__ = ["inline", "jvp_program", "partial_eval", "transpose_program", "vjp_program"]
+from .vmap import vmap_program  # noqa: E402
+
+__all__.append("vmap_program")

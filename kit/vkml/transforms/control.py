@@ -19,6 +19,7 @@ from ..ir import Program, Var, dtype_name, format_shape, program_from_dag
 from ..ops import Linear, Primitive, api, bind
 from .ad import derived, jvp_program, partial_eval, transpose_program
 from .interpret import inline
+from .vmap import vmap_program
 
 
 def _placeholder(v):
@@ -305,3 +306,33 @@ call_p.transpose = _call_transpose
 
 def call(program, *args):
     return bind(call_p, *args, program=program)
+
+
+# -- vmap rules ---------------------------------------------------------------------------------
+
+def _scan_batch(vals, dims, size, *, program, num_consts, num_carry, length, reverse):
+    """A batched scan is a scan of the batched step; every carry is batched, xs rows stay axis 0."""
+    nc, nk = num_consts, num_carry
+    flags = [d == 0 for d in dims[:nc]] + [True] * nk + [d == 0 for d in dims[nc + nk:]]
+    step = derived("vmap", program, flags + [size], lambda: vmap_program(program, flags, size))
+    consts = list(vals[:nc])
+    init = api.batch_all(vals[nc:nc + nk], dims[nc:nc + nk], size)
+    xs = [_rows_first(x) if d == 0 else x for x, d in zip(vals[nc + nk:], dims[nc + nk:])]
+    res = scan_bind(step, consts, init, xs, length, reverse)
+    return res[:nk] + [_rows_first(y) for y in res[nk:]], [0] * len(res)
+
+
+def _rows_first(x):
+    """Swap the two leading axes: (B, L, ...) <-> (L, B, ...)."""
+    return api.transpose(x, (1, 0) + tuple(range(2, x.ndim)))
+
+
+def _call_batch(vals, dims, size, *, program):
+    flags = [d == 0 for d in dims]
+    bp = derived("vmap", program, flags + [size], lambda: vmap_program(program, flags, size))
+    res = bind(call_p, *vals, program=bp)
+    return res, [0] * len(res)
+
+
+scan_p.batch = _scan_batch
+call_p.batch = _call_batch
