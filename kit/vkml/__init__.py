@@ -14,8 +14,9 @@ from .errors import (ArgumentError, BackendError, DTypeError, ExecutionError, Gr
                      TracingError, VkmlError)
 from .ir import Program, Var
 from .printer import pp_program
-from .programs import (Jitted, grad, hessian, hvp, jacfwd, jacrev, jit, jvp, linearize, program, scan,
-                       value_and_grad, vjp, vmap)
+from .programs import (GradCheckError, Jitted, check_grads, checkpoint, cond, custom_jvp, custom_vjp,
+                       grad, hessian, hvp, jacfwd, jacrev, jit, jvp, linearize, program, scan, switch,
+                       value_and_grad, vjp, vmap, while_loop)
 from .tensor import (Tensor, abs, add, arange, argmax, argmin, assign, avg_pool2d, backward,
                      broadcast_to, cast, clip, concatenate, conv2d, cos, div, dot, eager, equal,
                      exp, expand_dims, flatten, flip, floor_divide, full, gather, greater,

@@ -26,7 +26,7 @@ import weakref
 import numpy as np
 
 from . import backends
-from .errors import ArgumentError, GradError, ShapeError, TracingError
+from .errors import ArgumentError, GradError, ShapeError, TracingError, VkmlError
 from .ir import Program, Var, collect, current_serial, dtype_name, format_shape, program_from_dag
 from .ops import api
 from .printer import pp_program
@@ -38,7 +38,8 @@ from .transforms.ad import derived
 from .transforms.control import call, scan_bind
 
 __all__ = ["jit", "scan", "grad", "value_and_grad", "vjp", "jvp", "linearize", "program",
-           "pp_program", "Jitted", "vmap", "jacfwd", "jacrev", "hessian", "hvp"]
+           "pp_program", "Jitted", "vmap", "jacfwd", "jacrev", "hessian", "hvp", "cond", "switch",
+           "while_loop", "custom_jvp", "custom_vjp", "checkpoint", "check_grads", "GradCheckError"]
 
 
 # -- arguments -------------------------------------------------------------------------------
@@ -248,11 +249,9 @@ def scan(step, init, xs, length=None, reverse=False):
     length = int(length)
     carry_ph = [Var(v.shape, v.dtype, v.device, weak=v.weak) for v in init_vars]
     x_ph = [Var(v.shape[1:], v.dtype, v.device) for v in xs_vars]
-    start = current_serial() - len(carry_ph) - len(x_ph)
-    STATS.traces += 1
-    with _grad_disabled():
-        result = step(unflatten(init_tree, [Tensor(p) for p in carry_ph]),
-                      unflatten(xs_tree, [Tensor(p) for p in x_ph]))
+    result = _trace_closed(
+        step, (unflatten(init_tree, [Tensor(p) for p in carry_ph]),
+               unflatten(xs_tree, [Tensor(p) for p in x_ph])), carry_ph + x_ph)
     if not isinstance(result, tuple) or len(result) != 2:
         raise ArgumentError("scan: the step must return a pair (new_carry, y)")
     carry_out, y = result
@@ -270,27 +269,47 @@ def scan(step, init, xs, length=None, reverse=False):
     y_leaves, y_tree = flatten(y)
     y_vars = [_leaf_var(x, "scan y") for x in y_leaves]
     outs = c_vars + y_vars
-    inputs = set(carry_ph + x_ph)
-    leaves, _ = collect(outs, is_leaf=lambda v: v in inputs or v.serial < start)
-    captures = [v for v in leaves if v not in inputs and v.serial < start]
+    captures = _captures_of(outs, carry_ph + x_ph)
     program = program_from_dag(captures + carry_ph + x_ph, outs)
     res = scan_bind(program, captures, init_vars, xs_vars, length, reverse)
-    requires = _GRAD_ENABLED[0] and any(
-        isinstance(x, Tensor) and x.requires_grad for x in init_leaves + xs_leaves) or \
-        _GRAD_ENABLED[0] and _captures_need_grad(captures)
-    tensors = [Tensor(v, requires and v.dtype.kind == "f") for v in res]
-    from .tensor import _EAGER, _is_traced, realize
-    if _EAGER[0] and tensors and not _is_traced(tensors[0].var):
-        realize(tensors)
+    tensors = _wrap(res, captures + init_vars + xs_vars)
     return (unflatten(init_tree, tensors[:len(init_vars)]),
             unflatten(y_tree, tensors[len(init_vars):]))
 
 
-def _captures_need_grad(captures):
+def _trace_closed(fn, args, placeholders):
+    """Call ``fn(*args)`` on placeholder tensors (a step, a branch, a loop body)."""
+    STATS.traces += 1
+    with _grad_disabled():
+        return fn(*args)
+
+
+def _captures_of(outs, placeholders):
+    """Vars made before the placeholders that ``outs`` read: the closure's captures.
+
+    They become explicit operands of the construct (a scan's ``captures``),
+    so gradients reach tensors a step closes over."""
+    start = min(p.serial for p in placeholders) if placeholders else current_serial()
+    inputs = set(placeholders)
+    leaves, _ = collect(outs, is_leaf=lambda v: v in inputs or v.serial < start)
+    return [v for v in leaves if v not in inputs and v.serial < start]
+
+
+def _wrap(vars_, operands):
+    """Tensors for a construct's results; they require grad if an operand's graph does."""
+    requires = _GRAD_ENABLED[0] and _needs_grad_vars(operands)
+    tensors = [Tensor(v, requires and v.dtype.kind == "f") for v in vars_]
+    from .tensor import _EAGER, _is_traced, realize
+    if _EAGER[0] and tensors and not _is_traced(tensors[0].var):
+        realize(tensors)
+    return tensors
+
+
+def _needs_grad_vars(vars_):
     from .tensor import _GRAD_LEAVES
-    if not captures:
+    if not vars_:
         return False
-    leaves, _ = collect(captures, is_leaf=lambda v: False)
+    leaves, _ = collect(list(vars_), is_leaf=lambda v: False)
     return any(v in _GRAD_LEAVES for v in leaves)
 
 
@@ -663,3 +682,269 @@ def hessian(fn, argnums=0):
 def hvp(fn, primals, tangents):
     """Hessian-vector product by forward-over-reverse: ``jvp(grad(f), primals, tangents)``."""
     return jvp(grad(fn), primals, tangents)[1]
+
+
+# -- control flow ---------------------------------------------------------------------------------
+
+def _placeholders_like(vars_):
+    return [Var(v.shape, v.dtype, v.device, weak=v.weak) for v in vars_]
+
+
+def switch(index, branches, *operands):
+    """Run ``branches[index](*operands)``; every branch is traced once, and the choice is a value
+    of the program (so it works under jit, grad and vmap, where Python ``if`` cannot)."""
+    if not branches:
+        raise ArgumentError("switch: needs at least one branch")
+    op_leaves, op_tree = flatten(operands)
+    op_vars = [_leaf_var(x, "cond operand") for x in op_leaves]
+    traced, all_caps, ref_tree, ref_types = [], [], None, None
+    for k, branch in enumerate(branches):
+        ph = _placeholders_like(op_vars)
+        out = _trace_closed(branch, unflatten(op_tree, [Tensor(p) for p in ph]), ph)
+        out_leaves, out_tree = flatten(out)
+        outs = [_leaf_var(o, "cond result") for o in out_leaves]
+        types = [(v.shape, v.dtype) for v in outs]
+        if ref_tree is None:
+            ref_tree, ref_types = out_tree, types
+        elif out_tree != ref_tree or types != ref_types:
+            raise ShapeError(f"cond: branch 0 returns {ref_tree} of "
+                             f"{[dtype_name(d) + ' ' + format_shape(s) for s, d in ref_types]} but branch {k} "
+                             f"returns {out_tree} of {[dtype_name(d) + ' ' + format_shape(s) for s, d in types]}; "
+                             "every branch must return the same types")
+        caps = _captures_of(outs, ph)
+        all_caps += [c for c in caps if c not in all_caps]
+        traced.append((ph, outs))
+    programs = tuple(program_from_dag(all_caps + ph, outs) for ph, outs in traced)
+    idx = _leaf_var(index, "cond index")
+    if idx.shape != ():
+        raise ShapeError(f"cond: the predicate/index must be a scalar, got shape {format_shape(idx.shape)}")
+    idx = api.cast(idx, np.int32)
+    from .transforms.control import cond_p
+    from .ops import bind
+    res = bind(cond_p, idx, *all_caps, *op_vars, branches=programs)
+    return unflatten(ref_tree, _wrap(res, all_caps + op_vars))
+
+
+def cond(pred, true_fn, false_fn, *operands):
+    """``true_fn(*operands)`` if ``pred`` else ``false_fn(*operands)``, as one construct."""
+    return switch(pred, [false_fn, true_fn], *operands)
+
+
+def while_loop(cond_fn, body_fn, init, max_iters=None):
+    """Repeat ``carry = body_fn(carry)`` while ``cond_fn(carry)``.
+
+    Without ``max_iters`` it is a loop of the program (forward and forward
+    mode).  With ``max_iters`` it is a scan of ``max_iters`` guarded steps,
+    so reverse mode works too (the steps after the condition fails keep the
+    carry unchanged).
+    """
+    if max_iters is not None:
+        return _bounded_while(cond_fn, body_fn, init, int(max_iters))
+    leaves, tree = flatten(init)
+    init_vars = [_leaf_var(x, "while_loop init") for x in leaves]
+    cph = _placeholders_like(init_vars)
+    c_out = _trace_closed(cond_fn, (unflatten(tree, [Tensor(p) for p in cph]),), cph)
+    c_var = _leaf_var(c_out, "while_loop condition")
+    if c_var.shape != () or c_var.dtype.kind != "b":
+        raise ShapeError(f"while_loop: the condition must return a bool scalar, got {c_var.type_str()}")
+    bph = _placeholders_like(init_vars)
+    b_out = _trace_closed(body_fn, (unflatten(tree, [Tensor(p) for p in bph]),), bph)
+    b_leaves, b_tree = flatten(b_out)
+    if b_tree != tree:
+        raise ShapeError(f"while_loop: the body returns {b_tree} but the carry is {tree}")
+    b_vars = [_leaf_var(x, "while_loop body") for x in b_leaves]
+    for i, (a, b) in enumerate(zip(init_vars, b_vars)):
+        if a.shape != b.shape or a.dtype != b.dtype:
+            raise ShapeError(f"while_loop: carry leaf {i} enters as {a.type_str()} and leaves as "
+                             f"{b.type_str()}; a carry must keep its shape and dtype")
+    ccaps, bcaps = _captures_of([c_var], cph), _captures_of(b_vars, bph)
+    from .transforms.control import while_p
+    from .ops import bind
+    res = bind(while_p, *ccaps, *bcaps, *init_vars, cond=program_from_dag(ccaps + cph, [c_var]),
+               body=program_from_dag(bcaps + bph, b_vars), num_cond_consts=len(ccaps),
+               num_body_consts=len(bcaps))
+    return unflatten(tree, _wrap(res, ccaps + bcaps + init_vars))
+
+
+def _bounded_while(cond_fn, body_fn, init, max_iters):
+    from .tensor import logical_and, where
+
+    def step(carry, _):
+        state, active = carry
+        go = logical_and(active, cond_fn(state))
+        new = body_fn(state)
+        n_leaves, n_tree = flatten(new)
+        o_leaves, o_tree = flatten(state)
+        if n_tree != o_tree:
+            raise ShapeError(f"while_loop: the body returns {n_tree} but the carry is {o_tree}")
+        kept = [where(go, n, o) for n, o in zip(n_leaves, o_leaves)]
+        return (unflatten(o_tree, kept), go), None
+
+    (final, _), _ = scan(step, (init, np.bool_(True)), None, length=max_iters)
+    return final
+
+
+# -- custom derivatives, checkpointing, gradient checks ------------------------------------------------
+
+def _example(vars_):
+    return [Tensor(Var(v.shape, v.dtype, v.device)) for v in vars_]
+
+
+class custom_jvp:
+    """A function with a hand-written forward-mode rule: ``f.defjvp(rule)`` where
+    ``rule(primals, tangents) -> (out, tangent_out)``; the tangent must be linear
+    in the tangents (reverse mode transposes it)."""
+
+    def __init__(self, fun):
+        self.fun = fun
+        self.rule = None
+        functools.update_wrapper(self, fun)
+
+    def defjvp(self, rule):
+        self.rule = rule
+        return rule
+
+    def __call__(self, *args):
+        if self.rule is None:
+            raise ArgumentError(f"custom_jvp {self.__name__}: define its rule with @f.defjvp first")
+        entry, leaves, in_vars = jit(self.fun)._lookup(args)
+        ex = _example(in_vars)
+        rule = jit(_rule_as_function(self.rule, len(in_vars)))
+        rentry, _, _ = rule._lookup(tuple(ex) + tuple(_example(in_vars)))
+        from .transforms.control import custom_jvp_p
+        from .ops import bind
+        res = bind(custom_jvp_p, *in_vars, program=entry.program, jvp=rentry.program)
+        return unflatten(entry.out_tree, _wrap(res, in_vars))
+
+
+def _rule_as_function(rule, n):
+    """rule(primals, tangents) as a function of 2n flat arguments, returning flat out + tangents."""
+    def flat(*xs):
+        out, tout = rule(tuple(xs[:n]), tuple(xs[n:]))
+        return tuple(flatten(out)[0]) + tuple(flatten(tout)[0])
+    flat.__name__ = getattr(rule, "__name__", "jvp_rule")
+    _RULES.append(flat)
+    return flat
+
+
+_RULES = []  # keeps the flat wrappers alive so jit's per-function cache finds them again
+
+
+class custom_vjp:
+    """A function with a hand-written reverse-mode rule: ``f.defvjp(fwd, bwd)`` where
+    ``fwd(*args) -> (out, residuals)`` and ``bwd(residuals, ct) -> one cotangent per argument``."""
+
+    def __init__(self, fun):
+        self.fun = fun
+        self.fwd = self.bwd = None
+        self._flat = {}
+        functools.update_wrapper(self, fun)
+
+    def defvjp(self, fwd, bwd):
+        self.fwd, self.bwd = fwd, bwd
+
+    def __call__(self, *args):
+        if self.fwd is None:
+            raise ArgumentError(f"custom_vjp {self.__name__}: define its rule with f.defvjp(fwd, bwd)")
+        entry, leaves, in_vars = jit(self.fun)._lookup(args)
+        fwd = jit(self.fwd)
+        fentry, _, _ = fwd._lookup(args)
+        out_res = fentry.out_tree
+        if out_res.kind != "tuple" or len(out_res.children) != 2:
+            raise ArgumentError("custom_vjp: fwd must return (out, residuals)")
+        n_out = out_res.children[0].num_leaves
+        res_vars = fentry.program.outputs[n_out:]
+        fwd_flat = Program(fentry.program.inputs, fentry.program.eqns, fentry.program.outputs,
+                           fentry.program.consts)
+        res_tree, out_tree = out_res.children[1], out_res.children[0]
+        bwd = self.bwd
+
+        def bwd_flat(*xs):
+            res = unflatten(res_tree, xs[:len(res_vars)])
+            ct = unflatten(out_tree, xs[len(res_vars):])
+            cts = bwd(res, ct)
+            if not isinstance(cts, tuple) or len(cts) != len(args):
+                raise ArgumentError(f"custom_vjp: bwd must return a tuple of {len(args)} cotangents, "
+                                    "one per argument")
+            return tuple(flatten(cts)[0])
+
+        key = (res_tree, out_tree, len(args))
+        if key not in self._flat:
+            self._flat[key] = jit(bwd_flat)
+        bentry, _, _ = self._flat[key]._lookup(
+            tuple(_example(res_vars)) + tuple(_example(entry.program.outputs)))
+        from .transforms.control import custom_vjp_p
+        from .ops import bind
+        res = bind(custom_vjp_p, *in_vars, program=entry.program, fwd=fwd_flat, bwd=bentry.program,
+                   num_res=len(res_vars))
+        return unflatten(entry.out_tree, _wrap(res, in_vars))
+
+
+def checkpoint(fn):
+    """``fn`` whose intermediates are recomputed in the backward pass instead of kept
+    (memory for time: only its inputs are saved)."""
+    jitted = jit(fn)
+
+    def remat(*args):
+        entry, leaves, in_vars = jitted._lookup(args)
+        from .transforms.control import remat_p
+        from .ops import bind
+        res = bind(remat_p, *in_vars, program=entry.program)
+        return unflatten(entry.out_tree, _wrap(res, in_vars))
+
+    remat.__name__ = f"checkpoint_of_{getattr(fn, '__name__', 'f')}"
+    return remat
+
+
+class GradCheckError(VkmlError, AssertionError):
+    """A derivative that disagrees with finite differences."""
+
+
+def check_grads(fn, args, order=1, modes=("fwd", "rev"), eps=None, rtol=1e-4, atol=1e-6, seed=0):
+    """Check ``fn``'s derivatives at ``args`` against central finite differences.
+
+    Along a random direction: forward mode (jvp) must match the difference
+    quotient, and reverse mode must satisfy <u, J v> = <J^T u, v>.  With
+    ``order=2`` the derivative is checked too.  Raises GradCheckError with
+    both numbers on a mismatch; returns None when all agree.
+    """
+    rng = np.random.default_rng(seed)
+    xs = [np.asarray(a.numpy() if isinstance(a, Tensor) else a, dtype=np.float64) for a in args]
+    f = lambda *a: fn(*a)  # noqa: E731
+    base = np.asarray(_values(f(*xs)))
+    vs = [rng.standard_normal(x.shape) for x in xs]
+    h = eps if eps is not None else 1e-6 * max(1.0, max(float(np.abs(x).max(initial=0)) for x in xs))
+    plus = np.asarray(_values(f(*[x + h * v for x, v in zip(xs, vs)])))
+    minus = np.asarray(_values(f(*[x - h * v for x, v in zip(xs, vs)])))
+    fd = (plus - minus) / (2 * h)
+    if "fwd" in modes:
+        _, t = jvp(f, tuple(xs), tuple(vs))
+        _compare("jvp", np.asarray(_values(t)), fd, rtol, atol)
+    if "rev" in modes:
+        u = rng.standard_normal(base.shape)
+        _, pb = vjp(f, *xs)
+        cts = pb(u)
+        lhs = float(np.sum(u * fd))
+        rhs = float(sum(np.sum(np.asarray(c.numpy()) * v) for c, v in zip(cts, vs)))
+        _compare("vjp", np.array(rhs), np.array(lhs), rtol, atol)
+    if order > 1:
+        def directional(*a):
+            _, t = jvp(f, tuple(a), tuple(vs))
+            return t
+        check_grads(directional, xs, order - 1, modes, eps, rtol, atol, seed + 1)
+
+
+def _values(out):
+    leaves, _ = flatten(out)
+    if len(leaves) != 1:
+        raise ArgumentError("check_grads: the function must return one array")
+    x = leaves[0]
+    return x.numpy() if isinstance(x, Tensor) else x
+
+
+def _compare(what, got, want, rtol, atol):
+    if not np.allclose(got, want, rtol=rtol, atol=atol):
+        err = float(np.max(np.abs(got - want)))
+        raise GradCheckError(f"check_grads: {what} gives {np.array2string(got, precision=8)} but "
+                             f"finite differences give {np.array2string(want, precision=8)} "
+                             f"(max abs error {err:.3g}, rtol={rtol}, atol={atol})")

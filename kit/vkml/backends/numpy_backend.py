@@ -52,7 +52,35 @@ def _lower_scan(compile_nested, *, program, num_consts, num_carry, length, rever
     return scan
 
 
-_LOWERINGS = {"call": _lower_call, "scan": _lower_scan}
+def _lower_cond(compile_nested, *, branches):
+    runs = [compile_nested(b) for b in branches]
+    last = len(runs) - 1
+
+    def cond(index, *args):
+        return runs[min(max(int(index), 0), last)](list(args))
+    return cond
+
+
+def _lower_while(compile_nested, *, cond, body, num_cond_consts, num_body_consts):
+    test, step = compile_nested(cond), compile_nested(body)
+    ncc, nbc = num_cond_consts, num_body_consts
+
+    def loop(*args):
+        cc, bc, carry = list(args[:ncc]), list(args[ncc:ncc + nbc]), list(args[ncc + nbc:])
+        while bool(test(cc + carry)[0]):
+            carry = step(bc + carry)
+        return carry
+    return loop
+
+
+def _lower_program_call(compile_nested, *, program, **_):
+    """custom_jvp/custom_vjp/checkpoint calls run their primal program."""
+    return _lower_call(compile_nested, program=program)
+
+
+_LOWERINGS = {"call": _lower_call, "scan": _lower_scan, "cond": _lower_cond, "while": _lower_while,
+              "custom_jvp_call": _lower_program_call, "custom_vjp_call": _lower_program_call,
+              "checkpoint": _lower_program_call}
 
 
 def compile_program(program, compile_nested=None):

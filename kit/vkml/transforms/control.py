@@ -336,3 +336,311 @@ def _call_batch(vals, dims, size, *, program):
 
 scan_p.batch = _scan_batch
 call_p.batch = _call_batch
+
+
+# -- cond ---------------------------------------------------------------------------------------
+
+cond_p = Primitive("cond", multiple_results=True,
+                   doc="Run one of several programs, chosen by an integer index operand.")
+
+
+def _cond_abstract(index, *args, branches):
+    if index.shape != () or index.dtype.kind not in "iub":
+        raise ShapeError(f"cond: the index must be an integer or bool scalar, got {index.type_str()}")
+    outs0 = branches[0].outputs
+    for b in branches:
+        if len(b.inputs) != len(args):
+            raise ShapeError(f"cond: a branch takes {len(b.inputs)} operands, got {len(args)}")
+        for a, p in zip(args, b.inputs):
+            if a.shape != p.shape or a.dtype != p.dtype:
+                raise ShapeError(f"cond: operand {a.type_str()} does not match a branch's {p.type_str()}")
+        if [(v.shape, v.dtype) for v in b.outputs] != [(v.shape, v.dtype) for v in outs0]:
+            raise ShapeError("cond: the branches return different types: "
+                             f"{[v.type_str() for v in outs0]} and {[v.type_str() for v in b.outputs]}")
+    return [(v.shape, v.dtype) for v in outs0]
+
+
+def _cond_jvp(primals, tangents, outs, *, branches):
+    flags = [t is not None and p.dtype.kind == "f" for t, p in zip(tangents[1:], primals[1:])]
+    out_t = [any(col) for col in zip(*[depends(b, flags) for b in branches])]
+    n = len(branches[0].outputs)
+    picks = list(range(n)) + [n + i for i, f in enumerate(out_t) if f]
+    jbs = tuple(derived("cond-jvp", b, flags + out_t,
+                        lambda b=b: select_outputs(jvp_program(b, flags), picks)) for b in branches)
+    res = bind(cond_p, primals[0], *primals[1:], *[t for t, f in zip(tangents[1:], flags) if f],
+               branches=jbs)
+    it = iter(res[n:])
+    return [next(it) if f else None for f in out_t]
+
+
+def _cond_partial_eval(eqn, args, unknown, to_unknown):
+    branches = eqn.params["branches"]
+    if unknown[0]:
+        res = bind(cond_p, *[a if u else to_unknown(a) for a, u in zip(args, unknown)],
+                   branches=branches)
+        return [None] * len(res), res
+    flags = list(unknown[1:])
+    out_u = [any(col) for col in zip(*[_unknown_flow(b, flags) for b in branches])]
+    splits = [derived("pe", b, flags + out_u, lambda b=b: partial_eval(b, flags, out_u))
+              for b in branches]
+    n_known = sum(1 for u in out_u if not u)
+    res_avals = [[v for v in k.outputs[n_known:]] for k, _, _ in splits]
+    known_bs, unknown_bs = [], []
+    for i, (k, u, _) in enumerate(splits):
+        # known branch i: its own residuals in its slot, zeros in the others'
+        ins = [_placeholder(v) for v in k.inputs]
+        outs = inline(k, ins)
+        slots = []
+        for j, avals in enumerate(res_avals):
+            slots += outs[n_known:] if j == i else [api.zeros(v.shape, v.dtype, v.device) for v in avals]
+        known_bs.append(program_from_dag(ins, outs[:n_known] + slots))
+        # unknown branch i: takes every slot, reads its own
+        n_own = len(res_avals[i])
+        own = list(u.inputs[:n_own])
+        slot_inputs = []
+        for j, avals in enumerate(res_avals):
+            slot_inputs += own if j == i else [_placeholder(v) for v in avals]
+        unknown_bs.append(Program(slot_inputs + list(u.inputs[n_own:]), u.eqns, u.outputs, u.consts))
+    kres = bind(cond_p, args[0], *[a for a, f in zip(args[1:], flags) if not f],
+                branches=tuple(known_bs))
+    residuals = [to_unknown(r) for r in kres[n_known:]]
+    ures = bind(cond_p, to_unknown(args[0]), *residuals,
+                *[a for a, f in zip(args[1:], flags) if f], branches=tuple(unknown_bs))
+    kit, uit = iter(kres[:n_known]), iter(ures)
+    return [None if u else next(kit) for u in out_u], [next(uit) if u else None for u in out_u]
+
+
+def _cond_transpose(cts, index, *args, branches):
+    lin = [isinstance(a, Linear) for a in args]
+    tbs = tuple(derived("transpose", b, lin, lambda b=b: transpose_program(b, lin)) for b in branches)
+    res = bind(cond_p, index, *[a for a, l in zip(args, lin) if not l], *cts, branches=tbs)
+    it = iter(res)
+    return [None] + [next(it) if l else None for l in lin]
+
+
+def _cond_batch(vals, dims, size, *, branches):
+    flags = [d == 0 for d in dims[1:]]
+    bbs = tuple(derived("vmap", b, flags + [size], lambda b=b: vmap_program(b, flags, size))
+                for b in branches)
+    if dims[0] is None:
+        res = bind(cond_p, vals[0], *vals[1:], branches=bbs)
+        return res, [0] * len(res)
+    # a per-example choice: run every branch, pick per example
+    index = vals[0]
+    results = [bind(call_p, *vals[1:], program=b) for b in bbs]
+    out = results[-1]
+    for k in range(len(bbs) - 2, -1, -1):
+        pick = api.equal(api.cast(index, "int64"), k)
+        out = [api.where(api.broadcast_in_dim(pick, r.shape, (0,)), r, o)
+               for r, o in zip(results[k], out)]
+    return out, [0] * len(out)
+
+
+cond_p.abstract = _cond_abstract
+cond_p.jvp = _cond_jvp
+cond_p.partial_eval = _cond_partial_eval
+cond_p.transpose = _cond_transpose
+cond_p.batch = _cond_batch
+
+
+# -- while (forward and forward mode; reverse goes through a bounded scan) ----------------------------
+
+while_p = Primitive("while", multiple_results=True,
+                    doc="Repeat a body program while a predicate program holds (no reverse mode: "
+                        "use while_loop(max_iters=...) to differentiate in reverse).")
+
+
+def _while_abstract(*args, cond, body, num_cond_consts, num_body_consts):
+    carry = args[num_cond_consts + num_body_consts:]
+    if cond.outputs[0].shape != () or cond.outputs[0].dtype.kind != "b":
+        raise ShapeError("while_loop: the condition must return a bool scalar")
+    for a, v in zip(carry, body.outputs):
+        if a.shape != v.shape or a.dtype != v.dtype:
+            raise ShapeError(f"while_loop: the body turns a carry {a.type_str()} into {v.type_str()}; "
+                             "a carry must keep its shape and dtype")
+    return [(a.shape, a.dtype) for a in carry]
+
+
+def _while_jvp(primals, tangents, outs, *, cond, body, num_cond_consts, num_body_consts):
+    ncc, nbc = num_cond_consts, num_body_consts
+    nk = len(primals) - ncc - nbc
+    has = [t is not None and p.dtype.kind == "f" for t, p in zip(tangents, primals)]
+    bflags_c = has[ncc:ncc + nbc]
+    carry_t = has[ncc + nbc:]
+    while True:
+        dep = depends(body, bflags_c + carry_t)
+        new = [a or b for a, b in zip(carry_t, dep)]
+        if new == carry_t:
+            break
+        carry_t = new
+    flags = bflags_c + carry_t
+    n = len(body.outputs)
+    jb = derived("while-jvp", body, flags, lambda: _jvp_body(body, flags, nbc, carry_t))
+    jc = derived("while-cond", cond, [ncc, sum(bflags_c), sum(carry_t)],
+                 lambda: _cond_ignoring(cond, ncc, nbc, bflags_c, carry_t))
+    bconsts = primals[ncc:ncc + nbc]
+    tb = [t for t, f in zip(tangents[ncc:ncc + nbc], bflags_c) if f]
+    carry = primals[ncc + nbc:]
+    tc = [tangents[ncc + nbc + i] if tangents[ncc + nbc + i] is not None else api.zeros_like(carry[i])
+          for i in range(nk) if carry_t[i]]
+    res = bind(while_p, *primals[:ncc], *bconsts, *tb, *carry, *tc, cond=jc, body=jb,
+               num_cond_consts=ncc, num_body_consts=nbc + len(tb))
+    it = iter(res[n:])
+    return [next(it) if f else None for f in carry_t]
+
+
+def _jvp_body(body, flags, nbc, carry_t):
+    jp = jvp_program(body, flags)
+    n_in = len(body.inputs)
+    tan = {}
+    for i, f in enumerate(flags):
+        if f:
+            tan[i] = n_in + len(tan)
+    order = list(range(nbc)) + [tan[i] for i in range(nbc) if i in tan] + \
+        list(range(nbc, n_in)) + [tan[i] for i in range(nbc, n_in) if i in tan]
+    n_out = len(body.outputs)
+    return select_outputs(reorder_inputs(jp, order),
+                          list(range(n_out)) + [n_out + i for i, f in enumerate(carry_t) if f])
+
+
+def _cond_ignoring(cond, ncc, nbc, bflags_c, carry_t):
+    """The predicate over the derivative's operands: it reads the primal carry only."""
+    ins = [_placeholder(v) for v in cond.inputs]
+    extra = [Var(v.shape, v.dtype, v.device) for v, f in zip(cond.inputs[ncc:], carry_t) if f]
+    out = inline(cond, ins)
+    return program_from_dag(ins + extra, out)
+
+
+def _while_batch(vals, dims, size, *, cond, body, num_cond_consts, num_body_consts):
+    ncc, nbc = num_cond_consts, num_body_consts
+    vals = api.batch_all(vals, dims, size)
+    flags_c = [True] * len(cond.inputs)
+    flags_b = [True] * len(body.inputs)
+    bc = derived("vmap", cond, flags_c + [size], lambda: vmap_program(cond, flags_c, size))
+    bb = derived("vmap", body, flags_b + [size], lambda: vmap_program(body, flags_b, size))
+    # any example still running keeps the loop going; finished ones keep their carry
+    gc = derived("while-any", bc, [], lambda: _any_of(bc))
+    gb = derived("while-guarded", bb, [ncc], lambda: _guarded_body(bc, bb, ncc, nbc))
+    res = bind(while_p, *vals[:ncc], *vals[:ncc], *vals[ncc:], cond=gc, body=gb,
+               num_cond_consts=ncc, num_body_consts=ncc + nbc)
+    return res, [0] * len(res)
+
+
+def _any_of(bc):
+    ins = [_placeholder(v) for v in bc.inputs]
+    out = inline(bc, ins)[0]
+    return program_from_dag(ins, [api.greater(api.sum(api.cast(out, "int64")), 0)])
+
+
+def _guarded_body(bc, bb, ncc, nbc):
+    cc = [_placeholder(v) for v in bc.inputs[:ncc]]
+    bcs = [_placeholder(v) for v in bb.inputs[:nbc]]
+    carry = [_placeholder(v) for v in bb.inputs[nbc:]]
+    go = inline(bc, cc + carry)[0]
+    new = inline(bb, bcs + carry)
+    outs = [api.where(api.broadcast_in_dim(go, n.shape, (0,)), n, o) for n, o in zip(new, carry)]
+    return program_from_dag(cc + bcs + carry, outs)
+
+
+while_p.abstract = _while_abstract
+while_p.jvp = _while_jvp
+while_p.batch = _while_batch
+
+
+# -- custom derivatives and rematerialization ----------------------------------------------------
+
+custom_jvp_p = Primitive("custom_jvp_call", multiple_results=True,
+                         doc="A function whose JVP is the user's program instead of its own.")
+
+
+def _custom_jvp_jvp(primals, tangents, outs, *, program, jvp):
+    ts = [api.zeros_like(p) if t is None else t for p, t in zip(primals, tangents)]
+    res = bind(call_p, *primals, *ts, program=jvp)
+    return res[len(program.outputs):]
+
+
+custom_jvp_p.abstract = lambda *args, program, jvp: _call_abstract(*args, program=program)
+custom_jvp_p.jvp = _custom_jvp_jvp
+custom_jvp_p.batch = lambda vals, dims, size, *, program, jvp: _custom_batch(
+    custom_jvp_p, vals, dims, size, program=program, jvp=jvp)
+
+
+custom_vjp_p = Primitive("custom_vjp_call", multiple_results=True,
+                         doc="A function whose reverse-mode derivative is the user's backward program.")
+custom_lin_p = Primitive("custom_lin", multiple_results=True,
+                         doc="The linear part of a custom_vjp function: it only exists to be transposed "
+                             "into the user's backward program.")
+
+
+def _custom_vjp_jvp(primals, tangents, outs, *, program, fwd, bwd, num_res):
+    res = bind(call_p, *primals, program=fwd)
+    n = len(program.outputs)
+    residuals = res[n:]
+    ts = [api.zeros_like(p) if t is None else t for p, t in zip(primals, tangents)]
+    return bind(custom_lin_p, *residuals, *ts, bwd=bwd, num_res=num_res,
+                out_types=tuple((v.shape, v.dtype) for v in program.outputs))
+
+
+def _custom_lin_transpose(cts, *args, bwd, num_res, out_types):
+    residuals = args[:num_res]
+    res = bind(call_p, *residuals, *cts, program=bwd)
+    return [None] * num_res + list(res)
+
+
+def _custom_lin_impl(*args, **params):
+    raise GradError("a vkml.custom_vjp function has no forward-mode derivative; "
+                    "differentiate it in reverse mode (grad, vjp, backward) or give it custom_jvp")
+
+
+custom_vjp_p.abstract = lambda *args, program, fwd, bwd, num_res: _call_abstract(*args, program=program)
+custom_vjp_p.jvp = _custom_vjp_jvp
+custom_vjp_p.batch = lambda vals, dims, size, **p: _custom_batch(custom_vjp_p, vals, dims, size, **p)
+custom_lin_p.abstract = lambda *args, bwd, num_res, out_types: list(out_types)
+custom_lin_p.impl = _custom_lin_impl
+custom_lin_p.transpose = _custom_lin_transpose
+
+
+def _custom_batch(prim, vals, dims, size, **params):
+    """Batching a custom-derivative function batches each of its programs."""
+    vals = api.batch_all(vals, dims, size)
+    batched = {}
+    for k, v in params.items():
+        if isinstance(v, Program):
+            flags = [True] * len(v.inputs)
+            batched[k] = derived("vmap", v, flags + [size], lambda v=v, f=flags: vmap_program(v, f, size))
+        else:
+            batched[k] = v
+    res = bind(prim, *vals, **batched)
+    return res, [0] * len(res)
+
+
+remat_p = Primitive("checkpoint", multiple_results=True,
+                    doc="A call whose intermediates the backward pass recomputes instead of keeping.")
+
+
+def _remat_jvp(primals, tangents, outs, *, program):
+    flags = [t is not None and p.dtype.kind == "f" for t, p in zip(tangents, primals)]
+    jp = derived("jvp", program, flags, lambda: jvp_program(program, flags))
+    res = bind(remat_p, *primals, *[t for t, f in zip(tangents, flags) if f], program=jp)
+    return res[len(program.outputs):]
+
+
+def _remat_partial_eval(eqn, args, unknown, to_unknown):
+    """Known part: only the outputs.  Unknown part: recompute from the inputs (the residuals)."""
+    program = eqn.params["program"]
+    known, _, out_u = derived("pe", program, unknown, lambda: partial_eval(program, unknown))
+    n_known = sum(1 for u in out_u if not u)
+    kprog = derived("remat-known", known, [n_known], lambda: select_outputs(known, range(n_known)))
+    kres = bind(remat_p, *[a for a, u in zip(args, unknown) if not u], program=kprog)
+    uprog = derived("remat-unknown", program, out_u, lambda: select_outputs(
+        program, [i for i, u in enumerate(out_u) if u]))
+    ures = bind(call_p, *[a if u else to_unknown(a) for a, u in zip(args, unknown)], program=uprog)
+    kit, uit = iter(kres), iter(ures)
+    return [None if u else next(kit) for u in out_u], [next(uit) if u else None for u in out_u]
+
+
+remat_p.abstract = _call_abstract
+remat_p.jvp = _remat_jvp
+remat_p.partial_eval = _remat_partial_eval
+remat_p.batch = lambda vals, dims, size, *, program: _custom_batch(remat_p, vals, dims, size,
+                                                                   program=program)
