@@ -334,27 +334,34 @@ def log_softmax(x, axis=-1) -> Tensor:
 
 
 def _labels(labels, n, classes):
-    """Class indices as an int tensor of shape (n, 1), checked against ``classes`` when known."""
+    """Class indices as an int tensor of shape (n, 1), checked against ``classes`` when known.
+
+    Known labels (an array, or a tensor holding its value) are reshaped on the
+    host into a fresh leaf: ``take_along_axis`` then sees concrete indices it
+    can check are non-negative, and the graph needs no reshape and no
+    negative-index wrap-around (three equations fewer per step).
+    """
     if isinstance(labels, Tensor):
-        t = labels
-        if t.dtype.kind not in "iu":
+        if labels.dtype.kind not in "iu":
             raise DTypeError(f"cross_entropy: labels must be integer class indices, got "
-                             f"{t.dtype.name}; cast them with .astype(np.int64)")
-        known = t.var.value
+                             f"{labels.dtype.name}; cast them with .astype(np.int64)")
+        known = labels.var.value
+        shape = labels.shape
     else:
-        arr = np.asarray(labels)
-        if arr.dtype.kind not in "iu":
+        known = np.asarray(labels)
+        if known.dtype.kind not in "iu":
             raise DTypeError(f"cross_entropy: labels must be integer class indices, got an array of "
-                             f"{arr.dtype}; pass e.g. np.asarray(labels, dtype=np.int64)")
-        t = tensor(arr)
-        known = t.var.value
-    if t.shape != (n,):
+                             f"{known.dtype}; pass e.g. np.asarray(labels, dtype=np.int64)")
+        shape = known.shape
+    if shape != (n,):
         raise ShapeError(f"cross_entropy: labels must have shape ({n},) to match the logits' batch, "
-                         f"got {t.shape}")
-    if known is not None and known.size and (known.min() < 0 or known.max() >= classes):
+                         f"got {shape}")
+    if known is None:   # a pending tensor: its values are not known until it runs
+        return reshape(labels, (n, 1))
+    if known.size and (known.min() < 0 or known.max() >= classes):
         bad = int(known.min() if known.min() < 0 else known.max())
         raise ArgumentError(f"cross_entropy: label {bad} is not a class index in [0, {classes})")
-    return reshape(t, (n, 1))
+    return tensor(np.reshape(known, (n, 1)))
 
 
 def cross_entropy(logits, labels) -> Tensor:
