@@ -77,8 +77,11 @@ class Tensor:
         self.var = var
         self.requires_grad = requires_grad
         self.grad = None
-        if requires_grad and var.eqn is None:
-            _GRAD_LEAVES[var] = weakref.ref(self)
+
+    def _register_leaf(self):
+        """Make this tensor the one whose ``.grad`` receives its leaf Var's gradient."""
+        if self.requires_grad:
+            _GRAD_LEAVES[self.var] = weakref.ref(self)
 
     # -- what it is -------------------------------------------------------------------
     shape = property(lambda self: self.var.shape)
@@ -166,8 +169,8 @@ class Tensor:
             if self.var.eqn is not None:
                 raise GradError("requires_grad_: only leaf tensors can be made to require grad; "
                                 "call .detach().requires_grad_() to start a new leaf")
-            _GRAD_LEAVES[self.var] = weakref.ref(self)
         self.requires_grad = bool(flag)
+        self._register_leaf()
         return self
 
     def zero_grad(self):
@@ -404,7 +407,9 @@ def tensor(data, dtype=None, requires_grad: bool = False) -> Tensor:
                             f"({err}); pass numbers, nested lists of equal length or an array")
     if requires_grad:
         _check_grad_dtype(var, "tensor(requires_grad=True)")
-    return Tensor(var, requires_grad)
+    t = Tensor(var, requires_grad)
+    t._register_leaf()
+    return t
 
 
 def _as_tensor(x) -> Tensor:
@@ -644,8 +649,7 @@ def assign(destinations, sources) -> None:
             _settle(v, value, keep_history=False)
     for d, v in zip(dsts, src_vars):
         d.var = Var(*v.aval, value=v.value)
-        if d.requires_grad:
-            _GRAD_LEAVES[d.var] = weakref.ref(d)
+        d._register_leaf()
 
 
 # -- backward -----------------------------------------------------------------------------------------
