@@ -12,7 +12,11 @@ before NumPy is imported, and ``torch.set_num_threads``), so the comparison is o
 not of thread pools.  ``--threads N`` changes that for all three.  They start from the same weights
 and batch, and the script checks that they compute the same loss.
 
-    PYTHONPATH=kit python3 bench/mlp_step.py [--repeat 200] [--threads 1] [--profile]
+    python3 bench/mlp_step.py [--repeat 200] [--threads 1] [--parts] [--profile]
+
+``--parts`` splits vkml's step into building the forward graph, backward (host side: collecting the
+graph and its key; and the derived program's run), and the optimiser step (host side; and the update
+program's run), beside the NumPy step's forward+backward and Adam, so it shows where vkml's time goes.
 """
 
 import argparse
@@ -23,6 +27,8 @@ parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--repeat", type=int, default=200, help="timed steps per contender")
 parser.add_argument("--warmup", type=int, default=20)
 parser.add_argument("--threads", type=int, default=1, help="BLAS/OpenMP threads for all three")
+parser.add_argument("--parts", action="store_true",
+                    help="also split vkml's step into host work and program runs, part by part")
 parser.add_argument("--profile", action="store_true", help="also profile vkml's step with cProfile")
 args = parser.parse_args()
 
@@ -74,6 +80,9 @@ class NumpyMLP:
         self.onehot[np.arange(BATCH), Y] = 1.0
 
     def step(self):
+        return self.adam(self.forward_backward())
+
+    def forward_backward(self):
         w1, b1, w2, b2 = self.params
         h = X @ w1.T + b1
         a = np.maximum(h, 0)
@@ -89,16 +98,20 @@ class NumpyMLP:
         da *= h > 0
         dw1 = da.T @ X
         db1 = da.sum(axis=0)
+        self.loss = loss
+        return dw1, db1, dw2, db2
+
+    def adam(self, grads):
         self.t += 1
         step_size = np.float32(LR / (1 - B1 ** self.t))
         inv_bc2 = np.float32(1 / np.sqrt(1 - B2 ** self.t))
-        for p, g, m, v in zip(self.params, (dw1, db1, dw2, db2), self.m, self.v):
+        for p, g, m, v in zip(self.params, grads, self.m, self.v):
             m *= B1
             m += np.float32(1 - B1) * g
             v *= B2
             v += np.float32(1 - B2) * (g * g)
             p -= step_size * m / (np.sqrt(v) * inv_bc2 + np.float32(EPS))
-        return loss
+        return self.loss
 
 
 # -- PyTorch ---------------------------------------------------------------------------------------
@@ -131,6 +144,7 @@ def main():
     tstep, tnote = torch_contender()
     # Same weights, same batch: the first losses agree (a wrong contender would be a useless bench).
     l_vkml, l_np = vkml_step().item(), ref.step()
+    parts_ref = NumpyMLP(INIT)
     losses = {"vkml": l_vkml, "numpy": l_np}
     if tstep is not None:
         losses["torch"] = tstep().item()
@@ -156,6 +170,8 @@ def main():
     print(f"vkml over {n} more steps: {delta.submissions} submissions, {delta.compiles} compiles, "
           f"{delta.cache_hits} cache hits")
 
+    if args.parts:
+        parts(parts_ref)
     if args.profile:
         import cProfile
         import pstats
@@ -165,6 +181,53 @@ def main():
             vkml_step()
         prof.disable()
         pstats.Stats(prof).sort_stats("cumulative").print_stats(40)
+
+
+def parts(ref):
+    """Median time of each part of vkml's step, program runs timed apart from the host work around them."""
+    import statistics
+    import time
+
+    backend = vkml.backends.current()
+    in_program = [0.0]
+    run = backend.run
+
+    def timed_run(exe, run_args):
+        t0 = time.perf_counter()
+        try:
+            return run(exe, run_args)
+        finally:
+            in_program[0] += time.perf_counter() - t0
+
+    backend.run = timed_run
+    names = ["forward: build the graph", "backward: host (collect, key, args)", "backward: program run",
+             "optimizer step: host", "optimizer step: program run", "whole step"]
+    samples = {n: [] for n in names}
+    clock = time.perf_counter
+    try:
+        for i in range(args.repeat + args.warmup):
+            t0 = clock()
+            opt.zero_grad()
+            loss = vkml.nn.cross_entropy(model(xt), yt)
+            t1 = clock()
+            in_program[0] = 0.0
+            loss.backward()
+            t2, bwd = clock(), in_program[0]
+            in_program[0] = 0.0
+            opt.step()
+            t3, upd = clock(), in_program[0]
+            if i >= args.warmup:
+                for n, v in zip(names, (t1 - t0, t2 - t1 - bwd, bwd, t3 - t2 - upd, upd, t3 - t0)):
+                    samples[n].append(v)
+    finally:
+        del backend.run
+    rows = [(n, statistics.median(v)) for n, v in samples.items()]
+    print_table("vkml's step, part by part (medians; parts need not add up to the whole exactly):",
+                rows)
+    grads = ref.forward_backward()
+    ref_rows = [("forward + manual backward", median_seconds(ref.forward_backward, repeat=args.repeat)),
+                ("Adam, in place", median_seconds(lambda: ref.adam(grads), repeat=args.repeat))]
+    print_table("the hand-written NumPy step, part by part:", ref_rows)
 
 
 if __name__ == "__main__":

@@ -114,6 +114,30 @@ def test_step_updates_every_parameter_and_its_state_in_place_of_the_handles(rng)
     assert opt.steps == [1] * 5
 
 
+def test_eager_mode_gives_the_same_parameters_and_a_one_submission_step(rng):
+    x = rng.standard_normal((8, 5)).astype(np.float32)
+    y = np.arange(8) % 3
+
+    def train(eager):
+        vkml.set_eager(eager)
+        try:
+            nn.manual_seed(0)
+            model = nn.Sequential(nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 3))
+            opt = optim.Adam(model.parameters(), lr=0.1, weight_decay=0.01)
+            for _ in range(3):
+                opt.zero_grad()
+                nn.cross_entropy(model(vkml.tensor(x)), y).backward()
+                cost = step_cost(opt)
+            return [p.numpy() for p in model.parameters()], cost
+        finally:
+            vkml.set_eager(False)
+
+    (lazy, lazy_cost), (eager, eager_cost) = train(False), train(True)
+    assert lazy_cost.submissions == eager_cost.submissions == 1
+    for a, b in zip(lazy, eager):
+        np.testing.assert_array_equal(a, b)
+
+
 # -- zero_grad and accumulation ----------------------------------------------------------------------
 
 def test_backward_accumulates_and_zero_grad_clears():
