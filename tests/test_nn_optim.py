@@ -59,7 +59,7 @@ def replays(kind):
     ("adam", lambda ps: optim.Adam(ps, lr=1e-2)),
     ("sgd-momentum", lambda ps: optim.SGD(ps, lr=1e-2, momentum=0.9)),
     ("sgd", lambda ps: optim.SGD(ps, lr=1e-2)),
-])
+], ids=["adam", "sgd-momentum", "sgd"])
 def test_step_costs_the_same_few_submissions_for_8_and_64_parameters(kind, make_opt, rng):
     costs = {}
     for n in (8, 64):
