@@ -147,7 +147,7 @@ class Program:
     cache.
     """
 
-    __slots__ = ("inputs", "consts", "eqns", "outputs", "_key", "__weakref__", "__dict__")
+    __slots__ = ("inputs", "consts", "eqns", "outputs", "_key", "_hash", "__weakref__", "__dict__")
 
     def __init__(self, inputs, eqns, outputs, consts=()):
         self.inputs = tuple(inputs)
@@ -155,6 +155,7 @@ class Program:
         self.eqns = tuple(eqns)
         self.outputs = tuple(outputs)
         self._key = None
+        self._hash = None
 
     @property
     def key(self) -> tuple:
@@ -165,7 +166,9 @@ class Program:
         return self._key
 
     def __hash__(self):
-        return hash(self.key)
+        if self._hash is None:
+            self._hash = hash(self.key)
+        return self._hash
 
     def __eq__(self, other):
         return self is other or (isinstance(other, Program) and self.key == other.key)

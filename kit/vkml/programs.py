@@ -59,13 +59,27 @@ def _leaf_var(x, where):
 
 
 def _signature(vars_):
-    """The key's per-leaf part: type, and which leaves are the same value (aliasing)."""
-    first = {}
-    sig = []
-    for i, v in enumerate(vars_):
-        alias = first.setdefault(id(v.value) if v.value is not None else id(v), i)
-        sig.append((v.shape, v.dtype, v.device, v.weak, alias))
-    return tuple(sig)
+    """The key's per-leaf part: each leaf's type, and which leaves are the same value (aliasing)."""
+    sig = tuple([(v.shape, v.dtype, v.device, v.weak) for v in vars_])
+    ids = [id(v.value) if v.value is not None else id(v) for v in vars_]
+    if len(set(ids)) == len(ids):
+        return sig, ()
+    return sig, tuple(ids.index(i) for i in ids)
+
+
+_FLAT_TREES = {}
+
+
+def _flat_args(args):
+    """Flatten call arguments, with a fast path for a flat tuple of Tensors (the common call)."""
+    for a in args:
+        if type(a) is not Tensor:
+            leaves, tree = flatten(args)
+            return leaves, tree, [_leaf_var(x, "jit") for x in leaves]
+    tree = _FLAT_TREES.get(len(args))
+    if tree is None:
+        tree = _FLAT_TREES[len(args)] = flatten(args)[1]
+    return list(args), tree, [a.var for a in args]
 
 
 class _Entry:
@@ -131,8 +145,7 @@ class Jitted:
         functools.update_wrapper(self, fn)
 
     def _lookup(self, args):
-        leaves, in_tree = flatten(args)
-        in_vars = [_leaf_var(x, self.__name__) for x in leaves]
+        leaves, in_tree, in_vars = _flat_args(args)
         key = (in_tree, _signature(in_vars))
         entry = self._entries.get(key)
         if entry is None:
@@ -145,8 +158,12 @@ class Jitted:
 
     def __call__(self, *args):
         entry, leaves, in_vars = self._lookup(args)
-        outs = _apply_program(self, entry, ("primal",), entry.program, in_vars,
-                              any(isinstance(x, Tensor) and x.requires_grad for x in leaves))
+        requires = False
+        for x in leaves:
+            if type(x) is Tensor and x.requires_grad:
+                requires = True
+                break
+        outs = _apply_program(self, entry, "primal", entry.program, in_vars, requires)
         return unflatten(entry.out_tree, outs)
 
     def _derive(self, entry, name, make):
@@ -201,21 +218,22 @@ def jit(fn=None):
 
 def _apply_program(owner, entry, variant_tag, prog, in_vars, requires_grad):
     """Run ``prog`` on ``in_vars``: at once if all are concrete, else as one lazy ``call``."""
-    concrete = all(v.value is not None for v in in_vars) and not requires_grad
-    if concrete:
+    values = [v.value for v in in_vars]
+    if not requires_grad and all([x is not None for x in values]):
         backend = backends.current()
-        variant = (backend.name, variant_tag, tuple(np.asarray(v.value).flags.c_contiguous
-                                                    for v in in_vars))
-        exe = entry.executables.get((prog, variant)) if entry is not None else None
+        # the variant: backend and argument layout; compiled once each
+        variant = (id(prog), variant_tag, backend.name,
+                   tuple([a.flags.c_contiguous for a in values]))
+        exe = entry.executables.get(variant) if entry is not None else None
         if exe is None:
             before = STATS.compiles
-            exe = backend.executable(("jit", prog, variant), lambda: prog)
+            exe = backend.executable(("jit", prog, variant[1:]), lambda: prog)
             owner.compiles += STATS.compiles - before
             if entry is not None:
-                entry.executables[(prog, variant)] = exe
-        values = _submit(backend, exe, [v.value for v in in_vars], prog.eqns)
+                entry.executables[variant] = exe
+        outs = _submit(backend, exe, values, prog.eqns)
         return [Tensor(Var(o.shape, o.dtype, o.device, value=val))
-                for o, val in zip(prog.outputs, values)]
+                for o, val in zip(prog.outputs, outs)]
     outs = call(prog, *in_vars) if prog.eqns or prog.outputs else []
     grad = requires_grad and _GRAD_ENABLED[0]
     return [Tensor(o, grad and o.dtype.kind == "f") for o in outs]

@@ -201,7 +201,8 @@ def div(x, y):
 def floor_divide(x, y):
     x, y = promote(x, y)
     if x.dtype.kind == "f":
-        raise DTypeError("floor_divide: use vkml.floor(x / y) for floating operands")
+        raise DTypeError("floor_divide: needs integer operands, got "
+                         f"{dtype_name(x.dtype)}; cast them with .astype(np.int64) first")
     return _elementwise(div_p, x, y)
 
 
@@ -304,7 +305,11 @@ def where(cond, x, y):
 
 def cast(x, dtype):
     x = as_var(x)
-    dtype = np.dtype(dtype)
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError:
+        raise DTypeError(f"cast: {dtype!r} is not a dtype; use one of vkml's five: bool, int32, "
+                         "int64, float32, float64") from None
     if dtype not in (np.dtype(bool), np.dtype(np.int32), np.dtype(np.int64),
                      np.dtype(np.float32), np.dtype(np.float64)):
         raise DTypeError(f"cast: vkml has bool, int32, int64, float32 and float64, not {dtype}")
@@ -370,8 +375,9 @@ def normalize_axes(op, ndim, axis):
     axes = (axis,) if isinstance(axis, numbers.Integral) else tuple(axis)
     out = []
     for a in axes:
-        if not isinstance(a, numbers.Integral) or not -ndim <= a < builtins.max(ndim, 1):
-            raise ShapeError(f"{op}: axis {a} is out of range for {ndim} dimensions")
+        if not isinstance(a, numbers.Integral) or not -ndim <= a < ndim:
+            fix = f"use an axis in [{-ndim}, {ndim})" if ndim else "a 0-d operand has no axes"
+            raise ShapeError(f"{op}: axis {a} is out of range for {ndim} dimensions; {fix}")
         out.append(int(a) % builtins.max(ndim, 1))
     if len(set(out)) != len(out):
         raise ShapeError(f"{op}: repeated axis in {axis}")
@@ -497,7 +503,7 @@ def broadcast_in_dim(x, shape, dims):
 def transpose(x, perm=None):
     x = as_var(x)
     perm = tuple(reversed(range(x.ndim))) if perm is None else \
-        tuple(int(p) % builtins.max(x.ndim, 1) for p in perm)
+        tuple(normalize_axes("transpose", x.ndim, p)[0] for p in perm)
     if perm == tuple(range(x.ndim)):
         return x
     return bind(transpose_p, x, perm=perm)
@@ -513,7 +519,7 @@ def swapaxes(x, a, b):
 
 def expand_dims(x, axis):
     x = as_var(x)
-    axis = int(axis) % (x.ndim + 1)
+    axis = normalize_axes("expand_dims", x.ndim + 1, axis)[0]
     return reshape(x, x.shape[:axis] + (1,) + x.shape[axis:])
 
 
@@ -531,7 +537,7 @@ def flatten(x, start_dim=0, end_dim=-1):
     x = as_var(x)
     if x.ndim == 0:
         return reshape(x, (1,))
-    s, e = start_dim % x.ndim, end_dim % x.ndim
+    s, e = (normalize_axes("flatten", x.ndim, d)[0] for d in (start_dim, end_dim))
     return reshape(x, x.shape[:s] + (math.prod(x.shape[s:e + 1]),) + x.shape[e + 1:])
 
 
@@ -583,7 +589,7 @@ def stack(xs, axis=0):
     shapes = {x.shape for x in xs}
     if len(shapes) > 1:
         raise ShapeError(f"stack: all operands must have one shape, got {sorted(shapes)}")
-    axis = int(axis) % (xs[0].ndim + 1)
+    axis = normalize_axes("stack", xs[0].ndim + 1, axis)[0]
     return concatenate([expand_dims(x, axis) for x in xs], axis)
 
 

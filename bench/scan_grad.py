@@ -1,0 +1,130 @@
+"""The seed's scan gradient and the per-call overhead of a jitted function, side by side with JAX and PyTorch.
+
+1. ``value_and_grad`` of f(xs) = sum(running_sum(xs)**2) for 10^3, 10^4, 10^5 rows:
+   vkml (jit + scan, derived programs cached), JAX (``jax.value_and_grad`` of a jitted
+   ``lax.scan``, timed after compilation) and PyTorch CPU eager (a Python loop, autograd).
+2. Per-call overhead of a jitted tiny function (add two 4-element arrays), vkml against ``jax.jit``,
+   both with their own array types as inputs (and with NumPy inputs).
+
+Run: ``scripts/dev bench`` (or ``python bench/scan_grad.py``).  Every number is a median
+after warm-up; ratios are vkml's time over the peer's (below 1 means vkml is faster).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _timing import median_seconds, print_table  # noqa: E402
+
+import vkml  # noqa: E402
+
+
+def vkml_scan_grad():
+    def body(xs):
+        def step(acc, row):
+            nxt = acc + row
+            return nxt, nxt
+        _, sums = vkml.scan(step, np.float64(0.0), xs)
+        return vkml.sum(sums * sums)
+    vg = vkml.value_and_grad(vkml.jit(body))
+    return lambda xs: vg(xs)[1].numpy()
+
+
+def jax_scan_grad():
+    import jax
+    import jax.numpy as jnp
+    jax.config.update("jax_enable_x64", True)
+
+    def body(xs):
+        def step(acc, row):
+            nxt = acc + row
+            return nxt, nxt
+        _, sums = jax.lax.scan(step, jnp.float64(0.0), xs)
+        return jnp.sum(sums * sums)
+    vg = jax.jit(jax.value_and_grad(body))
+    return lambda xs: vg(xs)[1].block_until_ready(), jnp
+
+
+def torch_scan_grad():
+    import torch
+    torch.set_num_threads(1)
+
+    def run(xs_np):
+        xs = torch.tensor(xs_np, requires_grad=True)
+        acc = torch.zeros((), dtype=torch.float64)
+        sums = []
+        for row in xs:
+            acc = acc + row
+            sums.append(acc)
+        s = torch.stack(sums)
+        (s * s).sum().backward()
+        return xs.grad
+    return run
+
+
+def optional(make):
+    try:
+        return make()
+    except ImportError as err:
+        print(f"  ({make.__name__}: skipped, {err})")
+        return None
+
+
+def main():
+    print(f"vkml {vkml.__version__}, backend {vkml.backend_info()['backend']}, one thread\n")
+    vk = vkml_scan_grad()
+    jx = optional(jax_scan_grad)
+    th = optional(torch_scan_grad)
+    for n in (1_000, 10_000, 100_000):
+        xs = np.random.default_rng(0).normal(size=n)
+        want = 2 * np.cumsum(np.cumsum(xs)[::-1])[::-1]
+        np.testing.assert_allclose(vk(xs), want, rtol=1e-9)
+        repeat = max(3, 3_000 // n * 10)
+        rows = [("vkml", median_seconds(lambda: vk(xs), repeat=repeat, warmup=2))]
+        if jx:
+            jfun, jnp = jx
+            jxs = jnp.asarray(xs)
+            np.testing.assert_allclose(np.asarray(jfun(jxs)), want, rtol=1e-9)
+            rows.append(("jax", median_seconds(lambda: jfun(jxs), repeat=repeat * 3, warmup=3)))
+        if th and n <= 10_000:
+            rows.append(("torch eager", median_seconds(lambda: th(xs), repeat=3, warmup=1)))
+        print_table(f"value_and_grad of the seed's running-sum scan, {n:,} rows",
+                    rows, baselines=[r[0] for r in rows[1:]], unit="ms")
+        per_row = {name: f"{secs / n * 1e9:,.0f} ns" for name, secs in rows}
+        print("  per row: " + ", ".join(f"{k} {v}" for k, v in per_row.items()) + "\n")
+
+    # per-call overhead of a jitted tiny function
+    a = np.arange(4, dtype=np.float32)
+    b = np.ones(4, dtype=np.float32)
+    f = vkml.jit(lambda x, y: x + y)
+    ta, tb = vkml.tensor(a), vkml.tensor(b)
+    assert f(ta, tb).numpy().tolist() == [1, 2, 3, 4]
+    rows = [("vkml (Tensor args)", median_seconds(lambda: f(ta, tb), repeat=2000, warmup=100, number=10)),
+            ("vkml (NumPy args)", median_seconds(lambda: f(a, b), repeat=2000, warmup=100, number=10))]
+    if jx:
+        import jax
+        g = jax.jit(lambda x, y: x + y)
+        ja, jb = jax.numpy.asarray(a), jax.numpy.asarray(b)
+        rows.append(("jax.jit (jax args)", median_seconds(lambda: g(ja, jb).block_until_ready(),
+                                                          repeat=2000, warmup=100, number=10)))
+        rows.append(("jax.jit (NumPy args)", median_seconds(lambda: g(a, b).block_until_ready(),
+                                                            repeat=2000, warmup=100, number=10)))
+    s0 = vkml.stats()
+    f(ta, tb)
+    d = vkml.stats() - s0
+    print_table("per-call overhead of a jitted add of two 4-element float32 arrays", rows,
+                baselines=[r[0] for r in rows if r[0].startswith("jax")], unit="us")
+    print(f"  vkml per call: {d.submissions} submission, {d.compiles} compiles, {d.traces} traces")
+
+
+if __name__ == "__main__":
+    main()
