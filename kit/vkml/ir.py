@@ -16,6 +16,8 @@ is a leaf: an input of the program that reads it.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from .errors import ArgumentError, TracingError
@@ -115,11 +117,19 @@ class Eqn:
         if self.params:
             text += " with " + ", ".join(f"{k}={_param_str(v)}" for k, v in self.params.items())
         if self.where:
-            text += f", made at {self.where}"
+            text += f", made at {site_text(self.where)}"
         return text
 
     def __repr__(self):
         return f"Eqn({self.describe()})"
+
+
+def site_text(where) -> str:
+    """``file.py:12`` for a source site kept as (code object, line), or a text as it is."""
+    if where is None or isinstance(where, str):
+        return where
+    code, line = where
+    return f"{os.path.basename(code.co_filename)}:{line}"
 
 
 def _param_str(value) -> str:

@@ -83,14 +83,26 @@ class Linear:
         return (self.shape, self.dtype, self.device)
 
 
+_INSIDE = {}  # code object -> whether it belongs to the vkml package
+
+
 def user_site():
-    """``file:line`` of the first frame outside the vkml package: the user's line."""
+    """Where the user's line is: the first frame outside the vkml package, as (code, line).
+
+    Kept as a pair and formatted only when an error names it (``ir.site_text``):
+    this runs on every bind, so it must cost next to nothing.
+    """
     frame = sys._getframe(2)
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+    inside = _INSIDE
+    while frame is not None:
+        code = frame.f_code
+        known = inside.get(code)
+        if known is None:
+            known = inside[code] = code.co_filename.startswith(_PACKAGE_DIR)
+        if not known:
+            return (code, frame.f_lineno)
         frame = frame.f_back
-    if frame is None:
-        return None
-    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+    return None
 
 
 def bind_at(where, prim: Primitive, args, params):
