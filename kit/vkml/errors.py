@@ -16,6 +16,10 @@ class ShapeError(VkmlError, ValueError):
     """Operands whose shapes do not fit the op."""
 
 
+class IndexOutOfRangeError(ShapeError, IndexError):
+    """An index past the end of an axis; an IndexError too, so ``for row in t`` stops there."""
+
+
 class DTypeError(VkmlError, TypeError):
     """An operand of a dtype the op does not accept."""
 

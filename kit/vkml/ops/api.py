@@ -28,7 +28,7 @@ import numbers
 
 import numpy as np
 
-from ..errors import ArgumentError, DTypeError, ShapeError
+from ..errors import ArgumentError, DTypeError, IndexOutOfRangeError, ShapeError
 from ..ir import Var, dtype_name
 from .core import Linear, bind
 from .elementwise import (abs_p, add_p, cast_p, cos_p, div_p, equal_p, exp_p, greater_equal_p,
@@ -663,7 +663,7 @@ def getitem(x, index):
     x = as_var(x)
     if not isinstance(index, tuple):
         index = (index,)
-    n_real = builtins.sum(1 for i in index if i is not None and i is not Ellipsis)
+    n_real = builtins.sum(_axes_taken(i) for i in index)
     if builtins.sum(1 for i in index if i is Ellipsis) > 1:
         raise ShapeError("index: at most one Ellipsis (...)")
     expanded = []
@@ -674,7 +674,9 @@ def getitem(x, index):
             expanded.append(i)
     if n_real > x.ndim:
         raise ShapeError(f"index: too many indices ({n_real}) for shape {x.shape}")
-    expanded.extend([builtins.slice(None)] * (x.ndim - builtins.sum(1 for i in expanded if i is not None)))
+    if not builtins.any(i is Ellipsis for i in index):
+        expanded.extend([builtins.slice(None)] * (x.ndim - n_real))
+    expanded = _masks_as_arrays(x.shape, expanded)
 
     # 1. basic indexing: slices (positive strides), then flips, then int picks, None inserts
     starts, limits, strides, flips = [], [], [], []
@@ -700,7 +702,8 @@ def getitem(x, index):
         elif isinstance(item, (numbers.Integral, np.integer)) and not isinstance(item, (bool, np.bool_)):
             i = int(item)
             if not -d <= i < d:
-                raise ShapeError(f"index: {i} is out of range for axis {axis} of size {d}")
+                raise IndexOutOfRangeError(f"index: {i} is out of range for axis {axis} of size "
+                                           f"{d}; use an index in [{-d}, {d})")
             i %= d
             starts.append(i), limits.append(i + 1), strides.append(1)
             out_shape.append(("drop", axis))
@@ -708,17 +711,17 @@ def getitem(x, index):
             arr = item
             if not isinstance(arr, Var):
                 arr = np.asarray(arr)
-                if arr.dtype.kind == "b":
-                    if arr.shape != (d,):
-                        raise ShapeError(f"index: a bool mask must match axis {axis} of size {d}")
-                    arr = np.nonzero(arr)[0]
                 if arr.dtype.kind not in "iu":
                     raise ArgumentError(f"index: cannot index with {type(item).__name__} "
                                         "(use ints, slices, None, ... or integer arrays)")
                 if arr.size and (arr.max() >= d or arr.min() < -d):
-                    raise ShapeError(f"index: {int(arr.max() if arr.max() >= d else arr.min())} is "
-                                     f"out of range for axis {axis} of size {d}")
+                    bad = int(arr.max() if arr.max() >= d else arr.min())
+                    raise IndexOutOfRangeError(f"index: {bad} is out of range for axis {axis} of "
+                                               f"size {d}; use indices in [{-d}, {d})")
                 arr = constant(np.where(arr < 0, arr + d, arr).astype(np.int64))
+            elif arr.dtype.kind == "b":
+                raise DTypeError("index: a bool tensor picks a number of elements known only once "
+                                 "it runs; index with a NumPy mask (mask.numpy()) or use vkml.where")
             elif arr.dtype.kind not in "iu":
                 raise DTypeError(f"index: tensor indices must be integers, got {dtype_name(arr.dtype)}")
             starts.append(0), limits.append(d), strides.append(1)
@@ -746,8 +749,42 @@ def getitem(x, index):
     return reshape(y, tuple(shape))
 
 
+def _axes_taken(item):
+    """How many axes of the operand an index item consumes (an N-d bool mask takes N)."""
+    if item is None or item is Ellipsis:
+        return 0
+    if isinstance(item, (np.ndarray, list)):
+        arr = np.asarray(item)
+        if arr.dtype.kind == "b":
+            return arr.ndim
+    return 1
+
+
+def _masks_as_arrays(shape, items):
+    """Replace each NumPy bool mask by the integer arrays of its True positions (as NumPy does)."""
+    out, axis = [], 0
+    for item in items:
+        if isinstance(item, (np.ndarray, list)) and np.asarray(item).dtype.kind == "b":
+            mask = np.asarray(item)
+            if mask.ndim == 0:
+                raise ArgumentError("index: a 0-d bool index is not supported; use None to add "
+                                    "an axis")
+            if mask.shape != shape[axis:axis + mask.ndim]:
+                raise ShapeError(f"index: a bool mask of shape {mask.shape} does not match the "
+                                 f"axes {axis}..{axis + mask.ndim - 1} of shape {shape} it indexes")
+            out.extend(np.nonzero(mask))
+        else:
+            out.append(item)
+        axis += _axes_taken(item)
+    return out
+
+
 def _advanced(y, out_shape, advanced):
-    """Gather for the integer-array part of an index, with NumPy's placement of the result dims."""
+    """Gather for the integer-array part of an index, with NumPy's placement of the result dims.
+
+    As in NumPy, an int next to the arrays counts as one of them: the picked dims go where the
+    first of them was when they are all adjacent, and first otherwise (x[0, :, [1, 2]] is (2, n)).
+    """
     kept = [(kind, a) for kind, a in out_shape if kind in ("keep", "adv")]
     adv_pos = [i for i, (kind, _) in enumerate(kept) if kind == "adv"]
     idxs = [_wrap_negative(v, y.shape[p]) for p, (_, v) in zip(adv_pos, advanced)]
@@ -756,10 +793,11 @@ def _advanced(y, out_shape, advanced):
     others = [i for i in range(y.ndim) if i not in adv_pos]
     moved = transpose(y, tuple(adv_pos) + tuple(others))
     picked = gather(moved, stack(idxs, axis=-1))        # bshape + other dims
-    contiguous = adv_pos == list(range(adv_pos[0], adv_pos[0] + len(adv_pos)))
+    kinds = [kind for kind, _ in out_shape]
+    picks = [i for i, kind in enumerate(kinds) if kind != "keep"]
+    k = kinds[:picks[0]].count("keep") if picks == list(range(picks[0], picks[-1] + 1)) else 0
     nb = len(bshape)
-    if contiguous and adv_pos[0] > 0:
-        k = adv_pos[0]
+    if k:
         perm = tuple(range(nb, nb + k)) + tuple(range(nb)) + tuple(range(nb + k, picked.ndim))
         picked = transpose(picked, perm)
     return picked
