@@ -118,6 +118,17 @@ def test_maximum_minimum_without_ties(name, data):
     check_grad(getattr(vkml, name), getattr(anp, name), x, y, key=name)
 
 
+def test_maximum_minimum_split_a_tie_evenly_like_autograd():
+    x = np.array([[1.0, 2.0, -3.0], [0.5, 0.5, 4.0]])
+    y = np.array([1.0, 0.0, -3.0])
+    w = O.weights_like((2, 3), "ties")
+    for name in ("maximum", "minimum"):
+        got = O.vkml_grads(getattr(vkml, name), [x, y], [0, 1], w)
+        want = O.autograd_grads(getattr(anp, name), [x, y], [0, 1], w)
+        for g, r in zip(got, want):
+            np.testing.assert_allclose(g, r, rtol=1e-12)
+
+
 @few
 @given(x=f64(lo=0.3, hi=3.0))
 def test_python_scalar_operands(x):

@@ -616,6 +616,7 @@ def take(x, indices, axis=0):
     if idx.dtype.kind not in "iu":
         raise DTypeError(f"take: indices must be integers, got {dtype_name(idx.dtype)}")
     axis = normalize_axes("take", x.ndim, axis)[0]
+    _check_constant_indices("take", indices, x.shape[axis], axis)
     idx = _wrap_negative(idx, x.shape[axis])
     moved = transpose(x, (axis,) + tuple(i for i in range(x.ndim) if i != axis))
     picked = gather(moved, reshape(idx, idx.shape + (1,)))
@@ -632,6 +633,7 @@ def take_along_axis(x, indices, axis):
     axis = normalize_axes("take_along_axis", x.ndim, axis)[0]
     if idx.ndim != x.ndim:
         raise ShapeError(f"take_along_axis: indices need {x.ndim} dimensions, got {idx.shape}")
+    _check_constant_indices("take_along_axis", indices, x.shape[axis], axis)
     idx = _wrap_negative(idx, x.shape[axis])
     shape = broadcast_shapes("take_along_axis",
                              tuple(d for i, d in enumerate(x.shape) if i != axis),
@@ -654,6 +656,18 @@ def _wrap_negative(idx, n):
     if isinstance(idx, Var) and idx.value is not None and idx.value.size and idx.value.min() >= 0:
         return idx
     return where(less(idx, 0), add(idx, n), idx)
+
+
+def _check_constant_indices(op, indices, n, axis):
+    """Refuse a list/array index past an axis at once, naming the user's axis (as ``getitem``
+    does); a tensor index is data, checked by gather when the program runs."""
+    if isinstance(indices, Var):
+        return
+    arr = np.asarray(indices)
+    if arr.size and arr.dtype.kind in "iu" and (arr.min() < -n or arr.max() >= n):
+        bad = int(arr.max() if arr.max() >= n else arr.min())
+        raise IndexOutOfRangeError(f"{op}: index {bad} is out of range for axis {axis} of size "
+                                   f"{n}; use indices in [{-n}, {n})")
 
 
 # -- indexing ------------------------------------------------------------------------------
