@@ -264,6 +264,48 @@ def collect(outputs, is_leaf=None):
     return leaves, order
 
 
+def collect_keyed(outputs, is_leaf=None):
+    """:func:`collect` and a structural key of the result, in ONE walk of the DAG.
+
+    The key numbers Vars in the order the walk meets them (leaves when found,
+    equation outputs when emitted), so two graphs of the same structure get
+    the same key.  This runs on every realize and backward, so it is one pass.
+    """
+    if is_leaf is None:
+        is_leaf = _has_value
+    leaves, order, parts = [], [], []
+    ids = {}
+    seen_eqns = set()
+    stack = [(v, False) for v in reversed(outputs)]
+    while stack:
+        var, expanded = stack.pop()
+        if expanded:
+            e = var.eqn
+            if id(e) not in seen_eqns:
+                seen_eqns.add(id(e))
+                order.append(e)
+                parts.append((e.prim.name, params_key(e.params), tuple([ids[v] for v in e.inputs])))
+                for o in e.outputs:
+                    ids[o] = len(ids)
+            continue
+        if var in ids:
+            continue
+        if var.eqn is None or is_leaf(var):
+            ids[var] = len(ids)
+            leaves.append(var)
+            parts.append((var.shape, var.dtype, var.device))
+            continue
+        e = var.eqn
+        if id(e) in seen_eqns:
+            continue
+        stack.append((var, True))
+        for src in reversed(e.inputs):
+            if src not in ids:
+                stack.append((src, False))
+    parts.append(tuple([ids[v] for v in outputs]))
+    return leaves, order, tuple(parts)
+
+
 def _has_value(var) -> bool:
     return var.value is not None
 

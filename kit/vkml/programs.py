@@ -221,9 +221,8 @@ def _apply_program(owner, entry, variant_tag, prog, in_vars, requires_grad):
     values = [v.value for v in in_vars]
     if not requires_grad and all([x is not None for x in values]):
         backend = backends.current()
-        # the variant: backend and argument layout; compiled once each
-        variant = (id(prog), variant_tag, backend.name,
-                   tuple([a.flags.c_contiguous for a in values]))
+        # the variant: backend and the argument layout it compiles for; compiled once each
+        variant = (id(prog), variant_tag, backend.name, backend.layout(values))
         exe = entry.executables.get(variant) if entry is not None else None
         if exe is None:
             before = STATS.compiles

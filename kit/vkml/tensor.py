@@ -25,7 +25,7 @@ import numpy as np
 from . import backends
 from .backends import ExecutionFailure
 from .errors import ArgumentError, DTypeError, ExecutionError, GradError, ShapeError, TracingError
-from .ir import Var, collect, dtype_name, format_shape, structure_key, Program
+from .ir import Program, Var, collect, collect_keyed, dtype_name, format_shape
 from .ops import api
 from .transforms import vjp_program
 
@@ -564,13 +564,12 @@ def _is_traced(var) -> bool:
 
 def _run(out_vars):
     """Compute ``out_vars`` (none holding a value yet) in ONE submission; return their values."""
-    leaves, eqns = collect(out_vars)
+    leaves, eqns, key = collect_keyed(out_vars)
     for leaf in leaves:
         if leaf.value is None:
             raise TracingError(
                 f"cannot compute a value that depends on a traced placeholder ({leaf.type_str()}); "
                 "return it from the traced function instead")
-    key = structure_key(leaves, (), eqns, out_vars, with_const_values=False)
     backend = backends.current()
     exe = backend.executable(key, lambda: Program(leaves, eqns, out_vars))
     return _submit(backend, exe, [l.value for l in leaves], eqns)
@@ -639,8 +638,6 @@ def assign(destinations, sources) -> None:
         if v.dtype != d.dtype:
             raise DTypeError(f"assign: source {i} is {dtype_name(v.dtype)} but destination is "
                              f"{dtype_name(d.dtype)}; cast the source with .astype()")
-        if _is_traced(v):
-            raise TracingError("assign: cannot assign a traced value")
         src_vars.append(v)
     pending = list({id(v): v for v in src_vars if v.value is None}.values())
     if pending:
@@ -673,7 +670,7 @@ def backward(root) -> None:
     if not root.requires_grad:
         raise GradError("backward: the root does not require grad; create its inputs with "
                         "vkml.tensor(..., requires_grad=True)")
-    leaves, eqns = collect([root.var], is_leaf=_never)
+    leaves, eqns, graph_key = collect_keyed([root.var], is_leaf=_never)
     targets = []
     for i, leaf in enumerate(leaves):
         ref = _GRAD_LEAVES.get(leaf)
@@ -689,7 +686,7 @@ def backward(root) -> None:
     realize(olds)
     has_old = tuple(t.grad is not None for _, t in targets)
     wrt = tuple(i for i, _ in targets)
-    key = (structure_key(leaves, (), eqns, [root.var], with_const_values=False), wrt, has_old)
+    key = (graph_key, wrt, has_old)
     backend = backends.current()
 
     def derive():

@@ -51,6 +51,14 @@ class Backend:
         STATS.submissions += 1
         return exe(args)
 
+    def layout(self, values) -> tuple:
+        """What of the arguments' memory layout a compiled executable depends on.
+
+        Part of a program's *variant*: a backend whose code is specialised to
+        strides returns them here, so a new layout compiles a new variant.
+        """
+        return ()
+
     def clear_cache(self):
         self._executables.clear()
 

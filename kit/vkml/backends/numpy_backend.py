@@ -83,6 +83,71 @@ _LOWERINGS = {"call": _lower_call, "scan": _lower_scan, "cond": _lower_cond, "wh
               "checkpoint": _lower_program_call}
 
 
+# Elementwise primitives that are NumPy ufuncs: they can write into a dead operand's buffer.
+_UFUNCS = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "max": np.maximum,
+           "min": np.minimum, "neg": np.negative, "exp": np.exp, "log": np.log, "sin": np.sin,
+           "cos": np.cos, "tanh": np.tanh, "sqrt": np.sqrt, "abs": np.absolute}
+# Primitives whose result is a fresh array the program owns (never a view of another value).
+_FRESH = set(_UFUNCS) | {"div", "matmul", "reduce_sum", "reduce_max", "pad", "concatenate"}
+
+
+def _matmul_swapped(a, b):
+    """(a @ b).T computed as b.T @ a.T, so the result comes out contiguous, not a transposed view."""
+    return np.matmul(np.swapaxes(b, -1, -2), np.swapaxes(a, -1, -2))
+
+
+def _is_last_two_swap(perm):
+    n = len(perm)
+    return n >= 2 and perm == tuple(range(n - 2)) + (n - 1, n - 2)
+
+
+def _plan(program):
+    """Per equation: (eqn index, callable kind, operands, output Vars, buffer to reuse).
+
+    Two rewrites that matter for training steps on NumPy:
+    - ``transpose(matmul(a, b))`` of the last two axes (a weight gradient of
+      ``x @ W.T``) becomes ``b.T @ a.T``: a contiguous result, so the optimiser's
+      elementwise ops on it do not run at strided speed;
+    - an elementwise ufunc whose operand is a fresh temporary read only here
+      writes its result into that operand's buffer (``out=``), as hand-written
+      NumPy would, instead of allocating.
+    """
+    uses = {}
+    for e in program.eqns:
+        for v in e.inputs:
+            uses[v] = uses.get(v, 0) + 1
+    outputs = set(program.outputs)
+    producer = {v: e for e in program.eqns for v in e.outputs}
+    absorbed = set()
+    swapped = {}
+    for e in program.eqns:
+        if e.prim.name == "transpose" and _is_last_two_swap(e.params["perm"]):
+            m = producer.get(e.inputs[0])
+            if m is not None and m.prim.name == "matmul" and uses[e.inputs[0]] == 1 and \
+                    e.inputs[0] not in outputs:
+                absorbed.add(id(m))
+                swapped[id(e)] = m.inputs
+    plan = []
+    for i, e in enumerate(program.eqns):
+        if id(e) in absorbed:
+            continue
+        if id(e) in swapped:
+            plan.append((i, "matmul_swapped", swapped[id(e)], e.outputs, None))
+            continue
+        reuse = None
+        if e.prim.name in _UFUNCS:
+            out = e.outputs[0]
+            for v in e.inputs:
+                p = producer.get(v)
+                if p is not None and p.prim.name in _FRESH and id(p) not in absorbed and \
+                        uses[v] == 1 and v not in outputs and v.shape == out.shape and \
+                        v.dtype == out.dtype and out.shape != ():
+                    reuse = v
+                    break
+        plan.append((i, "ufunc" if reuse is not None else "call", e.inputs, e.outputs, reuse))
+    return plan
+
+
 def compile_program(program, compile_nested=None):
     """Generate, compile and return ``run(args) -> list of arrays`` for ``program``.
 
@@ -93,31 +158,41 @@ def compile_program(program, compile_nested=None):
     names = {}
     for i, v in enumerate(program.inputs):
         names[v] = f"a{i}"
-    namespace = {"_asarray": np.asarray}
-    lines = []
+    namespace = {"_asarray": np.asarray, "_matmul_swapped": _matmul_swapped}
     for i, (v, value) in enumerate(program.consts):
         names[v] = f"c{i}"
         namespace[f"c{i}"] = value
+    plan = _plan(program)
     last_use = {}
-    for i, eqn in enumerate(program.eqns):
-        for v in eqn.inputs:
-            last_use[v] = i
+    for k, (_, _, ins, _, _) in enumerate(plan):
+        for v in ins:
+            last_use[v] = k
     outputs = set(program.outputs)
     tmp = itertools.count()
-    for i, eqn in enumerate(program.eqns):
+    lines, line_eqn = [], []
+    for k, (i, kind, ins, outs_v, reuse) in enumerate(plan):
+        eqn = program.eqns[i]
         fn = f"f{i}"
-        namespace[fn] = _callable(eqn, compile_nested)
+        if kind == "matmul_swapped":
+            fn = "_matmul_swapped"
+        elif kind == "ufunc":
+            namespace[fn] = _UFUNCS[eqn.prim.name]
+        else:
+            namespace[fn] = _callable(eqn, compile_nested)
+        args = ", ".join(names[v] for v in ins)
+        if reuse is not None:
+            args += f", out={names[reuse]}"
         outs = []
-        for v in eqn.outputs:
+        for v in outs_v:
             names[v] = f"v{next(tmp)}"
             outs.append(names[v])
         target = ", ".join(outs) + ("," if eqn.prim.multiple_results and len(outs) == 1 else "")
-        args = ", ".join(names[v] for v in eqn.inputs)
-        dead = sorted({names[v] for v in eqn.inputs
-                       if last_use.get(v) == i and v not in outputs and names[v][0] == "v"})
+        dead = sorted({names[v] for v in ins
+                       if last_use.get(v) == k and v not in outputs and names[v][0] == "v"})
         lines.append(f"    {target} = {fn}({args})" + (f"; del {', '.join(dead)}" if dead else ""))
-    header = [f"def _run(args):", f"    {', '.join(names[v] for v in program.inputs)}{',' if program.inputs else ''} = args"
-              if program.inputs else "    pass"]
+        line_eqn.append(i)
+    header = ["def _run(args):", f"    {', '.join(names[v] for v in program.inputs)}"
+              f"{',' if program.inputs else ''} = args" if program.inputs else "    pass"]
     ret = "    return [" + ", ".join(f"_asarray({names[v]})" for v in program.outputs) + "]"
     source = "\n".join(header + lines + [ret]) + "\n"
     filename = f"<vkml program {next(_COUNTER)}>"
@@ -134,7 +209,9 @@ def compile_program(program, compile_nested=None):
                 tb = tb.tb_next
             if tb is None:
                 raise
-            raise ExecutionFailure(tb.tb_lineno - first_line, error) from error
+            line = tb.tb_lineno - first_line
+            raise ExecutionFailure(line_eqn[line] if 0 <= line < len(line_eqn) else 0, error) \
+                from error
 
     run.source = source
     return run
