@@ -187,6 +187,47 @@ def test_out_of_range_or_repeated_axes(name, call):
     refused(lambda: call(t), t, kind=vkml.ShapeError, builtin=ValueError, words=[name + ":"])
 
 
+@pytest.mark.parametrize("name,call", [
+    ("argmax", lambda t: vkml.argmax(t, (0, 1))),
+    ("argmax", lambda t: vkml.argmin(t, 0.5)),
+    ("take", lambda t: vkml.take(t, [0], (0, 1))),
+    ("take_along_axis", lambda t: vkml.take_along_axis(t, np.zeros((1, 1), np.int64), (1,))),
+    ("concatenate", lambda t: vkml.concatenate([t, t], (0,))),
+    ("stack", lambda t: vkml.stack([t, t], (0,))),
+    ("swapaxes", lambda t: vkml.swapaxes(t, (0,), 1)),
+    ("flatten", lambda t: vkml.flatten(t, (0,))),
+])
+def test_a_single_axis_must_be_an_int(name, call):
+    t = T(np.arange(6.0).reshape(2, 3))
+    refused(lambda: call(t), t, kind=vkml.VkmlError, words=[name + ":", "int"])
+
+
+def test_one_operand_concatenate_still_checks_its_axis():
+    t = T(np.arange(3.0))
+    refused(lambda: vkml.concatenate([t], 1), t, kind=vkml.ShapeError,
+            words=["concatenate", "axis 1"])
+    refused(lambda: vkml.stack([t], 2), t, kind=vkml.ShapeError, words=["stack", "axis 2"])
+
+
+@pytest.mark.parametrize("call,words", [
+    (lambda x, w: vkml.conv2d(x, w, stride=0), ["conv2d", "stride", "0"]),
+    (lambda x, w: vkml.conv2d(x, w, stride=(1, -1)), ["conv2d", "stride", "-1"]),
+    (lambda x, w: vkml.conv2d(x, w, padding=-1), ["conv2d", "padding", "-1"]),
+    (lambda x, w: vkml.max_pool2d(x, 2, stride=0), ["pool2d", "stride", "0"]),
+    (lambda x, w: vkml.avg_pool2d(x, 0), ["pool2d", "kernel_size", "0"]),
+    (lambda x, w: vkml.max_pool2d(x, (2, 2, 2)), ["kernel_size", "pair"]),
+])
+def test_conv_and_pool_parameters(call, words):
+    x, w = T(np.ones((1, 2, 5, 5))), T(np.ones((3, 2, 3, 3)))
+    refused(lambda: call(x, w), x, w, kind=vkml.VkmlError, words=words)
+
+
+def test_a_zero_slice_step():
+    t = T(np.arange(4.0))
+    refused(lambda: t[::0], t, kind=vkml.ShapeError, builtin=ValueError,
+            words=["index", "step", "zero"])
+
+
 def test_axes_of_a_0d_tensor():
     s = T(np.float64(2.0))
     refused(lambda: vkml.sum(s, 0), s, kind=vkml.ShapeError, words=["sum", "0-d"])

@@ -365,6 +365,14 @@ def test_logsumexp_softmax_log_softmax(data, dtype):
                 scipy.special.log_softmax(x64, axis=axis).astype(dtype), **tol)
 
 
+def test_logsumexp_of_infinite_rows():
+    x = np.array([[-np.inf, -np.inf], [-np.inf, 0.0], [np.inf, 1.0], [np.inf, -np.inf]])
+    with np.errstate(all="ignore"):
+        want = scipy.special.logsumexp(x, axis=1)
+        got = vkml.logsumexp(T(x), axis=1).numpy()
+    np.testing.assert_array_equal(got, want)     # -inf, 0, inf, inf
+
+
 def test_logsumexp_over_several_axes_and_large_values():
     x = np.array([[1000.0, 1000.0], [-1000.0, 0.0]])
     assert_same(vkml.logsumexp(T(x), axis=(0, 1)), scipy.special.logsumexp(x), exact=False)

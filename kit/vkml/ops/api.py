@@ -384,6 +384,13 @@ def normalize_axes(op, ndim, axis):
     return tuple(sorted(out))
 
 
+def normalize_axis(op, ndim, axis):
+    """One axis, an int counting from the end when negative, as an index in [0, ndim)."""
+    if not isinstance(axis, numbers.Integral):
+        raise ArgumentError(f"{op}: axis must be an int, got {axis!r}")
+    return normalize_axes(op, ndim, axis)[0]
+
+
 def _keep(x, reduced, axes, keepdims):
     if not keepdims:
         return reduced
@@ -446,7 +453,7 @@ def argmax(x, axis=None):
         x = cast(x, np.int32)
     if axis is None:
         x, axis = reshape(x, (-1,)), 0
-    axis = normalize_axes("argmax", x.ndim, axis)[0]
+    axis = normalize_axis("argmax", x.ndim, axis)
     return bind(argmax_p, x, axis=axis)
 
 
@@ -458,7 +465,8 @@ def argmin(x, axis=None):
 def logsumexp(x, axis=-1, keepdims=False):
     x = _floating(x)
     axes = normalize_axes("logsumexp", x.ndim, axis)
-    m = stop_gradient(max(x, axes, keepdims=True))
+    m = max(x, axes, keepdims=True)
+    m = stop_gradient(where(less(abs(m), np.inf), m, zeros_like(m)))   # rows of +-inf: shift by 0
     out = add(log(sum(exp(sub(x, m)), axes, keepdims=True)), m)
     return out if keepdims else reshape(out, tuple(d for i, d in enumerate(x.shape) if i not in axes))
 
@@ -503,7 +511,7 @@ def broadcast_in_dim(x, shape, dims):
 def transpose(x, perm=None):
     x = as_var(x)
     perm = tuple(reversed(range(x.ndim))) if perm is None else \
-        tuple(normalize_axes("transpose", x.ndim, p)[0] for p in perm)
+        tuple(normalize_axis("transpose", x.ndim, p) for p in perm)
     if perm == tuple(range(x.ndim)):
         return x
     return bind(transpose_p, x, perm=perm)
@@ -512,14 +520,14 @@ def transpose(x, perm=None):
 def swapaxes(x, a, b):
     x = as_var(x)
     perm = list(range(x.ndim))
-    a, b = normalize_axes("swapaxes", x.ndim, a)[0], normalize_axes("swapaxes", x.ndim, b)[0]
+    a, b = normalize_axis("swapaxes", x.ndim, a), normalize_axis("swapaxes", x.ndim, b)
     perm[a], perm[b] = perm[b], perm[a]
     return transpose(x, perm)
 
 
 def expand_dims(x, axis):
     x = as_var(x)
-    axis = normalize_axes("expand_dims", x.ndim + 1, axis)[0]
+    axis = normalize_axis("expand_dims", x.ndim + 1, axis)
     return reshape(x, x.shape[:axis] + (1,) + x.shape[axis:])
 
 
@@ -537,7 +545,7 @@ def flatten(x, start_dim=0, end_dim=-1):
     x = as_var(x)
     if x.ndim == 0:
         return reshape(x, (1,))
-    s, e = (normalize_axes("flatten", x.ndim, d)[0] for d in (start_dim, end_dim))
+    s, e = (normalize_axis("flatten", x.ndim, d) for d in (start_dim, end_dim))
     return reshape(x, x.shape[:s] + (math.prod(x.shape[s:e + 1]),) + x.shape[e + 1:])
 
 
@@ -576,9 +584,9 @@ def concatenate(xs, axis=0):
     if not xs:
         raise ArgumentError("concatenate: needs at least one operand")
     xs = promote(*xs)
+    axis = normalize_axis("concatenate", xs[0].ndim, axis)
     if len(xs) == 1:
         return xs[0]
-    axis = normalize_axes("concatenate", xs[0].ndim, axis)[0]
     return bind(concatenate_p, *xs, axis=axis)
 
 
@@ -589,7 +597,7 @@ def stack(xs, axis=0):
     shapes = {x.shape for x in xs}
     if len(shapes) > 1:
         raise ShapeError(f"stack: all operands must have one shape, got {sorted(shapes)}")
-    axis = normalize_axes("stack", xs[0].ndim + 1, axis)[0]
+    axis = normalize_axis("stack", xs[0].ndim + 1, axis)
     return concatenate([expand_dims(x, axis) for x in xs], axis)
 
 
@@ -615,7 +623,7 @@ def take(x, indices, axis=0):
     x, idx = as_var(x), as_var(indices)
     if idx.dtype.kind not in "iu":
         raise DTypeError(f"take: indices must be integers, got {dtype_name(idx.dtype)}")
-    axis = normalize_axes("take", x.ndim, axis)[0]
+    axis = normalize_axis("take", x.ndim, axis)
     _check_constant_indices("take", indices, x.shape[axis], axis)
     idx = _wrap_negative(idx, x.shape[axis])
     moved = transpose(x, (axis,) + tuple(i for i in range(x.ndim) if i != axis))
@@ -630,7 +638,7 @@ def take(x, indices, axis=0):
 def take_along_axis(x, indices, axis):
     """NumPy's take_along_axis: ``out[i, j] = x[i, idx[i, j]]`` for axis 1 of a matrix, etc."""
     x, idx = as_var(x), as_var(indices)
-    axis = normalize_axes("take_along_axis", x.ndim, axis)[0]
+    axis = normalize_axis("take_along_axis", x.ndim, axis)
     if idx.ndim != x.ndim:
         raise ShapeError(f"take_along_axis: indices need {x.ndim} dimensions, got {idx.shape}")
     _check_constant_indices("take_along_axis", indices, x.shape[axis], axis)
@@ -702,6 +710,8 @@ def getitem(x, index):
             continue
         d = x.shape[axis]
         if isinstance(item, builtins.slice):
+            if item.step == 0:
+                raise ShapeError(f"index: a slice step cannot be zero (axis {axis}); use 1 or -1")
             s, l, st = item.indices(d)
             if st > 0:
                 starts.append(s), limits.append(builtins.max(s, l)), strides.append(st)
@@ -846,12 +856,14 @@ def dot(a, b):
 
 # -- convolution and pooling (composed; see the module docstring) -----------------------------
 
-def _pair(v, name):
+def _pair(v, name, op, lowest):
     if isinstance(v, numbers.Integral):
-        return (int(v), int(v))
+        v = (int(v), int(v))
     v = tuple(int(i) for i in v)
     if len(v) != 2:
-        raise ArgumentError(f"{name} must be an int or a pair of ints, got {v}")
+        raise ArgumentError(f"{op}: {name} must be an int or a pair of ints, got {v}")
+    if builtins.min(v) < lowest:
+        raise ShapeError(f"{op}: {name} {v} must be at least {lowest}")
     return v
 
 
@@ -877,8 +889,8 @@ def conv2d(x, weight, bias=None, stride=1, padding=0):
     o, c2, kh, kw = weight.shape
     if c != c2:
         raise ShapeError(f"conv2d: input has {c} channels but the weight expects {c2}")
-    sh, sw = _pair(stride, "stride")
-    ph, pw = _pair(padding, "padding")
+    sh, sw = _pair(stride, "stride", "conv2d", 1)
+    ph, pw = _pair(padding, "padding", "conv2d", 0)
     if ph or pw:
         x = pad(x, (0, 0, ph, pw), (0, 0, ph, pw))
     if x.shape[2] < kh or x.shape[3] < kw:
@@ -898,8 +910,8 @@ def _pool(x, kernel_size, stride, op):
     x = as_var(x)
     if x.ndim != 4:
         raise ShapeError(f"pool2d: needs a 4-D input (N, C, H, W), got {x.shape}")
-    kh, kw = _pair(kernel_size, "kernel_size")
-    sh, sw = _pair(stride if stride is not None else (kh, kw), "stride")
+    kh, kw = _pair(kernel_size, "kernel_size", "pool2d", 1)
+    sh, sw = _pair(stride if stride is not None else (kh, kw), "stride", "pool2d", 1)
     n, c, h, w = x.shape
     if h < kh or w < kw:
         raise ShapeError(f"pool2d: window {kh}x{kw} is larger than the input {x.shape[2:]}")
