@@ -42,3 +42,19 @@ class TracingError(VkmlError, TypeError):
 
 class BackendError(VkmlError, RuntimeError):
     """A backend that is unknown or cannot run here."""
+
+
+class RecordError(VkmlError, RuntimeError):
+    """A Record used against its rules: live when a new recording launch comes, stale, ..."""
+
+
+class RefusedError(VkmlError, RuntimeError):
+    """A reverse that cannot be taken (an opaque node, a max reduction, second order, ...)."""
+
+
+class BudgetError(VkmlError, ValueError):
+    """A memory budget that cannot hold what a checkpointed reverse needs."""
+
+
+class Busy(VkmlError, RuntimeError):
+    """A launch while a reverse reads the Record, or one Reverse used by two threads at once."""

@@ -1,0 +1,594 @@
+"""``vkml.diff``: every gradient of a recorded run, in one backward sweep, bitwise reproducible.
+
+``reverse(record, seeds)`` walks the Record's tape from the last step to
+the first.  Each launch is reversed by its kernel's vjp (derived once,
+cached beside the kernel), recomputed from the values the launch read.
+Where several launches read one plane version, their adjoints are added in
+a fixed order -- the seed first, then the readers in the order they ran --
+and a Param's per-sample gradients are summed with the canonical tree
+(``treesum``), so the result is the same bits for every thread count, run
+and memory budget.
+
+``Reverse(graph)`` does the preparation once (vjps derived and compiled,
+refusals checked) for a loop that launches and reverses many times.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+
+import numpy as np
+
+from ..errors import ArgumentError, Busy, GradError, RefusedError, ShapeError
+from ..ir import Program
+from .graph import Graph, Opaque, Reduce, RepeatWhile, Skippable, run_batched
+from .kernel import Kernel, Launch
+from .record import LoopEntry, OtherEntry, Record, SkipEntry, Step
+from .treesum import tree_sum
+
+
+class Report:
+    """How a gradient was computed.
+
+    - ``generation``: the Record's generation;
+    - ``bitwise``: per gradient name, whether its bits are reproducible on every
+      backend and thread count (False for a table read by index: a scatter-add
+      across samples);
+    - ``chunks``: passes the reverse took (memory budget);
+    - ``recomputed_steps`` / ``peak_states``: the checkpointing cost of loops.
+    """
+
+    def __init__(self, generation, bitwise, chunks=1, recomputed_steps=0, peak_states=0):
+        self.generation = generation
+        self.bitwise = bitwise
+        self.chunks = chunks
+        self.recomputed_steps = recomputed_steps
+        self.peak_states = peak_states
+
+    def __repr__(self):
+        return (f"Report(generation={self.generation}, chunks={self.chunks}, "
+                f"recomputed_steps={self.recomputed_steps}, peak_states={self.peak_states}, "
+                f"bitwise={self.bitwise})")
+
+
+class Gradients(Mapping):
+    """A read-only mapping: per-sample gradients of input planes (one row per sample, in sample
+    order) and summed gradients of Params, keyed by their bound names (``"node.name"`` too)."""
+
+    def __init__(self, values, report):
+        self._values = values
+        self.report = report
+
+    def __getitem__(self, name):
+        try:
+            return self._values[name]
+        except KeyError:
+            raise KeyError(f"no gradient named {name!r}; gradients: {sorted(self._values)}") from None
+
+    def __iter__(self):
+        return iter(self._values)
+
+    def __len__(self):
+        return len(self._values)
+
+    def __repr__(self):
+        return f"<Gradients {sorted(self._values)}; {self.report!r}>"
+
+
+# -- names ---------------------------------------------------------------------------------
+
+def _outputs_by_name(tape):
+    """(node, output name) -> the plane version it wrote last, over the whole tape."""
+    out = {}
+    for e in tape:
+        if isinstance(e, Step):
+            for name, key in e.writes.items():
+                out[(e.node.name, name)] = key
+        elif isinstance(e, SkipEntry):
+            if e.step is not None:
+                for name, key in e.step.writes.items():
+                    out[(e.node.name, name)] = key
+        elif isinstance(e, LoopEntry):
+            for name, key in e.end_writes.items():
+                out[(e.node.name, name)] = key
+        elif isinstance(e, OtherEntry):
+            for name, key in e.writes.items():
+                out[(e.node.name, name)] = key
+    return out
+
+
+def _inputs_by_name(graph):
+    """(node, input name) -> plane id, for every node (ran or not)."""
+    out = {}
+    for node in graph.nodes:
+        for launch in node.launches():
+            for name, plane in launch.reads.items():
+                out[(node.name, name)] = id(plane)
+        if isinstance(node.op, (Opaque, Reduce)):
+            for name, plane in node.op.reads.items():
+                out[(node.name, name)] = id(plane)
+    return out
+
+
+def _all_writes(graph):
+    out = {}
+    for node in graph.nodes:
+        for launch in node.launches():
+            for name, plane in launch.writes.items():
+                out[(node.name, name)] = plane
+        if isinstance(node.op, (Opaque, Reduce)):
+            for name, plane in node.op.writes.items():
+                out[(node.name, name)] = plane
+    return out
+
+
+def resolve_seeds(record, seeds):
+    """Seeds by plane version, checked before anything runs (the two mistakes everyone makes once)."""
+    if not isinstance(seeds, Mapping):
+        raise ArgumentError(f"seeds must be a dict of output plane name -> per-sample seed, got "
+                            f"{type(seeds).__name__}")
+    graph = record.graph
+    written = _outputs_by_name(record.tape)
+    writes = _all_writes(graph)
+    inputs = _inputs_by_name(graph)
+    resolved = {}
+    for name, seed in seeds.items():
+        if not isinstance(name, str):
+            raise ArgumentError(f"seed names must be strings like 'wave.y' or 'y', got {name!r}")
+        if "." in name:
+            node, plane = name.split(".", 1)
+            cands = [(node, plane)] if (node, plane) in writes else []
+        else:
+            cands = [k for k in writes if k[1] == name]
+        if not cands:
+            as_input = [k for k in inputs if (k[1] == name if "." not in name else f"{k[0]}.{k[1]}" == name)]
+            if as_input:
+                raise ArgumentError(f"seed {name!r}: that is an input of the graph, not an output; its "
+                                    f"gradient is grads[{name!r}] -- seed the outputs your objective "
+                                    "depends on instead")
+            raise ArgumentError(f"seed {name!r}: no node writes a plane of that name; outputs: "
+                                f"{sorted({f'{n}.{p}' for n, p in writes})}")
+        planes = {id(writes[c]) for c in cands}
+        if len(planes) > 1:
+            raise ArgumentError(f"seed {name!r} is ambiguous: "
+                                f"{', '.join(f'{n}.{p}' for n, p in cands)} are different planes; "
+                                "name it as 'node.plane'")
+        cand = cands[-1]
+        plane = writes[cand]
+        key = written.get(cand)
+        arr = np.asarray(seed)
+        if arr.shape != plane.shape:
+            raise ShapeError(f"seed {name!r} has shape {arr.shape}, but plane {name!r} holds one value "
+                             f"per sample, {plane.shape}; pass one seed per sample (e.g. "
+                             f"np.ones({plane.shape}))")
+        if key is None:                    # the writer did not run (a skipped member)
+            key = (id(plane), record.final.get(id(plane), 0))
+        resolved[key] = resolved.get(key, 0) + arr.astype(plane.dtype, copy=False) \
+            if key in resolved else arr.astype(plane.dtype, copy=True)
+    return resolved
+
+
+# -- refusals and preparation -----------------------------------------------------------------
+
+def _uses_table(prog, param_index):
+    """Whether a Param reaches a gather operand: its gradient is a scatter-add across samples."""
+    dep = {prog.inputs[param_index]}
+    for e in prog.eqns:
+        if e.prim.name == "gather" and e.inputs[0] in dep:
+            return True
+        if any(v in dep for v in e.inputs):
+            dep.update(e.outputs)
+    for e in prog.eqns:
+        for p in e.params.values():
+            if isinstance(p, Program) and any(q.name == "gather" for q in _prims(p)):
+                return True
+    return False
+
+
+def _prims(prog):
+    for e in prog.eqns:
+        yield e.prim
+        for p in e.params.values():
+            if isinstance(p, Program):
+                yield from _prims(p)
+
+
+class Reverse:
+    """A reverse built once from a Graph (``rev(record, seeds)`` per launch).
+
+    ``vjps={"node": fn}`` gives the derivative of a node vkml cannot see
+    (an opaque model node: ``fn(primals, cotangents) -> {name: gradient}``)
+    or replaces a kernel's derived vjp with a hand-written vjp kernel
+    (``vkml.kernel(vjp_of=...)``), which is checked against the derived one.
+    ``strict=True`` refuses gradients that are not bitwise.
+    """
+
+    def __init__(self, forward, *, vjps=None, strict=False):
+        if isinstance(forward, (Reverse, Gradients)):
+            raise RefusedError("Reverse: a reverse of a reverse (second order) is not supported; "
+                               "differentiate the forward graph once, or use vkml.grad/jacfwd on a "
+                               "function for higher orders")
+        from .simulation import Simulation
+        if isinstance(forward, Simulation):
+            self.simulation = forward
+            forward.check_reversible(vjps or {})
+            self.graph = None
+        elif isinstance(forward, Graph):
+            self.simulation = None
+            self.graph = forward
+            if not forward._built:
+                raise ArgumentError("Reverse: build the graph first (graph.build(record=True))")
+            if not forward.recording:
+                raise ArgumentError("Reverse: the graph was built without record=True; build it with "
+                                    "build(record=True) so launches keep what the reverse needs")
+        else:
+            raise ArgumentError(f"Reverse: expected a Graph or a simulation, got {type(forward).__name__}")
+        self.vjps = dict(vjps or {})
+        self.strict = strict
+        self._lock = threading.Lock()
+        if self.graph is not None:
+            self._prepare()
+
+    def _prepare(self):
+        for name, fn in self.vjps.items():
+            try:
+                node = self.graph.node(name)
+            except KeyError:
+                raise ArgumentError(f"Reverse: vjps names {name!r}, but the graph has no such node; "
+                                    f"nodes: {[n.name for n in self.graph.nodes]}") from None
+            if isinstance(fn, (Launch,)) or hasattr(fn, "kind") and not isinstance(fn, Kernel):
+                raise RefusedError(f"Reverse: the vjp of node {name!r} is a graph node; pass a function "
+                                   "or a vjp kernel (vkml.kernel(vjp_of=...)), not a Node")
+            if isinstance(fn, Kernel):
+                launches = node.launches()
+                if not launches or fn.vjp_of is not launches[0].kernel:
+                    want = launches[0].kernel.name if launches else node.kind
+                    raise RefusedError(f"Reverse: {fn.name} is not the vjp of node {name!r}'s kernel "
+                                       f"{want} (it is marked vjp_of="
+                                       f"{fn.vjp_of.name if fn.vjp_of else None}); pass the vjp of {want}")
+                _check_vjp_kernel(fn, launches[0], name)
+        for node in self.graph.nodes:
+            op = node.op
+            if isinstance(op, Opaque) and node.name not in self.vjps:
+                raise RefusedError(f"reverse: node {node.name!r} is an opaque node; vkml cannot know "
+                                   "its derivative -- pass its vjp: vjps={" + repr(node.name) + ": fn}")
+            if isinstance(op, Reduce) and op.op != "sum":
+                raise RefusedError(f"reverse: node {node.name!r} is a {op.op!r} reduction; a tie has no "
+                                   "single derivative -- use a 'sum' reduction, or take the node out "
+                                   "of what you differentiate")
+            if isinstance(op, RepeatWhile) and not isinstance(op.member, Launch):
+                raise RefusedError(f"reverse: the member of repeat_while {node.name!r} is not a kernel "
+                                   "launch; make it one kernel.bind(...) launch")
+            for launch in node.launches():
+                if node.name in self.vjps:
+                    continue
+                try:
+                    batch, _ = launch.batched_vjp()
+                    batch.executable(launch.n)
+                except GradError as err:
+                    raise RefusedError(f"reverse: node {node.name!r} ({launch.kernel.name}) has no vjp "
+                                       f"({err}); pass one with vjps={{{node.name!r}: vjp_kernel}}") from err
+
+    def bitwise(self):
+        flags = {}
+        for node in self.graph.nodes:
+            for launch in node.launches():
+                prog = launch.program
+                k = len(launch.kernel.inputs)
+                for j, p in enumerate(launch.kernel.params):
+                    ok = not _uses_table(prog, k + j)
+                    flags[f"{node.name}.{p}"] = ok
+                    flags[p] = flags.get(p, True) and ok
+                for name in launch.kernel.inputs:
+                    flags.setdefault(name, True)
+                    flags.setdefault(f"{node.name}.{name}", True)
+        return flags
+
+    def __call__(self, record, seeds, wrt=None):
+        if self.simulation is not None:
+            return self.simulation.reverse(record, seeds, wrt=wrt, vjps=self.vjps, strict=self.strict,
+                                           lock=self._lock)
+        if not isinstance(record, Record):
+            raise ArgumentError(f"reverse: expected a Record (graph.record), got {type(record).__name__}")
+        if record.graph is not self.graph:
+            raise ArgumentError("reverse: this Record belongs to another graph than this Reverse's")
+        if not self._lock.acquire(blocking=False):
+            raise Busy("Reverse: another thread is running this Reverse; give each thread its own "
+                       "Reverse(graph)")
+        try:
+            record.check_current()
+            key_seeds = resolve_seeds(record, seeds)
+            flags = self.bitwise()
+            if wrt is not None:
+                wrt = [wrt] if isinstance(wrt, str) else list(wrt)
+                unknown = [w for w in wrt if w not in flags]
+                if unknown:
+                    raise ArgumentError(f"reverse: wrt names {unknown} are not inputs or Params; "
+                                        f"choose from {sorted(flags)}")
+            if self.strict:
+                bad = [k for k, ok in flags.items() if not ok and "." in k and (wrt is None or k in wrt
+                                                                              or k.split(".")[1] in wrt)]
+                if bad:
+                    raise RefusedError(f"reverse(strict=True): the gradients of {bad} are scatter-adds "
+                                       "across samples (a table read by index), which are not bitwise; "
+                                       "pass strict=False, or leave them out with wrt=")
+            with record._lock:
+                record._readers += 1
+            try:
+                values = _sweep(record, key_seeds, self.vjps)
+            finally:
+                with record._lock:
+                    record._readers -= 1
+            record.reversed = True
+            if wrt is not None:
+                values = {k: v for k, v in values.items() if k in wrt or k.split(".")[-1] in wrt
+                          and "." in k}
+            return Gradients(values, Report(record.generation,
+                                            {k: v for k, v in flags.items() if k in values}))
+        finally:
+            self._lock.release()
+
+
+def _check_vjp_kernel(vjp_kernel, launch, node_name):
+    """A hand-written vjp kernel must agree with the derived vjp on random samples."""
+    rng = np.random.default_rng(0)
+    n = 4
+    kern = launch.kernel
+    prog = launch.program
+    ins = [rng.uniform(0.2, 0.9, (n,) + v.shape).astype(v.dtype) for v in prog.inputs[:len(kern.inputs)]]
+    params = [launch.params[p] for p in kern.params]
+    cts = [rng.uniform(0.2, 0.9, (n,) + v.shape).astype(v.dtype) for v in prog.outputs]
+    batch, wrt = launch.batched_vjp()
+    want = batch.run(n, ins + params + cts)
+    args = {**dict(zip(kern.inputs, ins)), **dict(zip(kern.params, params)),
+            **{f"{o}_bar": c for o, c in zip(launch.out_names, cts)}}
+    from ..tensor import tensor
+    got = {}
+    for i in range(n):
+        row = {k: tensor(v[i] if k not in kern.params else v) for k, v in args.items()}
+        out = vjp_kernel.fn(**row)
+        for k, v in out.items():
+            got.setdefault(k, []).append(np.asarray(v.numpy() if hasattr(v, "numpy") else v))
+    names = [kern.inputs[i] if i < len(kern.inputs) else kern.params[i - len(kern.inputs)] for i in wrt]
+    for name, w in zip(names, want):
+        g = got.get(f"{name}_bar")
+        if g is None or not np.allclose(np.stack(g), w, rtol=1e-5, atol=1e-8):
+            raise RefusedError(f"Reverse: {vjp_kernel.name} is not the vjp of node {node_name!r}'s kernel "
+                               f"{kern.name}: its {name}_bar disagrees with the derived vjp")
+
+
+def reverse(record, seeds, *, wrt=None, vjps=None, strict=False):
+    """Every gradient of a recorded launch: the eager door (builds a Reverse per call).
+
+    ``seeds`` maps output planes (``"node.plane"`` or a unique plane name) to one
+    seed per sample; outputs not named are seeded with zero.  Returns
+    :class:`Gradients` keyed by input plane and Param names.
+    """
+    from .simulation import SimulationRecord
+    if isinstance(record, SimulationRecord):
+        return Reverse(record.simulation, vjps=vjps, strict=strict)(record, seeds, wrt=wrt)
+    if not isinstance(record, Record):
+        raise ArgumentError(f"reverse: expected a Record (graph.record after launch()), got "
+                            f"{type(record).__name__}")
+    return Reverse(record.graph, vjps=vjps, strict=strict)(record, seeds, wrt=wrt)
+
+
+# -- the sweep -------------------------------------------------------------------------------------
+
+class _Adjoints:
+    """Adjoints per plane version, added in the fixed order: seed first, then readers as they ran."""
+
+    def __init__(self, seeds):
+        self.seed = dict(seeds)
+        self.parts = {}
+
+    def add(self, key, order, value):
+        self.parts.setdefault(key, []).append((order, value))
+
+    def take(self, key):
+        parts = sorted(self.parts.pop(key, []), key=lambda p: p[0])
+        total = self.seed.pop(key, None)
+        for _, v in parts:
+            total = v.copy() if total is None else total + v
+        return total
+
+
+def _zeros(n, var):
+    return np.zeros((n,) + var.shape, var.dtype)
+
+
+def _reverse_launch(launch, node, inputs, cells, cts, n):
+    """One launch's vjp over all samples: input cotangents and per-sample Param cotangents."""
+    kern = launch.kernel
+    params = [cells[(node.name, p)] for p in kern.params]
+    batch, wrt = launch.batched_vjp()
+    flags = [True] * len(kern.inputs) + [False] * len(kern.params) + [True] * len(cts)
+    outs = run_batched(batch, n, list(inputs) + params + list(cts), flags)
+    ins, prm = {}, {}
+    for pos, ct in zip(wrt, outs):
+        if pos < len(kern.inputs):
+            ins[kern.inputs[pos]] = ct
+        else:
+            prm[kern.params[pos - len(kern.inputs)]] = ct
+    return ins, prm
+
+
+def _sweep(record, seeds, vjps):
+    adj = _Adjoints(seeds)
+    param_parts = {}
+    cells = record.cells
+    n = record.graph.n
+
+    def reverse_step(step, order):
+        launch = step.launch
+        cts, live = [], False
+        for name, var in zip(launch.out_names, launch.program.outputs):
+            ct = adj.take(step.writes[name])
+            live = live or ct is not None
+            cts.append(_zeros(n, var) if ct is None else ct)
+        if not live:
+            return
+        inputs = [record.value(step.reads[nm]) for nm in launch.kernel.inputs]
+        ins, prm = _reverse_launch(launch, step.node, inputs, cells, cts, n)
+        for nm, ct in ins.items():
+            adj.add(step.reads[nm], order, ct)
+        for p, ct in prm.items():
+            param_parts.setdefault((step.node.name, p), []).append((order, tree_sum(ct)))
+
+    for entry in reversed(record.tape):
+        order = (entry.index, 0)
+        if isinstance(entry, Step):
+            reverse_step(entry, order)
+        elif isinstance(entry, SkipEntry):
+            if entry.guard and entry.step is not None:   # the recorded guard, never evaluated again
+                reverse_step(entry.step, order)
+        elif isinstance(entry, LoopEntry):
+            _reverse_loop(entry, record, adj, param_parts, n)
+        elif isinstance(entry, OtherEntry):
+            op = entry.node.op
+            if isinstance(op, Reduce):
+                ct = adj.take(entry.writes["dst"])
+                if ct is not None:
+                    adj.add(entry.reads["src"], order,
+                            np.broadcast_to(np.reshape(ct, op.src.shape[1:]), op.src.shape).copy())
+            else:
+                cts = {k: adj.take(key) for k, key in entry.writes.items()}
+                if all(c is None for c in cts.values()):
+                    continue
+                primals = {k: record.value(key) for k, key in entry.reads.items()}
+                cts = {k: (np.zeros_like(op.writes[k]) if c is None else c) for k, c in cts.items()}
+                got = vjps[entry.node.name](primals, cts)
+                for k, ct in (got or {}).items():
+                    if k in entry.reads:
+                        adj.add(entry.reads[k], order, np.asarray(ct))
+    # gradients of the graph's inputs: plane versions read before anything wrote them
+    values = {}
+    graph = record.graph
+    bindings = {}
+    read_keys = _read_keys(record.tape)
+    written = set()
+    for node in graph.nodes:
+        reads = [(nm, p) for launch in node.launches() for nm, p in launch.reads.items()]
+        writes = [p for launch in node.launches() for p in launch.writes.values()]
+        if isinstance(node.op, (Opaque, Reduce)):
+            reads += list(node.op.reads.items())
+            writes += list(node.op.writes.values())
+        for nm, plane in reads:
+            key = read_keys.get((node.name, nm))
+            if key is None and id(plane) not in written:
+                key = (id(plane), 0)               # a node that did not run: its inputs still count
+            if key is not None and key[1] == 0 and plane.dtype.kind == "f":
+                bindings.setdefault(key, (plane, []))[1].append((node.name, nm))
+        written.update(id(p) for p in writes)
+    plain = {}
+    for key, (plane, names) in bindings.items():
+        g = adj.take(key)
+        g = np.zeros_like(plane) if g is None else g
+        for node_name, nm in names:
+            values[f"{node_name}.{nm}"] = g
+            plain.setdefault(nm, set()).add(key)
+            if len(plain[nm]) == 1:
+                values[nm] = g
+    for nm, keys in plain.items():
+        if len(keys) > 1:              # two different planes bound under one name: only "node.name"
+            values.pop(nm, None)
+    # Params: each launch's canonical-tree sum, added oldest first
+    for node in graph.nodes:
+        for launch in node.launches():
+            for p in launch.kernel.params:
+                param_parts.setdefault((node.name, p), [])
+    by_param, like = {}, {}
+    for (node_name, p), parts in param_parts.items():
+        parts.sort(key=lambda x: x[0])
+        values[f"{node_name}.{p}"] = _fold(parts, cells[(node_name, p)])
+        by_param.setdefault(p, []).extend(parts)
+        like.setdefault(p, cells[(node_name, p)])
+    for p, parts in by_param.items():       # a Param shared by name: every node's, oldest first
+        if p not in values:
+            values[p] = _fold(sorted(parts, key=lambda x: x[0]), like[p])
+    return values
+
+
+def _read_keys(tape):
+    """(node, input name) -> the plane version it read, for every node that ran."""
+    out = {}
+    for e in tape:
+        if isinstance(e, Step):
+            reads = e.reads
+        elif isinstance(e, SkipEntry):
+            reads = e.step.reads if e.step is not None else {}
+        elif isinstance(e, LoopEntry):
+            reads = e.start_reads
+        else:
+            reads = e.reads
+        for nm, key in reads.items():
+            out.setdefault((e.node.name, nm), key)
+    return out
+
+
+def _fold(parts, like):
+    total = None
+    for _, v in parts:
+        total = v if total is None else total + v
+    return np.zeros_like(like, dtype=like.dtype if like.dtype.kind == "f" else np.float64) \
+        if total is None else total
+
+
+def _reverse_loop(entry, record, adj, param_parts, n):
+    """A repeat_while reversed from its recorded iteration count, newest iteration first; its states
+    are rebuilt from the checkpoints on private copies, so the planes are never written."""
+    launch, node = entry.launch, entry.node
+    kern = launch.kernel
+    state = entry.state
+    out_cts = {}
+    any_live = False
+    for name in launch.out_names:
+        ct = adj.take(entry.end_writes[name])
+        any_live = any_live or ct is not None
+        out_cts[name] = ct
+    if entry.iterations == 0 or not any_live:
+        for name in state:                        # pass-through: the adjoint stays with the plane
+            if out_cts.get(name) is not None:
+                adj.add(entry.start_reads[name], (entry.index, 0), out_cts[name])
+        return
+    prog = launch.program
+    var_of = dict(zip(launch.out_names, prog.outputs))
+    ct_state = {s: out_cts[s] if out_cts[s] is not None else _zeros(n, var_of[s]) for s in state}
+    fixed = {nm: record.value(entry.start_reads[nm]) for nm in kern.inputs if nm not in state}
+    cells = record.cells
+    batch = launch.batched()
+    flags = [True] * len(kern.inputs) + [False] * len(kern.params)
+    params = [cells[(node.name, p)] for p in kern.params]
+    starts = sorted(entry.checkpoints)
+    for c in reversed(starts):
+        end = min(c + entry.window, entry.iterations)
+        cur = {s: entry.checkpoints[c][s].copy() for s in state}
+        states = []
+        for it in range(c, end):
+            states.append(dict(cur))
+            if it < end - 1:
+                outs = run_batched(batch, n, [cur[nm] if nm in state else fixed[nm]
+                                              for nm in kern.inputs] + params, flags)
+                new = dict(zip(launch.out_names, outs))
+                cur = {s: new[s] for s in state}
+        for it in reversed(range(c, end)):
+            ins = [states[it - c][nm] if nm in state else fixed[nm] for nm in kern.inputs]
+            cts = []
+            for name in launch.out_names:
+                if name in state:
+                    cts.append(ct_state[name])
+                elif it == entry.iterations - 1 and out_cts[name] is not None:
+                    cts.append(out_cts[name])
+                else:
+                    cts.append(_zeros(n, var_of[name]))
+            ins_ct, prm = _reverse_launch(launch, node, ins, cells, cts, n)
+            for s in state:
+                ct_state[s] = ins_ct.get(s, _zeros(n, var_of[s]))
+            for nm, ct in ins_ct.items():
+                if nm not in state:
+                    adj.add(entry.start_reads[nm], (entry.index, it), ct)
+            for p, ct in prm.items():
+                param_parts.setdefault((node.name, p), []).append(((entry.index, it), tree_sum(ct)))
+    for s in state:
+        adj.add(entry.start_reads[s], (entry.index, 0), ct_state[s])

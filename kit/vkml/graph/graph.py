@@ -1,0 +1,392 @@
+"""Graphs of per-sample kernels, and the Record a recording launch keeps.
+
+A :class:`Graph` runs its nodes in the order they were added; each launch
+node reads planes (NumPy arrays, one row per sample) and writes planes.  A
+plane may be written more than once (a state updated in place), so every
+write makes a new *version* of it.
+
+``build(record=True)`` makes every ``launch()`` keep what its reverse needs:
+the values each node read.  Most are still in the planes when the reverse
+runs; the exception is a version a later node overwrites, which is copied
+once, just before the overwrite.  So a graph that overwrites nothing copies
+nothing (``record.nbytes == 0``).  The reverse recomputes each node's
+derivative from the values it read (``vkml.diff``).
+
+Parameters (kernel uniforms) live in one-cell planes of the graph's own, read
+by the forward kernels and their vjps alike: ``update(k=...)`` copies into
+those cells, and neither the forward nor the reverse is rebuilt.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from ..errors import ArgumentError, Busy, RecordError, ShapeError
+from .kernel import Kernel, Launch
+from .treesum import MIN_PASS, tree_sum
+
+
+def threads() -> int:
+    """Threads the NumPy backend splits samples over (``VKML_THREADS``, default 1)."""
+    try:
+        return max(1, int(os.environ.get("VKML_THREADS", "1")))
+    except ValueError:
+        return 1
+
+
+def chunk_size_for(n: int, workers: int) -> int:
+    """Aligned chunks of ``256 * 2**q`` samples, about one per worker."""
+    size = MIN_PASS
+    while size * workers < n:
+        size *= 2
+    return size
+
+
+_POOL = {}
+
+
+def _pool(workers):
+    if workers not in _POOL:
+        _POOL[workers] = ThreadPoolExecutor(workers, thread_name_prefix="vkml")
+    return _POOL[workers]
+
+
+def run_batched(batch, n, args, batched_flags):
+    """Run a batched per-sample program over ``n`` samples, split over ``VKML_THREADS`` threads.
+
+    Samples never mix, so the split changes no bit of any per-sample result."""
+    workers = threads()
+    if workers == 1 or n < 2 * MIN_PASS:
+        return batch.run(n, args)
+    size = chunk_size_for(n, workers)
+    bounds = [(s, min(s + size, n)) for s in range(0, n, size)]
+
+    def part(b):
+        s, e = b
+        return batch.run(e - s, [a[s:e] if f else a for a, f in zip(args, batched_flags)])
+
+    parts = list(_pool(workers).map(part, bounds))
+    return [np.concatenate([p[i] for p in parts]) for i in range(len(parts[0]))]
+
+
+# -- guards and node kinds ------------------------------------------------------------------
+
+class SkipGuard:
+    """The condition of a ``skippable`` or ``repeat_while``: a one-value cell read at launch."""
+
+    def __init__(self, cell, how="nonzero"):
+        if not isinstance(cell, np.ndarray) or cell.size < 1:
+            raise ArgumentError("SkipGuard: the guard must be a NumPy array cell, e.g. "
+                                "np.array([1], dtype='uint32')")
+        self.cell = cell
+        self.how = how
+
+    @classmethod
+    def nonzero(cls, cell):
+        """True while ``cell`` (any element) is non-zero."""
+        return cls(cell, "nonzero")
+
+    def __call__(self) -> bool:
+        return bool(np.any(self.cell != 0))
+
+    def __repr__(self):
+        return f"SkipGuard.nonzero(cell of {self.cell.shape})"
+
+
+def _as_launch(member, what):
+    """A Launch from a Launch or its bound ``.launch`` method (the seed's spelling)."""
+    if isinstance(member, Launch):
+        return member
+    owner = getattr(member, "__self__", None)
+    if isinstance(owner, Launch):
+        return owner
+    return member
+
+
+class Skippable:
+    """A member that runs only while its guard holds; its reverse uses the recorded guard."""
+
+    kind = "skippable"
+
+    def __init__(self, member, guard):
+        self.member = _as_launch(member, "skippable")
+        if not isinstance(self.member, Launch):
+            raise ArgumentError("skippable: the member must be a kernel launch (kernel.bind(...))")
+        self.guard = guard if isinstance(guard, SkipGuard) else SkipGuard.nonzero(np.asarray(guard))
+
+
+class RepeatWhile:
+    """A member repeated while its guard holds, up to ``max_iters`` (the most a reverse unrolls)."""
+
+    kind = "repeat_while"
+
+    def __init__(self, member, guard, max_iters):
+        self.member = _as_launch(member, "repeat_while")
+        if callable(guard) and not isinstance(guard, SkipGuard):
+            self.guard = guard
+        else:
+            self.guard = guard if isinstance(guard, SkipGuard) else SkipGuard.nonzero(guard)
+        if not isinstance(max_iters, int) or max_iters < 1:
+            raise ArgumentError(f"repeat_while: max_iters must be a positive int, got {max_iters!r}")
+        self.max_iters = max_iters
+        self.window = max(1, math.isqrt(max_iters - 1) + 1)
+
+
+class Opaque:
+    """A user model node: ``fn(reads) -> {name: array}`` written into ``writes``.
+
+    vkml cannot see inside it, so a reverse needs its vjp (``vjps={name: vjp}``)."""
+
+    kind = "opaque"
+
+    def __init__(self, fn, reads, writes, name=None):
+        if not callable(fn):
+            raise ArgumentError("opaque: fn must be callable")
+        for what, d in (("reads", reads), ("writes", writes)):
+            if not isinstance(d, dict) or not all(isinstance(v, np.ndarray) for v in d.values()):
+                raise ArgumentError(f"opaque: {what} must be a dict of name -> NumPy plane")
+        self.fn, self.reads, self.writes = fn, dict(reads), dict(writes)
+        self.name = name or getattr(fn, "__name__", "opaque")
+        self.n = next(iter(list(reads.values()) + list(writes.values()))).shape[0]
+
+    def run(self, reads=None):
+        out = self.fn(dict(reads if reads is not None else self.reads))
+        if not isinstance(out, dict) or set(out) != set(self.writes):
+            raise ArgumentError(f"opaque node {self.name!r} must return a dict with exactly "
+                                f"{sorted(self.writes)}")
+        return out
+
+
+class Reduce:
+    """``dst[...] = op(src)`` over samples; ``"sum"`` uses the canonical tree and reverses,
+    ``"max"``/``"min"``/``"all"``/``"any"`` do not (a tie has no single derivative)."""
+
+    kind = "reduce"
+    OPS = ("sum", "max", "min", "all", "any")
+
+    def __init__(self, src, dst, op="sum"):
+        if op not in self.OPS:
+            raise ArgumentError(f"reduce: op must be one of {self.OPS}, got {op!r}")
+        if not isinstance(src, np.ndarray) or not isinstance(dst, np.ndarray):
+            raise ArgumentError("reduce: src and dst must be NumPy planes")
+        if dst.shape != src.shape[1:] and dst.shape != (1,) + src.shape[1:]:
+            raise ShapeError(f"reduce: dst {dst.shape} must hold one sample's value {src.shape[1:]}")
+        self.src, self.dst, self.op = src, dst, op
+        self.reads, self.writes = {"src": src}, {"dst": dst}
+        self.n = src.shape[0]
+
+    def compute(self, src):
+        if self.op == "sum":
+            return tree_sum(src)
+        return {"max": np.max, "min": np.min, "all": np.all, "any": np.any}[self.op](src, axis=0)
+
+
+def skippable(member, guard) -> Skippable:
+    """``member`` runs only while ``guard`` (``SkipGuard.nonzero(cell)``) holds at launch."""
+    return Skippable(member, guard)
+
+
+def repeat_while(member, guard, max_iters=100) -> RepeatWhile:
+    """``member`` runs again while ``guard`` holds, at most ``max_iters`` times."""
+    return RepeatWhile(member, guard, max_iters)
+
+
+def opaque(fn, reads, writes, name=None) -> Opaque:
+    """A user model node (see :class:`Opaque`)."""
+    return Opaque(fn, reads, writes, name)
+
+
+def reduce(src, dst, op="sum") -> Reduce:
+    """A node summing (or taking the max/min/all/any of) a plane over samples into a cell."""
+    return Reduce(src, dst, op)
+
+
+# -- the graph ------------------------------------------------------------------------------
+
+class Node:
+    """A named entry of a Graph."""
+
+    __slots__ = ("name", "op", "index")
+
+    def __init__(self, name, op, index):
+        self.name, self.op, self.index = name, op, index
+
+    @property
+    def kind(self):
+        return self.op.kind
+
+    def launches(self):
+        """The kernel launches this node may run (its member for conditionals)."""
+        if isinstance(self.op, Launch):
+            return [self.op]
+        if isinstance(self.op, (Skippable, RepeatWhile)):
+            return [self.op.member]
+        return []
+
+    @property
+    def reads(self):
+        ops = self.launches()
+        if ops:
+            return list(ops[0].reads)
+        return list(self.op.reads)
+
+    @property
+    def writes(self):
+        ops = self.launches()
+        if ops:
+            return list(ops[0].writes)
+        return list(self.op.writes)
+
+    @property
+    def params(self):
+        ops = self.launches()
+        return dict(ops[0].params) if ops else {}
+
+    def __repr__(self):
+        return f"<node {self.name} ({self.kind})>"
+
+
+class Graph:
+    """Per-sample kernels bound to planes, run in the order added (see the module docstring)."""
+
+    def __init__(self):
+        self.nodes = []
+        self._built = False
+        self.recording = False
+        self.generation = 0
+        self.cells = {}
+        self._record = None
+        self._lock = threading.Lock()
+
+    def add(self, bound, name=None) -> "Graph":
+        """Add a launch node (``kernel.bind(...)``), a skippable/repeat_while, an opaque or reduce node."""
+        if isinstance(bound, Kernel):
+            raise ArgumentError(f"Graph.add: kernel {bound.name} is not bound; add "
+                                f"{bound.name}.bind(...) with its planes and Params")
+        op = _as_launch(bound, "add")
+        if isinstance(op, Launch) and op.kernel.vjp_of is not None:
+            raise ArgumentError(f"Graph.add: {op.kernel.name} is the vjp of {op.kernel.vjp_of.name}; "
+                                "a vjp is a kernel of the reverse, never a step of a forward graph "
+                                "(pass it as Reverse(graph, vjps={...}))")
+        if not isinstance(op, (Launch, Skippable, RepeatWhile, Opaque, Reduce)):
+            raise ArgumentError(f"Graph.add: cannot add a {type(bound).__name__}; add kernel.bind(...), "
+                                "vkml.skippable(...), vkml.repeat_while(...), vkml.graph.opaque(...) "
+                                "or vkml.graph.reduce(...)")
+        if name is None:
+            name = op.member.kernel.name if isinstance(op, (Skippable, RepeatWhile)) else \
+                op.kernel.name if isinstance(op, Launch) else getattr(op, "name", op.kind)
+        if not isinstance(name, str) or not name or "." in name:
+            raise ArgumentError(f"Graph.add: node name {name!r} must be a non-empty string without '.'")
+        if any(n.name == name for n in self.nodes):
+            raise ArgumentError(f"Graph.add: there is already a node named {name!r}; pass name=...")
+        self.nodes.append(Node(name, op, len(self.nodes)))
+        self._built = False
+        return self
+
+    def add_node(self, node, name=None) -> "Graph":
+        """Add a skippable, repeat_while, opaque or reduce node (``add`` takes them too)."""
+        return self.add(node, name)
+
+    def node(self, name) -> Node:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(f"no node named {name!r}; nodes: {[n.name for n in self.nodes]}")
+
+    @property
+    def n(self) -> int:
+        return self.nodes[0].op.n if not self.nodes[0].launches() else self.nodes[0].launches()[0].n
+
+    def build(self, record=False) -> "Graph":
+        """Check the graph and give every kernel Param a one-cell plane of its own."""
+        if not self.nodes:
+            raise ArgumentError("Graph.build: the graph has no nodes; add kernel.bind(...) first")
+        ns = {}
+        for node in self.nodes:
+            size = node.launches()[0].n if node.launches() else node.op.n
+            ns.setdefault(size, []).append(node.name)
+        if len(ns) > 1:
+            raise ShapeError("Graph.build: nodes run over different numbers of samples: " +
+                             "; ".join(f"{k} samples: {v}" for k, v in ns.items()))
+        cells = {}
+        for node in self.nodes:
+            for launch in node.launches():
+                for p, value in launch.params.items():
+                    cells[(node.name, p)] = np.array(value, copy=True).reshape(value.shape)
+        self.cells = cells
+        self.recording = bool(record)
+        self._built = True
+        return self
+
+    # -- running ------------------------------------------------------------------------------
+    @property
+    def record(self):
+        """The Record of the latest recording launch (None before the first)."""
+        return self._record
+
+    def _check_free(self, what):
+        rec = self._record
+        if rec is not None and rec._readers:
+            raise Busy(f"{what}: a reverse is reading the Record of generation {rec.generation}; "
+                       "wait for it to return (or keep() the Record first)")
+
+    def launch(self, n=1):
+        """Run the graph ``n`` times; a recording graph runs exactly once per launch and records it."""
+        if not self._built:
+            raise ArgumentError("Graph.launch: call build() (or build(record=True)) first")
+        self._check_free("launch")
+        if self.recording:
+            if n != 1:
+                raise RecordError("launch: a record=True graph records one run per launch(); call "
+                                  "launch() once per run (launch(n) would mix runs in one Record)")
+            rec = self._record
+            if rec is not None and rec.live:
+                raise RecordError(f"launch: the Record of generation {rec.generation} is still live; "
+                                  "reverse it first, or keep a copy with record.keep()")
+        from .record import run_graph
+        for _ in range(n):
+            rec = run_graph(self, recording=self.recording)
+            if self.recording:
+                self._record = rec
+        return self
+
+    def update(self, mapping=None, **values):
+        """Change Params between launches: ``update(k=0.7)`` sets every node's ``k``,
+        ``update({"join.k": 0.7})`` one node's.  A copy into the Param cells: nothing is rebuilt."""
+        if not self._built:
+            raise ArgumentError("Graph.update: call build() first")
+        self._check_free("update")
+        rec = self._record
+        if rec is not None and rec.live:
+            raise RecordError(f"update: the Record of generation {rec.generation} is still live; "
+                              "reverse it (or keep() it) first, so a reverse sees the Params its "
+                              "launch used")
+        items = dict(mapping or {})
+        items.update(values)
+        plan = []
+        for key, value in items.items():
+            if "." in key:
+                node, p = key.split(".", 1)
+                targets = [(node, p)] if (node, p) in self.cells else []
+            else:
+                targets = [k for k in self.cells if k[1] == key]
+            if not targets:
+                raise ArgumentError(f"update: no Param {key!r}; Params: "
+                                    f"{sorted({p for _, p in self.cells} | {f'{n}.{p}' for n, p in self.cells})}")
+            arr = np.asarray(value)
+            for t in targets:
+                cell = self.cells[t]
+                if arr.shape != cell.shape and arr.size != cell.size:
+                    raise ShapeError(f"update: Param {t[0]}.{t[1]} holds shape {cell.shape}, got {arr.shape}")
+                plan.append((cell, arr))
+        for cell, arr in plan:                      # every value checked before any is written
+            cell[...] = arr.reshape(cell.shape)
+        return self
+
+    def __repr__(self):
+        return f"<vkml.Graph: {' -> '.join(n.name for n in self.nodes) or 'empty'}>"

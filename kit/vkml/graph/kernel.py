@@ -1,0 +1,242 @@
+"""Per-sample kernels and the launch nodes made by binding them to planes.
+
+A kernel is a Python function written for ONE sample with vkml ops: its
+positional parameters are per-sample inputs (a value, or a small vector, per
+sample), parameters annotated ``vkml.Param`` are uniforms shared by every
+sample, and it returns a dict of named outputs.  It is traced once per input
+type into a per-sample Program and batched over samples with ``vmap``; its
+vjp is derived (linearize + transpose) the first time a reverse needs it and
+cached beside it.  The user writes no derivative.
+
+``kernel.bind(x=x, k=1.5, y=y)`` binds each name to a *plane* (a NumPy array
+with one row per sample) or, for a Param, to a value: the result is a
+:class:`Launch`, a node a :class:`vkml.Graph` runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import numpy as np
+
+from .. import backends
+from ..errors import ArgumentError, DTypeError, ShapeError
+from ..ir import Var, dtype_name, format_shape, program_from_dag
+from ..ops import api
+from ..stats import STATS
+from ..tensor import Tensor
+from ..transforms import vjp_program, vmap_program
+from ..transforms.ad import derived
+
+
+class Param:
+    """Annotation of a kernel parameter that is a uniform shared by every sample::
+
+        @vkml.kernel
+        def wave(u, k: vkml.Param): return {"y": vkml.sin(k * u)}
+    """
+
+
+def _is_param(annotation) -> bool:
+    if annotation is Param:
+        return True
+    return isinstance(annotation, str) and annotation.split(".")[-1] == "Param"
+
+
+class Kernel:
+    """A per-sample function, traced once per input type, batched over samples."""
+
+    def __init__(self, fn, *, vjp_of=None):
+        if not callable(fn):
+            raise ArgumentError(f"kernel: expected a function, got {type(fn).__name__}")
+        self.fn = fn
+        self.name = getattr(fn, "__name__", "kernel")
+        sig = inspect.signature(fn)
+        self.inputs, self.params = [], []
+        for p in sig.parameters.values():
+            if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+                raise ArgumentError(f"kernel {self.name}: parameter {p.name!r} must be a plain "
+                                    "positional parameter (no *args, **kwargs or keyword-only)")
+            (self.params if _is_param(p.annotation) else self.inputs).append(p.name)
+        #: the forward kernel this one is the vjp of (a vjp is never a forward step)
+        self.vjp_of = vjp_of
+        self._traces = {}
+        functools.update_wrapper(self, fn)
+
+    def __repr__(self):
+        return f"<vkml.kernel {self.name}({', '.join(self.inputs + [p + ': Param' for p in self.params])})>"
+
+    def __call__(self, *args, **kwargs):
+        """Call the per-sample function directly (for testing a kernel on one sample)."""
+        return self.fn(*args, **kwargs)
+
+    # -- tracing ------------------------------------------------------------------------------
+    def trace(self, in_types, param_types):
+        """The per-sample Program for these input/param types, and its output names (cached)."""
+        key = (tuple(in_types), tuple(param_types))
+        hit = self._traces.get(key)
+        if hit is not None:
+            return hit
+        ph = [Var(s, d) for s, d in in_types] + [Var(s, d) for s, d in param_types]
+        STATS.traces += 1
+        out = self.fn(*[Tensor(p) for p in ph])
+        if not isinstance(out, dict) or not out:
+            raise ArgumentError(f"kernel {self.name} must return a dict of named outputs, e.g. "
+                                "{'y': ...}; got " + type(out).__name__)
+        names = list(out)
+        outs = []
+        for name in names:
+            v = out[name]
+            var = v.var if isinstance(v, Tensor) else api.constant(v)
+            if name == "terminated" and var.dtype.kind != "b":
+                var = api.not_equal(var, 0)
+            outs.append(var)
+        prog = program_from_dag(ph, outs)
+        hit = self._traces[key] = (prog, names)
+        return hit
+
+    def bind(self, **bindings) -> "Launch":
+        """Bind every input and output to a plane and every Param to a value: a launch node."""
+        return Launch(self, bindings)
+
+
+def kernel(fn=None, *, vjp_of=None):
+    """Make a per-sample kernel (see the module docstring).  ``vjp_of=k`` marks a hand-written
+    vjp of kernel ``k`` (used through ``Reverse(..., vjps=...)``; a forward graph refuses it)."""
+    if fn is None:
+        return lambda f: Kernel(f, vjp_of=vjp_of)
+    return Kernel(fn, vjp_of=vjp_of)
+
+
+def _sample_type(plane, name, kname):
+    return plane.shape[1:], plane.dtype
+
+
+class Launch:
+    """A kernel bound to planes and parameter values: one node of a Graph.
+
+    Attributes: ``reads`` (input name -> plane), ``writes`` (output name ->
+    plane), ``params`` (Param name -> value as a NumPy array), ``n`` (samples),
+    ``program`` (per sample) and ``out_names``.
+    """
+
+    kind = "launch"
+
+    def __init__(self, kern: Kernel, bindings):
+        self.kernel = kern
+        kname = kern.name
+        planes = {}
+        for name in kern.inputs:
+            if name not in bindings:
+                raise ArgumentError(f"kernel {kname}: input {name!r} is not bound; bind it to a "
+                                    f"plane: {kname}.bind({name}=array, ...)")
+        for name in kern.params:
+            if name not in bindings:
+                raise ArgumentError(f"kernel {kname}: Param {name!r} is not bound; give it a value: "
+                                    f"{kname}.bind({name}=0.5, ...)")
+        self.params = {}
+        for name in kern.params:
+            v = bindings[name]
+            arr = np.asarray(v.numpy() if isinstance(v, Tensor) else v)
+            if arr.dtype.kind not in "biuf":
+                raise ArgumentError(f"kernel {kname}: Param {name!r} must be a number or an array "
+                                    f"of numbers, got {type(v).__name__}")
+            if arr.dtype.kind == "f" and arr.dtype != np.float32:
+                arr = arr.astype(np.float64)
+            self.params[name] = arr
+        for name, v in bindings.items():
+            if name in kern.params:
+                continue
+            if not isinstance(v, np.ndarray):
+                raise ArgumentError(f"kernel {kname}: plane {name!r} must be a NumPy array with one "
+                                    f"row per sample, got {type(v).__name__}")
+            if v.ndim == 0:
+                raise ShapeError(f"kernel {kname}: plane {name!r} is 0-d; a plane has one row per "
+                                 "sample (shape (n,) or (n, d))")
+            planes[name] = v
+        ns = {v.shape[0] for v in planes.values()}
+        if len(ns) > 1:
+            raise ShapeError(f"kernel {kname}: planes have different numbers of rows "
+                             + ", ".join(f"{k}: {v.shape[0]}" for k, v in planes.items())
+                             + "; every plane holds one row per sample")
+        in_types = [_sample_type(planes[n], n, kname) for n in kern.inputs]
+        param_types = [(a.shape, a.dtype) for a in (self.params[p] for p in kern.params)]
+        self.program, self.out_names = kern.trace(in_types, param_types)
+        for name, var in zip(self.out_names, self.program.outputs):
+            if name not in bindings:
+                raise ArgumentError(f"kernel {kname}: output {name!r} is not bound; bind it to a "
+                                    f"plane of {dtype_name(var.dtype)} {format_shape(var.shape)} per "
+                                    f"sample: {kname}.bind({name}=np.zeros(n...))")
+            plane = planes[name]
+            if plane.shape[1:] != var.shape or plane.dtype != var.dtype:
+                raise ShapeError(f"kernel {kname}: output {name!r} is {dtype_name(var.dtype)} "
+                                 f"{format_shape(var.shape)} per sample, but its plane is "
+                                 f"{dtype_name(plane.dtype)} {format_shape(plane.shape[1:])} per "
+                                 "sample; bind a plane of the output's type")
+            if not plane.flags.writeable:
+                raise ArgumentError(f"kernel {kname}: output plane {name!r} is read-only")
+        extra = set(bindings) - set(kern.inputs) - set(kern.params) - set(self.out_names)
+        if extra:
+            raise ArgumentError(f"kernel {kname}: {sorted(extra)} are neither inputs, Params nor "
+                                f"outputs of the kernel (inputs {kern.inputs}, Params {kern.params}, "
+                                f"outputs {self.out_names})")
+        self.reads = {n: planes[n] for n in kern.inputs}
+        self.writes = {n: planes[n] for n in self.out_names}
+        self.n = ns.pop() if ns else 1
+
+    def __repr__(self):
+        return f"<launch of {self.kernel.name}: reads {list(self.reads)}, writes {list(self.writes)}>"
+
+    # -- batched programs, derived once per kernel type ------------------------------------------
+    def batched(self):
+        """The kernel over all samples: inputs batched, params shared."""
+        flags = [True] * len(self.kernel.inputs) + [False] * len(self.kernel.params)
+        prog = self.program
+        return derived("vmap", prog, flags + ["samples"], lambda: _vmap_any(prog, flags))
+
+    def batched_vjp(self):
+        """Per-sample vjp over all samples: (inputs, params, output cotangents) ->
+        (input cotangents, per-sample param cotangents) for the floating ones."""
+        prog = self.program
+        n_in = len(self.kernel.inputs) + len(self.kernel.params)
+        wrt = [i for i, v in enumerate(prog.inputs) if v.dtype.kind == "f"]
+        outs_f = [i for i, v in enumerate(prog.outputs) if v.dtype.kind == "f"]
+
+        def make():
+            vp = vjp_program(prog, wrt)                       # inputs + cts(all outs) -> outs + grads
+            n_out = len(prog.outputs)
+            grads = vp.outputs[n_out:]
+            only = program_from_dag(list(vp.inputs), list(grads))
+            flags = [True] * len(self.kernel.inputs) + [False] * len(self.kernel.params) + \
+                [True] * n_out
+            return _vmap_any(only, flags)
+
+        return derived("graph-vjp", prog, [tuple(wrt), tuple(outs_f)], make), wrt
+
+
+def _vmap_any(prog, flags):
+    """vmap over a symbolic number of samples: traced for size 1 and re-derived per size lazily."""
+    return _SizedBatch(prog, flags)
+
+
+class _SizedBatch:
+    """A per-sample program batched for whatever number of samples a launch has (cached per size)."""
+
+    def __init__(self, prog, flags):
+        self.prog, self.flags = prog, flags
+        self._by_size = {}
+
+    def executable(self, n):
+        exe = self._by_size.get(n)
+        if exe is None:
+            bp = derived("vmap", self.prog, list(self.flags) + [n],
+                         lambda: vmap_program(self.prog, self.flags, n))
+            backend = backends.current()
+            exe = backend.executable(("graph", bp), lambda: bp)
+            self._by_size[n] = (exe, bp)
+        return self._by_size[n]
+
+    def run(self, n, args):
+        exe, bp = self.executable(n)
+        return backends.current().run(exe, args)

@@ -1,0 +1,277 @@
+"""Running a Graph, and the Record of a recording run.
+
+The run keeps a *tape*: one entry per node executed, naming the plane
+versions each launch read and wrote.  A version that some launch read is
+copied just before it is overwritten; nothing else is copied.  The Record
+is the tape, those copies, and references to the live planes and Param
+cells: a reverse reads it and never writes it.
+
+Rules (seed 003): one recorded run per ``launch()``; while a Record is live
+(neither reversed nor kept) the next recording launch and ``update`` are
+refused; a Record whose launch is no longer the newest is refused with both
+generations named; ``keep()`` copies everything the reverse reads and
+stays valid however often the graph runs again.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from ..errors import RecordError
+from .graph import Opaque, Reduce, RepeatWhile, Skippable, run_batched
+
+
+class Step:
+    """One executed launch: which versions it read and wrote."""
+
+    __slots__ = ("node", "launch", "reads", "writes", "index")
+
+    def __init__(self, node, launch, reads, writes, index):
+        self.node, self.launch, self.reads, self.writes, self.index = node, launch, reads, writes, index
+
+
+class _Run:
+    """Plane versions during one run of a graph, and what must be copied."""
+
+    def __init__(self, recording):
+        self.recording = recording
+        self.version = {}
+        self.read = set()
+        self.saved = {}
+        self.planes = {}
+        self.tape = []
+        self.suppress_copies = False
+
+    def cur(self, plane):
+        self.planes[id(plane)] = plane
+        return self.version.get(id(plane), 0)
+
+    def note_read(self, plane):
+        v = self.cur(plane)
+        self.read.add((id(plane), v))
+        return (id(plane), v)
+
+    def write(self, plane, value):
+        v = self.cur(plane)
+        key = (id(plane), v)
+        if self.recording and key in self.read and key not in self.saved and not self.suppress_copies:
+            self.saved[key] = plane.copy()            # just before the overwrite
+        plane[...] = value
+        self.version[id(plane)] = v + 1
+        return (id(plane), v + 1)
+
+    def save(self, plane):
+        """Keep the current version (a loop keeps its own checkpoints)."""
+        key = (id(plane), self.cur(plane))
+        if key not in self.saved:
+            self.saved[key] = plane.copy()
+        return key
+
+
+def _run_launch(run, node, launch, cells):
+    kern = launch.kernel
+    args = [launch.reads[n] for n in kern.inputs] + [cells[(node.name, p)] for p in kern.params]
+    flags = [True] * len(kern.inputs) + [False] * len(kern.params)
+    reads = {n: run.note_read(launch.reads[n]) for n in kern.inputs}
+    outs = run_batched(launch.batched(), launch.n, args, flags)
+    writes = {}
+    for name, value in zip(launch.out_names, outs):
+        writes[name] = run.write(launch.writes[name], value)
+    step = Step(node, launch, reads, writes, len(run.tape))
+    run.tape.append(step)
+    return step
+
+
+class LoopEntry:
+    """A repeat_while's record: its iteration count and checkpoints every ``window`` iterations."""
+
+    __slots__ = ("node", "iterations", "checkpoints", "window", "state", "start_reads", "end_writes",
+                 "index", "launch")
+
+    def __init__(self, node, launch, window, index):
+        self.node, self.launch, self.window, self.index = node, launch, window, index
+        self.iterations = 0
+        self.checkpoints = {}
+        self.state = []
+        self.start_reads = {}
+        self.end_writes = {}
+
+
+class SkipEntry:
+    __slots__ = ("node", "guard", "step", "index")
+
+    def __init__(self, node, guard, step, index):
+        self.node, self.guard, self.step, self.index = node, guard, step, index
+
+
+class OtherEntry:
+    """An opaque or reduce node's run."""
+
+    __slots__ = ("node", "reads", "writes", "index")
+
+    def __init__(self, node, reads, writes, index):
+        self.node, self.reads, self.writes, self.index = node, reads, writes, index
+
+
+def run_graph(graph, recording):
+    run = _Run(recording)
+    cells = graph.cells
+    for node in graph.nodes:
+        op = node.op
+        if isinstance(op, Skippable):
+            taken = op.guard()
+            guard = np.uint32(1 if taken else 0)          # the recorded guard: a one-value copy
+            step = _run_launch(run, node, op.member, cells) if taken else None
+            if step is not None:
+                run.tape.pop()
+            run.tape.append(SkipEntry(node, guard, step, len(run.tape)))
+        elif isinstance(op, RepeatWhile):
+            _run_repeat(run, node, op, cells)
+        elif isinstance(op, Opaque):
+            reads = {k: run.note_read(p) for k, p in op.reads.items()}
+            out = op.run()
+            writes = {k: run.write(op.writes[k], out[k]) for k in op.writes}
+            run.tape.append(OtherEntry(node, reads, writes, len(run.tape)))
+        elif isinstance(op, Reduce):
+            reads = {"src": run.note_read(op.src)}
+            value = op.compute(op.src)
+            writes = {"dst": run.write(op.dst, np.reshape(value, op.dst.shape))}
+            run.tape.append(OtherEntry(node, reads, writes, len(run.tape)))
+        else:
+            _run_launch(run, node, op, cells)
+    graph.generation += 1
+    if not recording:
+        return None
+    return Record(graph, run)
+
+
+def _run_repeat(run, node, op, cells):
+    """Iterate the member while the guard holds, checkpointing its state every ``window`` iterations
+    (on copies of the Record's own: the planes themselves are only ever written by the member)."""
+    launch = op.member
+    state = [n for n in launch.kernel.inputs if n in launch.writes and
+             launch.reads[n] is launch.writes[n]]
+    entry = LoopEntry(node, launch, op.window, len(run.tape))
+    entry.state = state
+    entry.start_reads = {n: (id(p), run.cur(p)) for n, p in launch.reads.items()}
+    it = 0
+    while it < op.max_iters and op.guard():
+        if run.recording and it % op.window == 0:
+            entry.checkpoints[it] = {n: launch.reads[n].copy() for n in state}
+        if run.recording and it == 0:
+            for n in launch.kernel.inputs:        # versions others may have read: saved like any overwrite
+                run.note_read(launch.reads[n])
+            for n in launch.writes:
+                key = (id(launch.writes[n]), run.cur(launch.writes[n]))
+                if key in run.read and key not in run.saved:
+                    run.saved[key] = launch.writes[n].copy()
+        run.suppress_copies = True
+        _run_launch(run, node, launch, cells)
+        run.tape.pop()
+        run.suppress_copies = False
+        it += 1
+    entry.iterations = it
+    entry.end_writes = {n: (id(p), run.cur(p)) for n, p in launch.writes.items()}
+    run.tape.append(entry)
+
+
+class Record:
+    """What one recording launch kept for its reverse (see the module docstring)."""
+
+    def __init__(self, graph, run):
+        self.graph = graph
+        self.generation = graph.generation
+        self.tape = run.tape
+        self.saved = run.saved
+        self.final = dict(run.version)
+        self.planes = dict(run.planes)
+        self.cells = graph.cells
+        self.kept = False
+        self.reversed = False
+        self._kept_planes = None
+        self._readers = 0
+        self._lock = threading.Lock()
+
+    # -- state --------------------------------------------------------------------------------
+    @property
+    def live(self) -> bool:
+        """Neither reversed nor kept: the graph refuses the next recording launch and ``update``."""
+        return not self.kept and not self.reversed
+
+    @property
+    def stale(self) -> bool:
+        return not self.kept and self.generation != self.graph.generation
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the copies this Record holds (0 for a graph that overwrites nothing)."""
+        total = sum(a.nbytes for a in self.saved.values())
+        for e in self.tape:
+            if isinstance(e, LoopEntry):
+                total += sum(a.nbytes for c in e.checkpoints.values() for a in c.values())
+        if self._kept_planes is not None:
+            total += sum(a.nbytes for a in self._kept_planes.values())
+            total += sum(a.nbytes for a in self.cells.values())
+        return total
+
+    @property
+    def copied(self):
+        """Names of the planes copied before an overwrite (for pictures and explorers)."""
+        names = []
+        for pid, _ in self.saved:
+            for e in self.tape:
+                for launch in _launches_of(e):
+                    for name, plane in list(launch.reads.items()) + list(launch.writes.items()):
+                        if id(plane) == pid and name not in names:
+                            names.append(name)
+        return names
+
+    @property
+    def nodes(self):
+        return [e.node.name for e in self.tape]
+
+    def keep(self) -> "Record":
+        """Copy everything the reverse reads; the Record then stays valid whatever the graph does."""
+        if self.stale:
+            raise RecordError(f"keep: this Record is of generation {self.generation} but the graph "
+                              f"is at generation {self.graph.generation}; keep() right after launch()")
+        if not self.kept:
+            self._kept_planes = {pid: self.planes[pid].copy() for pid in self.final}
+            self.cells = {k: v.copy() for k, v in self.cells.items()}
+            self.kept = True
+        return self
+
+    def check_current(self, what="reverse"):
+        if self.stale:
+            raise RecordError(f"{what}: this Record is of generation {self.generation}, but the graph "
+                              f"has launched since and is at generation {self.graph.generation}; "
+                              "reverse right after launch(), or keep() the Record to reverse it later")
+
+    def value(self, key):
+        """The values of plane version ``key = (plane id, version)`` as its readers saw them."""
+        if key in self.saved:
+            return self.saved[key]
+        pid, version = key
+        if version == self.final.get(pid, 0):
+            if self._kept_planes is not None:
+                return self._kept_planes[pid]
+            return self.planes[pid]
+        raise RecordError("the Record does not hold this plane version (a bug: it was read "
+                          "but not copied before its overwrite)")
+
+    def __repr__(self):
+        state = "kept" if self.kept else "reversed" if self.reversed else "live"
+        return (f"<vkml Record generation {self.generation} ({state}): {len(self.tape)} steps, "
+                f"{self.nbytes:,} bytes copied>")
+
+
+def _launches_of(entry):
+    if isinstance(entry, Step):
+        return [entry.launch]
+    if isinstance(entry, SkipEntry):
+        return [entry.step.launch] if entry.step else []
+    if isinstance(entry, LoopEntry):
+        return [entry.launch]
+    return []

@@ -1,0 +1,9 @@
+"""Placeholder replaced below."""
+
+
+class Simulation:
+    pass
+
+
+class SimulationRecord:
+    pass
