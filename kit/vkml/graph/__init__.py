@@ -13,8 +13,9 @@ from .graph import Graph, Opaque, Reduce, RepeatWhile, SkipGuard, Skippable, opa
     repeat_while, skippable
 from .kernel import Kernel, Launch, Param, kernel
 from .record import Record
+from .simulation import Simulation, SimulationRecord, simulation, until_done
 from .treesum import tree_sum
 
 __all__ = ["Graph", "Kernel", "Launch", "Opaque", "Param", "Record", "Reduce", "RepeatWhile",
            "SkipGuard", "Skippable", "diff", "kernel", "opaque", "reduce", "repeat_while", "skippable",
-           "tree_sum"]
+           "tree_sum", "Simulation", "SimulationRecord", "simulation", "until_done"]

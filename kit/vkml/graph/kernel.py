@@ -163,7 +163,12 @@ class Launch:
         in_types = [_sample_type(planes[n], n, kname) for n in kern.inputs]
         param_types = [(a.shape, a.dtype) for a in (self.params[p] for p in kern.params)]
         self.program, self.out_names = kern.trace(in_types, param_types)
+        n_samples = next(iter(ns)) if ns else 1
         for name, var in zip(self.out_names, self.program.outputs):
+            if name == "terminated" and name not in bindings:
+                # a simulation kernel's stop flag: a plane of the launch's own unless bound
+                planes[name] = np.zeros((n_samples,) + var.shape, var.dtype)
+                bindings = dict(bindings, terminated=planes[name])
             if name not in bindings:
                 raise ArgumentError(f"kernel {kname}: output {name!r} is not bound; bind it to a "
                                     f"plane of {dtype_name(var.dtype)} {format_shape(var.shape)} per "
@@ -183,7 +188,7 @@ class Launch:
                                 f"outputs {self.out_names})")
         self.reads = {n: planes[n] for n in kern.inputs}
         self.writes = {n: planes[n] for n in self.out_names}
-        self.n = ns.pop() if ns else 1
+        self.n = n_samples
 
     def __repr__(self):
         return f"<launch of {self.kernel.name}: reads {list(self.reads)}, writes {list(self.writes)}>"

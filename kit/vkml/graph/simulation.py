@@ -1,9 +1,594 @@
-"""Placeholder replaced below."""
+"""Long runs: a step kernel iterated per sample, and its checkpointed reverse.
+
+``simulation(step, max_steps=..., record=True, window=..., memory_budget=..., **planes)``
+runs ``step`` (a kernel updating its state planes in place, e.g. ``theta``
+bound as input and output) until every sample has returned
+``terminated=True`` or ``max_steps`` steps have run; each sample stops at
+its own step (``record.steps``).  ``until_done([node, step], ...)`` also runs
+a user model node (``vkml.graph.opaque``) before the kernel on every step.
+
+A recorded run keeps the state at the start of every ``window`` steps.  The
+reverse works one window at a time from the last: it recomputes the
+window's states from its checkpoint and steps the adjoint back through
+them, so a sample holds about ``ceil(max_steps / window) + window`` states
+(default window ``clamp(ceil(sqrt(max_steps)), 16, 1024)``; ``"full"`` keeps
+every state and recomputes nothing; ``"binomial"`` places checkpoints by
+Griewank's binomial rule (Revolve), recomputing fewer steps for the same
+number of held states).
+
+``memory_budget`` (bytes; default half the available host RAM) caps what
+the reverse holds: when the batch does not fit, it runs in passes of
+``256 * 2**q`` aligned samples, the largest that fits, and combines the
+passes' Param sums with the canonical tree -- they are subtrees of the
+one-pass tree, so the bits do not depend on the budget.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from functools import lru_cache
+
+import numpy as np
+
+from ..errors import ArgumentError, BudgetError, Busy, RecordError, RefusedError, ShapeError
+from .diff import Gradients, Report, _reverse_launch
+from .graph import Opaque, run_batched
+from .kernel import Kernel, Launch
+from .treesum import MIN_PASS, chunk_bounds, combine, pass_size, tree_sum
+
+
+def default_window(max_steps: int) -> int:
+    return min(1024, max(16, math.isqrt(max(max_steps, 1) - 1) + 1))
+
+
+def available_memory() -> int:
+    """Half the available host RAM: the default memory budget."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024 // 2
+    except OSError:
+        pass
+    return 4 << 30
+
+
+# -- binomial checkpointing (Revolve) -----------------------------------------------------------
+
+def _beta(s, t):
+    return math.comb(s + t, s)
+
+
+@lru_cache(maxsize=None)
+def binomial_cost(steps: int, snaps: int) -> int:
+    """The fewest forward steps recomputed to reverse ``steps`` steps holding ``snaps`` snapshots
+    besides the start (Griewank's closed form: t*l - beta(s+1, t-1) for the least t with
+    beta(s, t) >= l)."""
+    if steps <= 1:
+        return 0
+    if snaps == 0:
+        return steps * (steps - 1) // 2
+    t = 0
+    while _beta(snaps, t) < steps:
+        t += 1
+    return t * steps - _beta(snaps + 1, t - 1)
+
+
+def first_sweep(steps: int, snaps: int):
+    """The snapshot positions Revolve takes on its first forward sweep (the forward run takes them)."""
+    positions, a = [], 0
+    while snaps > 0 and steps - a > 1:
+        a += binomial_split(steps - a, snaps)
+        positions.append(a)
+        snaps -= 1
+    return positions
+
+
+@lru_cache(maxsize=None)
+def binomial_split(steps: int, snaps: int) -> int:
+    """Where to place the next snapshot: an offset m achieving the optimal cost
+    m + cost(m, s) + cost(l - m, s - 1)."""
+    best = binomial_cost(steps, snaps)
+    t = 0
+    while _beta(snaps, t) < steps:
+        t += 1
+    lo = max(1, steps - _beta(snaps - 1, t))
+    hi = min(steps - 1, _beta(snaps, t - 1))
+    for m in range(max(1, min(lo, hi)), max(lo, hi) + 1):
+        if m + binomial_cost(m, snaps) + binomial_cost(steps - m, snaps - 1) == best:
+            return m
+    for m in range(1, steps):
+        if m + binomial_cost(m, snaps) + binomial_cost(steps - m, snaps - 1) == best:
+            return m
+    return steps // 2
+
+
+# -- the simulation ---------------------------------------------------------------------------
+
+class SimulationRecord:
+    """What a recorded simulation run keeps: checkpoints, per-sample ``steps``, Param cells."""
+
+    def __init__(self, sim, generation, steps, checkpoints, initial, fixed, cells, states_all):
+        self.simulation = sim
+        self.graph = None
+        self.generation = generation
+        self.steps = steps
+        self.checkpoints = checkpoints
+        self.initial = initial
+        self.fixed = fixed
+        self.cells = cells
+        self.states_all = states_all
+        self.reversed = False
+        self.kept = True            # a simulation record owns copies of everything it reads
+        self._readers = 0
+        self._lock = threading.Lock()
+
+    @property
+    def live(self):
+        return False
+
+    @property
+    def nbytes(self) -> int:
+        total = sum(a.nbytes for c in self.checkpoints.values() for a in c.values())
+        if self.states_all:
+            total += sum(a.nbytes for c in self.states_all.values() for a in c.values())
+        return total + self.steps.nbytes
+
+    def keep(self):
+        return self
+
+    def __repr__(self):
+        return (f"<vkml simulation Record generation {self.generation}: {int(self.steps.max(initial=0))} "
+                f"steps at most, {len(self.checkpoints)} checkpoints, {self.nbytes:,} bytes>")
 
 
 class Simulation:
-    pass
+    """A step kernel run per sample until it terminates (see the module docstring)."""
+
+    def __init__(self, step, *, max_steps, record=False, window=None, memory_budget=None,
+                 snapshots=None, steps_per_launch=1, events=None, progress=None, **bindings):
+        if events is not None:
+            raise RefusedError("simulation: events= (event refinement) is not supported by vkml; "
+                               "detect crossings inside the step kernel with vkml.where instead")
+        if not isinstance(max_steps, int) or max_steps < 1:
+            raise ArgumentError(f"simulation: max_steps must be a positive int, got {max_steps!r}")
+        if not record and (window is not None or memory_budget is not None):
+            raise ArgumentError("simulation: window= and memory_budget= apply to a recorded run; "
+                                "pass record=True (or leave them out)")
+        parts = list(step) if isinstance(step, (list, tuple)) else [step]
+        kernels = [p for p in parts if isinstance(p, (Kernel, Launch))]
+        nodes = [p for p in parts if isinstance(p, Opaque)]
+        others = [p for p in parts if not isinstance(p, (Kernel, Launch, Opaque))]
+        if others:
+            raise ArgumentError(f"simulation: a step is kernels and opaque nodes, got "
+                                f"{type(others[0]).__name__}")
+        if len(kernels) != 1:
+            if record:
+                raise RefusedError(f"simulation: a record=True run of a step made of {len(kernels)} "
+                                   "kernels cannot be reversed; record one kernel per step (fuse them "
+                                   "into one kernel)")
+            raise ArgumentError("simulation: give exactly one step kernel")
+        if steps_per_launch != 1 and record:
+            raise RefusedError("simulation: a record=True run of a kernel taking several steps per "
+                               "launch cannot be reversed; record one kernel step per launch "
+                               "(steps_per_launch=1)")
+        if record and parts and isinstance(parts[-1], Opaque):
+            raise RefusedError(f"simulation: node {parts[-1].name!r} comes after the kernel; a recorded "
+                               "step runs its nodes before the kernel: put the node first")
+        self.nodes = nodes
+        if record:
+            written = set()
+            for node in nodes:
+                if any(id(p) in written for p in node.reads.values()):
+                    raise RefusedError(f"simulation: node {node.name!r} reads a plane another node writes; "
+                                       "in a recorded step each node reads only the kernel's planes")
+                written.update(id(p) for p in node.writes.values())
+        k = kernels[0]
+        self.launch = k if isinstance(k, Launch) else k.bind(**bindings)
+        if isinstance(k, Launch) and bindings:
+            raise ArgumentError("simulation: the kernel is already bound; do not pass planes again")
+        launch = self.launch
+        if record:
+            params = {id(c) for c in launch.params.values()}
+            for node in nodes:
+                if any(name in launch.params for name in node.reads):
+                    raise RefusedError(f"simulation: node {node.name!r} reads a Param; a recorded "
+                                       "node reads planes only")
+        self.state = [n for n in launch.kernel.inputs if n in launch.writes and
+                      launch.reads[n] is launch.writes[n]]
+        if not self.state:
+            raise ArgumentError(f"simulation: {launch.kernel.name} updates no state plane in place; bind "
+                                "a plane as both an input and an output of the same name (theta=theta)")
+        self.terminates = "terminated" in launch.out_names
+        self.max_steps = max_steps
+        self.record_mode = bool(record)
+        self.n = launch.n
+        if window is None:
+            window = default_window(max_steps)
+        if window not in ("full", "binomial") and (not isinstance(window, int) or window < 1):
+            raise ArgumentError(f"simulation: window must be a positive int, 'full' or 'binomial', got "
+                                f"{window!r}")
+        self.window = window
+        state_bytes = sum(launch.reads[s][0:1].nbytes for s in self.state) + \
+            sum(p[0:1].nbytes for node in nodes for p in node.writes.values())
+        self.state_bytes = state_bytes
+        if window == "full":
+            held = max_steps + 1
+        elif window == "binomial":
+            snapshots = snapshots if snapshots is not None else \
+                (math.ceil(max_steps / default_window(max_steps)) + default_window(max_steps) - 1)
+            self.snapshots = int(snapshots)
+            held = self.snapshots + 2
+        else:
+            held = math.ceil(max_steps / window) + window
+        self.per_sample_bytes = held * state_bytes
+        self.memory_budget = memory_budget if memory_budget is not None else available_memory()
+        if record:
+            self.pass_size = pass_size(self.n, self.per_sample_bytes, self.memory_budget, "simulation")
+        self.generation = 0
+        self._record = None
+        self.progress = progress
+        self._lock = threading.Lock()
+
+    # -- forward ----------------------------------------------------------------------------
+    @property
+    def record(self):
+        return self._record
+
+    def reset(self):
+        """Forget the last run's record (the planes are yours to reset)."""
+        self._record = None
+        return self
+
+    def _cells(self):
+        return [self.launch.params[p] for p in self.launch.kernel.params]
+
+    def _step(self, state, fixed, active, node_reads=None):
+        """One step for all samples; inactive samples keep their state."""
+        launch = self.launch
+        kern = launch.kernel
+        extra = {}
+        for node in self.nodes:
+            reads = {k: (state[k] if k in state else v) for k, v in node.reads.items()}
+            for k, v in node.run(reads).items():
+                extra[k] = np.asarray(v)
+        ins = [state[n] if n in state else extra.get(n, fixed[n]) for n in kern.inputs]
+        flags = [True] * len(kern.inputs) + [False] * len(kern.params)
+        outs = dict(zip(launch.out_names, run_batched(launch.batched(), len(active),
+                                                      ins + self._cells(), flags)))
+        new = {}
+        for s in self.state:
+            mask = active.reshape((-1,) + (1,) * (outs[s].ndim - 1))
+            new[s] = np.where(mask, outs[s], state[s])
+        done = outs["terminated"] & active if self.terminates else np.zeros_like(active)
+        return new, done, outs, extra
+
+    def run(self):
+        """Run until every sample has terminated or ``max_steps`` steps; record if record=True."""
+        if self._readers_busy():
+            raise Busy("simulation.run: a reverse is reading the last Record; wait for it to return")
+        launch = self.launch
+        n = self.n
+        state = {s: launch.reads[s].copy() for s in self.state}
+        fixed = {nm: launch.reads[nm] for nm in launch.kernel.inputs if nm not in self.state}
+        for node in self.nodes:
+            for k, p in node.writes.items():
+                fixed.setdefault(k, p)
+        active = np.ones(n, dtype=bool)
+        steps = np.zeros(n, dtype=np.int64)
+        checkpoints, states_all = {}, {}
+        window = self.window if isinstance(self.window, int) else None
+        sweep = set(first_sweep(self.max_steps, self.snapshots)) if self.window == "binomial" else ()
+        bar = _progress(self.progress, self.max_steps, "simulation")
+        last_outs = None
+        for t in range(self.max_steps):
+            if not active.any():
+                break
+            if self.record_mode:
+                if self.window == "full":
+                    states_all[t] = {s: v.copy() for s, v in state.items()}
+                elif self.window == "binomial":
+                    if t == 0 or t in sweep:
+                        checkpoints[t] = {s: v.copy() for s, v in state.items()}
+                elif t % window == 0:
+                    checkpoints[t] = {s: v.copy() for s, v in state.items()}
+            state, done, last_outs, extra = self._step(state, fixed, active)
+            steps += active
+            active = active & ~done
+            if bar is not None:
+                bar.update(1)
+        if bar is not None:
+            bar.close()
+        for s in self.state:
+            launch.writes[s][...] = state[s]
+        if last_outs is not None:
+            for name in launch.out_names:
+                if name not in self.state:
+                    launch.writes[name][...] = last_outs[name]
+        self.generation += 1
+        if self.record_mode:
+            self._record = SimulationRecord(
+                self, self.generation, steps, checkpoints,
+                {s: launch.reads[s] for s in self.state}, fixed,
+                {p: np.array(launch.params[p], copy=True) for p in launch.kernel.params},
+                states_all)
+        return self
+
+    def _readers_busy(self):
+        rec = self._record
+        return rec is not None and rec._readers > 0
+
+    # -- reverse ------------------------------------------------------------------------------
+    def check_reversible(self, vjps):
+        if not self.record_mode:
+            raise ArgumentError("Reverse: the simulation was made without record=True")
+        for node in self.nodes:
+            fn = vjps.get(node.name)
+            if fn is None:
+                raise RefusedError(f"reverse: node {node.name!r} is an opaque node; vkml cannot know its "
+                                   "derivative -- pass vjps={" + repr(node.name) + ": fn} with "
+                                   "fn(primals, cotangents) -> {name: gradient}")
+            if isinstance(fn, (Opaque, Launch)):
+                raise RefusedError(f"reverse: the vjp of node {node.name!r} is a Node; pass a function "
+                                   "fn(primals, cotangents) -> {name: gradient}")
+        try:
+            batch, _ = self.launch.batched_vjp()
+        except Exception as err:  # noqa: BLE001 - reported as a refusal naming the kernel
+            raise RefusedError(f"reverse: {self.launch.kernel.name} has no vjp ({err})") from err
+
+    def reverse(self, record, seeds, wrt=None, vjps=None, strict=False, lock=None):
+        vjps = vjps or {}
+        self.check_reversible(vjps)
+        if not isinstance(record, SimulationRecord) or record.simulation is not self:
+            raise ArgumentError("reverse: this Record belongs to another simulation")
+        if record.generation != self.generation:
+            raise RecordError(f"reverse: this Record is of generation {record.generation}, but the "
+                              f"simulation has run since and is at generation {self.generation}; "
+                              "reverse right after run()")
+        launch = self.launch
+        ct0 = {}
+        for name, seed in dict(seeds).items():
+            if name in self.state or name in launch.out_names:
+                plane = launch.writes.get(name)
+            elif name in launch.reads or name in launch.params:
+                raise ArgumentError(f"seed {name!r}: that is an input of the simulation, not part of its "
+                                    f"final state; its gradient is grads[{name!r}]")
+            else:
+                raise ArgumentError(f"seed {name!r}: the simulation's state planes are {self.state}")
+            if name not in self.state:
+                raise ArgumentError(f"seed {name!r}: only the final state {self.state} can be seeded")
+            arr = np.asarray(seed)
+            if arr.shape != plane.shape:
+                raise ShapeError(f"seed {name!r} has shape {arr.shape}, but plane {name!r} holds one value "
+                                 f"per sample, {plane.shape}; pass one seed per sample")
+            ct0[name] = arr.astype(plane.dtype)
+        if lock is not None and not lock.acquire(blocking=False):
+            raise Busy("Reverse: another thread is running this Reverse; give each thread its own")
+        try:
+            with record._lock:
+                record._readers += 1
+            try:
+                values, stats = self._reverse_passes(record, ct0, vjps)
+            finally:
+                with record._lock:
+                    record._readers -= 1
+        finally:
+            if lock is not None:
+                lock.release()
+        record.reversed = True
+        bitwise = {k: True for k in values}
+        if wrt is not None:
+            wrt = [wrt] if isinstance(wrt, str) else list(wrt)
+            values = {k: v for k, v in values.items() if k in wrt}
+        return Gradients(values, Report(record.generation, bitwise, stats["chunks"],
+                                        stats["recomputed"], stats["peak"]))
+
+    def _reverse_passes(self, record, ct0, vjps):
+        n = self.n
+        size = self.pass_size
+        bounds = [(0, n)] if size >= n else chunk_bounds(n, size)
+        state_grads = {s: np.zeros_like(self.launch.reads[s]) for s in self.state}
+        fixed_grads = {}
+        param_partials = {p: [] for p in self.launch.kernel.params}
+        stats = {"chunks": len(bounds), "recomputed": 0, "peak": 0}
+        for s0, e0 in bounds:
+            sl = slice(s0, e0)
+            res = self._reverse_slice(record, sl, {k: v[sl] for k, v in ct0.items()}, vjps, stats)
+            for s, g in res["state"].items():
+                state_grads[s][sl] = g
+            for k, g in res["fixed"].items():
+                fixed_grads.setdefault(k, np.zeros((n,) + g.shape[1:], g.dtype))[sl] = g
+            for p, acc in res["params"].items():
+                if len(bounds) == 1:
+                    param_partials[p].append(tree_sum(acc))
+                else:
+                    pad = size - acc.shape[0]
+                    if pad:
+                        acc = np.concatenate([acc, np.zeros((pad,) + acc.shape[1:], acc.dtype)])
+                    param_partials[p].append(tree_sum(acc))
+        values = {}
+        for s, g in state_grads.items():
+            values[s] = g
+        for k, g in fixed_grads.items():
+            values[k] = g
+        for p, parts in param_partials.items():
+            values[p] = parts[0] if len(parts) == 1 else combine(parts, size, n)
+        return values, stats
+
+    def _reverse_slice(self, record, sl, ct0, vjps, stats):
+        """The reverse for the samples in ``sl``: windows from the last, adjoints stepped back."""
+        launch = self.launch
+        kern = launch.kernel
+        m = sl.stop - sl.start
+        steps = record.steps[sl]
+        T = int(steps.max(initial=0))
+        fixed = {k: v[sl] for k, v in record.fixed.items()}
+        cells = {(None, p): record.cells[p] for p in kern.params}
+        node = _FakeNode()
+        ct_state = {s: ct0.get(s, np.zeros_like(record.initial[s][sl])) for s in self.state}
+        prm_acc = {p: None for p in kern.params}
+        fixed_acc = {}
+        float_fixed = [nm for nm in kern.inputs if nm not in self.state and fixed[nm].dtype.kind == "f"]
+
+        def states_from(t0, start_state, t1):
+            """Recompute states t0..t1-1 (list) from ``start_state`` at t0 on private copies."""
+            out = []
+            cur = {s: v.copy() for s, v in start_state.items()}
+            for t in range(t0, t1):
+                extra = self._node_values(cur, fixed)
+                out.append((cur, extra))
+                if t < t1 - 1:
+                    cur = self._advance(cur, fixed, steps, t)
+                    stats["recomputed"] += 1
+            return out
+
+        def back_step(t, cur, extra):
+            active = t < steps
+            ins = [cur[nm] if nm in self.state else extra.get(nm, fixed.get(nm)) for nm in kern.inputs]
+            cts = []
+            for name, var in zip(launch.out_names, launch.program.outputs):
+                if name in self.state:
+                    cts.append(np.where(_col(active, ct_state[name]), ct_state[name], 0))
+                else:
+                    cts.append(np.zeros((m,) + var.shape, var.dtype))
+            ins_ct, prm = _reverse_launch(launch, node, ins, cells, cts, m)
+            for s in self.state:
+                g = ins_ct.get(s)
+                if g is not None:
+                    ct_state[s] = np.where(_col(active, g), g, ct_state[s])
+            node_cts = {}
+            for nm in kern.inputs:
+                if nm in self.state or nm not in ins_ct:
+                    continue
+                g = np.where(_col(active, ins_ct[nm]), ins_ct[nm], 0)
+                if nm in extra:
+                    node_cts[nm] = g
+                elif nm in float_fixed:
+                    fixed_acc[nm] = g if nm not in fixed_acc else fixed_acc[nm] + g
+            if node_cts:
+                self._node_vjps(vjps, cur, fixed, extra, node_cts, ct_state, fixed_acc, active)
+            for p, g in prm.items():
+                g = np.where(_col(active, g), g, 0)
+                prm_acc[p] = g if prm_acc[p] is None else prm_acc[p] + g
+
+        window = self.window
+        if window == "full":
+            held = 0
+            for t in reversed(range(T)):
+                saved = {s: record.states_all[t][s][sl] for s in self.state}
+                back_step(t, saved, self._node_values(saved, fixed))
+                held = T
+            stats["peak"] = max(stats["peak"], held)
+        elif window == "binomial":
+            # the schedule is for max_steps; steps past the last sample's end cost nothing
+            stored = {t: {s: c[s][sl] for s in self.state} for t, c in record.checkpoints.items()}
+            peak = [0]
+            self._revolve(stored[0], 0, self.max_steps, self.snapshots, steps, fixed, back_step,
+                          stats, peak, 1, stored, T)
+            stats["peak"] = max(stats["peak"], peak[0])
+        else:
+            starts = [c for c in sorted(record.checkpoints) if c < T]
+            for c in reversed(starts):
+                end = min(c + window, T)
+                start = {s: record.checkpoints[c][s][sl] for s in self.state}
+                seq = states_from(c, start, end)
+                stats["peak"] = max(stats["peak"], len(starts) + len(seq))
+                for t in reversed(range(c, end)):
+                    cur, extra = seq[t - c]
+                    back_step(t, cur, extra)
+        params = {p: (prm_acc[p] if prm_acc[p] is not None else
+                      np.zeros((m,) + np.shape(record.cells[p]), np.float64))
+                  for p in kern.params}
+        return {"state": ct_state, "fixed": fixed_acc, "params": params}
+
+    def _revolve(self, start, a, b, snaps, steps, fixed, back_step, stats, peak, held, stored, T):
+        """Reverse steps a..b-1 from the state at a with ``snaps`` free snapshot slots (Revolve).
+
+        ``stored`` holds the snapshots the forward run took on the schedule's
+        first sweep; steps at or past ``T`` (every sample has stopped) are no-ops."""
+        peak[0] = max(peak[0], held + 1)
+        if b - a <= 0 or a >= T:
+            return
+        if b - a == 1:
+            back_step(a, start, self._node_values(start, fixed))
+            return
+        if snaps == 0:
+            for t in reversed(range(a, min(b, T))):
+                cur = {s: v.copy() for s, v in start.items()}
+                for u in range(a, t):
+                    cur = self._advance(cur, fixed, steps, u)
+                    stats["recomputed"] += 1
+                back_step(t, cur, self._node_values(cur, fixed))
+            return
+        m = binomial_split(b - a, snaps)
+        if a + m in stored:
+            cur = stored[a + m]
+        else:
+            cur = {s: v.copy() for s, v in start.items()}
+            for u in range(a, min(a + m, T)):
+                cur = self._advance(cur, fixed, steps, u)
+                stats["recomputed"] += 1
+        self._revolve(cur, a + m, b, snaps - 1, steps, fixed, back_step, stats, peak, held + 1,
+                      stored, T)
+        self._revolve(start, a, a + m, snaps, steps, fixed, back_step, stats, peak, held, stored, T)
+
+    def _advance(self, cur, fixed, steps, t):
+        active = t < steps
+        new, _, _, _ = self._step(cur, fixed, active)
+        return new
+
+    def _node_values(self, cur, fixed):
+        extra = {}
+        for node in self.nodes:
+            reads = {k: (cur[k] if k in cur else fixed.get(k, v)) for k, v in node.reads.items()}
+            for k, v in node.run(reads).items():
+                extra[k] = np.asarray(v)
+        return extra
+
+    def _node_vjps(self, vjps, cur, fixed, extra, node_cts, ct_state, fixed_acc, active):
+        """Call each model node's vjp on the samples still running at this step."""
+        idx = np.nonzero(active)[0]
+        if idx.size == 0:
+            return
+        for node in self.nodes:
+            cts = {k: node_cts[k][idx] for k in node.writes if k in node_cts}
+            if not cts:
+                continue
+            primals = {k: (cur[k] if k in cur else fixed.get(k, v))[idx] for k, v in node.reads.items()}
+            got = vjps[node.name](primals, cts) or {}
+            for k, g in got.items():
+                g = np.asarray(g)
+                if k in ct_state:
+                    ct_state[k][idx] += g
+                elif k in fixed and fixed[k].dtype.kind == "f":
+                    full = np.zeros_like(fixed[k])
+                    full[idx] = g
+                    fixed_acc[k] = full if k not in fixed_acc else fixed_acc[k] + full
 
 
-class SimulationRecord:
-    pass
+class _FakeNode:
+    name = None
+
+
+def _col(mask, like):
+    return mask.reshape((-1,) + (1,) * (np.ndim(like) - 1))
+
+
+def _progress(flag, total, desc):
+    if not flag:
+        return None
+    from ..progress import progress
+    return progress(total=total, desc=desc, enabled=True)
+
+
+def simulation(step, *, max_steps, record=False, window=None, memory_budget=None, **kwargs):
+    """A step kernel run per sample until it terminates (see the module docstring)."""
+    return Simulation(step, max_steps=max_steps, record=record, window=window,
+                      memory_budget=memory_budget, **kwargs)
+
+
+def until_done(step, *, max_steps, record=False, window=None, memory_budget=None, **kwargs):
+    """Like :func:`simulation`; ``step`` may be ``[opaque_node, kernel]`` (the node runs first)."""
+    return Simulation(step, max_steps=max_steps, record=record, window=window,
+                      memory_budget=memory_budget, **kwargs)
