@@ -124,6 +124,17 @@ def test_numpy_placement_of_array_dims(index):
     assert_same(T(x)[index], x[index])
 
 
+@pytest.mark.parametrize("index", [
+    (slice(None), 0, slice(None), [1, 2]),        # split after a kept axis: picked dims first
+    (slice(None), [0, 1], slice(1, 3), [[4], [0]]),
+    (slice(None), 1, [0, 2], slice(None)),        # adjacent after a kept axis: in place
+    (Ellipsis, [1, 0], 2),
+])
+def test_numpy_placement_in_four_dimensions(index):
+    x = np.arange(2 * 3 * 4 * 5).reshape(2, 3, 4, 5)
+    assert_same(T(x)[index], x[index])
+
+
 @pytest.mark.parametrize("mask_of", [
     lambda x: x % 3 == 0,                  # full-rank mask
     lambda x: (x % 2 == 0)[:, :, 0],       # 2-D mask on the leading axes

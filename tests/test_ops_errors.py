@@ -269,7 +269,7 @@ def test_what_numpy_accepts_vkml_accepts_too():
     np.testing.assert_array_equal(vkml.where(T(c), 1, 2).numpy(), np.where(c, 1, 2))
     np.testing.assert_array_equal(vkml.where(T(c.astype(np.int32)), 1.0, 2.0).numpy(),
                                   np.where(c.astype(np.int32), 1.0, 2.0))
-    # log of bool computes in floating point, as NumPy (NumPy's float16 is float32 here)
+    # log of bool computes in floating point (float64 here; NumPy picks float16)
     with np.errstate(divide="ignore"):
         got = vkml.log(T(np.array([True, False]))).numpy()
         np.testing.assert_array_equal(got, np.log(np.array([True, False])).astype(got.dtype))
