@@ -532,6 +532,41 @@ def test_identity_op_keeps_the_leafs_gradient():
     np.testing.assert_allclose(x.grad.numpy(), 2 * np.array([1.0, 2.0, 3.0]))
 
 
+# -- whole Jacobians ----------------------------------------------------------------------------------
+
+def vkml_jacobian(fn, x):
+    """Row i of the Jacobian is the gradient of output element i: one backward per element."""
+    out_shape = fn(vkml.tensor(x)).shape
+    rows = []
+    for i in range(int(np.prod(out_shape))):
+        seed = np.zeros(out_shape)
+        seed.flat[i] = 1.0
+        rows.append(O.vkml_grads(fn, [x], [0], seed)[0])
+    return np.stack(rows).reshape(tuple(out_shape) + x.shape)
+
+
+@pytest.mark.parametrize("name,fn,ref", [
+    ("softmax", lambda t: vkml.softmax(t, -1),
+     lambda t: anp.exp(t - O.ag_logsumexp(t, axis=-1, keepdims=True))),
+    ("cumulative-ish", lambda t: vkml.matmul(np.tril(np.ones((4, 4))), t * t),
+     lambda t: anp.matmul(np.tril(np.ones((4, 4))), t * t)),
+    ("max-pool-1d", lambda t: vkml.max(vkml.stack([t[:-1], t[1:]], -1), -1),
+     lambda t: anp.max(anp.stack([t[:-1], t[1:]], -1), -1)),
+])
+def test_full_jacobian_against_autograd(name, fn, ref):
+    x = np.array([0.3, -1.2, 2.0, 0.7])
+    np.testing.assert_allclose(vkml_jacobian(fn, x), autograd.jacobian(ref)(x), rtol=1e-10,
+                               atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["exp", "sin", "tanh", "sigmoid", "square"])
+def test_elementwise_grad_against_autograd(name):
+    fn, ref, _ = UNARY[name]
+    x = np.linspace(-2.0, 2.0, 12).reshape(3, 4)
+    got, = O.vkml_grads(fn, [x], [0], np.ones(x.shape))
+    np.testing.assert_allclose(got, autograd.elementwise_grad(ref)(x), rtol=1e-12)
+
+
 # -- float32 -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name,fn,ref", [
