@@ -114,6 +114,10 @@ def test_gather_scatter_take_shapes_and_dtypes():
     x = T(np.ones((2, 3)))
     i3 = T(np.zeros((1, 3), np.int64))
     refused(lambda: vkml.gather(x, i3), x, i3, kind=vkml.ShapeError, words=["gather", "(1, 3)"])
+    i0 = T(np.zeros((2, 0), np.int64))       # no coordinates at all (the value had no batch dims)
+    refused(lambda: vkml.gather(x, i0), x, i0, kind=vkml.ShapeError, words=["gather", "(2, 0)"])
+    refused(lambda: vkml.scatter_add(x, i0, T(np.ones((2, 2, 3)))), x, i0, kind=vkml.ShapeError,
+            words=["scatter_add", "(2, 0)"])
     fi = T(np.zeros((1, 1)))
     refused(lambda: vkml.gather(x, fi), x, fi, kind=vkml.DTypeError, builtin=TypeError,
             words=["gather", "integers", "float64"])

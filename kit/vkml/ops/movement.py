@@ -227,8 +227,8 @@ flip_p = _define(
 def _check_index(name, x, idx):
     if idx.dtype.kind not in "iu":
         raise DTypeError(f"{name}: indices must be integers, got {dtype_name(idx.dtype)}")
-    if idx.ndim < 1 or idx.shape[-1] > x.ndim:
-        raise ShapeError(f"{name}: index shape {idx.shape} must end in k <= {x.ndim} "
+    if idx.ndim < 1 or not 1 <= idx.shape[-1] <= x.ndim:
+        raise ShapeError(f"{name}: index shape {idx.shape} must end in k, 1 <= k <= {x.ndim} "
                          f"(one coordinate per indexed axis of {x.shape})")
     return idx.shape[:-1] + x.shape[idx.shape[-1]:]
 
