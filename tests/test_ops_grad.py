@@ -263,15 +263,26 @@ def test_broadcast_to(data):
     check_grad(lambda t: vkml.broadcast_to(t, target), lambda t: t * np.ones(target), x)
 
 
+def prim(fn, t, **params):
+    """An ``api`` function (one primitive and its parameters) applied to a tensor."""
+    return vkml.Tensor(fn(t.var, **params), requires_grad=t.requires_grad).realize()
+
+
 @few
 @given(data=st.data())
 def test_broadcast_in_dim_primitive(data):
-    x = data.draw(f64((3, 1)))
-    out = O.vkml_grads(lambda t: vkml.Tensor(api.broadcast_in_dim(t.var, (2, 3, 4), (1, 2)), True),
-                       [x], [0], O.weights_like((2, 3, 4), "bid"))[0]
-    w = O.weights_like((2, 3, 4), "bid")
-    ag = autograd.grad(lambda t: anp.sum(anp.reshape(t, (1, 3, 1)) * np.ones((2, 3, 4)) * w))(x)
-    np.testing.assert_allclose(out, ag, rtol=1e-12)
+    x = data.draw(f64(O.shapes(max_dims=2)))
+    out_ndim = x.ndim + data.draw(st.integers(0, 2))
+    dims = tuple(sorted(data.draw(st.lists(st.integers(0, max(out_ndim - 1, 0)), min_size=x.ndim,
+                                           max_size=x.ndim, unique=True))))
+    shape = [data.draw(st.integers(1, 3)) for _ in range(out_ndim)]
+    expanded = [1] * out_ndim
+    for i, d in enumerate(dims):
+        shape[d] = x.shape[i] if x.shape[i] != 1 else shape[d]
+        expanded[d] = x.shape[i]
+    shape = tuple(shape)
+    check_grad(lambda t: prim(api.broadcast_in_dim, t, shape=shape, dims=dims),
+               lambda t: anp.reshape(t, expanded) * np.ones(shape), x)
 
 
 @few
@@ -312,7 +323,7 @@ def test_slice_primitive_with_strides(data):
         limits.append(data.draw(st.integers(s + 1, d)))
         strides.append(data.draw(st.integers(1, 3)))
     kw = dict(starts=tuple(starts), limits=tuple(limits), strides=tuple(strides))
-    check_grad(lambda t: vkml.Tensor(api.slice(t.var, **kw), True).realize(),
+    check_grad(lambda t: prim(api.slice, t, **kw),
                lambda t: O.lax_slice(t, starts, limits, strides), x)
 
 
