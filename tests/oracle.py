@@ -46,7 +46,7 @@ def elements(dtype, lo=-10.0, hi=10.0):
 
 
 def arrays(dtype, shape=None, lo=-10.0, hi=10.0, elements_=None):
-    """An array of ``dtype`` (shape drawn by :func:`shapes` unless given) with values in [lo, hi]."""
+    """An array of ``dtype``, shape drawn by :func:`shapes` unless given, values in [lo, hi]."""
     return hnp.arrays(np.dtype(dtype), shapes() if shape is None else shape,
                       elements=elements_ if elements_ is not None else elements(dtype, lo, hi))
 

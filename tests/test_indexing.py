@@ -181,7 +181,7 @@ def test_empty_tuple_and_full_slices_are_the_whole_tensor():
     assert_same(T(np.float64(3.0))[None], np.float64(3.0)[None])
 
 
-# -- refusals ---------------------------------------------------------------------------------------
+# -- refusals --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("index,exc,words", [
     (3, IndexError, ["index", "3", "out of range", "axis 0"]),
@@ -215,7 +215,7 @@ def test_bool_and_float_tensor_indices_are_refused():
     assert_same(t[(t > 1.0).numpy()], np.arange(4.0)[2:])   # the fix the message names
 
 
-# -- gradients ----------------------------------------------------------------------------------------
+# -- gradients -------------------------------------------------------------------------------------
 
 @settings(max_examples=10)
 @given(data=st.data())

@@ -41,7 +41,7 @@ class Snapshot:
 
 
 def refused(fn, *tensors, kind=vkml.VkmlError, builtin=None, words=()):
-    """``fn()`` raises ``kind`` (and ``builtin``), its message holds ``words``; tensors unchanged."""
+    """``fn()`` raises ``kind`` (and ``builtin``), ``words`` in its message; tensors unchanged."""
     snap = Snapshot(*tensors)
     with pytest.raises(kind) as err:
         fn()
@@ -281,7 +281,7 @@ def test_what_numpy_accepts_vkml_accepts_too():
     np.testing.assert_array_equal(vkml.logical_not(T(c)).numpy(), np.logical_not(c))
 
 
-# -- non-array data ------------------------------------------------------------------------------------
+# -- non-array data --------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("data", ["abc", b"abc", {"a": 1}, {1, 2}, None, [[1, 2], [3]],
                                   [1, "a"], object(), 1 + 2j, [1, None], np.array(["x"]),
@@ -339,7 +339,7 @@ def test_the_gradient_does_not_flow_into_an_integer_result():
     assert x.grad is None
 
 
-# -- gather out of range: eager at the op, lazy at realize, both naming the op and the line ----------
+# -- gather out of range: eager at the op, lazy at realize, both naming the op and the line --------
 
 def test_gather_out_of_range_in_eager_mode_raises_at_the_line_that_made_it():
     x = T(np.arange(6.0).reshape(2, 3), requires_grad=True)
@@ -402,7 +402,7 @@ def test_an_out_of_range_tensor_index_is_found_by_gather_when_it_runs():
         assert "gather" in str(err.value) and f"{HERE}:{line}" in str(err.value)
 
 
-# -- assignment refusals leave the destination as it was ----------------------------------------------
+# -- assignment refusals leave the destination as it was -------------------------------------------
 
 def test_bad_assign_changes_nothing():
     a, b = T(np.zeros(3)), T(np.ones(3))

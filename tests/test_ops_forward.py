@@ -9,7 +9,7 @@ function, to a tolerance for composites (mean, softmax, conv2d, ...).
 import numpy as np
 import pytest
 import scipy.special
-from hypothesis import assume, given, settings
+from hypothesis import assume, given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -360,7 +360,8 @@ def test_logsumexp_softmax_log_softmax(data, dtype):
                 scipy.special.logsumexp(x64, axis=axis).astype(dtype), **tol)
     assert_same(vkml.logsumexp(T(x), axis, keepdims=True),
                 scipy.special.logsumexp(x64, axis=axis, keepdims=True).astype(dtype), **tol)
-    assert_same(vkml.softmax(T(x), axis), scipy.special.softmax(x64, axis=axis).astype(dtype), **tol)
+    assert_same(vkml.softmax(T(x), axis), scipy.special.softmax(x64, axis=axis).astype(dtype),
+                **tol)
     assert_same(vkml.log_softmax(T(x), axis),
                 scipy.special.log_softmax(x64, axis=axis).astype(dtype), **tol)
 
@@ -565,7 +566,7 @@ def test_take_along_axis(data, dtype):
     assert_same(vkml.take_along_axis(T(x), T(idx), axis), want)
 
 
-# -- matmul ------------------------------------------------------------------------------------------
+# -- matmul ----------------------------------------------------------------------------------------
 
 @st.composite
 def matmul_shapes(draw):
@@ -588,7 +589,7 @@ def test_matmul(data, da, db):
     assert_same(vkml.dot(T(a), b), want, exact=False, rtol=1e-5, atol=1e-5)
 
 
-# -- convolution and pooling ---------------------------------------------------------------------------
+# -- convolution and pooling -----------------------------------------------------------------------
 
 @st.composite
 def conv_case(draw):
@@ -646,7 +647,7 @@ def test_pool_with_int_kernel_and_stride():
     assert_same(vkml.avg_pool2d(T(x), 2, 1), O.pool2d_loop(x, 2, 1, np.mean), exact=False)
 
 
-# -- every primitive is covered --------------------------------------------------------------------------
+# -- every primitive is covered --------------------------------------------------------------------
 
 COVERAGE = {
     "neg": test_unary, "exp": test_unary, "log": test_unary, "sin": test_unary,

@@ -87,7 +87,7 @@ def test_stop_gradient_blocks_exactly_its_operand(x):
     np.testing.assert_allclose(got, ag, rtol=1e-12)
 
 
-# -- elementwise, binary (with broadcasting) --------------------------------------------------------
+# -- elementwise, binary (with broadcasting) -------------------------------------------------------
 
 BINARY = {
     "add": (vkml.add, anp.add, (-3, 3), (-3, 3)),
@@ -154,8 +154,8 @@ def test_where(data):
     c = data.draw(hnp.arrays(bool, sc))
     x, y = data.draw(f64(sx)), data.draw(f64(sy))
     ones = np.ones(shapes.result_shape)   # autograd's where does not un-broadcast by itself
-    check_grad(lambda c, x, y: vkml.where(c, x, y), lambda c, x, y: anp.where(c, x * ones, y * ones),
-               c, x, y)
+    check_grad(lambda c, x, y: vkml.where(c, x, y),
+               lambda c, x, y: anp.where(c, x * ones, y * ones), c, x, y)
     ones = np.ones(np.broadcast_shapes(sc, sx))
     check_grad(lambda c, x: vkml.where(c, x, 0.0), lambda c, x: anp.where(c, x * ones, 0.0), c, x)
 
@@ -439,13 +439,14 @@ def test_matmul_batched_broadcast_and_1d(data):
 
 
 @pytest.mark.parametrize("sa,sb", [((3, 4), (4, 2)), ((4,), (4,)), ((4,), (4, 2)), ((3, 4), (4,)),
-                                   ((2, 3, 4), (4, 5)), ((2, 1, 3, 4), (5, 4, 2)), ((4,), (3, 4, 2))])
+                                   ((2, 3, 4), (4, 5)), ((2, 1, 3, 4), (5, 4, 2)),
+                                   ((4,), (3, 4, 2))])
 def test_matmul_shapes(sa, sb):
     rng = np.random.default_rng(len(sa) * 10 + len(sb))
     check_grad(lambda a, b: a @ b, anp.matmul, rng.normal(size=sa), rng.normal(size=sb))
 
 
-# -- convolution and pooling ------------------------------------------------------------------------
+# -- convolution and pooling -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("stride,padding", [(1, 0), (2, 1), ((1, 2), (2, 0)), (3, 2)])
 def test_conv2d_against_a_direct_loop(stride, padding):
@@ -460,7 +461,7 @@ def test_conv2d_against_a_direct_loop(stride, padding):
 @fewer
 @given(data=st.data())
 def test_conv2d_hypothesis(data):
-    n, c, o = data.draw(st.integers(1, 2)), data.draw(st.integers(1, 2)), data.draw(st.integers(1, 2))
+    n, c, o = (data.draw(st.integers(1, 2)) for _ in range(3))
     kh, kw = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3))
     sh, sw = data.draw(st.integers(1, 2)), data.draw(st.integers(1, 2))
     ph, pw = data.draw(st.integers(0, 1)), data.draw(st.integers(0, 1))
@@ -543,7 +544,7 @@ def test_identity_op_keeps_the_leafs_gradient():
     np.testing.assert_allclose(x.grad.numpy(), 2 * np.array([1.0, 2.0, 3.0]))
 
 
-# -- whole Jacobians ----------------------------------------------------------------------------------
+# -- whole Jacobians -------------------------------------------------------------------------------
 
 def vkml_jacobian(fn, x):
     """Row i of the Jacobian is the gradient of output element i: one backward per element."""
@@ -591,7 +592,7 @@ def test_float32_gradients_keep_float32(name, fn, ref):
     check_grad(fn, ref, a, b, rtol=2e-5, key=name)   # dtype checked inside vkml_grads
 
 
-# -- every differentiable primitive has a gradient test ------------------------------------------------
+# -- every differentiable primitive has a gradient test --------------------------------------------
 
 DIFFERENTIABLE = {
     "neg", "exp", "log", "sin", "cos", "tanh", "sqrt", "abs", "sign", "stop_gradient", "add", "sub",
