@@ -119,7 +119,11 @@ def canonical(dtype):
 def assert_same(actual, expected, exact=True, rtol=1e-6, atol=0.0):
     """``actual`` (a Tensor or array) equals ``expected`` in shape, dtype and values."""
     if isinstance(actual, vkml.Tensor):
-        actual = actual.numpy()
+        value = actual.numpy()
+        # the shape/dtype rule and the implementation agree
+        assert (tuple(actual.shape), actual.dtype) == (value.shape, value.dtype), \
+            (actual.shape, actual.dtype, value.shape, value.dtype)
+        actual = value
     actual, expected = np.asarray(actual), np.asarray(expected)
     assert actual.shape == expected.shape, (actual.shape, expected.shape)
     assert actual.dtype == canonical(expected.dtype), (actual.dtype, expected.dtype)
