@@ -1,0 +1,537 @@
+"""Lowering: a Program to loop nests over statically shaped buffers, in C expression syntax.
+
+One lowering serves every compiled renderer (C for the CPU tier, CUDA C for
+the GPU backend): it decides which values live in buffers and which are
+computed inline, and turns each equation into a loop nest whose body is one
+store of an expression.  Renderers only decide how a loop nest becomes code
+(a host loop, a ``#pragma omp`` loop over samples, a CUDA kernel).
+
+Fusion: a value read once, made by an elementwise primitive or a movement
+primitive, is not stored -- its expression is inlined where it is read
+(so a chain of 1000 elementwise ops is one loop).  Values read several
+times, program outputs, and operands of ops that read an element many times
+(a broadcast that repeats, matmul, gather) are stored.
+
+Floating-point contract (see ``cpu.py``): +, -, *, /, sqrt are IEEE
+operations in the same order as NumPy, so they give the same bits; the
+transcendental functions come from libm and match NumPy within a few ulps.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ...ir import Program
+
+CTYPE = {np.dtype(np.float64): "double", np.dtype(np.float32): "float",
+         np.dtype(np.int32): "int32_t", np.dtype(np.int64): "int64_t",
+         np.dtype(np.bool_): "uint8_t"}
+
+
+class Unsupported(Exception):
+    """A program this lowering cannot compile; the backend runs it on NumPy instead."""
+
+
+# -- statements ----------------------------------------------------------------------------
+
+class Loop:
+    __slots__ = ("var", "extent", "body", "parallel")
+
+    def __init__(self, var, extent, body, parallel=False):
+        self.var, self.extent, self.body, self.parallel = var, extent, body, parallel
+
+
+def _c_literal(value, dtype):
+    dtype = np.dtype(dtype)
+    v = np.asarray(value, dtype=dtype).item()
+    if dtype.kind == "f":
+        if math.isnan(v):
+            return "NAN"
+        if math.isinf(v):
+            return "INFINITY" if v > 0 else "(-INFINITY)"
+        text = repr(float(v))
+        return f"{text}f" if dtype == np.float32 else text
+    if dtype.kind == "b":
+        return "1" if v else "0"
+    return f"(({CTYPE[dtype]}){int(v)}LL)"
+
+
+def _strides(shape):
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= d
+    return list(reversed(out))
+
+
+def _lin(idx, shape):
+    if not shape:
+        return "0"
+    terms = []
+    for i, s in zip(idx, _strides(shape)):
+        if s == 0:
+            continue
+        terms.append(i if s == 1 else f"({i})*{s}")
+    return " + ".join(terms) if terms else "0"
+
+
+_FLOAT_FN = {"exp": "exp", "log": "log", "sin": "sin", "cos": "cos", "tanh": "tanh", "sqrt": "sqrt",
+             "abs": "fabs"}
+_ELEMENTWISE_EXPAND = {"broadcast_in_dim"}
+_VIEWS = {"broadcast_in_dim", "transpose", "slice", "flip", "reshape", "pad"}
+_MANY_READS = {"matmul", "gather", "scatter_add", "concatenate"}
+
+
+class Lowering:
+    """Lower one Program (and the programs nested in it) to statements."""
+
+    def __init__(self):
+        self.temps = []          # (name, ctype, count)
+        self.statics = []        # static const arrays (constants the program holds)
+        self.counter = 0
+        self.uses_error = False
+
+    def fresh(self, prefix):
+        self.counter += 1
+        return f"{prefix}{self.counter}"
+
+    def static(self, var, value):
+        """A constant as a static C array (programs capture small constants)."""
+        value = np.asarray(value, dtype=var.dtype).reshape(-1)
+        if value.size > 65536:
+            raise Unsupported("a large array constant")
+        name = self.fresh("k")
+        items = ", ".join(_c_literal(x, var.dtype) for x in value) or "0"
+        self.statics.append(f"static const {CTYPE[var.dtype]} {name}[{max(1, value.size)}] = {{{items}}};")
+        return f"(({CTYPE[var.dtype]}*){name})"
+
+    def temp(self, var):
+        name = self.fresh("t")
+        self.temps.append((name, CTYPE[var.dtype], max(1, var.size)))
+        return name
+
+    # -- a whole program ----------------------------------------------------------------------
+    def program(self, prog: Program, in_ptrs, out_ptrs):
+        """Statements computing ``prog`` from buffers ``in_ptrs`` into buffers ``out_ptrs``."""
+        for v in list(prog.inputs) + [o for o in prog.outputs]:
+            if v.dtype not in CTYPE:
+                raise Unsupported(f"dtype {v.dtype}")
+        uses = {}
+        for e in prog.eqns:
+            for v in e.inputs:
+                uses[v] = uses.get(v, 0) + 1
+        producer = {o: e for e in prog.eqns for o in e.outputs}
+        outputs = {}
+        for v, p in zip(prog.outputs, out_ptrs):
+            outputs.setdefault(v, p)
+        stored = set()
+        for e in prog.eqns:
+            name = e.prim.name
+            if name in _MANY_READS or not (e.prim.elementwise or name in _VIEWS):
+                stored.update(e.inputs)
+            if name == "broadcast_in_dim":
+                x = e.inputs[0]
+                if x.size != e.outputs[0].size:
+                    stored.add(x)
+        buffers = {}
+        consts = {}
+        for v, p in zip(prog.inputs, in_ptrs):
+            buffers[v] = p
+        for v, value in prog.consts:
+            consts[v] = value
+        stmts = []
+        env = _Env(self, buffers, consts, producer)
+        for e in prog.eqns:
+            inline = all(o not in outputs for o in e.outputs) and len(e.outputs) == 1 and \
+                (e.prim.elementwise or e.prim.name in _VIEWS) and uses.get(e.outputs[0], 0) == 1 and \
+                e.outputs[0] not in stored
+            if inline:
+                env.inline.add(e.outputs[0])
+                continue
+            targets = []
+            for o in e.outputs:
+                if o in outputs and o not in buffers:
+                    buffers[o] = outputs[o]
+                elif o not in buffers:
+                    buffers[o] = self.temp(o)
+                targets.append(buffers[o])
+            stmts += self.eqn(e, env, targets)
+        # outputs that are inputs, constants or repeated: copy them in
+        done = set()
+        for v, p in zip(prog.outputs, out_ptrs):
+            if buffers.get(v) == p and v not in done and v not in prog.inputs:
+                done.add(v)
+                continue
+            stmts += self.store(v.shape, p, lambda idx, v=v: env.read(v, idx))
+        return stmts
+
+    def store(self, shape, target, value_at):
+        """A loop nest over ``shape`` storing ``value_at(idx)`` into ``target``."""
+        idx = [self.fresh("i") for _ in shape]
+        body = [f"{target}[{_lin(idx, shape)}] = {value_at(idx)};"]
+        for var, extent in reversed(list(zip(idx, shape))):
+            body = [Loop(var, extent, body)]
+        return body
+
+    # -- one equation ---------------------------------------------------------------------------
+    def eqn(self, e, env, targets):
+        name = e.prim.name
+        out = e.outputs[0]
+        if e.prim.elementwise or name in _VIEWS:
+            return self.store(out.shape, targets[0], lambda idx: env.expr(e, idx))
+        method = getattr(self, f"_lower_{name}", None)
+        if method is None:
+            raise Unsupported(name)
+        return method(e, env, targets)
+
+    def _lower_reduce_sum(self, e, env, targets):
+        return self._reduce(e, env, targets[0], "acc += {x};", "0")
+
+    def _lower_reduce_max(self, e, env, targets):
+        x = e.inputs[0]
+        first = "acc = {x};"
+        step = "if (!(acc >= {x}) && !(acc != acc)) acc = {x};" if x.dtype.kind == "f" else \
+            "if ({x} > acc) acc = {x};"
+        return self._reduce(e, env, targets[0], step, None, first)
+
+    def _reduce(self, e, env, target, step, init, first=None):
+        x, out = e.inputs[0], e.outputs[0]
+        axes = e.params["axes"]
+        kept = [i for i in range(x.ndim) if i not in axes]
+        oidx = [self.fresh("i") for _ in kept]
+        ridx = [self.fresh("r") for _ in axes]
+        full = [None] * x.ndim
+        for i, v in zip(kept, oidx):
+            full[i] = v
+        for i, v in zip(axes, ridx):
+            full[i] = v
+        acc_t = CTYPE[out.dtype]
+        val = env.read(x, full)
+        inner = [step.format(x=val)]
+        if first is not None:
+            cond = " && ".join(f"{r} == 0" for r in ridx) or "1"
+            inner = [f"if ({cond}) {{ {first.format(x=val)} }} else {{ {step.format(x=val)} }}"]
+        for v, a in reversed(list(zip(ridx, axes))):
+            inner = [Loop(v, x.shape[a], inner)]
+        body = [f"{acc_t} acc = {init if init is not None else 0};"] + inner + \
+            [f"{target}[{_lin(oidx, out.shape)}] = acc;"]
+        body = [_Block(body)]
+        for v, extent in reversed(list(zip(oidx, out.shape))):
+            body = [Loop(v, extent, body)]
+        return body
+
+    def _lower_argmax(self, e, env, targets):
+        x, out = e.inputs[0], e.outputs[0]
+        axis = e.params["axis"]
+        oidx = [self.fresh("i") for _ in out.shape]
+        r = self.fresh("r")
+        full = list(oidx[:axis]) + [r] + list(oidx[axis:])
+        val = env.read(x, full)
+        t = CTYPE[x.dtype]
+        nan_check = f" || ({val} != {val})" if x.dtype.kind == "f" else ""
+        body = [_Block([f"{t} best = 0; int64_t arg = -1;",
+                        Loop(r, x.shape[axis], [f"if (arg < 0 || {val} > best{nan_check}) "
+                                                f"{{ if (arg < 0 || !(best != best)) {{ best = {val}; arg = {r}; }} }}"]),
+                        f"{targets[0]}[{_lin(oidx, out.shape)}] = arg;"])]
+        for v, extent in reversed(list(zip(oidx, out.shape))):
+            body = [Loop(v, extent, body)]
+        return body
+
+    def _lower_matmul(self, e, env, targets):
+        a, b = e.inputs
+        out = e.outputs[0]
+        idx = [self.fresh("i") for _ in out.shape]
+        k = self.fresh("k")
+        batch = idx[:-2]
+        ai = batch + [idx[-2], k]
+        bi = batch + [k, idx[-1]]
+        t = CTYPE[out.dtype]
+        body = [_Block([f"{t} acc = 0;",
+                        Loop(k, a.shape[-1], [f"acc += {env.read(a, ai)} * {env.read(b, bi)};"]),
+                        f"{targets[0]}[{_lin(idx, out.shape)}] = acc;"])]
+        for v, extent in reversed(list(zip(idx, out.shape))):
+            body = [Loop(v, extent, body)]
+        return body
+
+    def _lower_concatenate(self, e, env, targets):
+        return self.store(e.outputs[0].shape, targets[0], lambda idx: env.expr(e, idx))
+
+    def _coords(self, env, x_shape, idx_var, prefix):
+        k = idx_var.shape[-1]
+        coords = []
+        checks = []
+        for j in range(k):
+            c = f"((int64_t){env.read(idx_var, list(prefix) + [str(j)])})"
+            coords.append(c)
+            checks.append(f"{c} < 0 || {c} >= {x_shape[j]}")
+        return coords, checks
+
+    def _lower_gather(self, e, env, targets):
+        x, idx = e.inputs
+        out = e.outputs[0]
+        k = idx.shape[-1]
+        n_prefix = idx.ndim - 1
+        oidx = [self.fresh("i") for _ in out.shape]
+        coords, checks = self._coords(env, x.shape, idx, oidx[:n_prefix])
+        self.uses_error = True
+        full = coords + oidx[n_prefix:]
+        body = [f"if ({' || '.join(checks)}) {{ *err = {self.error_code(e)}; goto done; }}",
+                f"{targets[0]}[{_lin(oidx, out.shape)}] = {env.read(x, full)};"]
+        for v, extent in reversed(list(zip(oidx, out.shape))):
+            body = [Loop(v, extent, body)]
+        return body
+
+    def _lower_scatter_add(self, e, env, targets):
+        base, idx, upd = e.inputs
+        copy = self.store(base.shape, targets[0], lambda i: env.read(base, i))
+        n_prefix = idx.ndim - 1
+        uidx = [self.fresh("i") for _ in upd.shape]
+        coords, checks = self._coords(env, base.shape, idx, uidx[:n_prefix])
+        self.uses_error = True
+        full = coords + uidx[n_prefix:]
+        body = [f"if ({' || '.join(checks)}) {{ *err = {self.error_code(e)}; goto done; }}",
+                f"{targets[0]}[{_lin(full, base.shape)}] += {env.read(upd, uidx)};"]
+        for v, extent in reversed(list(zip(uidx, upd.shape))):
+            body = [Loop(v, extent, body)]
+        return copy + body
+
+    def error_code(self, e):
+        """Errors report the primitive's name back to Python through a code."""
+        code = len(ERROR_NAMES) + 1
+        ERROR_NAMES.append(e.prim.name)
+        return code
+
+    def _lower_call(self, e, env, targets):
+        return self.program(e.params["program"], [env.pointer(v) for v in e.inputs], targets)
+
+    _lower_checkpoint = _lower_call
+    _lower_custom_jvp_call = _lower_call
+    _lower_custom_vjp_call = _lower_call
+
+    def _lower_scan(self, e, env, targets):
+        p = e.params
+        step, nc, nk, length, reverse = p["program"], p["num_consts"], p["num_carry"], p["length"], \
+            p["reverse"]
+        ins = [env.pointer(v) for v in e.inputs]
+        consts, init, xs = ins[:nc], ins[nc:nc + nk], ins[nc + nk:]
+        carry_vars = e.outputs[:nk]
+        ys_vars = e.outputs[nk:]
+        stmts = []
+        carry = targets[:nk]
+        for v, src, dst in zip(carry_vars, init, carry):
+            stmts += self.copy(v, src, dst)
+        new = [self.temp(v) for v in carry_vars]
+        r = self.fresh("row")
+        row = f"({length - 1} - {r})" if reverse else r
+        x_rows = [f"({x} + ({row})*{max(1, v.size)})" for x, v in
+                  zip(xs, step.inputs[nc + nk:])]
+        y_rows = [f"({y} + ({row})*{max(1, v.size)})" for y, v in zip(targets[nk:], step.outputs[nk:])]
+        body = self.program(step, consts + carry + x_rows, new + y_rows)
+        for v, src, dst in zip(carry_vars, new, carry):
+            body += self.copy(v, src, dst)
+        stmts.append(Loop(r, length, body))
+        del ys_vars
+        return stmts
+
+    def _lower_cond(self, e, env, targets):
+        branches = e.params["branches"]
+        index = env.read(e.inputs[0], [])
+        args = [env.pointer(v) for v in e.inputs[1:]]
+        stmts = []
+        for k, b in enumerate(branches):
+            test = f"({index}) <= {k}" if k < len(branches) - 1 else "1"
+            stmts.append(_If(test if k == 0 else f"else if ({test})" if k < len(branches) - 1 else "else",
+                             self.program(b, args, targets), first=(k == 0)))
+        return stmts
+
+    def _lower_while(self, e, env, targets):
+        p = e.params
+        ncc, nbc = p["num_cond_consts"], p["num_body_consts"]
+        args = [env.pointer(v) for v in e.inputs]
+        cc, bc, init = args[:ncc], args[ncc:ncc + nbc], args[ncc + nbc:]
+        stmts = []
+        for v, src, dst in zip(e.outputs, init, targets):
+            stmts += self.copy(v, src, dst)
+        flag = self.fresh("go")
+        self.temps.append((flag, "uint8_t", 1))
+        new = [self.temp(v) for v in e.outputs]
+        body = self.program(p["body"], bc + targets, new)
+        for v, src, dst in zip(e.outputs, new, targets):
+            body += self.copy(v, src, dst)
+        test = self.program(p["cond"], cc + targets, [flag])
+        stmts += test
+        stmts.append(_While(f"{flag}[0]", body + test))
+        return stmts
+
+    def copy(self, var, src, dst):
+        n = max(1, var.size)
+        i = self.fresh("c")
+        return [Loop(i, n, [f"{dst}[{i}] = {src}[{i}];"])]
+
+
+ERROR_NAMES = []
+
+
+class _Block:
+    """Statements in their own C scope (a reduction's accumulator)."""
+
+    def __init__(self, body):
+        self.body = body
+
+
+class _If:
+    def __init__(self, test, body, first):
+        self.test, self.body, self.first = test, body, first
+
+
+class _While:
+    def __init__(self, test, body):
+        self.test, self.body = test, body
+
+
+class _Env:
+    """Reading values: from buffers, constants, or inlined expressions at an index."""
+
+    def __init__(self, lowering, buffers, consts, producer):
+        self.lowering = lowering
+        self.buffers = buffers
+        self.consts = consts
+        self.producer = producer
+        self.inline = set()
+
+    def pointer(self, v):
+        """A buffer holding ``v`` (a constant gets a static array of its own)."""
+        if v in self.buffers:
+            return self.buffers[v]
+        if v in self.consts:
+            self.buffers[v] = self.lowering.static(v, self.consts[v])
+            return self.buffers[v]
+        raise Unsupported("operand without a buffer")
+
+    def read(self, v, idx):
+        if v in self.buffers:
+            return f"{self.buffers[v]}[{_lin(idx, v.shape)}]"
+        if v in self.consts:
+            value = np.asarray(self.consts[v])
+            if value.size == 1:
+                return _c_literal(value.reshape(()), v.dtype)
+            return f"{self.pointer(v)}[{_lin(idx, v.shape)}]"
+        if v in self.inline:
+            return f"({self.expr(self.producer[v], idx)})"
+        raise Unsupported("a value read before it is computed")
+
+    def expr(self, e, idx):
+        """The expression of elementwise/movement equation ``e`` at output index ``idx``."""
+        name = e.prim.name
+        ins = e.inputs
+        out = e.outputs[0]
+        p = e.params
+        if name == "broadcast_in_dim":
+            x = ins[0]
+            sub = [("0" if x.shape[i] == 1 and p["shape"][d] != 1 else idx[d])
+                   for i, d in enumerate(p["dims"])]
+            return self.read(x, sub)
+        if name == "transpose":
+            sub = [None] * len(idx)
+            for i, q in enumerate(p["perm"]):
+                sub[q] = idx[i]
+            return self.read(ins[0], sub)
+        if name == "slice":
+            sub = [f"({s} + ({i})*{st})" if st != 1 else (f"({s} + {i})" if s else i)
+                   for i, s, st in zip(idx, p["starts"], p["strides"])]
+            return self.read(ins[0], sub)
+        if name == "flip":
+            sub = [f"({out.shape[a] - 1} - {i})" if a in p["axes"] else i for a, i in enumerate(idx)]
+            return self.read(ins[0], sub)
+        if name == "reshape":
+            x = ins[0]
+            lin = _lin(idx, out.shape)
+            sub = []
+            for d, s in zip(x.shape, _strides(x.shape)):
+                sub.append(f"((({lin}) / {s}) % {d})" if d > 1 else "0")
+            return self.read(x, sub)
+        if name == "pad":
+            x = ins[0]
+            conds, sub = [], []
+            for i, lo, it, n in zip(idx, p["lo"], p["interior"], x.shape):
+                step = it + 1
+                off = f"(({i}) - {lo})"
+                conds.append(f"{off} >= 0 && {off} < {max(0, (n - 1) * step + 1)}"
+                             + (f" && {off} % {step} == 0" if step > 1 else ""))
+                sub.append(f"({off} / {step})" if step > 1 else off)
+            cond = " && ".join(conds) or "1"
+            return f"(({cond}) ? {self.read(x, sub)} : ({CTYPE[out.dtype]})0)"
+        if name == "concatenate":
+            axis = p["axis"]
+            parts, offset = [], 0
+            for x in ins:
+                n = x.shape[axis]
+                sub = [f"({i} - {offset})" if a == axis else i for a, i in enumerate(idx)]
+                parts.append((offset + n, self.read(x, sub)))
+                offset += n
+            text = parts[-1][1]
+            for limit, value in reversed(parts[:-1]):
+                text = f"(({idx[axis]}) < {limit} ? {value} : {text})"
+            return text
+        args = [self.read(v, idx) for v in ins]
+        return _elementwise(name, args, ins, out, p)
+
+
+def _elementwise(name, a, ins, out, p):
+    dt = ins[0].dtype if ins else out.dtype
+    f32 = dt == np.float32
+    isf = dt.kind == "f"
+    if name in ("add", "sub", "mul"):
+        op = {"add": "+", "sub": "-", "mul": "*"}[name]
+        if dt.kind in "iu":   # wrap around as NumPy does, without C's signed-overflow UB
+            u = "uint64_t" if dt.itemsize == 8 else "uint32_t"
+            return f"({CTYPE[dt]})(({u}){a[0]} {op} ({u}){a[1]})"
+        return f"({a[0]} {op} {a[1]})"
+    if name == "div":
+        if isf:
+            return f"({a[0]} / {a[1]})"
+        return f"vk_floordiv_{CTYPE[dt]}({a[0]}, {a[1]})"
+    if name == "neg":
+        return f"(-{a[0]})"
+    if name in _FLOAT_FN:
+        if name == "abs" and not isf:
+            return f"({a[0]} < 0 ? -{a[0]} : {a[0]})"
+        fn = _FLOAT_FN[name] + ("f" if f32 else "")
+        return f"{fn}({a[0]})"
+    if name == "pow":
+        if isf:
+            return f"{'powf' if f32 else 'pow'}({a[0]}, {a[1]})"
+        return f"vk_ipow_{CTYPE[dt]}({a[0]}, {a[1]})"
+    if name == "max":
+        if isf:
+            return f"vk_max_{CTYPE[dt]}({a[0]}, {a[1]})"
+        return f"({a[0]} >= {a[1]} ? {a[0]} : {a[1]})"
+    if name == "min":
+        if isf:
+            return f"vk_min_{CTYPE[dt]}({a[0]}, {a[1]})"
+        return f"({a[0]} <= {a[1]} ? {a[0]} : {a[1]})"
+    if name == "sign":
+        if isf:
+            return f"vk_sign_{CTYPE[dt]}({a[0]})"
+        return f"(({a[0]} > 0) - ({a[0]} < 0))"
+    if name == "stop_gradient":
+        return a[0]
+    if name == "logical_not":
+        return f"(!{a[0]})"
+    if name in ("eq", "ne", "lt", "le", "gt", "ge"):
+        op = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}[name]
+        return f"({a[0]} {op} {a[1]})"
+    if name == "logical_and":
+        return f"({a[0]} && {a[1]})"
+    if name == "logical_or":
+        return f"({a[0]} || {a[1]})"
+    if name == "where":
+        return f"({a[0]} ? {a[1]} : {a[2]})"
+    if name == "cast":
+        to = p["dtype"]
+        if to.kind == "b":
+            return f"({a[0]} != 0)"
+        return f"(({CTYPE[to]}){a[0]})"
+    raise Unsupported(name)
