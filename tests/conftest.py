@@ -14,14 +14,35 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "vkml"))
 
 
+#: The backends the computing tests run on: the NumPy reference and the compiled CPU tier.
+#: ``VKML_TEST_BACKENDS=numpy`` narrows a local run.
+BACKENDS = [b for b in os.environ.get("VKML_TEST_BACKENDS", "numpy,cpu").split(",") if b]
+
+#: Test modules that compute (operators, gradients, programs, graphs): each runs on every backend.
+BACKEND_MODULES = {"test_ops_forward", "test_ops_grad", "test_ops_errors", "test_indexing",
+                   "test_tensor", "test_programs", "test_nn_optim", "test_graph",
+                   "test_graph_conditionals", "test_graph_refusals", "test_simulation",
+                   "test_compiled"}
+
+
+def pytest_generate_tests(metafunc):
+    if metafunc.module.__name__.rsplit(".", 1)[-1] in BACKEND_MODULES:
+        metafunc.parametrize("vk_backend", BACKENDS, indirect=True)
+
+
 @pytest.fixture(autouse=True)
-def _clean_state():
-    """Every test starts lazy, on the NumPy backend, with counters at zero."""
-    vkml.set_backend("numpy")
+def vk_backend(request):
+    """Every test starts lazy, with counters at zero, on its backend (NumPy unless parametrized)."""
+    name = getattr(request, "param", "numpy")
+    # On the compiled tier every program is compiled at its first run (no NumPy warm-up), so
+    # each test exercises the generated C.
+    os.environ["VKML_CPU_HOT"] = "0"
+    vkml.set_backend(name)
     vkml.set_eager(False)
     vkml.reset_stats()
-    yield
+    yield name
     vkml.set_eager(False)
+    vkml.set_backend("numpy")
 
 
 @pytest.fixture

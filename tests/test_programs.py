@@ -67,7 +67,9 @@ def test_seed_one_call():
     assert g1.numpy().tolist() == [20, 18, 12]
     assert g2.numpy().tolist() == [2, 2, 2]
     assert runs[0] == 1                                   # "1 run"
-    assert first["traces"] == 1 and first["derived"] >= 3 and first["compiles"] >= 2
+    assert first["traces"] == 1 and first["derived"] >= 3
+    # known and transposed parts compiled (a compiled tier may find them in its disk cache)
+    assert first["compiles"] >= 2 or vkml.backend_info()["backend"] != "numpy"
     # the second gradient traced, derived and compiled nothing
     assert (second["traces"], second["derived"], second["compiles"]) == \
         (first["traces"], first["derived"], first["compiles"])

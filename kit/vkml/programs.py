@@ -176,7 +176,8 @@ class Jitted:
         return prog
 
     def cache_info(self) -> dict:
-        """Traces, compiles, derived programs and hits of this function so far."""
+        """Traces, compiles (executables made for its programs' variants), derived programs and
+        hits (calls that found their key's program) of this function so far."""
         return {"traces": self.traces, "compiles": self.compiles,
                 "derived": self.derivations, "hits": self.hits, "keys": len(self._entries)}
 
@@ -225,9 +226,11 @@ def _apply_program(owner, entry, variant_tag, prog, in_vars, requires_grad):
         variant = (id(prog), variant_tag, backend.name, backend.layout(values))
         exe = entry.executables.get(variant) if entry is not None else None
         if exe is None:
-            before = STATS.compiles
-            exe = backend.executable(("jit", prog, variant[1:]), lambda: prog)
-            owner.compiles += STATS.compiles - before
+            made = []
+            exe = backend.executable(("jit", prog, variant[1:]), lambda: made.append(1) or prog)
+            # this function's compiles: executables made for its variants (a compiled tier may
+            # load one from its disk cache instead of running the compiler: see vkml.stats())
+            owner.compiles += len(made)
             if entry is not None:
                 entry.executables[variant] = exe
         outs = _submit(backend, exe, values, prog.eqns)

@@ -38,11 +38,11 @@ from ..errors import BackendError
 from ..stats import STATS
 from .base import Backend, ExecutionFailure, register
 from .codegen.c_render import render
-from .codegen.lower import ERROR_NAMES, Lowering, Unsupported
+from .codegen.lower import Lowering, Unsupported
 from .numpy_backend import compile_program as compile_numpy
 
-FLAGS = ["-O2", "-fPIC", "-shared", "-std=c99", "-ffp-contract=off", "-fno-fast-math",
-         "-fno-strict-aliasing"]
+FLAGS = ["-O2", "-pipe", "-fPIC", "-shared", "-std=c99", "-ffp-contract=off", "-fno-fast-math",
+         "-fno-strict-aliasing", "-fno-math-errno"]
 
 
 def compiler():
@@ -122,13 +122,14 @@ def library(source: str):
 
 
 def c_source(program):
-    """The C source of ``program`` (raises Unsupported for what the lowering cannot compile)."""
+    """The C source of ``program`` and its error names (raises Unsupported for what the lowering
+    cannot compile)."""
     low = Lowering()
     ins = [f"a{i}" for i in range(len(program.inputs))]
     outs = [f"o{i}" for i in range(len(program.outputs))]
     stmts = low.program(program, ins, outs)
     return render(low, stmts, len(ins), [v.dtype for v in program.inputs],
-                  len(outs), [v.dtype for v in program.outputs])
+                  len(outs), [v.dtype for v in program.outputs]), low.errors
 
 
 #: matmuls bigger than this run on NumPy (BLAS) rather than in generated loops
@@ -150,13 +151,15 @@ def _too_big(program) -> bool:
 class CompiledProgram:
     """A program's C function, called with contiguous arrays."""
 
-    def __init__(self, program, lib, source):
+    def __init__(self, program, lib, source, errors):
         self.fn = lib.vk_main
         self.fn.restype = ctypes.c_int
-        self.fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        self.fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         self.in_types = [v.dtype for v in program.inputs]
         self.out_types = [(v.shape, v.dtype) for v in program.outputs]
         self.source = source
+        self.errors = errors
+        self.eqn_index = {e.prim.name: i for i, e in enumerate(program.eqns)}
         self._keep = lib
 
     def __call__(self, args):
@@ -164,16 +167,52 @@ class CompiledProgram:
         outs = [np.empty(shape, dtype) for shape, dtype in self.out_types]
         in_ptrs = (ctypes.c_void_p * max(1, len(ins)))(*[a.ctypes.data for a in ins])
         out_ptrs = (ctypes.c_void_p * max(1, len(outs)))(*[o.ctypes.data for o in outs])
-        code = self.fn(in_ptrs, out_ptrs)
+        info = np.zeros(3, np.int64)
+        code = self.fn(in_ptrs, out_ptrs, info.ctypes.data)
         if code:
-            name = ERROR_NAMES[code - 1] if code - 1 < len(ERROR_NAMES) else "?"
-            raise ExecutionFailure(_index_of(self, name), IndexError(
-                f"an index is out of range in {name}; indices must lie within the indexed axis"))
+            name = self.errors[code - 1] if code - 1 < len(self.errors) else "?"
+            bad, axis, size = (int(v) for v in info)
+            raise ExecutionFailure(self.eqn_index.get(name, 0), IndexError(
+                f"index {bad} is out of range for axis {axis} of size {size}; "
+                f"indices must lie in [0, {size})"))
         return outs
 
 
-def _index_of(exe, name):
-    return exe.eqn_index.get(name, 0) if hasattr(exe, "eqn_index") else 0
+def hot_threshold() -> int:
+    """Runs a loop-free program makes on NumPy before it is compiled (``VKML_CPU_HOT``, default 1).
+
+    Compiling costs tens of milliseconds; a program that runs once (an eager
+    op, a one-off realize) is cheaper on NumPy.  Programs holding a loop
+    (scan, while) are compiled at once: that is where C wins most."""
+    try:
+        return max(0, int(os.environ.get("VKML_CPU_HOT", "1")))
+    except ValueError:
+        return 1
+
+
+class Tiered:
+    """Runs a program on NumPy until it is hot, then swaps in its compiled C function."""
+
+    def __init__(self, backend, program, numpy_run, remaining):
+        self.backend, self.program, self.current, self.remaining = backend, program, numpy_run, remaining
+        self.compiled = False
+
+    def __call__(self, args):
+        if self.remaining <= 0 and not self.compiled:
+            self.current = self.backend._compile_c(self.program) or self.current
+            self.compiled = True
+            self.program = None
+        self.remaining -= 1
+        return self.current(args)
+
+
+def _has_loop(program) -> bool:
+    for e in program.eqns:
+        if e.prim.name in ("scan", "while"):
+            return True
+        if any(hasattr(p, "eqns") and _has_loop(p) for p in e.params.values()):
+            return True
+    return False
 
 
 class CpuBackend(Backend):
@@ -193,14 +232,19 @@ class CpuBackend(Backend):
     def _compile(self, program):
         if self.compiler is None or _too_big(program):
             return self._numpy(program)
+        hot = hot_threshold()
+        if hot == 0 or _has_loop(program):
+            return self._compile_c(program) or self._numpy(program)
+        return Tiered(self, program, self._numpy(program), hot)
+
+    def _compile_c(self, program):
+        """The program's C function, or None when the lowering does not cover it."""
         try:
-            source = c_source(program)
+            source, errors = c_source(program)
         except Unsupported:
-            return self._numpy(program)
+            return None
         lib, _ = library(source)
-        exe = CompiledProgram(program, lib, source)
-        exe.eqn_index = {e.prim.name: i for i, e in enumerate(program.eqns)}
-        return exe
+        return CompiledProgram(program, lib, source, errors)
 
     def _numpy(self, program):
         self.fallbacks += 1

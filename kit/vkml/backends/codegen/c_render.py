@@ -9,11 +9,18 @@ from __future__ import annotations
 
 from .lower import CTYPE, Loop, _Block, _If, _While
 
+# No #include: parsing system headers is most of a small compile's time, so the few
+# declarations generated code needs are written out here.
 HELPERS = r"""
-#include <math.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
+typedef signed char int8_t; typedef int int32_t; typedef long long int64_t;
+typedef unsigned char uint8_t; typedef unsigned int uint32_t; typedef unsigned long long uint64_t;
+void* malloc(unsigned long); void free(void*);
+double exp(double); double log(double); double sin(double); double cos(double); double tanh(double);
+double sqrt(double); double fabs(double); double pow(double, double);
+float expf(float); float logf(float); float sinf(float); float cosf(float); float tanhf(float);
+float sqrtf(float); float fabsf(float); float powf(float, float);
+#define NAN (__builtin_nanf(""))
+#define INFINITY (__builtin_inff())
 
 static inline double vk_max_double(double a, double b) { return (a != a) ? a : ((b != b) ? b : (a >= b ? a : b)); }
 static inline float vk_max_float(float a, float b) { return (a != a) ? a : ((b != b) ? b : (a >= b ? a : b)); }
@@ -34,8 +41,8 @@ static inline uint8_t vk_ipow_uint8_t(uint8_t a, uint8_t b) { return b ? a : 1; 
 def render(lowering, stmts, n_in, in_types, n_out, out_types, name="vk_main"):
     lines = [HELPERS]
     lines += lowering.statics
-    lines.append(f"int {name}(void** in, void** out) {{")
-    lines.append("    int err_ = 0; int* err = &err_; (void)err;")
+    lines.append(f"int {name}(void** in, void** out, int64_t* info) {{")
+    lines.append("    int err_ = 0; int* err = &err_; (void)err; (void)info;")
     for i, t in enumerate(in_types):
         lines.append(f"    {CTYPE[t]}* a{i} = ({CTYPE[t]}*)in[{i}];")
     for i, t in enumerate(out_types):

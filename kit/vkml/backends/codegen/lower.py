@@ -90,8 +90,8 @@ class Lowering:
     def __init__(self):
         self.temps = []          # (name, ctype, count)
         self.statics = []        # static const arrays (constants the program holds)
+        self.errors = []         # primitive names, by error code - 1
         self.counter = 0
-        self.uses_error = False
 
     def fresh(self, prefix):
         self.counter += 1
@@ -258,15 +258,19 @@ class Lowering:
     def _lower_concatenate(self, e, env, targets):
         return self.store(e.outputs[0].shape, targets[0], lambda idx: env.expr(e, idx))
 
-    def _coords(self, env, x_shape, idx_var, prefix):
+    def _coords(self, env, x_shape, idx_var, prefix, e):
+        """Index coordinates as C variables, each checked against its axis (the error names the
+        index, the axis and its size, as the NumPy backend's does)."""
         k = idx_var.shape[-1]
-        coords = []
-        checks = []
+        coords, lines = [], []
+        code = self.error_code(e)
         for j in range(k):
-            c = f"((int64_t){env.read(idx_var, list(prefix) + [str(j)])})"
+            c = self.fresh("g")
+            lines.append(f"int64_t {c} = (int64_t){env.read(idx_var, list(prefix) + [str(j)])};")
+            lines.append(f"if ({c} < 0 || {c} >= {x_shape[j]}) {{ *err = {code}; info[0] = {c}; "
+                         f"info[1] = {j}; info[2] = {x_shape[j]}; goto done; }}")
             coords.append(c)
-            checks.append(f"{c} < 0 || {c} >= {x_shape[j]}")
-        return coords, checks
+        return coords, lines
 
     def _lower_gather(self, e, env, targets):
         x, idx = e.inputs
@@ -274,11 +278,9 @@ class Lowering:
         k = idx.shape[-1]
         n_prefix = idx.ndim - 1
         oidx = [self.fresh("i") for _ in out.shape]
-        coords, checks = self._coords(env, x.shape, idx, oidx[:n_prefix])
-        self.uses_error = True
+        coords, checks = self._coords(env, x.shape, idx, oidx[:n_prefix], e)
         full = coords + oidx[n_prefix:]
-        body = [f"if ({' || '.join(checks)}) {{ *err = {self.error_code(e)}; goto done; }}",
-                f"{targets[0]}[{_lin(oidx, out.shape)}] = {env.read(x, full)};"]
+        body = checks + [f"{targets[0]}[{_lin(oidx, out.shape)}] = {env.read(x, full)};"]
         for v, extent in reversed(list(zip(oidx, out.shape))):
             body = [Loop(v, extent, body)]
         return body
@@ -288,20 +290,17 @@ class Lowering:
         copy = self.store(base.shape, targets[0], lambda i: env.read(base, i))
         n_prefix = idx.ndim - 1
         uidx = [self.fresh("i") for _ in upd.shape]
-        coords, checks = self._coords(env, base.shape, idx, uidx[:n_prefix])
-        self.uses_error = True
+        coords, checks = self._coords(env, base.shape, idx, uidx[:n_prefix], e)
         full = coords + uidx[n_prefix:]
-        body = [f"if ({' || '.join(checks)}) {{ *err = {self.error_code(e)}; goto done; }}",
-                f"{targets[0]}[{_lin(full, base.shape)}] += {env.read(upd, uidx)};"]
+        body = checks + [f"{targets[0]}[{_lin(full, base.shape)}] += {env.read(upd, uidx)};"]
         for v, extent in reversed(list(zip(uidx, upd.shape))):
             body = [Loop(v, extent, body)]
         return copy + body
 
     def error_code(self, e):
-        """Errors report the primitive's name back to Python through a code."""
-        code = len(ERROR_NAMES) + 1
-        ERROR_NAMES.append(e.prim.name)
-        return code
+        """Errors report the failing primitive back to Python as a code: 1 + its place in ``errors``."""
+        self.errors.append(e.prim.name)
+        return len(self.errors)
 
     def _lower_call(self, e, env, targets):
         return self.program(e.params["program"], [env.pointer(v) for v in e.inputs], targets)
@@ -369,9 +368,6 @@ class Lowering:
         n = max(1, var.size)
         i = self.fresh("c")
         return [Loop(i, n, [f"{dst}[{i}] = {src}[{i}];"])]
-
-
-ERROR_NAMES = []
 
 
 class _Block:
