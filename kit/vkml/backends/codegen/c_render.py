@@ -38,6 +38,10 @@ static inline uint8_t vk_ipow_uint8_t(uint8_t a, uint8_t b) { return b ? a : 1; 
 """
 
 
+#: temporaries of at most this many elements live on the stack
+STACK_LIMIT = 64
+
+
 def render(lowering, stmts, n_in, in_types, n_out, out_types, name="vk_main"):
     lines = [HELPERS]
     lines += lowering.statics
@@ -48,12 +52,18 @@ def render(lowering, stmts, n_in, in_types, n_out, out_types, name="vk_main"):
     for i, t in enumerate(out_types):
         lines.append(f"    {CTYPE[t]}* o{i} = ({CTYPE[t]}*)out[{i}];")
     for tname, ctype, count in lowering.temps:
-        lines.append(f"    {ctype}* {tname} = ({ctype}*)malloc(sizeof({ctype}) * {count});")
+        if count <= STACK_LIMIT:
+            # small temporaries on the stack: their address never escapes, so the compiler keeps
+            # them in registers (a scan's scalar carry)
+            lines.append(f"    {ctype} {tname}[{count}];")
+        else:
+            lines.append(f"    {ctype}* {tname} = ({ctype}*)malloc(sizeof({ctype}) * {count});")
     _emit(stmts, lines, "    ")
     lines.append("    goto done;")
     lines.append("done:")
-    for tname, _, _ in lowering.temps:
-        lines.append(f"    free({tname});")
+    for tname, _, count in lowering.temps:
+        if count > STACK_LIMIT:
+            lines.append(f"    free({tname});")
     lines.append("    return err_;")
     lines.append("}")
     return "\n".join(lines) + "\n"
