@@ -22,7 +22,7 @@ BACKENDS = [b for b in os.environ.get("VKML_TEST_BACKENDS", "numpy,cpu").split("
 BACKEND_MODULES = {"test_ops_forward", "test_ops_grad", "test_ops_errors", "test_indexing",
                    "test_tensor", "test_programs", "test_nn_optim", "test_graph",
                    "test_graph_conditionals", "test_graph_refusals", "test_simulation",
-                   "test_compiled"}
+                   }
 
 
 def pytest_generate_tests(metafunc):
