@@ -30,6 +30,10 @@ CTYPE = {np.dtype(np.float64): "double", np.dtype(np.float32): "float",
          np.dtype(np.bool_): "uint8_t"}
 
 
+#: the longest chain of inlined expressions before a value is stored
+MAX_INLINE_DEPTH = 32
+
+
 class Unsupported(Exception):
     """A program this lowering cannot compile; the backend runs it on NumPy instead."""
 
@@ -143,11 +147,17 @@ class Lowering:
             consts[v] = value
         stmts = []
         env = _Env(self, buffers, consts, producer)
+        depth = {}
         for e in prog.eqns:
             inline = all(o not in outputs for o in e.outputs) and len(e.outputs) == 1 and \
                 (e.prim.elementwise or e.prim.name in _VIEWS) and uses.get(e.outputs[0], 0) == 1 and \
                 e.outputs[0] not in stored
             if inline:
+                # a long chain is cut into stored pieces, so one expression stays of modest size
+                d = 1 + max((depth.get(v, 0) for v in e.inputs), default=0)
+                inline = d <= MAX_INLINE_DEPTH
+            if inline:
+                depth[e.outputs[0]] = d
                 env.inline.add(e.outputs[0])
                 continue
             targets = []
