@@ -49,9 +49,13 @@ def test_wheel_holds_every_module_and_the_cuda_templates(wheel):
     for f in (ROOT / "kernels_cu").iterdir():
         if f.suffix in {".cu", ".cuh", ".h", ".c", ".md", ".py"}:
             assert f"vkml/kernels_cu/{f.name}" in names
+    # The Jupyter layer ships beside it as the top-level package vkml_jupyter.
+    for py in (ROOT / "extensions" / "vkml_jupyter").rglob("*.py"):
+        rel = py.relative_to(ROOT / "extensions").as_posix()
+        assert rel in names, f"{rel} is missing from the wheel"
     # Nothing else of the repository leaks into site-packages.
     tops = {n.split("/", 1)[0] for n in names}
-    assert tops == {"vkml", "vkml-0.1.0.dist-info"}, tops
+    assert tops == {"vkml", "vkml_jupyter", "vkml-0.1.0.dist-info"}, tops
 
 
 def test_installed_wheel_imports_away_from_checkout_and_runs_seed_example(wheel, tmp_path):
@@ -70,8 +74,19 @@ def test_installed_wheel_imports_away_from_checkout_and_runs_seed_example(wheel,
         vkml.backward(vkml.sum(vkml.mul(x, x)))
         assert x.grad.numpy().tolist() == [6.0], x.grad.numpy()
         print("seed example ok")
+
+        # %load_ext vkml finds the Jupyter layer in the same site-packages
+        from IPython.core.interactiveshell import InteractiveShell
+        ip = InteractiveShell.instance()
+        ip.run_line_magic("load_ext", "vkml")
+        magics = ip.magics_manager.magics
+        assert "vkml" in magics["cell"] and "vkml" in magics["line"]
+        import vkml_jupyter
+        assert site in pathlib.Path(vkml_jupyter.__file__).resolve().parents, vkml_jupyter.__file__
+        assert site in pathlib.Path(vkml.widgets.__file__).resolve().parents, vkml.widgets.__file__
+        print("jupyter layer ok")
     """)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     env.update(PYTHONPATH=str(site), PYTHONNOUSERSITE="1")
     proc = run([sys.executable, "-c", code], cwd=tmp_path, env=env)
-    assert "seed example ok" in proc.stdout
+    assert "seed example ok" in proc.stdout and "jupyter layer ok" in proc.stdout

@@ -6,6 +6,10 @@ The public API (see DESIGN.md):
   ``stats``/``reset_stats``, and the operations (``add``, ``mul``, ``sum``, ``matmul``, ...)
 - ``nn`` and ``optim``: layers, losses, SGD and Adam
 - backends: ``set_backend``, ``backend_info``
+- ``viz``: graphviz pictures of Programs, lazy graphs, derived programs, Graphs and Records
+- ``progress``: progress bars for long work (``tqdm.auto``, quiet outside notebooks)
+- in Jupyter: ``%load_ext vkml`` (the ``%%vkml`` magic) and ``vkml.widgets`` (explorers), both
+  from the separate ``vkml_jupyter`` package, imported only when asked for
 """
 
 from . import errors, ir, ops
@@ -27,9 +31,29 @@ from .tensor import (Tensor, abs, add, arange, argmax, argmin, assign, avg_pool2
                      sqrt, square, squeeze, stack, stop_gradient, sub, sum, swapaxes, take,
                      take_along_axis, tanh, tensor, transpose, where, zeros, zeros_like)
 
-from . import nn, optim
+from . import nn, optim, progress, viz
+
+viz.install()  # Programs and pending Tensors draw themselves as a notebook cell's last expression
 
 float32, float64, int32, int64 = "float32", "float64", "int32", "int64"
 bool_ = "bool"
 
 __version__ = "0.1.0"
+
+
+def load_ipython_extension(ipython):
+    """``%load_ext vkml``: register the ``%%vkml`` and ``%vkml`` magics (see ``vkml_jupyter``).
+
+    The Jupyter layer lives in its own package and is imported only here, so
+    ``import vkml`` never imports IPython.
+    """
+    import vkml_jupyter
+    vkml_jupyter.load_ipython_extension(ipython)
+
+
+def __getattr__(name):
+    # ``vkml.widgets`` is the Jupyter layer's widgets module, imported on first use.
+    if name == "widgets":
+        import importlib
+        return importlib.import_module("vkml_jupyter.widgets")
+    raise AttributeError(f"module 'vkml' has no attribute {name!r}")

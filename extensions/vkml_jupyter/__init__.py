@@ -1,0 +1,21 @@
+"""vkml in Jupyter: the ``%%vkml`` / ``%vkml`` magics and the ipywidgets explorers.
+
+Load it in a notebook with ``%load_ext vkml`` (or ``%load_ext vkml_jupyter``):
+
+- ``%%vkml [--eager] [--backend NAME] [--show WHAT[,WHAT]] [--grad VAR] [--time]`` runs a cell
+  under a mode and backend and shows what it built (see :data:`vkml_jupyter.magics.USAGE`);
+- ``%vkml info | eager on|off | backend NAME`` looks at or changes vkml's state;
+- :mod:`vkml_jupyter.widgets` (also ``vkml.widgets``): ``explore_gradient`` and ``explore_record``.
+
+This package depends on ``vkml`` (the library in ``kit/``) and on IPython; the library never
+imports it except through ``%load_ext vkml`` and ``vkml.widgets``.
+"""
+
+from .magics import USAGE, VkmlMagics
+
+__all__ = ["USAGE", "VkmlMagics", "load_ipython_extension"]
+
+
+def load_ipython_extension(ipython):
+    """Register the ``%%vkml`` cell magic and the ``%vkml`` line magic with ``ipython``."""
+    ipython.register_magics(VkmlMagics)

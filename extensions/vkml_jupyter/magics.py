@@ -1,0 +1,369 @@
+"""The ``%%vkml`` cell magic and the ``%vkml`` line magic.
+
+``%%vkml`` runs its cell in the notebook's namespace under a chosen mode and
+backend and then shows what the cell built.  It splits the cell into its
+body and its last expression (as IPython does), so it can draw the lazy
+graph of that expression BEFORE anything realizes it; then it realizes the
+expression's tensors on the cell's backend, shows the rest, and gives the
+value back as the cell's result.  Eager mode and the backend are put back
+afterwards, also when the cell raises.  Bad arguments print :data:`USAGE`
+and run nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import re
+import shlex
+import time
+
+from IPython.core.magic import Magics, line_cell_magic, magics_class
+from IPython.display import display
+
+import vkml
+from vkml import viz
+from vkml.pytree import flatten
+
+USAGE = """\
+usage: %%vkml [--eager] [--backend NAME] [--show WHAT[,WHAT...]] [--grad VAR] [--time]
+       %vkml info | eager on|off | backend NAME
+
+%%vkml runs the cell in the notebook's namespace and shows what vkml built:
+  --eager          run the cell in eager mode (every op runs at once; an error names its op)
+  --backend NAME   run the cell on backend NAME (see %vkml info for those available)
+  --show WHAT      draw what the cell built; WHAT is one or more of (comma-separated):
+                     graph       the last expression's pending lazy graph, before it is
+                                 realized (or a vkml.Graph's nodes and planes)
+                     program     the traced Program of the last expression (a jitted
+                                 function, vkml.grad(f), or a Program from vkml.program)
+                     derivative  that function's derived programs beside its primal
+                     record      a Graph's latest Record (or a Record)
+                     stats       submissions, compiles, cache hits, traces and wall time
+  --grad VAR       after the cell, show VAR.grad (may be given more than once)
+  --time           show the cell's wall time
+The last expression's tensors are realized on the cell's backend before the cell ends.
+Eager mode and the backend are restored afterwards, also when the cell raises.
+
+%vkml info            backend, device, eager mode, cached executables, counters
+%vkml eager on|off    turn eager mode on or off for the following cells
+%vkml backend NAME    run the following cells on backend NAME"""
+
+SHOW = ("graph", "program", "derivative", "record", "stats")
+
+_DOTTED_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
+
+
+class BadArguments(Exception):
+    """Arguments of a magic that do not parse: the message says which and why."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse would print to stderr and exit
+        raise BadArguments(message)
+
+
+def _cell_parser():
+    p = _Parser(prog="%%vkml", add_help=False, allow_abbrev=False)
+    p.add_argument("--eager", action="store_true")
+    p.add_argument("--backend", metavar="NAME")
+    p.add_argument("--show", metavar="WHAT", action="append", default=[])
+    p.add_argument("--grad", metavar="VAR", action="append", default=[])
+    p.add_argument("--time", action="store_true")
+    p.add_argument("-h", "--help", action="store_true")
+    return p
+
+
+def parse_cell_args(line: str) -> argparse.Namespace:
+    """The options of a ``%%vkml`` line, checked; raises :class:`BadArguments`."""
+    try:
+        words = shlex.split(line)
+    except ValueError as err:
+        raise BadArguments(f"cannot split the arguments: {err}") from None
+    opts = _cell_parser().parse_args(words)
+    shows = []
+    for item in opts.show:
+        for what in item.split(","):
+            what = what.strip()
+            if what not in SHOW:
+                raise BadArguments(f"--show: unknown {what!r}; choose from {', '.join(SHOW)}")
+            if what not in shows:
+                shows.append(what)
+    opts.show = shows
+    for name in opts.grad:
+        if not _DOTTED_NAME.match(name):
+            raise BadArguments(f"--grad: {name!r} is not a variable name")
+    if opts.backend is not None:
+        _check_backend(opts.backend)
+    return opts
+
+
+def _check_backend(name):
+    available = vkml.backend_info()["available"]
+    if name not in available:
+        raise BadArguments(f"unknown backend {name!r}; available: {', '.join(available)}")
+
+
+def _plural(n, word):
+    if n == 1:
+        return f"{n} {word}"
+    return f"{n} {word[:-1]}ies" if word.endswith("y") else f"{n} {word}s"
+
+
+def counts_text(delta) -> str:
+    """``"1 submission, 1 compile, 0 cache hits, 1 trace, 0 derivations"`` for a Stats diff."""
+    return ", ".join([_plural(delta.submissions, "submission"), _plural(delta.compiles, "compile"),
+                      _plural(delta.cache_hits, "cache hit"), _plural(delta.traces, "trace"),
+                      _plural(delta.derivations, "derivation")])
+
+
+class CellStats:
+    """What one ``%%vkml`` cell cost: the counters' difference and its wall time."""
+
+    def __init__(self, delta, seconds: float):
+        self.delta = delta
+        self.seconds = seconds
+
+    def __repr__(self):
+        return f"vkml: {counts_text(self.delta)}; wall time {self.seconds * 1e3:.1f} ms"
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        rows = "".join(f"<tr><td>{k}</td><td>{getattr(self.delta, k)}</td></tr>"
+                       for k in ("submissions", "compiles", "cache_hits", "traces", "derivations"))
+        html = (f'<table class="vkml-stats"><tr><th>cell</th><th>count</th></tr>{rows}'
+                f"<tr><td>wall time</td><td>{self.seconds * 1e3:.1f} ms</td></tr></table>")
+        return {"text/plain": repr(self), "text/html": html}
+
+
+def _note(text):
+    print(f"vkml: {text}")
+
+
+def _kind(value) -> str:
+    return "nothing" if value is None else f"a {type(value).__name__}"
+
+
+def _last(value, has_value) -> str:
+    return _kind(value) if has_value else "missing"
+
+
+def _tensors_in(value):
+    """The Tensors of a Tensor or a tuple/list/dict of them (None if it holds anything else)."""
+    if not isinstance(value, (vkml.Tensor, tuple, list, dict)):
+        return None
+    leaves, _ = flatten(value)
+    if leaves and all(isinstance(t, vkml.Tensor) for t in leaves):
+        return leaves
+    return None
+
+
+def _jitted_of(value):
+    if isinstance(value, vkml.Jitted):
+        return value
+    inner = getattr(value, "jitted", None)  # vkml.grad(f) and value_and_grad(f) carry theirs
+    return inner if isinstance(inner, vkml.Jitted) else None
+
+
+def _ends_with_semicolon(cell) -> bool:
+    """A cell ending in ``;`` shows no result, as in any IPython cell."""
+    from IPython.core.displayhook import DisplayHook
+    try:
+        return DisplayHook.semicolon_at_end_of_expression(cell)
+    except Exception:  # tokenize errors on IPython-only syntax: then it is not a plain ';'
+        return False
+
+
+def _traced(t) -> bool:
+    from vkml.tensor import _is_traced
+    return _is_traced(t.var)
+
+
+@magics_class
+class VkmlMagics(Magics):
+    """``%%vkml`` and ``%vkml`` (see :data:`USAGE`)."""
+
+    @line_cell_magic
+    def vkml(self, line, cell=None):
+        if cell is None:
+            return self._line(line)
+        return self._cell(line, cell)
+
+    vkml.__doc__ = USAGE
+
+    # -- %%vkml ------------------------------------------------------------------------------
+    def _cell(self, line, cell):
+        try:
+            opts = parse_cell_args(line)
+        except BadArguments as err:
+            print(f"%%vkml: {err}\n\n{USAGE}")
+            return None
+        if opts.help:
+            print(USAGE)
+            return None
+        old_eager, old_backend = vkml.is_eager(), vkml.backend_info()["backend"]
+        try:
+            if opts.backend is not None:
+                vkml.set_backend(opts.backend)
+            if opts.eager:
+                vkml.set_eager(True)
+            before, start = vkml.stats(), time.perf_counter()
+            value, has_value = self._run(cell, opts)
+            tensors = _tensors_in(value) if has_value else None
+            if tensors:
+                vkml.realize([t for t in tensors if not _traced(t)])
+            seconds = time.perf_counter() - start
+            delta = vkml.stats() - before
+            drawn = "graph" in opts.show and has_value and tensors is None and viz.is_graph(value)
+            if "program" in opts.show:
+                drawn |= self._show_program(value, has_value)
+            if "derivative" in opts.show:
+                drawn |= self._show_derivative(value, has_value)
+            if "record" in opts.show:
+                drawn |= self._show_record(value, has_value)
+            for name in opts.grad:
+                self._show_grad(name)
+            if "stats" in opts.show:
+                display(CellStats(delta, seconds))
+            elif opts.time:
+                print(f"vkml: wall time {seconds * 1e3:.1f} ms")
+        finally:
+            vkml.set_eager(old_eager)
+            vkml.set_backend(old_backend)
+        if not has_value or (drawn and tensors is None) or _ends_with_semicolon(cell):
+            return None
+        return value
+
+    def _run(self, cell, opts):
+        """Run the cell's body, evaluate its last expression (not realized); draw it for
+        ``--show graph``.  Returns ``(value, has_value)``."""
+        shell = self.shell
+        code = shell.transform_cell(cell)  # IPython syntax (%magics, !commands) to Python
+        tree = ast.parse(code)
+        filename = shell.compile.cache(code, shell.execution_count, raw_code=cell)
+        last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+        flags = shell.compile.flags
+        exec(compile(tree, filename, "exec", flags=flags, dont_inherit=True),
+             shell.user_global_ns, shell.user_ns)
+        if last is None:
+            if "graph" in opts.show:
+                _note("--show graph: the cell has no last expression to draw")
+            return None, False
+        value = eval(compile(ast.Expression(last.value), filename, "eval", flags=flags,
+                             dont_inherit=True), shell.user_global_ns, shell.user_ns)
+        if "graph" in opts.show:
+            if _tensors_in(value):
+                display(viz.tensor_dot(value))
+            elif viz.is_graph(value):
+                display(viz.graph_dot(value))
+            else:
+                _note(f"--show graph: the last expression is {_kind(value)}, not a Tensor "
+                      "or a Graph")
+        return value, True
+
+    def _show_program(self, value, has_value) -> bool:
+        if isinstance(value, vkml.Program):
+            display(viz.program_dot(value))
+            return True
+        jitted = _jitted_of(value)
+        if jitted is None:
+            _note(f"--show program: the last expression is {_last(value, has_value)}; "
+                  "end the cell with a jitted function (vkml.jit(f)) or vkml.program(f, *args)")
+            return False
+        programs = jitted.programs()
+        if not programs:
+            _note(f"--show program: {jitted.__name__} has not been called yet; call it in the "
+                  "cell (its program is traced on the first call)")
+            return False
+        display(viz.program_dot(programs[-1]))
+        return True
+
+    def _show_derivative(self, value, has_value) -> bool:
+        jitted = _jitted_of(value)
+        if jitted is None:
+            _note(f"--show derivative: the last expression is {_last(value, has_value)}; "
+                  "end the cell with the jitted function whose derivative it took")
+            return False
+        if not viz.derived_pairs(jitted):
+            _note(f"--show derivative: {jitted.__name__} has no derived programs yet; take a "
+                  "derivative in the cell (vkml.grad(f)(x), vkml.jvp, vkml.vjp or vkml.linearize)")
+            return False
+        display(viz.derived_dot(jitted))
+        return True
+
+    def _show_record(self, value, has_value) -> bool:
+        if viz.is_record(value):
+            display(viz.record_dot(value))
+            return True
+        if has_value and hasattr(value, "record") and viz.is_graph(value):
+            if value.record is None:
+                _note("--show record: this Graph has no Record yet; build it with "
+                      "build(record=True) and launch() it")
+                return False
+            display(viz.record_dot(value.record))
+            return True
+        _note(f"--show record: the last expression is {_last(value, has_value)}; "
+              "end the cell with a Graph built with record=True, or a Record")
+        return False
+
+    def _show_grad(self, name):
+        obj = self.shell.user_ns
+        parts = name.split(".")
+        try:
+            obj = obj[parts[0]]
+            for p in parts[1:]:
+                obj = getattr(obj, p)
+        except (KeyError, AttributeError):
+            _note(f"--grad {name}: no such variable")
+            return
+        grad = getattr(obj, "grad", None)
+        if grad is None:
+            _note(f"--grad {name}: {name}.grad is None (nothing has reached it yet: call "
+                  "backward on a value computed from it)")
+            return
+        display({"text/plain": f"{name}.grad = {grad!r}"}, raw=True)
+
+    # -- %vkml -------------------------------------------------------------------------------
+    def _line(self, line):
+        try:
+            words = shlex.split(line)
+        except ValueError as err:
+            print(f"%vkml: cannot split the arguments: {err}\n\n{USAGE}")
+            return
+        if not words or words in (["help"], ["-h"], ["--help"]):
+            print(USAGE)
+        elif words == ["info"]:
+            print(info_text())
+        elif words[0] == "eager" and len(words) == 2 and words[1] in ("on", "off"):
+            vkml.set_eager(words[1] == "on")
+            print(f"vkml: eager mode {words[1]}")
+        elif words == ["eager"]:
+            print(f"vkml: eager mode {'on' if vkml.is_eager() else 'off'}")
+        elif words[0] == "backend" and len(words) == 2:
+            try:
+                _check_backend(words[1])
+            except BadArguments as err:
+                print(f"%vkml: {err}\n\n{USAGE}")
+                return
+            vkml.set_backend(words[1])
+            info = vkml.backend_info()
+            print(f"vkml: backend {info['backend']} (device {info['device']})")
+        elif words == ["backend"]:
+            info = vkml.backend_info()
+            print(f"vkml: backend {info['backend']} (device {info['device']})")
+        else:
+            print(f"%vkml: unknown command {line.strip()!r}\n\n{USAGE}")
+
+
+def info_text() -> str:
+    """What ``%vkml info`` prints: backend, device, eager mode, caches, counters, diagrams."""
+    info = dict(vkml.backend_info())
+    name, device = info.pop("backend"), info.pop("device")
+    available = info.pop("available", [])
+    lines = [f"vkml {vkml.__version__}",
+             f"backend: {name} (device {device}); available: {', '.join(available)}",
+             f"eager mode: {'on' if vkml.is_eager() else 'off'}"]
+    lines += [f"{k}: {v}" for k, v in info.items()]
+    lines.append(f"counters since the last reset: {counts_text(vkml.stats())}")
+    hint = viz.dot_available()
+    lines.append("diagrams: graphviz dot found" if hint is None else f"diagrams: off {hint}")
+    return "\n".join(lines)
