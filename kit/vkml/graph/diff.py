@@ -20,7 +20,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ..errors import ArgumentError, Busy, GradError, RefusedError, ShapeError
+from ..errors import ArgumentError, Busy, RefusedError, ShapeError, VkmlError
 from ..ir import Program
 from .graph import Graph, Opaque, Reduce, RepeatWhile, Skippable, run_batched
 from .kernel import Kernel, Launch
@@ -266,7 +266,8 @@ class Reverse:
                 try:
                     batch, _ = launch.batched_vjp()
                     batch.executable(launch.n)
-                except GradError as err:
+                except VkmlError as err:      # whatever stops the derivation (a GradError, or an
+                    # op's transpose refusing its operands) is a kernel without a vjp
                     raise RefusedError(f"reverse: node {node.name!r} ({launch.kernel.name}) has no vjp "
                                        f"({err}); pass one with vjps={{{node.name!r}: vjp_kernel}}") from err
 
@@ -313,12 +314,18 @@ class Reverse:
                     raise RefusedError(f"reverse(strict=True): the gradients of {bad} are scatter-adds "
                                        "across samples (a table read by index), which are not bitwise; "
                                        "pass strict=False, or leave them out with wrt=")
-            with record._lock:
+            graph = record.graph
+            with graph._lock:                  # no launch can start (or be under way) while we read
+                if graph._launching and not record.kept:
+                    raise Busy(f"reverse: the graph is running launch {graph.generation + 1}, which "
+                               "overwrites the planes this Record reads; reverse after launch() "
+                               "returns (or keep() the Record first)")
+                record.check_current()
                 record._readers += 1
             try:
                 values = _sweep(record, key_seeds, self.vjps)
             finally:
-                with record._lock:
+                with graph._lock:
                     record._readers -= 1
             record.reversed = True
             if wrt is not None:
@@ -331,7 +338,8 @@ class Reverse:
 
 
 def _check_vjp_kernel(vjp_kernel, launch, node_name):
-    """A hand-written vjp kernel must agree with the derived vjp on random samples."""
+    """A hand-written vjp kernel must agree, on random samples, with the derived vjp -- or, for a
+    kernel vkml cannot derive one for, with central differences of the kernel itself."""
     rng = np.random.default_rng(0)
     n = 4
     kern = launch.kernel
@@ -339,23 +347,71 @@ def _check_vjp_kernel(vjp_kernel, launch, node_name):
     ins = [rng.uniform(0.2, 0.9, (n,) + v.shape).astype(v.dtype) for v in prog.inputs[:len(kern.inputs)]]
     params = [launch.params[p] for p in kern.params]
     cts = [rng.uniform(0.2, 0.9, (n,) + v.shape).astype(v.dtype) for v in prog.outputs]
-    batch, wrt = launch.batched_vjp()
-    want = batch.run(n, ins + params + cts)
-    args = {**dict(zip(kern.inputs, ins)), **dict(zip(kern.params, params)),
-            **{f"{o}_bar": c for o, c in zip(launch.out_names, cts)}}
-    from ..tensor import tensor
-    got = {}
-    for i in range(n):
-        row = {k: tensor(v[i] if k not in kern.params else v) for k, v in args.items()}
-        out = vjp_kernel.fn(**row)
-        for k, v in out.items():
-            got.setdefault(k, []).append(np.asarray(v.numpy() if hasattr(v, "numpy") else v))
+    got = _run_user_vjp(vjp_kernel, launch, ins, params, cts, n)
+    try:
+        batch, wrt = launch.batched_vjp()
+        want = batch.run(n, ins + params + cts)
+        against = "the derived vjp"
+    except VkmlError:
+        wrt, want = _central_vjp(launch, ins, params, cts, n)
+        against = f"central differences of {kern.name}"
     names = [kern.inputs[i] if i < len(kern.inputs) else kern.params[i - len(kern.inputs)] for i in wrt]
+    tol = (1e-5, 1e-8) if against == "the derived vjp" else (1e-4, 1e-6)
     for name, w in zip(names, want):
-        g = got.get(f"{name}_bar")
-        if g is None or not np.allclose(np.stack(g), w, rtol=1e-5, atol=1e-8):
+        g = got.get(name)
+        if g is None or np.shape(g) != np.shape(w) or not np.allclose(g, w, rtol=tol[0], atol=tol[1]):
             raise RefusedError(f"Reverse: {vjp_kernel.name} is not the vjp of node {node_name!r}'s kernel "
-                               f"{kern.name}: its {name}_bar disagrees with the derived vjp")
+                               f"{kern.name}: its {name}_bar disagrees with {against}")
+
+
+def _run_user_vjp(vjp_kernel, launch, inputs, params, cts, n):
+    """A vjp kernel over ``n`` samples: ``{input or Param name: per-sample cotangent}``."""
+    batch, in_names, param_names, out_names = launch.batched_user_vjp(vjp_kernel)
+    kern = launch.kernel
+    by_name = dict(zip(kern.inputs, inputs))
+    by_name.update({f"{o}_bar": c for o, c in zip(launch.out_names, cts)})
+    pvals = dict(zip(kern.params, params))
+    args = [by_name[nm] for nm in in_names] + [pvals[nm] for nm in param_names]
+    flags = [True] * len(in_names) + [False] * len(param_names)
+    outs = run_batched(batch, n, args, flags)
+    return {nm[:-4]: v for nm, v in zip(out_names, outs) if nm.endswith("_bar")}
+
+
+def _central_vjp(launch, ins, params, cts, n):
+    """Per-sample cotangents of the floating inputs and Params by central differences of the
+    kernel (samples are independent, so one perturbation serves every sample)."""
+    batch = launch.batched()
+
+    def objective(ins_, params_):
+        outs = batch.run(n, list(ins_) + list(params_))
+        total = np.zeros(n)
+        for o, c in zip(outs, cts):
+            if o.dtype.kind == "f":
+                total += np.sum((np.asarray(o, np.float64) * c).reshape(n, -1), axis=1)
+        return total
+
+    wrt, want = [], []
+    args = list(ins) + list(params)
+    for pos, a in enumerate(args):
+        if np.asarray(a).dtype.kind != "f":
+            continue
+        a = np.asarray(a)
+        batched = pos < len(ins)
+        h = 1e-6 if a.dtype == np.float64 else 1e-3
+        shape = a.shape[1:] if batched else a.shape
+        g = np.zeros((n,) + shape)
+        for j in np.ndindex(*shape):
+            at = (slice(None),) + j if batched else j
+            lo, hi = a.copy(), a.copy()
+            lo[at] -= h
+            hi[at] += h
+            pick = lambda v: args[:pos] + [v] + args[pos + 1:]          # noqa: E731
+            d = (objective(pick(hi)[:len(ins)], pick(hi)[len(ins):]) -
+                 objective(pick(lo)[:len(ins)], pick(lo)[len(ins):])) / (2 * h)
+            g[(slice(None),) + j] = d
+        wrt.append(pos)
+        want.append(g)
+    return wrt, want
 
 
 def reverse(record, seeds, *, wrt=None, vjps=None, strict=False):
@@ -366,6 +422,10 @@ def reverse(record, seeds, *, wrt=None, vjps=None, strict=False):
     :class:`Gradients` keyed by input plane and Param names.
     """
     from .simulation import SimulationRecord
+    if isinstance(record, (Gradients, Reverse)):
+        raise RefusedError("reverse: a reverse of a reverse (second order) is not supported; pass "
+                           "the Record of a forward launch (graph.record), or use vkml.grad/jacfwd "
+                           "on a function for higher orders")
     if isinstance(record, SimulationRecord):
         return Reverse(record.simulation, vjps=vjps, strict=strict)(record, seeds, wrt=wrt)
     if not isinstance(record, Record):
@@ -398,10 +458,17 @@ def _zeros(n, var):
     return np.zeros((n,) + var.shape, var.dtype)
 
 
-def _reverse_launch(launch, node, inputs, cells, cts, n):
-    """One launch's vjp over all samples: input cotangents and per-sample Param cotangents."""
+def _reverse_launch(launch, node, inputs, cells, cts, n, vjp=None):
+    """One launch's vjp over all samples: input cotangents and per-sample Param cotangents.
+    ``vjp``: a hand-written vjp kernel passed as ``vjps={node: kernel}``, used instead of the
+    derived one (an input or Param it returns no ``_bar`` for gets none)."""
     kern = launch.kernel
     params = [cells[(node.name, p)] for p in kern.params]
+    if isinstance(vjp, Kernel):
+        got = _run_user_vjp(vjp, launch, inputs, params, cts, n)
+        ins = {nm: got[nm] for nm in kern.inputs if nm in got and launch.reads[nm].dtype.kind == "f"}
+        prm = {p: got[p] for p in kern.params if p in got and launch.params[p].dtype.kind == "f"}
+        return ins, prm
     batch, wrt = launch.batched_vjp()
     flags = [True] * len(kern.inputs) + [False] * len(kern.params) + [True] * len(cts)
     outs = run_batched(batch, n, list(inputs) + params + list(cts), flags)
@@ -430,7 +497,8 @@ def _sweep(record, seeds, vjps):
         if not live:
             return
         inputs = [record.value(step.reads[nm]) for nm in launch.kernel.inputs]
-        ins, prm = _reverse_launch(launch, step.node, inputs, cells, cts, n)
+        ins, prm = _reverse_launch(launch, step.node, inputs, cells, cts, n,
+                                   vjps.get(step.node.name))
         for nm, ct in ins.items():
             adj.add(step.reads[nm], order, ct)
         for p, ct in prm.items():
@@ -444,7 +512,7 @@ def _sweep(record, seeds, vjps):
             if entry.guard and entry.step is not None:   # the recorded guard, never evaluated again
                 reverse_step(entry.step, order)
         elif isinstance(entry, LoopEntry):
-            _reverse_loop(entry, record, adj, param_parts, n)
+            _reverse_loop(entry, record, adj, param_parts, n, vjps.get(entry.node.name))
         elif isinstance(entry, OtherEntry):
             op = entry.node.op
             if isinstance(op, Reduce):
@@ -535,7 +603,7 @@ def _fold(parts, like):
         if total is None else total
 
 
-def _reverse_loop(entry, record, adj, param_parts, n):
+def _reverse_loop(entry, record, adj, param_parts, n, vjp=None):
     """A repeat_while reversed from its recorded iteration count, newest iteration first; its states
     are rebuilt from the checkpoints on private copies, so the planes are never written."""
     launch, node = entry.launch, entry.node
@@ -582,7 +650,7 @@ def _reverse_loop(entry, record, adj, param_parts, n):
                     cts.append(out_cts[name])
                 else:
                     cts.append(_zeros(n, var_of[name]))
-            ins_ct, prm = _reverse_launch(launch, node, ins, cells, cts, n)
+            ins_ct, prm = _reverse_launch(launch, node, ins, cells, cts, n, vjp)
             for s in state:
                 ct_state[s] = ins_ct.get(s, _zeros(n, var_of[s]))
             for nm, ct in ins_ct.items():

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..errors import ArgumentError, Busy, RecordError, ShapeError
+from ..errors import ArgumentError, Busy, RecordError, RefusedError, ShapeError
 from .kernel import Kernel, Launch
 from .treesum import MIN_PASS, tree_sum
 
@@ -127,6 +127,14 @@ class RepeatWhile:
 
     def __init__(self, member, guard, max_iters):
         self.member = _as_launch(member, "repeat_while")
+        if not isinstance(self.member, Launch):
+            # refused here, not at the reverse: the loop's record (checkpoints of the state a
+            # launch updates in place) and its reverse (that launch's vjp) need a kernel launch
+            what = f"opaque node {self.member.name!r}" if isinstance(self.member, Opaque) else \
+                type(self.member).__name__
+            raise RefusedError(f"repeat_while: the member ({what}) is not a kernel launch, so the "
+                               "loop cannot be recorded or reversed; make the body one "
+                               "kernel.bind(...) launch that updates its state in place")
         if callable(guard) and not isinstance(guard, SkipGuard):
             self.guard = guard
         else:
@@ -261,7 +269,10 @@ class Graph:
         self.generation = 0
         self.cells = {}
         self._record = None
+        #: guards the hand-over between launches and reverses: a launch is claimed, and a reverse
+        #: registers as a reader, under this lock, so neither can start inside the other
         self._lock = threading.Lock()
+        self._launching = False
 
     def add(self, bound, name=None) -> "Graph":
         """Add a launch node (``kernel.bind(...)``), a skippable/repeat_while, an opaque or reduce node."""
@@ -334,25 +345,33 @@ class Graph:
         if rec is not None and rec._readers:
             raise Busy(f"{what}: a reverse is reading the Record of generation {rec.generation}; "
                        "wait for it to return (or keep() the Record first)")
+        if self._launching:
+            raise Busy(f"{what}: the graph is running launch {self.generation + 1}; wait for it to "
+                       "return")
 
     def launch(self, n=1):
         """Run the graph ``n`` times; a recording graph runs exactly once per launch and records it."""
         if not self._built:
             raise ArgumentError("Graph.launch: call build() (or build(record=True)) first")
-        self._check_free("launch")
-        if self.recording:
-            if n != 1:
-                raise RecordError("launch: a record=True graph records one run per launch(); call "
-                                  "launch() once per run (launch(n) would mix runs in one Record)")
-            rec = self._record
-            if rec is not None and rec.live:
-                raise RecordError(f"launch: the Record of generation {rec.generation} is still live; "
-                                  "reverse it first, or keep a copy with record.keep()")
-        from .record import run_graph
-        for _ in range(n):
-            rec = run_graph(self, recording=self.recording)
+        with self._lock:
+            self._check_free("launch")
             if self.recording:
-                self._record = rec
+                if n != 1:
+                    raise RecordError("launch: a record=True graph records one run per launch(); call "
+                                      "launch() once per run (launch(n) would mix runs in one Record)")
+                rec = self._record
+                if rec is not None and rec.live:
+                    raise RecordError(f"launch: the Record of generation {rec.generation} is still "
+                                      "live; reverse it first, or keep a copy with record.keep()")
+            self._launching = True
+        from .record import run_graph
+        try:
+            for _ in range(n):
+                rec = run_graph(self, recording=self.recording)
+                if self.recording:
+                    self._record = rec
+        finally:
+            self._launching = False
         return self
 
     def update(self, mapping=None, **values):
@@ -360,6 +379,10 @@ class Graph:
         ``update({"join.k": 0.7})`` one node's.  A copy into the Param cells: nothing is rebuilt."""
         if not self._built:
             raise ArgumentError("Graph.update: call build() first")
+        with self._lock:
+            return self._update(mapping, values)
+
+    def _update(self, mapping, values):
         self._check_free("update")
         rec = self._record
         if rec is not None and rec.live:

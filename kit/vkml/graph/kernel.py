@@ -59,6 +59,8 @@ class Kernel:
                 raise ArgumentError(f"kernel {self.name}: parameter {p.name!r} must be a plain "
                                     "positional parameter (no *args, **kwargs or keyword-only)")
             (self.params if _is_param(p.annotation) else self.inputs).append(p.name)
+        #: the signature's order: a Param may come before an input (``f(x, k: Param, y)``)
+        self.order = list(sig.parameters)
         #: the forward kernel this one is the vjp of (a vjp is never a forward step)
         self.vjp_of = vjp_of
         self._traces = {}
@@ -80,7 +82,8 @@ class Kernel:
             return hit
         ph = [Var(s, d) for s, d in in_types] + [Var(s, d) for s, d in param_types]
         STATS.traces += 1
-        out = self.fn(*[Tensor(p) for p in ph])
+        by_name = dict(zip(self.inputs + self.params, ph))    # placeholders: inputs, then Params
+        out = self.fn(*[Tensor(by_name[name]) for name in self.order])
         if not isinstance(out, dict) or not out:
             raise ArgumentError(f"kernel {self.name} must return a dict of named outputs, e.g. "
                                 "{'y': ...}; got " + type(out).__name__)
@@ -193,6 +196,21 @@ class Launch:
     def __repr__(self):
         return f"<launch of {self.kernel.name}: reads {list(self.reads)}, writes {list(self.writes)}>"
 
+    def launch(self) -> "Launch":
+        """Run this launch once on its planes, outside any graph.
+
+        Also the seed's spelling of a conditional's member:
+        ``vkml.skippable(k.bind(...).launch, guard)`` passes this bound method,
+        and the conditional takes the Launch it belongs to."""
+        from .graph import run_batched
+        kern = self.kernel
+        args = [self.reads[n] for n in kern.inputs] + [self.params[p] for p in kern.params]
+        flags = [True] * len(kern.inputs) + [False] * len(kern.params)
+        outs = run_batched(self.batched(), self.n, args, flags)
+        for name, value in zip(self.out_names, outs):
+            self.writes[name][...] = value
+        return self
+
     # -- batched programs, derived once per kernel type ------------------------------------------
     def batched(self):
         """The kernel over all samples: inputs batched, params shared."""
@@ -218,6 +236,41 @@ class Launch:
             return _vmap_any(only, flags)
 
         return derived("graph-vjp", prog, [tuple(wrt), tuple(outs_f)], make), wrt
+
+    def batched_user_vjp(self, vjp_kernel):
+        """A hand-written vjp kernel (``vkml.kernel(vjp_of=...)``) over all samples.
+
+        Its parameters are named after this launch's: the inputs and Params it
+        reads, and ``<output>_bar`` for an output's cotangent; it returns
+        ``<input>_bar`` / ``<Param>_bar`` per sample.  Returns the batch, the
+        names of its per-sample arguments and of its Params, and its output
+        names (traced and batched once per launch)."""
+        cache = self.__dict__.setdefault("_user_vjps", {})
+        hit = cache.get(id(vjp_kernel))
+        if hit is not None:
+            return hit
+        var_out = dict(zip(self.out_names, self.program.outputs))
+        in_types = []
+        for name in vjp_kernel.inputs:
+            if name in self.reads:
+                in_types.append((self.reads[name].shape[1:], self.reads[name].dtype))
+            elif name.endswith("_bar") and name[:-4] in var_out:
+                v = var_out[name[:-4]]
+                in_types.append((v.shape, v.dtype))
+            else:
+                raise ArgumentError(f"vjp kernel {vjp_kernel.name}: argument {name!r} is neither an input "
+                                    f"of {self.kernel.name} ({self.kernel.inputs}) nor an output "
+                                    f"cotangent ({[o + '_bar' for o in self.out_names]})")
+        for name in vjp_kernel.params:
+            if name not in self.params:
+                raise ArgumentError(f"vjp kernel {vjp_kernel.name}: Param {name!r} is not a Param of "
+                                    f"{self.kernel.name} ({self.kernel.params})")
+        param_types = [(self.params[p].shape, self.params[p].dtype) for p in vjp_kernel.params]
+        prog, names = vjp_kernel.trace(in_types, param_types)
+        flags = [True] * len(vjp_kernel.inputs) + [False] * len(vjp_kernel.params)
+        hit = cache[id(vjp_kernel)] = (_vmap_any(prog, flags), list(vjp_kernel.inputs),
+                                       list(vjp_kernel.params), names)
+        return hit
 
 
 def _vmap_any(prog, flags):

@@ -3,8 +3,9 @@
 The run keeps a *tape*: one entry per node executed, naming the plane
 versions each launch read and wrote.  A version that some launch read is
 copied just before it is overwritten; nothing else is copied.  The Record
-is the tape, those copies, and references to the live planes and Param
-cells: a reverse reads it and never writes it.
+is the tape, those copies, references to the live planes, and a one-value
+copy of each Param cell as the launch used it: a reverse reads it and never
+writes it.
 
 Rules (seed 003): one recorded run per ``launch()``; while a Record is live
 (neither reversed nor kept) the next recording launch and ``update`` are
@@ -187,7 +188,9 @@ class Record:
         self.saved = run.saved
         self.final = dict(run.version)
         self.planes = dict(run.planes)
-        self.cells = graph.cells
+        # the Param values this launch used: a one-value copy per Param, so that an
+        # update() after this Record was reversed cannot leak into a later reverse of it
+        self.cells = {k: v.copy() for k, v in graph.cells.items()}
         self.kept = False
         self.reversed = False
         self._kept_planes = None
@@ -238,8 +241,9 @@ class Record:
             raise RecordError(f"keep: this Record is of generation {self.generation} but the graph "
                               f"is at generation {self.graph.generation}; keep() right after launch()")
         if not self.kept:
-            self._kept_planes = {pid: self.planes[pid].copy() for pid in self.final}
-            self.cells = {k: v.copy() for k, v in self.cells.items()}
+            # every plane the run touched, not only those it wrote: the reverse also reads
+            # the graph's inputs (version 0), which the next launch may find changed
+            self._kept_planes = {pid: plane.copy() for pid, plane in self.planes.items()}
             self.kept = True
         return self
 

@@ -120,7 +120,10 @@ class SimulationRecord:
         self.cells = cells
         self.states_all = states_all
         self.reversed = False
-        self.kept = True            # a simulation record owns copies of everything it reads
+        # the checkpoints and Param values are the Record's own copies, but ``fixed`` (the
+        # per-sample inputs the step reads and never updates) are the caller's planes: only
+        # keep() copies them, and only a kept Record may be reversed after a later run
+        self.kept = False
         self._readers = 0
         self._lock = threading.Lock()
 
@@ -136,6 +139,15 @@ class SimulationRecord:
         return total + self.steps.nbytes
 
     def keep(self):
+        """Copy the per-sample input planes the reverse reads (the rest already is the Record's
+        own); the Record then stays valid however often the simulation runs again."""
+        if not self.kept:
+            if self.generation != self.simulation.generation:
+                raise RecordError(f"keep: this Record is of generation {self.generation} but the "
+                                  f"simulation is at generation {self.simulation.generation}; keep() "
+                                  "right after run()")
+            self.fixed = {k: v.copy() for k, v in self.fixed.items()}
+            self.kept = True
         return self
 
     def __repr__(self):
@@ -165,9 +177,10 @@ class Simulation:
                                 f"{type(others[0]).__name__}")
         if len(kernels) != 1:
             if record:
+                names = [(k.kernel if isinstance(k, Launch) else k).name for k in kernels]
                 raise RefusedError(f"simulation: a record=True run of a step made of {len(kernels)} "
-                                   "kernels cannot be reversed; record one kernel per step (fuse them "
-                                   "into one kernel)")
+                                   f"kernels {names} cannot be reversed; record one kernel per step "
+                                   "(fuse them into one kernel)")
             raise ArgumentError("simulation: give exactly one step kernel")
         if steps_per_launch != 1 and record:
             raise RefusedError("simulation: a record=True run of a kernel taking several steps per "
@@ -342,13 +355,27 @@ class Simulation:
         self.check_reversible(vjps)
         if not isinstance(record, SimulationRecord) or record.simulation is not self:
             raise ArgumentError("reverse: this Record belongs to another simulation")
-        if record.generation != self.generation:
+        if record.generation != self.generation and not record.kept:
             raise RecordError(f"reverse: this Record is of generation {record.generation}, but the "
                               f"simulation has run since and is at generation {self.generation}; "
-                              "reverse right after run()")
+                              "reverse right after run(), or keep() the Record to reverse it later")
+        bitwise = self.bitwise()
+        if wrt is not None:
+            wrt = [wrt] if isinstance(wrt, str) else list(wrt)
+        if strict:
+            bad = [k for k, ok in bitwise.items() if not ok and (wrt is None or k in wrt)]
+            if bad:
+                raise RefusedError(f"reverse(strict=True): the gradients of {bad} in "
+                                   f"{self.launch.kernel.name} are scatter-adds across samples (a "
+                                   "table read by index), which are not bitwise; pass strict=False, "
+                                   "or leave them out with wrt=")
         launch = self.launch
         ct0 = {}
         for name, seed in dict(seeds).items():
+            by_node = [node.name for node in self.nodes if name in node.writes]
+            if by_node:
+                raise ArgumentError(f"seed {name!r}: node {by_node[0]!r} writes that plane on every "
+                                    f"step; only the final state {self.state} can be seeded")
             if name in self.state or name in launch.out_names:
                 plane = launch.writes.get(name)
             elif name in launch.reads or name in launch.params:
@@ -377,12 +404,22 @@ class Simulation:
             if lock is not None:
                 lock.release()
         record.reversed = True
-        bitwise = {k: True for k in values}
+        bitwise = {k: bitwise.get(k, True) for k in values}
         if wrt is not None:
-            wrt = [wrt] if isinstance(wrt, str) else list(wrt)
             values = {k: v for k, v in values.items() if k in wrt}
         return Gradients(values, Report(record.generation, bitwise, stats["chunks"],
                                         stats["recomputed"], stats["peak"]))
+
+    def bitwise(self):
+        """Per Param: False where it reaches a gather (a table read by index), whose gradient is
+        a scatter-add across samples (the same rule as a Graph's reverse)."""
+        from .diff import _uses_table
+        kern = self.launch.kernel
+        k = len(kern.inputs)
+        flags = {nm: True for nm in kern.inputs}
+        for j, p in enumerate(kern.params):
+            flags[p] = not _uses_table(self.launch.program, k + j)
+        return flags
 
     def _reverse_passes(self, record, ct0, vjps):
         n = self.n
@@ -495,8 +532,12 @@ class Simulation:
                 seq = states_from(c, start, end)
                 stats["peak"] = max(stats["peak"], len(starts) + len(seq))
                 for t in reversed(range(c, end)):
-                    cur, extra = seq[t - c]
+                    # pop: a state is freed once its step is reversed, so this window's
+                    # states are gone before the next window's are recomputed (holding
+                    # both doubled the window term of ceil(max_steps/window) + window)
+                    cur, extra = seq.pop()
                     back_step(t, cur, extra)
+                cur = extra = None
         params = {p: (prm_acc[p] if prm_acc[p] is not None else
                       np.zeros((m,) + np.shape(record.cells[p]), np.float64))
                   for p in kern.params}
