@@ -32,6 +32,10 @@ from .tensor import (Tensor, abs, add, arange, argmax, argmin, assign, avg_pool2
                      take_along_axis, tanh, tensor, transpose, where, zeros, zeros_like)
 
 from . import nn, optim, progress, viz
+from . import graph
+from .errors import Busy, BudgetError, RecordError, RefusedError
+from .graph import (Graph, Param, SkipGuard, diff, kernel, repeat_while, simulation, skippable,
+                    until_done)
 
 viz.install()  # Programs and pending Tensors draw themselves as a notebook cell's last expression
 

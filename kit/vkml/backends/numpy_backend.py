@@ -110,7 +110,10 @@ def _plan(program):
       elementwise ops on it do not run at strided speed;
     - an elementwise ufunc whose operand is a fresh temporary read only here
       writes its result into that operand's buffer (``out=``), as hand-written
-      NumPy would, instead of allocating.
+      NumPy would, instead of allocating;
+    - a ``broadcast_in_dim`` read only by n-ary elementwise ops becomes a
+      reshape (or nothing): NumPy broadcasts there by itself, and a Python
+      scalar then costs nothing where ``np.broadcast_to`` costs microseconds.
     """
     uses = {}
     for e in program.eqns:
@@ -127,12 +130,32 @@ def _plan(program):
                     e.inputs[0] not in outputs:
                 absorbed.add(id(m))
                 swapped[id(e)] = m.inputs
+    consumers = {}
+    for e in program.eqns:
+        for v in e.inputs:
+            consumers.setdefault(v, []).append(e)
+    implicit = {}
+    for e in program.eqns:
+        if e.prim.name == "broadcast_in_dim":
+            b = e.outputs[0]
+            expanded = [1] * len(b.shape)
+            for i, d in enumerate(e.params["dims"]):
+                expanded[d] = e.inputs[0].shape[i]
+            if b not in outputs and all(_broadcasts_natively(c, b, tuple(expanded))
+                                        for c in consumers.get(b, [])):
+                implicit[id(e)] = tuple(expanded)
     plan = []
     for i, e in enumerate(program.eqns):
         if id(e) in absorbed:
             continue
         if id(e) in swapped:
             plan.append((i, "matmul_swapped", swapped[id(e)], e.outputs, None))
+            continue
+        if id(e) in implicit:
+            x = e.inputs[0]
+            kind = "alias" if implicit[id(e)][-x.ndim:] == x.shape and x.ndim <= len(implicit[id(e)]) \
+                and all(d == 1 for d in implicit[id(e)][:len(implicit[id(e)]) - x.ndim]) else "reshape"
+            plan.append((i, kind, e.inputs, e.outputs, implicit[id(e)]))
             continue
         reuse = None
         if e.prim.name in _UFUNCS:
@@ -146,6 +169,21 @@ def _plan(program):
                     break
         plan.append((i, "ufunc" if reuse is not None else "call", e.inputs, e.outputs, reuse))
     return plan
+
+
+_NATIVE_BROADCAST = set(_UFUNCS) | {"div", "pow", "eq", "ne", "lt", "le", "gt", "ge", "where",
+                                    "logical_and", "logical_or"}
+
+
+def _broadcasts_natively(consumer, var, shape):
+    """Whether ``consumer`` gives the same result reading ``var`` at ``shape`` (NumPy broadcasting)."""
+    if consumer.prim.name not in _NATIVE_BROADCAST or len(consumer.inputs) < 2:
+        return False
+    shapes = [shape if v is var else v.shape for v in consumer.inputs]
+    try:
+        return np.broadcast_shapes(*shapes) == consumer.outputs[0].shape
+    except ValueError:
+        return False
 
 
 def compile_program(program, compile_nested=None):
@@ -173,7 +211,16 @@ def compile_program(program, compile_nested=None):
     for k, (i, kind, ins, outs_v, reuse) in enumerate(plan):
         eqn = program.eqns[i]
         fn = f"f{i}"
-        if kind == "matmul_swapped":
+        if kind == "alias":
+            outs_name = names[outs_v[0]] = f"v{next(tmp)}"
+            lines.append(f"    {outs_name} = {names[ins[0]]}")
+            line_eqn.append(i)
+            continue
+        if kind == "reshape":
+            fn = f"f{i}"
+            namespace[fn] = lambda x, shape=reuse: np.reshape(x, shape)
+            reuse = None
+        elif kind == "matmul_swapped":
             fn = "_matmul_swapped"
         elif kind == "ufunc":
             namespace[fn] = _UFUNCS[eqn.prim.name]
