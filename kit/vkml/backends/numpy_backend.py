@@ -135,15 +135,18 @@ def _plan(program):
         for v in e.inputs:
             consumers.setdefault(v, []).append(e)
     implicit = {}
+    narrowed = {}            # broadcast outputs left to NumPy, and the shape they are read at
     for e in program.eqns:
         if e.prim.name == "broadcast_in_dim":
             b = e.outputs[0]
             expanded = [1] * len(b.shape)
             for i, d in enumerate(e.params["dims"]):
                 expanded[d] = e.inputs[0].shape[i]
-            if b not in outputs and all(_broadcasts_natively(c, b, tuple(expanded))
+            trial = {**narrowed, b: tuple(expanded)}
+            if b not in outputs and all(_broadcasts_natively(c, trial)
                                         for c in consumers.get(b, [])):
                 implicit[id(e)] = tuple(expanded)
+                narrowed[b] = tuple(expanded)
     plan = []
     for i, e in enumerate(program.eqns):
         if id(e) in absorbed:
@@ -153,8 +156,7 @@ def _plan(program):
             continue
         if id(e) in implicit:
             x = e.inputs[0]
-            kind = "alias" if implicit[id(e)][-x.ndim:] == x.shape and x.ndim <= len(implicit[id(e)]) \
-                and all(d == 1 for d in implicit[id(e)][:len(implicit[id(e)]) - x.ndim]) else "reshape"
+            kind = "alias" if implicit[id(e)] == x.shape else "reshape"
             plan.append((i, kind, e.inputs, e.outputs, implicit[id(e)]))
             continue
         reuse = None
@@ -175,11 +177,12 @@ _NATIVE_BROADCAST = set(_UFUNCS) | {"div", "pow", "eq", "ne", "lt", "le", "gt", 
                                     "logical_and", "logical_or"}
 
 
-def _broadcasts_natively(consumer, var, shape):
-    """Whether ``consumer`` gives the same result reading ``var`` at ``shape`` (NumPy broadcasting)."""
+def _broadcasts_natively(consumer, narrowed):
+    """Whether ``consumer`` gives the same result when the operands in ``narrowed`` are read at
+    their narrow shapes and NumPy broadcasts them."""
     if consumer.prim.name not in _NATIVE_BROADCAST or len(consumer.inputs) < 2:
         return False
-    shapes = [shape if v is var else v.shape for v in consumer.inputs]
+    shapes = [narrowed.get(v, v.shape) for v in consumer.inputs]
     try:
         return np.broadcast_shapes(*shapes) == consumer.outputs[0].shape
     except ValueError:

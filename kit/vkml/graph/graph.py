@@ -219,10 +219,10 @@ def reduce(src, dst, op="sum") -> Reduce:
 class Node:
     """A named entry of a Graph."""
 
-    __slots__ = ("name", "op", "index")
+    __slots__ = ("name", "op", "index", "graph")
 
-    def __init__(self, name, op, index):
-        self.name, self.op, self.index = name, op, index
+    def __init__(self, name, op, index, graph=None):
+        self.name, self.op, self.index, self.graph = name, op, index, graph
 
     @property
     def kind(self):
@@ -236,19 +236,19 @@ class Node:
             return [self.op.member]
         return []
 
+    def bindings(self, which):
+        """(argument name, plane) pairs this node reads (``"reads"``) or writes."""
+        ops = self.launches()
+        return list(getattr(ops[0] if ops else self.op, which).items())
+
     @property
     def reads(self):
-        ops = self.launches()
-        if ops:
-            return list(ops[0].reads)
-        return list(self.op.reads)
+        """Names of the planes this node reads (as the graph names them: see ``Graph.plane_name``)."""
+        return [self.graph.plane_name(p) if self.graph else n for n, p in self.bindings("reads")]
 
     @property
     def writes(self):
-        ops = self.launches()
-        if ops:
-            return list(ops[0].writes)
-        return list(self.op.writes)
+        return [self.graph.plane_name(p) if self.graph else n for n, p in self.bindings("writes")]
 
     @property
     def params(self):
@@ -295,9 +295,28 @@ class Graph:
             raise ArgumentError(f"Graph.add: node name {name!r} must be a non-empty string without '.'")
         if any(n.name == name for n in self.nodes):
             raise ArgumentError(f"Graph.add: there is already a node named {name!r}; pass name=...")
-        self.nodes.append(Node(name, op, len(self.nodes)))
+        self.nodes.append(Node(name, op, len(self.nodes), self))
         self._built = False
         return self
+
+    def plane_name(self, plane) -> str:
+        """A name that identifies one plane: the argument name it was first bound under, or
+        ``"node.name"`` where two different planes were bound under the same name."""
+        labels = {}
+        taken = {}
+        for node in self.nodes:
+            for which in ("reads", "writes"):
+                for arg, p in node.bindings(which):
+                    if id(p) in labels:
+                        continue
+                    label = arg if arg not in taken else f"{node.name}.{arg}"
+                    labels[id(p)] = label
+                    taken[label] = id(p)
+        return labels.get(id(plane), "?")
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        from ..viz import graph_dot
+        return graph_dot(self)._repr_mimebundle_(include, exclude)
 
     def add_node(self, node, name=None) -> "Graph":
         """Add a skippable, repeat_while, opaque or reduce node (``add`` takes them too)."""

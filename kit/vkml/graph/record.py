@@ -224,12 +224,14 @@ class Record:
         """Names of the planes copied before an overwrite (for pictures and explorers)."""
         names = []
         for pid, _ in self.saved:
-            for e in self.tape:
-                for launch in _launches_of(e):
-                    for name, plane in list(launch.reads.items()) + list(launch.writes.items()):
-                        if id(plane) == pid and name not in names:
-                            names.append(name)
+            name = self.graph.plane_name(self.planes[pid])
+            if name not in names:
+                names.append(name)
         return names
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        from ..viz import record_dot
+        return record_dot(self)._repr_mimebundle_(include, exclude)
 
     @property
     def nodes(self):

@@ -1,0 +1,147 @@
+"""binder/ is exercised, not just written.
+
+mybinder installs ``binder/requirements.txt`` (and ``apt.txt``), then runs ``binder/postBuild`` from
+the repository root. The second test does the same on this machine: a fresh virtual environment, the
+requirements alone, postBuild itself (with the environment's pip first on PATH, in a copy of the
+repository), and then a tutorial executed in that environment (nbclient and its kernel both from
+it) whose outputs must match the stored ones after the same sanitizing nbval does. It needs the
+package index (PyPI or the machine's mirror); with pip's cache warm it takes about 40 s.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import nbformat
+import pytest
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+BINDER = ROOT / "binder"
+NOTEBOOK = "02-programs-and-scan.ipynb"
+SANITIZE = ROOT / "notebooks" / "nbval_sanitize.cfg"
+
+#: What a copy of the repository leaves out: environments, caches and build output.
+IGNORED = shutil.ignore_patterns(".git", ".venv", "__pycache__", "*.egg-info", "build", "dist",
+                                 ".pytest_cache", ".hypothesis", ".benchmarks", ".ipynb_checkpoints",
+                                 ".device-wheels")
+
+#: Output keys nbval does not compare: random widget ids, and images (nbval skips PNG/JPEG).
+SKIPPED = {"application/vnd.jupyter.widget-view+json", "image/png", "image/jpeg"}
+
+
+def requirement_names(lines):
+    names = set()
+    for line in lines:
+        line = line.split("#", 1)[0].strip()
+        if line:
+            names.add(re.split(r"[<>=!~;\[ ]", line, maxsplit=1)[0].lower().replace("_", "-"))
+    return names
+
+
+def test_binder_requirements_cover_what_postbuild_skips():
+    """postBuild installs vkml with --no-deps, so requirements.txt must hold vkml's dependencies,
+    its `jupyter` extra, and what the tutorials import."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    needed = requirement_names(project["dependencies"] + project["optional-dependencies"]["jupyter"])
+    needed |= {"scikit-learn", "ipykernel"}
+    have = requirement_names((BINDER / "requirements.txt").read_text().splitlines())
+    assert needed <= have, f"binder/requirements.txt lacks {sorted(needed - have)}"
+    assert "graphviz" in (BINDER / "apt.txt").read_text().split(), "apt.txt must install graphviz (dot)"
+    assert os.access(BINDER / "postBuild", os.X_OK), "binder/postBuild must be executable"
+
+
+def sanitize_patterns():
+    """The (regex, replacement) pairs of the sanitize file, read as nbval reads them."""
+    return re.findall(r"^regex: (.*)$\n^replace: (.*)$", SANITIZE.read_text(), flags=re.MULTILINE)
+
+
+def comparable(cell, patterns):
+    """A code cell's outputs as nbval compares them: streams joined by name, data by MIME type."""
+    out = {}
+    for o in cell.get("outputs", []):
+        if o["output_type"] == "stream":
+            out.setdefault(o["name"], []).append(o["text"])
+        elif o["output_type"] == "error":
+            out.setdefault("error", []).append(f"{o['ename']}: {o['evalue']}")
+        else:
+            for mime, value in o.get("data", {}).items():
+                if mime not in SKIPPED:
+                    out.setdefault(mime, []).append(value if isinstance(value, str) else str(value))
+    result = {}
+    for key, parts in out.items():
+        text = "".join(parts) if key in ("stdout", "stderr") else "\n---\n".join(parts)
+        for regex, replace in patterns:
+            text = re.sub(regex, replace, text)
+        result[key] = text
+    return result
+
+
+def run(cmd, *, env, cwd, timeout):
+    proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        pytest.fail(f"{' '.join(map(str, cmd))} failed ({proc.returncode}):\n"
+                    f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    return proc.stdout + proc.stderr     # (jupyter's listings go to stderr)
+
+
+def test_binder_recipe_builds_an_environment_that_runs_a_tutorial(tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(ROOT, repo, ignore=IGNORED)
+    env_dir = tmp_path / "binder-env"
+    # A fresh environment from the base interpreter: nothing of this test suite's .venv leaks in.
+    run([sys.executable, "-m", "venv", str(env_dir)], env=os.environ.copy(), cwd=tmp_path, timeout=300)
+    bin_dir = env_dir / "bin"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    env.update(VIRTUAL_ENV=str(env_dir), PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
+               PIP_DISABLE_PIP_VERSION_CHECK="1", VKML_BACKEND="numpy")
+    env.pop("MPLBACKEND", None)
+    python = str(bin_dir / "python")
+
+    # 1. what mybinder does: requirements.txt alone, then postBuild from the repository root
+    run([python, "-m", "pip", "install", "-q", "-r", str(repo / "binder" / "requirements.txt")],
+        env=env, cwd=repo, timeout=1800)
+    run(["bash", str(repo / "binder" / "postBuild")], env=env, cwd=repo, timeout=900)
+
+    # 2. vkml comes from the environment (not from the copy's kit/), and JupyterLab has the widgets
+    where = run([python, "-c", "import vkml, vkml_jupyter; print(vkml.__file__); "
+                 "print(vkml_jupyter.__file__)"], env=env, cwd=tmp_path, timeout=120)
+    for line in where.split():
+        if line.endswith(".py"):
+            assert Path(line).resolve().is_relative_to(env_dir.resolve()), where
+    extensions = run([str(bin_dir / "jupyter"), "labextension", "list"], env=env, cwd=tmp_path,
+                     timeout=300)
+    widgets = [line for line in extensions.splitlines() if "@jupyter-widgets/jupyterlab-manager" in line]
+    assert widgets and "enabled" in widgets[0], extensions
+
+    # 3. a tutorial, executed in the environment: nbclient and the kernel are both binder's
+    executed = tmp_path / "executed.ipynb"
+    runner = textwrap.dedent(f"""
+        import nbformat
+        from nbclient import NotebookClient
+        nb = nbformat.read({str(repo / "notebooks" / NOTEBOOK)!r}, as_version=4)
+        NotebookClient(nb, timeout=600, kernel_name="python3",
+                       resources={{"metadata": {{"path": {str(repo / "notebooks")!r}}}}}).execute()
+        nbformat.write(nb, {str(executed)!r})
+    """)
+    run([python, "-c", runner], env=env, cwd=repo / "notebooks", timeout=900)
+
+    patterns = sanitize_patterns()
+    stored = nbformat.read(ROOT / "notebooks" / NOTEBOOK, as_version=4)
+    fresh = nbformat.read(executed, as_version=4)
+    pairs = [(a, b) for a, b in zip(stored.cells, fresh.cells) if a.cell_type == "code"]
+    assert pairs and len(stored.cells) == len(fresh.cells)
+    for i, (want, got) in enumerate(pairs):
+        assert comparable(got, patterns) == comparable(want, patterns), \
+            f"{NOTEBOOK}: code cell {i} differs in binder's environment:\n{want.source}"
+    text = "".join(o.get("text", "") for _, c in pairs for o in c.get("outputs", []))
+    for seed_line in ("float64 [3] [20, 18, 12]", "float64 [3] [2, 2, 2]", "1 run"):
+        assert seed_line in text
