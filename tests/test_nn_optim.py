@@ -544,7 +544,7 @@ def test_twenty_training_steps_compile_in_the_first_steps_then_hit_the_cache(rng
     after2, after20 = snapshots[1], snapshots[19]
     assert after20.compiles == after2.compiles
     assert after2.compiles <= 2             # the backward program and the update program, once each
-    assert after20.derivations == 1         # the backward program is derived once
+    assert after20.derivations == after2.derivations <= 1   # derived once (or already cached)
     steady = after20 - after2
     assert steady.submissions == 18 * 2     # backward + the update per step; loss.item() is free
     assert steady.traces == 0
