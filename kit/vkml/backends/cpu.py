@@ -77,14 +77,15 @@ def _trusted(path) -> bool:
     return st.st_uid == os.getuid() and not st.st_mode & 0o022
 
 
-def library(source: str):
+def library(source: str, extra_flags=()):
     """The compiled library for ``source``: from the disk cache if a valid one is there, else built.
 
     Returns ``(ctypes.CDLL, compiled)`` where ``compiled`` says whether the compiler ran."""
     cc = compiler()
     if cc is None:
         raise BackendError("no C compiler found (set $CC or install gcc)")
-    key = hashlib.sha256("\0".join([source, cc] + FLAGS).encode()).hexdigest()[:32]
+    flags = FLAGS + list(extra_flags)
+    key = hashlib.sha256("\0".join([source, cc] + flags).encode()).hexdigest()[:32]
     folder = cache_dir()
     so = os.path.join(folder, f"vk_{key}.so")
     digest = so + ".sha256"
@@ -100,7 +101,7 @@ def library(source: str):
         f.write(source)
     tmp_so = tmp_c[:-2] + ".so"
     try:
-        proc = subprocess.run([cc] + FLAGS + ["-o", tmp_so, tmp_c, "-lm"], capture_output=True,
+        proc = subprocess.run([cc] + flags + ["-o", tmp_so, tmp_c, "-lm"], capture_output=True,
                               text=True)
         if proc.returncode != 0:
             raise BackendError(f"the C compiler failed on generated code:\n{proc.stderr[-2000:]}")
@@ -266,11 +267,76 @@ class CpuBackend(Backend):
             STATS.cache_hits += 1
         return exe
 
+    def sample_loops(self, step, vjp, spec):
+        """Compiled per-sample simulation loops (see ``codegen.sample_loops``), or None."""
+        if self.compiler is None:
+            return None
+        key = ("sample-loops", step, vjp, spec)
+        loops = self._executables.get(key)
+        if loops is None:
+            try:
+                loops = SampleLoops(step, vjp, **dict(spec))
+            except Unsupported:
+                loops = False
+            self._executables[key] = loops
+        else:
+            STATS.cache_hits += 1
+        return loops or None
+
     def info(self):
         info = super().info()
         info.update({"compiler": self.compiler, "cache": cache_dir(), "flags": " ".join(FLAGS),
                      "numpy fallbacks": self.fallbacks})
         return info
+
+
+class SampleLoops:
+    """A simulation's forward and reverse as two compiled functions over every sample."""
+
+    def __init__(self, step, vjp, *, n_state, n_fixed, n_params, out_names, state_names, term_index,
+                 wrt, window):
+        from .codegen.sample_loops import forward_source, reverse_source
+        self.step, self.n_state, self.window, self.wrt = step, n_state, window, wrt
+        fwd = forward_source(step, n_state, n_fixed, n_params, out_names, state_names, term_index, window)
+        rev = reverse_source(step, vjp, n_state, n_fixed, n_params, out_names, state_names, wrt, window)
+        self._fwd_lib, _ = library(fwd, ["-fopenmp"])
+        self._rev_lib, _ = library(rev, ["-fopenmp"])
+        for fn in (self._fwd_lib.vk_fwd, self._rev_lib.vk_rev):
+            fn.restype = ctypes.c_int
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+
+    @staticmethod
+    def _call(fn, ins, outs, info):
+        ins = [np.ascontiguousarray(a) for a in ins]
+        in_ptrs = (ctypes.c_void_p * max(1, len(ins)))(*[a.ctypes.data for a in ins])
+        out_ptrs = (ctypes.c_void_p * max(1, len(outs)))(*[o.ctypes.data for o in outs])
+        info = np.asarray(info, dtype=np.int64)
+        STATS.submissions += 1
+        fn(in_ptrs, out_ptrs, info.ctypes.data)
+
+    def forward(self, states, fixed, others, params, max_steps, threads):
+        """Final states, per-sample steps, the checkpoints every ``window`` steps; the last step's
+        other outputs are written into ``others`` (their planes)."""
+        n = states[0].shape[0]
+        n_ck = -(-max_steps // self.window)
+        finals = [np.empty_like(s) for s in states]
+        steps = np.zeros(n, np.int64)
+        cks = [np.empty((n_ck,) + s.shape, s.dtype) for s in states]
+        extra = [np.ascontiguousarray(o).copy() for o in others]
+        self._call(self._fwd_lib.vk_fwd, list(states) + list(fixed) + list(params),
+                   finals + [steps] + cks + extra, [n, max_steps, threads])
+        for plane, value in zip(others, extra):
+            plane[...] = value
+        return finals, steps, cks
+
+    def reverse(self, checkpoints, steps, fixed, params, seeds, threads):
+        """Per-sample cotangents of the wrt inputs (states, floating fixed planes, Params)."""
+        n = steps.shape[0]
+        ins = self.step.inputs
+        outs = [np.empty((n,) + ins[w].shape, ins[w].dtype) for w in self.wrt]
+        self._call(self._rev_lib.vk_rev, list(checkpoints) + [steps] + list(fixed) + list(params)
+                   + list(seeds), outs, [n, 0, threads])
+        return outs
 
 
 register("cpu", CpuBackend)

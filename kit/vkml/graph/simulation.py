@@ -33,7 +33,12 @@ import numpy as np
 
 from ..errors import ArgumentError, BudgetError, Busy, RecordError, RefusedError, ShapeError
 from .diff import Gradients, Report, _reverse_launch
-from .graph import Opaque, run_batched
+from .. import backends
+from ..ir import program_from_dag
+from ..transforms import vjp_program
+from ..transforms.ad import derived
+from ..transforms.control import reorder_inputs
+from .graph import Opaque, run_batched, threads
 from .kernel import Kernel, Launch
 from .treesum import MIN_PASS, chunk_bounds, combine, pass_size, tree_sum
 
@@ -119,6 +124,8 @@ class SimulationRecord:
         self.fixed = fixed
         self.cells = cells
         self.states_all = states_all
+        #: the compiled tier's checkpoints, one [windows, n, ...] array per state plane
+        self.checkpoint_arrays = None
         self.reversed = False
         # the checkpoints and Param values are the Record's own copies, but ``fixed`` (the
         # per-sample inputs the step reads and never updates) are the caller's planes: only
@@ -288,6 +295,9 @@ class Simulation:
         for node in self.nodes:
             for k, p in node.writes.items():
                 fixed.setdefault(k, p)
+        loops = self._compiled_loops()
+        if loops is not None:
+            return self._run_compiled(loops, fixed)
         active = np.ones(n, dtype=bool)
         steps = np.zeros(n, dtype=np.int64)
         checkpoints, states_all = {}, {}
@@ -327,6 +337,92 @@ class Simulation:
                 {p: np.array(launch.params[p], copy=True) for p in launch.kernel.params},
                 states_all)
         return self
+
+    # -- the compiled path: every step of every sample in one call --------------------------------
+    def _loop_window(self):
+        if not self.record_mode:
+            return self.max_steps
+        return self.window if isinstance(self.window, int) else None
+
+    def _compiled_loops(self):
+        """The backend's compiled per-sample loops for this kernel, when it has them (the cpu tier)
+        and the run needs nothing they lack (model nodes, 'full'/'binomial' schedules)."""
+        backend = backends.current()
+        window = self._loop_window()
+        if self.nodes or window is None or not hasattr(backend, "sample_loops"):
+            return None
+        launch = self.launch
+        kern = launch.kernel
+        fixed = [nm for nm in kern.inputs if nm not in self.state]
+        order = [kern.inputs.index(nm) for nm in self.state + fixed] + \
+            [len(kern.inputs) + j for j in range(len(kern.params))]
+        step = reorder_inputs(launch.program, order)
+        wrt = [i for i, v in enumerate(step.inputs) if v.dtype.kind == "f"]
+
+        def make_vjp():
+            vp = vjp_program(step, wrt)
+            return program_from_dag(list(vp.inputs), list(vp.outputs[len(step.outputs):]))
+
+        vjp = derived("simulation-vjp", step, wrt, make_vjp)
+        spec = (("n_state", len(self.state)), ("n_fixed", len(fixed)),
+                ("n_params", len(kern.params)), ("out_names", tuple(launch.out_names)),
+                ("state_names", tuple(self.state)),
+                ("term_index", launch.out_names.index("terminated") if self.terminates else None),
+                ("wrt", tuple(wrt)), ("window", window))
+        loops = backend.sample_loops(step, vjp, spec)
+        if loops is not None:
+            self._fixed_names = fixed
+        return loops
+
+    def _run_compiled(self, loops, fixed):
+        launch = self.launch
+        kern = launch.kernel
+        others = [launch.writes[nm] for nm in launch.out_names if nm not in self.state]
+        finals, steps, cks = loops.forward(
+            [launch.reads[s] for s in self.state], [fixed[nm] for nm in self._fixed_names], others,
+            [launch.params[p] for p in kern.params], self.max_steps, threads())
+        for s, value in zip(self.state, finals):
+            launch.writes[s][...] = value
+        self.generation += 1
+        if self.record_mode:
+            window = self.window
+            last = int(steps.max(initial=0))
+            checkpoints = {c * window: {s: ck[c] for s, ck in zip(self.state, cks)}
+                           for c in range(cks[0].shape[0]) if c * window < max(last, 1)}
+            self._record = SimulationRecord(
+                self, self.generation, steps, checkpoints,
+                {s: launch.reads[s] for s in self.state},
+                {nm: fixed[nm] for nm in fixed},
+                {p: np.array(launch.params[p], copy=True) for p in kern.params}, {})
+            self._record.checkpoint_arrays = dict(zip(self.state, cks))
+        return self
+
+    def _reverse_compiled(self, loops, record, sl, ct0, stats):
+        kern = self.launch.kernel
+        m = sl.stop - sl.start
+        steps = record.steps[sl]
+        cks = [record.checkpoint_arrays[s][:, sl] for s in self.state]
+        fixed = [record.fixed[nm][sl] for nm in self._fixed_names]
+        params = [record.cells[p] for p in kern.params]
+        seeds = [ct0.get(s, np.zeros_like(record.initial[s][sl])) for s in self.state]
+        outs = loops.reverse(cks, steps, fixed, params, seeds, threads())
+        names = self.state + self._fixed_names + list(kern.params)
+        res = {"state": {}, "fixed": {}, "params": {}}
+        for pos, g in zip(loops.wrt, outs):
+            name = names[pos]
+            key = "state" if pos < len(self.state) else \
+                "fixed" if pos < len(self.state) + len(self._fixed_names) else "params"
+            res[key][name] = g
+        for s in self.state:
+            res["state"].setdefault(s, np.zeros_like(record.initial[s][sl]))
+        for p in kern.params:
+            res["params"].setdefault(p, np.zeros((m,) + np.shape(record.cells[p]), np.float64))
+        T = int(steps.max(initial=0))
+        w = self.window
+        starts = list(range(0, T, w))
+        stats["recomputed"] += sum(min(c + w, T) - c - 1 for c in starts)
+        stats["peak"] = max(stats["peak"], len(starts) + min(w, T))
+        return res
 
     def _readers_busy(self):
         rec = self._record
@@ -455,6 +551,10 @@ class Simulation:
 
     def _reverse_slice(self, record, sl, ct0, vjps, stats):
         """The reverse for the samples in ``sl``: windows from the last, adjoints stepped back."""
+        if getattr(record, "checkpoint_arrays", None) is not None:
+            loops = self._compiled_loops()
+            if loops is not None:
+                return self._reverse_compiled(loops, record, sl, ct0, stats)
         launch = self.launch
         kern = launch.kernel
         m = sl.stop - sl.start

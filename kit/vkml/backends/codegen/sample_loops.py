@@ -1,0 +1,213 @@
+"""Per-sample simulation loops: one C function runs every step of every sample.
+
+A simulation on the NumPy backend is a Python loop over steps, each step a
+batched program (tens of microseconds of host work per step).  Here the
+step kernel's per-sample program is lowered to scalar C and wrapped in
+``for sample: for step: ...`` -- one thread per sample, as eagle does -- so
+the state stays in registers, a sample stops at its own ``terminated``, and
+the recorded checkpoints are written as the loop passes them.  The reverse
+is one function too: per sample, each window from the last is recomputed
+from its checkpoint into a local buffer and the adjoint is stepped back
+through it with the kernel's per-sample vjp program.
+
+Samples never mix, so splitting them over threads (``VKML_THREADS``,
+OpenMP) changes no bit.  Per-sample Param cotangents are returned, and the
+graph layer sums them with the canonical tree.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .c_render import HELPERS, STACK_LIMIT, _emit
+from .lower import CTYPE, Lowering, Unsupported
+
+
+def _size(v):
+    return max(1, int(np.prod(v.shape, dtype=np.int64)))
+
+
+def _check_small(low):
+    for _, _, count in low.temps:
+        if count > STACK_LIMIT:
+            raise Unsupported("a per-sample temporary too large for the stack")
+
+
+def _decl_temps(low, lines, ind):
+    for name, ctype, count in low.temps:
+        lines.append(f"{ind}{ctype} {name}[{count}];")
+
+
+def forward_source(step, n_state, n_fixed, n_params, out_names, state_names, term_index, window):
+    """``vk_fwd(in, out, info)``: in = state planes, fixed planes, params; out = final state planes,
+    steps (int64, one per sample), then one checkpoint array per state plane
+    (``[ceil(max_steps / window), n, ...]``).  ``info = [n, max_steps, threads]``."""
+    low = Lowering()
+    ins = step.inputs
+    st_vars, fx_vars, pr_vars = ins[:n_state], ins[n_state:n_state + n_fixed], ins[n_state + n_fixed:]
+    outs = step.outputs
+    st_local = [f"st{i}" for i in range(n_state)]
+    out_tmp = [f"ot{i}" for i in range(len(outs))]
+    in_ptrs = st_local + [f"(f{i} + s * {_size(v)})" for i, v in enumerate(fx_vars)] + \
+        [f"p{i}" for i in range(n_params)]
+    body = low.program(step, in_ptrs, out_tmp)
+    _check_small(low)
+    new_of = {i: out_names.index(name) for i, name in enumerate(state_names)}
+    lines = [HELPERS] + low.statics
+    lines.append("int vk_fwd(void** in, void** out, int64_t* info) {")
+    lines.append("    int64_t n = info[0], max_steps = info[1];")
+    for i, v in enumerate(st_vars):
+        lines.append(f"    const {CTYPE[v.dtype]}* si{i} = (const {CTYPE[v.dtype]}*)in[{i}];")
+        lines.append(f"    {CTYPE[v.dtype]}* so{i} = ({CTYPE[v.dtype]}*)out[{i}];")
+        lines.append(f"    {CTYPE[v.dtype]}* ck{i} = ({CTYPE[v.dtype]}*)out[{n_state + 1 + i}];")
+    for i, v in enumerate(fx_vars):
+        lines.append(f"    const {CTYPE[v.dtype]}* f{i} = (const {CTYPE[v.dtype]}*)in[{n_state + i}];")
+    for i, v in enumerate(pr_vars):
+        lines.append(f"    {CTYPE[v.dtype]}* p{i} = ({CTYPE[v.dtype]}*)in[{n_state + n_fixed + i}];")
+    lines.append(f"    int64_t* steps = (int64_t*)out[{n_state}];")
+    lines.append("    #pragma omp parallel for num_threads((int)info[2]) schedule(static)")
+    lines.append("    for (int64_t s = 0; s < n; s++) {")
+    ind = "        "
+    lines.append(f"{ind}int err_ = 0; int* err = &err_; (void)err;")
+    for i, v in enumerate(st_vars):
+        k = _size(v)
+        lines.append(f"{ind}{CTYPE[v.dtype]} st{i}[{k}];")
+        lines.append(f"{ind}for (int64_t c = 0; c < {k}; c++) st{i}[c] = si{i}[s * {k} + c];")
+    for i, v in enumerate(outs):
+        lines.append(f"{ind}{CTYPE[v.dtype]} ot{i}[{_size(v)}];")
+    _decl_temps(low, lines, ind)
+    lines.append(f"{ind}int64_t t = 0;")
+    lines.append(f"{ind}for (; t < max_steps; t++) {{")
+    for i, v in enumerate(st_vars):
+        k = _size(v)
+        lines.append(f"{ind}    if (t % {window} == 0) for (int64_t c = 0; c < {k}; c++) "
+                     f"ck{i}[((t / {window}) * n + s) * {k} + c] = st{i}[c];")
+    _emit(body, lines, ind + "    ")
+    for i in range(n_state):
+        k = _size(st_vars[i])
+        lines.append(f"{ind}    for (int64_t c = 0; c < {k}; c++) st{i}[c] = ot{new_of[i]}[c];")
+    if term_index is not None:
+        lines.append(f"{ind}    if (ot{term_index}[0]) {{ t++; break; }}")
+    lines.append(f"{ind}}}")
+    lines.append(f"{ind}steps[s] = t;")
+    for i, v in enumerate(st_vars):
+        k = _size(v)
+        lines.append(f"{ind}for (int64_t c = 0; c < {k}; c++) so{i}[s * {k} + c] = st{i}[c];")
+    # the last step's other outputs (a "terminated" flag, say), as the NumPy path leaves them
+    extra = [j for j in range(len(outs)) if j not in new_of.values()]
+    for m, j in enumerate(extra):
+        k = _size(outs[j])
+        lines.append(f"{ind}if (t > 0) for (int64_t c = 0; c < {k}; c++) "
+                     f"(({CTYPE[outs[j].dtype]}*)out[{2 * n_state + 1 + m}])[s * {k} + c] = ot{j}[c];")
+    lines.append(f"{ind}goto done; done: (void)0;")
+    lines.append("    }")
+    lines.append("    return 0;")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def reverse_source(step, vjp, n_state, n_fixed, n_params, out_names, state_names, wrt, window):
+    """``vk_rev(in, out, info)``: in = checkpoints per state plane, steps, fixed planes, params,
+    seeds per state plane; out = state gradients, then gradients of the floating fixed planes and
+    per-sample Param cotangents (in ``wrt`` order).  ``info = [n, max_steps, threads]``."""
+    ins = step.inputs
+    st_vars, fx_vars, pr_vars = ins[:n_state], ins[n_state:n_state + n_fixed], ins[n_state + n_fixed:]
+    outs = step.outputs
+    new_of = {i: out_names.index(name) for i, name in enumerate(state_names)}
+    fwd_low = Lowering()
+    cur = [f"cur{i}" for i in range(n_state)]
+    nxt = [f"nx{i}" for i in range(len(outs))]
+    fx_ptr = [f"(f{i} + s * {_size(v)})" for i, v in enumerate(fx_vars)]
+    pr_ptr = [f"p{i}" for i in range(n_params)]
+    fwd_body = fwd_low.program(step, cur + fx_ptr + pr_ptr, nxt)
+    bwd_low = Lowering()
+    bwd_low.counter = 10000                   # distinct temporary names from the forward body
+    state_at = [f"(buf{i} + (t - w) * {_size(v)})" for i, v in enumerate(st_vars)]
+    ct_in = []
+    for j, v in enumerate(outs):
+        if j in new_of.values():
+            i = [k for k, o in new_of.items() if o == j][0]
+            ct_in.append(f"ct{i}")
+        else:
+            ct_in.append(f"zo{j}")
+    grads = [f"g{k}" for k in range(len(wrt))]
+    bwd_body = bwd_low.program(vjp, state_at + fx_ptr + pr_ptr + ct_in, grads)
+    _check_small(fwd_low)
+    _check_small(bwd_low)
+    lines = [HELPERS] + fwd_low.statics + bwd_low.statics
+    lines.append("int vk_rev(void** in, void** out, int64_t* info) {")
+    lines.append("    int64_t n = info[0], max_steps = info[1];")
+    pos = 0
+    for i, v in enumerate(st_vars):
+        lines.append(f"    const {CTYPE[v.dtype]}* ck{i} = (const {CTYPE[v.dtype]}*)in[{pos}];")
+        pos += 1
+    lines.append(f"    const int64_t* steps = (const int64_t*)in[{pos}];")
+    pos += 1
+    for i, v in enumerate(fx_vars):
+        lines.append(f"    const {CTYPE[v.dtype]}* f{i} = (const {CTYPE[v.dtype]}*)in[{pos}];")
+        pos += 1
+    for i, v in enumerate(pr_vars):
+        lines.append(f"    {CTYPE[v.dtype]}* p{i} = ({CTYPE[v.dtype]}*)in[{pos}];")
+        pos += 1
+    for i, v in enumerate(st_vars):
+        lines.append(f"    const {CTYPE[v.dtype]}* seed{i} = (const {CTYPE[v.dtype]}*)in[{pos}];")
+        pos += 1
+    for k, w_pos in enumerate(wrt):
+        v = ins[w_pos]
+        lines.append(f"    {CTYPE[v.dtype]}* go{k} = ({CTYPE[v.dtype]}*)out[{k}];")
+    lines.append("    #pragma omp parallel for num_threads((int)info[2]) schedule(static)")
+    lines.append("    for (int64_t s = 0; s < n; s++) {")
+    ind = "        "
+    lines.append(f"{ind}int err_ = 0; int* err = &err_; (void)err;")
+    for i, v in enumerate(st_vars):
+        k = _size(v)
+        lines.append(f"{ind}{CTYPE[v.dtype]} ct{i}[{k}], cur{i}[{k}], buf{i}[{window} * {k}];")
+        lines.append(f"{ind}for (int64_t c = 0; c < {k}; c++) ct{i}[c] = seed{i}[s * {k} + c];")
+    for j, v in enumerate(outs):
+        lines.append(f"{ind}{CTYPE[v.dtype]} nx{j}[{_size(v)}];")
+        if j not in new_of.values():
+            lines.append(f"{ind}{CTYPE[v.dtype]} zo{j}[{_size(v)}] = {{0}};")
+    for k, w_pos in enumerate(wrt):
+        v = ins[w_pos]
+        lines.append(f"{ind}{CTYPE[v.dtype]} g{k}[{_size(v)}];")
+        if w_pos >= n_state:
+            lines.append(f"{ind}{CTYPE[v.dtype]} acc{k}[{_size(v)}] = {{0}};")
+    _decl_temps(fwd_low, lines, ind)
+    _decl_temps(bwd_low, lines, ind)
+    lines.append(f"{ind}int64_t T = steps[s];")
+    lines.append(f"{ind}for (int64_t w = T > 0 ? ((T - 1) / {window}) * {window} : -1; w >= 0; "
+                 f"w -= {window}) {{")
+    lines.append(f"{ind}    int64_t end = w + {window} < T ? w + {window} : T;")
+    for i, v in enumerate(st_vars):
+        k = _size(v)
+        lines.append(f"{ind}    for (int64_t c = 0; c < {k}; c++) "
+                     f"cur{i}[c] = ck{i}[((w / {window}) * n + s) * {k} + c];")
+    lines.append(f"{ind}    for (int64_t t = w; t < end; t++) {{")
+    for i, v in enumerate(st_vars):
+        k = _size(v)
+        lines.append(f"{ind}        for (int64_t c = 0; c < {k}; c++) buf{i}[(t - w) * {k} + c] = cur{i}[c];")
+    lines.append(f"{ind}        if (t == end - 1) break;")
+    _emit(fwd_body, lines, ind + "        ")
+    for i, v in enumerate(st_vars):
+        k = _size(v)
+        lines.append(f"{ind}        for (int64_t c = 0; c < {k}; c++) cur{i}[c] = nx{new_of[i]}[c];")
+    lines.append(f"{ind}    }}")
+    lines.append(f"{ind}    for (int64_t t = end - 1; t >= w; t--) {{")
+    _emit(bwd_body, lines, ind + "        ")
+    for k, w_pos in enumerate(wrt):
+        size = _size(ins[w_pos])
+        if w_pos < n_state:
+            lines.append(f"{ind}        for (int64_t c = 0; c < {size}; c++) ct{w_pos}[c] = g{k}[c];")
+        else:
+            lines.append(f"{ind}        for (int64_t c = 0; c < {size}; c++) acc{k}[c] += g{k}[c];")
+    lines.append(f"{ind}    }}")
+    lines.append(f"{ind}}}")
+    for k, w_pos in enumerate(wrt):
+        size = _size(ins[w_pos])
+        src = f"ct{w_pos}" if w_pos < n_state else f"acc{k}"
+        lines.append(f"{ind}for (int64_t c = 0; c < {size}; c++) go{k}[s * {size} + c] = {src}[c];")
+    lines.append(f"{ind}goto done; done: (void)0;")
+    lines.append("    }")
+    lines.append("    return 0;")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
