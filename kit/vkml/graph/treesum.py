@@ -17,17 +17,30 @@ MIN_PASS = 256
 
 
 def tree_sum(x: np.ndarray) -> np.ndarray:
-    """Sum ``x`` over axis 0 with the canonical tree."""
+    """Sum ``x`` over axis 0 with the canonical tree.
+
+    Level by level, adjacent pairs are added; an odd last element is carried
+    up with ``+ 0.0`` -- exactly what the zero padding to a power of two
+    would add -- so no padded copy is made, and every level is written into
+    one scratch buffer.
+    """
     x = np.asarray(x)
     n = x.shape[0]
     if n == 0:
         return np.zeros(x.shape[1:], x.dtype)
-    width = 1 << (n - 1).bit_length()
-    if width != n:
-        x = np.concatenate([x, np.zeros((width - n,) + x.shape[1:], x.dtype)])
-    while x.shape[0] > 1:
-        x = x[0::2] + x[1::2]
-    return x[0].copy()
+    if n == 1:
+        return x[0].copy()
+    buf = np.empty(((n + 1) // 2,) + x.shape[1:], x.dtype)
+    cur = x
+    zero = np.zeros((), x.dtype)
+    while n > 1:
+        m = n // 2
+        np.add(cur[0:2 * m:2], cur[1:2 * m:2], out=buf[:m])
+        if n % 2:
+            np.add(cur[n - 1:n], zero, out=buf[m:m + 1])
+        n = m + n % 2
+        cur = buf[:n]
+    return cur[0].copy()
 
 
 def chunk_bounds(n: int, size: int):
