@@ -74,3 +74,16 @@ def test_pyproject_core_depends_on_numpy_only_and_pins_torch():
     pytest_options = meta["tool"]["pytest"]["ini_options"]
     assert set(pytest_options["testpaths"]) == {"tests", "notebooks"}
     assert "--nbval" in pytest_options["addopts"].split()   # the tutorials run as tests too
+
+
+def test_the_readme_tour_runs():
+    """Every ```python block of the README runs as written (a newcomer's first try)."""
+    import re
+    import numpy as np
+    text = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert blocks
+    ns = {}
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), ns)
+    np.testing.assert_allclose(ns["grads"]["k"], np.sum(np.cos(1.5 * ns["x"] ** 2) * ns["x"] ** 2))
