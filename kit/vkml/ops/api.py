@@ -142,6 +142,11 @@ def broadcast_to(x, shape):
 
 
 def _elementwise(prim, *xs):
+    if len(xs) == 2:                        # the common case: two Vars of one type, no work to do
+        x, y = xs
+        if type(x) is Var and type(y) is Var and x.dtype == y.dtype and x.shape == y.shape \
+                and not x.weak and not y.weak:
+            return bind(prim, x, y)
     vs = promote(*xs)
     shapes = [v.shape for v in vs]
     if any(s != shapes[0] for s in shapes):
