@@ -186,8 +186,9 @@ class Jitted:
         return [e.program for e in self._entries.values()]
 
     def derived_programs(self):
-        """Every derived program, by name (``jvp``, ``known``, ``linear``, ``transposed``), per key."""
-        return [dict(e.derived) for e in self._entries.values()]
+        """Every derived program, by name (``jvp``, ``known``, ``linear``, ``transposed``, ...), per key."""
+        return [{k: v for k, v in e.derived.items() if isinstance(k, str)}
+                for e in self._entries.values()]
 
     def __repr__(self):
         return f"<vkml.jit of {getattr(self.fn, '__qualname__', self.fn)!r}>"

@@ -234,6 +234,11 @@ class Record:
         return record_dot(self)._repr_mimebundle_(include, exclude)
 
     @property
+    def iterations(self):
+        """How many times each repeat_while member ran in this launch (what its reverse unrolls)."""
+        return {e.node.name: e.iterations for e in self.tape if isinstance(e, LoopEntry)}
+
+    @property
     def nodes(self):
         return [e.node.name for e in self.tape]
 

@@ -28,8 +28,9 @@ def tree_sum(x: np.ndarray) -> np.ndarray:
     n = x.shape[0]
     if n == 0:
         return np.zeros(x.shape[1:], x.dtype)
+    # always an ndarray (0-d for a scalar Param), never a NumPy scalar
     if n == 1:
-        return x[0].copy()
+        return np.array(x[0])
     buf = np.empty(((n + 1) // 2,) + x.shape[1:], x.dtype)
     cur = x
     zero = np.zeros((), x.dtype)
@@ -40,7 +41,7 @@ def tree_sum(x: np.ndarray) -> np.ndarray:
             np.add(cur[n - 1:n], zero, out=buf[m:m + 1])
         n = m + n % 2
         cur = buf[:n]
-    return cur[0].copy()
+    return np.array(cur[0])
 
 
 def chunk_bounds(n: int, size: int):
