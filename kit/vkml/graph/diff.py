@@ -164,6 +164,7 @@ def resolve_seeds(record, seeds):
                              f"np.ones({plane.shape}))")
         if key is None:                    # the writer did not run (a skipped member)
             key = (id(plane), record.final.get(id(plane), 0))
+        # a copy: a gradient that passes straight through a kernel must not alias the caller's seed
         resolved[key] = resolved.get(key, 0) + arr.astype(plane.dtype, copy=False) \
             if key in resolved else arr.astype(plane.dtype, copy=True)
     return resolved
@@ -272,6 +273,13 @@ class Reverse:
                                        f"({err}); pass one with vjps={{{node.name!r}: vjp_kernel}}") from err
 
     def bitwise(self):
+        """Per gradient name, whether it is bitwise (computed once per graph structure)."""
+        key = tuple(id(n.op) for n in self.graph.nodes)
+        if getattr(self, "_bitwise_key", None) != key:
+            self._bitwise_key, self._bitwise = key, self._scan_bitwise()
+        return self._bitwise
+
+    def _scan_bitwise(self):
         flags = {}
         for node in self.graph.nodes:
             for launch in node.launches():
@@ -450,7 +458,7 @@ class _Adjoints:
         parts = sorted(self.parts.pop(key, []), key=lambda p: p[0])
         total = self.seed.pop(key, None)
         for _, v in parts:
-            total = v.copy() if total is None else total + v
+            total = v if total is None else total + v      # never in place: nothing is copied
         return total
 
 

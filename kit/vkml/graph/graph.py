@@ -349,6 +349,7 @@ class Graph:
                 for p, value in launch.params.items():
                     cells[(node.name, p)] = np.array(value, copy=True).reshape(value.shape)
         self.cells = cells
+        self.__dict__.pop("_fused", None)      # the fused launch program is made anew (record.py)
         self.recording = bool(record)
         self._built = True
         return self

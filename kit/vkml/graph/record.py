@@ -20,6 +20,7 @@ import threading
 
 import numpy as np
 
+from .. import backends
 from ..errors import RecordError
 from .graph import Opaque, Reduce, RepeatWhile, Skippable, run_batched
 
@@ -116,7 +117,90 @@ class OtherEntry:
         self.node, self.reads, self.writes, self.index = node, reads, writes, index
 
 
+def _fused_plan(graph, recording):
+    """The whole launch of a graph of plain kernel launches as ONE Program (one submission).
+
+    Its inputs are the plane versions read before any write, then the Param
+    cells; its outputs are the final version of every written plane, then
+    (recording) the versions that are read and later overwritten -- the
+    Record's copies.  Built once per graph build; the tape it makes is the
+    same every launch, so it is made once too.
+    """
+    from ..ir import Var, program_from_dag
+    from ..transforms import inline
+    cur, version, read = {}, {}, set()
+    inputs, in_planes, saved, template = [], [], [], []
+    cell_vars = {k: Var(c.shape, c.dtype) for k, c in graph.cells.items()}
+    for node in graph.nodes:
+        launch = node.op
+        kern = launch.kernel
+        args, reads = [], {}
+        for nm in kern.inputs:
+            plane = launch.reads[nm]
+            pid = id(plane)
+            if pid not in cur:
+                cur[pid] = Var(plane.shape, plane.dtype)
+                version[pid] = 0
+                inputs.append(cur[pid])
+                in_planes.append(plane)
+            args.append(cur[pid])
+            reads[nm] = (pid, version[pid])
+            read.add(reads[nm])
+        args += [cell_vars[(node.name, p)] for p in kern.params]
+        _, program = launch.batched().executable(launch.n)
+        outs = inline(program, args)
+        writes = {}
+        for nm, var in zip(launch.out_names, outs):
+            plane = launch.writes[nm]
+            pid = id(plane)
+            before = (pid, version.get(pid, 0))
+            if recording and before in read and pid in cur:
+                saved.append((before, cur[pid]))
+            cur[pid] = var
+            version[pid] = version.get(pid, 0) + 1
+            writes[nm] = (pid, version[pid])
+        template.append((node, launch, reads, writes))
+    written = [pid for pid in version if version[pid] > 0]
+    planes = {id(p): p for node in graph.nodes for p in
+              list(node.op.reads.values()) + list(node.op.writes.values())}
+    program = program_from_dag(inputs + list(cell_vars.values()),
+                               [cur[pid] for pid in written] + [v for _, v in saved])
+    backend = backends.current()
+    exe = backend.executable(("graph-launch", program), lambda: program)
+    return {"exe": exe, "backend": backend, "in_planes": in_planes, "cells": list(cell_vars),
+            "written": [planes[pid] for pid in written], "saved": [k for k, _ in saved],
+            "template": template, "version": dict(version), "planes": planes, "eqns": program.eqns}
+
+
+def _run_fused(graph, recording):
+    key = (recording, id(backends.current()))
+    plans = graph.__dict__.setdefault("_fused", {})
+    plan = plans.get(key)
+    if plan is None:
+        plan = plans[key] = _fused_plan(graph, recording)
+    from ..tensor import _submit
+    args = plan["in_planes"] + [graph.cells[k] for k in plan["cells"]]
+    values = _submit(plan["backend"], plan["exe"], args, plan["eqns"])
+    finals = values[:len(plan["written"])]
+    inputs = {id(a) for a in plan["in_planes"]}
+    run = _Run(recording)
+    for key_, value in zip(plan["saved"], values[len(plan["written"]):]):
+        run.saved[key_] = value.copy() if id(value) in inputs else value
+    for plane, value in zip(plan["written"], finals):
+        plane[...] = value.copy() if id(value) in inputs else value
+    run.version = dict(plan["version"])
+    run.planes = dict(plan["planes"])
+    run.tape = [Step(node, launch, reads, writes, i)
+                for i, (node, launch, reads, writes) in enumerate(plan["template"])]
+    return run
+
+
 def run_graph(graph, recording):
+    from .graph import Launch, threads
+    if threads() == 1 and all(type(n.op) is Launch for n in graph.nodes):
+        run = _run_fused(graph, recording)
+        graph.generation += 1
+        return Record(graph, run) if recording else None
     run = _Run(recording)
     cells = graph.cells
     for node in graph.nodes:
