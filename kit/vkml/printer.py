@@ -64,15 +64,15 @@ def literal(value) -> str:
     return f"{name}:{int(a)}"
 
 
-def _print(prog, numbers, lines, indent):
-    def ref(v):
-        return f"%{numbers[v]}" if v in numbers else "?"
+def fused_view(prog):
+    """What a reader sees of ``prog``: the constants shown, and its boxes.
 
-    def typed(v):
-        return f"{ref(v)} : {v.type_str()}"
-
-    lines.append(f"{indent}program ({', '.join(ref(v) for v in prog.inputs)})")
-    body = indent + "  "
+    Chains of elementwise equations whose intermediate values are read once
+    become ONE ``Map`` with its expression (a broadcast scalar constant read
+    once appears inside as a literal), as a backend runs them.  Returns
+    ``(consts, boxes)`` where a box is ``(eqn, kind, text, reads)``; the
+    printer and ``vkml.viz`` both draw from it.
+    """
     uses = {}
     for e in prog.eqns:
         for v in e.inputs:
@@ -83,7 +83,6 @@ def _print(prog, numbers, lines, indent):
     const_values = dict(prog.consts)
 
     def scalar_literal(v):
-        """A broadcast scalar constant read once: printed inside the Map as a literal."""
         e = producer.get(v)
         if e is not None and e.prim.name == "broadcast_in_dim" and uses.get(v) == 1:
             src = e.inputs[0]
@@ -98,57 +97,78 @@ def _print(prog, numbers, lines, indent):
                 p = producer.get(v)
                 if p is not None and uses.get(v) == 1 and (p.prim.elementwise or scalar_literal(v)):
                     absorbed.add(id(p))
-                    if scalar_literal(v):
-                        absorbed.add(id(p))
-    hidden_consts = {p.inputs[0] for p in prog.eqns if id(p) in absorbed
-                     and p.prim.name == "broadcast_in_dim"}
-
-    for v, value in prog.consts:
-        if v in hidden_consts:
-            continue
-        shown = literal(value) if np.ndim(value) == 0 else f"const {dtype_name(np.asarray(value).dtype)} {list(np.shape(value))}"
-        lines.append(f"{body}{typed(v)} = Map [{shown}] at {v.device}")
-
+    hidden = {p.inputs[0] for p in prog.eqns
+              if id(p) in absorbed and p.prim.name == "broadcast_in_dim"}
+    consts = [(v, value) for v, value in prog.consts if v not in hidden]
+    boxes = []
     for e in prog.eqns:
         if id(e) in absorbed:
             continue
-        lhs = ", ".join(typed(v) for v in e.outputs)
         if e.prim.elementwise:
-            leaves = []
+            reads = []
 
             def expr(v):
-                p = producer.get(v)
                 lit = scalar_literal(v)
                 if lit is not None:
                     return lit
+                p = producer.get(v)
                 if p is not None and id(p) in absorbed and p.prim.elementwise:
                     return _expr_of(p, expr)
-                leaves.append(v)
-                return f"x{len(leaves) - 1}"
+                reads.append(v)
+                return f"x{len(reads) - 1}"
 
-            text = _expr_of(e, expr)
-            kinds = " ".join(f"(x{i}: {v.type_str()})" for i, v in enumerate(leaves))
-            lines.append(f"{body}{lhs} = Map [{text}]" + (f" {kinds}" if kinds else ""))
-            if leaves:
-                lines.append(f"{body}  with " + ", ".join(f"x{i} = {ref(v)}" for i, v in enumerate(leaves)))
+            boxes.append((e, "Map", _expr_of(e, expr), reads))
         elif e.prim.name in ("reduce_sum", "reduce_max"):
             op = "Sum" if e.prim.name == "reduce_sum" else "Max"
             axes = ", ".join(str(a) for a in e.params["axes"])
-            x = e.inputs[0]
-            lines.append(f"{body}{lhs} = Reduce [{op} x0] over [{axes}] (x0: {x.type_str()})")
-            lines.append(f"{body}  with x0 = {ref(x)}")
+            boxes.append((e, "Reduce", f"{op} over [{axes}]", list(e.inputs)))
         elif e.prim.name == "scan":
+            p = e.params
+            text = f"{p['length']} rows" + (" reversed" if p["reverse"] else "")
+            boxes.append((e, "scan", text, list(e.inputs)))
+        else:
+            params = {k: v for k, v in e.params.items() if not isinstance(v, Program)}
+            text = ", ".join(f"{k}={_param(v)}" for k, v in params.items())
+            boxes.append((e, e.prim.name, text, list(e.inputs)))
+    return consts, boxes
+
+
+def _print(prog, numbers, lines, indent):
+    def ref(v):
+        return f"%{numbers[v]}" if v in numbers else "?"
+
+    def typed(v):
+        return f"{ref(v)} : {v.type_str()}"
+
+    lines.append(f"{indent}program ({', '.join(ref(v) for v in prog.inputs)})")
+    body = indent + "  "
+    consts, boxes = fused_view(prog)
+    for v, value in consts:
+        shown = literal(value) if np.ndim(value) == 0 else \
+            f"const {dtype_name(np.asarray(value).dtype)} {list(np.shape(value))}"
+        lines.append(f"{body}{typed(v)} = Map [{shown}] at {v.device}")
+    for e, kind, text, reads in boxes:
+        lhs = ", ".join(typed(v) for v in e.outputs)
+        if kind == "Map":
+            kinds = " ".join(f"(x{i}: {v.type_str()})" for i, v in enumerate(reads))
+            lines.append(f"{body}{lhs} = Map [{text}]" + (f" {kinds}" if kinds else ""))
+            if reads:
+                lines.append(f"{body}  with " + ", ".join(f"x{i} = {ref(v)}" for i, v in enumerate(reads)))
+        elif kind == "Reduce":
+            op, over = text.split(" over ")
+            x = e.inputs[0]
+            lines.append(f"{body}{lhs} = Reduce [{op} x0] over {over} (x0: {x.type_str()})")
+            lines.append(f"{body}  with x0 = {ref(x)}")
+        elif kind == "scan":
             p = e.params
             nc, nk = p["num_consts"], p["num_carry"]
             caps, init, xs = e.inputs[:nc], e.inputs[nc:nc + nk], e.inputs[nc + nk:]
-            rev = " reversed" if p["reverse"] else ""
-            lines.append(f"{body}{lhs} = scan {p['length']} rows{rev}, init ({_refs(init, ref)}), "
+            lines.append(f"{body}{lhs} = scan {text}, init ({_refs(init, ref)}), "
                          f"xs ({_refs(xs, ref)}), captures ({_refs(caps, ref)})")
             lines.append(f"{body}  step")
             _print(p["program"], numbers, lines, body + "    ")
         else:
-            params = {k: v for k, v in e.params.items() if not isinstance(v, Program)}
-            shown = " [" + ", ".join(f"{k}={_param(v)}" for k, v in params.items()) + "]" if params else ""
+            shown = f" [{text}]" if text else ""
             lines.append(f"{body}{lhs} = {e.prim.name}{shown} ({_refs(e.inputs, ref)})")
             for p in _nested(e):
                 lines.append(f"{body}  program")

@@ -26,7 +26,7 @@ import weakref
 import numpy as np
 
 from . import backends
-from .errors import ArgumentError, GradError, ShapeError, TracingError, VkmlError
+from .errors import ArgumentError, GradError, ShapeError, VkmlError
 from .ir import Program, Var, collect, current_serial, dtype_name, format_shape, program_from_dag
 from .ops import api
 from .printer import pp_program

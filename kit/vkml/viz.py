@@ -31,13 +31,12 @@ import hashlib
 import importlib.util
 import re
 import shutil
-from collections import Counter
 
 import numpy as np
 
 from .errors import ArgumentError
 from .ir import Program, Var, collect, dtype_name, format_shape
-from .printer import _expr_of, _number, _param, literal, pp_program
+from .printer import _number, _param, fused_view, literal, pp_program
 from .pytree import flatten
 
 __all__ = ["Diagram", "diagram", "program_dot", "tensor_dot", "derived_dot", "graph_dot",
@@ -199,70 +198,6 @@ def _params_text(params) -> str:
 
 # -- programs --------------------------------------------------------------------------------
 
-def _fused(prog):
-    """The printer's view of ``prog``: constants it shows and its boxes.
-
-    Chains of elementwise equations whose intermediate values are read once
-    become ONE ``Map`` with its expression (a broadcast scalar constant read
-    once is printed inside as a literal), as ``vkml.printer`` prints them and
-    a backend runs them.  Returns ``(consts, boxes)`` where a box is
-    ``(eqn, kind, text, reads)``.
-    """
-    uses = Counter(v for e in prog.eqns for v in e.inputs)
-    uses.update(prog.outputs)
-    producer = {v: e for e in prog.eqns for v in e.outputs}
-    const_values = dict(prog.consts)
-
-    def scalar_literal(v):
-        e = producer.get(v)
-        if e is not None and e.prim.name == "broadcast_in_dim" and uses[v] == 1:
-            src = e.inputs[0]
-            if src.shape == () and src in const_values and uses[src] == 1:
-                return literal(const_values[src])
-        return None
-
-    absorbed = set()
-    for e in prog.eqns:
-        if e.prim.elementwise:
-            for v in e.inputs:
-                p = producer.get(v)
-                if p is not None and uses[v] == 1 and (p.prim.elementwise or scalar_literal(v)):
-                    absorbed.add(id(p))
-    hidden = {p.inputs[0] for p in prog.eqns
-              if id(p) in absorbed and p.prim.name == "broadcast_in_dim"}
-    consts = [(v, value) for v, value in prog.consts if v not in hidden]
-
-    boxes = []
-    for e in prog.eqns:
-        if id(e) in absorbed:
-            continue
-        if e.prim.elementwise:
-            reads = []
-
-            def expr(v):
-                lit = scalar_literal(v)
-                if lit is not None:
-                    return lit
-                p = producer.get(v)
-                if p is not None and id(p) in absorbed and p.prim.elementwise:
-                    return _expr_of(p, expr)
-                reads.append(v)
-                return f"x{len(reads) - 1}"
-
-            boxes.append((e, "Map", _expr_of(e, expr), reads))
-        elif e.prim.name in ("reduce_sum", "reduce_max"):
-            op = "Sum" if e.prim.name == "reduce_sum" else "Max"
-            axes = ", ".join(str(a) for a in e.params["axes"])
-            boxes.append((e, "Reduce", f"{op} over [{axes}]", list(e.inputs)))
-        elif e.prim.name == "scan":
-            p = e.params
-            text = f"{p['length']} rows" + (" reversed" if p["reverse"] else "")
-            boxes.append((e, "scan", text, list(e.inputs)))
-        else:
-            boxes.append((e, e.prim.name, _params_text(e.params), list(e.inputs)))
-    return consts, boxes
-
-
 def _scan_roles(eqn):
     p = eqn.params
     nc, nk = p["num_consts"], p["num_carry"]
@@ -292,7 +227,7 @@ def _draw_program(d: _Dot, prog: Program, numbers: dict, scope: str):
 
     for i, v in enumerate(prog.inputs):
         value_node(v, "input", f" in {i}")
-    consts, boxes = _fused(prog)
+    consts, boxes = fused_view(prog)
     for v, value in consts:
         a = np.asarray(value)
         shown = literal(a) if a.ndim == 0 else f"const {dtype_name(a.dtype)} {list(a.shape)}"

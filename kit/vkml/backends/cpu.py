@@ -28,7 +28,6 @@ import hashlib
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import warnings
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import ArgumentError, Busy, RefusedError, ShapeError, VkmlError
 from ..ir import Program
-from .graph import Graph, Opaque, Reduce, RepeatWhile, Skippable, run_batched
+from .graph import Graph, Opaque, Reduce, RepeatWhile, run_batched
 from .kernel import Kernel, Launch
 from .record import LoopEntry, OtherEntry, Record, SkipEntry, Step
 from .treesum import tree_sum

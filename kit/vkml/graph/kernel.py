@@ -21,7 +21,7 @@ import inspect
 import numpy as np
 
 from .. import backends
-from ..errors import ArgumentError, DTypeError, ShapeError
+from ..errors import ArgumentError, ShapeError
 from ..ir import Var, dtype_name, format_shape, program_from_dag
 from ..ops import api
 from ..stats import STATS
@@ -222,7 +222,6 @@ class Launch:
         """Per-sample vjp over all samples: (inputs, params, output cotangents) ->
         (input cotangents, per-sample param cotangents) for the floating ones."""
         prog = self.program
-        n_in = len(self.kernel.inputs) + len(self.kernel.params)
         wrt = [i for i, v in enumerate(prog.inputs) if v.dtype.kind == "f"]
         outs_f = [i for i, v in enumerate(prog.outputs) if v.dtype.kind == "f"]
 

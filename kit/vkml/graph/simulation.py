@@ -31,7 +31,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..errors import ArgumentError, BudgetError, Busy, RecordError, RefusedError, ShapeError
+from ..errors import ArgumentError, Busy, RecordError, RefusedError, ShapeError
 from .diff import Gradients, Report, _reverse_launch
 from .. import backends
 from ..ir import program_from_dag
@@ -40,7 +40,7 @@ from ..transforms.ad import derived
 from ..transforms.control import reorder_inputs
 from .graph import Opaque, run_batched, threads
 from .kernel import Kernel, Launch
-from .treesum import MIN_PASS, chunk_bounds, combine, pass_size, tree_sum
+from .treesum import chunk_bounds, combine, pass_size, tree_sum
 
 
 def default_window(max_steps: int) -> int:
@@ -210,7 +210,6 @@ class Simulation:
             raise ArgumentError("simulation: the kernel is already bound; do not pass planes again")
         launch = self.launch
         if record:
-            params = {id(c) for c in launch.params.values()}
             for node in nodes:
                 if any(name in launch.params for name in node.reads):
                     raise RefusedError(f"simulation: node {node.name!r} reads a Param; a recorded "

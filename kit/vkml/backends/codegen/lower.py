@@ -285,7 +285,6 @@ class Lowering:
     def _lower_gather(self, e, env, targets):
         x, idx = e.inputs
         out = e.outputs[0]
-        k = idx.shape[-1]
         n_prefix = idx.ndim - 1
         oidx = [self.fresh("i") for _ in out.shape]
         coords, checks = self._coords(env, x.shape, idx, oidx[:n_prefix], e)
