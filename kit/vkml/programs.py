@@ -622,23 +622,29 @@ def _single_leaf(arg, where):
                             f"got a pytree of {len(leaves)} leaves")
 
 
+def _jacobian_call(jitted, args, argnums, where):
+    """The checks and lookups a Jacobian needs: one array argument, one array result."""
+    nums = _argnums(argnums, len(args))
+    if len(nums) != 1:
+        raise ArgumentError(f"{where}: give one argnum")
+    _single_leaf(args[nums[0]], where)
+    entry, leaves, in_vars = jitted._lookup(args)
+    flags = _wrt_flags(args, nums)
+    i = flags.index(True)
+    _float_check(in_vars[i], where, i)
+    if len(entry.program.outputs) != 1:
+        raise ArgumentError(f"{where}: the function must return one array")
+    return entry, leaves, in_vars, flags, i
+
+
 def jacfwd(fn, argnums=0):
     """The Jacobian by forward mode: the derivative program mapped over a basis of tangents.
     Shape: output shape + input shape."""
     jitted = jit(fn)
 
     def jac(*args):
-        nums = _argnums(argnums, len(args))
-        if len(nums) != 1:
-            raise ArgumentError("jacfwd: give one argnum")
-        _single_leaf(args[nums[0]], "jacfwd")
-        entry, leaves, in_vars = jitted._lookup(args)
-        flags = _wrt_flags(args, nums)
-        i = flags.index(True)
-        _float_check(in_vars[i], "jacfwd", i)
+        entry, leaves, in_vars, flags, i = _jacobian_call(jitted, args, argnums, "jacfwd")
         prog = entry.program
-        if len(prog.outputs) != 1:
-            raise ArgumentError("jacfwd: the function must return one array")
         jp = jitted._derive(entry, ("jvp", tuple(flags)),
                             lambda: derived("jvp", prog, flags, lambda: jvp_program(prog, flags)))
         x = in_vars[i]
@@ -664,17 +670,8 @@ def jacrev(fn, argnums=0):
     jitted = jit(fn)
 
     def jac(*args):
-        nums = _argnums(argnums, len(args))
-        if len(nums) != 1:
-            raise ArgumentError("jacrev: give one argnum")
-        _single_leaf(args[nums[0]], "jacrev")
-        entry, leaves, in_vars = jitted._lookup(args)
-        flags = _wrt_flags(args, nums)
-        i = flags.index(True)
-        _float_check(in_vars[i], "jacrev", i)
+        entry, leaves, in_vars, flags, i = _jacobian_call(jitted, args, argnums, "jacrev")
         prog = entry.program
-        if len(prog.outputs) != 1:
-            raise ArgumentError("jacrev: the function must return one array")
         known, linear, transposed, out_u, n_res = _vjp_parts(jitted, entry, flags, 1)
         rg = any(isinstance(t, Tensor) and t.requires_grad for t in leaves)
         known_out = _apply_program(jitted, entry, ("known",), known, in_vars, rg)
