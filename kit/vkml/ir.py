@@ -232,35 +232,7 @@ def collect(outputs, is_leaf=None):
     input is computed before it is read.  Iterative, so a chain of 100 000
     ops does not hit Python's recursion limit.
     """
-    if is_leaf is None:
-        is_leaf = _has_value
-    leaves = []
-    order = []
-    seen_vars = set()
-    seen_eqns = set()
-    # Depth-first, children in operand order, so the order is deterministic.
-    stack = [(v, False) for v in reversed(outputs)]
-    while stack:
-        var, expanded = stack.pop()
-        if expanded:
-            e = var.eqn
-            if id(e) not in seen_eqns:
-                seen_eqns.add(id(e))
-                order.append(e)
-            continue
-        if var in seen_vars:
-            continue
-        seen_vars.add(var)
-        if var.eqn is None or is_leaf(var):
-            leaves.append(var)
-            continue
-        e = var.eqn
-        if id(e) in seen_eqns:
-            continue
-        stack.append((var, True))
-        for src in reversed(e.inputs):
-            if src not in seen_vars:
-                stack.append((src, False))
+    leaves, order, _ = _walk(outputs, is_leaf, keyed=False)
     return leaves, order
 
 
@@ -271,6 +243,11 @@ def collect_keyed(outputs, is_leaf=None):
     equation outputs when emitted), so two graphs of the same structure get
     the same key.  This runs on every realize and backward, so it is one pass.
     """
+    return _walk(outputs, is_leaf, keyed=True)
+
+
+def _walk(outputs, is_leaf, keyed):
+    """Depth-first, operands in order, so the order (and the key) is deterministic."""
     if is_leaf is None:
         is_leaf = _has_value
     leaves, order, parts = [], [], []
@@ -284,7 +261,9 @@ def collect_keyed(outputs, is_leaf=None):
             if id(e) not in seen_eqns:
                 seen_eqns.add(id(e))
                 order.append(e)
-                parts.append((e.prim.name, params_key(e.params), tuple([ids[v] for v in e.inputs])))
+                if keyed:
+                    parts.append((e.prim.name, params_key(e.params),
+                                  tuple([ids[v] for v in e.inputs])))
                 for o in e.outputs:
                     ids[o] = len(ids)
             continue
@@ -293,16 +272,19 @@ def collect_keyed(outputs, is_leaf=None):
         if var.eqn is None or is_leaf(var):
             ids[var] = len(ids)
             leaves.append(var)
-            parts.append((var.shape, var.dtype, var.device))
+            if keyed:
+                parts.append((var.shape, var.dtype, var.device))
             continue
         e = var.eqn
         if id(e) in seen_eqns:
             continue
+        ids[var] = None                      # on the stack: do not expand twice
         stack.append((var, True))
         for src in reversed(e.inputs):
             if src not in ids:
                 stack.append((src, False))
-    parts.append(tuple([ids[v] for v in outputs]))
+    if keyed:
+        parts.append(tuple([ids[v] for v in outputs]))
     return leaves, order, tuple(parts)
 
 
