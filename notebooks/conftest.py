@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 #: Environment of the notebook kernels: None removes the variable.
-KERNEL_ENV = {"VKML_BACKEND": "numpy", "VKML_EAGER": None, "VKML_THREADS": None, "MPLBACKEND": None}
+KERNEL_ENV = {"VKML_BACKEND": "numpy", "VKML_EAGER": None, "VKML_THREADS": None, "MPLBACKEND": None,
+              "VKML_PROGRESS": "0"}   # progress bars are live widgets: not part of stored outputs
 
 
 def pytest_configure(config):

@@ -625,7 +625,9 @@ class Simulation:
             stats["peak"] = max(stats["peak"], peak[0])
         else:
             starts = [c for c in sorted(record.checkpoints) if c < T]
+            bar = _progress(self.progress, len(starts), "reverse windows")
             for c in reversed(starts):
+                bar.update(1)
                 end = min(c + window, T)
                 start = {s: record.checkpoints[c][s][sl] for s in self.state}
                 seq = states_from(c, start, end)
@@ -637,6 +639,7 @@ class Simulation:
                     cur, extra = seq.pop()
                     back_step(t, cur, extra)
                 cur = extra = None
+            bar.close()
         params = {p: (prm_acc[p] if prm_acc[p] is not None else
                       np.zeros((m,) + np.shape(record.cells[p]), np.float64))
                   for p in kern.params}
@@ -716,10 +719,10 @@ def _col(mask, like):
 
 
 def _progress(flag, total, desc):
-    if not flag:
-        return None
+    """A progress bar for a long loop: shown in a notebook (or when ``progress=True``), silent
+    elsewhere and when ``progress=False``."""
     from ..progress import progress
-    return progress(total=total, desc=desc, enabled=True)
+    return progress(total=total, desc=desc, enabled=flag)
 
 
 def simulation(step, *, max_steps, record=False, window=None, memory_budget=None, **kwargs):
