@@ -22,7 +22,8 @@ import numpy as np
 
 from ..errors import ArgumentError, Busy, RefusedError, ShapeError, VkmlError
 from ..ir import Program
-from .graph import Graph, Opaque, Reduce, RepeatWhile, run_batched
+from .. import backends
+from .graph import Graph, Opaque, Reduce, RepeatWhile, run_batched, threads
 from .kernel import Kernel, Launch
 from .record import LoopEntry, OtherEntry, Record, SkipEntry, Step
 from .treesum import tree_sum
@@ -489,11 +490,124 @@ def _reverse_launch(launch, node, inputs, cells, cts, n, vjp=None):
     return ins, prm
 
 
-def _sweep(record, seeds, vjps):
-    adj = _Adjoints(seeds)
+#: Up to this many samples a plain-launch reverse runs as one fused program: there the host
+#: work per launch dominates.  Above it, the step-by-step sweep frees each launch's temporaries
+#: (and tree-sums its Param cotangents) as it goes, which holds less memory at once.
+FUSE_SAMPLES = 1 << 14
+
+
+def _fusable(record, vjps):
+    """A tape of plain launches whose vjps vkml derives: its reverse can be ONE program."""
+    return threads() == 1 and record.graph.n <= FUSE_SAMPLES and \
+        all(type(e) is Step and e.node.name not in vjps for e in record.tape)
+
+
+def _fused_reverse_plan(record, seed_keys):
+    """The whole reverse sweep of a plain-launch tape as one Program, for one set of seeded keys.
+
+    Inputs: the plane versions the launches read, the Param cells, the seeds.  Outputs: the
+    adjoint of every version-0 read (a graph input), then each launch's per-sample Param
+    cotangents.  Adjoints meet in the same fixed order as the step-by-step sweep (seed first,
+    then the readers in the order they ran), so the bits are the same.
+    """
+    from ..ir import Var, program_from_dag
+    from ..ops import api
+    from ..transforms import inline
+    n = record.graph.n
+    placeholders, in_keys = {}, []
+
+    def value_var(key):
+        if key not in placeholders:
+            value = record.value(key)
+            placeholders[key] = Var(value.shape, value.dtype)
+            in_keys.append(key)
+        return placeholders[key]
+
+    cell_keys = list(record.cells)
+    cell_vars = [Var(c.shape, c.dtype) for c in record.cells.values()]
+    cell_of = dict(zip(cell_keys, cell_vars))
+    seed_vars = {}
+    for key in seed_keys:
+        pid, _ = key
+        plane = record.planes[pid]
+        seed_vars[key] = Var(plane.shape, plane.dtype)
+    parts = {}
+
+    def take(key):
+        total = seed_vars.get(key)
+        for _, v in sorted(parts.pop(key, []), key=lambda p: p[0]):
+            total = v if total is None else api.add(total, v)
+        return total
+
+    param_outs = []
+    for step in reversed(record.tape):
+        launch = step.launch
+        kern = launch.kernel
+        cts, live = [], False
+        for name, var in zip(launch.out_names, launch.program.outputs):
+            ct = take(step.writes[name])
+            live = live or ct is not None
+            cts.append(api.zeros((n,) + var.shape, var.dtype) if ct is None else ct)
+        if not live:
+            continue
+        batch, wrt = launch.batched_vjp()
+        ins = [value_var(step.reads[nm]) for nm in kern.inputs]
+        outs = inline(batch.program(n), ins + [cell_of[(step.node.name, p)] for p in kern.params] + cts)
+        order = (step.index, 0)
+        for pos, ct in zip(wrt, outs):
+            if pos < len(kern.inputs):
+                parts.setdefault(step.reads[kern.inputs[pos]], []).append((order, ct))
+            else:
+                param_outs.append(((step.node.name, kern.params[pos - len(kern.inputs)]), order, ct))
+    grad_keys = [k for k in list(parts) + list(seed_vars) if k[1] == 0]
+    grad_keys = list(dict.fromkeys(grad_keys))
+    grads = [take(k) for k in grad_keys]
+    outputs = grads + [ct for _, _, ct in param_outs]
+    inputs = [placeholders[k] for k in in_keys] + cell_vars + [seed_vars[k] for k in seed_keys]
+    program = program_from_dag(inputs, outputs)
+    backend = backends.current()
+    exe = backend.executable(("graph-reverse", program), lambda: program)
+    return {"exe": exe, "backend": backend, "in_keys": in_keys, "cell_keys": cell_keys,
+            "grad_keys": grad_keys, "params": [(k, order) for k, order, _ in param_outs],
+            "eqns": program.eqns}
+
+
+class _Computed:
+    """Adjoints already computed (by the fused reverse program), taken like ``_Adjoints``."""
+
+    def __init__(self, values):
+        self.values = values
+
+    def take(self, key):
+        return self.values.pop(key, None)
+
+
+def _fused_sweep(record, seeds):
+    from ..tensor import _submit
+    seed_keys = tuple(sorted(seeds))
+    plans = record.graph.__dict__.setdefault("_fused_reverse", {})
+    key = (seed_keys, id(backends.current()), tuple(e.index for e in record.tape))
+    plan = plans.get(key)
+    if plan is None:
+        plan = plans[key] = _fused_reverse_plan(record, seed_keys)
+    args = [record.value(k) for k in plan["in_keys"]] + [record.cells[k] for k in plan["cell_keys"]] + \
+        [seeds[k] for k in seed_keys]
+    values = _submit(plan["backend"], plan["exe"], args, plan["eqns"])
+    n_g = len(plan["grad_keys"])
     param_parts = {}
+    for (name, order), ct in zip(plan["params"], values[n_g:]):
+        param_parts.setdefault(name, []).append((order, tree_sum(ct)))
+    return _Computed(dict(zip(plan["grad_keys"], values[:n_g]))), param_parts
+
+
+def _sweep(record, seeds, vjps):
     cells = record.cells
     n = record.graph.n
+    if _fusable(record, vjps):
+        adj, param_parts = _fused_sweep(record, seeds)
+        return _assemble(record, adj, param_parts)
+    adj = _Adjoints(seeds)
+    param_parts = {}
 
     def reverse_step(step, order):
         launch = step.launch
@@ -538,6 +652,12 @@ def _sweep(record, seeds, vjps):
                 for k, ct in (got or {}).items():
                     if k in entry.reads:
                         adj.add(entry.reads[k], order, np.asarray(ct))
+    return _assemble(record, adj, param_parts)
+
+
+def _assemble(record, adj, param_parts):
+    """The Gradients' values: input planes by their bound names, Params summed oldest first."""
+    cells = record.cells
     # gradients of the graph's inputs: plane versions read before anything wrote them
     values = {}
     graph = record.graph

@@ -284,11 +284,15 @@ class _SizedBatch:
         self.prog, self.flags = prog, flags
         self._by_size = {}
 
+    def program(self, n):
+        """The batched Program for ``n`` samples (derived once)."""
+        return derived("vmap", self.prog, list(self.flags) + [n],
+                       lambda: vmap_program(self.prog, self.flags, n))
+
     def executable(self, n):
         exe = self._by_size.get(n)
         if exe is None:
-            bp = derived("vmap", self.prog, list(self.flags) + [n],
-                         lambda: vmap_program(self.prog, self.flags, n))
+            bp = self.program(n)
             backend = backends.current()
             exe = backend.executable(("graph", bp), lambda: bp)
             self._by_size[n] = (exe, bp)
