@@ -66,7 +66,11 @@ def jvp_program(prog: Program, has_tangent) -> Program:
     return program_from_dag(primals + tangents, outs + touts)
 
 
-def partial_eval(prog: Program, unknown_inputs, instantiate=None):
+#: primitives cheap enough to recompute in the unknown part rather than keep as residuals
+_RECOMPUTE = {"broadcast_in_dim", "reshape", "cast", "neg", "add", "sub", "mul", "div"}
+
+
+def partial_eval(prog: Program, unknown_inputs, instantiate=None, invariant=None):
     """Split ``prog`` into the part that reads no unknown input and the rest.
 
     Returns ``(known, unknown, out_unknown)``: ``known`` maps the known
@@ -77,6 +81,11 @@ def partial_eval(prog: Program, unknown_inputs, instantiate=None):
     Equations with mixed operands are split by their primitive's
     ``partial_eval`` rule when it has one (a scan splits its step), and go to
     the unknown part whole otherwise.
+
+    A known value made by a few cheap ops from constants (or from inputs
+    flagged ``invariant``: a scan step's constants) is recomputed in the
+    unknown part instead of becoming a residual: in a loop a residual is
+    stored once per row, and ``2.0 * t`` should not store ``2.0`` per row.
     """
     instantiate = instantiate or [False] * len(prog.outputs)
     kenv, uenv = {}, {}
@@ -86,11 +95,31 @@ def partial_eval(prog: Program, unknown_inputs, instantiate=None):
         (unknown_in if u else known_in).append(p)
         (uenv if u else kenv)[v] = p
     residual_of, residual_sources = {}, []
+    invariant_in = {kenv[v] for v, u, inv in zip(prog.inputs, unknown_inputs,
+                                                  invariant or [False] * len(prog.inputs))
+                    if inv and not u}
+    made_from = {}                   # known Var -> the equation (in the known world) that made it
+    recomputed = {}
+
+    def cheap(kv, depth=0):
+        if kv.value is not None and kv.eqn is None or kv in invariant_in:
+            return True
+        e = made_from.get(kv)
+        return e is not None and depth < 6 and e.prim.name in _RECOMPUTE and \
+            all(cheap(v, depth + 1) for v in e.inputs)
 
     def to_unknown(kv):
-        """A known Var as the unknown part sees it: shared if a constant, else a residual."""
+        """A known Var as the unknown part sees it: shared if a constant, recomputed if cheap
+        from constants and invariant inputs, else a residual."""
         if kv.value is not None and kv.eqn is None:
             return kv
+        if kv in recomputed:
+            return recomputed[kv]
+        if kv not in invariant_in and kv in made_from and cheap(kv):
+            e = made_from[kv]
+            outs = _as_list(rebind(e, [to_unknown(v) for v in e.inputs]), e.prim)
+            recomputed.update(zip(e.outputs, outs))
+            return recomputed[kv]
         r = residual_of.get(kv)
         if r is None:
             r = residual_of[kv] = _placeholder(kv)
@@ -102,6 +131,9 @@ def partial_eval(prog: Program, unknown_inputs, instantiate=None):
         if not any(flags):
             outs = _as_list(rebind(eqn, [kenv.get(v, v) for v in eqn.inputs]), eqn.prim)
             kenv.update(zip(eqn.outputs, outs))
+            e_known = outs[0].eqn
+            for o in outs:
+                made_from[o] = e_known
         elif eqn.prim.partial_eval is not None:
             args = [uenv[v] if f else kenv.get(v, v) for v, f in zip(eqn.inputs, flags)]
             kouts, uouts = eqn.prim.partial_eval(eqn, args, flags, to_unknown)

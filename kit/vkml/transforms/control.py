@@ -137,8 +137,9 @@ def _scan_partial_eval(eqn, args, unknown, to_unknown):
         carry_u = new
     flags = unknown[:nc] + carry_u + unknown[nc + nk:]
     inst = carry_u + [False] * (len(program.outputs) - nk)
+    invariant = [True] * nc + [False] * (n - nc)        # a step's consts do not change per row
     known, unk, out_u = derived("scan-pe", program, flags + inst,
-                                lambda: partial_eval(program, flags, inst))
+                                lambda: partial_eval(program, flags, inst, invariant))
     # Residuals are known_step outputs after the known ones; classify each by origin.
     n_known_out = sum(1 for u in out_u if not u)
     residuals = known.outputs[n_known_out:]
