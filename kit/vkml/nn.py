@@ -27,7 +27,7 @@ import numbers
 import numpy as np
 
 from .errors import ArgumentError, DTypeError, ShapeError
-from .tensor import (Tensor, conv2d, flatten, matmul, max_pool2d, mean, relu, reshape,
+from .tensor import (Tensor, conv2d, flatten, gather, matmul, max_pool2d, mean, relu, reshape,
                      take_along_axis, tensor, transpose)
 from .tensor import log_softmax as _log_softmax
 
@@ -334,12 +334,12 @@ def log_softmax(x, axis=-1) -> Tensor:
 
 
 def _labels(labels, n, classes):
-    """Class indices as an int tensor of shape (n, 1), checked against ``classes`` when known.
+    """Class indices, checked against ``classes`` when known.
 
-    Known labels (an array, or a tensor holding its value) are reshaped on the
-    host into a fresh leaf: ``take_along_axis`` then sees concrete indices it
-    can check are non-negative, and the graph needs no reshape and no
-    negative-index wrap-around (three equations fewer per step).
+    Known labels (an array, or a tensor holding its value) become (row, label)
+    coordinates made on the host, so picking each row's log-probability is
+    one ``gather`` (no index arithmetic in the graph, every step).  Pending
+    labels come back as an (n, 1) column for ``take_along_axis``.
     """
     if isinstance(labels, Tensor):
         if labels.dtype.kind not in "iu":
@@ -361,7 +361,8 @@ def _labels(labels, n, classes):
     if known.size and (known.min() < 0 or known.max() >= classes):
         bad = int(known.min() if known.min() < 0 else known.max())
         raise ArgumentError(f"cross_entropy: label {bad} is not a class index in [0, {classes})")
-    return tensor(np.reshape(known, (n, 1)))
+    # (row, label) coordinates made on the host: the pick is then ONE gather equation
+    return tensor(np.stack([np.arange(n, dtype=np.int64), known.astype(np.int64)], axis=1))
 
 
 def cross_entropy(logits, labels) -> Tensor:
@@ -379,7 +380,10 @@ def cross_entropy(logits, labels) -> Tensor:
         raise ShapeError(f"cross_entropy: logits must be (batch, classes), got shape {logits.shape}")
     n, classes = logits.shape
     idx = _labels(labels, n, classes)
-    picked = take_along_axis(_log_softmax(logits, -1), idx, 1)
+    logp = _log_softmax(logits, -1)
+    # known labels come as (row, label) coordinates, pending ones as an (n, 1) column
+    known = idx.var.value is not None
+    picked = gather(logp, idx) if known else take_along_axis(logp, idx, 1)
     return -mean(picked)
 
 
