@@ -18,6 +18,7 @@ class Stats:
     - ``cache_hits``: realizes that found their executable already compiled.
     - ``traces``: functions traced into programs (jit, scan steps, kernels).
     - ``derivations``: derived programs made (jvp, vjp, transposes).
+    - ``graph_launches``: CUDA graphs launched (the cuda backend: one per submission).
     """
 
     submissions: int = 0
@@ -25,6 +26,7 @@ class Stats:
     cache_hits: int = 0
     traces: int = 0
     derivations: int = 0
+    graph_launches: int = 0
 
     def snapshot(self) -> "Stats":
         return Stats(**{f.name: getattr(self, f.name) for f in fields(self)})

@@ -1,0 +1,639 @@
+"""The CUDA C renderer: the one lowering (``lower.py``) printed as CUDA kernels and a launch plan.
+
+The statements come from the same :class:`~.lower.Lowering` the CPU tier
+uses; :class:`CudaLowering` only *annotates* them: it marks which loops are
+independent per element (``Loop.parallel``), splits large reductions in two
+stages, and tags top-level matrix products so they can run tiled (or on
+cuBLAS).  It never changes what a statement computes.  The renderer then
+turns the top-level statement list of a program into kernels, in order, all
+launched on one stream:
+
+- **grid kernels** -- a top-level loop nest whose outer loops are marked
+  parallel (an elementwise or movement store, a copy, the per-output loops
+  of a reduction, argmax, gather or matmul) becomes one ``__global__``
+  kernel with a grid-stride loop over the flattened parallel iteration
+  space; whatever is inside (a reduction's accumulation loop) runs
+  sequentially in each thread.  Fused elementwise chains are one store, so
+  one kernel.
+- **block kernels** -- a run of sequential top-level statements (a scan's
+  row loop, a while loop, a cond, a scatter-add, a scalar store) becomes one
+  kernel run by ONE thread block.  Control flow is executed by every thread
+  of the block alike; each parallel-marked nest inside it (a scan step's
+  elementwise work, say) is spread over the block's threads
+  (``COOP_THREADS``) with ``__syncthreads()`` after it; statements with no
+  parallel loop run on thread 0.  A block kernel with no parallel nest
+  inside is launched with one thread.  Small temporaries used by one block
+  kernel only (a scan's scalar carry) live in shared memory or registers.
+- **matmul kernels** -- a top-level matrix product of two buffers runs
+  through the tiled kernel of ``kernels_cu/matmul.cuh`` (same summation
+  order as the loops, so the same bits), or through cuBLAS when the
+  backend finds it (see ``cuda.py``).
+
+What is NOT parallel yet (correct, but on one block or one thread): a
+scan's rows and a while loop's iterations (inherently sequential; their
+per-step work is block-parallel), scatter-add (duplicate indices would race;
+atomics would make float sums order-dependent, so it runs on one thread in
+index order, as on the CPU), top-level conds, and reductions whose outputs
+are many and short (one thread per output).  There are no per-sample
+kernels that loop over a scan's steps in each thread yet (eagle's scheme):
+that needs a proof that samples do not interact, which the lowering does
+not carry.
+
+Every kernel has the signature ``(void* const* vk_bufs, unsigned long long*
+vk_status)``: ``vk_bufs`` is a device table of the program's buffers
+(inputs, outputs, temporaries, in :attr:`CudaPlan.buffers` order), so every
+launch has the same two arguments and a captured CUDA graph needs no
+parameter updates; ``vk_status`` holds the first failure (see
+``kernels_cu/prelude.cuh``).
+
+Floating point: compile with :data:`NVCC_FLAGS` (``-fmad=false``, IEEE
+division and square root, no flush-to-zero): +, -, *, / and sqrt give the
+bits of the CPU tier; exp/log/sin/cos/tanh/pow come from CUDA's libdevice
+and agree with NumPy within a few ulps.  Split reductions add in another
+order than NumPy (within a few ulps too).
+
+Verified without a GPU (``tests/test_cuda_codegen.py``): every kernel
+generated for a broad set of the test suite's programs compiles with
+``nvcc --ptx``, and the same source, compiled for the host with an
+emulation header (blocks in sequence, a block's threads as POSIX threads
+with a barrier for ``__syncthreads``), gives the NumPy backend's results.
+Running on a GPU awaits a machine with one (``scripts/device-check``).
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import math
+import re
+from dataclasses import dataclass, field
+
+from ...ir import Program
+from .lower import CTYPE, Loop, Lowering, Unsupported, _Block, _If, _lin, _While
+
+#: threads of a block kernel that has parallel nests inside (one block)
+COOP_THREADS = 256
+#: threads per block of a grid kernel
+GRID_THREADS = 256
+#: temporaries of at most this many elements used by one block kernel only live inside it
+LOCAL_LIMIT = 64
+#: at most this many bytes of such temporaries in shared memory per kernel
+SHARED_LIMIT = 32 * 1024
+#: reductions of at least this many elements per output, and ...
+SPLIT_MIN_ELEMENTS = 2048
+#: ... at most this many outputs, run in two stages (partials in parallel, then their sum)
+SPLIT_MAX_OUTPUTS = 4096
+#: the tiled matmul's tile (kernels_cu/matmul.cuh)
+TILE = 16
+
+#: nvcc options for generated code: no FMA contraction, IEEE division and sqrt, no flush-to-zero
+NVCC_FLAGS = ["-fmad=false", "-prec-div=true", "-prec-sqrt=true", "-ftz=false"]
+
+
+def template(name: str) -> str:
+    """A file of ``kernels_cu/`` (shipped in the wheel as ``vkml/kernels_cu``)."""
+    return importlib.resources.files("vkml.kernels_cu").joinpath(name).read_text()
+
+
+# -- annotating the lowering ----------------------------------------------------------------------
+
+def _mark(stmts, depth):
+    """Mark the outer ``depth`` loops of each loop nest in ``stmts`` as parallel (independent)."""
+    for s in stmts:
+        loop, d = s, 0
+        while isinstance(loop, Loop) and d < depth:
+            loop.parallel = True
+            d += 1
+            loop = loop.body[0] if len(loop.body) == 1 else None
+    return stmts
+
+
+class _Matmul:
+    """A top-level matrix product: its loops, and what a tiled kernel or cuBLAS needs."""
+
+    def __init__(self, loops, a, b, c, batch, m, n, k, dtype):
+        self.loops, self.a, self.b, self.c = loops, a, b, c
+        self.batch, self.m, self.n, self.k, self.dtype = batch, m, n, k, dtype
+
+
+class CudaLowering(Lowering):
+    """The shared lowering, with loops marked parallel where each element is independent.
+
+    Only primitives known here are marked: a lowering added later runs
+    correctly (sequentially, in a block kernel) until it is marked too.
+    """
+
+    def store(self, shape, target, value_at):
+        return _mark(super().store(shape, target, value_at), len(shape))
+
+    def copy(self, var, src, dst):
+        return _mark(super().copy(var, src, dst), 1)
+
+    def _lower_argmax(self, e, env, targets):
+        return _mark(super()._lower_argmax(e, env, targets), e.outputs[0].ndim)
+
+    def _lower_gather(self, e, env, targets):
+        return _mark(super()._lower_gather(e, env, targets), e.outputs[0].ndim)
+
+    # scatter_add: its copy is a store (marked); the accumulation stays sequential (see module doc)
+
+    def _lower_matmul(self, e, env, targets):
+        out = e.outputs[0]
+        loops = _mark(super()._lower_matmul(e, env, targets), out.ndim)
+        a, b = e.inputs
+        try:
+            pa, pb = env.pointer(a), env.pointer(b)
+        except Unsupported:
+            return loops
+        batch = math.prod(out.shape[:-2])
+        return [_Matmul(loops, pa, pb, targets[0], batch, a.shape[-2], b.shape[-1], a.shape[-1],
+                        out.dtype)]
+
+    def _reduce(self, e, env, target, step, init, first=None):
+        x, out = e.inputs[0], e.outputs[0]
+        axes = e.params["axes"]
+        total = math.prod(x.shape[a] for a in axes)
+        if total >= SPLIT_MIN_ELEMENTS and 0 < out.size <= SPLIT_MAX_OUTPUTS:
+            return self._split_reduce(e, env, target, step, init, first, total)
+        return _mark(super()._reduce(e, env, target, step, init, first), out.ndim)
+
+    def _split_reduce(self, e, env, target, step, init, first, total):
+        """A reduction in two stages: ``parts`` partial results per output, each over an
+        interleaved slice (coalesced reads), computed in parallel; then each output adds its
+        partials in order.  Another summation order than the loops, hence than NumPy's pairwise
+        sum: equal within a few ulps."""
+        x, out = e.inputs[0], e.outputs[0]
+        axes = e.params["axes"]
+        kept = [i for i in range(x.ndim) if i not in axes]
+        parts = max(1, min(8192, -(-total // 32)))
+        acc_t = CTYPE[out.dtype]
+        part = self.fresh("t")
+        self.temps.append((part, acc_t, max(1, out.size * parts)))
+        oidx = [self.fresh("i") for _ in kept]
+        c, q, rr = self.fresh("p"), self.fresh("q"), self.fresh("r")
+        full = [None] * x.ndim
+        for i, v in zip(kept, oidx):
+            full[i] = v
+        stride = 1
+        for a in reversed(axes):
+            full[a] = f"(({rr}) / {stride}) % {x.shape[a]}" if stride > 1 else f"({rr}) % {x.shape[a]}"
+            stride *= x.shape[a]
+        val = env.read(x, full)
+        per = -(-total // parts)
+        body = [f"const int64_t {rr} = {c} + ({q})*{parts};", f"if ({rr} >= {total}) break;"]
+        if first is not None:
+            body.append(f"if ({q} == 0) {{ {first.format(x=val)} }} else {{ {step.format(x=val)} }}")
+        else:
+            body.append(step.format(x=val))
+        pshape = tuple(out.shape) + (parts,)
+        stage1 = [_Block([f"{acc_t} acc = {init if init is not None else 0};", Loop(q, per, body),
+                          f"{part}[{_lin(oidx + [c], pshape)}] = acc;"])]
+        for v, extent in reversed(list(zip(oidx + [c], pshape))):
+            stage1 = [Loop(v, extent, stage1)]
+        _mark(stage1, len(pshape))
+        oidx2 = [self.fresh("i") for _ in kept]
+        c2 = self.fresh("p")
+        pval = f"{part}[{_lin(oidx2 + [c2], pshape)}]"
+        inner = [f"if ({c2} == 0) {{ {first.format(x=pval)} }} else {{ {step.format(x=pval)} }}"
+                 if first is not None else step.format(x=pval)]
+        stage2 = [_Block([f"{acc_t} acc = {init if init is not None else 0};", Loop(c2, parts, inner),
+                          f"{target}[{_lin(oidx2, out.shape)}] = acc;"])]
+        for v, extent in reversed(list(zip(oidx2, out.shape))):
+            stage2 = [Loop(v, extent, stage2)]
+        _mark(stage2, out.ndim)
+        return stage1 + stage2
+
+
+# -- the plan ---------------------------------------------------------------------------------------
+
+@dataclass
+class KernelSpec:
+    """One launch of a plan.
+
+    ``kind`` is ``"grid"`` (grid-stride over ``total`` elements), ``"block"``
+    (one block of ``threads``) or ``"matmul"`` (the tiled kernel; ``gemm`` is
+    ``(a, b, c, batch, m, n, k, dtype)`` with buffer indices when cuBLAS may
+    replace it, else None).
+    """
+
+    name: str
+    kind: str
+    total: int = 0
+    threads: int = 1
+    gemm: tuple | None = None
+    dims: tuple = ()
+
+    def launch(self, sm_count=132):
+        """``(grid, block)`` for this kernel."""
+        if self.kind == "grid":
+            blocks = max(1, min(-(-self.total // GRID_THREADS), sm_count * 32))
+            return (blocks, 1, 1), (GRID_THREADS, 1, 1)
+        if self.kind == "matmul":
+            batch, m, n = self.dims
+            return (max(1, -(-n // TILE)), max(1, -(-m // TILE)), max(1, min(batch, 65535))), \
+                (TILE, TILE, 1)
+        return (1, 1, 1), (self.threads, 1, 1)
+
+
+@dataclass
+class CudaPlan:
+    """A program as CUDA source and the launches that run it.
+
+    ``buffers``: ``(name, ctype, count)`` for every entry of the device
+    buffer table -- the program's inputs (``a0``...), outputs (``o0``...),
+    then the temporaries that outlive a kernel; ``errors``: primitive names
+    by error code - 1, as the CPU tier reports them.
+    """
+
+    body: str
+    kernels: list
+    buffers: list
+    n_in: int
+    n_out: int
+    errors: list
+    uses_matmul: bool = False
+    statics: list = field(default_factory=list)
+
+    @property
+    def source(self) -> str:
+        """The whole module: prelude, templates it uses, then the program's kernels."""
+        return module_source([self])
+
+
+def module_source(plans, namespaces=False) -> str:
+    """One translation unit for ``plans`` (the backend compiles one plan per module; the codegen
+    test compiles many at once, each in a namespace of its own)."""
+    parts = [template("prelude.cuh")]
+    if any(p.uses_matmul for p in plans):
+        parts.append(template("matmul.cuh"))
+    for i, p in enumerate(plans):
+        parts.append(f"namespace vkp{i} {{\n{p.body}}}\n" if namespaces else p.body)
+    return "\n".join(parts)
+
+
+def cuda_plan(program: Program, prefix="vk_") -> CudaPlan:
+    """The CUDA plan of ``program`` (raises :class:`~.lower.Unsupported` for what the lowering
+    cannot compile; the backend runs those on NumPy)."""
+    low = CudaLowering()
+    ins = [f"a{i}" for i in range(len(program.inputs))]
+    outs = [f"o{i}" for i in range(len(program.outputs))]
+    stmts = low.program(program, ins, outs)
+    table = [(n, CTYPE[v.dtype], max(1, v.size)) for n, v in zip(ins, program.inputs)]
+    table += [(n, CTYPE[v.dtype], max(1, v.size)) for n, v in zip(outs, program.outputs)]
+    return _Renderer(low, stmts, table, prefix).plan(len(ins), len(outs))
+
+
+# -- rendering ------------------------------------------------------------------------------------
+
+_NAME = re.compile(r"[A-Za-z_]\w*")
+_SYNC = "__syncthreads(); if (vk_failed(vk_status)) return;"
+
+
+def _has_par(s) -> bool:
+    if isinstance(s, Loop):
+        return s.parallel or any(_has_par(b) for b in s.body)
+    if isinstance(s, _Matmul):
+        return True
+    if isinstance(s, (_Block, _While)):
+        return any(_has_par(b) for b in s.body)
+    if isinstance(s, _Chain):
+        return any(_has_par(b) for i in s.ifs for b in i.body)
+    return False
+
+
+class _Chain:
+    """An if / else if / else chain (the lowering emits its links as consecutive statements)."""
+
+    def __init__(self, ifs):
+        self.ifs = ifs
+
+
+def _chains(stmts):
+    out = []
+    for s in stmts:
+        if isinstance(s, _If) and not s.first and out and isinstance(out[-1], _Chain):
+            out[-1].ifs.append(s)
+        elif isinstance(s, _If):
+            out.append(_Chain([s]))
+        else:
+            out.append(s)
+    return out
+
+
+def _nest(loop):
+    """The parallel prefix of a marked nest: ``(vars, extents, body)``."""
+    vars_, extents = [], []
+    s = loop
+    while True:
+        vars_.append(s.var)
+        extents.append(s.extent)
+        if len(s.body) == 1 and isinstance(s.body[0], Loop) and s.body[0].parallel:
+            s = s.body[0]
+        else:
+            return vars_, extents, s.body
+
+
+def _decode(vars_, extents, flat):
+    lines, stride = [], 1
+    strides = []
+    for e in reversed(extents):
+        strides.append(stride)
+        stride *= e
+    strides.reverse()
+    for i, (v, e, s) in enumerate(zip(vars_, extents, strides)):
+        q = flat if s == 1 else f"({flat} / {s})"
+        lines.append(f"const int64_t {v} = {q if i == 0 else f'{q} % {e}'};")
+    return lines, math.prod(extents)
+
+
+class _Renderer:
+    def __init__(self, low, stmts, table, prefix):
+        self.low, self.stmts, self.prefix = low, stmts, prefix
+        self.table = list(table)
+        self.counter = 0
+        self.uses_matmul = False
+
+    def fresh(self, what):
+        self.counter += 1
+        return f"vk_{what}{self.counter}"
+
+    # -- sequential statements (inside one thread) ------------------------------------------------
+    def seq(self, stmts, lines, ind):
+        for s in stmts:
+            if isinstance(s, str):
+                lines.append(ind + s)
+            elif isinstance(s, Loop):
+                lines.append(f"{ind}for (int64_t {s.var} = 0; {s.var} < {s.extent}; {s.var}++) {{")
+                self.seq(s.body, lines, ind + "    ")
+                lines.append(ind + "}")
+            elif isinstance(s, _Matmul):
+                self.seq(s.loops, lines, ind)
+            elif isinstance(s, _Block):
+                lines.append(ind + "{")
+                self.seq(s.body, lines, ind + "    ")
+                lines.append(ind + "}")
+            elif isinstance(s, _If):
+                lines.append(ind + (f"if ({s.test}) {{" if s.first else f"{s.test} {{"))
+                self.seq(s.body, lines, ind + "    ")
+                lines.append(ind + "}")
+            elif isinstance(s, _Chain):
+                self.seq(s.ifs, lines, ind)
+            elif isinstance(s, _While):
+                lines.append(f"{ind}while ({s.test}) {{")
+                self.seq(s.body, lines, ind + "    ")
+                lines.append(ind + "}")
+            else:
+                raise TypeError(s)
+
+    # -- one block, cooperatively ------------------------------------------------------------------
+    def coop(self, stmts, lines, ind):
+        """Statements run by every thread of one block: parallel nests spread over the threads,
+        control flow executed alike by all, leaf statements on thread 0."""
+        leaf = []
+        for s in _chains(stmts):
+            if _has_par(s):
+                self._thread0(leaf, lines, ind)
+                leaf = []
+                self._coop_one(s, lines, ind)
+            else:
+                leaf.append(s)
+        self._thread0(leaf, lines, ind)
+
+    def _failure_exit(self, body_lines, label):
+        """Redirect the lowering's ``goto done`` to ``label`` (a thread must reach the barrier)."""
+        text = "\n".join(body_lines)
+        if "goto done;" not in text:
+            return body_lines, False
+        return text.replace("goto done;", f"goto {label};").split("\n"), True
+
+    def _thread0(self, leaf, lines, ind):
+        if not leaf:
+            return
+        body = []
+        self.seq(leaf, body, ind + "        ")
+        label = self.fresh("fail")
+        body, jumps = self._failure_exit(body, label)
+        lines.append(ind + "if (threadIdx.x == 0) {")
+        lines.append(ind + "    {")
+        lines += body
+        lines.append(ind + "    }")
+        if jumps:
+            lines.append(f"{ind}    {label}: ;")
+            lines.append(ind + "    if (err_) { vk_report(vk_status, err_, info); err_ = 0; }")
+        lines.append(ind + "}")
+        lines.append(ind + _SYNC)
+
+    def _coop_one(self, s, lines, ind):
+        if isinstance(s, _Matmul):
+            for loop in s.loops:
+                if _has_par(loop):
+                    self._coop_one(loop, lines, ind)
+                else:
+                    self._thread0([loop], lines, ind)
+            return
+        if isinstance(s, Loop) and s.parallel:
+            vars_, extents, body = _nest(s)
+            f = self.fresh("f")
+            decode, total = _decode(vars_, extents, f)
+            inner = []
+            self.seq(body, inner, ind + "        ")
+            label = self.fresh("fail")
+            inner, jumps = self._failure_exit(inner, label)
+            lines.append(f"{ind}for (int64_t {f} = threadIdx.x; {f} < {total}; {f} += blockDim.x) {{")
+            lines += [ind + "    " + d for d in decode]
+            lines.append(ind + "    {")
+            lines += inner
+            lines.append(ind + "    }")
+            if jumps:
+                lines.append(f"{ind}    {label}: ;")
+                lines.append(ind + "    if (err_) break;")
+            lines.append(ind + "}")
+            if jumps:
+                lines.append(ind + "if (err_) { vk_report(vk_status, err_, info); err_ = 0; }")
+            lines.append(ind + _SYNC)
+        elif isinstance(s, Loop):
+            lines.append(f"{ind}for (int64_t {s.var} = 0; {s.var} < {s.extent}; {s.var}++) {{")
+            self.coop(s.body, lines, ind + "    ")
+            lines.append(ind + "}")
+        elif isinstance(s, _Block):
+            lines.append(ind + "{")
+            self.coop(s.body, lines, ind + "    ")
+            lines.append(ind + "}")
+        elif isinstance(s, _While):
+            go = self.fresh("go")
+            lines.append(ind + "while (1) {")
+            lines.append(ind + "    __syncthreads();")
+            lines.append(f"{ind}    const bool {go} = ({s.test});")
+            lines.append(ind + "    __syncthreads();")
+            lines.append(f"{ind}    if (!{go}) break;")
+            self.coop(s.body, lines, ind + "    ")
+            lines.append(ind + "}")
+        elif isinstance(s, _Chain):
+            b = self.fresh("branch")
+            lines.append(ind + "{")
+            lines.append(f"{ind}    int {b} = -1;")
+            for k, i in enumerate(s.ifs):
+                head = f"if ({i.test})" if i.first else i.test
+                lines.append(f"{ind}    {head} {b} = {k};")
+            lines.append(ind + "    __syncthreads();")
+            for k, i in enumerate(s.ifs):
+                lines.append(f"{ind}    {'if' if k == 0 else 'else if'} ({b} == {k}) {{")
+                self.coop(i.body, lines, ind + "        ")
+                lines.append(ind + "    }")
+            lines.append(ind + "}")
+        else:
+            raise TypeError(s)
+
+    # -- kernels -----------------------------------------------------------------------------------
+    def plan(self, n_in, n_out):
+        units = []          # (kind, payload)
+        pending = []
+        for s in self.stmts:
+            par = (isinstance(s, Loop) and s.parallel) or isinstance(s, _Matmul)
+            if par:
+                if pending:
+                    units.append(("block", pending))
+                    pending = []
+                units.append(("matmul" if isinstance(s, _Matmul) else "grid", s))
+            else:
+                pending.append(s)
+        if pending:
+            units.append(("block", pending))
+
+        rendered = []       # (spec, body lines)
+        for kind, payload in units:
+            name = f"{self.prefix}k{len(rendered)}"
+            if kind == "grid":
+                rendered.append(self._grid(name, payload))
+            elif kind == "matmul":
+                rendered.append(self._matmul(name, payload))
+            else:
+                rendered.append(self._block(name, payload))
+
+        # which kernels use which temporaries: a small one used by one block kernel lives inside it
+        temp_types = {n: (t, c) for n, t, c in self.low.temps}
+        users = {}
+        tokens = []
+        for i, (spec, body) in enumerate(rendered):
+            names = set(_NAME.findall("\n".join(body)))
+            tokens.append(names)
+            for n in names & temp_types.keys():
+                users.setdefault(n, set()).add(i)
+        local = {}
+        shared_bytes = {}
+        for n, (ctype, count) in temp_types.items():
+            ks = users.get(n, set())
+            if len(ks) != 1:
+                continue
+            (k,) = ks
+            spec = rendered[k][0]
+            if spec.kind != "block" or count > LOCAL_LIMIT:
+                continue
+            size = count * _SIZES[ctype]
+            if spec.threads > 1:
+                if shared_bytes.get(k, 0) + size > SHARED_LIMIT:
+                    continue
+                shared_bytes[k] = shared_bytes.get(k, 0) + size
+            local[n] = k
+        for n, ctype, count in self.low.temps:
+            if n not in local and n in users:
+                self.table.append((n, ctype, count))
+        index = {n: (i, t) for i, (n, t, _) in enumerate(self.table)}
+
+        out = [s.replace("static const ", "__device__ const ", 1) for s in self.low.statics]
+        specs = []
+        for k, ((spec, body), names) in enumerate(zip(rendered, tokens)):
+            decls = []
+            for n in sorted(names & index.keys(), key=lambda n: index[n][0]):
+                i, t = index[n]
+                decls.append(f"    {t}* {n} = ({t}*)vk_bufs[{i}];")
+            for n in sorted(names & local.keys()):
+                if local[n] == k:
+                    t, c = temp_types[n]
+                    qual = "__shared__ " if spec.threads > 1 else ""
+                    decls.append(f"    {qual}{t} {n}[{c}];")
+            if spec.gemm is not None:
+                a, b, c = spec.gemm[:3]
+                if all(x in index for x in (a, b, c)):
+                    spec.gemm = (index[a][0], index[b][0], index[c][0]) + spec.gemm[3:]
+                else:
+                    spec.gemm = None
+            out.append(f'extern "C" __global__ void {spec.name}(void* const* vk_bufs, '
+                       "unsigned long long* vk_status) {")
+            out.append("    if (vk_failed(vk_status)) return;")
+            out += decls
+            out += body
+            out.append("}")
+            out.append("")
+            specs.append(spec)
+        return CudaPlan("\n".join(out) + "\n", specs, self.table, n_in, n_out, list(self.low.errors),
+                        self.uses_matmul, list(self.low.statics))
+
+    def _grid(self, name, loop):
+        vars_, extents, body = _nest(loop)
+        decode, total = _decode(vars_, extents, "vk_f")
+        inner = []
+        self.seq(body, inner, "            ")
+        jumps = "goto done;" in "\n".join(inner)
+        lines = []
+        if jumps:
+            lines.append("    int err_ = 0; int* err = &err_; int64_t info[3] = {0, 0, 0};")
+        lines.append("    {")
+        lines.append("    for (int64_t vk_f = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; "
+                     f"vk_f < {total}; vk_f += (int64_t)blockDim.x * gridDim.x) {{")
+        lines += ["        " + d for d in decode]
+        lines.append("        {")
+        lines += inner
+        lines.append("        }")
+        lines.append("    }")
+        lines.append("    }")
+        if jumps:
+            lines.append("    return;")
+            lines.append("done:")
+            lines.append("    vk_report(vk_status, err_, info);")
+        return KernelSpec(name, "grid", total=total), lines
+
+    def _block(self, name, stmts):
+        threads = COOP_THREADS if any(_has_par(s) for s in stmts) else 1
+        lines = ["    {"]
+        self.coop(stmts, lines, "        ")
+        lines.append("    }")
+        if any("vk_report(" in line for line in lines):
+            lines.insert(0, "    int err_ = 0; int* err = &err_; int64_t info[3] = {0, 0, 0};")
+        return KernelSpec(name, "block", threads=threads), lines
+
+    def _matmul(self, name, mm):
+        if -(-mm.m // TILE) > 65535:
+            return self._grid(name, mm.loops[0])
+        self.uses_matmul = True
+        t = CTYPE[mm.dtype]
+        lines = [f"    vk_matmul_tiled<{t}>({mm.a}, {mm.b}, {mm.c}, {mm.batch}LL, {mm.m}LL, {mm.n}LL, "
+                 f"{mm.k}LL);"]
+        gemm = (mm.a, mm.b, mm.c, mm.batch, mm.m, mm.n, mm.k, mm.dtype)
+        return KernelSpec(name, "matmul", gemm=gemm, dims=(mm.batch, mm.m, mm.n)), lines
+
+
+_SIZES = {"double": 8, "float": 4, "int32_t": 4, "int64_t": 8, "uint8_t": 1}
+
+
+# -- the canonical-tree sum (kernels_cu/tree_sum.cu) ----------------------------------------------
+
+#: samples one block of the tree-sum kernel sums (a power of two)
+TREE_CHUNK = 1024
+
+
+def tree_sum_levels(n: int):
+    """The launches of ``kernels_cu/tree_sum.cu`` that sum ``n >= 1`` samples: one
+    ``(valid, chunks, chunk)`` per level -- ``valid`` rows are read (the rest are the zero padding),
+    ``chunks`` partials of ``chunk`` rows each are written; the next level sums those partials.
+    Each chunk is an aligned subtree of the canonical tree, so the bits are ``tree_sum``'s."""
+    if n < 1:
+        raise ValueError("tree_sum_levels needs at least one sample")
+    width = 1 << (n - 1).bit_length()
+    levels, valid = [], n
+    while True:
+        chunk = min(TREE_CHUNK, width)
+        chunks = width // chunk
+        levels.append((valid, chunks, chunk))
+        if chunks == 1:
+            return levels
+        valid = width = chunks

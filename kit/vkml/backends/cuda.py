@@ -1,0 +1,604 @@
+"""The CUDA backend: generated kernels compiled with PyCUDA, each submission one CUDA-graph launch.
+
+``vkml.set_backend("cuda")`` (or ``VKML_BACKEND=cuda``) needs the ``cuda``
+extra -- PyCUDA (built from its sdist with nvcc, linked to the NVIDIA
+driver) and NVIDIA's ``cuda-bindings`` for the stream-capture calls PyCUDA
+lacks -- and a GPU.  Without them selecting it raises
+:class:`vkml.BackendError` saying what is missing, and
+``vkml.backend_info()["cuda"]`` says what was found.  PyCUDA is imported
+only when the backend is made, never by ``import vkml``.
+
+How a Program runs:
+
+1. **Code**: the shared lowering rendered as CUDA C
+   (``codegen/cuda_render.py``: grid kernels for independent loop nests,
+   one-block kernels for scans/while/cond, a tiled matmul) and compiled
+   once per source by nvcc through PyCUDA (``pycuda.compiler.compile``,
+   then ``module_from_buffer``).  PyCUDA's own cache is switched off: the
+   cubins go to a per-user cache (``$VKML_CACHE_DIR`` or
+   ``~/.cache/vkml/cuda``, mode 0700) under a hash of source, flags, target
+   and nvcc version, written to a temporary file and renamed, with their
+   SHA-256 beside them -- a cubin that does not match it, or that another
+   user can write, is rebuilt, never loaded (DESIGN.md, "Security").
+   ``vkml.stats().compiles`` counts nvcc runs; a cubin loaded from the disk
+   cache counts as a cache hit.
+2. **Buffers**: every executable owns its device buffers (inputs, outputs,
+   temporaries; allocated once) and page-locked host staging buffers.
+3. **One submission = one CUDA graph launch**: the first run captures the
+   whole submission on the backend's PyCUDA stream with the driver's stream
+   capture (``cuStreamBeginCapture`` / ``cuStreamEndCapture`` through
+   ``cuda-bindings``, given ``stream.handle``): the host-to-device copies
+   from the staging buffers, every kernel launch (or cuBLAS call) and the
+   device-to-host copies of the outputs and of the status words.  The graph
+   is instantiated once and cached with the executable; every later run
+   copies the arguments into the staging buffers, launches the graph
+   (``vkml.stats().graph_launches``) and waits for it.  Nothing is
+   allocated, and no synchronous copy is made, while capturing.
+4. **Matrix products** of float32/float64 buffers with at least
+   ``VKML_CUDA_CUBLAS_MIN`` (default 2^18) multiply-adds go through cuBLAS
+   (loaded with ctypes from the toolkit or the ``nvidia-cublas`` wheel, with
+   a fixed workspace so it can be captured) when it is found; otherwise the
+   tiled kernel (same bits as the loops).  ``VKML_CUDA_CUBLAS=0`` turns it
+   off.
+5. **Errors**: a gather index out of range stops the submission (later
+   kernels return at once) and is raised as on the CPU tier, naming the
+   index, the axis and its size.
+
+What was verified without a GPU (``tests/test_cuda_codegen.py``): the
+generated CUDA compiles with ``nvcc --ptx``; the launch plans compute the
+NumPy backend's results under a host emulation of the kernels; this module
+runs end to end on an emulated driver (``tests/cuda_emulation.py``: stand-ins
+for ``pycuda.driver`` and ``cuda.bindings.driver`` whose stream capture
+records operations and refuses allocations and synchronous copies, as the
+driver does), and so does ``tests/test_cuda.py``; the no-GPU paths.  The
+real driver calls (PyCUDA's allocation, copies and launches, stream capture,
+graph instantiation and launch through cuda-bindings, cuBLAS) have NOT run
+on a GPU yet: ``tests/test_cuda.py`` and ``bench/gpu.py`` check them on the
+first machine with one (``scripts/device-check``).
+
+Not yet: values stay NumPy arrays between submissions (each submission
+copies its inputs in and its outputs out: device-resident tensors need
+``tensor.py`` to hold device buffers); the graph layer's reverse and
+checkpoints run through this backend's executables (so on the GPU) but
+keep their planes and Records in host memory.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import ctypes.util
+import glob
+import hashlib
+import importlib.util
+import os
+import shutil
+import struct
+import tempfile
+import threading
+
+import numpy as np
+
+from ..errors import BackendError
+from ..stats import STATS
+from .base import Backend, ExecutionFailure
+from .codegen.cuda_render import NVCC_FLAGS, cuda_plan, template, tree_sum_levels
+from .codegen.lower import Unsupported
+from .numpy_backend import compile_program as compile_numpy
+
+#: what the last attempt to make the backend found (shown by vkml.backend_info()["cuda"])
+_FOUND = [None]
+#: what this machine has for it, probed once without importing PyCUDA
+_PROBE = [None]
+
+
+def describe() -> str:
+    """What this machine offers the cuda backend, without importing PyCUDA."""
+    if _FOUND[0] is not None:
+        return _FOUND[0]
+    if _PROBE[0] is None:
+        _PROBE[0] = _probe()
+    return _PROBE[0]
+
+
+def _probe() -> str:
+    parts = []
+    parts.append("pycuda: " + ("installed" if importlib.util.find_spec("pycuda") else "not installed"))
+    try:
+        bindings = importlib.util.find_spec("cuda.bindings") is not None
+    except (ImportError, ValueError):
+        bindings = False
+    parts.append("cuda-bindings: " + ("installed" if bindings else "not installed"))
+    parts.append("nvcc: " + (shutil.which("nvcc") or "not found"))
+    parts.append("libcuda (NVIDIA driver): " + (ctypes.util.find_library("cuda") or "not found"))
+    return "not started; " + "; ".join(parts)
+
+
+def cache_dir() -> str:
+    """The per-user cubin cache (``$VKML_CACHE_DIR/cuda`` or ``~/.cache/vkml/cuda``), mode 0700."""
+    base = os.environ.get("VKML_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "vkml")
+    path = os.path.join(base, "cuda")
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    os.chmod(path, 0o700)
+    return path
+
+
+def _trusted(path) -> bool:
+    st = os.stat(path)
+    return st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
+def _write_private(path, data: bytes):
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def _driver_modules():
+    """``(pycuda.driver, cuda-bindings' driver module)``, or BackendError saying what is missing."""
+    try:
+        import pycuda.driver as drv
+    except (ImportError, OSError) as e:
+        raise BackendError(
+            f"the cuda backend needs PyCUDA and an NVIDIA driver: importing pycuda.driver failed "
+            f"({e}). Install the extra on a machine with a GPU, nvcc and the driver "
+            "(pip install 'vkml[cuda]'), or use set_backend('numpy') or set_backend('cpu')") from e
+    try:
+        from cuda.bindings import driver as cu
+    except ImportError:
+        try:
+            from cuda import cuda as cu          # cuda-python before 12.6
+        except ImportError as e:
+            raise BackendError(
+                "the cuda backend needs NVIDIA's cuda-bindings for CUDA graphs (stream capture): "
+                f"{e}. pip install cuda-bindings") from e
+    return drv, cu
+
+
+class _Gpu:
+    """The device, its primary context, one stream, the compiled-module cache and cuBLAS."""
+
+    def __init__(self):
+        drv, cu = _driver_modules()
+        self.drv, self.cu = drv, cu
+        try:
+            drv.init()
+            count = drv.Device.count()
+        except Exception as e:                      # pycuda's LogicError/RuntimeError: no driver
+            raise BackendError(f"the cuda backend found no usable GPU: CUDA driver error {e}") from e
+        if count == 0:
+            raise BackendError("the cuda backend found no GPU (the CUDA driver reports 0 devices); "
+                               "use set_backend('numpy') or set_backend('cpu')")
+        index = int(os.environ.get("VKML_CUDA_DEVICE", "0"))
+        if not 0 <= index < count:
+            raise BackendError(f"VKML_CUDA_DEVICE={index}, but this machine has {count} GPU(s)")
+        _check(cu, cu.cuInit(0), "cuInit")
+        self.device = drv.Device(index)
+        self.context = self.device.retain_primary_context()
+        self._tls = threading.local()
+        self._owner = threading.get_ident()
+        self.enter()
+        self.lock = threading.RLock()
+        self.stream = drv.Stream()
+        self.cu_stream = cu.CUstream(self.stream.handle)
+        major, minor = self.device.compute_capability()
+        self.arch = f"sm_{major}{minor}"
+        self.sm_count = self.device.get_attribute(drv.device_attribute.MULTIPROCESSOR_COUNT)
+        self.name = self.device.name()
+        self.total_memory = self.device.total_memory()
+        self.modules = {}
+        self.cublas = _Cublas.load(self) if os.environ.get("VKML_CUDA_CUBLAS", "1") != "0" else None
+        self.executables = []
+
+    def enter(self):
+        """Make the context current on this thread (once per thread)."""
+        if not getattr(self._tls, "pushed", False):
+            self.context.push()
+            self._tls.pushed = True
+
+    def close(self):
+        """Free what the backend holds and pop the context (at exit)."""
+        try:
+            self.stream.synchronize()
+        except Exception:
+            pass
+        for exe in self.executables:
+            exe.release()
+        self.executables.clear()
+        if self.cublas is not None:
+            self.cublas.release()
+            self.cublas = None
+        self.modules.clear()
+        if getattr(self._tls, "pushed", False) and threading.get_ident() == self._owner:
+            try:
+                self.context.pop()
+            except Exception:
+                pass
+            self._tls.pushed = False
+
+    def nvcc_version(self) -> str:
+        from pycuda.compiler import get_nvcc_version
+        return get_nvcc_version("nvcc")
+
+    def module(self, source: str):
+        """The loaded module of ``source``: from memory, from the disk cache, or compiled (counted)."""
+        flags = NVCC_FLAGS + ["-arch", self.arch]
+        key = hashlib.sha256("\0".join([source, self.nvcc_version()] + flags).encode()).hexdigest()[:32]
+        mod = self.modules.get(key)
+        if mod is not None:
+            return mod, False
+        path = os.path.join(cache_dir(), f"vk_{key}.cubin")
+        digest = path + ".sha256"
+        cubin = None
+        if os.path.exists(path) and os.path.exists(digest):
+            try:
+                data = open(path, "rb").read()
+                if _trusted(path) and _trusted(digest) and \
+                        open(digest).read().strip() == hashlib.sha256(data).hexdigest():
+                    cubin = data
+            except OSError:
+                cubin = None
+        compiled = cubin is None
+        if compiled:
+            from pycuda.compiler import compile as nvcc_compile
+            try:
+                cubin = nvcc_compile(source, options=list(NVCC_FLAGS), no_extern_c=True,
+                                     arch=self.arch, cache_dir=False)
+            except self.drv.CompileError as e:
+                raise BackendError(f"nvcc failed on generated CUDA code: {e}") from e
+            STATS.compiles += 1
+            _write_private(path, cubin)
+            _write_private(digest, hashlib.sha256(cubin).hexdigest().encode())
+        mod = self.drv.module_from_buffer(cubin)
+        self.modules[key] = mod
+        return mod, compiled
+
+    def free_memory(self) -> int:
+        with self.lock:
+            self.enter()
+            return self.drv.mem_get_info()[0]
+
+
+def _check(cu, result, what):
+    """Unpack a cuda-bindings result tuple, raising BackendError on an error code."""
+    if not isinstance(result, tuple):
+        result = (result,)
+    err = result[0]
+    if err != cu.CUresult.CUDA_SUCCESS:
+        try:
+            name = cu.cuGetErrorName(err)[1].decode()
+        except Exception:
+            name = str(err)
+        raise BackendError(f"{what} failed: {name}")
+    return result[1] if len(result) == 2 else result[1:]
+
+
+class _Cublas:
+    """cuBLAS through ctypes: a handle bound to the backend's stream, with a fixed workspace so
+    that its calls can be captured into a CUDA graph."""
+
+    WORKSPACE = 32 << 20
+
+    def __init__(self, gpu, lib):
+        self.gpu, self.lib = gpu, lib
+        self.handle = ctypes.c_void_p()
+        if lib.cublasCreate_v2(ctypes.byref(self.handle)) != 0:
+            raise OSError("cublasCreate failed")
+        lib.cublasSetStream_v2(self.handle, ctypes.c_void_p(gpu.stream.handle))
+        self.workspace = gpu.drv.mem_alloc(self.WORKSPACE)
+        if hasattr(lib, "cublasSetWorkspace_v2"):
+            lib.cublasSetWorkspace_v2(self.handle, ctypes.c_void_p(int(self.workspace)),
+                                      ctypes.c_size_t(self.WORKSPACE))
+        self.min_work = int(os.environ.get("VKML_CUDA_CUBLAS_MIN", str(1 << 18)))
+        self.path = lib._name
+        ll, i, p = ctypes.c_longlong, ctypes.c_int, ctypes.c_void_p
+        for name in ("cublasSgemmStridedBatched", "cublasDgemmStridedBatched"):
+            fn = getattr(lib, name)
+            fn.argtypes = [p, i, i, i, i, i, p, p, i, ll, p, i, ll, p, p, i, ll, i]
+            fn.restype = i
+
+    @staticmethod
+    def candidates():
+        names = ["libcublas.so", "libcublas.so.13", "libcublas.so.12"]
+        spec = importlib.util.find_spec("nvidia")
+        for root in (spec.submodule_search_locations or []) if spec else []:
+            names += sorted(glob.glob(os.path.join(root, "cu*", "lib", "libcublas.so*")))
+            names += sorted(glob.glob(os.path.join(root, "cublas", "lib", "libcublas.so*")))
+        nvcc = shutil.which("nvcc")
+        if nvcc:
+            top = os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))
+            names += sorted(glob.glob(os.path.join(top, "lib64", "libcublas.so*")))
+            names += sorted(glob.glob(os.path.join(top, "targets", "*", "lib", "libcublas.so*")))
+        return names
+
+    @classmethod
+    def load(cls, gpu):
+        for name in cls.candidates():
+            try:
+                return cls(gpu, ctypes.CDLL(name))
+            except (OSError, AttributeError):
+                continue
+        return None
+
+    def wants(self, spec) -> bool:
+        if spec.gemm is None:
+            return False
+        *_, batch, m, n, k, dtype = spec.gemm
+        return dtype in (np.float32, np.float64) and batch * m * n * k >= self.min_work and \
+            max(m, n, k) < 2 ** 31
+
+    def gemm(self, bufs, spec):
+        """Row-major ``c = a @ b`` per batch, as the column-major ``c^T = b^T a^T``."""
+        a, b, c, batch, m, n, k, dtype = spec.gemm
+        one, zero = (ctypes.c_float(1), ctypes.c_float(0)) if dtype == np.float32 else \
+            (ctypes.c_double(1), ctypes.c_double(0))
+        fn = self.lib.cublasSgemmStridedBatched if dtype == np.float32 else \
+            self.lib.cublasDgemmStridedBatched
+        status = fn(self.handle, 0, 0, n, m, k, ctypes.byref(one), int(bufs[b]), n, k * n,
+                    int(bufs[a]), k, m * k, ctypes.byref(zero), int(bufs[c]), n, m * n, batch)
+        if status != 0:
+            raise BackendError(f"cuBLAS gemm failed with status {status}")
+
+    def release(self):
+        try:
+            self.lib.cublasDestroy_v2(self.handle)
+        except Exception:
+            pass
+        self.workspace = None
+
+
+_NP = {"double": np.float64, "float": np.float32, "int32_t": np.int32, "int64_t": np.int64,
+       "uint8_t": np.uint8}
+
+
+class CudaExecutable:
+    """One program on the GPU: its module, buffers, launches and (after the first run) its graph."""
+
+    def __init__(self, gpu, plan, module, program):
+        drv = gpu.drv
+        self.gpu, self.plan = gpu, plan
+        self.errors = plan.errors
+        self.eqn_index = {e.prim.name: i for i, e in enumerate(program.eqns)}
+        self.in_types = [v.dtype for v in program.inputs]
+        self.out_avals = [(v.shape, v.dtype) for v in program.outputs]
+        self.source = plan.source
+        self.module = module
+        self.bufs = [drv.mem_alloc(count * np.dtype(_NP[ctype]).itemsize)
+                     for _, ctype, count in plan.buffers]
+        table = np.array([int(b) for b in self.bufs] or [0], dtype=np.uint64)
+        self.table = drv.mem_alloc(table.nbytes)
+        drv.memcpy_htod(self.table, table)
+        self.status = drv.mem_alloc(32)
+        drv.memset_d32(self.status, 0, 8)
+        self.host_status = drv.pagelocked_zeros(4, np.uint64)
+        self.host_in = [drv.pagelocked_empty(max(1, int(np.prod(v.shape))), v.dtype)
+                        for v in program.inputs]
+        self.host_out = [drv.pagelocked_empty(max(1, int(np.prod(s))), d) for s, d in self.out_avals]
+        self.args = struct.pack("QQ", int(self.table), int(self.status))
+        self.launches = []
+        for spec in plan.kernels:
+            fn = module.get_function(spec.name)
+            grid, block = spec.launch(gpu.sm_count)
+            use_blas = gpu.cublas is not None and spec.kind == "matmul" and gpu.cublas.wants(spec)
+            self.launches.append((spec, fn, grid, block, use_blas))
+        self.graph = None
+        self.kernel_launches = len(self.launches)
+
+    def enqueue(self):
+        """The whole submission on the stream (what is captured): copies in, kernels, copies out."""
+        drv, stream = self.gpu.drv, self.gpu.stream
+        drv.memset_d32_async(self.status, 0, 8, stream)
+        for i, host in enumerate(self.host_in):
+            drv.memcpy_htod_async(self.bufs[i], host, stream)
+        for spec, fn, grid, block, use_blas in self.launches:
+            if use_blas:
+                self.gpu.cublas.gemm(self.bufs, spec)
+            else:
+                fn._launch_kernel(grid, block, self.args, 0, stream)
+        n_in = len(self.host_in)
+        for i, host in enumerate(self.host_out):
+            drv.memcpy_dtoh_async(host, self.bufs[n_in + i], stream)
+        drv.memcpy_dtoh_async(self.host_status, self.status, stream)
+
+    def capture(self):
+        cu, gpu = self.gpu.cu, self.gpu
+        _check(cu, cu.cuStreamBeginCapture(
+            gpu.cu_stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+            "cuStreamBeginCapture")
+        try:
+            self.enqueue()
+        finally:
+            graph = _check(cu, cu.cuStreamEndCapture(gpu.cu_stream), "cuStreamEndCapture")
+        instantiate = getattr(cu, "cuGraphInstantiateWithFlags", None) or cu.cuGraphInstantiate
+        try:
+            self.graph = _check(cu, instantiate(graph, 0), "cuGraphInstantiate")
+        finally:
+            cu.cuGraphDestroy(graph)
+        gpu.captures += 1
+
+    def __call__(self, args, graphs=None):
+        gpu = self.gpu
+        with gpu.lock:
+            gpu.enter()
+            for host, a, t in zip(self.host_in, args, self.in_types):
+                a = np.asarray(a)
+                if a.size:
+                    host[:a.size] = a.reshape(-1) if a.dtype == t else a.reshape(-1).astype(t)
+            use_graphs = gpu.use_graphs if graphs is None else graphs
+            if use_graphs:
+                if self.graph is None:
+                    self.capture()
+                _check(gpu.cu, gpu.cu.cuGraphLaunch(self.graph, gpu.cu_stream), "cuGraphLaunch")
+                STATS.graph_launches += 1
+            else:
+                self.enqueue()
+                gpu.kernel_launches += self.kernel_launches
+            gpu.stream.synchronize()
+            code = int(self.host_status[0])
+            if code:
+                bad, axis, size = (int(v) for v in self.host_status[1:].view(np.int64))
+                name = self.errors[code - 1] if code - 1 < len(self.errors) else "?"
+                raise ExecutionFailure(self.eqn_index.get(name, 0), IndexError(
+                    f"index {bad} is out of range for axis {axis} of size {size}; "
+                    f"indices must lie in [0, {size})"))
+            return [h[:int(np.prod(s))].reshape(s).copy() for h, (s, _) in
+                    zip(self.host_out, self.out_avals)]
+
+    def release(self):
+        """Free the graph, the device and host buffers and the module (before the context goes)."""
+        if self.graph is not None:
+            try:
+                self.gpu.cu.cuGraphExecDestroy(self.graph)
+            except Exception:
+                pass
+            self.graph = None
+        self.bufs, self.launches, self.host_in, self.host_out = [], [], [], []
+        self.table = self.status = self.host_status = self.module = None
+
+
+class CudaBackend(Backend):
+    """Programs as CUDA kernels, each submission one CUDA-graph launch (see the module docstring)."""
+
+    name = "cuda"
+    device = "GPU"
+
+    def __init__(self):
+        try:
+            gpu = _Gpu()
+        except BackendError as e:
+            _FOUND[0] = f"not available: {e}"
+            raise
+        super().__init__()
+        self.gpu = gpu
+        gpu.use_graphs = os.environ.get("VKML_CUDA_GRAPHS", "1") != "0"
+        gpu.captures = 0
+        gpu.kernel_launches = 0
+        self.fallbacks = 0
+        self._tree = None
+        _FOUND[0] = self._summary()
+        atexit.register(self.close)
+
+    def close(self):
+        """Free everything this backend holds on the GPU and release the context (at exit)."""
+        self._tree = None
+        self._executables.clear()
+        self.gpu.close()
+
+    # -- compiling ---------------------------------------------------------------------------------
+    def _compile(self, program):
+        try:
+            plan = cuda_plan(program)
+        except Unsupported:
+            self.fallbacks += 1
+            STATS.compiles += 1
+            return compile_numpy(program, self._compile_nested)
+        with self.gpu.lock:
+            self.gpu.enter()
+            module, _ = self.gpu.module(plan.source)
+            exe = CudaExecutable(self.gpu, plan, module, program)
+        self.gpu.executables.append(exe)
+        return exe
+
+    def _compile_nested(self, program):
+        return self.executable(("nested", program), lambda: program)
+
+    def executable(self, key, make_program):
+        exe = self._executables.get(key)
+        if exe is None:
+            before = STATS.compiles
+            exe = self._compile(make_program())
+            self._executables[key] = exe
+            if STATS.compiles == before:
+                STATS.cache_hits += 1          # loaded from the disk cache: nvcc did not run
+        else:
+            STATS.cache_hits += 1
+        return exe
+
+    def clear_cache(self):
+        for exe in self._executables.values():
+            if isinstance(exe, CudaExecutable):
+                exe.release()
+        self.gpu.executables.clear()
+        super().clear_cache()
+
+    # -- switches and counters ----------------------------------------------------------------------
+    @property
+    def use_graphs(self) -> bool:
+        """Whether a run launches its captured graph (default) or its kernels one by one."""
+        return self.gpu.use_graphs
+
+    @use_graphs.setter
+    def use_graphs(self, value: bool):
+        self.gpu.use_graphs = bool(value)
+
+    @property
+    def captures(self) -> int:
+        """CUDA graphs captured and instantiated so far (one per executable that has run)."""
+        return self.gpu.captures
+
+    @property
+    def kernel_launches(self) -> int:
+        """Kernels launched one by one (with ``use_graphs`` off) so far."""
+        return self.gpu.kernel_launches
+
+    def free_memory(self) -> int:
+        """Free device memory in bytes (the graph layer's default memory budget is half of it)."""
+        return self.gpu.free_memory()
+
+    # -- the canonical-tree sum on the device ------------------------------------------------------
+    def tree_sum(self, x) -> np.ndarray:
+        """``vkml.graph.treesum.tree_sum(x)`` computed by ``kernels_cu/tree_sum.cu``: same bits."""
+        x = np.ascontiguousarray(x)
+        if x.dtype not in (np.float32, np.float64):
+            raise BackendError(f"tree_sum on the GPU sums float32 or float64, not {x.dtype}")
+        n = x.shape[0]
+        if n == 0:
+            return np.zeros(x.shape[1:], x.dtype)
+        m = int(np.prod(x.shape[1:]))
+        gpu, drv = self.gpu, self.gpu.drv
+        with gpu.lock:
+            gpu.enter()
+            if self._tree is None:
+                mod, _ = gpu.module(template("tree_sum.cu"))
+                self._tree = {np.dtype(np.float32): mod.get_function("vk_tree_sum_float"),
+                              np.dtype(np.float64): mod.get_function("vk_tree_sum_double")}
+            fn = self._tree[x.dtype]
+            cur = drv.to_device(x)
+            keep = [cur]
+            for valid, chunks, chunk in tree_sum_levels(n):
+                out = drv.mem_alloc(max(1, chunks * m) * x.itemsize)
+                keep.append(out)
+                threads = max(1, chunk // 2)
+                args = struct.pack("QQqqqi", int(cur), int(out), valid, m, chunks, chunk)
+                blocks = max(1, min(chunks * m, gpu.sm_count * 8))
+                fn._launch_kernel((blocks, 1, 1), (threads, 1, 1), args, threads * x.itemsize,
+                                  gpu.stream)
+                cur = out
+            result = np.empty(x.shape[1:], x.dtype)
+            gpu.stream.synchronize()
+            drv.memcpy_dtoh(result, cur)
+            return result
+
+    # -- information ----------------------------------------------------------------------------------
+    def _summary(self) -> str:
+        g = self.gpu
+        blas = f"cuBLAS {g.cublas.path}" if g.cublas is not None else "no cuBLAS (tiled kernel)"
+        return (f"{g.name} ({g.arch}, {g.sm_count} SMs, {g.total_memory / 2**30:.0f} GiB); {blas}; "
+                f"CUDA graphs: {'on' if g.use_graphs else 'off'}")
+
+    def info(self):
+        info = super().info()
+        g = self.gpu
+        info.update({"gpu": g.name, "arch": g.arch, "multiprocessors": g.sm_count,
+                     "memory": g.total_memory, "cublas": g.cublas.path if g.cublas else None,
+                     "cache": cache_dir(), "nvcc flags": " ".join(NVCC_FLAGS),
+                     "graphs": g.use_graphs, "captures": g.captures, "numpy fallbacks": self.fallbacks})
+        return info
+
