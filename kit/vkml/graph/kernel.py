@@ -278,7 +278,8 @@ def _vmap_any(prog, flags):
 
 
 class _SizedBatch:
-    """A per-sample program batched for whatever number of samples a launch has (cached per size)."""
+    """A per-sample program batched for whatever number of samples a launch has (cached per
+    size and backend: a backend switch must not run another backend's executables)."""
 
     def __init__(self, prog, flags):
         self.prog, self.flags = prog, flags
@@ -290,13 +291,13 @@ class _SizedBatch:
                        lambda: vmap_program(self.prog, self.flags, n))
 
     def executable(self, n):
-        exe = self._by_size.get(n)
-        if exe is None:
+        backend = backends.current()
+        key = (id(backend), n)
+        hit = self._by_size.get(key)
+        if hit is None:
             bp = self.program(n)
-            backend = backends.current()
-            exe = backend.executable(("graph", bp), lambda: bp)
-            self._by_size[n] = (exe, bp)
-        return self._by_size[n]
+            hit = self._by_size[key] = (backend.executable(("graph", bp), lambda: bp), bp)
+        return hit
 
     def run(self, n, args):
         exe, bp = self.executable(n)
