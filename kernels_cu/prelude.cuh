@@ -25,19 +25,8 @@
 
 #define VK_DEV __device__ __forceinline__
 
-VK_DEV double vk_max_double(double a, double b) { return (a != a) ? a : ((b != b) ? b : (a >= b ? a : b)); }
-VK_DEV float vk_max_float(float a, float b) { return (a != a) ? a : ((b != b) ? b : (a >= b ? a : b)); }
-VK_DEV double vk_min_double(double a, double b) { return (a != a) ? a : ((b != b) ? b : (a <= b ? a : b)); }
-VK_DEV float vk_min_float(float a, float b) { return (a != a) ? a : ((b != b) ? b : (a <= b ? a : b)); }
-VK_DEV double vk_sign_double(double a) { return a > 0 ? 1.0 : (a < 0 ? -1.0 : a); }
-VK_DEV float vk_sign_float(float a) { return a > 0 ? 1.0f : (a < 0 ? -1.0f : a); }
-#define VK_INT_HELPERS(T) \
-VK_DEV T vk_floordiv_##T(T a, T b) { if (b == 0) return 0; T q = a / b; if ((a % b != 0) && ((a < 0) != (b < 0))) q -= 1; return q; } \
-VK_DEV T vk_ipow_##T(T a, T b) { T r = 1; if (b < 0) return (a == 1) ? 1 : ((a == -1) ? ((b & 1) ? -1 : 1) : 0); while (b) { if (b & 1) r *= a; a *= a; b >>= 1; } return r; }
-VK_INT_HELPERS(int32_t)
-VK_INT_HELPERS(int64_t)
-VK_DEV uint8_t vk_floordiv_uint8_t(uint8_t a, uint8_t b) { return b ? a / b : 0; }
-VK_DEV uint8_t vk_ipow_uint8_t(uint8_t a, uint8_t b) { return b ? a : 1; }
+// The scalar helpers shared with the C renderer come next, from helpers.h (VK_FN = VK_DEV).
+#define VK_FN VK_DEV
 
 // The first failure of a submission wins; its details follow the code.
 VK_DEV void vk_report(unsigned long long* status, int code, const int64_t* info) {

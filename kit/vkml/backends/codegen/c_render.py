@@ -7,6 +7,8 @@ failed (a gather index out of range, say).
 
 from __future__ import annotations
 
+import importlib.resources
+
 from .lower import CTYPE, Loop, _Block, _If, _While
 
 # No #include: parsing system headers is most of a small compile's time, so the few
@@ -22,20 +24,8 @@ float sqrtf(float); float fabsf(float); float powf(float, float);
 #define NAN (__builtin_nanf(""))
 #define INFINITY (__builtin_inff())
 
-static inline double vk_max_double(double a, double b) { return (a != a) ? a : ((b != b) ? b : (a >= b ? a : b)); }
-static inline float vk_max_float(float a, float b) { return (a != a) ? a : ((b != b) ? b : (a >= b ? a : b)); }
-static inline double vk_min_double(double a, double b) { return (a != a) ? a : ((b != b) ? b : (a <= b ? a : b)); }
-static inline float vk_min_float(float a, float b) { return (a != a) ? a : ((b != b) ? b : (a <= b ? a : b)); }
-static inline double vk_sign_double(double a) { return a > 0 ? 1.0 : (a < 0 ? -1.0 : a); }
-static inline float vk_sign_float(float a) { return a > 0 ? 1.0f : (a < 0 ? -1.0f : a); }
-#define VK_INT_HELPERS(T) \
-static inline T vk_floordiv_##T(T a, T b) { if (b == 0) return 0; T q = a / b; if ((a % b != 0) && ((a < 0) != (b < 0))) q -= 1; return q; } \
-static inline T vk_ipow_##T(T a, T b) { T r = 1; if (b < 0) return (a == 1) ? 1 : ((a == -1) ? ((b & 1) ? -1 : 1) : 0); while (b) { if (b & 1) r *= a; a *= a; b >>= 1; } return r; }
-VK_INT_HELPERS(int32_t)
-VK_INT_HELPERS(int64_t)
-static inline uint8_t vk_floordiv_uint8_t(uint8_t a, uint8_t b) { return b ? a / b : 0; }
-static inline uint8_t vk_ipow_uint8_t(uint8_t a, uint8_t b) { return b ? a : 1; }
-"""
+#define VK_FN static inline
+""" + importlib.resources.files("vkml.kernels_cu").joinpath("helpers.h").read_text()
 
 
 #: temporaries of at most this many elements live on the stack

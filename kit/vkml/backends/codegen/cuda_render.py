@@ -262,7 +262,7 @@ class CudaPlan:
 def module_source(plans, namespaces=False) -> str:
     """One translation unit for ``plans`` (the backend compiles one plan per module; the codegen
     test compiles many at once, each in a namespace of its own)."""
-    parts = [template("prelude.cuh")]
+    parts = [template("prelude.cuh"), template("helpers.h")]
     if any(p.uses_matmul for p in plans):
         parts.append(template("matmul.cuh"))
     for i, p in enumerate(plans):

@@ -1,0 +1,18 @@
+// vkml's scalar helpers, shared by every renderer: the C renderer defines VK_FN as
+// `static inline`, the CUDA prelude as `__device__ __forceinline__`.  One definition of the
+// semantics both backends must have: max/min propagate NaN as NumPy's maximum/minimum do, sign
+// keeps a zero's sign and NaN, integer floor division rounds toward minus infinity (0 for a zero
+// divisor), integer powers wrap around.
+VK_FN double vk_max_double(double a, double b) { return (a != a) ? a : ((b != b) ? b : (a >= b ? a : b)); }
+VK_FN float vk_max_float(float a, float b) { return (a != a) ? a : ((b != b) ? b : (a >= b ? a : b)); }
+VK_FN double vk_min_double(double a, double b) { return (a != a) ? a : ((b != b) ? b : (a <= b ? a : b)); }
+VK_FN float vk_min_float(float a, float b) { return (a != a) ? a : ((b != b) ? b : (a <= b ? a : b)); }
+VK_FN double vk_sign_double(double a) { return a > 0 ? 1.0 : (a < 0 ? -1.0 : a); }
+VK_FN float vk_sign_float(float a) { return a > 0 ? 1.0f : (a < 0 ? -1.0f : a); }
+#define VK_INT_HELPERS(T) \
+VK_FN T vk_floordiv_##T(T a, T b) { if (b == 0) return 0; T q = a / b; if ((a % b != 0) && ((a < 0) != (b < 0))) q -= 1; return q; } \
+VK_FN T vk_ipow_##T(T a, T b) { T r = 1; if (b < 0) return (a == 1) ? 1 : ((a == -1) ? ((b & 1) ? -1 : 1) : 0); while (b) { if (b & 1) r *= a; a *= a; b >>= 1; } return r; }
+VK_INT_HELPERS(int32_t)
+VK_INT_HELPERS(int64_t)
+VK_FN uint8_t vk_floordiv_uint8_t(uint8_t a, uint8_t b) { return b ? a / b : 0; }
+VK_FN uint8_t vk_ipow_uint8_t(uint8_t a, uint8_t b) { return b ? a : 1; }
