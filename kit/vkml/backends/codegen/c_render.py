@@ -7,7 +7,9 @@ failed (a gather index out of range, say).
 
 from __future__ import annotations
 
+import functools
 import importlib.resources
+from pathlib import Path
 
 from .lower import CTYPE, Loop, _Block, _If, _While
 
@@ -25,7 +27,22 @@ float sqrtf(float); float fabsf(float); float powf(float, float);
 #define INFINITY (__builtin_inff())
 
 #define VK_FN static inline
-""" + importlib.resources.files("vkml.kernels_cu").joinpath("helpers.h").read_text()
+"""
+
+
+def template(name: str) -> str:
+    """A file of ``kernels_cu/``: shipped in the wheel as ``vkml.kernels_cu``; read from the
+    checkout when vkml runs from source without being installed."""
+    try:
+        return importlib.resources.files("vkml.kernels_cu").joinpath(name).read_text()
+    except ModuleNotFoundError:
+        return (Path(__file__).resolve().parents[4] / "kernels_cu" / name).read_text()
+
+
+@functools.lru_cache(maxsize=None)
+def prelude() -> str:
+    """What every generated C file starts with: declarations, then the shared scalar helpers."""
+    return HELPERS + template("helpers.h")
 
 
 #: temporaries of at most this many elements live on the stack
@@ -33,7 +50,7 @@ STACK_LIMIT = 64
 
 
 def render(lowering, stmts, n_in, in_types, n_out, out_types, name="vk_main"):
-    lines = [HELPERS]
+    lines = [prelude()]
     lines += lowering.statics
     lines.append(f"int {name}(void** in, void** out, int64_t* info) {{")
     lines.append("    int err_ = 0; int* err = &err_; (void)err; (void)info;")

@@ -62,12 +62,12 @@ Running on a GPU awaits a machine with one (``scripts/device-check``).
 
 from __future__ import annotations
 
-import importlib.resources
 import math
 import re
 from dataclasses import dataclass, field
 
 from ...ir import Program
+from .c_render import template
 from .lower import CTYPE, Loop, Lowering, Unsupported, _Block, _If, _lin, _While
 
 #: threads of a block kernel that has parallel nests inside (one block)
@@ -87,11 +87,6 @@ TILE = 16
 
 #: nvcc options for generated code: no FMA contraction, IEEE division and sqrt, no flush-to-zero
 NVCC_FLAGS = ["-fmad=false", "-prec-div=true", "-prec-sqrt=true", "-ftz=false"]
-
-
-def template(name: str) -> str:
-    """A file of ``kernels_cu/`` (shipped in the wheel as ``vkml/kernels_cu``)."""
-    return importlib.resources.files("vkml.kernels_cu").joinpath(name).read_text()
 
 
 # -- annotating the lowering ----------------------------------------------------------------------

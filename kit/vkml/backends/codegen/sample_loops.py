@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .c_render import HELPERS, STACK_LIMIT, _emit
+from .c_render import STACK_LIMIT, _emit, prelude
 from .lower import CTYPE, Lowering, Unsupported
 
 
@@ -53,7 +53,7 @@ def forward_source(step, n_state, n_fixed, n_params, out_names, state_names, ter
     body = low.program(step, in_ptrs, out_tmp)
     _check_small(low)
     new_of = {i: out_names.index(name) for i, name in enumerate(state_names)}
-    lines = [HELPERS] + low.statics
+    lines = [prelude()] + low.statics
     lines.append("int vk_fwd(void** in, void** out, int64_t* info) {")
     lines.append("    int64_t n = info[0], max_steps = info[1];")
     for i, v in enumerate(st_vars):
@@ -134,7 +134,7 @@ def reverse_source(step, vjp, n_state, n_fixed, n_params, out_names, state_names
     bwd_body = bwd_low.program(vjp, state_at + fx_ptr + pr_ptr + ct_in, grads)
     _check_small(fwd_low)
     _check_small(bwd_low)
-    lines = [HELPERS] + fwd_low.statics + bwd_low.statics
+    lines = [prelude()] + fwd_low.statics + bwd_low.statics
     lines.append("int vk_rev(void** in, void** out, int64_t* info) {")
     lines.append("    int64_t n = info[0], max_steps = info[1];")
     pos = 0
