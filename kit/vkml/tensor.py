@@ -27,6 +27,7 @@ from .backends import ExecutionFailure
 from .errors import ArgumentError, DTypeError, ExecutionError, GradError, ShapeError, TracingError
 from .ir import Program, Var, collect, collect_keyed, dtype_name, format_shape
 from .ops import api
+from .ops.core import CURRENT_SITE, user_site
 from .transforms import vjp_program
 
 _EAGER = [os.environ.get("VKML_EAGER", "0") not in ("", "0", "false", "False")]
@@ -468,7 +469,13 @@ def _needs_grad(args):
 
 def _apply(fn, *args, **kwargs):
     """Run an ``api`` function on the Vars of tensor arguments and wrap the result."""
-    out = fn(*(_unwrap(a) for a in args), **kwargs)
+    outer = CURRENT_SITE[0]
+    if outer is None:
+        CURRENT_SITE[0] = user_site()
+    try:
+        out = fn(*[_unwrap(a) for a in args], **kwargs)
+    finally:
+        CURRENT_SITE[0] = outer
     requires = _GRAD_ENABLED[0] and out.dtype.kind == "f" and _needs_grad(args)
     t = Tensor(out, requires)
     if _EAGER[0] and not _is_traced(out):
