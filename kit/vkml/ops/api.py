@@ -84,6 +84,15 @@ def _is_weak(x):
     return isinstance(x, (bool, int, float)) and not isinstance(x, np.generic)
 
 
+def _same_kind_scalar(x, dtype) -> bool:
+    """A Python number that takes ``dtype`` as it is (NumPy 2's weak scalars): a float or int
+    with a floating dtype, an int with an integer dtype."""
+    t = type(x)
+    if dtype.kind == "f":
+        return t is float or t is int
+    return t is int and dtype.kind in "iu"
+
+
 def _weak_example(x):
     """What a weak operand counts as in promotion: a Python number of its kind."""
     if isinstance(x, Var):
@@ -142,12 +151,19 @@ def broadcast_to(x, shape):
 
 
 def _elementwise(prim, *xs):
-    if len(xs) == 2:                        # the common case: two Vars of one type, no work to do
+    vs = None
+    if len(xs) == 2:                        # the common cases, without the general promotion
         x, y = xs
-        if type(x) is Var and type(y) is Var and x.dtype == y.dtype and x.shape == y.shape \
-                and not x.weak and not y.weak:
-            return bind(prim, x, y)
-    vs = promote(*xs)
+        if type(x) is Var and type(y) is Var and x.dtype == y.dtype and not x.weak and not y.weak:
+            if x.shape == y.shape:
+                return bind(prim, x, y)
+            vs = [x, y]                     # one dtype: only broadcasting to do
+        elif type(x) is Var and not x.weak and _same_kind_scalar(y, x.dtype):
+            vs = [x, _scalar_var(y, x.dtype, x.device)]
+        elif type(y) is Var and not y.weak and _same_kind_scalar(x, y.dtype):
+            vs = [_scalar_var(x, y.dtype, y.device), y]
+    if vs is None:
+        vs = promote(*xs)
     shapes = [v.shape for v in vs]
     if any(s != shapes[0] for s in shapes):
         shape = broadcast_shapes(prim.name, *shapes)
