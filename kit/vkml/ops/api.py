@@ -126,6 +126,12 @@ def promote(*xs):
 
 
 def broadcast_shapes(op, *shapes):
+    if len(shapes) == 2:                     # the common cases
+        a, b = shapes
+        if a == b or not b:
+            return tuple(a)
+        if not a:
+            return tuple(b)
     ndim = builtins.max(len(s) for s in shapes)
     out = []
     for i in range(ndim):
