@@ -35,6 +35,7 @@ import numpy as np
 
 from ..errors import BackendError
 from ..stats import STATS
+from . import disk_cache
 from .base import Backend, ExecutionFailure, register
 from .codegen.c_render import render
 from .codegen.lower import Lowering, Unsupported
@@ -53,27 +54,8 @@ def compiler():
 
 
 def cache_dir() -> str:
-    """The per-user library cache (``$VKML_CACHE_DIR`` or ``~/.cache/vkml/cpu``), mode 0700."""
-    base = os.environ.get("VKML_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "vkml")
-    path = os.path.join(base, "cpu")
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    os.chmod(path, 0o700)
-    return path
-
-
-def _sha256(path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _trusted(path) -> bool:
-    """Ours and writable by nobody else."""
-    st = os.stat(path)
-    return st.st_uid == os.getuid() and not st.st_mode & 0o022
+    """The per-user library cache (``$VKML_CACHE_DIR/cpu`` or ``~/.cache/vkml/cpu``), mode 0700."""
+    return disk_cache.cache_dir("cpu")
 
 
 def library(source: str, extra_flags=()):
@@ -90,7 +72,8 @@ def library(source: str, extra_flags=()):
     digest = so + ".sha256"
     if os.path.exists(so) and os.path.exists(digest):
         try:
-            ok = _trusted(so) and _trusted(digest) and open(digest).read().strip() == _sha256(so)
+            ok = disk_cache.trusted(so) and disk_cache.trusted(digest) and \
+                open(digest).read().strip() == disk_cache.sha256_file(so)
         except OSError:
             ok = False
         if ok:
@@ -105,7 +88,7 @@ def library(source: str, extra_flags=()):
         if proc.returncode != 0:
             raise BackendError(f"the C compiler failed on generated code:\n{proc.stderr[-2000:]}")
         os.chmod(tmp_so, 0o600)
-        h = _sha256(tmp_so)
+        h = disk_cache.sha256_file(tmp_so)
         tmp_digest = tmp_so + ".sha256"
         with open(tmp_digest, "w") as f:
             f.write(h)

@@ -81,6 +81,7 @@ import numpy as np
 
 from ..errors import BackendError
 from ..stats import STATS
+from . import disk_cache
 from .base import Backend, ExecutionFailure
 from .codegen.cuda_render import NVCC_FLAGS, cuda_plan, template, tree_sum_levels
 from .codegen.lower import Unsupported
@@ -116,17 +117,7 @@ def _probe() -> str:
 
 def cache_dir() -> str:
     """The per-user cubin cache (``$VKML_CACHE_DIR/cuda`` or ``~/.cache/vkml/cuda``), mode 0700."""
-    base = os.environ.get("VKML_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "vkml")
-    path = os.path.join(base, "cuda")
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    os.chmod(path, 0o700)
-    return path
-
-
-def _trusted(path) -> bool:
-    st = os.stat(path)
-    return st.st_uid == os.getuid() and not st.st_mode & 0o022
+    return disk_cache.cache_dir("cuda")
 
 
 def _write_private(path, data: bytes):
@@ -240,7 +231,7 @@ class _Gpu:
         if os.path.exists(path) and os.path.exists(digest):
             try:
                 data = open(path, "rb").read()
-                if _trusted(path) and _trusted(digest) and \
+                if disk_cache.trusted(path) and disk_cache.trusted(digest) and \
                         open(digest).read().strip() == hashlib.sha256(data).hexdigest():
                     cubin = data
             except OSError:
