@@ -67,6 +67,7 @@ class Backend:
         return len(self._executables)
 
     def _compile(self, program):
+        """Every backend says how it compiles a Program (the abstract hook of this class)."""
         raise NotImplementedError
 
     def info(self) -> dict:
