@@ -682,3 +682,21 @@ def test_every_primitive_has_a_forward_test():
             for p in vars(m).values() if isinstance(p, Primitive)}
     assert len(ours) == 41 and ours <= set(PRIMITIVES)
     assert set(COVERAGE) == ours, sorted(ours ^ set(COVERAGE))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32, np.float64])
+def test_where_on_large_arrays_matches_numpy_bit_for_bit(dtype):
+    """Large 4-byte operands take a branch-free bit blend on the NumPy backend: same bits as
+    np.where, NaN and infinities included, also with a broadcast scalar operand."""
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((96, 128)) * 100).astype(dtype)
+    if x.dtype.kind == "f":
+        x[0, :4] = [np.nan, np.inf, -np.inf, -0.0]
+    y = (rng.standard_normal((96, 128)) * 100).astype(dtype)
+    c = rng.random((96, 128)) > 0.5
+    got = vkml.where(vkml.tensor(c), vkml.tensor(x), vkml.tensor(y)).numpy()
+    want = np.where(c, x, y)
+    assert got.dtype == want.dtype
+    assert np.array_equal(got.view(np.uint8), want.view(np.uint8))
+    got0 = vkml.where(vkml.tensor(c), vkml.tensor(x), 0).numpy()
+    assert np.array_equal(got0.view(np.uint8), np.where(c, x, dtype(0)).view(np.uint8))
