@@ -8,8 +8,28 @@ first, so compiles and caches are filled before anything is timed.
 
 from __future__ import annotations
 
+import os
 import statistics
+import sys
 import time
+
+
+def pin_threads_from_argv(default: str = "1") -> str:
+    """Read ``--threads N`` and set it for every side (OpenMP, vkml, BLAS).
+
+    Call it BEFORE NumPy or a peer's library is imported: libgomp reads
+    ``OMP_NUM_THREADS`` when it loads, not later.
+    """
+    threads = default
+    for i, a in enumerate(sys.argv):
+        if a == "--threads" and i + 1 < len(sys.argv):
+            threads = sys.argv[i + 1]
+        elif a.startswith("--threads="):
+            threads = a.split("=", 1)[1]
+    os.environ["OMP_NUM_THREADS"] = threads
+    os.environ["VKML_THREADS"] = threads
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    return threads
 
 
 def median_seconds(fn, *, repeat: int = 100, warmup: int = 10, number: int = 1) -> float:

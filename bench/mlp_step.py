@@ -164,7 +164,7 @@ def main():
     print(f"MLP {D_IN}-{D_HID}-{D_OUT}, batch {BATCH}, float32, Adam; {args.threads} thread(s) "
           f"(OMP/OPENBLAS/MKL_NUM_THREADS={args.threads}); median of {args.repeat} steps")
     print(f"numpy {np.__version__}; {tnote}")
-    print(f"first-step loss: " + ", ".join(f"{k} {v:.6f}" for k, v in losses.items()))
+    print("first-step loss: " + ", ".join(f"{k} {v:.6f}" for k, v in losses.items()))
     print_table("one training step (forward, backward, Adam):", rows, baselines=("numpy", "torch"),
                 extra=[("submissions/step", per_step)])
     print(f"vkml over {n} more steps: {delta.submissions} submissions, {delta.compiles} compiles, "

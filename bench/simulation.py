@@ -48,26 +48,15 @@ import time
 import tracemalloc
 
 
-def _threads_from_argv():
-    for i, a in enumerate(sys.argv):
-        if a == "--threads" and i + 1 < len(sys.argv):
-            return sys.argv[i + 1]
-        if a.startswith("--threads="):
-            return a.split("=", 1)[1]
-    return "1"
-
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import pin_threads_from_argv, print_table  # noqa: E402
 
 if __name__ == "__main__":        # before NumPy/eagle load OpenMP (libgomp reads it at load)
-    _t = _threads_from_argv()
-    os.environ["OMP_NUM_THREADS"] = _t
-    os.environ["VKML_THREADS"] = _t
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    pin_threads_from_argv()
 
 import numpy as np  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _eagle_peer as peer  # noqa: E402  (after the thread count is set)
-from _timing import print_table  # noqa: E402
 from graph_reverse import (_reset_hwm, _rss_kib, describe_vkml, fmt_bytes,  # noqa: E402
                            interleaved_pairs, ratio)
 
