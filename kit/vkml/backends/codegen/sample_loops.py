@@ -33,6 +33,20 @@ def _check_small(low):
             raise Unsupported("a per-sample temporary too large for the stack")
 
 
+def _ptr(name, var, slot, const=False):
+    """A typed pointer to one of the function's buffers."""
+    q = "const " if const else ""
+    return f"    {q}{CTYPE[var.dtype]}* {name} = ({q}{CTYPE[var.dtype]}*){slot};"
+
+
+def _open_sample_loop(lines):
+    """The loop over samples, split over ``info[2]`` OpenMP threads; returns the body's indent."""
+    lines.append("    #pragma omp parallel for num_threads((int)info[2]) schedule(static)")
+    lines.append("    for (int64_t s = 0; s < n; s++) {")
+    lines.append("        int err_ = 0; int* err = &err_; (void)err;")
+    return "        "
+
+
 def _decl_temps(low, lines, ind):
     for name, ctype, count in low.temps:
         lines.append(f"{ind}{ctype} {name}[{count}];")
@@ -57,18 +71,15 @@ def forward_source(step, n_state, n_fixed, n_params, out_names, state_names, ter
     lines.append("int vk_fwd(void** in, void** out, int64_t* info) {")
     lines.append("    int64_t n = info[0], max_steps = info[1];")
     for i, v in enumerate(st_vars):
-        lines.append(f"    const {CTYPE[v.dtype]}* si{i} = (const {CTYPE[v.dtype]}*)in[{i}];")
-        lines.append(f"    {CTYPE[v.dtype]}* so{i} = ({CTYPE[v.dtype]}*)out[{i}];")
-        lines.append(f"    {CTYPE[v.dtype]}* ck{i} = ({CTYPE[v.dtype]}*)out[{n_state + 1 + i}];")
+        lines.append(_ptr(f"si{i}", v, f"in[{i}]", const=True))
+        lines.append(_ptr(f"so{i}", v, f"out[{i}]"))
+        lines.append(_ptr(f"ck{i}", v, f"out[{n_state + 1 + i}]"))
     for i, v in enumerate(fx_vars):
-        lines.append(f"    const {CTYPE[v.dtype]}* f{i} = (const {CTYPE[v.dtype]}*)in[{n_state + i}];")
+        lines.append(_ptr(f"f{i}", v, f"in[{n_state + i}]", const=True))
     for i, v in enumerate(pr_vars):
-        lines.append(f"    {CTYPE[v.dtype]}* p{i} = ({CTYPE[v.dtype]}*)in[{n_state + n_fixed + i}];")
+        lines.append(_ptr(f"p{i}", v, f"in[{n_state + n_fixed + i}]"))
     lines.append(f"    int64_t* steps = (int64_t*)out[{n_state}];")
-    lines.append("    #pragma omp parallel for num_threads((int)info[2]) schedule(static)")
-    lines.append("    for (int64_t s = 0; s < n; s++) {")
-    ind = "        "
-    lines.append(f"{ind}int err_ = 0; int* err = &err_; (void)err;")
+    ind = _open_sample_loop(lines)
     for i, v in enumerate(st_vars):
         k = _size(v)
         lines.append(f"{ind}{CTYPE[v.dtype]} st{i}[{k}];")
@@ -139,26 +150,23 @@ def reverse_source(step, vjp, n_state, n_fixed, n_params, out_names, state_names
     lines.append("    int64_t n = info[0], max_steps = info[1];")
     pos = 0
     for i, v in enumerate(st_vars):
-        lines.append(f"    const {CTYPE[v.dtype]}* ck{i} = (const {CTYPE[v.dtype]}*)in[{pos}];")
+        lines.append(_ptr(f"ck{i}", v, f"in[{pos}]", const=True))
         pos += 1
     lines.append(f"    const int64_t* steps = (const int64_t*)in[{pos}];")
     pos += 1
     for i, v in enumerate(fx_vars):
-        lines.append(f"    const {CTYPE[v.dtype]}* f{i} = (const {CTYPE[v.dtype]}*)in[{pos}];")
+        lines.append(_ptr(f"f{i}", v, f"in[{pos}]", const=True))
         pos += 1
     for i, v in enumerate(pr_vars):
-        lines.append(f"    {CTYPE[v.dtype]}* p{i} = ({CTYPE[v.dtype]}*)in[{pos}];")
+        lines.append(_ptr(f"p{i}", v, f"in[{pos}]"))
         pos += 1
     for i, v in enumerate(st_vars):
-        lines.append(f"    const {CTYPE[v.dtype]}* seed{i} = (const {CTYPE[v.dtype]}*)in[{pos}];")
+        lines.append(_ptr(f"seed{i}", v, f"in[{pos}]", const=True))
         pos += 1
     for k, w_pos in enumerate(wrt):
         v = ins[w_pos]
-        lines.append(f"    {CTYPE[v.dtype]}* go{k} = ({CTYPE[v.dtype]}*)out[{k}];")
-    lines.append("    #pragma omp parallel for num_threads((int)info[2]) schedule(static)")
-    lines.append("    for (int64_t s = 0; s < n; s++) {")
-    ind = "        "
-    lines.append(f"{ind}int err_ = 0; int* err = &err_; (void)err;")
+        lines.append(_ptr(f"go{k}", v, f"out[{k}]"))
+    ind = _open_sample_loop(lines)
     for i, v in enumerate(st_vars):
         k = _size(v)
         lines.append(f"{ind}{CTYPE[v.dtype]} ct{i}[{k}], cur{i}[{k}], buf{i}[{window} * {k}];")
