@@ -12,7 +12,8 @@ Used by ``test_cuda_codegen.py`` (no GPU needed):
   ``pycuda.compiler`` and ``cuda.bindings.driver`` in ``sys.modules``, so
   ``vkml.set_backend("cuda")`` runs the real backend code -- buffers,
   staging, stream capture, graph instantiation and replay, status words,
-  the disk cache -- on emulated kernels.  Stream capture records the
+  the disk cache, a simulation's per-sample loops (``vk_fwd``/``vk_rev``,
+  launched with device pointer tables) -- on emulated kernels.  Stream capture records the
   operations and refuses what the driver refuses while capturing
   (allocations, synchronous copies).  As a pytest plugin
   (``VKML_EMULATED_CUDA=1 PYTHONPATH=tests pytest -p cuda_emulation
@@ -72,14 +73,16 @@ pthread_barrier_t vk_barrier;
 unsigned char vk_dynamic_shared[1 << 16];
 typedef void (*vk_kernel)(void* const*, unsigned long long*);
 typedef void (*vk_tree_kernel)(const void*, void*, long long, long long, long long, int);
+typedef void (*vk_loop_kernel)(void* const*, void* const*, long long, long long);
 struct vk_job { int kind; void* fn; void* const* bufs; unsigned long long* status;
-                const void* x; void* out; long long n, m, chunks; int chunk;
+                const void* x; void* out; void* const* outs; long long n, m, chunks; int chunk;
                 vk_dim3 block, thread; };
 static void vk_call(vk_job* j) {
     blockIdx = j->block;
     threadIdx = j->thread;
     if (j->kind == 0) ((vk_kernel)j->fn)(j->bufs, j->status);
-    else ((vk_tree_kernel)j->fn)(j->x, j->out, j->n, j->m, j->chunks, j->chunk);
+    else if (j->kind == 1) ((vk_tree_kernel)j->fn)(j->x, j->out, j->n, j->m, j->chunks, j->chunk);
+    else ((vk_loop_kernel)j->fn)(j->bufs, j->outs, j->n, j->m);
 }
 static void* vk_thread(void* p) { vk_call((vk_job*)p); return 0; }
 static void vk_run(vk_job proto, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
@@ -111,6 +114,12 @@ extern "C" void vk_launch_tree(void* fn, const void* x, void* out, long long n, 
     vk_job j = {}; j.kind = 1; j.fn = fn; j.x = x; j.out = out; j.n = n; j.m = m;
     j.chunks = chunks; j.chunk = chunk;
     vk_run(j, gx, 1, 1, bx, 1, 1);
+}
+// the per-sample simulation loops (codegen/sample_loops.py): no barrier, so threads run in turn
+extern "C" void vk_launch_loops(void* fn, void* const* in, void* const* out, long long n,
+                                long long max_steps, unsigned gx, unsigned bx) {
+    vk_job j = {}; j.kind = 2; j.fn = fn; j.bufs = in; j.outs = out; j.n = n; j.m = max_steps;
+    vk_run(j, gx, 1, 1, bx, 1, 0);
 }
 """
 
@@ -178,6 +187,13 @@ class _Emulated:
         self.libs = itertools.count()
         self.compiles = 0
         self.barriers = {}                # compiled module -> kernels that use __syncthreads
+        self.launches = []                # (kernel name, grid, block) of every launch run
+        self.copies = {"htod": 0, "dtoh": 0, "dtod": 0}   # copies done (not merely recorded)
+        self.allocations = 0
+
+    def copy(self, kind, dst, src, nbytes):
+        self.copies[kind] += 1
+        ctypes.memmove(dst, src, nbytes)
 
     def check_not_capturing(self, what):
         if self.capturing:
@@ -189,6 +205,7 @@ class _Emulated:
         buf.view(np.uint8)[:] = 0xA5                      # garbage, as real device memory
         addr = buf.ctypes.data
         self.memory[addr] = buf
+        self.allocations += 1
         return addr
 
     def run(self, stream, op):
@@ -263,6 +280,10 @@ def _make_pycuda(state):
 
         __index__ = __int__
 
+        def free(self):
+            state.check_not_capturing("cuMemFree")
+            state.memory.pop(self.ptr, None)
+
     class Function:
         def __init__(self, lib, name, barrier):
             self.lib, self.name, self.barrier = lib, name, barrier
@@ -273,7 +294,13 @@ def _make_pycuda(state):
             grid, block = tuple(grid) + (1,) * (3 - len(grid)), tuple(block) + (1,) * (3 - len(block))
 
             def op():
-                if name.startswith("vk_tree_sum"):
+                state.launches.append((name, grid, block))
+                if name in ("vk_fwd", "vk_rev"):            # per-sample loops: device pointer tables
+                    ins, outs, n, max_steps = struct.unpack("QQqq", args)
+                    lib.vk_launch_loops(ptr, ctypes.c_void_p(ins), ctypes.c_void_p(outs),
+                                        ctypes.c_longlong(n), ctypes.c_longlong(max_steps), grid[0],
+                                        block[0])
+                elif name.startswith("vk_tree_sum"):
                     x, out, n, m, chunks, chunk = struct.unpack("QQqqqi", args)
                     lib.vk_launch_tree(ptr, ctypes.c_void_p(x), ctypes.c_void_p(out),
                                        ctypes.c_longlong(n), ctypes.c_longlong(m),
@@ -302,19 +329,19 @@ def _make_pycuda(state):
     def memcpy_htod(dst, src):
         state.check_not_capturing("cuMemcpyHtoD")
         src = np.ascontiguousarray(src)
-        ctypes.memmove(int(dst), src.ctypes.data, src.nbytes)
+        state.copy("htod", int(dst), src.ctypes.data, src.nbytes)
 
     def memcpy_dtoh(dst, src):
         state.check_not_capturing("cuMemcpyDtoH")
-        ctypes.memmove(dst.ctypes.data, int(src), dst.nbytes)
+        state.copy("dtoh", dst.ctypes.data, int(src), dst.nbytes)
 
     def memcpy_htod_async(dst, src, stream=None):
         d, (s, n) = int(dst), _address(src)
-        state.run(stream, lambda: ctypes.memmove(d, s, n))
+        state.run(stream, lambda: state.copy("htod", d, s, n))
 
     def memcpy_dtoh_async(dst, src, stream=None):
         (d, n), s = _address(dst), int(src)
-        state.run(stream, lambda: ctypes.memmove(d, s, n))
+        state.run(stream, lambda: state.copy("dtoh", d, s, n))
 
     def memset_d32(dst, value, count):
         state.check_not_capturing("cuMemsetD32")
@@ -329,7 +356,7 @@ def _make_pycuda(state):
 
     def memcpy_dtod_async(dst, src, nbytes, stream=None):
         d, s_ = int(dst), int(src)
-        state.run(stream, lambda: ctypes.memmove(d, s_, nbytes))
+        state.run(stream, lambda: state.copy("dtod", d, s_, nbytes))
 
     class Event:
         def record(self, stream=None):

@@ -24,6 +24,7 @@ on a machine with a GPU).
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import shutil
 import subprocess
@@ -530,6 +531,90 @@ def test_the_backend_on_an_emulated_driver():
             assert driver.compiles >= 2 and not driver.capturing
         finally:
             vkml.set_backend("numpy")
+
+
+def test_values_stay_on_the_emulated_gpu_between_submissions():
+    """Realized tensors hold DeviceArrays; a submission reading them points the kernels' table at
+    them (no copy); only NumPy arguments and tensor.numpy() cross to or from the host; a training
+    loop's steady state allocates nothing; other backends take the values through the host."""
+    if CXX is None:
+        pytest.skip("no C++ compiler")
+    from vkml.backends.cuda import DeviceArray
+    x0 = RNG.normal(size=(6, 5))
+    want = np.tanh(x0 * 2.0) ** 2
+    with fake_driver() as driver:
+        backend = vkml.set_backend("cuda")
+        try:
+            y = vkml.tanh(vkml.tensor(x0) * 2.0)
+            y.realize()
+            assert isinstance(y.var.value, DeviceArray) and y.var.value.shape == (6, 5)
+            before = dict(driver.copies)
+            z = (y * y).realize()
+            moved = {k: driver.copies[k] - before[k] for k in before}
+            # the pointer table in, the status words out: the values themselves stayed put
+            # (a Python scalar in the expression would be one more argument from the host)
+            assert moved == {"htod": 1, "dtoh": 1, "dtod": 0}
+            assert isinstance(z.var.value, DeviceArray)
+            np.testing.assert_allclose(z.numpy(), want, rtol=1e-13)
+            copies = driver.copies["dtoh"]
+            z.numpy(), repr(z)
+            assert driver.copies["dtoh"] == copies          # copied to the host once
+            with pytest.raises(ValueError):
+                z.numpy()[0, 0] = 5.0                        # the host copy is read-only
+
+            # a cuBLAS-held buffer keeps its address: arguments and results copied in and out
+            exe = backend.executable(("probe",), lambda: _add_one_program())
+            exe.fixed = {0, 1}
+            out = backend.run(exe, [z.var.value], resident=True)[0]
+            assert isinstance(out, DeviceArray)
+            np.testing.assert_allclose(np.asarray(out), want + 1.0, rtol=1e-13)
+            assert backend.run(exe, [np.asarray(z.var.value)])[0].tobytes() == \
+                np.asarray(out).tobytes()
+
+            # a training loop: parameters and gradients stay on the device, steady state allocates
+            vkml.nn.manual_seed(0)
+            model = vkml.nn.Sequential(vkml.nn.Linear(5, 8), vkml.nn.ReLU(), vkml.nn.Linear(8, 1))
+            opt = vkml.optim.SGD(model.parameters(), lr=0.1)
+            xt, yt = vkml.tensor(x0), vkml.tensor(want[:, :1])
+
+            def step():
+                opt.zero_grad()
+                loss = vkml.nn.mse(model(xt), yt)
+                loss.backward()
+                opt.step()
+                return float(loss)
+
+            losses = [step() for _ in range(3)]
+            gc.collect()                # values dropped in Var/Eqn cycles go back to the pool
+            allocations = driver.allocations
+            vkml.reset_stats()
+            losses.append(step())
+            assert driver.allocations == allocations and vkml.stats().compiles == 0
+            assert losses[-1] < losses[0]
+            assert all(isinstance(p.var.value, DeviceArray) for p in model.parameters())
+            assert all(isinstance(p.grad.var.value, DeviceArray) for p in model.parameters())
+
+            # another backend receives the values through the host
+            vkml.set_backend("numpy")
+            np.testing.assert_allclose((z * 2.0).numpy(), want * 2.0, rtol=1e-13)
+        finally:
+            vkml.set_backend("numpy")
+
+
+def test_a_gpu_backends_default_memory_budget_is_half_its_free_memory(monkeypatch):
+    from vkml.graph.simulation import available_memory
+    with fake_driver():
+        backend = vkml.set_backend("cuda")
+        try:
+            monkeypatch.setattr(backend.gpu.drv, "mem_get_info", lambda: (3 << 20, 1 << 34))
+            assert available_memory() == 3 << 19
+        finally:
+            vkml.set_backend("numpy")
+    assert available_memory() > 3 << 19      # the host's half again
+
+
+def _add_one_program():
+    return vkml.program(lambda t: t + 1.0, np.zeros((6, 5)))
 
 
 # -- the backend without a GPU ---------------------------------------------------------------------

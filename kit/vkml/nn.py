@@ -345,7 +345,7 @@ def _labels(labels, n, classes):
         if labels.dtype.kind not in "iu":
             raise DTypeError(f"cross_entropy: labels must be integer class indices, got "
                              f"{labels.dtype.name}; cast them with .astype(np.int64)")
-        known = labels.var.value
+        known = None if labels.var.value is None else np.asarray(labels.var.value)
         shape = labels.shape
     else:
         known = np.asarray(labels)

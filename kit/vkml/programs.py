@@ -234,7 +234,7 @@ def _apply_program(owner, entry, variant_tag, prog, in_vars, requires_grad):
             owner.compiles += len(made)
             if entry is not None:
                 entry.executables[variant] = exe
-        outs = _submit(backend, exe, values, prog.eqns)
+        outs = _submit(backend, exe, values, prog.eqns, resident=True)
         return [Tensor(Var(o.shape, o.dtype, o.device, value=val))
                 for o, val in zip(prog.outputs, outs)]
     outs = call(prog, *in_vars) if prog.eqns or prog.outputs else []

@@ -579,12 +579,14 @@ def _run(out_vars):
                 "return it from the traced function instead")
     backend = backends.current()
     exe = backend.executable(key, lambda: Program(leaves, eqns, out_vars))
-    return _submit(backend, exe, [l.value for l in leaves], eqns)
+    return _submit(backend, exe, [l.value for l in leaves], eqns, resident=True)
 
 
-def _submit(backend, exe, args, eqns):
+def _submit(backend, exe, args, eqns, resident=False):
+    """One submission; a failing equation is named. ``resident``: the values become tensors', so a
+    GPU backend may keep them in device memory (see ``Backend.run``)."""
     try:
-        return backend.run(exe, args)
+        return backend.run(exe, args, resident)
     except ExecutionFailure as failure:
         eqn = eqns[failure.index]
         raise ExecutionError(f"{eqn.describe()} failed: {failure.error}") from failure.error
@@ -706,7 +708,7 @@ def backward(root) -> None:
     exe = backend.executable(("backward",) + key, lambda: program)
     seed = np.ones((), dtype=root.dtype)
     args = [l.value for l in leaves] + [seed] + [g.var.value for g in olds]
-    outs = _submit(backend, exe, args, program.eqns)
+    outs = _submit(backend, exe, args, program.eqns, resident=True)
     root.var.value = outs[0]
     for (_, t), g in zip(targets, outs[1:]):
         t.grad = Tensor(Var(*t.var.aval, value=g))

@@ -9,6 +9,9 @@ in ``vkml.stats()``, and so are compiles and executable-cache hits.
 from __future__ import annotations
 
 import os
+
+import numpy as np
+
 from ..errors import BackendError
 from ..stats import STATS, Stats, reset_stats, stats  # noqa: F401  (re-exported)
 
@@ -20,6 +23,22 @@ class ExecutionFailure(Exception):
         super().__init__(index, error)
         self.index = index
         self.error = error
+
+
+class DeviceValue:
+    """A value a device backend keeps in its own memory between submissions (``cuda.DeviceArray``).
+
+    Tensors realized on the GPU hold these, so a training loop's parameters
+    never travel through the host; ``np.asarray(value)`` brings one to the
+    host, and every other backend receives it that way (:func:`host_values`).
+    """
+
+    __slots__ = ()
+
+
+def host_values(args) -> list:
+    """``args`` with every :class:`DeviceValue` brought to the host (NumPy arrays pass as they are)."""
+    return [np.asarray(a) if isinstance(a, DeviceValue) else a for a in args]
 
 
 class Backend:
@@ -46,9 +65,18 @@ class Backend:
             STATS.cache_hits += 1
         return exe
 
-    def run(self, exe, args):
-        """One submission."""
+    def run(self, exe, args, resident=False):
+        """One submission.
+
+        ``resident``: the caller keeps the results as tensor values, so a
+        device backend may hand back values that stay in its memory
+        (:class:`DeviceValue`); without it every result is a NumPy array.
+        This backend computes on the host: values another backend left on
+        its device are brought over first.
+        """
         STATS.submissions += 1
+        if any(isinstance(a, DeviceValue) for a in args):
+            args = host_values(args)
         return exe(args)
 
     def layout(self, values) -> tuple:

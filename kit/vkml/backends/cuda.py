@@ -22,25 +22,38 @@ How a Program runs:
    user can write, is rebuilt, never loaded (DESIGN.md, "Security").
    ``vkml.stats().compiles`` counts nvcc runs; a cubin loaded from the disk
    cache counts as a cache hit.
-2. **Buffers**: every executable owns its device buffers (inputs, outputs,
-   temporaries; allocated once) and page-locked host staging buffers.
-3. **One submission = one CUDA graph launch**: the first run captures the
-   whole submission on the backend's PyCUDA stream with the driver's stream
-   capture (``cuStreamBeginCapture`` / ``cuStreamEndCapture`` through
-   ``cuda-bindings``, given ``stream.handle``): the host-to-device copies
-   from the staging buffers, every kernel launch (or cuBLAS call) and the
-   device-to-host copies of the outputs and of the status words.  The graph
-   is instantiated once and cached with the executable; every later run
-   copies the arguments into the staging buffers, launches the graph
-   (``vkml.stats().graph_launches``) and waits for it.  Nothing is
-   allocated, and no synchronous copy is made, while capturing.
-4. **Matrix products** of float32/float64 buffers with at least
+2. **Buffers**: every kernel finds its buffers through the executable's
+   device *pointer table* (``vk_bufs``).  The executable owns a buffer for
+   every input, output and temporary (allocated once), page-locked host
+   staging buffers, and a page-locked host copy of the table.
+3. **Values stay on the GPU**: a realize, a backward or a jitted call keeps
+   its results as :class:`DeviceArray` values (memory from a per-size pool
+   of the backend), so a training loop's parameters and gradients never
+   travel through the host; ``tensor.numpy()`` copies one to the host once.
+   A run points the table's input entries at the DeviceArrays it is given
+   and its output entries at fresh ones: no copies on the device.  NumPy
+   arguments are staged and copied into the executable's own buffers.  The
+   graph layer (which keeps its planes and Records on the host) asks for
+   NumPy results.
+4. **One submission = one CUDA graph launch**: the first run captures the
+   submission's device work on the backend's PyCUDA stream with the
+   driver's stream capture (``cuStreamBeginCapture`` / ``cuStreamEndCapture``
+   through ``cuda-bindings``, given ``stream.handle``): the copy of the host
+   pointer table to the device, every kernel launch (or cuBLAS call) and the
+   copy back of the status words.  The graph is instantiated once and cached
+   with the executable; every later run writes the table, copies NumPy
+   arguments in, launches the graph (``vkml.stats().graph_launches``) and
+   waits for it.  Nothing is allocated, and no synchronous copy is made,
+   while capturing.
+5. **Matrix products** of float32/float64 buffers with at least
    ``VKML_CUDA_CUBLAS_MIN`` (default 2^18) multiply-adds go through cuBLAS
    (loaded with ctypes from the toolkit or the ``nvidia-cublas`` wheel, with
    a fixed workspace so it can be captured) when it is found; otherwise the
    tiled kernel (same bits as the loops).  ``VKML_CUDA_CUBLAS=0`` turns it
-   off.
-5. **Errors**: a gather index out of range stops the submission (later
+   off.  cuBLAS takes its pointers by value when captured, so the buffers a
+   cuBLAS call touches keep their addresses: a DeviceArray argument for one
+   is copied into it on the device, and a result is copied out of it.
+6. **Errors**: a gather index out of range stops the submission (later
    kernels return at once) and is raised as on the CPU tier, naming the
    index, the axis and its size.
 
@@ -56,11 +69,10 @@ graph instantiation and launch through cuda-bindings, cuBLAS) have NOT run
 on a GPU yet: ``tests/test_cuda.py`` and ``bench/gpu.py`` check them on the
 first machine with one (``scripts/device-check``).
 
-Not yet: values stay NumPy arrays between submissions (each submission
-copies its inputs in and its outputs out: device-resident tensors need
-``tensor.py`` to hold device buffers); the graph layer's reverse and
-checkpoints run through this backend's executables (so on the GPU) but
-keep their planes and Records in host memory.
+Not yet: the graph layer's reverse and checkpoints run through this
+backend's executables and per-sample loops (so on the GPU) but keep their
+planes and Records in host memory; its default ``memory_budget`` is half
+the free device memory (at most half the host's).
 """
 
 from __future__ import annotations
@@ -68,6 +80,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import ctypes.util
+import gc
 import glob
 import hashlib
 import importlib.util
@@ -82,7 +95,7 @@ import numpy as np
 from ..errors import BackendError
 from ..stats import STATS
 from . import disk_cache
-from .base import Backend, ExecutionFailure
+from .base import Backend, DeviceValue, ExecutionFailure, host_values
 from .codegen.cuda_render import NVCC_FLAGS, cuda_plan, template, tree_sum_levels
 from .codegen.lower import Unsupported
 from .numpy_backend import compile_program as compile_numpy
@@ -187,6 +200,7 @@ class _Gpu:
         self.modules = {}
         self.cublas = _Cublas.load(self) if os.environ.get("VKML_CUDA_CUBLAS", "1") != "0" else None
         self.executables = []
+        self.pool = _Pool(self)
 
     def enter(self):
         """Make the context current on this thread (once per thread)."""
@@ -206,6 +220,7 @@ class _Gpu:
         if self.cublas is not None:
             self.cublas.release()
             self.cublas = None
+        self.pool.close()
         self.modules.clear()
         if getattr(self._tls, "pushed", False) and threading.get_ident() == self._owner:
             try:
@@ -345,6 +360,109 @@ class _Cublas:
         self.workspace = None
 
 
+class _Pool:
+    """Device memory for the values the backend hands out, reused per size.
+
+    ``cuMemAlloc`` costs tens of microseconds and synchronizes the device;
+    a training step makes the same sizes every time, so a DeviceArray's
+    memory goes back to a free list when the array is dropped and the next
+    result of that size takes it.  Every run waits for its work to finish,
+    so memory handed back is never still in use by a kernel.
+    """
+
+    GRAIN = 256
+
+    def __init__(self, gpu):
+        self.gpu = gpu
+        self.free = {}
+        self.allocations = 0
+        self.reuses = 0
+
+    def array(self, shape, dtype) -> "DeviceArray":
+        dtype = np.dtype(dtype)
+        nbytes = max(1, int(np.prod(shape, dtype=np.int64))) * dtype.itemsize
+        nbytes = -(-nbytes // self.GRAIN) * self.GRAIN
+        spare = self.free.get(nbytes)
+        if spare:
+            self.reuses += 1
+            return DeviceArray(self, spare.pop(), nbytes, shape, dtype)
+        try:
+            alloc = self.gpu.drv.mem_alloc(nbytes)
+        except self.gpu.drv.Error:
+            # values dropped in reference cycles (a Var and its Eqn) come back at a collection;
+            # then every spare block goes back to the driver, and one more try
+            gc.collect()
+            self.free.clear()
+            alloc = self.gpu.drv.mem_alloc(nbytes)
+        self.allocations += 1
+        return DeviceArray(self, alloc, nbytes, shape, dtype)
+
+    def give_back(self, alloc, nbytes):
+        if self.free is not None:
+            self.free.setdefault(nbytes, []).append(alloc)
+
+    @property
+    def spare_bytes(self) -> int:
+        return sum(n * len(v) for n, v in (self.free or {}).items())
+
+    def close(self):
+        self.free = None
+
+
+class DeviceArray(DeviceValue):
+    """A value in GPU memory: what realizes, backwards and jitted calls on the cuda backend hold.
+
+    ``np.asarray(a)`` copies it to the host once and keeps that copy
+    (read-only: vkml never writes a value in place, so it cannot go stale).
+    Its memory returns to the backend's pool when it is dropped.
+    """
+
+    __slots__ = ("shape", "dtype", "_pool", "_alloc", "_nbytes", "_host")
+
+    def __init__(self, pool, alloc, nbytes, shape, dtype):
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        self._pool, self._alloc, self._nbytes, self._host = pool, alloc, nbytes, None
+
+    @property
+    def ptr(self) -> int:
+        return int(self._alloc)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    def __array__(self, dtype=None, copy=None):
+        if self._host is None:
+            host = np.empty(self.shape, self.dtype)
+            if host.size:
+                gpu = self._pool.gpu
+                with gpu.lock:
+                    gpu.enter()
+                    gpu.drv.memcpy_dtoh(host, self._alloc)
+            host.flags.writeable = False
+            self._host = host
+        if dtype is not None and np.dtype(dtype) != self.dtype:
+            return self._host.astype(dtype)
+        return self._host.copy() if copy else self._host
+
+    def __repr__(self):
+        return f"DeviceArray(shape={self.shape}, dtype={self.dtype.name}, on the GPU)"
+
+    def __del__(self):
+        try:
+            self._pool.give_back(self._alloc, self._nbytes)
+        except Exception:                       # interpreter shutdown
+            pass
+
+
 _NP = {"double": np.float64, "float": np.float32, "int32_t": np.int32, "int64_t": np.int64,
        "uint8_t": np.uint8}
 
@@ -363,9 +481,12 @@ class CudaExecutable:
         self.module = module
         self.bufs = [drv.mem_alloc(count * np.dtype(_NP[ctype]).itemsize)
                      for _, ctype, count in plan.buffers]
-        table = np.array([int(b) for b in self.bufs] or [0], dtype=np.uint64)
-        self.table = drv.mem_alloc(table.nbytes)
-        drv.memcpy_htod(self.table, table)
+        self.own = [int(b) for b in self.bufs] or [0]
+        # the pointer table: written on the host before each run, copied to the device by the graph
+        self.host_table = drv.pagelocked_empty(len(self.own), np.uint64)
+        self.host_table[:] = self.own
+        self.table = drv.mem_alloc(self.host_table.nbytes)
+        self.in_sizes = [v.size for v in program.inputs]
         self.status = drv.mem_alloc(32)
         drv.memset_d32(self.status, 0, 8)
         self.host_status = drv.pagelocked_zeros(4, np.uint64)
@@ -379,23 +500,21 @@ class CudaExecutable:
             grid, block = spec.launch(gpu.sm_count)
             use_blas = gpu.cublas is not None and spec.kind == "matmul" and gpu.cublas.wants(spec)
             self.launches.append((spec, fn, grid, block, use_blas))
+        # buffers whose address a captured cuBLAS call holds: values are copied in and out of them
+        self.fixed = {i for spec, *_, blas in self.launches if blas for i in spec.gemm[:3]}
         self.graph = None
         self.kernel_launches = len(self.launches)
 
     def enqueue(self):
-        """The whole submission on the stream (what is captured): copies in, kernels, copies out."""
+        """The submission's device work (what is captured): the pointer table, kernels, status."""
         drv, stream = self.gpu.drv, self.gpu.stream
+        drv.memcpy_htod_async(self.table, self.host_table, stream)
         drv.memset_d32_async(self.status, 0, 8, stream)
-        for i, host in enumerate(self.host_in):
-            drv.memcpy_htod_async(self.bufs[i], host, stream)
         for spec, fn, grid, block, use_blas in self.launches:
             if use_blas:
                 self.gpu.cublas.gemm(self.bufs, spec)
             else:
                 fn._launch_kernel(grid, block, self.args, 0, stream)
-        n_in = len(self.host_in)
-        for i, host in enumerate(self.host_out):
-            drv.memcpy_dtoh_async(host, self.bufs[n_in + i], stream)
         drv.memcpy_dtoh_async(self.host_status, self.status, stream)
 
     def capture(self):
@@ -414,14 +533,41 @@ class CudaExecutable:
             cu.cuGraphDestroy(graph)
         gpu.captures += 1
 
-    def __call__(self, args, graphs=None):
+    def _bind_inputs(self, args):
+        """Point the table at each argument: a DeviceArray where it lies, a NumPy array copied into
+        the executable's own buffer (through its staging buffer)."""
+        drv, stream, pool, table = self.gpu.drv, self.gpu.stream, self.gpu.pool, self.host_table
+        for i, (a, t) in enumerate(zip(args, self.in_types)):
+            if isinstance(a, DeviceArray) and a._pool is pool and a.dtype == t and \
+                    a.size == self.in_sizes[i]:
+                if i in self.fixed:
+                    table[i] = self.own[i]
+                    if a.size:
+                        drv.memcpy_dtod_async(self.bufs[i], a.ptr, a.nbytes, stream)
+                else:
+                    table[i] = a.ptr
+                continue
+            a = np.asarray(a)
+            table[i] = self.own[i]
+            if a.size:
+                host = self.host_in[i]
+                host[:a.size] = a.reshape(-1) if a.dtype == t else a.reshape(-1).astype(t)
+                drv.memcpy_htod_async(self.bufs[i], host, stream)
+
+    def __call__(self, args, graphs=None, resident=False):
+        """Run once; DeviceArray results when ``resident``, else NumPy arrays."""
         gpu = self.gpu
+        drv, stream = gpu.drv, gpu.stream
+        n_in = len(self.in_types)
         with gpu.lock:
             gpu.enter()
-            for host, a, t in zip(self.host_in, args, self.in_types):
-                a = np.asarray(a)
-                if a.size:
-                    host[:a.size] = a.reshape(-1) if a.dtype == t else a.reshape(-1).astype(t)
+            self._bind_inputs(args)
+            results = []
+            for j, (shape, dtype) in enumerate(self.out_avals):
+                k = n_in + j
+                out = gpu.pool.array(shape, dtype) if resident else None
+                self.host_table[k] = out.ptr if out is not None and k not in self.fixed else self.own[k]
+                results.append(out)
             use_graphs = gpu.use_graphs if graphs is None else graphs
             if use_graphs:
                 if self.graph is None:
@@ -431,7 +577,13 @@ class CudaExecutable:
             else:
                 self.enqueue()
                 gpu.kernel_launches += self.kernel_launches
-            gpu.stream.synchronize()
+            for j, out in enumerate(results):
+                k = n_in + j
+                if out is None:
+                    drv.memcpy_dtoh_async(self.host_out[j], self.bufs[k], stream)
+                elif k in self.fixed and out.size:
+                    drv.memcpy_dtod_async(out.ptr, self.bufs[k], out.nbytes, stream)
+            stream.synchronize()
             code = int(self.host_status[0])
             if code:
                 bad, axis, size = (int(v) for v in self.host_status[1:].view(np.int64))
@@ -439,6 +591,8 @@ class CudaExecutable:
                 raise ExecutionFailure(self.eqn_index.get(name, 0), IndexError(
                     f"index {bad} is out of range for axis {axis} of size {size}; "
                     f"indices must lie in [0, {size})"))
+            if resident:
+                return results
             return [h[:int(np.prod(s))].reshape(s).copy() for h, (s, _) in
                     zip(self.host_out, self.out_avals)]
 
@@ -451,7 +605,7 @@ class CudaExecutable:
                 pass
             self.graph = None
         self.bufs, self.launches, self.host_in, self.host_out = [], [], [], []
-        self.table = self.status = self.host_status = self.module = None
+        self.table = self.host_table = self.status = self.host_status = self.module = None
 
 
 class CudaBackend(Backend):
@@ -496,6 +650,14 @@ class CudaBackend(Backend):
             exe = CudaExecutable(self.gpu, plan, module, program)
         self.gpu.executables.append(exe)
         return exe
+
+    def run(self, exe, args, resident=False):
+        """One submission: a CUDA-graph launch (DeviceArray results when ``resident``), or a
+        program the lowering cannot compile, on the host."""
+        STATS.submissions += 1
+        if isinstance(exe, CudaExecutable):
+            return exe(args, resident=resident)
+        return exe(host_values(args))
 
     def _compile_nested(self, program):
         return self.executable(("nested", program), lambda: program)
@@ -542,6 +704,26 @@ class CudaBackend(Backend):
     def free_memory(self) -> int:
         """Free device memory in bytes (the graph layer's default memory budget is half of it)."""
         return self.gpu.free_memory()
+
+    # -- a simulation's per-sample loops ----------------------------------------------------------------
+    def sample_loops(self, step, vjp, spec):
+        """A simulation's loops as two kernels, one thread per sample (see ``cuda_loops``), or None
+        when the lowering does not cover its step."""
+        from .cuda_loops import CudaSampleLoops
+        key = ("sample-loops", step, vjp, spec)
+        loops = self._executables.get(key)
+        if loops is None:
+            before = STATS.compiles
+            try:
+                loops = CudaSampleLoops(self.gpu, step, vjp, **dict(spec))
+            except Unsupported:
+                loops = False
+            self._executables[key] = loops
+            if loops and STATS.compiles == before:
+                STATS.cache_hits += 1          # loaded from the disk cache: nvcc did not run
+        else:
+            STATS.cache_hits += 1
+        return loops or None
 
     # -- the canonical-tree sum on the device ------------------------------------------------------
     def tree_sum(self, x) -> np.ndarray:
@@ -590,6 +772,8 @@ class CudaBackend(Backend):
         info.update({"gpu": g.name, "arch": g.arch, "multiprocessors": g.sm_count,
                      "memory": g.total_memory, "cublas": g.cublas.path if g.cublas else None,
                      "cache": cache_dir(), "nvcc flags": " ".join(NVCC_FLAGS),
-                     "graphs": g.use_graphs, "captures": g.captures, "numpy fallbacks": self.fallbacks})
+                     "graphs": g.use_graphs, "captures": g.captures, "numpy fallbacks": self.fallbacks,
+                     "value memory": {"allocations": g.pool.allocations, "reuses": g.pool.reuses,
+                                      "spare bytes": g.pool.spare_bytes}})
         return info
 

@@ -16,7 +16,8 @@ every state and recomputes nothing; ``"binomial"`` places checkpoints by
 Griewank's binomial rule (Revolve), recomputing fewer steps for the same
 number of held states).
 
-``memory_budget`` (bytes; default half the available host RAM) caps what
+``memory_budget`` (bytes; default half the available host RAM, and on a
+GPU backend at most half its free device memory) caps what
 the reverse holds: when the batch does not fit, it runs in passes of
 ``256 * 2**q`` aligned samples, the largest that fits, and combines the
 passes' Param sums with the canonical tree -- they are subtrees of the
@@ -48,15 +49,19 @@ def default_window(max_steps: int) -> int:
 
 
 def available_memory() -> int:
-    """Half the available host RAM: the default memory budget."""
+    """The default memory budget: half the available host RAM (where Records live), and on a GPU
+    backend at most half its free device memory (where each pass computes)."""
+    host = 8 << 30
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024 // 2
+                    host = int(line.split()[1]) * 1024
+                    break
     except OSError:
         pass
-    return 4 << 30
+    device = getattr(backends.current(), "free_memory", None)
+    return min(host, device()) // 2 if device is not None else host // 2
 
 
 # -- binomial checkpointing (Revolve) -----------------------------------------------------------

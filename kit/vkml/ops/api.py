@@ -688,8 +688,10 @@ def take_along_axis(x, indices, axis):
 
 
 def _wrap_negative(idx, n):
-    if isinstance(idx, Var) and idx.value is not None and idx.value.size and idx.value.min() >= 0:
-        return idx
+    if isinstance(idx, Var) and idx.value is not None:
+        known = np.asarray(idx.value)
+        if known.size and known.min() >= 0:
+            return idx
     return where(less(idx, 0), add(idx, n), idx)
 
 
