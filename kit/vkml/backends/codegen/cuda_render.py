@@ -34,10 +34,12 @@ scan's rows and a while loop's iterations (inherently sequential; their
 per-step work is block-parallel), scatter-add (duplicate indices would race;
 atomics would make float sums order-dependent, so it runs on one thread in
 index order, as on the CPU), top-level conds, and reductions whose outputs
-are many and short (one thread per output).  There are no per-sample
-kernels that loop over a scan's steps in each thread yet (eagle's scheme):
-that needs a proof that samples do not interact, which the lowering does
-not carry.
+are many and short (one thread per output).  A general scan is not split
+into per-sample kernels: that needs a proof that samples do not interact,
+which the lowering does not carry.  Simulations carry it (a per-sample step
+kernel): their loops run one GPU thread per sample, every step of it in the
+thread (eagle's scheme), from ``sample_loops.py`` with ``target="cuda"``
+(``backends/cuda_loops.py`` launches them).
 
 Every kernel has the signature ``(void* const* vk_bufs, unsigned long long*
 vk_status)``: ``vk_bufs`` is a device table of the program's buffers
@@ -254,10 +256,16 @@ class CudaPlan:
         return module_source([self])
 
 
+def prelude() -> str:
+    """What every generated CUDA module starts with: the CUDA prelude, then the shared scalar
+    helpers (the per-sample loops of ``sample_loops.py`` start with it too)."""
+    return template("prelude.cuh") + "\n" + template("helpers.h")
+
+
 def module_source(plans, namespaces=False) -> str:
     """One translation unit for ``plans`` (the backend compiles one plan per module; the codegen
     test compiles many at once, each in a namespace of its own)."""
-    parts = [template("prelude.cuh"), template("helpers.h")]
+    parts = [prelude()]
     if any(p.uses_matmul for p in plans):
         parts.append(template("matmul.cuh"))
     for i, p in enumerate(plans):

@@ -1,4 +1,4 @@
-"""Per-sample simulation loops: one C function runs every step of every sample.
+"""Per-sample simulation loops: one function (C, or a CUDA kernel) runs every step of every sample.
 
 A simulation on the NumPy backend is a Python loop over steps, each step a
 batched program (tens of microseconds of host work per step).  Here the
@@ -13,6 +13,17 @@ through it with the kernel's per-sample vjp program.
 Samples never mix, so splitting them over threads (``VKML_THREADS``,
 OpenMP) changes no bit.  Per-sample Param cotangents are returned, and the
 graph layer sums them with the canonical tree.
+
+Two dialects of the same loops: ``target="c"`` for the cpu tier
+(``cpu.SampleLoops``; ``int vk_fwd(void** in, void** out, int64_t* info)``,
+the samples split over OpenMP threads) and ``target="cuda"`` for the CUDA
+backend (``cuda_loops.CudaSampleLoops``; ``extern "C" __global__ void
+vk_fwd(void* const* in, void* const* out, long long n, long long max_steps)``
+with device pointer tables, one GPU thread per sample in a grid-stride
+loop, a thread's state and window in local memory -- a window too large
+for it is refused, :data:`CUDA_LOCAL_LIMIT`).  Only the frame differs --
+prelude, constants, signature, the loop over samples, the return -- and it
+is written once, in the helpers below.
 """
 
 from __future__ import annotations
@@ -20,6 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from .c_render import STACK_LIMIT, _emit, prelude
+from .cuda_render import prelude as cuda_prelude
 from .lower import CTYPE, Lowering, Unsupported
 
 
@@ -33,18 +45,65 @@ def _check_small(low):
             raise Unsupported("a per-sample temporary too large for the stack")
 
 
+#: bytes of window buffers a GPU thread may hold in local memory (the driver reserves a kernel's
+#: frame for every thread that can be resident: 32 KiB is about 8 GiB on a 132-SM GPU; it holds
+#: the default window, at most 1024 steps, of four float64 scalars)
+CUDA_LOCAL_LIMIT = 32 * 1024
+
+
+def _check_local(st_vars, window, target):
+    """Refuse (Unsupported) a reverse whose per-thread window buffers do not fit a GPU thread."""
+    if target == "cuda" and sum(window * _size(v) * np.dtype(v.dtype).itemsize
+                                for v in st_vars) > CUDA_LOCAL_LIMIT:
+        raise Unsupported("a window too large for a GPU thread's local memory")
+
+
 def _ptr(name, var, slot, const=False):
     """A typed pointer to one of the function's buffers."""
     q = "const " if const else ""
     return f"    {q}{CTYPE[var.dtype]}* {name} = ({q}{CTYPE[var.dtype]}*){slot};"
 
 
-def _open_sample_loop(lines):
-    """The loop over samples, split over ``info[2]`` OpenMP threads; returns the body's indent."""
-    lines.append("    #pragma omp parallel for num_threads((int)info[2]) schedule(static)")
-    lines.append("    for (int64_t s = 0; s < n; s++) {")
-    lines.append("        int err_ = 0; int* err = &err_; (void)err;")
+# -- the two dialects: only the function's frame differs; the loops inside are the same text ------
+
+def _open_function(target, name, statics):
+    """The file up to the function body: prelude, the programs' constants, the signature, and
+    where ``n`` and ``max_steps`` come from."""
+    if target == "c":
+        return [prelude()] + statics + [f"int {name}(void** in, void** out, int64_t* info) {{",
+                                        "    int64_t n = info[0], max_steps = info[1];"]
+    if target != "cuda":
+        raise ValueError(f"sample loops are generated as 'c' or 'cuda', not {target!r}")
+    # in/out are device pointer tables; n and max_steps are kernel arguments.  A zero cotangent
+    # the vjp does not read (a "terminated" flag's) is declared all the same: no warning for it.
+    return [cuda_prelude(), "#ifdef __CUDACC__", "#pragma nv_diag_suppress 177", "#endif"] + \
+        [s.replace("static const ", "__device__ const ", 1) for s in statics] + \
+        [f'extern "C" __global__ void {name}(void* const* in, void* const* out, long long n, '
+         "long long max_steps) {"]
+
+
+def _open_sample_loop(lines, target):
+    """The loop over samples -- split over ``info[2]`` OpenMP threads in C, one GPU thread per
+    sample (grid-stride) in CUDA; returns the body's indent."""
+    if target == "c":
+        lines.append("    #pragma omp parallel for num_threads((int)info[2]) schedule(static)")
+        lines.append("    for (int64_t s = 0; s < n; s++) {")
+        lines.append("        int err_ = 0; int* err = &err_; (void)err;")
+    else:
+        lines.append("    for (int64_t s = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; s < n; "
+                     "s += (int64_t)blockDim.x * gridDim.x) {")
+        # a failing gather writes its details to info (ignored, as in C: the sample stops there)
+        lines.append("        int err_ = 0; int* err = &err_; (void)err; "
+                     "int64_t info[3]; (void)info;")
     return "        "
+
+
+def _close_function(lines, target):
+    """The end of the sample loop and of the function."""
+    lines.append("        goto done; done: (void)0;")
+    lines.append("    }")
+    lines.append("    return 0;" if target == "c" else "    return;")
+    lines.append("}")
 
 
 def _decl_temps(low, lines, ind):
@@ -52,10 +111,13 @@ def _decl_temps(low, lines, ind):
         lines.append(f"{ind}{ctype} {name}[{count}];")
 
 
-def forward_source(step, n_state, n_fixed, n_params, out_names, state_names, term_index, window):
-    """``vk_fwd(in, out, info)``: in = state planes, fixed planes, params; out = final state planes,
+def forward_source(step, n_state, n_fixed, n_params, out_names, state_names, term_index, window,
+                   target="c"):
+    """``vk_fwd``: in = state planes, fixed planes, params; out = final state planes,
     steps (int64, one per sample), then one checkpoint array per state plane
-    (``[ceil(max_steps / window), n, ...]``).  ``info = [n, max_steps, threads]``."""
+    (``[ceil(max_steps / window), n, ...]``), then the last step's other outputs.
+    C: ``int vk_fwd(void** in, void** out, int64_t* info)`` with ``info = [n, max_steps,
+    threads]``; CUDA: ``vk_fwd(in, out, n, max_steps)`` with device pointer tables."""
     low = Lowering()
     ins = step.inputs
     st_vars, fx_vars, pr_vars = ins[:n_state], ins[n_state:n_state + n_fixed], ins[n_state + n_fixed:]
@@ -67,9 +129,7 @@ def forward_source(step, n_state, n_fixed, n_params, out_names, state_names, ter
     body = low.program(step, in_ptrs, out_tmp)
     _check_small(low)
     new_of = {i: out_names.index(name) for i, name in enumerate(state_names)}
-    lines = [prelude()] + low.statics
-    lines.append("int vk_fwd(void** in, void** out, int64_t* info) {")
-    lines.append("    int64_t n = info[0], max_steps = info[1];")
+    lines = _open_function(target, "vk_fwd", low.statics)
     for i, v in enumerate(st_vars):
         lines.append(_ptr(f"si{i}", v, f"in[{i}]", const=True))
         lines.append(_ptr(f"so{i}", v, f"out[{i}]"))
@@ -79,7 +139,7 @@ def forward_source(step, n_state, n_fixed, n_params, out_names, state_names, ter
     for i, v in enumerate(pr_vars):
         lines.append(_ptr(f"p{i}", v, f"in[{n_state + n_fixed + i}]"))
     lines.append(f"    int64_t* steps = (int64_t*)out[{n_state}];")
-    ind = _open_sample_loop(lines)
+    ind = _open_sample_loop(lines, target)
     for i, v in enumerate(st_vars):
         k = _size(v)
         lines.append(f"{ind}{CTYPE[v.dtype]} st{i}[{k}];")
@@ -110,17 +170,16 @@ def forward_source(step, n_state, n_fixed, n_params, out_names, state_names, ter
         k = _size(outs[j])
         lines.append(f"{ind}if (t > 0) for (int64_t c = 0; c < {k}; c++) "
                      f"(({CTYPE[outs[j].dtype]}*)out[{2 * n_state + 1 + m}])[s * {k} + c] = ot{j}[c];")
-    lines.append(f"{ind}goto done; done: (void)0;")
-    lines.append("    }")
-    lines.append("    return 0;")
-    lines.append("}")
+    _close_function(lines, target)
     return "\n".join(lines) + "\n"
 
 
-def reverse_source(step, vjp, n_state, n_fixed, n_params, out_names, state_names, wrt, window):
-    """``vk_rev(in, out, info)``: in = checkpoints per state plane, steps, fixed planes, params,
+def reverse_source(step, vjp, n_state, n_fixed, n_params, out_names, state_names, wrt, window,
+                   target="c"):
+    """``vk_rev``: in = checkpoints per state plane, steps, fixed planes, params,
     seeds per state plane; out = state gradients, then gradients of the floating fixed planes and
-    per-sample Param cotangents (in ``wrt`` order).  ``info = [n, max_steps, threads]``."""
+    per-sample Param cotangents (in ``wrt`` order).  Called as ``vk_fwd`` is (``max_steps``
+    unused)."""
     ins = step.inputs
     st_vars, fx_vars, pr_vars = ins[:n_state], ins[n_state:n_state + n_fixed], ins[n_state + n_fixed:]
     outs = step.outputs
@@ -145,9 +204,8 @@ def reverse_source(step, vjp, n_state, n_fixed, n_params, out_names, state_names
     bwd_body = bwd_low.program(vjp, state_at + fx_ptr + pr_ptr + ct_in, grads)
     _check_small(fwd_low)
     _check_small(bwd_low)
-    lines = [prelude()] + fwd_low.statics + bwd_low.statics
-    lines.append("int vk_rev(void** in, void** out, int64_t* info) {")
-    lines.append("    int64_t n = info[0], max_steps = info[1];")
+    _check_local(st_vars, window, target)
+    lines = _open_function(target, "vk_rev", fwd_low.statics + bwd_low.statics)
     pos = 0
     for i, v in enumerate(st_vars):
         lines.append(_ptr(f"ck{i}", v, f"in[{pos}]", const=True))
@@ -166,7 +224,7 @@ def reverse_source(step, vjp, n_state, n_fixed, n_params, out_names, state_names
     for k, w_pos in enumerate(wrt):
         v = ins[w_pos]
         lines.append(_ptr(f"go{k}", v, f"out[{k}]"))
-    ind = _open_sample_loop(lines)
+    ind = _open_sample_loop(lines, target)
     for i, v in enumerate(st_vars):
         k = _size(v)
         lines.append(f"{ind}{CTYPE[v.dtype]} ct{i}[{k}], cur{i}[{k}], buf{i}[{window} * {k}];")
@@ -214,8 +272,5 @@ def reverse_source(step, vjp, n_state, n_fixed, n_params, out_names, state_names
         size = _size(ins[w_pos])
         src = f"ct{w_pos}" if w_pos < n_state else f"acc{k}"
         lines.append(f"{ind}for (int64_t c = 0; c < {size}; c++) go{k}[s * {size} + c] = {src}[c];")
-    lines.append(f"{ind}goto done; done: (void)0;")
-    lines.append("    }")
-    lines.append("    return 0;")
-    lines.append("}")
+    _close_function(lines, target)
     return "\n".join(lines) + "\n"
