@@ -8,6 +8,8 @@ results, the error when no GPU is there -- is in ``test_cuda_codegen.py``.
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 
@@ -29,6 +31,8 @@ def _gpus() -> int:
 
 if _gpus() == 0:
     pytest.skip("no GPU on this machine", allow_module_level=True)
+
+from vkml.backends.cuda import DeviceArray  # noqa: E402
 
 RNG = np.random.default_rng(5)
 
@@ -217,19 +221,23 @@ def test_a_recorded_simulation_and_its_reverse_run_on_the_gpu(cuda):
         tn = t + dt
         return {"theta": th, "omega": om, "t": tn, "terminated": tn >= t_end}
 
-    grads, launches = {}, {}
+    grads, launches, submissions = {}, {}, {}
     for name in ("numpy", "cuda"):
         vkml.set_backend(name)
         n, steps = 5000, 40
         theta, omega, t = np.linspace(0.1, 1.0, n), np.linspace(-0.5, 0.5, n), np.zeros(n)
-        before = vkml.stats().graph_launches
+        before, loops = vkml.stats(), cuda.loop_launches
         sim = vkml.simulation(pendulum, max_steps=steps, record=True, theta=theta, omega=omega,
                               t=t, length=1.2, t_end=(steps - 0.5) * dt)
         sim.run()
         g = vkml.diff.Reverse(sim)(sim.record, {"theta": np.ones(n), "omega": np.full(n, 0.5)})
         grads[name] = {k: np.asarray(g[k]) for k in ("theta", "omega", "length")}
-        launches[name] = vkml.stats().graph_launches - before
-    assert launches["numpy"] == 0 and launches["cuda"] >= steps
+        launches[name] = cuda.loop_launches - loops
+        submissions[name] = (vkml.stats() - before).submissions
+    # on the GPU: the forward and the reverse are one per-sample loop kernel each (one thread per
+    # sample through every step), where the NumPy backend submits once per step
+    assert launches == {"numpy": 0, "cuda": 2}
+    assert submissions["cuda"] == 2 and submissions["numpy"] >= steps
     for k in grads["numpy"]:
         np.testing.assert_allclose(grads["cuda"][k], grads["numpy"][k], rtol=1e-9, atol=1e-12)
 
@@ -274,14 +282,20 @@ def test_a_repeated_training_step_compiles_and_captures_nothing_new(cuda):
         opt.step()
         return float(loss.numpy())
 
-    losses = [step(), step()]
+    losses = [step(), step(), step()]
     captures = cuda.captures
+    gc.collect()                      # values dropped in Var/Eqn cycles go back to the pool
+    allocations = cuda.gpu.pool.allocations
     vkml.reset_stats()
     losses.append(step())
     s = vkml.stats()
     assert s.compiles == 0 and cuda.captures == captures
     assert s.graph_launches == s.submissions > 0
-    assert losses[2] < losses[0]
+    assert losses[3] < losses[0]
+    # parameters, gradients and optimizer state stay on the GPU; the steady state allocates nothing
+    assert cuda.gpu.pool.allocations == allocations
+    assert all(isinstance(p.var.value, DeviceArray) for p in model.parameters())
+    assert all(isinstance(p.grad.var.value, DeviceArray) for p in model.parameters())
 
 
 def test_a_new_process_finds_its_kernels_in_the_disk_cache(cuda):

@@ -625,6 +625,7 @@ class CudaBackend(Backend):
         gpu.use_graphs = os.environ.get("VKML_CUDA_GRAPHS", "1") != "0"
         gpu.captures = 0
         gpu.kernel_launches = 0
+        gpu.loop_launches = 0
         self.fallbacks = 0
         self._tree = None
         _FOUND[0] = self._summary()
@@ -700,6 +701,11 @@ class CudaBackend(Backend):
     def kernel_launches(self) -> int:
         """Kernels launched one by one (with ``use_graphs`` off) so far."""
         return self.gpu.kernel_launches
+
+    @property
+    def loop_launches(self) -> int:
+        """Per-sample simulation loops launched so far (a simulation's forward or its reverse)."""
+        return self.gpu.loop_launches
 
     def free_memory(self) -> int:
         """Free device memory in bytes (the graph layer's default memory budget is half of it)."""

@@ -83,6 +83,7 @@ class CudaSampleLoops:
                                       struct.pack("QQqq", int(tables[0]), int(tables[1]), n,
                                                   max_steps), 0, stream)
                     self.launches += 1
+                    gpu.loop_launches += 1
                 for o, buf in zip(outs, d_out):
                     if o.nbytes:
                         drv.memcpy_dtoh_async(o, buf, stream)
