@@ -26,8 +26,10 @@ from __future__ import annotations
 import ctypes
 import gc
 import os
+import re
 import shutil
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -615,6 +617,27 @@ def test_a_gpu_backends_default_memory_budget_is_half_its_free_memory(monkeypatc
 
 def _add_one_program():
     return vkml.program(lambda t: t + 1.0, np.zeros((6, 5)))
+
+
+def test_the_gpu_tests_pass_on_the_emulated_driver():
+    """The ``cuda``-marked GPU tests (test_cuda.py, test_cuda_loops.py) run against the emulated
+    driver in a fresh pytest process, so every line of the cuda backend they reach runs in CI (the
+    two largest tree sums are left out: minutes on emulated threads; smaller ones run)."""
+    if CXX is None:
+        pytest.skip("no C++ compiler")
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, VKML_EMULATED_CUDA="1",
+               PYTHONPATH=os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
+    big = [f"--deselect=tests/test_cuda.py::test_tree_sums_are_bitwise_equal_to_the_cpus[{n}]"
+           for n in (70000, 1000000)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "cuda_emulation", "-p", "no:cacheprovider", "-o",
+         "addopts=", "-q", "-m", "cuda", "tests/test_cuda.py", "tests/test_cuda_loops.py", *big],
+        cwd=os.path.dirname(here), env=env, capture_output=True, text=True, timeout=900)
+    tail = proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert proc.returncode == 0, tail
+    passed = int(re.search(r"(\d+) passed", proc.stdout).group(1))
+    assert passed >= 100 and "skipped" not in proc.stdout.splitlines()[-1], tail
 
 
 # -- the backend without a GPU ---------------------------------------------------------------------
