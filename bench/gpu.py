@@ -6,7 +6,8 @@ Four measurements in one run (``scripts/device-check`` runs it on a machine with
    reductions) on 64 x 64 float32, realized again and again: one replayed CUDA graph per realize,
    against the same executable launching its kernels one by one, and the NumPy backend.
 2. **The MLP step** of ``bench/mlp_step.py`` (784-256-10, batch 64, float32, ReLU, cross-entropy,
-   Adam): vkml on the GPU, PyTorch CUDA eager, and PyTorch with the whole step captured in a CUDA
+   Adam): vkml on the GPU (the lazy step, and ``opt.compile_step``: one program per step), PyTorch
+   CUDA eager, and PyTorch with the whole step captured in a CUDA
    graph (``torch.cuda.graph``, ``Adam(capturable=True)``), when torch with CUDA is installed.
    Every contender waits for its step to finish (vkml's realizes are synchronous).
 3. **A recorded simulation at 10^6 samples**: the damped pendulum of ``bench/simulation.py``,
@@ -114,13 +115,26 @@ def mlp():
         opt.step()
         return loss
 
-    losses = {"vkml cuda": float(vkml_step().numpy())}
-    rows = [("vkml cuda", median_seconds(vkml_step, repeat=REPEAT, warmup=10))]
-    before = vkml.stats()
-    for _ in range(10):
-        vkml_step().numpy()
-    delta = vkml.stats() - before
-    notes = {"vkml cuda": f"{delta.submissions / 10:g}"}
+    vkml.nn.manual_seed(0)
+    model_c = vkml.nn.Sequential(vkml.nn.Linear(D_IN, D_HID), vkml.nn.ReLU(),
+                                 vkml.nn.Linear(D_HID, D_OUT))
+    opt_c = vkml.optim.Adam(model_c.parameters(), lr=LR, betas=(B1, B2), eps=EPS)
+    compiled = opt_c.compile_step(lambda x, y: vkml.nn.cross_entropy(model_c(x), y))
+
+    def vkml_compiled_step():
+        return compiled(xt, yt)
+
+    losses = {"vkml cuda": float(vkml_step().numpy()),
+              "vkml cuda compile_step": float(vkml_compiled_step().numpy())}
+    rows = [("vkml cuda", median_seconds(vkml_step, repeat=REPEAT, warmup=10)),
+            ("vkml cuda compile_step", median_seconds(vkml_compiled_step, repeat=REPEAT, warmup=10))]
+    notes = {}
+    for name, fn in (("vkml cuda", vkml_step), ("vkml cuda compile_step", vkml_compiled_step)):
+        before = vkml.stats()
+        for _ in range(10):
+            fn().numpy()
+        delta = vkml.stats() - before
+        notes[name] = f"{delta.submissions / 10:g}"
     try:
         import torch
         if not torch.cuda.is_available():
@@ -138,7 +152,7 @@ def mlp():
                 extra=[("submissions/step", notes)])
     print("   first-step losses: " + ", ".join(f"{k} {v:.6f}" for k, v in losses.items()))
     RESULTS["mlp"] = {name: secs for name, secs in rows}
-    RESULTS["mlp"]["submissions per step"] = delta.submissions / 10
+    RESULTS["mlp"]["submissions per step"] = notes
 
 
 def torch_step(torch, init, X, Y, graphed):

@@ -3,6 +3,8 @@
 Side by side in one run:
 
 - ``vkml``: ``vkml.nn`` + ``vkml.optim`` on the NumPy backend (forward, ``backward``, ``Adam.step``);
+- ``vkml compile_step``: the same step as ``opt.compile_step(loss_fn)`` -- traced once into one
+  program (forward, gradient, update), replayed each step in one submission;
 - ``numpy``: the same step written by hand -- forward, manual backward, Adam -- the floor for
   a backend that runs NumPy;
 - ``torch``: PyTorch on the CPU (skipped with a note when torch is not installed).
@@ -64,6 +66,17 @@ def vkml_step():
     loss.backward()
     opt.step()
     return loss
+
+
+# the same step traced once into one program (forward, gradient, Adam): opt.compile_step
+vkml.nn.manual_seed(0)
+model_c = vkml.nn.Sequential(vkml.nn.Linear(D_IN, D_HID), vkml.nn.ReLU(), vkml.nn.Linear(D_HID, D_OUT))
+opt_c = vkml.optim.Adam(model_c.parameters(), lr=LR, betas=(B1, B2), eps=EPS)
+compiled = opt_c.compile_step(lambda x, y: vkml.nn.cross_entropy(model_c(x), y))
+
+
+def vkml_compiled_step():
+    return compiled(xt, yt)
 
 
 # -- hand-written NumPy --------------------------------------------------------------------------
@@ -145,12 +158,14 @@ def main():
     # Same weights, same batch: the first losses agree (a wrong contender would be a useless bench).
     l_vkml, l_np = vkml_step().item(), ref.step()
     parts_ref = NumpyMLP(INIT)
-    losses = {"vkml": l_vkml, "numpy": l_np}
+    losses = {"vkml": l_vkml, "vkml compile_step": vkml_compiled_step().item(), "numpy": l_np}
     if tstep is not None:
         losses["torch"] = tstep().item()
     assert all(abs(v - l_np) < 1e-4 for v in losses.values()), losses
 
     rows = [("vkml", median_seconds(vkml_step, repeat=args.repeat, warmup=args.warmup)),
+            ("vkml compile_step", median_seconds(vkml_compiled_step, repeat=args.repeat,
+                                                 warmup=args.warmup)),
             ("numpy", median_seconds(ref.step, repeat=args.repeat, warmup=args.warmup))]
     if tstep is not None:
         rows.append(("torch", median_seconds(tstep, repeat=args.repeat, warmup=args.warmup)))
@@ -159,7 +174,11 @@ def main():
     for _ in range(n):
         vkml_step()
     delta = vkml.stats() - before
-    per_step = {"vkml": f"{delta.submissions / n:g}"}
+    before = vkml.stats()
+    for _ in range(n):
+        vkml_compiled_step()
+    delta_c = vkml.stats() - before
+    per_step = {"vkml": f"{delta.submissions / n:g}", "vkml compile_step": f"{delta_c.submissions / n:g}"}
 
     print(f"MLP {D_IN}-{D_HID}-{D_OUT}, batch {BATCH}, float32, Adam; {args.threads} thread(s) "
           f"(OMP/OPENBLAS/MKL_NUM_THREADS={args.threads}); median of {args.repeat} steps")
@@ -168,7 +187,8 @@ def main():
     print_table("one training step (forward, backward, Adam):", rows, baselines=("numpy", "torch"),
                 extra=[("submissions/step", per_step)])
     print(f"vkml over {n} more steps: {delta.submissions} submissions, {delta.compiles} compiles, "
-          f"{delta.cache_hits} cache hits")
+          f"{delta.cache_hits} cache hits; compile_step: {delta_c.submissions} submissions, "
+          f"{delta_c.compiles} compiles, {delta_c.traces} traces")
 
     if args.parts:
         parts(parts_ref)

@@ -298,6 +298,31 @@ def test_a_repeated_training_step_compiles_and_captures_nothing_new(cuda):
     assert all(isinstance(p.grad.var.value, DeviceArray) for p in model.parameters())
 
 
+def test_a_compiled_training_step_is_one_graph_launch_and_matches_numpy(cuda):
+    rng = np.random.default_rng(3)
+    x, y = rng.normal(size=(16, 20)), rng.integers(0, 4, 16)
+    params = {}
+    for name in ("numpy", "cuda"):
+        vkml.set_backend(name)
+        vkml.nn.manual_seed(0)
+        model = vkml.nn.Sequential(vkml.nn.Linear(20, 32, dtype=np.float64), vkml.nn.ReLU(),
+                                   vkml.nn.Linear(32, 4, dtype=np.float64))
+        opt = vkml.optim.Adam(model.parameters(), lr=1e-2)
+        step = opt.compile_step(lambda xb, yb: vkml.nn.cross_entropy(model(xb), yb))
+        xt, yt = vkml.tensor(x), vkml.tensor(y)
+        step(xt, yt)
+        vkml.reset_stats()
+        for _ in range(3):
+            step(xt, yt)
+        s = vkml.stats()
+        assert (s.submissions, s.compiles, s.traces) == (3, 0, 0)
+        if name == "cuda":
+            assert s.graph_launches == 3
+        params[name] = [np.asarray(p.numpy()) for p in model.parameters()]
+    for a, b in zip(params["cuda"], params["numpy"]):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+
+
 def test_a_new_process_finds_its_kernels_in_the_disk_cache(cuda):
     prog_fn = lambda t: vkml.sin(t) * 3.25 - vkml.cos(t)  # noqa: E731
     x = RNG.normal(size=(17,))

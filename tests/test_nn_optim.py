@@ -46,8 +46,9 @@ def step_cost(opt):
 
 # -- optimiser step: constant submissions ---------------------------------------------------------------
 
-UPDATE_PROGRAMS = {"adam": optim._adam_program, "sgd-momentum": optim._sgd_program,
-                   "sgd": optim._sgd_program}
+UPDATE_PROGRAMS = {"adam": optim._update_program(optim.Adam),
+                   "sgd-momentum": optim._update_program(optim.SGD),
+                   "sgd": optim._update_program(optim.SGD)}
 
 
 def replays(kind):
@@ -553,3 +554,94 @@ def test_twenty_training_steps_compile_in_the_first_steps_then_hit_the_cache(rng
     assert steady.cache_hits >= 18
     assert update_replays[19] - update_replays[1] == 18
     assert losses[-1] < 0.5 * losses[0]     # and it learns
+
+
+# -- compile_step: the whole training step as one program -----------------------------------------------
+
+def _mlp_and_batch(seed, dtype=np.float64):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((8, 5)).astype(dtype)
+    y = rng.integers(0, 3, 8)
+    nn.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(5, 6, dtype=dtype), nn.ReLU(), nn.Linear(6, 3, dtype=dtype))
+    return model, vkml.tensor(x), vkml.tensor(y)
+
+
+def _loss_oracle(x, y):
+    """The same network's mean cross-entropy in HIPS autograd (an independent differentiator)."""
+    def loss(w1, b1, w2, b2):
+        h = anp.maximum(x @ w1.T + b1, 0.0)
+        z = h @ w2.T + b2
+        z = z - anp.max(z, axis=1, keepdims=True)
+        logp = z - anp.log(anp.sum(anp.exp(z), axis=1, keepdims=True))
+        return -anp.mean(logp[np.arange(len(y)), y])
+    return loss
+
+
+@pytest.mark.parametrize("make_opt", [lambda ps: optim.Adam(ps, lr=1e-2),
+                                      lambda ps: optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.01)],
+                         ids=["adam", "sgd-momentum-decay"])
+def test_compile_step_is_one_submission_and_matches_backward_and_step(make_opt):
+    eager_model, x, y = _mlp_and_batch(1)
+    model, _, _ = _mlp_and_batch(1)
+    eager_opt, opt = make_opt(eager_model.parameters()), make_opt(model.parameters())
+    step = opt.compile_step(lambda xb, yb: nn.cross_entropy(model(xb), yb))
+    oracle = _loss_oracle(x.numpy(), y.numpy())
+    for k in range(3):
+        before = [np.array(p.numpy()) for p in model.parameters()]
+        eager_opt.zero_grad()
+        want = nn.cross_entropy(eager_model(x), y)
+        want.backward()
+        eager_opt.step()
+        cost = vkml.stats()
+        loss = step(x, y)
+        cost = vkml.stats() - cost
+        assert cost.submissions == 1
+        if k:
+            assert cost.traces == 0 and cost.compiles == 0 and cost.derivations == 0
+        # the loss and the gradient at the step's starting point, against autograd
+        np.testing.assert_allclose(loss.item(), oracle(*before), rtol=1e-12)
+        grads = autograd.grad(lambda ps: oracle(*ps))(before)
+        for p, g in zip(model.parameters(), grads):
+            np.testing.assert_allclose(p.grad.numpy(), g, rtol=1e-10, atol=1e-12)
+        # and the same program as backward + step, so the same bits
+        assert loss.item() == want.item()
+        for p, q in zip(model.parameters(), eager_model.parameters()):
+            assert p.numpy().tobytes() == q.numpy().tobytes()
+            assert p.grad.numpy().tobytes() == q.grad.numpy().tobytes()
+            assert p.requires_grad and p.is_leaf
+
+
+def test_compile_step_replays_across_lr_changes_and_retraces_for_a_new_batch_shape():
+    model, x, y = _mlp_and_batch(2)
+    opt = optim.Adam(model.parameters(), lr=1e-2)
+    step = opt.compile_step(lambda xb, yb: nn.cross_entropy(model(xb), yb))
+    losses = [step(x, y).item()]
+    for lr in (5e-3, 1e-3):
+        opt.lr = lr
+        cost = vkml.stats()
+        losses.append(step(x, y).item())
+        cost = vkml.stats() - cost
+        assert (cost.traces, cost.compiles, cost.submissions) == (0, 0, 1)
+    assert losses[-1] < losses[0] and opt.steps == [3] * 4
+    x2 = vkml.tensor(np.ones((3, 5)))
+    y2 = vkml.tensor(np.array([0, 1, 2]))
+    cost = vkml.stats()
+    step(x2, y2)
+    assert (vkml.stats() - cost).traces >= 1 and step.cache_info()["keys"] == 2
+
+
+def test_compile_step_refuses_a_bad_loss_and_changes_nothing():
+    model, x, y = _mlp_and_batch(3)
+    opt = optim.SGD(model.parameters(), lr=0.1)
+    before = [np.array(p.numpy()) for p in model.parameters()]
+    with pytest.raises(vkml.VkmlError, match="loss_fn must return a floating 0-d Tensor"):
+        opt.compile_step(lambda xb, yb: model(xb))(x, y)
+    with pytest.raises(vkml.VkmlError, match="loss_fn must be callable"):
+        opt.compile_step("loss")
+    for p, b in zip(model.parameters(), before):
+        assert p.numpy().tobytes() == b.tobytes() and p.grad is None and p.is_leaf
+    # the model still works eagerly afterwards (its parameters were pointed back at their values)
+    nn.cross_entropy(model(x), y).backward()
+    opt.step()
+    assert not np.array_equal(model.parameters()[0].numpy(), before[0])

@@ -31,10 +31,10 @@ import numbers
 
 from .errors import ArgumentError, DTypeError, ShapeError
 from .ir import dtype_name
-from .programs import jit
+from .programs import jit, value_and_grad
 from .tensor import Tensor, assign, no_grad, sqrt, zeros_like
 
-__all__ = ["Optimizer", "SGD", "Adam"]
+__all__ = ["Optimizer", "SGD", "Adam", "CompiledStep"]
 
 
 def _number(value, what, owner, low=None, high=None, low_open=False, high_open=True):
@@ -52,9 +52,15 @@ def _number(value, what, owner, low=None, high=None, low_open=False, high_open=T
 class Optimizer:
     """Holds the parameters and their state; ``step`` writes all new values in one ``assign``.
 
-    Subclasses implement ``_update(i, p, g) -> [(destination, new value), ...]``,
-    building new values with tensor operations (they are lazy here), and may
-    keep per-parameter state in lists indexed like ``self.params``.
+    A subclass splits its update in two: ``_host(active)`` does the host's
+    part (creates missing state, computes this step's numbers) and returns
+    ``(order, destinations, states, hyper)``; ``_math(params, grads, states,
+    hyper)`` is the pure tensor arithmetic that returns the new values in
+    ``destinations`` order, with params and grads in ``order``.  ``step``
+    runs ``_math`` as one jitted program; :meth:`compile_step` traces it
+    into the whole training step.  Python floats in ``hyper`` are program
+    inputs, so changing them (a schedule, Adam's bias corrections) never
+    recompiles; ``None`` and list lengths are structure.
     """
 
     def __init__(self, params, lr):
@@ -105,10 +111,25 @@ class Optimizer:
         if not active:
             return
         self._check_grads(active)
+        order, dsts, states, hyper = self._host(active)
+        params = [self.params[i] for i in order]
         with no_grad():
-            dsts, srcs = self._update(active)
+            srcs = _update_program(type(self))(_values(params), [p.grad for p in params], states,
+                                               hyper)
         assign(dsts, srcs)
         self._stepped(active)
+
+    def compile_step(self, loss_fn) -> "CompiledStep":
+        """The whole training step as ONE program: ``step = opt.compile_step(loss_fn)``, then
+        ``loss = step(*batch)`` each step.
+
+        ``step(*batch)`` does what ``zero_grad(); loss = loss_fn(*batch);
+        loss.backward(); opt.step()`` does, but the forward, its derivative
+        and the update are traced once into one jitted program and replayed:
+        one submission per step and none of the per-operation graph building
+        on the host.  See :class:`CompiledStep` for what is traced.
+        """
+        return CompiledStep(self, loss_fn)
 
     def _check_grads(self, active):
         """Refuse a ``.grad`` that cannot belong to its parameter, before anything is computed."""
@@ -125,8 +146,14 @@ class Optimizer:
                 raise DTypeError(f"{owner}.step: parameter {i} is {dtype_name(p.dtype)} but its .grad "
                                  f"is {dtype_name(g.dtype)}")
 
-    def _update(self, active):
-        """``(destinations, sources)``: the new value of every parameter in ``active`` and its state."""
+    def _host(self, active):
+        """``(order, destinations, states, hyper)`` for a step of the parameters in ``active``
+        (the abstract hook of this class: every optimiser says what its step needs)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _math(params, grads, states, hyper):
+        """The new values, in the destinations' order (the abstract hook: the update's arithmetic)."""
         raise NotImplementedError
 
     def _stepped(self, active) -> None:
@@ -138,42 +165,82 @@ def _values(tensors):
     return [t.detach() for t in tensors]
 
 
-@jit
-def _sgd_program(params, grads, bufs, lr, momentum, weight_decay):
-    """New (parameters, momentum buffers).  ``bufs`` is ``[]`` without momentum and
-    ``weight_decay`` is None without decay: both are structure, so each variant is its own program."""
-    new_params, new_bufs = [], []
-    for k, (p, g) in enumerate(zip(params, grads)):
-        if weight_decay is not None:
-            g = g + weight_decay * p
-        if bufs:
-            g = momentum * bufs[k] + g
-            new_bufs.append(g)
-        new_params.append(p - lr * g)
-    return new_params, new_bufs
+_UPDATE_PROGRAMS = {}
 
 
-@jit
-def _adam_program(groups, c1, c2, weight_decay):
-    """New (m, v, parameter) for each parameter of each group of equal step count.
+def _update_program(cls):
+    """``cls._math`` jitted (one per optimiser class, so its programs are shared by instances)."""
+    program = _UPDATE_PROGRAMS.get(cls)
+    if program is None:
+        program = _UPDATE_PROGRAMS[cls] = jit(cls._math)
+    return program
 
-    A group is ``(params, grads, ms, vs, k1, k2)`` with the bias corrections
-    folded into ``k1 = 1/(lr_t * sqrt(1 - b2**t))`` and ``k2 = eps/lr_t``,
-    ``lr_t = lr/(1 - b1**t)``: then ``p - lr_t * m/(sqrt(v)/sqrt(1 - b2**t) + eps)``
-    is ``p - m/(sqrt(v)*k1 + k2)``, two operations fewer per parameter.  The
-    moments are updated as ``m + (1-b1)*(g - m)``, PyTorch's ``lerp``.
+
+class CompiledStep:
+    """A training step traced once: forward, gradient and update in ONE submission per call.
+
+    Made by :meth:`Optimizer.compile_step`.  The first call traces
+    ``loss_fn(*batch)`` with the optimiser's parameters as program inputs
+    (their Tensor objects are pointed at the trace's placeholders while it
+    runs, so a model that reads its own parameters needs no change), takes
+    its gradient with :func:`vkml.value_and_grad` and applies the
+    optimiser's update, all in one program; later calls with batches of the
+    same shapes and dtypes only replay it.  After a call every parameter,
+    its ``.grad`` and the optimiser's state hold their new values, as after
+    ``opt.zero_grad(); loss.backward(); opt.step()``.
+
+    As with :func:`vkml.jit`: tensors ``loss_fn`` reads that are neither
+    the parameters nor the batch are constants of the program (pass
+    anything that changes in ``batch``), and Python control flow runs once,
+    at the trace.  Every parameter is stepped every call: one the loss does
+    not use gets a zero gradient (``opt.step()`` after ``backward`` skips it).
     """
-    out = []
-    for params, grads, ms, vs, k1, k2 in groups:
-        group = []
-        for p, g, m, v in zip(params, grads, ms, vs):
-            if weight_decay is not None:
-                g = g + weight_decay * p
-            m = m + c1 * (g - m)
-            v = v + c2 * (g * g - v)
-            group.append((m, v, p - m / (sqrt(v) * k1 + k2)))
-        out.append(group)
-    return out
+
+    def __init__(self, opt, loss_fn):
+        if not callable(loss_fn):
+            raise ArgumentError(f"compile_step: loss_fn must be callable, got {type(loss_fn).__name__}")
+        self.opt, self.loss_fn = opt, loss_fn
+        self._order = None
+        self._program = jit(self._whole)
+
+    def _whole(self, params, states, batch, hyper):
+        """The traced step: the loss and its gradient in the parameters, then the update."""
+        model = [self.opt.params[i] for i in self._order]
+
+        def loss_of(ps, batch):
+            saved = [p.var for p in model]
+            for p, t in zip(model, ps):
+                p.var = t.var
+            try:
+                loss = self.loss_fn(*batch)
+            finally:
+                for p, v in zip(model, saved):
+                    p.var = v
+            if not isinstance(loss, Tensor) or loss.shape != () or loss.dtype.kind != "f":
+                got = getattr(loss, "shape", type(loss).__name__)
+                raise ArgumentError(f"compile_step: loss_fn must return a floating 0-d Tensor "
+                                    f"(reduce it, e.g. .mean()), got {got}")
+            return loss
+
+        loss, grads = value_and_grad(loss_of)(params, batch)
+        return loss, grads, type(self.opt)._math(params, grads, states, hyper)
+
+    def __call__(self, *batch):
+        opt = self.opt
+        active = list(range(len(opt.params)))
+        order, dsts, states, hyper = opt._host(active)
+        self._order = order
+        params = [opt.params[i] for i in order]
+        loss, grads, new = self._program(_values(params), states, batch, hyper)
+        for p, g in zip(params, grads):
+            p.grad = g
+        assign(dsts, new)
+        opt._stepped(active)
+        return loss
+
+    def cache_info(self):
+        """Traces, compiles and hits of the step's program (see ``vkml.jit``)."""
+        return self._program.cache_info()
 
 
 class SGD(Optimizer):
@@ -191,7 +258,7 @@ class SGD(Optimizer):
         self.weight_decay = _number(weight_decay, "weight_decay", "SGD", low=0.0)
         self.momentum_buffers = [None] * len(self.params)
 
-    def _update(self, active):
+    def _host(self, active):
         params = [self.params[i] for i in active]
         bufs = []
         if self.momentum:
@@ -199,9 +266,22 @@ class SGD(Optimizer):
                 if self.momentum_buffers[i] is None:
                     self.momentum_buffers[i] = zeros_like(self.params[i])
             bufs = [self.momentum_buffers[i] for i in active]
-        new_params, new_bufs = _sgd_program(_values(params), [p.grad for p in params], bufs, self.lr,
-                                            self.momentum, self.weight_decay or None)
-        return params + bufs, new_params + new_bufs
+        # bufs is [] without momentum and weight_decay None without decay: both are structure
+        return active, params + bufs, bufs, (self.lr, self.momentum, self.weight_decay or None)
+
+    @staticmethod
+    def _math(params, grads, bufs, hyper):
+        """New parameters, then new momentum buffers."""
+        lr, momentum, weight_decay = hyper
+        new_params, new_bufs = [], []
+        for k, (p, g) in enumerate(zip(params, grads)):
+            if weight_decay is not None:
+                g = g + weight_decay * p
+            if bufs:
+                g = momentum * bufs[k] + g
+                new_bufs.append(g)
+            new_params.append(p - lr * g)
+        return new_params + new_bufs
 
 
 class Adam(Optimizer):
@@ -231,7 +311,7 @@ class Adam(Optimizer):
         #: steps taken per parameter (host ints: the bias corrections are computed from them here).
         self.steps = [0] * len(self.params)
 
-    def _update(self, active):
+    def _host(self, active):
         b1, b2 = self.betas
         by_step = {}   # parameters with equal step counts share their bias corrections
         for i in active:
@@ -239,17 +319,38 @@ class Adam(Optimizer):
                 self.exp_avg[i] = zeros_like(self.params[i])
                 self.exp_avg_sq[i] = zeros_like(self.params[i])
             by_step.setdefault(self.steps[i] + 1, []).append(i)
-        groups, dsts = [], []
+        order, dsts, states, groups = [], [], [], []
         for t, idx in by_step.items():
             lr_t = self.lr / (1.0 - b1 ** t)
-            params = [self.params[i] for i in idx]
-            ms, vs = [self.exp_avg[i] for i in idx], [self.exp_avg_sq[i] for i in idx]
-            groups.append((_values(params), [p.grad for p in params], ms, vs,
-                           1.0 / (lr_t * math.sqrt(1.0 - b2 ** t)), self.eps / lr_t))
-            for p, m, v in zip(params, ms, vs):
-                dsts += [m, v, p]
-        out = _adam_program(groups, 1.0 - b1, 1.0 - b2, self.weight_decay or None)
-        return dsts, [t for group in out for triple in group for t in triple]
+            states.append([(self.exp_avg[i], self.exp_avg_sq[i]) for i in idx])
+            groups.append((1.0 / (lr_t * math.sqrt(1.0 - b2 ** t)), self.eps / lr_t))
+            for i in idx:
+                dsts += [self.exp_avg[i], self.exp_avg_sq[i], self.params[i]]
+            order += idx
+        return order, dsts, states, (groups, 1.0 - b1, 1.0 - b2, self.weight_decay or None)
+
+    @staticmethod
+    def _math(params, grads, states, hyper):
+        """New (m, v, parameter) for each parameter, group by group of equal step count.
+
+        A group's bias corrections are folded into ``k1 = 1/(lr_t * sqrt(1 - b2**t))``
+        and ``k2 = eps/lr_t``, ``lr_t = lr/(1 - b1**t)``: then ``p - lr_t *
+        m/(sqrt(v)/sqrt(1 - b2**t) + eps)`` is ``p - m/(sqrt(v)*k1 + k2)``, two
+        operations fewer per parameter.  The moments are updated as
+        ``m + (1-b1)*(g - m)``, PyTorch's ``lerp``.
+        """
+        groups, c1, c2, weight_decay = hyper
+        out, pos = [], 0
+        for (k1, k2), moments in zip(groups, states):
+            for m, v in moments:
+                p, g = params[pos], grads[pos]
+                pos += 1
+                if weight_decay is not None:
+                    g = g + weight_decay * p
+                m = m + c1 * (g - m)
+                v = v + c2 * (g * g - v)
+                out += [m, v, p - m / (sqrt(v) * k1 + k2)]
+        return out
 
     def _stepped(self, active):
         for i in active:
