@@ -49,6 +49,7 @@ parser.add_argument("--smoke", action="store_true",
 args = parser.parse_args()
 
 REPEAT = 3 if args.smoke else 30 if args.quick else 200
+WARMUP = 1 if args.smoke else 10
 RESULTS = {}
 
 
@@ -64,8 +65,9 @@ def fifty_ops(x, w):
 
 def submission(backend):
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(64, 64)).astype(np.float32)
-    w = rng.normal(size=(64, 64)).astype(np.float32) * 0.1
+    size = 16 if args.smoke else 64
+    x = rng.normal(size=(size, size)).astype(np.float32)
+    w = rng.normal(size=(size, size)).astype(np.float32) * 0.1
     xt, wt = vkml.tensor(x), vkml.tensor(w)
 
     def realize():
@@ -76,15 +78,15 @@ def submission(backend):
     realize()
     exe = max(backend._executables.values(), key=lambda e: len(getattr(e, "launches", ())))
     kernels = len(exe.launches)
-    rows.append(("graph replay", median_seconds(realize, repeat=REPEAT, warmup=10)))
+    rows.append(("graph replay", median_seconds(realize, repeat=REPEAT, warmup=WARMUP)))
     backend.use_graphs = False
-    rows.append(("kernel by kernel", median_seconds(realize, repeat=REPEAT, warmup=10)))
+    rows.append(("kernel by kernel", median_seconds(realize, repeat=REPEAT, warmup=WARMUP)))
     backend.use_graphs = True
     vkml.set_backend("numpy")
     xt, wt = vkml.tensor(x), vkml.tensor(w)
-    rows.append(("numpy backend", median_seconds(realize, repeat=REPEAT, warmup=10)))
+    rows.append(("numpy backend", median_seconds(realize, repeat=REPEAT, warmup=WARMUP)))
     vkml.set_backend("cuda")
-    print_table(f"1. one realize of a 50-op graph (64x64 float32; {kernels} kernels, "
+    print_table(f"1. one realize of a 50-op graph ({size}x{size} float32; {kernels} kernels, "
                 "host time incl. building the graph):", rows,
                 baselines=("graph replay",))
     RESULTS["realize"] = {name: secs for name, secs in rows}
@@ -126,15 +128,15 @@ def mlp():
 
     losses = {"vkml cuda": float(vkml_step().numpy()),
               "vkml cuda compile_step": float(vkml_compiled_step().numpy())}
-    rows = [("vkml cuda", median_seconds(vkml_step, repeat=REPEAT, warmup=10)),
-            ("vkml cuda compile_step", median_seconds(vkml_compiled_step, repeat=REPEAT, warmup=10))]
+    rows = [("vkml cuda", median_seconds(vkml_step, repeat=REPEAT, warmup=WARMUP)),
+            ("vkml cuda compile_step", median_seconds(vkml_compiled_step, repeat=REPEAT, warmup=WARMUP))]
     notes = {}
     for name, fn in (("vkml cuda", vkml_step), ("vkml cuda compile_step", vkml_compiled_step)):
         before = vkml.stats()
-        for _ in range(10):
+        for _ in range(REPEAT):
             fn().numpy()
         delta = vkml.stats() - before
-        notes[name] = f"{delta.submissions / 10:g}"
+        notes[name] = f"{delta.submissions / REPEAT:g}"
     try:
         import torch
         if not torch.cuda.is_available():
@@ -146,7 +148,7 @@ def mlp():
         for name, graphed in (("torch cuda eager", False), ("torch cuda graph", True)):
             step, loss0 = torch_step(torch, init, X, Y, graphed)
             losses[name] = loss0
-            rows.append((name, median_seconds(step, repeat=REPEAT, warmup=10)))
+            rows.append((name, median_seconds(step, repeat=REPEAT, warmup=WARMUP)))
     print_table(f"2. one MLP training step ({D_IN}-{D_HID}-{D_OUT}, batch {BATCH}, float32, Adam), "
                 "synchronized:", rows, baselines=("vkml cuda",),
                 extra=[("submissions/step", notes)])

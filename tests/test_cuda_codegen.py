@@ -640,6 +640,35 @@ def test_the_gpu_tests_pass_on_the_emulated_driver():
     assert passed >= 100 and "skipped" not in proc.stdout.splitlines()[-1], tail
 
 
+def test_the_gpu_benchmark_script_runs_on_the_emulated_driver(tmp_path):
+    """bench/gpu.py --smoke end to end on the emulated driver: every section runs and reports (the
+    numbers mean nothing here; the script is what a GPU session runs, so it must not break)."""
+    if CXX is None:
+        pytest.skip("no C++ compiler")
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(here)
+    out = tmp_path / "gpu.json"
+    code = ("import runpy, sys\n"
+            "from cuda_emulation import fake_driver\n"
+            f"sys.argv = ['bench/gpu.py', '--smoke', '--json', {str(out)!r}]\n"
+            "with fake_driver():\n"
+            "    try:\n"
+            "        runpy.run_path('bench/gpu.py', run_name='__main__')\n"
+            "    except SystemExit as e:\n"
+            "        sys.exit(e.code)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([here, os.path.join(root, "kit"),
+                                                       os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    import json
+    results = json.loads(out.read_text())
+    assert set(results) == {"realize", "mlp", "simulation", "bandwidth"}
+    assert not any("error" in v for v in results.values())
+    assert results["mlp"]["submissions per step"]["vkml cuda compile_step"] == "1"
+    assert "2 loop kernels" in results["simulation"]["work"]["cuda"]
+
+
 # -- the backend without a GPU ---------------------------------------------------------------------
 
 def _gpu_present():
