@@ -563,6 +563,10 @@ def test_values_stay_on_the_emulated_gpu_between_submissions():
             assert driver.copies["dtoh"] == copies          # copied to the host once
             with pytest.raises(ValueError):
                 z.numpy()[0, 0] = 5.0                        # the host copy is read-only
+            import copy
+            import pickle
+            for clone in (copy.deepcopy(z), pickle.loads(pickle.dumps(z.var.value))):
+                np.testing.assert_array_equal(np.asarray(clone), z.numpy())
 
             # a cuBLAS-held buffer keeps its address: arguments and results copied in and out
             exe = backend.executable(("probe",), lambda: _add_one_program())

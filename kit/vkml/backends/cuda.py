@@ -456,6 +456,10 @@ class DeviceArray(DeviceValue):
     def __repr__(self):
         return f"DeviceArray(shape={self.shape}, dtype={self.dtype.name}, on the GPU)"
 
+    def __reduce__(self):
+        """Pickled or deep-copied as its host value (device memory does not travel)."""
+        return np.array, (np.asarray(self),)
+
     def __del__(self):
         try:
             self._pool.give_back(self._alloc, self._nbytes)
