@@ -600,6 +600,10 @@ def test_values_stay_on_the_emulated_gpu_between_submissions():
             assert all(isinstance(p.var.value, DeviceArray) for p in model.parameters())
             assert all(isinstance(p.grad.var.value, DeviceArray) for p in model.parameters())
 
+            assert backend.gpu.pool.spare_bytes > 0
+            released = backend.empty_cache()
+            assert released > 0 and backend.gpu.pool.spare_bytes == 0
+
             # another backend receives the values through the host
             vkml.set_backend("numpy")
             np.testing.assert_allclose((z * 2.0).numpy(), want * 2.0, rtol=1e-13)

@@ -711,6 +711,15 @@ class CudaBackend(Backend):
         """Per-sample simulation loops launched so far (a simulation's forward or its reverse)."""
         return self.gpu.loop_launches
 
+    def empty_cache(self) -> int:
+        """Give the pool's spare device memory (of values since dropped) back to the driver; the
+        bytes released.  The pool also does this by itself when an allocation fails."""
+        gc.collect()
+        spare = self.gpu.pool.spare_bytes
+        if self.gpu.pool.free is not None:
+            self.gpu.pool.free.clear()
+        return spare
+
     def free_memory(self) -> int:
         """Free device memory in bytes (the graph layer's default memory budget is half of it)."""
         return self.gpu.free_memory()
