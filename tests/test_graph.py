@@ -698,3 +698,35 @@ def test_distinct_reverses_in_threads_on_one_record_give_the_same_bits():
         for r in res:
             assert np.array_equal(r["x"], ref["x"]) and r["k"] == ref["k"]
     np.testing.assert_allclose(ref["x"], seeds["wave.y"] * analytic(x, K)[0], rtol=1e-12)
+
+
+def test_a_large_launch_computes_its_planes_in_place_with_the_same_bits():
+    """Written planes the launch does not read are the program's destinations: computed straight
+    into them (no copy) when large, copied into when small or overlapping an argument; same bits."""
+    n = 20_000                                   # 160 KB planes: above DIRECT_MIN_BYTES
+    g, x, u, y = two_node(n)
+    u_id, y_id = id(u), id(y)
+    g.launch()
+    grads = vkml.diff.reverse(g.record, {"y": np.ones(n)})
+    assert id(u) == u_id and id(y) == y_id
+    assert u.tobytes() == (x * x).tobytes()
+    np.testing.assert_allclose(y, np.sin(K * x * x), rtol=1e-15)
+    np.testing.assert_allclose(grads["x"], 2 * x * K * np.cos(K * x * x), rtol=1e-12)
+    small, xs, us, ys = two_node(64)             # small planes: copied into, the same values
+    small.launch()
+    assert us.tobytes() == (xs * xs).tobytes()
+    np.testing.assert_allclose(ys, np.sin(K * xs * xs), rtol=1e-15)
+    # at the executable level: a destination is the result itself, written or copied into
+    backend = vkml.backends.current()
+    prog = vkml.program(lambda a: vkml.sin(a * 1.5) + a, x)
+    exe = backend.executable(("into-probe", n), lambda: prog)
+    want = backend.run(exe, [x])[0]
+    dest = np.empty(n)
+    out = backend.run(exe, [x], into=[dest])[0]
+    assert out is dest and dest.tobytes() == want.tobytes()
+    direct = np.empty(n)                          # the executable itself writes into it: no copy
+    assert exe.writes_into and exe([x], into=[direct])[0] is direct
+    assert direct.tobytes() == want.tobytes()
+    inplace = x.copy()                            # the destination is the argument: copied after
+    out = backend.run(exe, [inplace], into=[inplace])[0]
+    assert out is inplace and inplace.tobytes() == want.tobytes()

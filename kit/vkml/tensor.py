@@ -582,11 +582,11 @@ def _run(out_vars):
     return _submit(backend, exe, [l.value for l in leaves], eqns, resident=True)
 
 
-def _submit(backend, exe, args, eqns, resident=False):
+def _submit(backend, exe, args, eqns, resident=False, into=None):
     """One submission; a failing equation is named. ``resident``: the values become tensors', so a
-    GPU backend may keep them in device memory (see ``Backend.run``)."""
+    GPU backend may keep them in device memory; ``into``: destinations (see ``Backend.run``)."""
     try:
-        return backend.run(exe, args, resident)
+        return backend.run(exe, args, resident, into)
     except ExecutionFailure as failure:
         eqn = eqns[failure.index]
         raise ExecutionError(f"{eqn.describe()} failed: {failure.error}") from failure.error

@@ -41,6 +41,31 @@ def host_values(args) -> list:
     return [np.asarray(a) if isinstance(a, DeviceValue) else a for a in args]
 
 
+#: destinations smaller than this are copied into (cheaper than checking them for overlaps)
+DIRECT_MIN_BYTES = 1 << 16
+
+
+def _writable_into(dest, args, into) -> bool:
+    """Whether an executable may compute straight into ``dest``: a large C-contiguous array that
+    overlaps neither an argument (read while the results are written) nor another destination."""
+    if dest is None or not isinstance(dest, np.ndarray) or dest.nbytes < DIRECT_MIN_BYTES or \
+            not dest.flags.c_contiguous or not dest.flags.writeable:
+        return False
+    others = [a for a in args if isinstance(a, np.ndarray)] + \
+        [d for d in into if isinstance(d, np.ndarray) and d is not dest]
+    return not any(np.may_share_memory(dest, a) for a in others)
+
+
+def _copy_into(outs, into):
+    """The results with each destination holding its value (copied where not written directly)."""
+    outs = list(outs)
+    for i, dest in enumerate(into):
+        if dest is not None and outs[i] is not dest:
+            dest[...] = outs[i]
+            outs[i] = dest
+    return outs
+
+
 class Backend:
     """Compile Programs once per structure and run them, counting submissions.
 
@@ -65,7 +90,7 @@ class Backend:
             STATS.cache_hits += 1
         return exe
 
-    def run(self, exe, args, resident=False):
+    def run(self, exe, args, resident=False, into=None):
         """One submission.
 
         ``resident``: the caller keeps the results as tensor values, so a
@@ -73,11 +98,25 @@ class Backend:
         (:class:`DeviceValue`); without it every result is a NumPy array.
         This backend computes on the host: values another backend left on
         its device are brought over first.
+
+        ``into``: one destination array (or None) per result; on return
+        result ``i`` IS ``into[i]``, holding the value.  An executable that
+        can (``writes_into``) computes straight into a destination that
+        overlaps no argument, saving a copy of every written plane per
+        graph launch; otherwise the value is copied in.
         """
         STATS.submissions += 1
         if any(isinstance(a, DeviceValue) for a in args):
             args = host_values(args)
-        return exe(args)
+        if into is None:
+            return exe(args)
+        direct = None
+        if getattr(exe, "writes_into", False):
+            direct = [d if _writable_into(d, args, into) else None for d in into]
+            if not any(d is not None for d in direct):
+                direct = None
+        outs = exe(args) if direct is None else exe(args, into=direct)
+        return _copy_into(outs, into)
 
     def layout(self, values) -> tuple:
         """What of the arguments' memory layout a compiled executable depends on.

@@ -145,9 +145,15 @@ class CompiledProgram:
         self.eqn_index = {e.prim.name: i for i, e in enumerate(program.eqns)}
         self._keep = lib
 
-    def __call__(self, args):
+    writes_into = True
+
+    def __call__(self, args, into=None):
+        """Run once; ``into`` (see ``Backend.run``): destinations the C function writes directly."""
         ins = [np.ascontiguousarray(a, dtype=t) for a, t in zip(args, self.in_types)]
         outs = [np.empty(shape, dtype) for shape, dtype in self.out_types]
+        for i, dest in enumerate(into or ()):
+            if dest is not None and dest.shape == outs[i].shape and dest.dtype == outs[i].dtype:
+                outs[i] = dest
         in_ptrs = (ctypes.c_void_p * max(1, len(ins)))(*[a.ctypes.data for a in ins])
         out_ptrs = (ctypes.c_void_p * max(1, len(outs)))(*[o.ctypes.data for o in outs])
         info = np.zeros(3, np.int64)
@@ -180,12 +186,16 @@ class Tiered:
         self.backend, self.program, self.current, self.remaining = backend, program, numpy_run, remaining
         self.compiled = False
 
-    def __call__(self, args):
+    writes_into = True
+
+    def __call__(self, args, into=None):
         if self.remaining <= 0 and not self.compiled:
             self.current = self.backend._compile_c(self.program) or self.current
             self.compiled = True
             self.program = None
         self.remaining -= 1
+        if into is not None and getattr(self.current, "writes_into", False):
+            return self.current(args, into=into)
         return self.current(args)
 
 

@@ -95,7 +95,7 @@ import numpy as np
 from ..errors import BackendError
 from ..stats import STATS
 from . import disk_cache
-from .base import Backend, DeviceValue, ExecutionFailure, host_values
+from .base import Backend, DeviceValue, ExecutionFailure, _copy_into, host_values
 from .codegen.cuda_render import NVCC_FLAGS, cuda_plan, template, tree_sum_levels
 from .codegen.lower import Unsupported
 from .numpy_backend import compile_program as compile_numpy
@@ -656,13 +656,16 @@ class CudaBackend(Backend):
         self.gpu.executables.append(exe)
         return exe
 
-    def run(self, exe, args, resident=False):
+    def run(self, exe, args, resident=False, into=None):
         """One submission: a CUDA-graph launch (DeviceArray results when ``resident``), or a
-        program the lowering cannot compile, on the host."""
+        program the lowering cannot compile, on the host.  ``into``: see ``Backend.run`` (here the
+        results are copied into the destinations)."""
         STATS.submissions += 1
         if isinstance(exe, CudaExecutable):
-            return exe(args, resident=resident)
-        return exe(host_values(args))
+            outs = exe(args, resident=resident and into is None)
+        else:
+            outs = exe(host_values(args))
+        return outs if into is None else _copy_into(outs, into)
 
     def _compile_nested(self, program):
         return self.executable(("nested", program), lambda: program)

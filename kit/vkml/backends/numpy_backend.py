@@ -209,6 +209,10 @@ def compile_program(program, compile_nested=None):
         for v in ins:
             last_use[v] = k
     outputs = set(program.outputs)
+    # outputs an elementwise ufunc produces can be computed straight into a caller's destination
+    # (Backend.run's ``into``); an output listed twice cannot (both would be the one array)
+    direct = {v: j for j, v in enumerate(program.outputs)
+              if program.outputs.count(v) == 1 and v.shape != ()}
     tmp = itertools.count()
     lines, line_eqn = [], []
     for k, (i, kind, ins, outs_v, reuse) in enumerate(plan):
@@ -230,6 +234,7 @@ def compile_program(program, compile_nested=None):
         else:
             namespace[fn] = _callable(eqn, compile_nested)
         args = ", ".join(names[v] for v in ins)
+        plain = args
         if reuse is not None:
             args += f", out={names[reuse]}"
         outs = []
@@ -239,9 +244,15 @@ def compile_program(program, compile_nested=None):
         target = ", ".join(outs) + ("," if eqn.prim.multiple_results and len(outs) == 1 else "")
         dead = sorted({names[v] for v in ins
                        if last_use.get(v) == k and v not in outputs and names[v][0] == "v"})
-        lines.append(f"    {target} = {fn}({args})" + (f"; del {', '.join(dead)}" if dead else ""))
+        call = f"{fn}({args})"
+        if kind in ("ufunc", "call") and eqn.prim.name in _UFUNCS and outs_v[0] in direct:
+            namespace[f"u{i}"] = _UFUNCS[eqn.prim.name]
+            j = direct[outs_v[0]]
+            call = f"(u{i}({plain}, out=into[{j}]) if into is not None and into[{j}] is not None " \
+                   f"else {call})"
+        lines.append(f"    {target} = {call}" + (f"; del {', '.join(dead)}" if dead else ""))
         line_eqn.append(i)
-    header = ["def _run(args):", f"    {', '.join(names[v] for v in program.inputs)}"
+    header = ["def _run(args, into=None):", f"    {', '.join(names[v] for v in program.inputs)}"
               f"{',' if program.inputs else ''} = args" if program.inputs else "    pass"]
     ret = "    return [" + ", ".join(f"_asarray({names[v]})" for v in program.outputs) + "]"
     source = "\n".join(header + lines + [ret]) + "\n"
@@ -250,9 +261,14 @@ def compile_program(program, compile_nested=None):
     fn = namespace["_run"]
     first_line = len(header) + 1
 
-    def run(args):
+    avals = [(v.shape, v.dtype) for v in program.outputs]
+
+    def run(args, into=None):
+        if into is not None:
+            into = [d if d is not None and (d.shape, d.dtype) == aval else None
+                    for d, aval in zip(into, avals)]
         try:
-            return fn(args)
+            return fn(args, into)
         except Exception as error:  # find which equation raised
             tb = sys.exc_info()[2]
             while tb is not None and tb.tb_frame.f_code.co_filename != filename:
@@ -264,6 +280,7 @@ def compile_program(program, compile_nested=None):
                 from error
 
     run.source = source
+    run.writes_into = True
     return run
 
 

@@ -167,8 +167,15 @@ def _fused_plan(graph, recording):
                                [cur[pid] for pid in written] + [v for _, v in saved])
     backend = backends.current()
     exe = backend.executable(("graph-launch", program), lambda: program)
+    # written planes the launch does not read are the results' destinations: computed straight
+    # into them where the backend can (Backend.run checks overlaps), copied in otherwise; a plane
+    # it reads is written last, after the Record has copied the version it read
+    read_ids = {id(a) for a in in_planes}
+    written = [planes[pid] for pid in written]
+    into = [None if id(p) in read_ids else p for p in written] + [None] * len(saved)
     return {"exe": exe, "backend": backend, "in_planes": in_planes, "cells": list(cell_vars),
-            "written": [planes[pid] for pid in written], "saved": [k for k, _ in saved],
+            "into": into, "inputs": read_ids, "held": read_ids | {id(p) for p in written},
+            "written": written, "saved": [k for k, _ in saved],
             "template": template, "version": dict(version), "planes": planes, "eqns": program.eqns}
 
 
@@ -180,14 +187,14 @@ def _run_fused(graph, recording):
         plan = plans[key] = _fused_plan(graph, recording)
     from ..tensor import _submit
     args = plan["in_planes"] + [graph.cells[k] for k in plan["cells"]]
-    values = _submit(plan["backend"], plan["exe"], args, plan["eqns"])
-    finals = values[:len(plan["written"])]
-    inputs = {id(a) for a in plan["in_planes"]}
+    values = _submit(plan["backend"], plan["exe"], args, plan["eqns"], into=plan["into"])
+    inputs, held = plan["inputs"], plan["held"]
     run = _Run(recording)
     for key_, value in zip(plan["saved"], values[len(plan["written"]):]):
-        run.saved[key_] = value.copy() if id(value) in inputs else value
-    for plane, value in zip(plan["written"], finals):
-        plane[...] = value.copy() if id(value) in inputs else value
+        run.saved[key_] = value.copy() if id(value) in held else value
+    for plane, dest, value in zip(plan["written"], plan["into"], values):
+        if dest is None:
+            plane[...] = value.copy() if id(value) in inputs else value
     run.version = dict(plan["version"])
     run.planes = dict(plan["planes"])
     run.tape = [Step(node, launch, reads, writes, i)
