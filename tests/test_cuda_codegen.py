@@ -604,9 +604,12 @@ def test_values_stay_on_the_emulated_gpu_between_submissions():
             released = backend.empty_cache()
             assert released > 0 and backend.gpu.pool.spare_bytes == 0
 
-            # another backend receives the values through the host
+            # another backend receives the values through the host, as arguments and as constants
             vkml.set_backend("numpy")
             np.testing.assert_allclose((z * 2.0).numpy(), want * 2.0, rtol=1e-13)
+            captured = vkml.jit(lambda t: t * vkml.cast(vkml.transpose(z), "float32"))
+            np.testing.assert_allclose(captured(np.ones((5, 6), np.float32)).numpy(), want.T,
+                                       rtol=1e-6)
         finally:
             vkml.set_backend("numpy")
 

@@ -15,7 +15,7 @@ import sys
 
 import numpy as np
 
-from .base import Backend, ExecutionFailure, register
+from .base import Backend, DeviceValue, ExecutionFailure, register
 
 _COUNTER = itertools.count()
 
@@ -202,7 +202,8 @@ def compile_program(program, compile_nested=None):
     namespace = {"_asarray": np.asarray, "_matmul_swapped": _matmul_swapped}
     for i, (v, value) in enumerate(program.consts):
         names[v] = f"c{i}"
-        namespace[f"c{i}"] = value
+        # a constant captured from a GPU tensor is brought to the host once, here
+        namespace[f"c{i}"] = np.asarray(value) if isinstance(value, DeviceValue) else value
     plan = _plan(program)
     last_use = {}
     for k, (_, _, ins, _, _) in enumerate(plan):
