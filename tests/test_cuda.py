@@ -160,6 +160,20 @@ def test_the_seeds_scan_gradient(cuda):
     np.testing.assert_allclose(vkml.grad(f)(x).numpy(), want, rtol=1e-10)
 
 
+def test_a_vmapped_scan_runs_one_thread_per_sample(cuda):
+    """4096 samples, each its own 500-row scan (+ - * / only): one grid kernel, the NumPy bits."""
+    B, L = 4096, 500
+    x0 = RNG.normal(size=B)
+    xs = RNG.normal(size=(L, B)) * 0.1
+
+    def run(c0, rows):
+        return vkml.scan(lambda c, r: ((c * 0.5 + r) / (1.0 + c * c), c * r - 0.25), c0, rows)
+
+    f = vkml.vmap(run, in_axes=(0, 1), out_axes=(0, 1))
+    (c_np, y_np), (c_gpu, y_gpu) = on_both(lambda a, b: list(f(a, b)), x0, xs)
+    assert c_gpu.tobytes() == c_np.tobytes() and y_gpu.tobytes() == y_np.tobytes()
+
+
 def test_cond_and_while(cuda):
     f = lambda x: vkml.cond(x.sum() > 0, lambda x: (x ** 2).sum(),  # noqa: E731
                             lambda x: vkml.sin(x).sum(), x)

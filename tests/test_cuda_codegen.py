@@ -357,6 +357,65 @@ def test_a_scan_is_one_block_kernel_with_its_carry_inside():
     assert len(plan.buffers) == len(prog.inputs) + len(prog.outputs) + 3
 
 
+def _per_sample_scans():
+    """vmapped scans: batched and unbatched consts and xs, reversed, nested, and a gradient."""
+    B, L = 37, 9
+    x0, xs, w = RNG.normal(size=B), RNG.normal(size=(L, B)), RNG.normal(size=(B, 3))
+    table = RNG.normal(size=(L,))
+
+    def exact(c0, rows, wk):                      # + - * / only: every backend's bits
+        step = lambda c, r: ((c * 0.5 + r * wk[0]) / (1.0 + c * c), c - r * wk[1] + wk[2])  # noqa: E731
+        return vkml.scan(step, c0, rows)
+
+    def mixed(c0, wk):                            # unbatched xs, transcendental, reversed
+        step = lambda c, r: (c + vkml.sin(c * wk[0] + r), vkml.exp(-c * c) * r)  # noqa: E731
+        return vkml.scan(step, c0, table, reverse=True)
+
+    def nested(c0, rows):                         # a scan inside the step: sequential per thread
+        def step(c, r):
+            inner, _ = vkml.scan(lambda a, q: (a * 0.5 + q, a), c, vkml.stack([r, r * 2.0]))
+            return inner, inner * c
+        return vkml.scan(step, c0, rows)
+
+    def loss(c0, rows, wk):
+        c, ys = exact(c0, rows, wk)
+        return vkml.sum(ys * ys) + c * c
+
+    return [("exact", vkml.vmap(exact, in_axes=(0, 1, 0), out_axes=(0, 1)), (x0, xs, w), True),
+            ("mixed", vkml.vmap(mixed, in_axes=(0, 0), out_axes=(0, 1)), (x0, w), False),
+            ("nested", vkml.vmap(nested, in_axes=(0, 1), out_axes=(0, 1)), (x0, xs), True),
+            ("gradient", vkml.vmap(vkml.grad(loss, argnums=(0, 2)), in_axes=(0, 1, 0)),
+             (x0, xs, w), False)]
+
+
+@pytest.mark.parametrize("case", range(4), ids=["exact", "mixed", "nested", "gradient"])
+def test_a_vmapped_scan_runs_one_thread_per_sample(case, tmp_path):
+    """A top-level scan whose step is vmapped (its samples never interact) is one grid kernel with
+    a thread per sample looping over the rows -- no block kernel, no barrier -- and gives the NumPy
+    backend's results (bit for bit where the step is + - * / only)."""
+    name, fn, args, bitwise = _per_sample_scans()[case]
+    prog = vkml.program(fn, *args)
+    plan = cuda_plan(prog)
+    looping = [t for t in plan.body.split('extern "C" __global__ void ')[1:] if "row" in t]
+    assert looping and all("sample" in t and "__syncthreads" not in t for t in looping), name
+    assert "block" not in {k.kind for k in plan.kernels}
+    if NVCC is not None:
+        proc, _ = _nvcc_ptx(plan.source, str(tmp_path), name)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    if CXX is None:
+        return
+    lib = host_library(plan.source, str(tmp_path), name)
+    want = compile_program(prog)([np.asarray(a) for a in args])
+    outs, status = emulate(lib, plan, [np.asarray(a) for a in args],
+                           [(v.shape, v.dtype) for v in prog.outputs])
+    assert status[0] == 0
+    for o, w in zip(outs, want):
+        if bitwise:
+            assert o.tobytes() == np.asarray(w).tobytes(), name
+        else:
+            np.testing.assert_allclose(o, w, rtol=1e-12, atol=1e-14, err_msg=name)
+
+
 def test_a_large_sum_runs_in_two_parallel_stages():
     plan = cuda_plan(vkml.program(lambda x: vkml.sum(x), np.ones(1_000_000)))
     grid = [k for k in plan.kernels if k.kind == "grid"]

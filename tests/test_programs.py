@@ -463,3 +463,16 @@ def test_scan_carry_that_changes_shape_or_dtype():
 def test_grad_of_integer_argument_is_refused():
     with pytest.raises(vkml.GradError, match="only floating"):
         vkml.grad(lambda x: (x * 2).sum())(np.arange(3))
+
+
+def test_vmap_out_axes_per_result_and_its_errors():
+    a, b = np.arange(3.0), np.arange(6.0).reshape(2, 3)
+    f = vkml.vmap(lambda x, y: (x * 2.0, vkml.stack([y, y])), in_axes=(0, 1), out_axes=(0, 1))
+    r1, r2 = f(a, b)
+    assert r1.numpy().tolist() == (a * 2).tolist()
+    np.testing.assert_array_equal(r2.numpy(), np.stack([b.T, b.T]))     # mapped axis moved to 1
+    np.testing.assert_array_equal(vkml.vmap(lambda y: y * 1.0, in_axes=1, out_axes=-1)(b).numpy(), b)
+    with pytest.raises(vkml.VkmlError, match="out_axes has 1 entries but the function returns 2"):
+        vkml.vmap(lambda x: (x, x), out_axes=(0,))(a)
+    with pytest.raises(vkml.VkmlError, match="out_axes 5 is out of range for a result of shape"):
+        vkml.vmap(lambda x: (x, x), out_axes=(0, 5))(a)

@@ -565,7 +565,8 @@ def vmap(fn, in_axes=0, out_axes=0):
     """``fn`` written for one example, mapped over an axis of its arguments.
 
     ``in_axes``: one int/None for all arguments or one per argument (None =
-    not mapped).  The program for one example is traced once per key and
+    not mapped).  ``out_axes``: where the mapped axis goes in the results,
+    one int for all or one per entry of a tuple result.  The program for one example is traced once per key and
     its batched form derived once per batch size.
     """
     jitted = jit(fn)
@@ -604,11 +605,33 @@ def vmap(fn, in_axes=0, out_axes=0):
             "vmap", prog, flags + [size], lambda: vmap_program(prog, flags, size)))
         rg = any(isinstance(x, Tensor) and x.requires_grad for a in args for x in flatten(a)[0])
         outs = _apply_program(jitted, entry, ("vmap", size), bprog, in_vars, rg)
-        if out_axes != 0:
-            outs = [_wrap_like(o, _move_axis(o.var, 0, out_axes % o.ndim)) for o in outs]
+        axes_out = _out_axes(out_axes, entry.out_tree, outs)
+        outs = [o if ax == 0 else _wrap_like(o, _move_axis(o.var, 0, ax))
+                for o, ax in zip(outs, axes_out)]
         return unflatten(entry.out_tree, outs)
 
     return batched
+
+
+def _out_axes(out_axes, out_tree, outs):
+    """One output axis per result leaf: ``out_axes`` is one int for all, or one per entry of the
+    function's tuple result (each entry's leaves alike)."""
+    if isinstance(out_axes, (tuple, list)):
+        top = unflatten(out_tree, outs)
+        if not isinstance(top, (tuple, list)) or len(top) != len(out_axes):
+            n = len(top) if isinstance(top, (tuple, list)) else "a single result"
+            raise ArgumentError(f"vmap: out_axes has {len(out_axes)} entries but the function "
+                                f"returns {n}; give one int for all, or one per result")
+        per_leaf = [ax for sub, ax in zip(top, out_axes) for _ in flatten(sub)[0]]
+    else:
+        per_leaf = [out_axes] * len(outs)
+    axes = []
+    for o, ax in zip(outs, per_leaf):
+        if not isinstance(ax, int) or not -o.ndim <= ax < o.ndim:
+            raise ShapeError(f"vmap: out_axes {ax!r} is out of range for a result of shape "
+                             f"{format_shape(o.shape)}")
+        axes.append(ax % o.ndim)
+    return axes
 
 
 def _wrap_like(t, var):

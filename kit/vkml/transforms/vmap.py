@@ -20,7 +20,10 @@ def _as_list(outs, prim):
 def vmap_program(prog: Program, batched, size: int) -> Program:
     """``prog`` mapped over a leading axis of ``size`` on the inputs flagged in ``batched``.
 
-    Every output of the result is batched at axis 0.
+    Every output of the result is batched at axis 0.  The result records
+    where it came from as ``vmap_of = (prog, batched, size)``: rows of a
+    vmapped program never interact, which a code generator may use (the CUDA
+    renderer runs a vmapped scan as one thread per sample).
     """
     ins = [Var((size,) + v.shape if b else v.shape, v.dtype, v.device, weak=v.weak)
            for v, b in zip(prog.inputs, batched)]
@@ -42,4 +45,6 @@ def vmap_program(prog: Program, batched, size: int) -> Program:
     for v in prog.outputs:
         x, d = env.get(v, (v, None))
         results.append(x if d == 0 else api.broadcast_batch(x, size))
-    return program_from_dag(ins, results)
+    batched_prog = program_from_dag(ins, results)
+    batched_prog.vmap_of = (prog, tuple(bool(b) for b in batched), size)
+    return batched_prog

@@ -28,17 +28,22 @@ launched on one stream:
   through the tiled kernel of ``kernels_cu/matmul.cuh`` (same summation
   order as the loops, so the same bits), or through cuBLAS when the
   backend finds it (see ``cuda.py``).
+- **per-sample scan kernels** -- a top-level scan whose step is a vmapped
+  program (``vmap_of``, set by ``transforms/vmap.py``: its samples never
+  interact) is a grid kernel with one thread per sample, each looping over
+  all the rows of its own scan with its carry in registers (eagle's
+  scheme), instead of one block stepping every sample together.
 
 What is NOT parallel yet (correct, but on one block or one thread): a
 scan's rows and a while loop's iterations (inherently sequential; their
 per-step work is block-parallel), scatter-add (duplicate indices would race;
 atomics would make float sums order-dependent, so it runs on one thread in
 index order, as on the CPU), top-level conds, and reductions whose outputs
-are many and short (one thread per output).  A general scan is not split
-into per-sample kernels: that needs a proof that samples do not interact,
-which the lowering does not carry.  Simulations carry it (a per-sample step
-kernel): their loops run one GPU thread per sample, every step of it in the
-thread (eagle's scheme), from ``sample_loops.py`` with ``target="cuda"``
+are many and short (one thread per output).  A scan that is not vmapped
+is not split into per-sample kernels: that needs a proof that samples do
+not interact, which only vmap carries.  Simulations carry it too (a
+per-sample step kernel): their loops run one GPU thread per sample, every
+step of it in the thread, from ``sample_loops.py`` with ``target="cuda"``
 (``backends/cuda_loops.py`` launches them).
 
 Every kernel has the signature ``(void* const* vk_bufs, unsigned long long*
@@ -112,12 +117,95 @@ class _Matmul:
         self.batch, self.m, self.n, self.k, self.dtype = batch, m, n, k, dtype
 
 
+class _SampleLoop:
+    """A top-level vmapped scan as a loop over samples, each running every row of its own scan
+    (rendered as a grid kernel: one thread per sample).  ``temps`` are per-sample temporaries,
+    declared inside the loop (each thread its own)."""
+
+    def __init__(self, var, extent, body, temps):
+        self.var, self.extent, self.body, self.temps = var, extent, body, temps
+
+
 class CudaLowering(Lowering):
     """The shared lowering, with loops marked parallel where each element is independent.
 
     Only primitives known here are marked: a lowering added later runs
     correctly (sequentially, in a block kernel) until it is marked too.
+    A top-level scan whose step is a vmapped program (``vmap_of``: its rows
+    never interact) becomes a :class:`_SampleLoop`: one thread per sample,
+    looping over the rows with its carry in registers, as eagle runs
+    per-sample loops, instead of one block stepping all samples together.
     """
+
+    def __init__(self):
+        super().__init__()
+        self.inside = 0           # > 0 while lowering the body of a loop or a branch
+
+    def _nested(self, lower, *args):
+        self.inside += 1
+        try:
+            return lower(*args)
+        finally:
+            self.inside -= 1
+
+    def _lower_while(self, e, env, targets):
+        return self._nested(super()._lower_while, e, env, targets)
+
+    def _lower_cond(self, e, env, targets):
+        return self._nested(super()._lower_cond, e, env, targets)
+
+    def _lower_scan(self, e, env, targets):
+        origin = getattr(e.params["program"], "vmap_of", None)
+        if self.inside == 0 and origin is not None:      # a top-level statement (calls inline)
+            mark, counter = len(self.temps), self.counter
+            try:
+                return [self._nested(self._sample_scan, e, env, targets, *origin)]
+            except Unsupported:
+                del self.temps[mark:]
+                self.counter = counter
+        return self._nested(super()._lower_scan, e, env, targets)
+
+    def _sample_scan(self, e, env, targets, step, batched, size):
+        """Sample ``b`` of the batched scan: its slices of the batched operands (consts and carries
+        ``(B, ...)``, xs and ys ``(rows, B, ...)``) and the whole unbatched ones, stepped through
+        every row by the per-sample ``step``."""
+        p = e.params
+        nc, nk, length, reverse = p["num_consts"], p["num_carry"], p["length"], p["reverse"]
+        if not all(batched[nc:nc + nk]):
+            raise Unsupported("an unbatched carry")
+        mark = len(self.temps)
+        b = self.fresh("sample")
+        r = self.fresh("row")
+        row = f"({length - 1} - {r})" if reverse else r
+        ins = [env.pointer(v) for v in e.inputs]
+        sizes = [max(1, v.size) for v in step.inputs]
+        consts = [f"({ptr} + {b}*{k})" if f else ptr
+                  for ptr, k, f in zip(ins[:nc], sizes[:nc], batched[:nc])]
+        xs = [f"({ptr} + (({row})*{size} + {b})*{k})" if f else f"({ptr} + ({row})*{k})"
+              for ptr, k, f in zip(ins[nc + nk:], sizes[nc + nk:], batched[nc + nk:])]
+        ys = [f"({ptr} + (({row})*{size} + {b})*{max(1, v.size)})"
+              for ptr, v in zip(targets[nk:], step.outputs[nk:])]
+        carry = [self.temp(v) for v in step.inputs[nc:nc + nk]]
+        new = [self.temp(v) for v in step.outputs[:nk]]
+        body = []
+        for v, ptr, local in zip(step.inputs[nc:nc + nk], ins[nc:nc + nk], carry):
+            body += self._slice_copy(v, f"({ptr} + {b}*{max(1, v.size)})", local)
+        rows = self.program(step, consts + carry + xs, new + ys)
+        for v, src, dst in zip(step.outputs[:nk], new, carry):
+            rows += self._slice_copy(v, src, dst)
+        body.append(Loop(r, length, rows))
+        for v, local, ptr in zip(step.inputs[nc:nc + nk], carry, targets[:nk]):
+            body += self._slice_copy(v, local, f"({ptr} + {b}*{max(1, v.size)})")
+        temps = self.temps[mark:]
+        del self.temps[mark:]
+        if any(count > LOCAL_LIMIT for _, _, count in temps):
+            raise Unsupported("a per-sample temporary too large for a thread")
+        return _SampleLoop(b, size, body, temps)
+
+    def _slice_copy(self, var, src, dst):
+        """A plain element-by-element copy (unmarked: it runs inside one sample's thread)."""
+        i = self.fresh("c")
+        return [Loop(i, max(1, var.size), [f"{dst}[{i}] = {src}[{i}];"])]
 
     def store(self, shape, target, value_at):
         return _mark(super().store(shape, target, value_at), len(shape))
@@ -491,12 +579,13 @@ class _Renderer:
         units = []          # (kind, payload)
         pending = []
         for s in self.stmts:
-            par = (isinstance(s, Loop) and s.parallel) or isinstance(s, _Matmul)
+            par = (isinstance(s, Loop) and s.parallel) or isinstance(s, (_Matmul, _SampleLoop))
             if par:
                 if pending:
                     units.append(("block", pending))
                     pending = []
-                units.append(("matmul" if isinstance(s, _Matmul) else "grid", s))
+                units.append(("matmul" if isinstance(s, _Matmul) else
+                              "sample" if isinstance(s, _SampleLoop) else "grid", s))
             else:
                 pending.append(s)
         if pending:
@@ -507,6 +596,8 @@ class _Renderer:
             name = f"{self.prefix}k{len(rendered)}"
             if kind == "grid":
                 rendered.append(self._grid(name, payload))
+            elif kind == "sample":
+                rendered.append(self._sample(name, payload))
             elif kind == "matmul":
                 rendered.append(self._matmul(name, payload))
             else:
@@ -594,6 +685,30 @@ class _Renderer:
             lines.append("done:")
             lines.append("    vk_report(vk_status, err_, info);")
         return KernelSpec(name, "grid", total=total), lines
+
+    def _sample(self, name, loop):
+        """One thread per sample (grid-stride), each with its own temporaries, running its rows."""
+        inner = []
+        for tname, ctype, count in loop.temps:
+            inner.append(f"            {ctype} {tname}[{count}];")
+        self.seq(loop.body, inner, "            ")
+        jumps = "goto done;" in "\n".join(inner)
+        lines = []
+        if jumps:
+            lines.append("    int err_ = 0; int* err = &err_; int64_t info[3] = {0, 0, 0};")
+        lines.append("    {")
+        lines.append(f"    for (int64_t {loop.var} = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; "
+                     f"{loop.var} < {loop.extent}; {loop.var} += (int64_t)blockDim.x * gridDim.x) {{")
+        lines.append("        {")
+        lines += inner
+        lines.append("        }")
+        lines.append("    }")
+        lines.append("    }")
+        if jumps:
+            lines.append("    return;")
+            lines.append("done:")
+            lines.append("    vk_report(vk_status, err_, info);")
+        return KernelSpec(name, "grid", total=loop.extent), lines
 
     def _block(self, name, stmts):
         threads = COOP_THREADS if any(_has_par(s) for s in stmts) else 1
