@@ -23,6 +23,7 @@ import numpy as np
 from ..errors import ArgumentError, Busy, RefusedError, ShapeError, VkmlError
 from ..ir import Program
 from .. import backends
+from ..tensor import _submit
 from .graph import Graph, Opaque, Reduce, RepeatWhile, run_batched, threads
 from .kernel import Kernel, Launch
 from .record import LoopEntry, OtherEntry, Record, SkipEntry, Step
@@ -99,6 +100,18 @@ def _outputs_by_name(tape):
     return out
 
 
+def _per_graph(fn):
+    """``fn(graph)`` computed once per build of the graph (its nodes and planes are fixed then)."""
+    def cached(graph):
+        memo = graph.__dict__.setdefault("_names", {})
+        if fn not in memo:
+            memo[fn] = fn(graph)
+        return memo[fn]
+    cached.__doc__ = fn.__doc__
+    return cached
+
+
+@_per_graph
 def _inputs_by_name(graph):
     """(node, input name) -> plane id, for every node (ran or not)."""
     out = {}
@@ -112,7 +125,9 @@ def _inputs_by_name(graph):
     return out
 
 
+@_per_graph
 def _all_writes(graph):
+    """(node, output name) -> the plane, for every node (ran or not)."""
     out = {}
     for node in graph.nodes:
         for launch in node.launches():
@@ -583,13 +598,13 @@ class _Computed:
 
 
 def _fused_sweep(record, seeds):
-    from ..tensor import _submit
     seed_keys = tuple(sorted(seeds))
     plans = record.graph.__dict__.setdefault("_fused_reverse", {})
     key = (seed_keys, id(backends.current()), tuple(e.index for e in record.tape))
     plan = plans.get(key)
     if plan is None:
         plan = plans[key] = _fused_reverse_plan(record, seed_keys)
+        plan["layout"] = _gradient_layout(record)
     args = [record.value(k) for k in plan["in_keys"]] + [record.cells[k] for k in plan["cell_keys"]] + \
         [seeds[k] for k in seed_keys]
     values = _submit(plan["backend"], plan["exe"], args, plan["eqns"])
@@ -597,15 +612,15 @@ def _fused_sweep(record, seeds):
     param_parts = {}
     for (name, order), ct in zip(plan["params"], values[n_g:]):
         param_parts.setdefault(name, []).append((order, tree_sum(ct)))
-    return _Computed(dict(zip(plan["grad_keys"], values[:n_g]))), param_parts
+    return _Computed(dict(zip(plan["grad_keys"], values[:n_g]))), param_parts, plan["layout"]
 
 
 def _sweep(record, seeds, vjps):
     cells = record.cells
     n = record.graph.n
     if _fusable(record, vjps):
-        adj, param_parts = _fused_sweep(record, seeds)
-        return _assemble(record, adj, param_parts)
+        adj, param_parts, layout = _fused_sweep(record, seeds)
+        return _assemble(record, adj, param_parts, layout)
     adj = _Adjoints(seeds)
     param_parts = {}
 
@@ -655,11 +670,43 @@ def _sweep(record, seeds, vjps):
     return _assemble(record, adj, param_parts)
 
 
-def _assemble(record, adj, param_parts):
-    """The Gradients' values: input planes by their bound names, Params summed oldest first."""
+def _assemble(record, adj, param_parts, layout=None):
+    """The Gradients' values: input planes by their bound names, Params summed oldest first.
+    ``layout``: :func:`_gradient_layout` of the record, when the caller has it cached."""
     cells = record.cells
-    # gradients of the graph's inputs: plane versions read before anything wrote them
+    bindings, params = layout or _gradient_layout(record)
     values = {}
+    plain = {}
+    for key, plane, names in bindings:
+        g = adj.take(key)
+        g = np.zeros_like(plane) if g is None else g
+        for node_name, nm in names:
+            values[f"{node_name}.{nm}"] = g
+            plain.setdefault(nm, set()).add(key)
+            if len(plain[nm]) == 1:
+                values[nm] = g
+    for nm, keys in plain.items():
+        if len(keys) > 1:              # two different planes bound under one name: only "node.name"
+            values.pop(nm, None)
+    # Params: each launch's canonical-tree sum, added oldest first
+    for key in params:
+        param_parts.setdefault(key, [])
+    by_param, like = {}, {}
+    for (node_name, p), parts in param_parts.items():
+        parts.sort(key=lambda x: x[0])
+        values[f"{node_name}.{p}"] = _fold(parts, cells[(node_name, p)])
+        by_param.setdefault(p, []).extend(parts)
+        like.setdefault(p, cells[(node_name, p)])
+    for p, parts in by_param.items():       # a Param shared by name: every node's, oldest first
+        if p not in values:
+            values[p] = _fold(sorted(parts, key=lambda x: x[0]), like[p])
+    return values
+
+
+def _gradient_layout(record):
+    """What a reverse of this tape returns, by structure: ``(bindings, params)`` -- each graph
+    input (a floating plane version read before anything wrote it) with the node inputs bound to
+    it, and every (node, Param).  The same for every reverse of tapes of the same structure."""
     graph = record.graph
     bindings = {}
     read_keys = _read_keys(record.tape)
@@ -677,33 +724,9 @@ def _assemble(record, adj, param_parts):
             if key is not None and key[1] == 0 and plane.dtype.kind == "f":
                 bindings.setdefault(key, (plane, []))[1].append((node.name, nm))
         written.update(id(p) for p in writes)
-    plain = {}
-    for key, (plane, names) in bindings.items():
-        g = adj.take(key)
-        g = np.zeros_like(plane) if g is None else g
-        for node_name, nm in names:
-            values[f"{node_name}.{nm}"] = g
-            plain.setdefault(nm, set()).add(key)
-            if len(plain[nm]) == 1:
-                values[nm] = g
-    for nm, keys in plain.items():
-        if len(keys) > 1:              # two different planes bound under one name: only "node.name"
-            values.pop(nm, None)
-    # Params: each launch's canonical-tree sum, added oldest first
-    for node in graph.nodes:
-        for launch in node.launches():
-            for p in launch.kernel.params:
-                param_parts.setdefault((node.name, p), [])
-    by_param, like = {}, {}
-    for (node_name, p), parts in param_parts.items():
-        parts.sort(key=lambda x: x[0])
-        values[f"{node_name}.{p}"] = _fold(parts, cells[(node_name, p)])
-        by_param.setdefault(p, []).extend(parts)
-        like.setdefault(p, cells[(node_name, p)])
-    for p, parts in by_param.items():       # a Param shared by name: every node's, oldest first
-        if p not in values:
-            values[p] = _fold(sorted(parts, key=lambda x: x[0]), like[p])
-    return values
+    params = [(node.name, p) for node in graph.nodes for launch in node.launches()
+              for p in launch.kernel.params]
+    return [(key, plane, names) for key, (plane, names) in bindings.items()], params
 
 
 def _read_keys(tape):

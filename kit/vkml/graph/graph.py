@@ -349,7 +349,8 @@ class Graph:
                 for p, value in launch.params.items():
                     cells[(node.name, p)] = np.array(value, copy=True).reshape(value.shape)
         self.cells = cells
-        self.__dict__.pop("_fused", None)      # the fused launch program is made anew (record.py)
+        for cache in ("_fused", "_fused_reverse", "_names"):   # made anew for the built graph
+            self.__dict__.pop(cache, None)                      # (record.py, diff.py)
         self.recording = bool(record)
         self._built = True
         return self

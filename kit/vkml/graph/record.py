@@ -22,7 +22,8 @@ import numpy as np
 
 from .. import backends
 from ..errors import RecordError
-from .graph import Opaque, Reduce, RepeatWhile, Skippable, run_batched
+from ..tensor import _submit
+from .graph import Launch, Opaque, Reduce, RepeatWhile, Skippable, run_batched, threads
 
 
 class Step:
@@ -185,7 +186,6 @@ def _run_fused(graph, recording):
     plan = plans.get(key)
     if plan is None:
         plan = plans[key] = _fused_plan(graph, recording)
-    from ..tensor import _submit
     args = plan["in_planes"] + [graph.cells[k] for k in plan["cells"]]
     values = _submit(plan["backend"], plan["exe"], args, plan["eqns"], into=plan["into"])
     inputs, held = plan["inputs"], plan["held"]
@@ -203,7 +203,6 @@ def _run_fused(graph, recording):
 
 
 def run_graph(graph, recording):
-    from .graph import Launch, threads
     if threads() == 1 and all(type(n.op) is Launch for n in graph.nodes):
         run = _run_fused(graph, recording)
         graph.generation += 1
