@@ -667,48 +667,14 @@ class _Renderer:
         decode, total = _decode(vars_, extents, "vk_f")
         inner = []
         self.seq(body, inner, "            ")
-        jumps = "goto done;" in "\n".join(inner)
-        lines = []
-        if jumps:
-            lines.append("    int err_ = 0; int* err = &err_; int64_t info[3] = {0, 0, 0};")
-        lines.append("    {")
-        lines.append("    for (int64_t vk_f = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; "
-                     f"vk_f < {total}; vk_f += (int64_t)blockDim.x * gridDim.x) {{")
-        lines += ["        " + d for d in decode]
-        lines.append("        {")
-        lines += inner
-        lines.append("        }")
-        lines.append("    }")
-        lines.append("    }")
-        if jumps:
-            lines.append("    return;")
-            lines.append("done:")
-            lines.append("    vk_report(vk_status, err_, info);")
-        return KernelSpec(name, "grid", total=total), lines
+        return KernelSpec(name, "grid", total=total), _grid_stride("vk_f", total, decode, inner)
 
     def _sample(self, name, loop):
         """One thread per sample (grid-stride), each with its own temporaries, running its rows."""
-        inner = []
-        for tname, ctype, count in loop.temps:
-            inner.append(f"            {ctype} {tname}[{count}];")
+        inner = [f"            {ctype} {tname}[{count}];" for tname, ctype, count in loop.temps]
         self.seq(loop.body, inner, "            ")
-        jumps = "goto done;" in "\n".join(inner)
-        lines = []
-        if jumps:
-            lines.append("    int err_ = 0; int* err = &err_; int64_t info[3] = {0, 0, 0};")
-        lines.append("    {")
-        lines.append(f"    for (int64_t {loop.var} = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; "
-                     f"{loop.var} < {loop.extent}; {loop.var} += (int64_t)blockDim.x * gridDim.x) {{")
-        lines.append("        {")
-        lines += inner
-        lines.append("        }")
-        lines.append("    }")
-        lines.append("    }")
-        if jumps:
-            lines.append("    return;")
-            lines.append("done:")
-            lines.append("    vk_report(vk_status, err_, info);")
-        return KernelSpec(name, "grid", total=loop.extent), lines
+        return KernelSpec(name, "grid", total=loop.extent), \
+            _grid_stride(loop.var, loop.extent, [], inner)
 
     def _block(self, name, stmts):
         threads = COOP_THREADS if any(_has_par(s) for s in stmts) else 1
@@ -728,6 +694,29 @@ class _Renderer:
                  f"{mm.k}LL);"]
         gemm = (mm.a, mm.b, mm.c, mm.batch, mm.m, mm.n, mm.k, mm.dtype)
         return KernelSpec(name, "matmul", gemm=gemm, dims=(mm.batch, mm.m, mm.n)), lines
+
+
+def _grid_stride(var, total, decode, inner):
+    """A kernel body: ``inner`` once per index ``var`` in ``[0, total)``, spread over the grid's
+    threads (grid-stride); a failure (``goto done``) stops the thread and is reported."""
+    jumps = "goto done;" in "\n".join(inner)
+    lines = []
+    if jumps:
+        lines.append("    int err_ = 0; int* err = &err_; int64_t info[3] = {0, 0, 0};")
+    lines.append("    {")
+    lines.append(f"    for (int64_t {var} = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; "
+                 f"{var} < {total}; {var} += (int64_t)blockDim.x * gridDim.x) {{")
+    lines += ["        " + d for d in decode]
+    lines.append("        {")
+    lines += inner
+    lines.append("        }")
+    lines.append("    }")
+    lines.append("    }")
+    if jumps:
+        lines.append("    return;")
+        lines.append("done:")
+        lines.append("    vk_report(vk_status, err_, info);")
+    return lines
 
 
 _SIZES = {"double": 8, "float": 4, "int32_t": 4, "int64_t": 8, "uint8_t": 1}
