@@ -726,9 +726,10 @@ def test_a_large_launch_computes_its_planes_in_place_with_the_same_bits():
     dest = np.empty(n)
     out = backend.run(exe, [x], into=[dest])[0]
     assert out is dest and dest.tobytes() == want.tobytes()
-    direct = np.empty(n)                          # the executable itself writes into it: no copy
-    assert exe.writes_into and exe([x], into=[direct])[0] is direct
-    assert direct.tobytes() == want.tobytes()
+    if backend.name in ("numpy", "cpu"):          # host backends write into it themselves
+        direct = np.empty(n)
+        assert exe.writes_into and exe([x], into=[direct])[0] is direct
+        assert direct.tobytes() == want.tobytes()
     inplace = x.copy()                            # the destination is the argument: copied after
     out = backend.run(exe, [inplace], into=[inplace])[0]
     assert out is inplace and inplace.tobytes() == want.tobytes()
