@@ -612,9 +612,21 @@ def test_values_stay_on_the_emulated_gpu_between_submissions():
             before = dict(driver.copies)
             z = (y * y).realize()
             moved = {k: driver.copies[k] - before[k] for k in before}
-            # the pointer table in, the status words out: the values themselves stayed put
-            # (a Python scalar in the expression would be one more argument from the host)
-            assert moved == {"htod": 1, "dtoh": 1, "dtod": 0}
+            # the pointer table and the (here unused) block of small inputs in, the status words
+            # out: the values themselves stayed put
+            assert moved == {"htod": 2, "dtoh": 1, "dtod": 0}
+            # twenty Python scalars and a small array from the host: still those two copies in
+            before = dict(driver.copies)
+            w = y
+            for k in range(20):
+                w = w * (1.0 + k / 100.0) + np.float64(k)
+            w = (w + vkml.tensor(np.ones(5))).realize()
+            moved = {k: driver.copies[k] - before[k] for k in before}
+            assert moved == {"htod": 2, "dtoh": 1, "dtod": 0}
+            scale = np.prod([1.0 + k / 100.0 for k in range(20)])
+            np.testing.assert_allclose(w.numpy()[0, 0], y.numpy()[0, 0] * scale + sum(
+                k * np.prod([1.0 + j / 100.0 for j in range(k + 1, 20)]) for k in range(20)) + 1.0,
+                rtol=1e-12)
             assert isinstance(z.var.value, DeviceArray)
             np.testing.assert_allclose(z.numpy(), want, rtol=1e-13)
             copies = driver.copies["dtoh"]
@@ -628,13 +640,15 @@ def test_values_stay_on_the_emulated_gpu_between_submissions():
                 np.testing.assert_array_equal(np.asarray(clone), z.numpy())
 
             # a cuBLAS-held buffer keeps its address: arguments and results copied in and out
+            # (a large argument: small ones travel in the staging block, never cuBLAS-held)
+            big = (vkml.tensor(RNG.normal(size=(64, 16))) * 1.0).realize()
             exe = backend.executable(("probe",), lambda: _add_one_program())
             exe.fixed = {0, 1}
-            out = backend.run(exe, [z.var.value], resident=True)[0]
+            assert not exe.small
+            out = backend.run(exe, [big.var.value], resident=True)[0]
             assert isinstance(out, DeviceArray)
-            np.testing.assert_allclose(np.asarray(out), want + 1.0, rtol=1e-13)
-            assert backend.run(exe, [np.asarray(z.var.value)])[0].tobytes() == \
-                np.asarray(out).tobytes()
+            np.testing.assert_allclose(np.asarray(out), big.numpy() + 1.0, rtol=1e-13)
+            assert backend.run(exe, [big.numpy()])[0].tobytes() == np.asarray(out).tobytes()
 
             # a training loop: parameters and gradients stay on the device, steady state allocates
             vkml.nn.manual_seed(0)
@@ -686,7 +700,7 @@ def test_a_gpu_backends_default_memory_budget_is_half_its_free_memory(monkeypatc
 
 
 def _add_one_program():
-    return vkml.program(lambda t: t + 1.0, np.zeros((6, 5)))
+    return vkml.program(lambda t: t + 1.0, np.zeros((64, 16)))
 
 
 def test_the_gpu_tests_pass_on_the_emulated_driver():

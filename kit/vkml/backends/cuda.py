@@ -467,6 +467,9 @@ class DeviceArray(DeviceValue):
             pass
 
 
+#: inputs of at most this many bytes are staged together and copied by the captured graph
+SMALL_INPUT_BYTES = 4096
+
 _NP = {"double": np.float64, "float": np.float32, "int32_t": np.int32, "int64_t": np.int64,
        "uint8_t": np.uint8}
 
@@ -483,21 +486,6 @@ class CudaExecutable:
         self.out_avals = [(v.shape, v.dtype) for v in program.outputs]
         self.source = plan.source
         self.module = module
-        self.bufs = [drv.mem_alloc(count * np.dtype(_NP[ctype]).itemsize)
-                     for _, ctype, count in plan.buffers]
-        self.own = [int(b) for b in self.bufs] or [0]
-        # the pointer table: written on the host before each run, copied to the device by the graph
-        self.host_table = drv.pagelocked_empty(len(self.own), np.uint64)
-        self.host_table[:] = self.own
-        self.table = drv.mem_alloc(self.host_table.nbytes)
-        self.in_sizes = [v.size for v in program.inputs]
-        self.status = drv.mem_alloc(32)
-        drv.memset_d32(self.status, 0, 8)
-        self.host_status = drv.pagelocked_zeros(4, np.uint64)
-        self.host_in = [drv.pagelocked_empty(max(1, int(np.prod(v.shape))), v.dtype)
-                        for v in program.inputs]
-        self.host_out = [drv.pagelocked_empty(max(1, int(np.prod(s))), d) for s, d in self.out_avals]
-        self.args = struct.pack("QQ", int(self.table), int(self.status))
         self.launches = []
         for spec in plan.kernels:
             fn = module.get_function(spec.name)
@@ -506,6 +494,35 @@ class CudaExecutable:
             self.launches.append((spec, fn, grid, block, use_blas))
         # buffers whose address a captured cuBLAS call holds: values are copied in and out of them
         self.fixed = {i for spec, *_, blas in self.launches if blas for i in spec.gemm[:3]}
+        n_in = len(program.inputs)
+        nbytes = [count * np.dtype(_NP[ctype]).itemsize for _, ctype, count in plan.buffers]
+        # small inputs (Python scalars, short vectors) share one staging block, copied to the device
+        # by the captured graph itself: no driver call per scalar per run
+        offsets, size = {}, 0
+        for i in range(n_in):
+            if nbytes[i] <= SMALL_INPUT_BYTES and i not in self.fixed:
+                offsets[i] = size
+                size += -(-nbytes[i] // 16) * 16
+        self.small_host = drv.pagelocked_zeros(max(size, 16), np.uint8) if offsets else None
+        self.small_dev = drv.mem_alloc(max(size, 16)) if offsets else None
+        self.small = set(offsets)
+        self.bufs = [None if i in offsets else drv.mem_alloc(b) for i, b in enumerate(nbytes)]
+        self.own = [int(self.small_dev) + offsets[i] if i in offsets else int(b)
+                    for i, b in enumerate(self.bufs)] or [0]
+        # the pointer table: written on the host before each run, copied to the device by the graph
+        self.host_table = drv.pagelocked_empty(len(self.own), np.uint64)
+        self.host_table[:] = self.own
+        self.table = drv.mem_alloc(self.host_table.nbytes)
+        self.in_sizes = [v.size for v in program.inputs]
+        self.status = drv.mem_alloc(32)
+        drv.memset_d32(self.status, 0, 8)
+        self.host_status = drv.pagelocked_zeros(4, np.uint64)
+        self.host_in = [
+            self.small_host[offsets[i]:offsets[i] + nbytes[i]].view(v.dtype) if i in offsets else
+            drv.pagelocked_empty(max(1, int(np.prod(v.shape))), v.dtype)
+            for i, v in enumerate(program.inputs)]
+        self.host_out = [drv.pagelocked_empty(max(1, int(np.prod(s))), d) for s, d in self.out_avals]
+        self.args = struct.pack("QQ", int(self.table), int(self.status))
         self.graph = None
         self.kernel_launches = len(self.launches)
 
@@ -513,10 +530,12 @@ class CudaExecutable:
         """The submission's device work (what is captured): the pointer table, kernels, status."""
         drv, stream = self.gpu.drv, self.gpu.stream
         drv.memcpy_htod_async(self.table, self.host_table, stream)
+        if self.small_dev is not None:
+            drv.memcpy_htod_async(self.small_dev, self.small_host, stream)
         drv.memset_d32_async(self.status, 0, 8, stream)
         for spec, fn, grid, block, use_blas in self.launches:
             if use_blas:
-                self.gpu.cublas.gemm(self.bufs, spec)
+                self.gpu.cublas.gemm(self.own, spec)
             else:
                 fn._launch_kernel(grid, block, self.args, 0, stream)
         drv.memcpy_dtoh_async(self.host_status, self.status, stream)
@@ -547,7 +566,7 @@ class CudaExecutable:
                 if i in self.fixed:
                     table[i] = self.own[i]
                     if a.size:
-                        drv.memcpy_dtod_async(self.bufs[i], a.ptr, a.nbytes, stream)
+                        drv.memcpy_dtod_async(self.own[i], a.ptr, a.nbytes, stream)
                 else:
                     table[i] = a.ptr
                 continue
@@ -556,7 +575,8 @@ class CudaExecutable:
             if a.size:
                 host = self.host_in[i]
                 host[:a.size] = a.reshape(-1) if a.dtype == t else a.reshape(-1).astype(t)
-                drv.memcpy_htod_async(self.bufs[i], host, stream)
+                if i not in self.small:                # small ones travel in the graph's block copy
+                    drv.memcpy_htod_async(self.own[i], host, stream)
 
     def __call__(self, args, graphs=None, resident=False):
         """Run once; DeviceArray results when ``resident``, else NumPy arrays."""
@@ -610,6 +630,7 @@ class CudaExecutable:
             self.graph = None
         self.bufs, self.launches, self.host_in, self.host_out = [], [], [], []
         self.table = self.host_table = self.status = self.host_status = self.module = None
+        self.small_dev = self.small_host = None
 
 
 class CudaBackend(Backend):
