@@ -32,15 +32,17 @@ How a Program runs:
    travel through the host; ``tensor.numpy()`` copies one to the host once.
    A run points the table's input entries at the DeviceArrays it is given
    and its output entries at fresh ones: no copies on the device.  NumPy
-   arguments are staged and copied into the executable's own buffers.  The
+   arguments are staged and copied into the executable's own buffers; those
+   of at most ``SMALL_INPUT_BYTES`` (Python scalars, short vectors) share one
+   page-locked block that the captured graph copies itself.  The
    graph layer (which keeps its planes and Records on the host) asks for
    NumPy results.
 4. **One submission = one CUDA graph launch**: the first run captures the
    submission's device work on the backend's PyCUDA stream with the
    driver's stream capture (``cuStreamBeginCapture`` / ``cuStreamEndCapture``
-   through ``cuda-bindings``, given ``stream.handle``): the copy of the host
-   pointer table to the device, every kernel launch (or cuBLAS call) and the
-   copy back of the status words.  The graph is instantiated once and cached
+   through ``cuda-bindings``, given ``stream.handle``): the copies of the
+   host pointer table and of the small-input block to the device, every
+   kernel launch (or cuBLAS call) and the copy back of the status words.  The graph is instantiated once and cached
    with the executable; every later run writes the table, copies NumPy
    arguments in, launches the graph (``vkml.stats().graph_launches``) and
    waits for it.  Nothing is allocated, and no synchronous copy is made,
