@@ -26,6 +26,7 @@ nothing.
 
 from __future__ import annotations
 
+import abc
 import math
 import numbers
 
@@ -49,7 +50,7 @@ def _number(value, what, owner, low=None, high=None, low_open=False, high_open=T
     return value
 
 
-class Optimizer:
+class Optimizer(abc.ABC):
     """Holds the parameters and their state; ``step`` writes all new values in one ``assign``.
 
     A subclass splits its update in two: ``_host(active)`` does the host's
@@ -146,15 +147,14 @@ class Optimizer:
                 raise DTypeError(f"{owner}.step: parameter {i} is {dtype_name(p.dtype)} but its .grad "
                                  f"is {dtype_name(g.dtype)}")
 
+    @abc.abstractmethod
     def _host(self, active):
-        """``(order, destinations, states, hyper)`` for a step of the parameters in ``active``
-        (the abstract hook of this class: every optimiser says what its step needs)."""
-        raise NotImplementedError
+        """``(order, destinations, states, hyper)`` for a step of the parameters in ``active``."""
 
     @staticmethod
+    @abc.abstractmethod
     def _math(params, grads, states, hyper):
-        """The new values, in the destinations' order (the abstract hook: the update's arithmetic)."""
-        raise NotImplementedError
+        """The new values, in the destinations' order (the update's arithmetic)."""
 
     def _stepped(self, active) -> None:
         """Called after the values were written: advance host-side state (step counts)."""

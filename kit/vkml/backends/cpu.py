@@ -248,32 +248,20 @@ class CpuBackend(Backend):
         return self.executable(("nested", program), lambda: program)
 
     def executable(self, key, make_program):
-        exe = self._executables.get(key)
-        if exe is None:
-            before = STATS.compiles
-            exe = self._compile(make_program())
-            self._executables[key] = exe
-            if STATS.compiles == before and isinstance(exe, CompiledProgram):
-                STATS.cache_hits += 1          # loaded from the disk cache: no compile
-        else:
-            STATS.cache_hits += 1
-        return exe
+        return self._cached(key, lambda: self._compile(make_program()),
+                            from_disk=lambda exe: isinstance(exe, CompiledProgram))
 
     def sample_loops(self, step, vjp, spec):
         """Compiled per-sample simulation loops (see ``codegen.sample_loops``), or None."""
         if self.compiler is None:
             return None
-        key = ("sample-loops", step, vjp, spec)
-        loops = self._executables.get(key)
-        if loops is None:
+
+        def make():
             try:
-                loops = SampleLoops(step, vjp, **dict(spec))
+                return SampleLoops(step, vjp, **dict(spec))
             except Unsupported:
-                loops = False
-            self._executables[key] = loops
-        else:
-            STATS.cache_hits += 1
-        return loops or None
+                return False              # remembered: the lowering does not cover this step
+        return self._cached(("sample-loops", step, vjp, spec), make) or None
 
     def info(self):
         info = super().info()

@@ -694,16 +694,8 @@ class CudaBackend(Backend):
         return self.executable(("nested", program), lambda: program)
 
     def executable(self, key, make_program):
-        exe = self._executables.get(key)
-        if exe is None:
-            before = STATS.compiles
-            exe = self._compile(make_program())
-            self._executables[key] = exe
-            if STATS.compiles == before:
-                STATS.cache_hits += 1          # loaded from the disk cache: nvcc did not run
-        else:
-            STATS.cache_hits += 1
-        return exe
+        # a miss that ran no nvcc loaded its cubin from the disk cache
+        return self._cached(key, lambda: self._compile(make_program()), from_disk=lambda exe: True)
 
     def clear_cache(self):
         for exe in self._executables.values():
@@ -755,20 +747,13 @@ class CudaBackend(Backend):
         """A simulation's loops as two kernels, one thread per sample (see ``cuda_loops``), or None
         when the lowering does not cover its step."""
         from .cuda_loops import CudaSampleLoops
-        key = ("sample-loops", step, vjp, spec)
-        loops = self._executables.get(key)
-        if loops is None:
-            before = STATS.compiles
+
+        def make():
             try:
-                loops = CudaSampleLoops(self.gpu, step, vjp, **dict(spec))
+                return CudaSampleLoops(self.gpu, step, vjp, **dict(spec))
             except Unsupported:
-                loops = False
-            self._executables[key] = loops
-            if loops and STATS.compiles == before:
-                STATS.cache_hits += 1          # loaded from the disk cache: nvcc did not run
-        else:
-            STATS.cache_hits += 1
-        return loops or None
+                return False              # remembered: the lowering does not cover this step
+        return self._cached(("sample-loops", step, vjp, spec), make, from_disk=bool) or None
 
     # -- the canonical-tree sum on the device ------------------------------------------------------
     def tree_sum(self, x) -> np.ndarray:

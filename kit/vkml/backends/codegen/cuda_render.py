@@ -489,20 +489,21 @@ class _Renderer:
                 leaf.append(s)
         self._thread0(leaf, lines, ind)
 
-    def _failure_exit(self, body_lines, label):
-        """Redirect the lowering's ``goto done`` to ``label`` (a thread must reach the barrier)."""
-        text = "\n".join(body_lines)
+    def _seq_exiting(self, stmts, ind):
+        """``stmts`` as sequential lines whose failures jump to a fresh label (a thread must still
+        reach the block's barrier): ``(lines, label, jumps)``."""
+        body = []
+        self.seq(stmts, body, ind)
+        label = self.fresh("fail")
+        text = "\n".join(body)
         if "goto done;" not in text:
-            return body_lines, False
-        return text.replace("goto done;", f"goto {label};").split("\n"), True
+            return body, label, False
+        return text.replace("goto done;", f"goto {label};").split("\n"), label, True
 
     def _thread0(self, leaf, lines, ind):
         if not leaf:
             return
-        body = []
-        self.seq(leaf, body, ind + "        ")
-        label = self.fresh("fail")
-        body, jumps = self._failure_exit(body, label)
+        body, label, jumps = self._seq_exiting(leaf, ind + "        ")
         lines.append(ind + "if (threadIdx.x == 0) {")
         lines.append(ind + "    {")
         lines += body
@@ -525,10 +526,7 @@ class _Renderer:
             vars_, extents, body = _nest(s)
             f = self.fresh("f")
             decode, total = _decode(vars_, extents, f)
-            inner = []
-            self.seq(body, inner, ind + "        ")
-            label = self.fresh("fail")
-            inner, jumps = self._failure_exit(inner, label)
+            inner, label, jumps = self._seq_exiting(body, ind + "        ")
             lines.append(f"{ind}for (int64_t {f} = threadIdx.x; {f} < {total}; {f} += blockDim.x) {{")
             lines += [ind + "    " + d for d in decode]
             lines.append(ind + "    {")
