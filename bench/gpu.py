@@ -39,6 +39,7 @@ try:
 except ImportError:                       # a checkout without `pip install -e .`
     sys.path.insert(0, os.path.join(HERE, "..", "kit"))
     import vkml
+from _models import DAMPING, DT, LENGTH, VkmlMlp, pendulum  # noqa: E402
 from _timing import median_seconds, print_table  # noqa: E402
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -103,28 +104,8 @@ def mlp():
     rng = np.random.default_rng(0)
     X = rng.standard_normal((BATCH, D_IN)).astype(np.float32)
     Y = rng.integers(0, D_OUT, BATCH)
-    vkml.nn.manual_seed(0)
-    model = vkml.nn.Sequential(vkml.nn.Linear(D_IN, D_HID), vkml.nn.ReLU(),
-                               vkml.nn.Linear(D_HID, D_OUT))
-    init = [np.array(p.numpy()) for p in model.parameters()]
-    opt = vkml.optim.Adam(model.parameters(), lr=LR, betas=(B1, B2), eps=EPS)
-    xt, yt = vkml.tensor(X), vkml.tensor(Y)
-
-    def vkml_step():
-        opt.zero_grad()
-        loss = vkml.nn.cross_entropy(model(xt), yt)
-        loss.backward()
-        opt.step()
-        return loss
-
-    vkml.nn.manual_seed(0)
-    model_c = vkml.nn.Sequential(vkml.nn.Linear(D_IN, D_HID), vkml.nn.ReLU(),
-                                 vkml.nn.Linear(D_HID, D_OUT))
-    opt_c = vkml.optim.Adam(model_c.parameters(), lr=LR, betas=(B1, B2), eps=EPS)
-    compiled = opt_c.compile_step(lambda x, y: vkml.nn.cross_entropy(model_c(x), y))
-
-    def vkml_compiled_step():
-        return compiled(xt, yt)
+    mlp_ = VkmlMlp(X, Y, (D_IN, D_HID, D_OUT), LR, (B1, B2), EPS)
+    init, vkml_step, vkml_compiled_step = mlp_.init, mlp_.step, mlp_.compiled_step
 
     losses = {"vkml cuda": float(vkml_step().numpy()),
               "vkml cuda compile_step": float(vkml_compiled_step().numpy())}
@@ -202,17 +183,6 @@ def torch_step(torch, init, X, Y, graphed):
 
 
 # -- 3. a recorded simulation at 10^6 samples --------------------------------------------------------
-
-DT, GRAVITY, LENGTH, DAMPING = 0.01, 9.81, 1.2, 0.3
-
-
-@vkml.kernel
-def pendulum(theta, omega, t, length: vkml.Param, damping: vkml.Param, t_end: vkml.Param):
-    om = omega + DT * (-(GRAVITY / length) * vkml.sin(theta) - damping * omega)
-    th = theta + DT * om
-    tn = t + DT
-    return {"theta": th, "omega": om, "t": tn, "terminated": tn >= t_end}
-
 
 def simulation():
     n = 1000 if args.smoke else 10**5 if args.quick else 10**6

@@ -54,6 +54,7 @@ import numpy as np  # noqa: E402
 import _eagle_peer as peer  # noqa: E402  (after the thread count is set)
 
 import vkml  # noqa: E402
+from _models import build_sides  # noqa: E402
 
 K = 1.5
 SIZES = (10**3, 10**5, 10**6)
@@ -248,13 +249,7 @@ def factories(x, quiet=False):
 
 
 def make_sides(x):
-    sides = {}
-    for name, make in factories(x).items():
-        try:
-            sides[name] = make()
-        except Exception as err:  # noqa: BLE001 - said in the output, not faked
-            print(f"  {name} could not build the graph: {type(err).__name__}: {err}")
-    return sides
+    return build_sides(factories(x), "graph")
 
 
 def check(x, sides):

@@ -41,6 +41,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "kit"))
 import vkml  # noqa: E402
+from _models import VkmlMlp  # noqa: E402
 from _timing import median_seconds, print_table  # noqa: E402
 
 BATCH, D_IN, D_HID, D_OUT = 64, 784, 256, 10
@@ -53,30 +54,10 @@ Y = rng.integers(0, D_OUT, BATCH)
 
 # -- vkml ----------------------------------------------------------------------------------------
 
-vkml.nn.manual_seed(0)
-model = vkml.nn.Sequential(vkml.nn.Linear(D_IN, D_HID), vkml.nn.ReLU(), vkml.nn.Linear(D_HID, D_OUT))
-INIT = [np.array(p.numpy()) for p in model.parameters()]   # W1, b1, W2, b2 for the others
-opt = vkml.optim.Adam(model.parameters(), lr=LR, betas=(B1, B2), eps=EPS)
-xt, yt = vkml.tensor(X), vkml.tensor(Y)
-
-
-def vkml_step():
-    opt.zero_grad()
-    loss = vkml.nn.cross_entropy(model(xt), yt)
-    loss.backward()
-    opt.step()
-    return loss
-
-
-# the same step traced once into one program (forward, gradient, Adam): opt.compile_step
-vkml.nn.manual_seed(0)
-model_c = vkml.nn.Sequential(vkml.nn.Linear(D_IN, D_HID), vkml.nn.ReLU(), vkml.nn.Linear(D_HID, D_OUT))
-opt_c = vkml.optim.Adam(model_c.parameters(), lr=LR, betas=(B1, B2), eps=EPS)
-compiled = opt_c.compile_step(lambda x, y: vkml.nn.cross_entropy(model_c(x), y))
-
-
-def vkml_compiled_step():
-    return compiled(xt, yt)
+MLP = VkmlMlp(X, Y, (D_IN, D_HID, D_OUT), LR, (B1, B2), EPS)
+model, opt, xt, yt, INIT = MLP.model, MLP.opt, MLP.xt, MLP.yt, MLP.init   # W1, b1, W2, b2 for the others
+vkml_step = MLP.step                       # zero_grad, backward, Adam.step
+vkml_compiled_step = MLP.compiled_step     # the same step traced once into one program
 
 
 # -- hand-written NumPy --------------------------------------------------------------------------
@@ -212,10 +193,10 @@ def parts(ref):
     in_program = [0.0]
     run = backend.run
 
-    def timed_run(exe, run_args):
+    def timed_run(exe, run_args, *rest):
         t0 = time.perf_counter()
         try:
-            return run(exe, run_args)
+            return run(exe, run_args, *rest)
         finally:
             in_program[0] += time.perf_counter() - t0
 

@@ -61,13 +61,10 @@ from graph_reverse import (_reset_hwm, _rss_kib, describe_vkml, fmt_bytes,  # no
                            interleaved_pairs, ratio)
 
 import vkml  # noqa: E402
+from _models import DAMPING, DT, GRAVITY, LENGTH, build_sides, pendulum  # noqa: E402
 
 N = 10**4
 STEPS = (400, 4000)
-DT = 0.01
-GRAVITY = 9.81
-LENGTH = 1.2
-DAMPING = 0.3
 SEED_THETA, SEED_OMEGA = 1.0, 0.5
 
 
@@ -76,14 +73,6 @@ def t_end_for(steps):
 
 
 # -- the three sides --------------------------------------------------------------------------------
-
-@vkml.kernel
-def pendulum(theta, omega, t, length: vkml.Param, damping: vkml.Param, t_end: vkml.Param):
-    om = omega + DT * (-(GRAVITY / length) * vkml.sin(theta) - damping * omega)
-    th = theta + DT * om
-    tn = t + DT
-    return {"theta": th, "omega": om, "t": tn, "terminated": tn >= t_end}
-
 
 class VkmlPendulum:
     def __init__(self, theta0, omega0, steps, window=None):
@@ -193,13 +182,7 @@ def factories(steps, quiet=False):
 
 
 def make_sides(steps):
-    sides = {}
-    for name, make in factories(steps).items():
-        try:
-            sides[name] = make()
-        except Exception as err:  # noqa: BLE001 - said in the output, not faked
-            print(f"  {name} could not build the simulation: {type(err).__name__}: {err}")
-    return sides
+    return build_sides(factories(steps), "simulation")
 
 
 def seeds_for():
