@@ -36,6 +36,7 @@ import pytest
 
 import vkml
 from cuda_emulation import CXX, emulate, fake_driver, host_library
+from test_programs import running_sum_body
 from vkml.backends import base
 from vkml.backends.codegen import cuda_render
 from vkml.backends.codegen.cuda_render import cuda_plan, module_source, tree_sum_levels
@@ -133,23 +134,11 @@ def _matmul():
     (ints @ vkml.transpose(ints)).numpy()
 
 
-def _running_sum(counter):
-    def body(xs):
-        counter[0] += 1
-
-        def step(acc, row):
-            nxt = acc + row
-            return nxt, nxt
-        _, sums = vkml.scan(step, np.float64(0.0), xs)
-        return vkml.sum(sums * sums)
-    return body
-
-
 DERIVED = []
 
 
 def _scan():
-    f = vkml.jit(_running_sum([0]))
+    f = vkml.jit(running_sum_body([0]))
     vkml.grad(f)(np.array([1.0, 2.0, 3.0]))
     vkml.grad(f)(RNG.normal(size=40))
     for derived in f.derived_programs():
@@ -345,7 +334,7 @@ def test_a_fused_chain_is_one_grid_kernel():
 
 
 def test_a_scan_is_one_block_kernel_with_its_carry_inside():
-    prog = vkml.program(_running_sum([0]), np.arange(1000.0))
+    prog = vkml.program(running_sum_body([0]), np.arange(1000.0))
     plan = cuda_plan(prog)
     kernels = plan.body.split('extern "C" __global__ void ')[1:]
     looping = [(k, text) for k, text in zip(plan.kernels, kernels) if "row" in text]
