@@ -308,8 +308,8 @@ def test_a_repeated_training_step_compiles_and_captures_nothing_new(cuda):
     assert losses[3] < losses[0]
     # parameters, gradients and optimizer state stay on the GPU; the steady state allocates nothing
     assert cuda.gpu.pool.allocations == allocations
-    assert all(isinstance(p.var.value, DeviceArray) for p in model.parameters())
-    assert all(isinstance(p.grad.var.value, DeviceArray) for p in model.parameters())
+    assert all(isinstance(p.ir_var.value, DeviceArray) for p in model.parameters())
+    assert all(isinstance(p.grad.ir_var.value, DeviceArray) for p in model.parameters())
 
 
 def test_a_compiled_training_step_is_one_graph_launch_and_matches_numpy(cuda):

@@ -597,7 +597,7 @@ def test_values_stay_on_the_emulated_gpu_between_submissions():
         try:
             y = vkml.tanh(vkml.tensor(x0) * 2.0)
             y.realize()
-            assert isinstance(y.var.value, DeviceArray) and y.var.value.shape == (6, 5)
+            assert isinstance(y.ir_var.value, DeviceArray) and y.ir_var.value.shape == (6, 5)
             before = dict(driver.copies)
             z = (y * y).realize()
             moved = {k: driver.copies[k] - before[k] for k in before}
@@ -616,7 +616,7 @@ def test_values_stay_on_the_emulated_gpu_between_submissions():
             np.testing.assert_allclose(w.numpy()[0, 0], y.numpy()[0, 0] * scale + sum(
                 k * np.prod([1.0 + j / 100.0 for j in range(k + 1, 20)]) for k in range(20)) + 1.0,
                 rtol=1e-12)
-            assert isinstance(z.var.value, DeviceArray)
+            assert isinstance(z.ir_var.value, DeviceArray)
             np.testing.assert_allclose(z.numpy(), want, rtol=1e-13)
             copies = driver.copies["dtoh"]
             z.numpy(), repr(z)
@@ -625,7 +625,7 @@ def test_values_stay_on_the_emulated_gpu_between_submissions():
                 z.numpy()[0, 0] = 5.0                        # the host copy is read-only
             import copy
             import pickle
-            for clone in (copy.deepcopy(z), pickle.loads(pickle.dumps(z.var.value))):
+            for clone in (copy.deepcopy(z), pickle.loads(pickle.dumps(z.ir_var.value))):
                 np.testing.assert_array_equal(np.asarray(clone), z.numpy())
 
             # a cuBLAS-held buffer keeps its address: arguments and results copied in and out
@@ -634,7 +634,7 @@ def test_values_stay_on_the_emulated_gpu_between_submissions():
             exe = backend.executable(("probe",), lambda: _add_one_program())
             exe.fixed = {0, 1}
             assert not exe.small
-            out = backend.run(exe, [big.var.value], resident=True)[0]
+            out = backend.run(exe, [big.ir_var.value], resident=True)[0]
             assert isinstance(out, DeviceArray)
             np.testing.assert_allclose(np.asarray(out), big.numpy() + 1.0, rtol=1e-13)
             assert backend.run(exe, [big.numpy()])[0].tobytes() == np.asarray(out).tobytes()
@@ -659,8 +659,8 @@ def test_values_stay_on_the_emulated_gpu_between_submissions():
             losses.append(step())
             assert driver.allocations == allocations and vkml.stats().compiles == 0
             assert losses[-1] < losses[0]
-            assert all(isinstance(p.var.value, DeviceArray) for p in model.parameters())
-            assert all(isinstance(p.grad.var.value, DeviceArray) for p in model.parameters())
+            assert all(isinstance(p.ir_var.value, DeviceArray) for p in model.parameters())
+            assert all(isinstance(p.grad.ir_var.value, DeviceArray) for p in model.parameters())
 
             assert backend.gpu.pool.spare_bytes > 0
             released = backend.empty_cache()

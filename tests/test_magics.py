@@ -91,7 +91,7 @@ def test_show_graph_draws_the_pending_graph_then_realizes(ip):
     assert graph["text/plain"].startswith("lazy graph of 1 tensor: 2 ops pending, not realized")
     # the value came back realized (on the cell's backend), and is the cell's result
     y = ip.user_ns["y"]
-    assert y.var.value is not None and r.result is y and y.item() == 10.0
+    assert y.ir_var.value is not None and r.result is y and y.item() == 10.0
 
 
 def test_show_program_of_the_seed_jitted_function(ip):
@@ -277,7 +277,7 @@ def test_the_last_expression_is_realized_on_the_cells_backend(ip, second_backend
     assert r.success and r.result is ip.user_ns["v"]
     second = backends_base._INSTANCES["second"]
     assert second.cache_size == 1                 # it compiled (and ran) there
-    assert ip.user_ns["v"].var.value is not None
+    assert ip.user_ns["v"].ir_var.value is not None
 
 
 def test_ipython_syntax_in_the_cell_and_a_trailing_semicolon(ip):

@@ -26,11 +26,11 @@ class Snapshot:
         self.values = [np.array(t.numpy(), copy=True) for t in tensors]
         self.grads = [None if t.grad is None else np.array(t.grad.numpy(), copy=True)
                       for t in tensors]
-        self.vars = [t.var for t in tensors]
+        self.vars = [t.ir_var for t in tensors]
 
     def unchanged(self):
         for t, v, g, var in zip(self.tensors, self.values, self.grads, self.vars):
-            assert t.var is var
+            assert t.ir_var is var
             np.testing.assert_array_equal(t.numpy(), v)
             assert t.numpy().dtype == v.dtype and t.shape == v.shape
             if g is None:

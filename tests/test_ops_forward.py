@@ -32,7 +32,7 @@ def T(a):
 
 def prim(fn, *tensors, **params):
     """Apply an ``api`` function (a primitive with its parameters) to tensors, eagerly."""
-    out = vkml.Tensor(fn(*[t.var for t in tensors], **params))
+    out = vkml.Tensor(fn(*[t.ir_var for t in tensors], **params))
     return out.realize()
 
 

@@ -265,7 +265,7 @@ def test_broadcast_to(data):
 
 def prim(fn, t, **params):
     """An ``api`` function (one primitive and its parameters) applied to a tensor."""
-    return vkml.Tensor(fn(t.var, **params), requires_grad=t.requires_grad).realize()
+    return vkml.Tensor(fn(t.ir_var, **params), requires_grad=t.requires_grad).realize()
 
 
 @few

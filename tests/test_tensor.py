@@ -30,7 +30,7 @@ def test_ops_are_lazy_until_observed():
     a = vkml.tensor(f32(1, 2, 3))
     b = (a * 2 + 1).exp().sum()
     assert vkml.stats().submissions == 0
-    assert b.var.value is None
+    assert b.ir_var.value is None
     assert b.item() == pytest.approx(np.exp([3, 5, 7]).sum(), rel=1e-6)
     assert vkml.stats().submissions == 1
 
@@ -151,7 +151,7 @@ def test_eager_mode_flag_and_env():
     assert vkml.is_eager()
     a = vkml.tensor(f32(1, 2))
     b = a + 1
-    assert b.var.value is not None                    # ran at once
+    assert b.ir_var.value is not None                    # ran at once
     vkml.set_eager(False)
     with vkml.eager():
         assert vkml.is_eager()
@@ -173,7 +173,7 @@ def test_lazy_error_at_realize_names_the_op_and_line():
     y = x[vkml.tensor(np.array([1, 9]))] * 2          # nothing runs yet
     with pytest.raises(vkml.ExecutionError, match=r"gather.*test_tensor\.py:\d+.*out of range"):
         y.numpy()
-    assert y.var.value is None and x.numpy().tolist() == [0, 1, 2, 3, 4]
+    assert y.ir_var.value is None and x.numpy().tolist() == [0, 1, 2, 3, 4]
 
 
 def test_stats_reset_and_snapshot_difference():

@@ -158,7 +158,7 @@ def test_lazy_graph_is_drawn_without_realizing():
     d = viz.tensor_dot(y)
     bundle = y._repr_mimebundle_()
     assert (vkml.stats() - before).submissions == 0
-    assert y.var.value is None                              # still pending
+    assert y.ir_var.value is None                              # still pending
     _, texts, _ = parse(bundle["image/svg+xml"])
     assert "%0 realized, requires grad" in texts            # x: a leaf whose .grad will receive
     assert "%1 realized" in texts                           # c: realized, no grad

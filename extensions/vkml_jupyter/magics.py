@@ -175,7 +175,7 @@ def _ends_with_semicolon(cell) -> bool:
 
 def _traced(t) -> bool:
     from vkml.tensor import _is_traced
-    return _is_traced(t.var)
+    return _is_traced(t.ir_var)
 
 
 @magics_class

@@ -345,7 +345,7 @@ def _labels(labels, n, classes):
         if labels.dtype.kind not in "iu":
             raise DTypeError(f"cross_entropy: labels must be integer class indices, got "
                              f"{labels.dtype.name}; cast them with .astype(np.int64)")
-        known = None if labels.var.value is None else np.asarray(labels.var.value)
+        known = None if labels.ir_var.value is None else np.asarray(labels.ir_var.value)
         shape = labels.shape
     else:
         known = np.asarray(labels)
@@ -382,7 +382,7 @@ def cross_entropy(logits, labels) -> Tensor:
     idx = _labels(labels, n, classes)
     logp = _log_softmax(logits, -1)
     # known labels come as (row, label) coordinates, pending ones as an (n, 1) column
-    known = idx.var.value is not None
+    known = idx.ir_var.value is not None
     picked = gather(logp, idx) if known else take_along_axis(logp, idx, 1)
     return -mean(picked)
 

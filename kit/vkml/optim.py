@@ -208,14 +208,14 @@ class CompiledStep:
         model = [self.opt.params[i] for i in self._order]
 
         def loss_of(ps, batch):
-            saved = [p.var for p in model]
+            saved = [p.ir_var for p in model]
             for p, t in zip(model, ps):
-                p.var = t.var
+                p.ir_var = t.ir_var
             try:
                 loss = self.loss_fn(*batch)
             finally:
                 for p, v in zip(model, saved):
-                    p.var = v
+                    p.ir_var = v
             if not isinstance(loss, Tensor) or loss.shape != () or loss.dtype.kind != "f":
                 got = getattr(loss, "shape", type(loss).__name__)
                 raise ArgumentError(f"compile_step: loss_fn must return a floating 0-d Tensor "

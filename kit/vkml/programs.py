@@ -47,7 +47,7 @@ __all__ = ["jit", "scan", "grad", "value_and_grad", "vjp", "jvp", "linearize", "
 def _leaf_var(x, where):
     """The IR Var of one argument leaf: a Tensor's own, or a constant for an array/number."""
     if isinstance(x, Tensor):
-        return x.var
+        return x.ir_var
     if isinstance(x, bool) or isinstance(x, (int, float)) and not isinstance(x, np.generic):
         v = api.constant(x)
         v.weak = True
@@ -79,7 +79,7 @@ def _flat_args(args):
     tree = _FLAT_TREES.get(len(args))
     if tree is None:
         tree = _FLAT_TREES[len(args)] = flatten(args)[1]
-    return list(args), tree, [a.var for a in args]
+    return list(args), tree, [a.ir_var for a in args]
 
 
 class _Entry:
@@ -321,7 +321,7 @@ def _wrap(vars_, operands):
     requires = _GRAD_ENABLED[0] and _needs_grad_vars(operands)
     tensors = [Tensor(v, requires and v.dtype.kind == "f") for v in vars_]
     from .tensor import _EAGER, _is_traced, realize
-    if _EAGER[0] and tensors and not _is_traced(tensors[0].var):
+    if _EAGER[0] and tensors and not _is_traced(tensors[0].ir_var):
         realize(tensors)
     return tensors
 
@@ -403,7 +403,7 @@ def _vjp_call(jitted, args, nums, where):
         live = [c for c, u in zip(ct_vars, tangent_live) if u]
         if not live:
             return [Tensor(api.constant(np.zeros(v.shape, v.dtype))) for v, f in zip(in_vars, flags) if f]
-        ins = [r.var for r in residuals] + live
+        ins = [r.ir_var for r in residuals] + live
         need = rg or any(isinstance(c, Tensor) and c.requires_grad for c in cts)
         return _apply_program(jitted, entry, ("transposed",), transposed, ins, need)
 
@@ -534,7 +534,7 @@ def linearize(fn, *primals):
         if len(t_leaves) != len(in_vars):
             raise ArgumentError(f"linearize: expected {len(in_vars)} tangent leaves, got {len(t_leaves)}")
         t_vars = [api.cast(_leaf_var(t, "tangent"), p.dtype) for t, p in zip(t_leaves, in_vars)]
-        ins = [r.var for r in residuals] + [t for t, f in zip(t_vars, flags) if f]
+        ins = [r.ir_var for r in residuals] + [t for t, f in zip(t_vars, flags) if f]
         res = _apply_program(jitted, entry, ("linear",), linear, ins, False)
         it_u, it_k = iter(res), iter(known_tangents)
         return unflatten(entry.out_tree, [next(it_u) if u else next(it_k) for u in live])
@@ -606,7 +606,7 @@ def vmap(fn, in_axes=0, out_axes=0):
         rg = any(isinstance(x, Tensor) and x.requires_grad for a in args for x in flatten(a)[0])
         outs = _apply_program(jitted, entry, ("vmap", size), bprog, in_vars, rg)
         axes_out = _out_axes(out_axes, entry.out_tree, outs)
-        outs = [o if ax == 0 else _wrap_like(o, _move_axis(o.var, 0, ax))
+        outs = [o if ax == 0 else _wrap_like(o, _move_axis(o.ir_var, 0, ax))
                 for o, ax in zip(outs, axes_out)]
         return unflatten(entry.out_tree, outs)
 
@@ -678,7 +678,7 @@ def jacfwd(fn, argnums=0):
         basis = api.constant(np.eye(n, dtype=x.dtype).reshape((n,) + x.shape))
         rg = any(isinstance(t, Tensor) and t.requires_grad for t in leaves)
         outs = _apply_program(jitted, entry, ("jacfwd",), bj, in_vars + [basis], rg)
-        t = outs[1].var                                  # (n, *out)
+        t = outs[1].ir_var                                  # (n, *out)
         out_shape = t.shape[1:]
         m = int(np.prod(out_shape, dtype=np.int64))
         j = api.reshape(api.transpose(api.reshape(t, (n, m))), out_shape + x.shape)
@@ -699,7 +699,7 @@ def jacrev(fn, argnums=0):
         rg = any(isinstance(t, Tensor) and t.requires_grad for t in leaves)
         known_out = _apply_program(jitted, entry, ("known",), known, in_vars, rg)
         n_known = len(known.outputs) - n_res
-        residuals = [r.var for r in known_out[n_known:]]
+        residuals = [r.ir_var for r in known_out[n_known:]]
         out = prog.outputs[0]
         x = in_vars[i]
         m = out.size
@@ -710,7 +710,7 @@ def jacrev(fn, argnums=0):
             "vmap", transposed, bflags + [m], lambda: vmap_program(transposed, bflags, m)))
         basis = api.constant(np.eye(m, dtype=out.dtype).reshape((m,) + out.shape))
         res = _apply_program(jitted, entry, ("jacrev",), bt, residuals + [basis], rg)
-        return Tensor(api.reshape(res[0].var, out.shape + x.shape), rg)
+        return Tensor(api.reshape(res[0].ir_var, out.shape + x.shape), rg)
 
     return jac
 

@@ -71,26 +71,26 @@ def no_grad():
 class Tensor:
     """A lazy n-dimensional array that can carry gradients (see the module docstring)."""
 
-    __slots__ = ("var", "requires_grad", "grad", "__weakref__")
+    __slots__ = ("ir_var", "requires_grad", "grad", "__weakref__")
     __array_priority__ = 1000  # so ndarray * Tensor calls Tensor.__rmul__
 
     def __init__(self, var: Var, requires_grad: bool = False):
-        self.var = var
+        self.ir_var = var
         self.requires_grad = requires_grad
         self.grad = None
 
     def _register_leaf(self):
         """Make this tensor the one whose ``.grad`` receives its leaf Var's gradient."""
         if self.requires_grad:
-            _GRAD_LEAVES[self.var] = weakref.ref(self)
+            _GRAD_LEAVES[self.ir_var] = weakref.ref(self)
 
     # -- what it is -------------------------------------------------------------------
-    shape = property(lambda self: self.var.shape)
-    dtype = property(lambda self: self.var.dtype)
-    device = property(lambda self: self.var.device)
-    ndim = property(lambda self: len(self.var.shape))
-    size = property(lambda self: self.var.size)
-    is_leaf = property(lambda self: self.var.eqn is None)
+    shape = property(lambda self: self.ir_var.shape)
+    dtype = property(lambda self: self.ir_var.dtype)
+    device = property(lambda self: self.ir_var.device)
+    ndim = property(lambda self: len(self.ir_var.shape))
+    size = property(lambda self: self.ir_var.size)
+    is_leaf = property(lambda self: self.ir_var.eqn is None)
 
     def __len__(self):
         if not self.shape:
@@ -105,7 +105,7 @@ class Tensor:
     def numpy(self) -> np.ndarray:
         """The value as a read-only NumPy array (realizes if pending)."""
         realize(self)
-        out = np.asarray(self.var.value).view()
+        out = np.asarray(self.ir_var.value).view()
         out.flags.writeable = False
         return out
 
@@ -123,9 +123,9 @@ class Tensor:
         return self.numpy().tolist()
 
     def _concrete(self, what):
-        if _is_traced(self.var):
+        if _is_traced(self.ir_var):
             raise TracingError(
-                f"{what} of a traced value ({self.var.type_str()}) has no value while tracing; "
+                f"{what} of a traced value ({self.ir_var.type_str()}) has no value while tracing; "
                 "use vkml.where for a choice made per element, or vkml.scan / vkml.cond for "
                 "control flow")
         return self.item()
@@ -148,8 +148,8 @@ class Tensor:
         return int(self._concrete("an index"))
 
     def __repr__(self):
-        if _is_traced(self.var):
-            return f"Tensor({self.var.type_str()}, traced)"
+        if _is_traced(self.ir_var):
+            return f"Tensor({self.ir_var.type_str()}, traced)"
         body = np.array2string(self.numpy(), separator=", ", prefix="tensor(")
         grad = ", requires_grad=True" if self.requires_grad else ""
         return f"tensor({body}, dtype={dtype_name(self.dtype)}{grad})"
@@ -160,14 +160,14 @@ class Tensor:
 
     def detach(self) -> "Tensor":
         """The same values, cut from the gradient graph."""
-        if self.var.value is not None:
-            return Tensor(Var(*self.var.aval, value=self.var.value))
-        return Tensor(api.stop_gradient(self.var))
+        if self.ir_var.value is not None:
+            return Tensor(Var(*self.ir_var.aval, value=self.ir_var.value))
+        return Tensor(api.stop_gradient(self.ir_var))
 
     def requires_grad_(self, flag: bool = True) -> "Tensor":
         if flag:
-            _check_grad_dtype(self.var, "requires_grad_")
-            if self.var.eqn is not None:
+            _check_grad_dtype(self.ir_var, "requires_grad_")
+            if self.ir_var.eqn is not None:
                 raise GradError("requires_grad_: only leaf tensors can be made to require grad; "
                                 "call .detach().requires_grad_() to start a new leaf")
         self.requires_grad = bool(flag)
@@ -445,7 +445,7 @@ def ones_like(t, requires_grad=False):
 
 def _unwrap(x):
     if isinstance(x, Tensor):
-        return x.var
+        return x.ir_var
     if isinstance(x, (list, tuple)):
         return type(x)(_unwrap(v) for v in x)
     return x
@@ -602,14 +602,14 @@ def realize(tensors) -> None:
     for t in ts:
         if not isinstance(t, Tensor):
             raise ArgumentError(f"realize: expected Tensors, got {type(t).__name__}")
-        if t.var.value is None and t.var not in seen:
-            seen.add(t.var)
+        if t.ir_var.value is None and t.ir_var not in seen:
+            seen.add(t.ir_var)
             pending.append(t)
     if not pending:
         return
-    values = _run([t.var for t in pending])
+    values = _run([t.ir_var for t in pending])
     for t, value in zip(pending, values):
-        _settle(t.var, value, keep_history=t.requires_grad)
+        _settle(t.ir_var, value, keep_history=t.requires_grad)
 
 
 def _settle(var, value, keep_history):
@@ -637,7 +637,7 @@ def assign(destinations, sources) -> None:
     for i, (d, s) in enumerate(zip(dsts, srcs)):
         if not isinstance(d, Tensor):
             raise ArgumentError(f"assign: destination {i} is a {type(d).__name__}, not a Tensor")
-        v = s.var if isinstance(s, Tensor) else api.constant(s, d.dtype)
+        v = s.ir_var if isinstance(s, Tensor) else api.constant(s, d.dtype)
         if v.shape != d.shape:
             if v.ndim == 0:
                 v = api.broadcast_to(v, d.shape)
@@ -654,7 +654,7 @@ def assign(destinations, sources) -> None:
         for v, value in zip(pending, values):
             _settle(v, value, keep_history=False)
     for d, v in zip(dsts, src_vars):
-        d.var = Var(*v.aval, value=v.value)
+        d.ir_var = Var(*v.aval, value=v.value)
         d._register_leaf()
 
 
@@ -679,12 +679,12 @@ def backward(root) -> None:
     if not root.requires_grad:
         raise GradError("backward: the root does not require grad; create its inputs with "
                         "vkml.tensor(..., requires_grad=True)")
-    leaves, eqns, graph_key = collect_keyed([root.var], is_leaf=_never)
+    leaves, eqns, graph_key = collect_keyed([root.ir_var], is_leaf=_never)
     targets = []
     for i, leaf in enumerate(leaves):
         ref = _GRAD_LEAVES.get(leaf)
         t = ref() if ref is not None else None
-        if t is not None and t.requires_grad and t.var is leaf:
+        if t is not None and t.requires_grad and t.ir_var is leaf:
             targets.append((i, t))
         if leaf.value is None:
             raise TracingError("backward: the graph depends on a traced placeholder; "
@@ -700,18 +700,18 @@ def backward(root) -> None:
 
     def derive():
         backends.STATS.derivations += 1
-        return vjp_program(Program(leaves, eqns, [root.var]), wrt, has_old)
+        return vjp_program(Program(leaves, eqns, [root.ir_var]), wrt, has_old)
 
     program = _BACKWARD_PROGRAMS.get(key)
     if program is None:
         program = _BACKWARD_PROGRAMS[key] = derive()
     exe = backend.executable(("backward",) + key, lambda: program)
     seed = np.ones((), dtype=root.dtype)
-    args = [l.value for l in leaves] + [seed] + [g.var.value for g in olds]
+    args = [l.value for l in leaves] + [seed] + [g.ir_var.value for g in olds]
     outs = _submit(backend, exe, args, program.eqns, resident=True)
-    root.var.value = outs[0]
+    root.ir_var.value = outs[0]
     for (_, t), g in zip(targets, outs[1:]):
-        t.grad = Tensor(Var(*t.var.aval, value=g))
+        t.grad = Tensor(Var(*t.ir_var.aval, value=g))
 
 
 def _never(var):

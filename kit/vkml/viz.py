@@ -346,8 +346,8 @@ def _tensor_vars(tensors):
         if not isinstance(t, Tensor):
             raise ArgumentError(f"tensor_dot: expected Tensors (or a list/tuple/dict of them), got "
                                 f"{type(t).__name__}")
-        if t.var not in out:
-            out.append(t.var)
+        if t.ir_var not in out:
+            out.append(t.ir_var)
     if not out:
         raise ArgumentError("tensor_dot: no tensors given")
     return out
@@ -357,7 +357,7 @@ def _requires_grad(var) -> bool:
     from .tensor import _GRAD_LEAVES
     ref = _GRAD_LEAVES.get(var)
     t = ref() if ref is not None else None
-    return t is not None and t.requires_grad and t.var is var
+    return t is not None and t.requires_grad and t.ir_var is var
 
 
 def _lazy_graph(tensors):
@@ -590,7 +590,7 @@ def _program_mimebundle(self, include=None, exclude=None):
 
 def _tensor_mimebundle(self, include=None, exclude=None):
     from .tensor import _is_traced
-    if self.var.value is not None or _is_traced(self.var):
+    if self.ir_var.value is not None or _is_traced(self.ir_var):
         return {"text/plain": repr(self)}
     return tensor_dot(self)._repr_mimebundle_(include, exclude)
 

@@ -91,7 +91,7 @@ class Kernel:
         outs = []
         for name in names:
             v = out[name]
-            var = v.var if isinstance(v, Tensor) else api.constant(v)
+            var = v.ir_var if isinstance(v, Tensor) else api.constant(v)
             if name == "terminated" and var.dtype.kind != "b":
                 var = api.not_equal(var, 0)
             outs.append(var)
