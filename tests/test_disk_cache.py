@@ -221,6 +221,17 @@ def test_a_cache_that_cannot_be_written_costs_only_a_recompile(cache, monkeypatc
     assert sum("could not store" in str(x.message) for x in w) == 1
 
 
+def test_a_library_that_cannot_be_loaded_even_fresh_is_a_backend_error(cache, monkeypatch):
+    def noexec(data, folder, loader):
+        raise OSError("failed to map segment from shared object")
+    value_of(11.0)                                           # a good cached entry, then loads fail
+    monkeypatch.setattr(disk_cache, "load_private_copy", noexec)
+    vkml.reset_stats()
+    with pytest.raises(vkml.BackendError, match="VKML_CACHE_DIR"):
+        value_of(11.0)
+    assert vkml.stats().compiles == 1                        # the cached one failed: rebuilt once
+
+
 # -- an entry ------------------------------------------------------------------------------------------
 
 def _put_directory(path):

@@ -72,8 +72,17 @@ def library(source: str, extra_flags=()):
         raise BackendError("no C compiler found (set $CC or install gcc)")
     flags = FLAGS + list(extra_flags)
     key = hashlib.sha256("\0".join([source, cc] + flags).encode()).hexdigest()[:32]
-    return disk_cache.cached("cpu", key, ".so", lambda: _compile_c(cc, flags, source),
-                             lambda data, folder: disk_cache.load_private_copy(data, folder, ctypes.CDLL))
+    return disk_cache.cached("cpu", key, ".so", lambda: _compile_c(cc, flags, source), _load)
+
+
+def _load(data: bytes, folder) -> ctypes.CDLL:
+    """The library ``data`` (checked bytes), loaded from a private copy in ``folder``."""
+    try:
+        return disk_cache.load_private_copy(data, folder, ctypes.CDLL)
+    except OSError as e:
+        raise BackendError(f"a freshly compiled library could not be loaded from {folder} ({e}); if "
+                           "that folder is on a filesystem mounted noexec, set VKML_CACHE_DIR to "
+                           "another one") from e
 
 
 def _compile_c(cc, flags, source) -> bytes:
