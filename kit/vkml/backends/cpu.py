@@ -72,7 +72,8 @@ def library(source: str, extra_flags=()):
         raise BackendError("no C compiler found (set $CC or install gcc)")
     flags = FLAGS + list(extra_flags)
     key = hashlib.sha256("\0".join([source, cc] + flags).encode()).hexdigest()[:32]
-    return disk_cache.cached("cpu", key, ".so", lambda: _compile_c(cc, flags, source), _load)
+    return disk_cache.cached("cpu", key, ".so", lambda folder: _compile_c(cc, flags, source, folder),
+                             _load)
 
 
 def _load(data: bytes, folder) -> ctypes.CDLL:
@@ -85,9 +86,10 @@ def _load(data: bytes, folder) -> ctypes.CDLL:
                            "another one") from e
 
 
-def _compile_c(cc, flags, source) -> bytes:
-    """The shared library the C compiler makes of ``source``, as bytes (counted as a compile)."""
-    with tempfile.TemporaryDirectory(prefix="vkml-cc-") as work:
+def _compile_c(cc, flags, source, folder) -> bytes:
+    """The shared library the C compiler makes of ``source`` in a scratch folder inside ``folder``,
+    as bytes (counted as a compile)."""
+    with tempfile.TemporaryDirectory(prefix=".build-", dir=folder) as work:
         src, out = os.path.join(work, "vk.c"), os.path.join(work, "vk.so")
         with open(src, "w") as f:
             f.write(source)

@@ -232,7 +232,7 @@ class _Gpu:
         mod = self.modules.get(key)
         if mod is not None:
             return mod, False
-        mod, compiled = disk_cache.cached("cuda", key, ".cubin", lambda: self._nvcc(source),
+        mod, compiled = disk_cache.cached("cuda", key, ".cubin", lambda folder: self._nvcc(source),
                                           lambda cubin, folder: self.drv.module_from_buffer(cubin))
         self.modules[key] = mod
         return mod, compiled

@@ -267,8 +267,9 @@ def write_entry(folder, name: str, key: str, data: bytes) -> bool:
 
 def cached(kind: str, key: str, suffix: str, build, load):
     """``(load(bytes), compiled)`` for the code stored under ``key``: the verified bytes of the
-    cache entry if there is a trusted one that loads, else ``build()`` (which compiles and counts
-    the compile), stored for next time.
+    cache entry if there is a trusted one that loads, else ``build(folder)`` (which compiles, may
+    use a scratch folder inside the checked ``folder``, and counts the compile), stored for next
+    time.
 
     ``load`` gets exactly the bytes that were checked.  A cached entry that fails to load is a miss
     like any other; a fresh build that fails to load raises what ``load`` raised."""
@@ -280,7 +281,7 @@ def cached(kind: str, key: str, suffix: str, build, load):
             return load(data, folder), False
         except Exception:           # a bad entry with a good hash: rebuild it, never an error
             pass
-    data = bytes(build())
+    data = bytes(build(folder))
     write_entry(folder, name, key, data)
     return load(data, folder), True
 
