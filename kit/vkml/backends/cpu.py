@@ -6,10 +6,13 @@ per row).  Here a whole program -- fused elementwise chains, reductions,
 scans and loops -- is one C function, so a scan of 10^5 rows is one call.
 
 Libraries are cached on disk by a hash of their source and compiler flags,
-in a per-user directory of mode 0700.  A library is written to a temporary
-file and renamed (safe for concurrent processes), and its own SHA-256 is kept
-beside it: a file that does not match it, or that another user can write,
-is rebuilt, never loaded.  Without a C compiler the tier falls back to the
+in a folder of mode 0700 that must belong to the user (else a private
+temporary one is used, with a warning).  A library is written to a temporary
+file and renamed (safe for concurrent processes), with a hash of its name and
+content beside it; it is read once through a file opened without following
+symlinks, checked, and loaded from a private copy of the bytes that were
+checked.  Anything that does not check out is rebuilt, never loaded
+(``disk_cache`` has the rules).  Without a C compiler the tier falls back to the
 NumPy backend and says so once.
 
 Floating-point contract: compiled with ``-O2 -ffp-contract=off`` and without
@@ -59,49 +62,43 @@ def cache_dir() -> str:
 
 
 def library(source: str, extra_flags=()):
-    """The compiled library for ``source``: from the disk cache if a valid one is there, else built.
+    """The compiled library for ``source``: from the disk cache if a trusted one is there, else built.
 
-    Returns ``(ctypes.CDLL, compiled)`` where ``compiled`` says whether the compiler ran."""
+    Returns ``(ctypes.CDLL, compiled)`` where ``compiled`` says whether the compiler ran.  What
+    is trusted, and how a library is loaded from the very bytes that were checked, is in
+    ``disk_cache``."""
     cc = compiler()
     if cc is None:
         raise BackendError("no C compiler found (set $CC or install gcc)")
     flags = FLAGS + list(extra_flags)
     key = hashlib.sha256("\0".join([source, cc] + flags).encode()).hexdigest()[:32]
-    folder = cache_dir()
-    so = os.path.join(folder, f"vk_{key}.so")
-    digest = so + ".sha256"
-    if os.path.exists(so) and os.path.exists(digest):
-        try:
-            ok = disk_cache.trusted(so) and disk_cache.trusted(digest) and \
-                open(digest).read().strip() == disk_cache.sha256_file(so)
-        except OSError:
-            ok = False
-        if ok:
-            return ctypes.CDLL(so), False
-    fd, tmp_c = tempfile.mkstemp(suffix=".c", dir=folder)
-    with os.fdopen(fd, "w") as f:
-        f.write(source)
-    tmp_so = tmp_c[:-2] + ".so"
+    return disk_cache.cached("cpu", key, ".so", lambda folder: _compile_c(cc, flags, source, folder),
+                             _load)
+
+
+def _load(data: bytes, folder) -> ctypes.CDLL:
+    """The library ``data`` (checked bytes), loaded from a private copy in ``folder``."""
     try:
-        proc = subprocess.run([cc] + flags + ["-o", tmp_so, tmp_c, "-lm"], capture_output=True,
-                              text=True)
+        return disk_cache.load_private_copy(data, folder, ctypes.CDLL)
+    except OSError as e:
+        raise BackendError(f"a freshly compiled library could not be loaded from {folder} ({e}); if "
+                           "that folder is on a filesystem mounted noexec, set VKML_CACHE_DIR to "
+                           "another one") from e
+
+
+def _compile_c(cc, flags, source, folder) -> bytes:
+    """The shared library the C compiler makes of ``source`` in a scratch folder inside ``folder``,
+    as bytes (counted as a compile)."""
+    with tempfile.TemporaryDirectory(prefix=".build-", dir=folder) as work:
+        src, out = os.path.join(work, "vk.c"), os.path.join(work, "vk.so")
+        with open(src, "w") as f:
+            f.write(source)
+        proc = subprocess.run([cc] + flags + ["-o", out, src, "-lm"], capture_output=True, text=True)
         if proc.returncode != 0:
             raise BackendError(f"the C compiler failed on generated code:\n{proc.stderr[-2000:]}")
-        os.chmod(tmp_so, 0o600)
-        h = disk_cache.sha256_file(tmp_so)
-        tmp_digest = tmp_so + ".sha256"
-        with open(tmp_digest, "w") as f:
-            f.write(h)
-        os.chmod(tmp_digest, 0o600)
-        os.replace(tmp_so, so)
-        os.replace(tmp_digest, digest)
-    finally:
-        for p in (tmp_c, tmp_so, tmp_so + ".sha256"):
-            if os.path.exists(p):
-                os.remove(p)
-    STATS.compiles += 1
-    # A fresh file name per load: the dynamic loader keeps a rebuilt library's old copy otherwise.
-    return ctypes.CDLL(so), True
+        STATS.compiles += 1
+        with open(out, "rb") as f:
+            return f.read()
 
 
 def c_source(program):

@@ -15,11 +15,14 @@ How a Program runs:
    one-block kernels for scans/while/cond, a tiled matmul) and compiled
    once per source by nvcc through PyCUDA (``pycuda.compiler.compile``,
    then ``module_from_buffer``).  PyCUDA's own cache is switched off: the
-   cubins go to a per-user cache (``$VKML_CACHE_DIR`` or
-   ``~/.cache/vkml/cuda``, mode 0700) under a hash of source, flags, target
-   and nvcc version, written to a temporary file and renamed, with their
-   SHA-256 beside them -- a cubin that does not match it, or that another
-   user can write, is rebuilt, never loaded (DESIGN.md, "Security").
+   cubins go to a per-user cache (``$VKML_CACHE_DIR/cuda`` or
+   ``~/.cache/vkml/cuda``, mode 0700, which must belong to the user, else a
+   private temporary one is used with a warning) under a hash of source,
+   flags, target and nvcc version, written to a temporary file and renamed,
+   with a hash of their name and content beside them.  A cubin is read once
+   through a file opened without following symlinks, checked, and those same
+   bytes go to the driver; one that does not check out, or fails to load,
+   is rebuilt, never loaded (the rules are in ``disk_cache``).
    ``vkml.stats().compiles`` counts nvcc runs; a cubin loaded from the disk
    cache counts as a cache hit.
 2. **Buffers**: every kernel finds its buffers through the executable's
@@ -89,7 +92,6 @@ import importlib.util
 import os
 import shutil
 import struct
-import tempfile
 import threading
 
 import numpy as np
@@ -133,18 +135,6 @@ def _probe() -> str:
 def cache_dir() -> str:
     """The per-user cubin cache (``$VKML_CACHE_DIR/cuda`` or ``~/.cache/vkml/cuda``), mode 0700."""
     return disk_cache.cache_dir("cuda")
-
-
-def _write_private(path, data: bytes):
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path))
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def _driver_modules():
@@ -242,31 +232,21 @@ class _Gpu:
         mod = self.modules.get(key)
         if mod is not None:
             return mod, False
-        path = os.path.join(cache_dir(), f"vk_{key}.cubin")
-        digest = path + ".sha256"
-        cubin = None
-        if os.path.exists(path) and os.path.exists(digest):
-            try:
-                data = open(path, "rb").read()
-                if disk_cache.trusted(path) and disk_cache.trusted(digest) and \
-                        open(digest).read().strip() == hashlib.sha256(data).hexdigest():
-                    cubin = data
-            except OSError:
-                cubin = None
-        compiled = cubin is None
-        if compiled:
-            from pycuda.compiler import compile as nvcc_compile
-            try:
-                cubin = nvcc_compile(source, options=list(NVCC_FLAGS), no_extern_c=True,
-                                     arch=self.arch, cache_dir=False)
-            except self.drv.CompileError as e:
-                raise BackendError(f"nvcc failed on generated CUDA code: {e}") from e
-            STATS.compiles += 1
-            _write_private(path, cubin)
-            _write_private(digest, hashlib.sha256(cubin).hexdigest().encode())
-        mod = self.drv.module_from_buffer(cubin)
+        mod, compiled = disk_cache.cached("cuda", key, ".cubin", lambda folder: self._nvcc(source),
+                                          lambda cubin, folder: self.drv.module_from_buffer(cubin))
         self.modules[key] = mod
         return mod, compiled
+
+    def _nvcc(self, source: str) -> bytes:
+        """The cubin nvcc makes of ``source`` (counted as a compile)."""
+        from pycuda.compiler import compile as nvcc_compile
+        try:
+            cubin = nvcc_compile(source, options=list(NVCC_FLAGS), no_extern_c=True,
+                                 arch=self.arch, cache_dir=False)
+        except self.drv.CompileError as e:
+            raise BackendError(f"nvcc failed on generated CUDA code: {e}") from e
+        STATS.compiles += 1
+        return cubin
 
     def free_memory(self) -> int:
         with self.lock:
