@@ -441,13 +441,14 @@ def _grad_fn(fn, argnums, has_aux, with_value):
 
 
 def _regroup(args, nums, grads):
-    """Cotangents of the flattened differentiated leaves, back in the arguments' pytree shapes."""
+    """Cotangents of the flattened differentiated leaves, back in the arguments' pytree shapes,
+    in the order of ``nums`` (the leaves come in argument order, as they were flattened)."""
     it = iter(grads)
-    out = []
-    for i in nums:
+    per_arg = {}
+    for i in sorted(set(nums)):
         leaves, tree = flatten(args[i])
-        out.append(unflatten(tree, [next(it) for _ in leaves]))
-    return out
+        per_arg[i] = unflatten(tree, [next(it) for _ in leaves])
+    return [per_arg[i] for i in nums]
 
 
 def grad(fn, argnums=0, has_aux=False):
@@ -899,6 +900,9 @@ class custom_vjp:
                            fentry.program.consts)
         res_tree, out_tree = out_res.children[1], out_res.children[0]
         bwd = self.bwd
+        arg_types, it = [], iter(in_vars)
+        for a in args:
+            arg_types.append(tuple((v.shape, v.dtype) for _, v in zip(flatten(a)[0], it)))
 
         def bwd_flat(*xs):
             res = unflatten(res_tree, xs[:len(res_vars)])
@@ -907,9 +911,9 @@ class custom_vjp:
             if not isinstance(cts, tuple) or len(cts) != len(args):
                 raise ArgumentError(f"custom_vjp: bwd must return a tuple of {len(args)} cotangents, "
                                     "one per argument")
-            return tuple(flatten(cts)[0])
+            return tuple(_cotangent_leaves(cts, arg_types))
 
-        key = (res_tree, out_tree, len(args))
+        key = (res_tree, out_tree, tuple(arg_types))
         if key not in self._flat:
             self._flat[key] = jit(bwd_flat)
         bentry, _, _ = self._flat[key]._lookup(
@@ -919,6 +923,23 @@ class custom_vjp:
         res = bind(custom_vjp_p, *in_vars, program=entry.program, fwd=fwd_flat, bwd=bentry.program,
                    num_res=len(res_vars))
         return unflatten(entry.out_tree, _wrap(res, in_vars))
+
+
+def _cotangent_leaves(cts, arg_types):
+    """The flat cotangents ``bwd`` returned, one run of leaves per argument; ``None`` stands for
+    zeros (an argument that gets no gradient), so every later cotangent stays on its argument."""
+    flat = []
+    for i, (c, types) in enumerate(zip(cts, arg_types)):
+        if c is None:
+            flat += [np.zeros(shape, dtype) for shape, dtype in types]
+            continue
+        leaves = flatten(c)[0]
+        if len(leaves) != len(types):
+            raise ArgumentError(f"custom_vjp: bwd's cotangent {i} has {len(leaves)} leaves but "
+                                f"argument {i} has {len(types)}; return one cotangent of the "
+                                "argument's structure, or None for no gradient")
+        flat += leaves
+    return flat
 
 
 def checkpoint(fn):
