@@ -36,6 +36,7 @@ from .tensor import Tensor, _GRAD_ENABLED, _submit
 from .transforms import jvp_program, partial_eval, transpose_program, vmap_program
 from .transforms.ad import derived
 from .transforms.control import call, scan_bind
+from .transforms.interpret import inline
 
 __all__ = ["jit", "scan", "grad", "value_and_grad", "vjp", "jvp", "linearize", "program",
            "pp_program", "Jitted", "vmap", "jacfwd", "jacrev", "hessian", "hvp", "cond", "switch",
@@ -85,17 +86,26 @@ def _flat_args(args):
 class _Entry:
     """One key's program and everything derived from it."""
 
-    __slots__ = ("program", "out_tree", "derived", "executables")
+    __slots__ = ("program", "out_tree", "derived", "executables", "captures")
 
-    def __init__(self, program, out_tree):
+    def __init__(self, program, out_tree, captures=()):
         self.program = program
         self.out_tree = out_tree
+        # values of enclosing traces the function closes over: the program's last inputs
+        self.captures = tuple(captures)
         self.derived = {}
         self.executables = {}
 
 
 def _trace(fn, in_tree, in_vars, where):
-    """Run ``fn`` on placeholder Tensors; return its Program and output treedef."""
+    """Run ``fn`` on placeholder Tensors; return its Program, output treedef and captures.
+
+    Captures are the values of enclosing traces ``fn`` closes over (``x`` in
+    ``grad(lambda x: grad(lambda y: x * y)(1.0))``): they have no value yet,
+    so they become the program's last inputs, and every transformation passes
+    them along undifferentiated -- the enclosing transformation then
+    differentiates (or batches) through the call of the inner program.
+    """
     start = current_serial()
     placeholders = [Var(v.shape, v.dtype, v.device, weak=v.weak) for v in in_vars]
     args = unflatten(in_tree, [Tensor(p) for p in placeholders])
@@ -104,8 +114,12 @@ def _trace(fn, in_tree, in_vars, where):
         out = fn(*args)
     out_leaves, out_tree = flatten(out)
     outs = [_leaf_var(o, where + " result") for o in out_leaves]
-    _realize_captures(outs, placeholders, start)
-    return program_from_dag(placeholders, outs), out_tree
+    captures = _realize_captures(outs, placeholders, start)
+    if not captures:
+        return program_from_dag(placeholders, outs), out_tree, ()
+    inner = program_from_dag(placeholders + captures, outs)
+    fresh = _placeholders_like(inner.inputs)     # the program does not hold the outer graph
+    return program_from_dag(fresh, inline(inner, fresh)), out_tree, captures
 
 
 class _grad_disabled:
@@ -121,14 +135,20 @@ class _grad_disabled:
 
 def _realize_captures(outs, placeholders, start):
     """Tensors a traced function closes over become constants of its program (as in JAX):
-    pending ones are computed now.  Pass a tensor as an argument if it changes or needs a gradient."""
+    pending ones are computed now.  Pass a tensor as an argument if it changes or needs a gradient.
+    Returns the captured values of enclosing traces (they have no value to compute)."""
+    from .tensor import _is_traced
     inputs = set(placeholders)
     leaves, _ = collect(outs, is_leaf=lambda v: v in inputs or v.value is not None or v.serial < start)
-    pending = [v for v in leaves if v not in inputs and v.value is None and v.eqn is not None]
+    outer = [v for v in leaves if v not in inputs and v.value is None and _is_traced(v)]
+    traced = set(outer)
+    pending = [v for v in leaves if v not in inputs and v.value is None and v.eqn is not None
+               and v not in traced]
     if pending:
         from .tensor import _run, _settle
         for v, value in zip(pending, _run(pending)):
             _settle(v, value, keep_history=True)
+    return outer
 
 
 # -- jit ----------------------------------------------------------------------------------------
@@ -149,12 +169,16 @@ class Jitted:
         key = (in_tree, _signature(in_vars))
         entry = self._entries.get(key)
         if entry is None:
-            program, out_tree = _trace(self.fn, in_tree, in_vars, self.__name__)
-            entry = self._entries[key] = _Entry(program, out_tree)
+            program, out_tree, captures = _trace(self.fn, in_tree, in_vars, self.__name__)
+            entry = _Entry(program, out_tree, captures)
+            if not captures:
+                # a closure over an enclosing trace's values is traced again on the next call,
+                # which closes over other values; its derivations are still cached by structure
+                self._entries[key] = entry
             self.traces += 1
         else:
             self.hits += 1
-        return entry, leaves, in_vars
+        return entry, leaves, in_vars + list(entry.captures)
 
     def __call__(self, *args):
         entry, leaves, in_vars = self._lookup(args)
@@ -384,7 +408,7 @@ def _float_check(v, where, i):
 def _vjp_call(jitted, args, nums, where):
     """Run the known part; return (outputs, pullback over the linear part)."""
     entry, leaves, in_vars = jitted._lookup(args)
-    flags = _wrt_flags(args, nums)
+    flags = _wrt_flags(args, nums) + [False] * len(entry.captures)
     for i, (v, f) in enumerate(zip(in_vars, flags)):
         if f:
             _float_check(v, where, i)
@@ -502,7 +526,7 @@ def jvp(fn, primals, tangents):
         if p.shape != t.shape:
             raise ShapeError(f"jvp: tangent {i} has shape {format_shape(t.shape)}, its primal "
                              f"{format_shape(p.shape)}")
-    flags = [v.dtype.kind == "f" for v in in_vars]
+    flags = [v.dtype.kind == "f" for v in in_vars[:len(t_vars)]] + [False] * len(entry.captures)
     prog = entry.program
     jp = jitted._derive(entry, ("jvp", tuple(flags)),
                         lambda: derived("jvp", prog, flags, lambda: jvp_program(prog, flags)))
@@ -519,7 +543,8 @@ def linearize(fn, *primals):
     runs only the part linear in the tangents (the residuals are kept)."""
     jitted = jit(fn)
     entry, leaves, in_vars = jitted._lookup(primals)
-    flags = [v.dtype.kind == "f" for v in in_vars]
+    n_args = len(in_vars) - len(entry.captures)
+    flags = [v.dtype.kind == "f" for v in in_vars[:n_args]] + [False] * len(entry.captures)
     known, linear, transposed, out_u, n_res = _vjp_parts(jitted, entry, flags, len(entry.program.outputs))
     rg = any(isinstance(x, Tensor) and x.requires_grad for x in leaves)
     known_out = _apply_program(jitted, entry, ("known",), known, in_vars, rg)
@@ -532,8 +557,8 @@ def linearize(fn, *primals):
 
     def f_jvp(*tangents):
         t_leaves, t_tree = flatten(tuple(tangents))
-        if len(t_leaves) != len(in_vars):
-            raise ArgumentError(f"linearize: expected {len(in_vars)} tangent leaves, got {len(t_leaves)}")
+        if len(t_leaves) != n_args:
+            raise ArgumentError(f"linearize: expected {n_args} tangent leaves, got {len(t_leaves)}")
         t_vars = [api.cast(_leaf_var(t, "tangent"), p.dtype) for t, p in zip(t_leaves, in_vars)]
         ins = [r.ir_var for r in residuals] + [t for t, f in zip(t_vars, flags) if f]
         res = _apply_program(jitted, entry, ("linear",), linear, ins, False)
@@ -601,6 +626,8 @@ def vmap(fn, in_axes=0, out_axes=0):
             raise ShapeError(f"vmap: mapped axes must all have one size, got {sorted(sizes) or 'none'}")
         size = sizes.pop()
         entry, _, _ = jitted._lookup(tuple(example))
+        in_vars += entry.captures                     # values of enclosing traces: not mapped
+        flags += [False] * len(entry.captures)
         prog = entry.program
         bprog = jitted._derive(entry, ("vmap", tuple(flags), size), lambda: derived(
             "vmap", prog, flags + [size], lambda: vmap_program(prog, flags, size)))
@@ -653,7 +680,7 @@ def _jacobian_call(jitted, args, argnums, where):
         raise ArgumentError(f"{where}: give one argnum")
     _single_leaf(args[nums[0]], where)
     entry, leaves, in_vars = jitted._lookup(args)
-    flags = _wrt_flags(args, nums)
+    flags = _wrt_flags(args, nums) + [False] * len(entry.captures)
     i = flags.index(True)
     _float_check(in_vars[i], where, i)
     if len(entry.program.outputs) != 1:
@@ -828,6 +855,15 @@ def _bounded_while(cond_fn, body_fn, init, max_iters):
 
 # -- custom derivatives, checkpointing, gradient checks ------------------------------------------------
 
+def _refuse_captures(entry, kind, name):
+    """A custom rule sees only the function's arguments, so it cannot close over traced values."""
+    if entry.captures:
+        from .errors import TracingError
+        raise TracingError(f"{kind} {name}: the function closes over {len(entry.captures)} traced "
+                           "value(s) of an enclosing transformation (grad, vmap, scan, ...); its "
+                           "rule only sees the arguments, so pass those values as arguments")
+
+
 def _example(vars_):
     return [Tensor(Var(v.shape, v.dtype, v.device)) for v in vars_]
 
@@ -850,6 +886,7 @@ class custom_jvp:
         if self.rule is None:
             raise ArgumentError(f"custom_jvp {self.__name__}: define its rule with @f.defjvp first")
         entry, leaves, in_vars = jit(self.fun)._lookup(args)
+        _refuse_captures(entry, "custom_jvp", self.__name__)
         ex = _example(in_vars)
         rule = jit(_rule_as_function(self.rule, len(in_vars)))
         rentry, _, _ = rule._lookup(tuple(ex) + tuple(_example(in_vars)))
@@ -889,6 +926,7 @@ class custom_vjp:
         if self.fwd is None:
             raise ArgumentError(f"custom_vjp {self.__name__}: define its rule with f.defvjp(fwd, bwd)")
         entry, leaves, in_vars = jit(self.fun)._lookup(args)
+        _refuse_captures(entry, "custom_vjp", self.__name__)
         fwd = jit(self.fwd)
         fentry, _, _ = fwd._lookup(args)
         out_res = fentry.out_tree
