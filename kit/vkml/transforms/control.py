@@ -658,11 +658,21 @@ def _remat_partial_eval(eqn, args, unknown, to_unknown):
     n_known = sum(1 for u in out_u if not u)
     kprog = derived("remat-known", known, [n_known], lambda: select_outputs(known, range(n_known)))
     kres = bind(remat_p, *[a for a, u in zip(args, unknown) if not u], program=kprog)
-    uprog = derived("remat-unknown", program, out_u, lambda: select_outputs(
-        program, [i for i, u in enumerate(out_u) if u]))
+    uprog = derived("remat-unknown", program, unknown, lambda: _recompute_then_linear(program, unknown))
     ures = bind(call_p, *[a if u else to_unknown(a) for a, u in zip(args, unknown)], program=uprog)
     kit, uit = iter(kres), iter(ures)
     return [None if u else next(kit) for u in out_u], [next(uit) if u else None for u in out_u]
+
+
+def _recompute_then_linear(program, unknown):
+    """The unknown part of a checkpoint: recompute the known part from the inputs, then run the
+    part that reads the unknown inputs (split, so that a derivative in it is linear and can be
+    transposed even when it holds another checkpoint or a loop)."""
+    known, unk, out_u = derived("pe", program, unknown, lambda: partial_eval(program, unknown))
+    ins = [_placeholder(v) for v in program.inputs]
+    kouts = inline(known, [x for x, u in zip(ins, unknown) if not u])
+    residuals = kouts[sum(1 for u in out_u if not u):]
+    return program_from_dag(ins, inline(unk, residuals + [x for x, u in zip(ins, unknown) if u]))
 
 
 remat_p.abstract = _call_abstract
