@@ -302,3 +302,29 @@ def test_custom_rules_refuse_closures_over_traced_values():
 
     with pytest.raises(TracingError, match="pass those values as arguments"):
         vkml.grad(outer)(1.0)
+
+
+# -- what a closure may capture ----------------------------------------------------------------------
+
+def test_closure_over_an_intermediate_value_and_over_an_argument_it_also_receives():
+    # z = sin(x) is made by the outer trace; the inner grad closes over it
+    g = vkml.grad(lambda x: (lambda z: vkml.grad(lambda y: z * y ** 2)(1.0))(vkml.sin(x)))(0.5)
+    assert float(g) == pytest.approx(2 * np.cos(0.5), rel=1e-12)
+    # x is both the inner argument and a captured value: d/dx [d/dy x y]_(y=x) = 1
+    assert float(vkml.grad(lambda x: vkml.grad(lambda y: x * y)(x))(2.0)) == 1.0
+    # the inner function returns the captured value itself
+    assert float(vkml.grad(lambda x: vkml.sum(vkml.vmap(lambda y: x)(np.ones(3))))(2.0)) == 3.0
+
+
+def test_backward_through_a_jitted_function_holding_an_inner_closure():
+    x = vkml.tensor(np.array([0.4, 1.3]), requires_grad=True)
+    f = vkml.jit(lambda x: vkml.sum(vkml.vmap(lambda xi: vkml.grad(lambda y: xi * vkml.sin(y))(xi))(x)))
+    f(x).backward()
+    # d/dx_i [x_i cos(x_i)] = cos(x_i) - x_i sin(x_i)
+    want = autograd.grad(lambda x: anp.sum(x * anp.cos(x)))(np.array([0.4, 1.3]))
+    np.testing.assert_allclose(x.grad.numpy(), want, rtol=1e-12)
+
+
+def test_closures_in_eager_mode(eager):
+    _check(("grad", "vmap"), fd=False)
+    _check(("scan", "jvp"), fd=False)
