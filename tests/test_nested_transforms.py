@@ -328,3 +328,25 @@ def test_backward_through_a_jitted_function_holding_an_inner_closure():
 def test_closures_in_eager_mode(eager):
     _check(("grad", "vmap"), fd=False)
     _check(("scan", "jvp"), fd=False)
+
+
+def test_a_per_sample_kernel_may_close_over_its_inputs_in_an_inner_grad():
+    @vkml.kernel
+    def slope(x, k: vkml.Param):
+        # d/dy sin(k x y) at y = 1: the inner function reads the sample's x and the uniform k
+        return {"y": vkml.grad(lambda y: vkml.sin(k * x * y))(1.0)}
+
+    x, y = np.linspace(0.1, 0.9, 4), np.zeros(4)
+    vkml.Graph().add(slope.bind(x=x, k=1.5, y=y), name="slope").build().launch()
+    want = [autograd.grad(lambda t: anp.sin(1.5 * xi * t))(1.0) for xi in x]
+    np.testing.assert_allclose(y, want, rtol=1e-12)
+
+
+def test_a_value_kept_after_its_trace_finished_is_refused_when_captured():
+    kept = []
+    vkml.jit(lambda x: kept.append(x) or x * 2.0)(1.0)
+    for use in (lambda: vkml.jit(lambda y: y + kept[0])(2.0),
+                lambda: vkml.grad(lambda y: y * kept[0])(2.0),
+                lambda: vkml.scan(lambda c, r: (c + kept[0], None), 0.0, np.ones(3))):
+        with pytest.raises(TracingError, match="has finished"):
+            use()

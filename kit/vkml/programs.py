@@ -110,7 +110,7 @@ def _trace(fn, in_tree, in_vars, where):
     placeholders = [Var(v.shape, v.dtype, v.device, weak=v.weak) for v in in_vars]
     args = unflatten(in_tree, [Tensor(p) for p in placeholders])
     STATS.traces += 1
-    with _grad_disabled():
+    with _grad_disabled(), _open_trace(placeholders):
         out = fn(*args)
     out_leaves, out_tree = flatten(out)
     outs = [_leaf_var(o, where + " result") for o in out_leaves]
@@ -133,14 +133,50 @@ class _grad_disabled:
         _GRAD_ENABLED[0] = self.old
 
 
+#: placeholders of traces that have finished: a value made from one can never be computed
+_FINISHED = weakref.WeakSet()
+
+
+class _open_trace:
+    """While a function is traced, values made from its placeholders may be closed over by the
+    functions that nested transformations trace (they become those programs' captures); once it
+    returns, its placeholders are finished."""
+
+    def __init__(self, placeholders):
+        self.placeholders = placeholders
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        _FINISHED.update(self.placeholders)
+
+
+def _of_open_trace(var) -> bool:
+    """Whether ``var`` is a value of a trace still running (False: it can be computed).  A value
+    of a finished trace (one kept after its function returned) is refused: it has no value and
+    never will."""
+    if var.value is not None:
+        return False
+    leaves, _ = collect([var])
+    unknown = [v for v in leaves if v.value is None]
+    for v in unknown:
+        if v in _FINISHED:
+            from .errors import TracingError
+            raise TracingError(
+                f"a traced value ({v.type_str()}) from another trace was used here, and that trace "
+                "has finished (was the value kept after its function returned?); pass it as an "
+                "argument of the function instead of capturing it")
+    return bool(unknown)
+
+
 def _realize_captures(outs, placeholders, start):
     """Tensors a traced function closes over become constants of its program (as in JAX):
     pending ones are computed now.  Pass a tensor as an argument if it changes or needs a gradient.
     Returns the captured values of enclosing traces (they have no value to compute)."""
-    from .tensor import _is_traced
     inputs = set(placeholders)
     leaves, _ = collect(outs, is_leaf=lambda v: v in inputs or v.value is not None or v.serial < start)
-    outer = [v for v in leaves if v not in inputs and v.value is None and _is_traced(v)]
+    outer = [v for v in leaves if v not in inputs and _of_open_trace(v)]
     traced = set(outer)
     pending = [v for v in leaves if v not in inputs and v.value is None and v.eqn is not None
                and v not in traced]
@@ -227,7 +263,12 @@ def jit(fn=None):
     Values never cause a retrace; a new shape, dtype, pytree structure or
     aliasing pattern does.  Tensors the function closes over are constants
     of its program: pass what changes (or needs a gradient) as an argument.
-    ``jit`` of the same function object returns the same cached function.
+    Traced values of an enclosing transformation it closes over (``x`` in
+    ``grad(lambda x: grad(lambda y: x * y)(1.0))``) are extra inputs of its
+    program instead, differentiated and batched by the enclosing
+    transformation; such a call is traced each time (the next one closes over
+    other values).  ``jit`` of the same function object returns the same
+    cached function.
     """
     if fn is None:
         return jit
@@ -325,7 +366,7 @@ def scan(step, init, xs, length=None, reverse=False):
 def _trace_closed(fn, args, placeholders):
     """Call ``fn(*args)`` on placeholder tensors (a step, a branch, a loop body)."""
     STATS.traces += 1
-    with _grad_disabled():
+    with _grad_disabled(), _open_trace(placeholders):
         return fn(*args)
 
 
@@ -337,7 +378,10 @@ def _captures_of(outs, placeholders):
     start = min(p.serial for p in placeholders) if placeholders else current_serial()
     inputs = set(placeholders)
     leaves, _ = collect(outs, is_leaf=lambda v: v in inputs or v.serial < start)
-    return [v for v in leaves if v not in inputs and v.serial < start]
+    captures = [v for v in leaves if v not in inputs and v.serial < start]
+    for v in captures:
+        _of_open_trace(v)                   # refuses a value of a trace that is not running
+    return captures
 
 
 def _wrap(vars_, operands):
