@@ -146,8 +146,9 @@ def test_forward_mode_and_second_order_of_vmapped_cond_are_finite():
 
 
 def test_vmapped_switch_with_an_unbatched_capture_masks_each_branch():
-    """Three branches, one of which divides by the (closed-over) scale: only examples that take
-    it get its derivative, and the unbatched scale gets the sum of the taken ones."""
+    """Three branches, closing over a scale shared by every example: only the examples that take
+    a branch get its derivative (sqrt at 0 is not taken), and the scale gets the sum of the
+    taken ones."""
     idx = np.array([0, 1, 2, 1])
     xs = np.array([0.0, 2.0, 3.0, 0.5])
 

@@ -426,14 +426,13 @@ def _cond_batch(vals, dims, size, *, branches):
                     for b in branches)
         res = bind(cond_p, vals[0], *vals[1:], branches=bbs)
         return res, [0] * len(res)
-    # a per-example choice: run every branch, pick per example (floating operands are batched,
-    # each example masking its own derivative)
-    flags = [d == 0 or x.dtype.kind == "f" for x, d in zip(vals[1:], dims[1:])]
+    # a per-example choice: run every branch, pick per example
+    flags = [d == 0 for d in dims[1:]]
     bbs = tuple(derived("vmap", b, flags + [size], lambda b=b: vmap_program(b, flags, size))
                 for b in branches)
     index = api.cast(vals[0], "int64")
     picks = [api.equal(index, k) for k in range(len(bbs))]
-    results = [bind(call_p, *_only_where_taken(vals[1:], dims[1:], pick, size), program=b)
+    results = [bind(call_p, *_only_where_taken(vals[1:], dims[1:], pick), program=b)
                for b, pick in zip(bbs, picks)]
     out = results[-1]
     for k in range(len(bbs) - 2, -1, -1):
@@ -442,23 +441,23 @@ def _cond_batch(vals, dims, size, *, branches):
     return out, [0] * len(out)
 
 
-def _only_where_taken(vals, dims, pick, size):
-    """A branch's operands, differentiable only in the examples that take the branch.
+def _only_where_taken(vals, dims, pick):
+    """A branch's batched operands, differentiable only in the examples that take the branch.
 
     Every branch runs on every example; an example that does not take a branch
     must get no derivative through it, not ``0 * inf`` (the slope of ``sqrt`` at
     0 in the untaken branch of a "safe sqrt").  ``where(pick, x, stop_gradient(x))``
     has x's value and passes a tangent (and a cotangent) only where ``pick``
     holds, so the untaken branch's derivative is masked after it is formed.
+    Operands shared by all examples (a weight matrix) stay shared and unmasked:
+    masking them per example would copy them once per example.
     """
     out = []
     for x, d in zip(vals, dims):
-        if x.dtype.kind != "f":
-            out.append(x)
-            continue
-        x = x if d == 0 else api.broadcast_batch(x, size)
-        keep = api.broadcast_in_dim(pick, x.shape, (0,))
-        out.append(api.where(keep, x, api.stop_gradient(x)))
+        if d == 0 and x.dtype.kind == "f":
+            keep = api.broadcast_in_dim(pick, x.shape, (0,))
+            x = api.where(keep, x, api.stop_gradient(x))
+        out.append(x)
     return out
 
 
