@@ -106,6 +106,12 @@ def test_closures_depth_3_every_order(kinds):
     _check(kinds, fd=False)
 
 
+@pytest.mark.parametrize("kinds", [("grad", "vmap", "scan", "grad"), ("scan", "jacfwd", "vmap", "jvp"),
+                                   ("vmap", "grad", "checkpoint", "scan")], ids="-".join)
+def test_closures_depth_4(kinds):
+    _check(kinds, fd=False)
+
+
 @pytest.mark.parametrize("kinds", [p for p in itertools.product(CORE + EXTRA, repeat=2)
                                    if set(p) & set(EXTRA)], ids="-".join)
 def test_closures_through_jacrev_linearize_checkpoint_cond(kinds):
