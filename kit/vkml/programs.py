@@ -36,6 +36,7 @@ from .tensor import Tensor, _GRAD_ENABLED, _submit
 from .transforms import jvp_program, partial_eval, transpose_program, vmap_program
 from .transforms.ad import derived
 from .transforms.control import call, scan_bind
+from .transforms.interpret import inline
 
 __all__ = ["jit", "scan", "grad", "value_and_grad", "vjp", "jvp", "linearize", "program",
            "pp_program", "Jitted", "vmap", "jacfwd", "jacrev", "hessian", "hvp", "cond", "switch",
@@ -85,27 +86,40 @@ def _flat_args(args):
 class _Entry:
     """One key's program and everything derived from it."""
 
-    __slots__ = ("program", "out_tree", "derived", "executables")
+    __slots__ = ("program", "out_tree", "derived", "executables", "captures")
 
-    def __init__(self, program, out_tree):
+    def __init__(self, program, out_tree, captures=()):
         self.program = program
         self.out_tree = out_tree
+        # values of enclosing traces the function closes over: the program's last inputs
+        self.captures = tuple(captures)
         self.derived = {}
         self.executables = {}
 
 
 def _trace(fn, in_tree, in_vars, where):
-    """Run ``fn`` on placeholder Tensors; return its Program and output treedef."""
+    """Run ``fn`` on placeholder Tensors; return its Program, output treedef and captures.
+
+    Captures are the values of enclosing traces ``fn`` closes over (``x`` in
+    ``grad(lambda x: grad(lambda y: x * y)(1.0))``): they have no value yet,
+    so they become the program's last inputs, and every transformation passes
+    them along undifferentiated -- the enclosing transformation then
+    differentiates (or batches) through the call of the inner program.
+    """
     start = current_serial()
     placeholders = [Var(v.shape, v.dtype, v.device, weak=v.weak) for v in in_vars]
     args = unflatten(in_tree, [Tensor(p) for p in placeholders])
     STATS.traces += 1
-    with _grad_disabled():
+    with _grad_disabled(), _open_trace(placeholders):
         out = fn(*args)
     out_leaves, out_tree = flatten(out)
     outs = [_leaf_var(o, where + " result") for o in out_leaves]
-    _realize_captures(outs, placeholders, start)
-    return program_from_dag(placeholders, outs), out_tree
+    captures = _realize_captures(outs, placeholders, start)
+    if not captures:
+        return program_from_dag(placeholders, outs), out_tree, ()
+    inner = program_from_dag(placeholders + captures, outs)
+    fresh = _placeholders_like(inner.inputs)     # the program does not hold the outer graph
+    return program_from_dag(fresh, inline(inner, fresh)), out_tree, captures
 
 
 class _grad_disabled:
@@ -119,16 +133,58 @@ class _grad_disabled:
         _GRAD_ENABLED[0] = self.old
 
 
+#: placeholders of traces that have finished: a value made from one can never be computed
+_FINISHED = weakref.WeakSet()
+
+
+class _open_trace:
+    """While a function is traced, values made from its placeholders may be closed over by the
+    functions that nested transformations trace (they become those programs' captures); once it
+    returns, its placeholders are finished."""
+
+    def __init__(self, placeholders):
+        self.placeholders = placeholders
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        _FINISHED.update(self.placeholders)
+
+
+def _of_open_trace(var) -> bool:
+    """Whether ``var`` is a value of a trace still running (False: it can be computed).  A value
+    of a finished trace (one kept after its function returned) is refused: it has no value and
+    never will."""
+    if var.value is not None:
+        return False
+    leaves, _ = collect([var])
+    unknown = [v for v in leaves if v.value is None]
+    for v in unknown:
+        if v in _FINISHED:
+            from .errors import TracingError
+            raise TracingError(
+                f"a traced value ({v.type_str()}) from another trace was used here, and that trace "
+                "has finished (was the value kept after its function returned?); pass it as an "
+                "argument of the function instead of capturing it")
+    return bool(unknown)
+
+
 def _realize_captures(outs, placeholders, start):
     """Tensors a traced function closes over become constants of its program (as in JAX):
-    pending ones are computed now.  Pass a tensor as an argument if it changes or needs a gradient."""
+    pending ones are computed now.  Pass a tensor as an argument if it changes or needs a gradient.
+    Returns the captured values of enclosing traces (they have no value to compute)."""
     inputs = set(placeholders)
     leaves, _ = collect(outs, is_leaf=lambda v: v in inputs or v.value is not None or v.serial < start)
-    pending = [v for v in leaves if v not in inputs and v.value is None and v.eqn is not None]
+    outer = [v for v in leaves if v not in inputs and _of_open_trace(v)]
+    traced = set(outer)
+    pending = [v for v in leaves if v not in inputs and v.value is None and v.eqn is not None
+               and v not in traced]
     if pending:
         from .tensor import _run, _settle
         for v, value in zip(pending, _run(pending)):
             _settle(v, value, keep_history=True)
+    return outer
 
 
 # -- jit ----------------------------------------------------------------------------------------
@@ -149,12 +205,16 @@ class Jitted:
         key = (in_tree, _signature(in_vars))
         entry = self._entries.get(key)
         if entry is None:
-            program, out_tree = _trace(self.fn, in_tree, in_vars, self.__name__)
-            entry = self._entries[key] = _Entry(program, out_tree)
+            program, out_tree, captures = _trace(self.fn, in_tree, in_vars, self.__name__)
+            entry = _Entry(program, out_tree, captures)
+            if not captures:
+                # a closure over an enclosing trace's values is traced again on the next call,
+                # which closes over other values; its derivations are still cached by structure
+                self._entries[key] = entry
             self.traces += 1
         else:
             self.hits += 1
-        return entry, leaves, in_vars
+        return entry, leaves, in_vars + list(entry.captures)
 
     def __call__(self, *args):
         entry, leaves, in_vars = self._lookup(args)
@@ -203,7 +263,12 @@ def jit(fn=None):
     Values never cause a retrace; a new shape, dtype, pytree structure or
     aliasing pattern does.  Tensors the function closes over are constants
     of its program: pass what changes (or needs a gradient) as an argument.
-    ``jit`` of the same function object returns the same cached function.
+    Traced values of an enclosing transformation it closes over (``x`` in
+    ``grad(lambda x: grad(lambda y: x * y)(1.0))``) are extra inputs of its
+    program instead, differentiated and batched by the enclosing
+    transformation; such a call is traced each time (the next one closes over
+    other values).  ``jit`` of the same function object returns the same
+    cached function.
     """
     if fn is None:
         return jit
@@ -301,7 +366,7 @@ def scan(step, init, xs, length=None, reverse=False):
 def _trace_closed(fn, args, placeholders):
     """Call ``fn(*args)`` on placeholder tensors (a step, a branch, a loop body)."""
     STATS.traces += 1
-    with _grad_disabled():
+    with _grad_disabled(), _open_trace(placeholders):
         return fn(*args)
 
 
@@ -313,7 +378,10 @@ def _captures_of(outs, placeholders):
     start = min(p.serial for p in placeholders) if placeholders else current_serial()
     inputs = set(placeholders)
     leaves, _ = collect(outs, is_leaf=lambda v: v in inputs or v.serial < start)
-    return [v for v in leaves if v not in inputs and v.serial < start]
+    captures = [v for v in leaves if v not in inputs and v.serial < start]
+    for v in captures:
+        _of_open_trace(v)                   # refuses a value of a trace that is not running
+    return captures
 
 
 def _wrap(vars_, operands):
@@ -384,7 +452,7 @@ def _float_check(v, where, i):
 def _vjp_call(jitted, args, nums, where):
     """Run the known part; return (outputs, pullback over the linear part)."""
     entry, leaves, in_vars = jitted._lookup(args)
-    flags = _wrt_flags(args, nums)
+    flags = _wrt_flags(args, nums) + [False] * len(entry.captures)
     for i, (v, f) in enumerate(zip(in_vars, flags)):
         if f:
             _float_check(v, where, i)
@@ -441,13 +509,14 @@ def _grad_fn(fn, argnums, has_aux, with_value):
 
 
 def _regroup(args, nums, grads):
-    """Cotangents of the flattened differentiated leaves, back in the arguments' pytree shapes."""
+    """Cotangents of the flattened differentiated leaves, back in the arguments' pytree shapes,
+    in the order of ``nums`` (the leaves come in argument order, as they were flattened)."""
     it = iter(grads)
-    out = []
-    for i in nums:
+    per_arg = {}
+    for i in sorted(set(nums)):
         leaves, tree = flatten(args[i])
-        out.append(unflatten(tree, [next(it) for _ in leaves]))
-    return out
+        per_arg[i] = unflatten(tree, [next(it) for _ in leaves])
+    return [per_arg[i] for i in nums]
 
 
 def grad(fn, argnums=0, has_aux=False):
@@ -501,7 +570,7 @@ def jvp(fn, primals, tangents):
         if p.shape != t.shape:
             raise ShapeError(f"jvp: tangent {i} has shape {format_shape(t.shape)}, its primal "
                              f"{format_shape(p.shape)}")
-    flags = [v.dtype.kind == "f" for v in in_vars]
+    flags = [v.dtype.kind == "f" for v in in_vars[:len(t_vars)]] + [False] * len(entry.captures)
     prog = entry.program
     jp = jitted._derive(entry, ("jvp", tuple(flags)),
                         lambda: derived("jvp", prog, flags, lambda: jvp_program(prog, flags)))
@@ -518,7 +587,8 @@ def linearize(fn, *primals):
     runs only the part linear in the tangents (the residuals are kept)."""
     jitted = jit(fn)
     entry, leaves, in_vars = jitted._lookup(primals)
-    flags = [v.dtype.kind == "f" for v in in_vars]
+    n_args = len(in_vars) - len(entry.captures)
+    flags = [v.dtype.kind == "f" for v in in_vars[:n_args]] + [False] * len(entry.captures)
     known, linear, transposed, out_u, n_res = _vjp_parts(jitted, entry, flags, len(entry.program.outputs))
     rg = any(isinstance(x, Tensor) and x.requires_grad for x in leaves)
     known_out = _apply_program(jitted, entry, ("known",), known, in_vars, rg)
@@ -531,8 +601,8 @@ def linearize(fn, *primals):
 
     def f_jvp(*tangents):
         t_leaves, t_tree = flatten(tuple(tangents))
-        if len(t_leaves) != len(in_vars):
-            raise ArgumentError(f"linearize: expected {len(in_vars)} tangent leaves, got {len(t_leaves)}")
+        if len(t_leaves) != n_args:
+            raise ArgumentError(f"linearize: expected {n_args} tangent leaves, got {len(t_leaves)}")
         t_vars = [api.cast(_leaf_var(t, "tangent"), p.dtype) for t, p in zip(t_leaves, in_vars)]
         ins = [r.ir_var for r in residuals] + [t for t, f in zip(t_vars, flags) if f]
         res = _apply_program(jitted, entry, ("linear",), linear, ins, False)
@@ -600,6 +670,8 @@ def vmap(fn, in_axes=0, out_axes=0):
             raise ShapeError(f"vmap: mapped axes must all have one size, got {sorted(sizes) or 'none'}")
         size = sizes.pop()
         entry, _, _ = jitted._lookup(tuple(example))
+        in_vars += entry.captures                     # values of enclosing traces: not mapped
+        flags += [False] * len(entry.captures)
         prog = entry.program
         bprog = jitted._derive(entry, ("vmap", tuple(flags), size), lambda: derived(
             "vmap", prog, flags + [size], lambda: vmap_program(prog, flags, size)))
@@ -652,7 +724,7 @@ def _jacobian_call(jitted, args, argnums, where):
         raise ArgumentError(f"{where}: give one argnum")
     _single_leaf(args[nums[0]], where)
     entry, leaves, in_vars = jitted._lookup(args)
-    flags = _wrt_flags(args, nums)
+    flags = _wrt_flags(args, nums) + [False] * len(entry.captures)
     i = flags.index(True)
     _float_check(in_vars[i], where, i)
     if len(entry.program.outputs) != 1:
@@ -827,6 +899,15 @@ def _bounded_while(cond_fn, body_fn, init, max_iters):
 
 # -- custom derivatives, checkpointing, gradient checks ------------------------------------------------
 
+def _refuse_captures(entry, kind, name):
+    """A custom rule sees only the function's arguments, so it cannot close over traced values."""
+    if entry.captures:
+        from .errors import TracingError
+        raise TracingError(f"{kind} {name}: the function closes over {len(entry.captures)} traced "
+                           "value(s) of an enclosing transformation (grad, vmap, scan, ...); its "
+                           "rule only sees the arguments, so pass those values as arguments")
+
+
 def _example(vars_):
     return [Tensor(Var(v.shape, v.dtype, v.device)) for v in vars_]
 
@@ -849,6 +930,7 @@ class custom_jvp:
         if self.rule is None:
             raise ArgumentError(f"custom_jvp {self.__name__}: define its rule with @f.defjvp first")
         entry, leaves, in_vars = jit(self.fun)._lookup(args)
+        _refuse_captures(entry, "custom_jvp", self.__name__)
         ex = _example(in_vars)
         rule = jit(_rule_as_function(self.rule, len(in_vars)))
         rentry, _, _ = rule._lookup(tuple(ex) + tuple(_example(in_vars)))
@@ -888,6 +970,7 @@ class custom_vjp:
         if self.fwd is None:
             raise ArgumentError(f"custom_vjp {self.__name__}: define its rule with f.defvjp(fwd, bwd)")
         entry, leaves, in_vars = jit(self.fun)._lookup(args)
+        _refuse_captures(entry, "custom_vjp", self.__name__)
         fwd = jit(self.fwd)
         fentry, _, _ = fwd._lookup(args)
         out_res = fentry.out_tree
@@ -899,6 +982,9 @@ class custom_vjp:
                            fentry.program.consts)
         res_tree, out_tree = out_res.children[1], out_res.children[0]
         bwd = self.bwd
+        arg_types, it = [], iter(in_vars)
+        for a in args:
+            arg_types.append(tuple((v.shape, v.dtype) for _, v in zip(flatten(a)[0], it)))
 
         def bwd_flat(*xs):
             res = unflatten(res_tree, xs[:len(res_vars)])
@@ -907,9 +993,9 @@ class custom_vjp:
             if not isinstance(cts, tuple) or len(cts) != len(args):
                 raise ArgumentError(f"custom_vjp: bwd must return a tuple of {len(args)} cotangents, "
                                     "one per argument")
-            return tuple(flatten(cts)[0])
+            return tuple(_cotangent_leaves(cts, arg_types))
 
-        key = (res_tree, out_tree, len(args))
+        key = (res_tree, out_tree, tuple(arg_types))
         if key not in self._flat:
             self._flat[key] = jit(bwd_flat)
         bentry, _, _ = self._flat[key]._lookup(
@@ -919,6 +1005,23 @@ class custom_vjp:
         res = bind(custom_vjp_p, *in_vars, program=entry.program, fwd=fwd_flat, bwd=bentry.program,
                    num_res=len(res_vars))
         return unflatten(entry.out_tree, _wrap(res, in_vars))
+
+
+def _cotangent_leaves(cts, arg_types):
+    """The flat cotangents ``bwd`` returned, one run of leaves per argument; ``None`` stands for
+    zeros (an argument that gets no gradient), so every later cotangent stays on its argument."""
+    flat = []
+    for i, (c, types) in enumerate(zip(cts, arg_types)):
+        if c is None:
+            flat += [np.zeros(shape, dtype) for shape, dtype in types]
+            continue
+        leaves = flatten(c)[0]
+        if len(leaves) != len(types):
+            raise ArgumentError(f"custom_vjp: bwd's cotangent {i} has {len(leaves)} leaves but "
+                                f"argument {i} has {len(types)}; return one cotangent of the "
+                                "argument's structure, or None for no gradient")
+        flat += leaves
+    return flat
 
 
 def checkpoint(fn):
