@@ -921,6 +921,7 @@ class custom_vjp:
         _check_function(bwd, f"custom_vjp {self.__name__}.defvjp", "bwd")
         self.fwd, self.bwd = fwd, bwd
         self._static.clear()
+        self._flat.clear()  # the flat bwd wrappers close over the old bwd
 
     def __call__(self, *args):
         if self.fwd is None:
