@@ -1129,7 +1129,8 @@ class _StaticJitted:
         _check_function(fn, "jit")
         nums = tuple(static_argnums) if isinstance(static_argnums, (tuple, list)) else (static_argnums,)
         if not all(_is_int(a) for a in nums):
-            raise ArgumentError(f"jit: static_argnums must be an int or a tuple of ints, got {static_argnums!r}")
+            raise ArgumentError(f"jit: static_argnums must be an int or a tuple of ints (positions of "
+                                f"arguments baked into the program), got {static_argnums!r}")
         self.fn, self.static_argnums = fn, nums
         self._jitted = {}
         functools.update_wrapper(self, fn)
