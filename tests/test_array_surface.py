@@ -86,6 +86,10 @@ def test_ndarray_operator_tensor_is_a_tensor():
     (lambda m, a: m.take(a, [0, 2]), lambda a: np.take(a, [0, 2])),
     (lambda m, a: m.ravel(a), lambda a: np.ravel(a)),
     (lambda m, a: m.dot(a, a.T), lambda a: np.dot(a, a.T)),
+    (lambda m, a: m.all(a > -1), lambda a: np.all(a > -1)),
+    (lambda m, a: m.any(a > 1, axis=0), lambda a: np.any(a > 1, axis=0)),
+    (lambda m, a: m.zeros_like(a), lambda a: np.zeros_like(a)),
+    (lambda m, a: m.ones_like(a, dtype=np.int32), lambda a: np.ones_like(a, dtype=np.int32)),
 ])
 def test_numpy_functions_dispatch_to_vkml(call, ref):
     out = call(np, vkml.tensor(X))

@@ -26,7 +26,7 @@ from .tensor import (Tensor, abs, add, argmax, argmin, broadcast_to, clip, conca
                      less, less_equal, log, logical_and, logical_not, logical_or, matmul, max,
                      maximum, mean, min, minimum, mod, mul, neg, not_equal, pow, reshape, sign,
                      sin, sqrt, square, squeeze, stack, std, sub, sum, swapaxes, take,
-                     take_along_axis, tanh, transpose, var, where)
+                     take_along_axis, tanh, tensor, transpose, var, where, ones, zeros)
 
 # -- vkml's own operations under NumPy's names and parameter names ------------------------------------
 
@@ -40,6 +40,10 @@ UFUNCS = {
     "exp": exp, "log": log, "sin": sin, "cos": cos, "tanh": tanh, "sqrt": sqrt,
     "absolute": abs, "sign": sign, "square": square, "matmul": matmul,
 }
+
+
+def _as_tensor(a):
+    return a if isinstance(a, Tensor) else tensor(a)
 
 
 def _transpose(a, axes=None):
@@ -95,6 +99,9 @@ FUNCTIONS = {
     "concatenate": lambda arrays, axis=0: concatenate(list(arrays), axis),
     "stack": lambda arrays, axis=0: stack(list(arrays), axis),
     "where": lambda condition, x, y: where(condition, x, y),
+    "all": lambda a, axis=None: _as_tensor(a).all(axis), "any": lambda a, axis=None: _as_tensor(a).any(axis),
+    "zeros_like": lambda a, dtype=None: zeros(np.shape(a), dtype or _as_tensor(a).dtype),
+    "ones_like": lambda a, dtype=None: ones(np.shape(a), dtype or _as_tensor(a).dtype),
     "clip": _clip, "dot": lambda a, b: matmul(a, b), "take": _take, "flip": _flip,
     "take_along_axis": lambda arr, indices, axis: take_along_axis(arr, indices, axis),
 }
