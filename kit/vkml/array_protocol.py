@@ -112,7 +112,7 @@ FACTS = {"allclose", "array_equal", "array_equiv", "isclose", "shape", "ndim", "
          "array_repr", "array_str", "save", "savez", "savez_compressed", "savetxt", "copyto"}
 
 _ALIASES = {"absolute": "abs", "remainder": "mod", "true_divide": "divide", "amax": "max",
-            "amin": "min"}
+            "amin": "min", "concat": "concatenate", "permute_dims": "transpose"}
 
 
 def _from_vkml_numpy(path):
@@ -138,12 +138,15 @@ def _numpy_name(func):
 
 
 def _implementation(path, table):
-    found = _from_vkml_numpy(path)
-    if found is None and len(path) == 1 and path[0] in _ALIASES:
-        found = _from_vkml_numpy((_ALIASES[path[0]],))
-    if found is None and len(path) == 1:
-        found = table.get(path[0])
-    return found
+    """vkml.numpy's function of this name (or its alias), else the table's."""
+    names = [path[-1]] + ([_ALIASES[path[-1]]] if len(path) == 1 and path[0] in _ALIASES else [])
+    for name in names:
+        found = _from_vkml_numpy(path[:-1] + (name,))
+        if found is not None:
+            return found
+    if len(path) == 1:
+        return next((table[n] for n in names if n in table), None)
+    return None
 
 
 def _unsupported(path, why=""):
