@@ -639,3 +639,14 @@ def test_conv2d_module_exists_and_dir_shows_only_public_names():
     assert "np" not in names and "math" not in names and "numbers" not in names
     assert set(names) == set(vkml.nn.__all__)
     assert all(hasattr(vkml.nn, n) for n in vkml.nn.__all__)
+
+
+@pytest.mark.parametrize("jac", [vkml.jacfwd, vkml.jacrev])
+def test_pytree_jacobian_second_call_traces_and_derives_nothing(jac):
+    j = jac(_f_tree)
+    j({"a": np.ones(3), "b": np.ones(2)})
+    before = vkml.stats()
+    out = j({"a": np.full(3, 2.0), "b": np.ones(2)})
+    spent = vkml.stats() - before
+    assert spent.traces == 0 and spent.derivations == 0 and spent.compiles == 0
+    np.testing.assert_allclose(out["y"]["a"].numpy(), 2.0 * np.eye(3))
