@@ -3,7 +3,11 @@
 The public API (see DESIGN.md):
 
 - tensors: ``tensor``, ``realize``, ``assign``, ``backward``, ``set_eager``/``is_eager``,
-  ``stats``/``reset_stats``, and the operations (``add``, ``mul``, ``sum``, ``matmul``, ...)
+  ``stats``/``reset_stats``, and the operations (``add``, ``mul``, ``sum``, ``matmul``, ...);
+  NumPy's own functions on a Tensor (``np.exp(t)``, ``np.sum(t, axis=0)``) run these too
+- programs: ``jit``, ``grad``, ``vmap``, ``jacfwd``/``jacrev``/``hessian``, ``scan``,
+  ``fori_loop``, ``while_loop``, ``associative_scan``, ``cond``/``switch``, ``custom_vjp``, over
+  pytrees (tuples, lists, dicts, namedtuples, dataclasses, ``pytree.register``-ed classes)
 - ``nn`` and ``optim``: layers, losses, SGD and Adam
 - backends: ``set_backend``, ``backend_info``
 - ``viz``: graphviz pictures of Programs, lazy graphs, derived programs, Graphs and Records
