@@ -511,7 +511,7 @@ class LayerNorm(Module):
     def forward(self, x):
         x = _as_input(x, "LayerNorm")
         k = len(self.normalized_shape)
-        if x.shape[x.ndim - k:] != self.normalized_shape or x.ndim < k:
+        if x.ndim < k or x.shape[x.ndim - k:] != self.normalized_shape:
             raise ShapeError(f"LayerNorm{self.normalized_shape}: the input's last dimensions must be "
                              f"{self.normalized_shape}, got shape {x.shape}")
         axes = tuple(range(x.ndim - k, x.ndim))
