@@ -106,7 +106,7 @@ def test_custom_vjp_none_for_a_pytree_argument_and_a_wrong_structure_is_refused(
         return x * y
 
     bad.defvjp(lambda x, y: (x * y, (x, y)), lambda r, g: ((g, g), None))
-    with pytest.raises(ArgumentError, match="cotangent 0 has 2 leaves"):
+    with pytest.raises(vkml.VkmlError, match="cotangent 0 has structure"):
         vkml.grad(lambda x: bad(x, 2.0))(1.0)
 
 

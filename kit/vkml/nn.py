@@ -28,7 +28,7 @@ import numpy as np
 
 from .errors import ArgumentError, DTypeError, ShapeError
 from .tensor import (Tensor, conv2d, flatten, gather, matmul, max_pool2d, mean, relu, reshape,
-                     take_along_axis, tensor, transpose)
+                     sigmoid, softmax, sqrt, take, take_along_axis, tanh, tensor, transpose, var)
 from .tensor import log_softmax as _log_softmax
 
 __all__ = ["Module", "Parameter", "Linear", "Conv2d", "MaxPool2d", "ReLU", "Flatten", "Sequential",
@@ -405,3 +405,148 @@ def mse(pred, target) -> Tensor:
 
 
 mse_loss = mse
+
+
+# -- more layers PyTorch users reach for ------------------------------------------------------------------
+
+def _as_input(x, layer):
+    if isinstance(x, Tensor):
+        return x
+    try:
+        return tensor(x)
+    except ArgumentError as err:
+        raise ArgumentError(f"{layer}: expected a tensor or an array, got {type(x).__name__}") from err
+
+
+class Tanh(Module):
+    """``tanh(x)`` elementwise."""
+
+    def forward(self, x):
+        return tanh(_as_input(x, "Tanh"))
+
+
+class Sigmoid(Module):
+    """``1 / (1 + exp(-x))`` elementwise."""
+
+    def forward(self, x):
+        return sigmoid(_as_input(x, "Sigmoid"))
+
+
+class GELU(Module):
+    """The Gaussian error linear unit in its tanh form (``torch.nn.GELU(approximate="tanh")``):
+    ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``.  vkml has no erf primitive, so the exact
+    form is not offered; the two differ by less than 1e-3."""
+
+    def forward(self, x):
+        x = _as_input(x, "GELU")
+        inner = math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)
+        return 0.5 * x * (1.0 + tanh(inner))
+
+
+class Softmax(Module):
+    """``exp(x) / sum(exp(x))`` along ``axis`` (``dim`` as PyTorch spells it; default the last)."""
+
+    def __init__(self, axis=-1, *, dim=None):
+        super().__init__()
+        axis = axis if dim is None else dim
+        if not isinstance(axis, numbers.Integral) or isinstance(axis, bool):
+            raise ArgumentError(f"Softmax: axis must be an int, got {axis!r}")
+        self.axis = int(axis)
+
+    def forward(self, x):
+        return softmax(_as_input(x, "Softmax"), self.axis)
+
+    def extra_repr(self):
+        return f"axis={self.axis}"
+
+
+class Dropout(Module):
+    """Zero each element with probability ``p`` in training, scaling the rest by ``1/(1-p)``;
+    the identity in ``eval()`` mode.
+
+    Deterministic: the masks come from a NumPy Generator seeded with
+    ``seed`` (so the same model built with the same seed drops the same
+    elements every run), or from ``key`` given to one call, ``drop(x,
+    key=7)``, for a mask that depends on nothing else.
+    """
+
+    def __init__(self, p=0.5, *, seed=0):
+        super().__init__()
+        if not isinstance(p, numbers.Real) or isinstance(p, bool) or not 0 <= p < 1:
+            raise ArgumentError(f"Dropout: p must be a probability in [0, 1), got {p!r}")
+        self.p = float(p)
+        self.seed = seed
+        self._rng = _generator(seed)
+
+    def forward(self, x, key=None):
+        x = _as_input(x, "Dropout")
+        if not self.training or self.p == 0:
+            return x
+        gen = self._rng if key is None else _generator(key)
+        keep = gen.random(x.shape) >= self.p
+        return x * tensor((keep / (1.0 - self.p)).astype(x.dtype if x.dtype.kind == "f" else np.float32))
+
+    def extra_repr(self):
+        return f"p={self.p}"
+
+
+class LayerNorm(Module):
+    """Normalize over the last dimensions (``normalized_shape``): ``(x - mean) / sqrt(var + eps)``,
+    then ``* weight + bias`` (ones and zeros at first) when ``elementwise_affine``, as PyTorch."""
+
+    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, *, dtype=np.float32):
+        super().__init__()
+        shape = (normalized_shape,) if isinstance(normalized_shape, numbers.Integral) \
+            else tuple(normalized_shape) if isinstance(normalized_shape, (tuple, list)) else None
+        if not shape or not all(isinstance(d, numbers.Integral) and not isinstance(d, bool) and d > 0
+                                for d in shape):
+            raise ArgumentError(f"LayerNorm: normalized_shape must be a positive int or a tuple of "
+                                f"them, got {normalized_shape!r}")
+        if not isinstance(eps, numbers.Real) or not eps > 0:
+            raise ArgumentError(f"LayerNorm: eps must be a positive number, got {eps!r}")
+        self.normalized_shape, self.eps = tuple(int(d) for d in shape), float(eps)
+        self.weight = Parameter(np.ones(self.normalized_shape), dtype) if elementwise_affine else None
+        self.bias = Parameter(np.zeros(self.normalized_shape), dtype) if elementwise_affine else None
+
+    def forward(self, x):
+        x = _as_input(x, "LayerNorm")
+        k = len(self.normalized_shape)
+        if x.ndim < k or x.shape[x.ndim - k:] != self.normalized_shape:
+            raise ShapeError(f"LayerNorm{self.normalized_shape}: the input's last dimensions must be "
+                             f"{self.normalized_shape}, got shape {x.shape}")
+        axes = tuple(range(x.ndim - k, x.ndim))
+        centered = x - mean(x, axes, keepdims=True)
+        y = centered / sqrt(var(x, axes, keepdims=True) + self.eps)
+        return y * self.weight + self.bias if self.weight is not None else y
+
+    def extra_repr(self):
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.weight is not None}"
+
+
+class Embedding(Module):
+    """A table of ``num_embeddings`` vectors of size ``embedding_dim``; ``emb(ids)`` looks rows up
+    (shape ids.shape + (embedding_dim,)).  Initialised N(0, 1), as ``torch.nn.Embedding``."""
+
+    def __init__(self, num_embeddings, embedding_dim, *, rng=None, dtype=np.float32):
+        super().__init__()
+        self.num_embeddings = _positive_int(num_embeddings, "num_embeddings", "Embedding")
+        self.embedding_dim = _positive_int(embedding_dim, "embedding_dim", "Embedding")
+        self.weight = Parameter(_generator(rng).standard_normal((self.num_embeddings, self.embedding_dim)),
+                                dtype)
+
+    def forward(self, ids):
+        ids = _as_input(ids, "Embedding")
+        if ids.dtype.kind not in "iu":
+            raise ArgumentError(f"Embedding: ids must be integers, got {ids.dtype}; cast them with "
+                                ".astype(np.int64)")
+        return take(self.weight, ids, 0)
+
+    def extra_repr(self):
+        return f"{self.num_embeddings}, {self.embedding_dim}"
+
+__all__ += ["Tanh", "Sigmoid", "GELU", "Softmax", "Dropout", "LayerNorm", "Embedding"]
+
+
+def __dir__():
+    """Only the public names: ``dir(vkml.nn)`` lists layers and losses, not this module's imports."""
+    return sorted(__all__)

@@ -16,6 +16,7 @@ submission.
 from __future__ import annotations
 
 import contextlib
+import math
 import numbers
 import os
 import weakref
@@ -381,6 +382,27 @@ class Tensor:
     def __ge__(self, y):
         return greater_equal(self, y)
 
+    def __mod__(self, y):
+        return mod(self, y)
+
+    def __rmod__(self, y):
+        return mod(y, self)
+
+    def var(self, axis=None, ddof=0, keepdims=False):
+        return var(self, axis, ddof, keepdims)
+
+    def std(self, axis=None, ddof=0, keepdims=False):
+        return std(self, axis, ddof, keepdims)
+
+    # NumPy's protocols: np.exp(t), np.sum(t, axis=0), ... run vkml's own (lazy, differentiable) ops
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        from .array_protocol import array_ufunc
+        return array_ufunc(ufunc, method, inputs, kwargs)
+
+    def __array_function__(self, func, types, args, kwargs):
+        from .array_protocol import array_function
+        return array_function(func, types, args, kwargs)
+
     __hash__ = object.__hash__
 
 
@@ -555,6 +577,45 @@ dot = matmul
 conv2d = _lift(api.conv2d)
 max_pool2d = _lift(api.max_pool2d)
 avg_pool2d = _lift(api.avg_pool2d)
+
+
+# -- compositions NumPy users expect -------------------------------------------------------------------
+
+def var(x, axis=None, ddof=0, keepdims=False):
+    """The variance, as ``np.var``: the summed squared deviation from the mean over ``axis``,
+    divided by ``n - ddof`` (``ddof=1`` for the unbiased estimate).  Built from mean, sub, mul and
+    sum, so it is lazy and has a gradient; integer input gives float64, as in NumPy."""
+    x = _as_tensor(x)
+    if not isinstance(ddof, numbers.Real) or isinstance(ddof, bool):
+        raise ArgumentError(f"var: ddof must be a number (0 for the population variance, 1 for "
+                            f"the sample variance), got {type(ddof).__name__}")
+    axes = api.normalize_axes("var", x.ndim, axis)
+    count = math.prod(x.shape[a] for a in axes)
+    if x.dtype.kind != "f":
+        x = cast(x, np.float64)
+    deviation = x - mean(x, axis, keepdims=True)
+    return sum(deviation * deviation, axis, keepdims) / float(count - ddof)
+
+
+def std(x, axis=None, ddof=0, keepdims=False):
+    """The standard deviation, as ``np.std``: ``sqrt(var(x, axis, ddof, keepdims))``."""
+    return sqrt(var(x, axis, ddof, keepdims))
+
+
+def mod(x, y):
+    """The remainder with the sign of ``y``, as Python's ``%`` and ``np.mod``: ``x - floor(x / y) * y``.
+
+    Integers use floor division; floats floor through a cast to int64 (exact for
+    |x / y| < 2**53), and the floor is a constant of the derivative, so d(x % y)/dx = 1."""
+    if not isinstance(x, Tensor) and not isinstance(y, Tensor):
+        x = tensor(x)
+    kinds = {v.dtype.kind if isinstance(v, Tensor) else np.asarray(v).dtype.kind for v in (x, y)}
+    if "f" not in kinds:
+        return sub(x, mul(floor_divide(x, y), y))
+    quotient = div(x, y)
+    truncated = cast(cast(quotient, np.int64), quotient.dtype)
+    floor = stop_gradient(sub(truncated, cast(greater(truncated, quotient), quotient.dtype)))
+    return sub(x, mul(floor, y))
 
 
 # -- realize ------------------------------------------------------------------------------------------

@@ -567,8 +567,16 @@ def _guarded_body(bc, bb, ncc, nbc):
     return program_from_dag(cc + bcs + carry, outs)
 
 
+def _while_transpose(cts, *args, **params):
+    raise GradError("while_loop: reverse mode (grad, vjp, jacrev) cannot run back through a loop "
+                    "whose number of iterations is known only when it runs; give "
+                    "while_loop(..., max_iters=N), a bound on its iterations, to make it a scan "
+                    "that reverse mode can differentiate")
+
+
 while_p.abstract = _while_abstract
 while_p.jvp = _while_jvp
+while_p.transpose = _while_transpose
 while_p.batch = _while_batch
 
 
