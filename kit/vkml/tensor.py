@@ -29,6 +29,8 @@ from .ir import Program, Var, collect, collect_keyed, dtype_name, format_shape
 from .ops import api
 from .ops.core import CURRENT_SITE, user_site
 from .transforms import vjp_program
+from .validate import (MAX_ELEMENTS, check_bool, check_dtype, check_real, check_sequence,
+                       check_shape, describe, host_memory)
 
 _EAGER = [os.environ.get("VKML_EAGER", "0") not in ("", "0", "false", "False")]
 _GRAD_ENABLED = [True]
@@ -39,7 +41,7 @@ _GRAD_LEAVES: "weakref.WeakKeyDictionary[Var, weakref.ref]" = weakref.WeakKeyDic
 
 def set_eager(enabled: bool) -> None:
     """Run every operation at once (debugging: an error names the line that caused it)."""
-    _EAGER[0] = bool(enabled)
+    _EAGER[0] = check_bool(enabled, "enabled", "set_eager")
 
 
 def is_eager() -> bool:
@@ -49,8 +51,9 @@ def is_eager() -> bool:
 @contextlib.contextmanager
 def eager(enabled: bool = True):
     """``with vkml.eager():`` -- eager mode for a block, restored afterwards (also on error)."""
+    enabled = check_bool(enabled, "enabled", "eager")
     old = _EAGER[0]
-    _EAGER[0] = bool(enabled)
+    _EAGER[0] = enabled
     try:
         yield
     finally:
@@ -75,6 +78,9 @@ class Tensor:
     __array_priority__ = 1000  # so ndarray * Tensor calls Tensor.__rmul__
 
     def __init__(self, var: Var, requires_grad: bool = False):
+        if not isinstance(var, Var):
+            raise ArgumentError(f"Tensor: wraps an IR Var, got {describe(var)}; make tensors with "
+                                "vkml.tensor(data)")
         self.ir_var = var
         self.requires_grad = requires_grad
         self.grad = None
@@ -165,6 +171,7 @@ class Tensor:
         return Tensor(api.stop_gradient(self.ir_var))
 
     def requires_grad_(self, flag: bool = True) -> "Tensor":
+        flag = check_bool(flag, "flag", "requires_grad_")
         if flag:
             _check_grad_dtype(self.ir_var, "requires_grad_")
             if self.ir_var.eqn is not None:
@@ -394,6 +401,7 @@ def _check_grad_dtype(var, what):
 
 def tensor(data, dtype=None, requires_grad: bool = False) -> Tensor:
     """A new leaf tensor holding a copy of ``data`` (array, list or number)."""
+    requires_grad = check_bool(requires_grad, "requires_grad", "tensor")
     if isinstance(data, Tensor):
         data = data.numpy()
     if isinstance(data, (str, bytes, dict, set)) or data is None:
@@ -418,26 +426,53 @@ def _as_tensor(x) -> Tensor:
 
 
 def zeros(shape, dtype=np.float32, requires_grad=False):
-    return tensor(np.zeros(shape, dtype=dtype), requires_grad=requires_grad)
+    return full(shape, 0, dtype, requires_grad, op="zeros")
 
 
 def ones(shape, dtype=np.float32, requires_grad=False):
-    return tensor(np.ones(shape, dtype=dtype), requires_grad=requires_grad)
+    return full(shape, 1, dtype, requires_grad, op="ones")
 
 
-def full(shape, value, dtype=None, requires_grad=False):
-    return tensor(np.full(shape, value, dtype=dtype), requires_grad=requires_grad)
+def full(shape, value, dtype=None, requires_grad=False, *, op="full"):
+    shape = check_shape(shape, op)
+    if not isinstance(value, (bool, np.bool_, numbers.Real)):
+        raise ArgumentError(f"{op}: the fill value must be a real number, got {describe(value)}")
+    dtype = check_dtype(dtype, op) if dtype is not None else None
+    requires_grad = check_bool(requires_grad, "requires_grad", op)
+    with host_memory(op, f"shape {shape}"):
+        return tensor(np.full(shape, value, dtype=dtype), requires_grad=requires_grad)
 
 
 def arange(*args, dtype=None):
-    return tensor(np.arange(*args, dtype=dtype))
+    """NumPy's ``arange(stop)``, ``arange(start, stop)`` or ``arange(start, stop, step)``."""
+    if not 1 <= len(args) <= 3:
+        raise ArgumentError(f"arange: takes stop, (start, stop) or (start, stop, step), got "
+                            f"{len(args)} arguments")
+    names = {1: ["stop"], 2: ["start", "stop"], 3: ["start", "stop", "step"]}[len(args)]
+    bounds = [check_real(a, name, "arange") for a, name in zip(args, names)]
+    if len(bounds) == 3 and bounds[2] == 0:
+        raise ArgumentError("arange: step must not be 0")
+    start, stop, step = ([0.0] * (len(bounds) == 1) + bounds + [1.0])[:3]
+    span = (stop - start) / step
+    if span > MAX_ELEMENTS:
+        raise ShapeError(f"arange: [{start}, {stop}) in steps of {step} has more elements than an "
+                         "array can hold; use a smaller range or a larger step")
+    dtype = check_dtype(dtype, "arange") if dtype is not None else None
+    with host_memory("arange", f"{span:.0f} elements"):
+        try:
+            values = np.arange(*args, dtype=dtype)
+        except (TypeError, ValueError) as err:      # bounds past int64, a bool dtype, ...
+            raise ArgumentError(f"arange: cannot make the range {args} ({err})") from None
+    return tensor(values)
 
 
 def zeros_like(t, requires_grad=False):
+    t = _as_tensor(t)
     return zeros(t.shape, t.dtype, requires_grad)
 
 
 def ones_like(t, requires_grad=False):
+    t = _as_tensor(t)
     return ones(t.shape, t.dtype, requires_grad)
 
 
@@ -590,6 +625,9 @@ def _submit(backend, exe, args, eqns, resident=False, into=None):
     except ExecutionFailure as failure:
         eqn = eqns[failure.index]
         raise ExecutionError(f"{eqn.describe()} failed: {failure.error}") from failure.error
+    except MemoryError:
+        raise ExecutionError(f"a program of {len(eqns)} operations needs more memory than this "
+                             "process can allocate; use smaller shapes") from None
 
 
 def realize(tensors) -> None:
@@ -597,7 +635,7 @@ def realize(tensors) -> None:
 
     Idempotent: tensors that already hold values cost nothing.
     """
-    ts = [tensors] if isinstance(tensors, Tensor) else list(tensors)
+    ts = [tensors] if isinstance(tensors, Tensor) else check_sequence(tensors, "tensors", "realize")
     pending, seen = [], set()
     for t in ts:
         if not isinstance(t, Tensor):
@@ -630,7 +668,8 @@ def assign(destinations, sources) -> None:
     destinations (a swap, ``p.assign_(p - lr * g)``) see the old values and
     never need a per-pair fallback.
     """
-    dsts, srcs = list(destinations), list(sources)
+    dsts = check_sequence(destinations, "destinations", "assign")
+    srcs = check_sequence(sources, "sources", "assign")
     if len(dsts) != len(srcs):
         raise ArgumentError(f"assign: {len(dsts)} destinations but {len(srcs)} sources")
     src_vars = []

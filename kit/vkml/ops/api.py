@@ -30,6 +30,8 @@ import numpy as np
 
 from ..errors import ArgumentError, DTypeError, IndexOutOfRangeError, ShapeError
 from ..ir import Var, dtype_name
+from ..validate import (canonical_dtype, check_bool, check_dtype, check_int, check_sequence,
+                        check_shape, describe, host_memory)
 from .core import Linear, bind
 from .elementwise import (abs_p, add_p, cast_p, cos_p, div_p, equal_p, exp_p, greater_equal_p,
                           greater_p, less_equal_p, less_p, log_p, logical_and_p, logical_not_p,
@@ -50,24 +52,23 @@ _SCALARS = (bool, int, float, np.bool_, np.number)
 
 def constant(value, dtype=None, device=None) -> Var:
     """A leaf Var holding ``value`` (copied, so later changes to it are not seen)."""
-    arr = np.array(value, dtype=dtype)
+    if dtype is not None:
+        dtype = check_dtype(dtype, "tensor")
+    if isinstance(value, (str, bytes, dict, set)) or value is None:
+        raise ArgumentError(f"cannot make a tensor from {type(value).__name__}; pass a number, "
+                            "a (nested) list of numbers or a NumPy array")
+    with host_memory("tensor", f"data of {type(value).__name__}"):
+        try:
+            arr = np.array(value, dtype=dtype)
+        except (TypeError, ValueError, OverflowError) as err:
+            raise ArgumentError(f"cannot make a tensor from {type(value).__name__} ({err}); pass "
+                                "numbers, nested lists of equal length or an array") from None
     if arr.dtype.kind not in "biuf" or arr.dtype.itemsize > 8:
         raise ArgumentError(f"cannot make a tensor from {type(value).__name__} data of dtype "
                             f"{arr.dtype}; pass numbers, lists of numbers or a NumPy array")
-    arr = arr.astype(_canonical_dtype(arr.dtype), copy=False)
+    arr = arr.astype(canonical_dtype(arr.dtype), copy=False)
     arr.flags.writeable = False
     return Var(arr.shape, arr.dtype, device or DEFAULT_DEVICE[0], value=arr)
-
-
-def _canonical_dtype(dtype):
-    """Map NumPy's dtypes onto the five vkml has (int8 -> int32, float16 -> float32, ...)."""
-    k = dtype.kind
-    if k == "b":
-        return np.dtype(bool)
-    if k in "iu":
-        return np.dtype(np.int64) if dtype.itemsize >= 8 or (k == "u" and dtype.itemsize >= 4) \
-            else np.dtype(np.int32)
-    return np.dtype(np.float64) if dtype.itemsize >= 8 else np.dtype(np.float32)
 
 
 def as_var(x) -> Var:
@@ -112,11 +113,11 @@ def promote(*xs):
     strong = [as_var(x) for x, w in zip(xs, weak_flags) if not w]
     weak = [_weak_example(x) for x, w in zip(xs, weak_flags) if w]
     if not strong:
-        dtype = _canonical_dtype(np.result_type(*[x.dtype if isinstance(x, Var) else x for x in xs]))
+        dtype = canonical_dtype(np.result_type(*[x.dtype if isinstance(x, Var) else x for x in xs]))
         device = next((x.device for x in xs if isinstance(x, Var)), DEFAULT_DEVICE[0])
     else:
         dtypes = [v.dtype for v in strong]
-        dtype = _canonical_dtype(np.result_type(*dtypes, *weak) if weak else np.result_type(*dtypes))
+        dtype = canonical_dtype(np.result_type(*dtypes, *weak) if weak else np.result_type(*dtypes))
         device = strong[0].device
     out, it = [], iter(strong)
     for x, w in zip(xs, weak_flags):
@@ -147,7 +148,7 @@ def broadcast_shapes(op, *shapes):
 
 def broadcast_to(x, shape):
     x = as_var(x)
-    shape = tuple(int(d) for d in shape)
+    shape = check_shape(shape, "broadcast_to")
     if x.shape == shape:
         return x
     if len(shape) < x.ndim:
@@ -332,14 +333,7 @@ def where(cond, x, y):
 
 def cast(x, dtype):
     x = as_var(x)
-    try:
-        dtype = np.dtype(dtype)
-    except TypeError:
-        raise DTypeError(f"cast: {dtype!r} is not a dtype; use one of vkml's five: bool, int32, "
-                         "int64, float32, float64") from None
-    if dtype not in (np.dtype(bool), np.dtype(np.int32), np.dtype(np.int64),
-                     np.dtype(np.float32), np.dtype(np.float64)):
-        raise DTypeError(f"cast: vkml has bool, int32, int64, float32 and float64, not {dtype}")
+    dtype = check_dtype(dtype, "cast", exact=True)
     if x.dtype == dtype:
         return x
     return bind(cast_p, x, dtype=dtype)
@@ -373,8 +367,10 @@ def clip(x, lo=None, hi=None):
 # -- constants ------------------------------------------------------------------------
 
 def full(shape, value, dtype=None, device=None):
-    shape = tuple(int(d) for d in shape)
-    dtype = np.dtype(dtype) if dtype is not None else _canonical_dtype(np.array(value).dtype)
+    shape = check_shape(shape, "full")
+    if isinstance(value, Var) or not isinstance(value, _SCALARS):
+        raise ArgumentError(f"full: the fill value must be a number, got {describe(value)}")
+    dtype = check_dtype(dtype, "full") if dtype is not None else canonical_dtype(np.array(value).dtype)
     return broadcast_in_dim(_scalar_var(value, dtype, device or DEFAULT_DEVICE[0]), shape, ())
 
 
@@ -397,24 +393,29 @@ def ones_like(x):
 # -- reductions ------------------------------------------------------------------------
 
 def normalize_axes(op, ndim, axis):
+    """``axis`` (None for all, an int, or a sequence of distinct ints; negative ones count from
+    the end) as a sorted tuple of indices in [0, ndim)."""
     if axis is None:
         return tuple(range(ndim))
-    axes = (axis,) if isinstance(axis, numbers.Integral) else tuple(axis)
+    if hasattr(axis, "__index__") and not isinstance(axis, (bool, np.bool_, np.ndarray)):
+        axes = (axis,)
+    else:
+        axes = check_sequence(axis, "axis", op)
     out = []
     for a in axes:
-        if not isinstance(a, numbers.Integral) or not -ndim <= a < ndim:
+        a = check_int(a, "axis", op)
+        if not -ndim <= a < ndim:
             fix = f"use an axis in [{-ndim}, {ndim})" if ndim else "a 0-d operand has no axes"
             raise ShapeError(f"{op}: axis {a} is out of range for {ndim} dimensions; {fix}")
-        out.append(int(a) % builtins.max(ndim, 1))
+        out.append(a % builtins.max(ndim, 1))
     if len(set(out)) != len(out):
-        raise ShapeError(f"{op}: repeated axis in {axis}")
+        raise ShapeError(f"{op}: repeated axis in {tuple(axes)}; name each axis once")
     return tuple(sorted(out))
 
 
 def normalize_axis(op, ndim, axis):
     """One axis, an int counting from the end when negative, as an index in [0, ndim)."""
-    if not isinstance(axis, numbers.Integral):
-        raise ArgumentError(f"{op}: axis must be an int, got {axis!r}")
+    axis = check_int(axis, "axis", op)
     return normalize_axes(op, ndim, axis)[0]
 
 
@@ -436,6 +437,7 @@ def reduce_sum(x, axes):
 def sum(x, axis=None, keepdims=False):
     """NumPy's sum: bool and int32 sum as int64."""
     x = as_var(x)
+    keepdims = check_bool(keepdims, "keepdims", "sum")
     if x.dtype.kind == "b" or x.dtype == np.int32:
         x = cast(x, np.int64)
     axes = normalize_axes("sum", x.ndim, axis)
@@ -444,6 +446,7 @@ def sum(x, axis=None, keepdims=False):
 
 def mean(x, axis=None, keepdims=False):
     x = _floating(x)
+    keepdims = check_bool(keepdims, "keepdims", "mean")
     axes = normalize_axes("mean", x.ndim, axis)
     count = math.prod(x.shape[a] for a in axes)
     if count == 0:
@@ -453,6 +456,7 @@ def mean(x, axis=None, keepdims=False):
 
 def max(x, axis=None, keepdims=False):
     x = as_var(x)
+    keepdims = check_bool(keepdims, "keepdims", "max")
     if x.dtype.kind == "b":     # NumPy's max of bools is any()
         return cast(max(cast(x, np.int32), axis, keepdims), bool)
     axes = normalize_axes("max", x.ndim, axis)
@@ -491,6 +495,7 @@ def argmin(x, axis=None):
 
 def logsumexp(x, axis=-1, keepdims=False):
     x = _floating(x)
+    keepdims = check_bool(keepdims, "keepdims", "logsumexp")
     axes = normalize_axes("logsumexp", x.ndim, axis)
     m = max(x, axes, keepdims=True)
     m = stop_gradient(where(less(abs(m), np.inf), m, zeros_like(m)))   # rows of +-inf: shift by 0
@@ -511,9 +516,7 @@ def softmax(x, axis=-1):
 
 def reshape(x, shape):
     x = as_var(x)
-    if isinstance(shape, numbers.Integral):
-        shape = (shape,)
-    shape = [int(d) for d in shape]
+    shape = list(check_shape(shape, "reshape", wildcard=True))
     if shape.count(-1) > 1:
         raise ShapeError(f"reshape: at most one -1 in {tuple(shape)}")
     if -1 in shape:
@@ -538,7 +541,10 @@ def broadcast_in_dim(x, shape, dims):
 def transpose(x, perm=None):
     x = as_var(x)
     perm = tuple(reversed(range(x.ndim))) if perm is None else \
-        tuple(normalize_axis("transpose", x.ndim, p) for p in perm)
+        tuple(normalize_axis("transpose", x.ndim, p) for p in check_sequence(perm, "axes", "transpose"))
+    if sorted(perm) != list(range(x.ndim)):
+        raise ShapeError(f"transpose: axes {perm} are not a permutation of the {x.ndim} axes of "
+                         f"shape {x.shape}; name each axis once")
     if perm == tuple(range(x.ndim)):
         return x
     return bind(transpose_p, x, perm=perm)
@@ -588,8 +594,8 @@ def slice(x, starts, limits, strides=None):
 def pad(x, lo, hi, interior=None):
     """Zero padding; negative ``lo``/``hi`` crop, as in lax.pad."""
     x = as_var(x)
-    interior = tuple(interior) if interior is not None else (0,) * x.ndim
-    lo, hi = tuple(int(a) for a in lo), tuple(int(b) for b in hi)
+    lo, hi = _pad_widths(lo, "lo", x), _pad_widths(hi, "hi", x)
+    interior = _pad_widths(interior, "interior", x, low=0) if interior is not None else (0,) * x.ndim
     if builtins.min(lo + hi, default=0) < 0:
         if len(lo) == len(hi) == len(interior) == x.ndim and builtins.min(
                 (a + n + builtins.max(0, n - 1) * i + b
@@ -606,8 +612,22 @@ def pad(x, lo, hi, interior=None):
     return bind(pad_p, x, lo=lo, hi=hi, interior=interior)
 
 
+def _pad_widths(widths, name, x, low=None):
+    """One int per axis of ``x`` (``low`` and up), for ``pad``'s ``lo``, ``hi`` and ``interior``."""
+    out = tuple(check_int(w, name, "pad", low=low, high=MAX_PAD, error=ShapeError)
+                for w in check_sequence(widths, name, "pad"))
+    if len(out) != x.ndim:
+        raise ShapeError(f"pad: {name} has {len(out)} entries but the operand has {x.ndim} axes "
+                         f"(shape {x.shape}); give one per axis")
+    return out
+
+
+#: The widest padding ``pad`` takes on one side of an axis (wider would not fit an int64 size).
+MAX_PAD = 2 ** 40
+
+
 def concatenate(xs, axis=0):
-    xs = list(xs)
+    xs = check_sequence(xs, "xs", "concatenate")
     if not xs:
         raise ArgumentError("concatenate: needs at least one operand")
     xs = promote(*xs)
@@ -618,7 +638,7 @@ def concatenate(xs, axis=0):
 
 
 def stack(xs, axis=0):
-    xs = [as_var(x) for x in xs]
+    xs = [as_var(x) for x in check_sequence(xs, "xs", "stack")]
     if not xs:
         raise ArgumentError("stack: needs at least one operand")
     shapes = {x.shape for x in xs}
@@ -886,14 +906,12 @@ def dot(a, b):
 # -- convolution and pooling (composed; see the module docstring) -----------------------------
 
 def _pair(v, name, op, lowest):
-    if isinstance(v, numbers.Integral):
-        v = (int(v), int(v))
-    v = tuple(int(i) for i in v)
-    if len(v) != 2:
-        raise ArgumentError(f"{op}: {name} must be an int or a pair of ints, got {v}")
-    if builtins.min(v) < lowest:
-        raise ShapeError(f"{op}: {name} {v} must be at least {lowest}")
-    return v
+    """An int or a pair of ints (each at least ``lowest``) as a pair: a window, stride or padding."""
+    items = [v, v] if hasattr(v, "__index__") and not isinstance(v, np.ndarray) else \
+        check_sequence(v, name, op)
+    if len(items) != 2:
+        raise ArgumentError(f"{op}: {name} must be an int or a pair of ints, got {describe(v)}")
+    return tuple(check_int(i, name, op, low=lowest, high=MAX_PAD, error=ShapeError) for i in items)
 
 
 def _windows(x, kh, kw, sh, sw):
