@@ -103,6 +103,12 @@ def _realize(out):
             _realize(o)
 
 
+def succeeds(fn, args, kwargs):
+    """Call ``fn`` and realize what it returns; any exception propagates (a baseline's check)."""
+    _realize(fn(*args, **kwargs))
+    return True
+
+
 def call_once(fn, args, kwargs):
     """``None`` when ``fn(*args, **kwargs)`` succeeds (its tensors realized) or raises a VkmlError,
     else the escaping exception."""

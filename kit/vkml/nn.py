@@ -26,7 +26,7 @@ import numbers
 
 import numpy as np
 
-from .errors import ArgumentError, DTypeError, ShapeError
+from .errors import ArgumentError, DTypeError, IndexOutOfRangeError, ShapeError
 from .tensor import (Tensor, conv2d, flatten, gather, matmul, max_pool2d, mean, relu, reshape,
                      take_along_axis, tensor, transpose)
 from .tensor import log_softmax as _log_softmax
@@ -144,6 +144,8 @@ class Module:
 
     def named_parameters(self, prefix: str = ""):
         """``[(dotted name, tensor), ...]`` for every parameter, each once, in a fixed order."""
+        if not isinstance(prefix, str):
+            raise ArgumentError(f"named_parameters: prefix must be a string, got {type(prefix).__name__}")
         out, seen = [], set()
         self._collect(prefix, out, seen)
         return out
@@ -166,8 +168,9 @@ class Module:
     # -- modes and gradients ---------------------------------------------------------------------
     def train(self, mode: bool = True) -> "Module":
         """Set training mode here and in every sub-module (layers like dropout read ``training``)."""
+        mode = check_bool(mode, "mode", "train")
         for m in self.modules():
-            m.training = bool(mode)
+            m.training = mode
         return self
 
     def eval(self) -> "Module":
@@ -326,6 +329,8 @@ class Sequential(Module):
     def __getitem__(self, i):
         if isinstance(i, slice):
             return Sequential(*self.layers[i])
+        n = len(self.layers)
+        i = check_int(i, "index", "Sequential", low=-n, high=n - 1, error=IndexOutOfRangeError)
         return self.layers[i]
 
     def __iter__(self):

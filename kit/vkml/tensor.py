@@ -193,6 +193,11 @@ class Tensor:
     def __getitem__(self, index):
         return _apply(api.getitem, self, _unwrap_index(index))
 
+    def __setitem__(self, index, value):
+        raise ArgumentError("Tensor: values are not written in place (a pending graph may still read "
+                            "them); build the new value with vkml.where or vkml.scatter_add and "
+                            "store it with t.assign_(new)")
+
     def reshape(self, *shape):
         return reshape(self, shape[0] if len(shape) == 1 and not isinstance(shape[0], numbers.Integral)
                        else shape)
@@ -508,10 +513,10 @@ def _apply(fn, *args, **kwargs):
     if outer is None:
         CURRENT_SITE[0] = user_site()
     try:
-        out = fn(*[_unwrap(a) for a in args], **kwargs)
+        out = fn(*[_unwrap(a) for a in args], **{k: _unwrap(v) for k, v in kwargs.items()})
     finally:
         CURRENT_SITE[0] = outer
-    requires = _GRAD_ENABLED[0] and out.dtype.kind == "f" and _needs_grad(args)
+    requires = _GRAD_ENABLED[0] and out.dtype.kind == "f" and _needs_grad(args + tuple(kwargs.values()))
     t = Tensor(out, requires)
     if _EAGER[0] and not _is_traced(out):
         realize(t)

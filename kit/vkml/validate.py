@@ -17,6 +17,7 @@ import contextlib
 import math
 import numbers
 import operator
+import warnings
 
 import numpy as np
 
@@ -24,6 +25,11 @@ from .errors import ArgumentError, DTypeError, ShapeError
 
 #: The dtypes a tensor can have.
 DTYPES = tuple(np.dtype(t) for t in (bool, np.int32, np.int64, np.float32, np.float64))
+
+#: The usual ways to name them, looked up without asking NumPy.
+_SPELLINGS = {spelling: np.dtype(spelling) for spelling in
+              [*DTYPES, bool, int, float, np.bool_, np.int32, np.int64, np.float32, np.float64,
+               "bool", "int32", "int64", "float32", "float64"]}
 
 #: The most elements one array may have: its bytes at 8 per element must fit an int64.
 MAX_ELEMENTS = np.iinfo(np.int64).max // 8
@@ -134,11 +140,15 @@ def check_dtype(dtype, op: str, name: str = "dtype", exact: bool = False) -> np.
     ``exact=False`` maps NumPy's other real dtypes onto them as ``vkml.tensor`` does
     (int8 -> int32, float16 -> float32, ...); ``exact=True`` refuses them (``cast``).
     """
-    if _is_bool(dtype) or isinstance(dtype, numbers.Number):
+    try:
+        dt = _SPELLINGS.get(dtype)
+    except TypeError:       # unhashable: a list, a dict, an array, ...
         dt = None
-    else:
+    if dt is None and not (_is_bool(dtype) or isinstance(dtype, (numbers.Number, tuple, list))):
         try:
-            dt = np.dtype(dtype)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)  # NumPy's retired aliases
+                dt = np.dtype(dtype)
         except (TypeError, ValueError, KeyError, OverflowError, AttributeError):
             dt = None
     if dt is None:

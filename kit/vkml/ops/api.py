@@ -59,14 +59,15 @@ def constant(value, dtype=None, device=None) -> Var:
                             "a (nested) list of numbers or a NumPy array")
     with host_memory("tensor", f"data of {type(value).__name__}"):
         try:
-            arr = np.array(value, dtype=dtype)
+            arr = np.asarray(value)
         except (TypeError, ValueError, OverflowError) as err:
             raise ArgumentError(f"cannot make a tensor from {type(value).__name__} ({err}); pass "
                                 "numbers, nested lists of equal length or an array") from None
-    if arr.dtype.kind not in "biuf" or arr.dtype.itemsize > 8:
-        raise ArgumentError(f"cannot make a tensor from {type(value).__name__} data of dtype "
-                            f"{arr.dtype}; pass numbers, lists of numbers or a NumPy array")
-    arr = arr.astype(canonical_dtype(arr.dtype), copy=False)
+        # checked before any cast, so complex or text data is refused rather than truncated
+        if arr.dtype.kind not in "biuf" or arr.dtype.itemsize > 8:
+            raise ArgumentError(f"cannot make a tensor from {type(value).__name__} data of dtype "
+                                f"{arr.dtype}; pass numbers, lists of numbers or a NumPy array")
+        arr = arr.astype(dtype if dtype is not None else canonical_dtype(arr.dtype))  # a copy
     arr.flags.writeable = False
     return Var(arr.shape, arr.dtype, device or DEFAULT_DEVICE[0], value=arr)
 
@@ -102,7 +103,11 @@ def _weak_example(x):
 
 
 def _scalar_var(value, dtype, device):
-    arr = np.array(value, dtype=dtype)
+    try:
+        arr = np.array(value, dtype=dtype)
+    except OverflowError:
+        raise DTypeError(f"the number {value} does not fit {dtype_name(np.dtype(dtype))}; use a "
+                         "smaller one, or cast the tensor to float64 first") from None
     arr.flags.writeable = False
     return Var((), arr.dtype, device, value=arr)
 
@@ -596,12 +601,13 @@ def pad(x, lo, hi, interior=None):
     x = as_var(x)
     lo, hi = _pad_widths(lo, "lo", x), _pad_widths(hi, "hi", x)
     interior = _pad_widths(interior, "interior", x, low=0) if interior is not None else (0,) * x.ndim
+    padded = tuple(a + n + builtins.max(0, n - 1) * i + b
+                   for n, a, b, i in zip(x.shape, lo, hi, interior))
+    if builtins.min(padded, default=0) < 0:
+        raise ShapeError(f"pad: lo={lo} hi={hi} crop more than the whole of an axis of "
+                         f"shape {x.shape}; crop at most the padded length")
+    check_shape(padded, "pad", "padded shape")
     if builtins.min(lo + hi, default=0) < 0:
-        if len(lo) == len(hi) == len(interior) == x.ndim and builtins.min(
-                (a + n + builtins.max(0, n - 1) * i + b
-                 for n, a, b, i in zip(x.shape, lo, hi, interior)), default=0) < 0:
-            raise ShapeError(f"pad: lo={lo} hi={hi} crop more than the whole of an axis of "
-                             f"shape {x.shape}; crop at most the padded length")
         x = pad(x, tuple(builtins.max(a, 0) for a in lo), tuple(builtins.max(b, 0) for b in hi),
                 interior)
         starts = tuple(-a if a < 0 else 0 for a in lo)
@@ -734,6 +740,7 @@ def getitem(x, index):
     x = as_var(x)
     if not isinstance(index, tuple):
         index = (index,)
+    index = tuple(_list_index(i) if isinstance(i, list) else i for i in index)
     n_real = builtins.sum(_axes_taken(i) for i in index)
     if builtins.sum(1 for i in index if i is Ellipsis) > 1:
         raise ShapeError("index: at most one Ellipsis (...)")
@@ -820,6 +827,15 @@ def getitem(x, index):
         elif kind == "keep":
             shape.append(y.shape[kept_axes.index(a)])
     return reshape(y, tuple(shape))
+
+
+def _list_index(item):
+    """A list used as an index, as the NumPy array it stands for (refused if it is not one)."""
+    try:
+        return np.asarray(item)
+    except (TypeError, ValueError) as err:
+        raise ArgumentError(f"index: the list {describe(item)} is not an array of indices ({err}); "
+                            "index with ints, slices, None, ... or integer arrays") from None
 
 
 def _axes_taken(item):
