@@ -17,6 +17,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import vkml
 from conftest import BACKENDS
@@ -363,3 +365,59 @@ def test_layers_and_optimisers(vk_backend):
         for label, (factory, method, make) in sorted(OBJECT_CALLS.items()):
             found += leaks(label, _on_fresh(factory, method), make)
     assert not found, f"{len(found)} calls leaked:\n" + "\n".join(found)
+
+
+# -- against NumPy: refused exactly when NumPy refuses, otherwise the same answer ----------------
+SIZES = st.one_of(st.integers(-3, 4), st.sampled_from([2 ** 31, 2 ** 63, -2 ** 63, 2 ** 100]),
+                  st.sampled_from([1.0, 2.5, math.nan, True, None, "2"]))
+AXES = st.one_of(st.none(), st.integers(-4, 3), st.tuples(st.integers(-4, 3)),
+                 st.tuples(st.integers(-4, 3), st.integers(-4, 3)),
+                 st.sampled_from([1.0, "0", (0, 0.5), [1], True, 2 ** 63]))
+
+#: name -> (vkml call, NumPy call) on a (2, 3, 4) array and one drawn argument
+AGAINST_NUMPY = {
+    "reshape": (lambda t, a: vkml.reshape(t, a), lambda x, a: np.reshape(x, a)),
+    "sum": (lambda t, a: vkml.sum(t, a), lambda x, a: np.sum(x, a)),
+    "max": (lambda t, a: vkml.max(t, a), lambda x, a: np.max(x, a)),
+    "transpose": (lambda t, a: vkml.transpose(t, a), lambda x, a: np.transpose(x, a)),
+    "expand_dims": (lambda t, a: vkml.expand_dims(t, a), lambda x, a: np.expand_dims(x, a)),
+    "squeeze": (lambda t, a: vkml.squeeze(t, a), lambda x, a: np.squeeze(x, a)),
+    "flip": (lambda t, a: vkml.flip(t, a), lambda x, a: np.flip(x, a)),
+    "broadcast_to": (lambda t, a: vkml.broadcast_to(t, a), lambda x, a: np.broadcast_to(x, a)),
+    "zeros": (lambda t, a: vkml.zeros(a), lambda x, a: np.zeros(a, np.float32)),
+}
+
+
+def _numpy_answer(fn, x, arg):
+    try:
+        return True, np.asarray(fn(x, arg))
+    except Exception:      # noqa: BLE001 -- NumPy's refusals come in many kinds
+        return False, None
+
+
+def _stricter_than_numpy(name, arg) -> bool:
+    """Arguments NumPy takes and vkml refuses on purpose: a bool used as a number (NumPy reads
+    True as 1), and in ``reshape`` a negative size other than -1 (NumPy reads any as -1) or None."""
+    items = arg if isinstance(arg, (tuple, list)) else (arg,)
+    return any(isinstance(a, bool) for a in items) or name == "reshape" and (
+        arg is None or any(isinstance(a, int) and a < -1 for a in items))
+
+
+@settings(max_examples=150)
+@given(name=st.sampled_from(sorted(AGAINST_NUMPY)),
+       arg=st.one_of(SIZES, AXES, st.lists(SIZES, max_size=4).map(tuple)))
+def test_refused_exactly_when_numpy_refuses(name, arg):
+    """Where NumPy computes an answer vkml gives the same one (unless it refuses on purpose, see
+    ``_stricter_than_numpy``); every refusal is a VkmlError, never NumPy's own exception.  vkml
+    may be more lenient than NumPy (a list of axes where NumPy wants a tuple)."""
+    ours, theirs = AGAINST_NUMPY[name]
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    with memory_cap():
+        ok, expected = _numpy_answer(theirs, x, arg)
+        try:
+            got = ours(vkml.tensor(x), arg).numpy()
+        except vkml.VkmlError:
+            assert not ok or _stricter_than_numpy(name, arg), f"NumPy computes {name}({arg!r})"
+            return
+    if ok:
+        np.testing.assert_array_equal(got, expected)

@@ -79,7 +79,8 @@ def check_real(value, name: str, op: str, low=None, high=None, low_open=False, h
     """``value`` as a float, finite unless ``finite=False``, within the bounds given (open or
     closed); an ArgumentError otherwise."""
     if _is_bool(value) or not isinstance(value, numbers.Real):
-        raise ArgumentError(f"{op}: {name} must be a real number, got {describe(value)}")
+        raise ArgumentError(f"{op}: {name} must be a {'finite' if finite else 'real'} number, got "
+                            f"{describe(value)}")
     try:
         out = float(value)
     except OverflowError:

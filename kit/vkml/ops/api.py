@@ -402,10 +402,7 @@ def normalize_axes(op, ndim, axis):
     the end) as a sorted tuple of indices in [0, ndim)."""
     if axis is None:
         return tuple(range(ndim))
-    if hasattr(axis, "__index__") and not isinstance(axis, (bool, np.bool_, np.ndarray)):
-        axes = (axis,)
-    else:
-        axes = check_sequence(axis, "axis", op)
+    axes = _axis_items(axis, op)
     out = []
     for a in axes:
         a = check_int(a, "axis", op)
@@ -416,6 +413,13 @@ def normalize_axes(op, ndim, axis):
     if len(set(out)) != len(out):
         raise ShapeError(f"{op}: repeated axis in {tuple(axes)}; name each axis once")
     return tuple(sorted(out))
+
+
+def _axis_items(axis, op) -> list:
+    """What ``axis`` names, as a list: itself for an int, its items for a sequence of them."""
+    if hasattr(axis, "__index__") and not (isinstance(axis, np.ndarray) and axis.ndim):
+        return [axis]
+    return check_sequence(axis, "axis", op)
 
 
 def normalize_axis(op, ndim, axis):
@@ -564,9 +568,13 @@ def swapaxes(x, a, b):
 
 
 def expand_dims(x, axis):
+    """New axes of size 1 at ``axis`` (an int or, as in NumPy, a tuple of them) of the result."""
     x = as_var(x)
-    axis = normalize_axis("expand_dims", x.ndim + 1, axis)
-    return reshape(x, x.shape[:axis] + (1,) + x.shape[axis:])
+    items = _axis_items(axis, "expand_dims")
+    count = len(items)
+    axes = normalize_axes("expand_dims", x.ndim + count, items)
+    sizes = iter(x.shape)
+    return reshape(x, tuple(1 if i in axes else next(sizes) for i in range(x.ndim + count)))
 
 
 def squeeze(x, axis=None):
