@@ -421,3 +421,134 @@ def test_refused_exactly_when_numpy_refuses(name, arg):
             return
     if ok:
         np.testing.assert_array_equal(got, expected)
+
+
+# -- the right kind of error, naming the op and the fix ----------------------------------------------
+
+#: (call, error class, words its message holds)
+REFUSALS = [
+    (lambda: vkml.zeros((2, -1)), vkml.ShapeError, ["zeros", "negative", ">= 0"]),
+    (lambda: vkml.zeros((2.5,)), vkml.ArgumentError, ["zeros", "must be an int", "float"]),
+    (lambda: vkml.ones(True), vkml.ArgumentError, ["ones", "bool"]),
+    (lambda: vkml.full((2,), "x"), vkml.ArgumentError, ["full", "fill value"]),
+    (lambda: vkml.zeros((2,), dtype="complex64"), vkml.DTypeError, ["zeros", "float32"]),
+    (lambda: vkml.reshape(M(), (2 ** 40, 2 ** 40)), vkml.ShapeError,
+     ["reshape", "more than an array can hold"]),
+    (lambda: vkml.reshape(M(), (-1, -1)), vkml.ShapeError, ["reshape", "-1"]),
+    (lambda: vkml.sum(M(), axis=1.0), vkml.ArgumentError, ["sum", "axis", "int"]),
+    (lambda: vkml.sum(M(), axis=(0, 0)), vkml.ShapeError, ["sum", "repeated axis"]),
+    (lambda: vkml.mean(M(), axis=5), vkml.ShapeError, ["mean", "out of range", "[-2, 2)"]),
+    (lambda: vkml.max(M(), keepdims="yes"), vkml.ArgumentError, ["max", "keepdims", "True or False"]),
+    (lambda: vkml.cast(M(), "complex64"), vkml.DTypeError, ["cast", "float32", "complex64"]),
+    (lambda: vkml.cast(M(), "nope"), vkml.DTypeError, ["cast", "not a dtype"]),
+    (lambda: M().astype(None), vkml.DTypeError, ["cast", "not a dtype"]),
+    (lambda: vkml.transpose(M(), (0, 0)), vkml.ShapeError, ["transpose", "permutation"]),
+    (lambda: vkml.transpose(M(), (0,)), vkml.ShapeError, ["transpose", "permutation"]),
+    (lambda: vkml.pad(M(), (1,), (1, 1)), vkml.ShapeError, ["pad", "one per axis"]),
+    (lambda: vkml.pad(M(), (1, 1), (1, 1), (-1, 0)), vkml.ShapeError, ["pad", "interior", "at least 0"]),
+    (lambda: vkml.broadcast_to(V(), "ab"), vkml.ArgumentError, ["broadcast_to", "shape"]),
+    (lambda: vkml.conv2d(IMG(), K(), stride=0), vkml.ShapeError, ["conv2d", "stride", "at least 1"]),
+    (lambda: vkml.conv2d(IMG(), K(), padding=-1), vkml.ShapeError, ["conv2d", "padding"]),
+    (lambda: vkml.max_pool2d(IMG(), -1), vkml.ShapeError, ["pool2d", "kernel_size"]),
+    (lambda: vkml.avg_pool2d(IMG(), 2, stride=(1, 2, 3)), vkml.ArgumentError, ["pool2d", "pair"]),
+    (lambda: vkml.concatenate(M()), vkml.ArgumentError, ["concatenate", "list or tuple", "a tensor float32 [2, 3]"]),
+    (lambda: vkml.stack("ab"), vkml.ArgumentError, ["stack", "list or tuple"]),
+    (lambda: vkml.arange(0, 10, 0), vkml.ArgumentError, ["arange", "step"]),
+    (lambda: vkml.arange(math.inf), vkml.ArgumentError, ["arange", "finite"]),
+    (lambda: vkml.arange(2 ** 100), vkml.ShapeError, ["arange", "more elements"]),
+    (lambda: vkml.arange(), vkml.ArgumentError, ["arange", "stop"]),
+    (lambda: vkml.set_backend(3), vkml.BackendError, ["set_backend", "string", "numpy"]),
+    (lambda: vkml.set_eager("yes"), vkml.ArgumentError, ["set_eager", "True or False"]),
+    (lambda: vkml.tensor([[1, 2], [3]]), vkml.ArgumentError, ["equal length"]),
+    (lambda: vkml.tensor([1 + 2j], dtype="float32"), vkml.ArgumentError, ["complex128"]),
+    (lambda: vkml.tensor([1.0], requires_grad="yes"), vkml.ArgumentError, ["requires_grad"]),
+    (lambda: vkml.realize(3), vkml.ArgumentError, ["realize", "list or tuple"]),
+    (lambda: vkml.assign(M(), 3), vkml.ArgumentError, ["assign", "sources"]),
+    (lambda: vkml.add(IDX(), 2 ** 63), vkml.DTypeError, ["does not fit", "int64"]),
+    (lambda: vkml.Tensor("data"), vkml.ArgumentError, ["vkml.tensor(data)"]),
+    (lambda: M()[[[0, 1], [2]]], vkml.ArgumentError, ["index", "integer arrays"]),
+    (lambda: M().__setitem__(0, 1.0), vkml.ArgumentError, ["assign_", "where"]),
+    (lambda: M().requires_grad_("yes"), vkml.ArgumentError, ["requires_grad_"]),
+    (lambda: vkml.nn.Linear(-1, 2), vkml.ArgumentError, ["Linear", "in_features", "at least 1"]),
+    (lambda: vkml.nn.Linear(3, 2, bias="no"), vkml.ArgumentError, ["Linear", "bias"]),
+    (lambda: vkml.nn.Linear(3, 2, dtype="text"), vkml.DTypeError, ["Linear", "dtype"]),
+    (lambda: vkml.nn.Linear(2 ** 62, 2 ** 62), vkml.ShapeError, ["Linear", "more than an array"]),
+    (lambda: vkml.nn.Conv2d(1, 1, 0), vkml.ArgumentError, ["Conv2d", "kernel_size"]),
+    (lambda: vkml.nn.Conv2d(1, 1, 2, stride=1.5), vkml.ArgumentError, ["Conv2d", "stride"]),
+    (lambda: vkml.nn.Flatten(start_dim=0.5), vkml.ArgumentError, ["Flatten", "start_dim"]),
+    (lambda: vkml.nn.manual_seed(-1), vkml.ArgumentError, ["manual_seed", "seed", "at least 0"]),
+    (lambda: vkml.nn.Linear(3, 2, rng=-5), vkml.ArgumentError, ["rng", "at least 0"]),
+    (lambda: vkml.nn.Sequential(vkml.nn.ReLU())["a"], vkml.ArgumentError, ["Sequential", "index"]),
+    (lambda: vkml.nn.Linear(3, 2).train("no"), vkml.ArgumentError, ["train", "mode"]),
+    (lambda: vkml.nn.mse(M(), "x"), vkml.ArgumentError, ["tensor"]),
+    (lambda: vkml.nn.cross_entropy(M(), [[0], [1, 2]]), vkml.ArgumentError, ["equal length"]),
+    (lambda: vkml.optim.SGD([G()], lr=-1), vkml.ArgumentError, ["SGD", "lr", "> 0"]),
+    (lambda: vkml.optim.SGD([G()], lr=math.nan), vkml.ArgumentError, ["SGD", "lr", "finite"]),
+    (lambda: vkml.optim.SGD([G()], lr="0.1"), vkml.ArgumentError, ["SGD", "lr", "number"]),
+    (lambda: vkml.optim.Adam([G()], betas=(0.9, 1.5)), vkml.ArgumentError, ["Adam", "betas"]),
+    (lambda: vkml.optim.Adam([G()], eps=-1.0), vkml.ArgumentError, ["Adam", "eps"]),
+    (lambda: vkml.optim.SGD([], lr=0.1), vkml.ArgumentError, ["SGD", "empty"]),
+    (lambda: vkml.optim.SGD(np.array(1.0), lr=0.1), vkml.ArgumentError, ["SGD", "params"]),
+    (lambda: vkml.optim.SGD([np.ones(2)], lr=0.1), vkml.ArgumentError, ["SGD", "not a vkml"]),
+    (lambda: vkml.optim.SGD([G()], lr=0.1).compile_step(3), vkml.ArgumentError,
+     ["compile_step", "callable"]),
+]
+
+
+@pytest.mark.parametrize("case", range(len(REFUSALS)))
+def test_refusal_names_the_op_and_the_fix(case):
+    call, kind, words = REFUSALS[case]
+    with pytest.raises(kind) as err:
+        call()
+    builtin = {vkml.ShapeError: ValueError, vkml.ArgumentError: TypeError,
+               vkml.DTypeError: TypeError, vkml.BackendError: RuntimeError}[kind]
+    assert isinstance(err.value, builtin)
+    for word in words:
+        assert word in str(err.value), f"{word!r} not in {str(err.value)!r}"
+
+
+def test_an_index_past_a_sequential_is_an_index_error():
+    """So ``for layer in model`` and ``model[-1]`` behave as for a list."""
+    model = vkml.nn.Sequential(vkml.nn.ReLU(), vkml.nn.Flatten())
+    assert isinstance(model[-1], vkml.nn.Flatten)
+    with pytest.raises(vkml.errors.IndexOutOfRangeError) as err:
+        model[2]
+    assert isinstance(err.value, IndexError) and "Sequential" in str(err.value)
+
+
+def test_an_allocation_too_large_for_the_process_is_a_shape_error():
+    """A valid shape can still need more memory than there is: refused, naming the op."""
+    with memory_cap(1 << 30):
+        with pytest.raises(vkml.ShapeError, match="zeros.*memory"):
+            vkml.zeros((2 ** 31,))
+        with pytest.raises(vkml.ShapeError, match="arange.*memory"):
+            vkml.arange(2 ** 31)
+        with pytest.raises(vkml.ShapeError, match="Linear.*memory"):
+            vkml.nn.Linear(2 ** 16, 2 ** 16)
+    assert vkml.zeros((2,)).numpy().tolist() == [0.0, 0.0]   # and vkml still works
+
+
+def test_a_program_too_large_for_the_process_is_an_execution_error(vk_backend):
+    """A lazy result larger than memory fails when it runs, as an ExecutionError, and the
+    tensors it was built from are untouched."""
+    x = V()
+    with memory_cap(1 << 30):
+        with pytest.raises(vkml.ExecutionError, match="memory|allocate"):
+            (vkml.broadcast_to(x, (2 ** 30, 3)) * 2.0).numpy()   # (eager: runs at the op)
+    assert x.numpy().tolist() == [1.0, -2.0, 3.0]
+
+
+def test_expand_dims_takes_several_axes_as_numpy_does():
+    x = np.arange(6.0).reshape(2, 3)
+    for axes in [(0, 1), (-1, 0), (3, 1), [2]]:
+        assert vkml.expand_dims(vkml.tensor(x), axes).shape == np.expand_dims(x, axes).shape
+
+
+def test_keyword_tensors_are_tensors():
+    """``conv2d(..., bias=b)``: a tensor passed by keyword is used (and differentiated) like one
+    passed by position."""
+    b = vkml.tensor(np.array([0.5], np.float32), requires_grad=True)
+    out = vkml.conv2d(IMG(), K(), bias=b)
+    np.testing.assert_allclose(out.numpy(), vkml.conv2d(IMG(), K(), b).numpy())
+    out.sum().backward()
+    assert b.grad.numpy().tolist() == [9.0]     # one per output pixel of the 3x3 map

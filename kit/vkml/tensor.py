@@ -431,14 +431,19 @@ def _as_tensor(x) -> Tensor:
 
 
 def zeros(shape, dtype=np.float32, requires_grad=False):
-    return full(shape, 0, dtype, requires_grad, op="zeros")
+    return _filled("zeros", shape, 0, dtype, requires_grad)
 
 
 def ones(shape, dtype=np.float32, requires_grad=False):
-    return full(shape, 1, dtype, requires_grad, op="ones")
+    return _filled("ones", shape, 1, dtype, requires_grad)
 
 
-def full(shape, value, dtype=None, requires_grad=False, *, op="full"):
+def full(shape, value, dtype=None, requires_grad=False):
+    return _filled("full", shape, value, dtype, requires_grad)
+
+
+def _filled(op, shape, value, dtype, requires_grad):
+    """A new leaf of ``shape`` holding ``value`` everywhere, its arguments checked first."""
     shape = check_shape(shape, op)
     if not isinstance(value, (bool, np.bool_, numbers.Real)):
         raise ArgumentError(f"{op}: the fill value must be a real number, got {describe(value)}")

@@ -22,6 +22,7 @@ import warnings
 import numpy as np
 
 from .errors import ArgumentError, DTypeError, ShapeError
+from .ir import Var
 
 #: The dtypes a tensor can have.
 DTYPES = tuple(np.dtype(t) for t in (bool, np.int32, np.int64, np.float32, np.float64))
@@ -37,6 +38,8 @@ MAX_ELEMENTS = np.iinfo(np.int64).max // 8
 
 def describe(value) -> str:
     """A short description of a wrong value for a message: its type, and its repr if short."""
+    if isinstance(value, Var):      # what a Tensor argument is once the tensor layer unwraps it
+        return f"a tensor {value.type_str()}"
     text = repr(value)
     kind = type(value).__name__
     return f"{kind} {text}" if len(text) <= 40 and not text.startswith(kind) else kind
@@ -145,7 +148,9 @@ def check_dtype(dtype, op: str, name: str = "dtype", exact: bool = False) -> np.
         dt = _SPELLINGS.get(dtype)
     except TypeError:       # unhashable: a list, a dict, an array, ...
         dt = None
-    if dt is None and not (_is_bool(dtype) or isinstance(dtype, (numbers.Number, tuple, list))):
+    # NumPy reads None as float64; here it is a missing dtype, which callers with a default handle
+    if dt is None and not (dtype is None or _is_bool(dtype) or
+                           isinstance(dtype, (numbers.Number, tuple, list))):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DeprecationWarning)  # NumPy's retired aliases

@@ -419,7 +419,11 @@ def _axis_items(axis, op) -> list:
     """What ``axis`` names, as a list: itself for an int, its items for a sequence of them."""
     if hasattr(axis, "__index__") and not (isinstance(axis, np.ndarray) and axis.ndim):
         return [axis]
-    return check_sequence(axis, "axis", op)
+    try:
+        return check_sequence(axis, "axis", op)
+    except ArgumentError:
+        raise ArgumentError(f"{op}: axis must be an int or a tuple of ints, got {describe(axis)}") \
+            from None
 
 
 def normalize_axis(op, ndim, axis):
@@ -626,6 +630,10 @@ def pad(x, lo, hi, interior=None):
     return bind(pad_p, x, lo=lo, hi=hi, interior=interior)
 
 
+#: The widest padding (or window, or stride) taken on one side of an axis: wider would not fit.
+MAX_PAD = 2 ** 40
+
+
 def _pad_widths(widths, name, x, low=None):
     """One int per axis of ``x`` (``low`` and up), for ``pad``'s ``lo``, ``hi`` and ``interior``."""
     out = tuple(check_int(w, name, "pad", low=low, high=MAX_PAD, error=ShapeError)
@@ -634,10 +642,6 @@ def _pad_widths(widths, name, x, low=None):
         raise ShapeError(f"pad: {name} has {len(out)} entries but the operand has {x.ndim} axes "
                          f"(shape {x.shape}); give one per axis")
     return out
-
-
-#: The widest padding ``pad`` takes on one side of an axis (wider would not fit an int64 size).
-MAX_PAD = 2 ** 40
 
 
 def concatenate(xs, axis=0):
