@@ -94,13 +94,30 @@ def memory_cap(nbytes=6 << 30):
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
-def _realize(out):
-    """Realize every tensor in ``out`` (a result of any shape); plain values are left alone."""
+def _tensors(out) -> list:
+    """Every tensor in ``out`` (a result of any shape)."""
     if isinstance(out, vkml.Tensor):
-        out.numpy()
-    elif isinstance(out, (list, tuple)):
-        for o in out:
-            _realize(o)
+        return [out]
+    if isinstance(out, (list, tuple)):
+        return [t for o in out for t in _tensors(o)]
+    return []
+
+
+def _realize(out):
+    """Realize every tensor in ``out``; plain values are left alone."""
+    for t in _tensors(out):
+        t.numpy()
+
+
+def _escaping(thunk):
+    """The exception ``thunk()`` raises that is not a VkmlError, or None."""
+    try:
+        thunk()
+    except vkml.VkmlError:
+        return None
+    except Exception as err:      # noqa: BLE001 -- catching every other kind is the point
+        return err
+    return None
 
 
 def succeeds(fn, args, kwargs):
@@ -112,13 +129,7 @@ def succeeds(fn, args, kwargs):
 def call_once(fn, args, kwargs):
     """``None`` when ``fn(*args, **kwargs)`` succeeds (its tensors realized) or raises a VkmlError,
     else the escaping exception."""
-    try:
-        _realize(fn(*args, **kwargs))
-    except vkml.VkmlError:
-        return None
-    except Exception as err:      # noqa: BLE001 -- catching every other kind is the point
-        return err
-    return None
+    return _escaping(lambda: _realize(fn(*args, **kwargs)))
 
 
 def mutations(args, kwargs, values=None):
@@ -132,17 +143,41 @@ def mutations(args, kwargs, values=None):
             yield f"{key}=", label, lambda a, k, key=key, bad=bad: (a, {**k, key: bad})
 
 
-def leaks(name, fn, make_args, values=None):
+def leaks(name, fn, make_args, values=None, together=False):
     """Every call of ``fn`` with one bad argument that let a non-VkmlError escape, as readable lines.
 
     ``make_args()`` returns a fresh valid ``(args, kwargs)`` for each call, so a call
-    that changes its arguments cannot affect the next."""
-    out = []
+    that changes its arguments cannot affect the next.  ``together`` (for lazy mode):
+    the tensors the calls return are realized at the end in ONE submission, so a
+    compiling backend compiles one program instead of one per call; if that fails,
+    each call's tensors are realized alone, so the culprit is named.
+    """
+    out, pending = [], []
+
+    def report(what, err):
+        out.append(f"{what}: {type(err).__name__}: {str(err)[:160]}")
+
     for where, label, replace in mutations(*make_args(), values):
         a, k = replace(*make_args())
-        err = call_once(fn, tuple(a), k)
+        what = f"{name}({where} {label})"
+        results = []
+        err = _escaping(lambda: results.append(fn(*a, **k)))
         if err is not None:
-            out.append(f"{name}({where} {label}): {type(err).__name__}: {str(err)[:160]}")
+            report(what, err)
+        elif results and together:
+            pending.append((what, _tensors(results[0])))
+        elif results:
+            err = _escaping(lambda: _realize(results[0]))
+            if err is not None:
+                report(what, err)
+    everything = [t for _, ts in pending for t in ts]
+    try:
+        vkml.realize(everything)
+    except Exception:             # noqa: BLE001 -- one of them failed: find which, and how
+        for what, ts in pending:
+            err = _escaping(lambda: vkml.realize(ts))
+            if err is not None:
+                report(what, err)
     return out
 
 
