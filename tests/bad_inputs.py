@@ -48,12 +48,20 @@ class _Opaque:
         return "<opaque>"
 
 
+def _deep_list(depth):
+    """``[[[...[1.0]...]]]``: deeper than Python's recursion limit."""
+    out = 1.0
+    for _ in range(depth):
+        out = [out]
+    return out
+
+
 def _bad_values():
     return [
         ("None", None), ("str", "x"), ("bytes", b"x"), ("dict", {"a": 1}), ("set", {1, 2}),
         ("object", _Opaque()), ("function", lambda: 0), ("complex", 1 + 2j),
         ("mixed list", [1, "a", [2.0]]), ("ragged list", [[1, 2], [3]]),
-        ("nested None", [[None]]), ("str tuple", ("a", "b")),
+        ("nested None", [[None]]), ("str tuple", ("a", "b")), ("deep list", _deep_list(5000)),
         ("nan", math.nan), ("inf", math.inf), ("-inf", -math.inf), ("np nan", np.float64("nan")),
         ("-1", -1), ("-7", -7), ("0", 0), ("2**31", 2 ** 31), ("-2**31-1", -2 ** 31 - 1),
         ("2**63", 2 ** 63), ("-2**63", -2 ** 63), ("2**100", 2 ** 100), ("np int64 max",

@@ -30,7 +30,8 @@ from .errors import ArgumentError, DTypeError, IndexOutOfRangeError, ShapeError
 from .tensor import (Tensor, conv2d, flatten, gather, matmul, max_pool2d, mean, relu, reshape,
                      take_along_axis, tensor, transpose)
 from .tensor import log_softmax as _log_softmax
-from .validate import check_bool, check_dtype, check_int, check_sequence, check_shape, host_memory
+from .validate import (check_bool, check_dtype, check_int, check_sequence, check_shape, describe,
+                       host_memory)
 
 __all__ = ["Module", "Parameter", "Linear", "Conv2d", "MaxPool2d", "ReLU", "Flatten", "Sequential",
            "manual_seed", "cross_entropy", "log_softmax", "mse", "mse_loss"]
@@ -83,11 +84,11 @@ def _pair(value, what, layer, minimum=1):
     """An int or a pair of ints (each at least ``minimum``) as a pair."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Integral, tuple, list)):
         raise ArgumentError(f"{layer}: {what} must be an int >= {minimum} or a pair of them, "
-                            f"got {value!r}")
+                            f"got {describe(value)}")
     items = [value, value] if isinstance(value, numbers.Integral) else check_sequence(value, what, layer)
     if len(items) != 2:
         raise ArgumentError(f"{layer}: {what} must be an int >= {minimum} or a pair of them, "
-                            f"got {value!r}")
+                            f"got {describe(value)}")
     return tuple(check_int(v, what, layer, low=minimum) for v in items)
 
 

@@ -33,7 +33,7 @@ from .errors import ArgumentError, DTypeError, ShapeError
 from .ir import dtype_name
 from .programs import jit, value_and_grad
 from .tensor import Tensor, assign, no_grad, sqrt, zeros_like
-from .validate import check_callable, check_real, check_sequence
+from .validate import check_callable, check_real, check_sequence, describe
 
 __all__ = ["Optimizer", "SGD", "Adam", "CompiledStep"]
 
@@ -286,7 +286,7 @@ class Adam(Optimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
         super().__init__(params, lr)
         if not isinstance(betas, (tuple, list)) or len(betas) != 2:
-            raise ArgumentError(f"Adam: betas must be a pair (beta1, beta2), got {betas!r}")
+            raise ArgumentError(f"Adam: betas must be a pair (beta1, beta2), got {describe(betas)}")
         self.betas = (check_real(betas[0], "beta1", "Adam", low=0.0),
                       check_real(betas[1], "beta2", "Adam", low=0.0))
         if self.betas[0] >= 1.0 or self.betas[1] >= 1.0:

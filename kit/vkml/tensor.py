@@ -488,11 +488,17 @@ def ones_like(t, requires_grad=False):
 
 # -- applying operations ---------------------------------------------------------------------------
 
-def _unwrap(x):
+#: How deep in nested lists tensors are looked for.  They sit a level or two down (concatenate's
+#: operands); deeper lists are plain data for NumPy, and one nested thousands deep must not
+#: exhaust Python's recursion here.
+_MAX_NESTING = 32
+
+
+def _unwrap(x, depth=0):
     if isinstance(x, Tensor):
         return x.ir_var
-    if isinstance(x, (list, tuple)):
-        return type(x)(_unwrap(v) for v in x)
+    if isinstance(x, (list, tuple)) and depth < _MAX_NESTING:
+        return type(x)(_unwrap(v, depth + 1) for v in x)
     return x
 
 
@@ -502,12 +508,12 @@ def _unwrap_index(index):
     return _unwrap(index)
 
 
-def _needs_grad(args):
+def _needs_grad(args, depth=0):
     for a in args:
         if isinstance(a, Tensor):
             if a.requires_grad:
                 return True
-        elif isinstance(a, (list, tuple)) and _needs_grad(a):
+        elif isinstance(a, (list, tuple)) and depth < _MAX_NESTING and _needs_grad(a, depth + 1):
             return True
     return False
 

@@ -17,6 +17,7 @@ import contextlib
 import math
 import numbers
 import operator
+import reprlib
 import warnings
 
 import numpy as np
@@ -40,7 +41,7 @@ def describe(value) -> str:
     """A short description of a wrong value for a message: its type, and its repr if short."""
     if isinstance(value, Var):      # what a Tensor argument is once the tensor layer unwraps it
         return f"a tensor {value.type_str()}"
-    text = repr(value)
+    text = reprlib.repr(value)     # bounded: a list nested thousands deep is described too
     kind = type(value).__name__
     return f"{kind} {text}" if len(text) <= 40 and not text.startswith(kind) else kind
 
@@ -59,8 +60,9 @@ def check_int(value, name: str, op: str, low=None, high=None, error=ArgumentErro
     try:
         out = operator.index(value)
     except TypeError:
-        raise ArgumentError(f"{op}: {name} must be an int, got {describe(value)}; pass a whole "
-                            "number (floats are not rounded for you)") from None
+        fix = "floats are not rounded for you: pass int(...) of it" if isinstance(value, numbers.Real) \
+            else "pass a whole number"
+        raise ArgumentError(f"{op}: {name} must be an int, got {describe(value)}; {fix}") from None
     if low is not None and out < low:
         raise error(f"{op}: {name} must be at least {low}, got {out}")
     if high is not None and out > high:

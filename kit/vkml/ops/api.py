@@ -846,7 +846,7 @@ def _list_index(item):
     try:
         return np.asarray(item)
     except (TypeError, ValueError) as err:
-        raise ArgumentError(f"index: the list {describe(item)} is not an array of indices ({err}); "
+        raise ArgumentError(f"index: {describe(item)} is not an array of indices ({err}); "
                             "index with ints, slices, None, ... or integer arrays") from None
 
 
