@@ -478,6 +478,8 @@ REFUSALS = [
     (lambda: vkml.realize(3), vkml.ArgumentError, ["realize", "list or tuple"]),
     (lambda: vkml.assign(M(), 3), vkml.ArgumentError, ["assign", "sources"]),
     (lambda: vkml.add(IDX(), 2 ** 63), vkml.DTypeError, ["does not fit", "int64"]),
+    (lambda: vkml.tensor(2 ** 63), vkml.DTypeError, ["does not fit int64", "float64"]),
+    (lambda: V() + np.uint64(2 ** 63), vkml.DTypeError, ["does not fit int64"]),
     (lambda: vkml.Tensor("data"), vkml.ArgumentError, ["vkml.tensor(data)"]),
     (lambda: M()[[[0, 1], [2]]], vkml.ArgumentError, ["index", "integer arrays"]),
     (lambda: M().__setitem__(0, 1.0), vkml.ArgumentError, ["assign_", "where"]),

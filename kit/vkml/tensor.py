@@ -412,13 +412,7 @@ def tensor(data, dtype=None, requires_grad: bool = False) -> Tensor:
     if isinstance(data, (str, bytes, dict, set)) or data is None:
         raise ArgumentError(f"tensor: cannot make a tensor from {type(data).__name__}; "
                             "pass a number, a (nested) list of numbers or a NumPy array")
-    try:
-        var = api.constant(data, dtype)
-    except (TypeError, ValueError) as err:
-        if isinstance(err, ArgumentError):
-            raise
-        raise ArgumentError(f"tensor: cannot make a tensor from {type(data).__name__} "
-                            f"({err}); pass numbers, nested lists of equal length or an array")
+    var = api.constant(data, dtype)     # refuses what is not numeric data, naming it
     if requires_grad:
         _check_grad_dtype(var, "tensor(requires_grad=True)")
     t = Tensor(var, requires_grad)

@@ -46,6 +46,7 @@ from .reductions import argmax_p, reduce_max_p, reduce_sum_p
 DEFAULT_DEVICE = ["CPU"]
 
 _SCALARS = (bool, int, float, np.bool_, np.number)
+_INT64_MAX = np.iinfo(np.int64).max
 
 
 # -- turning inputs into Vars ----------------------------------------------------
@@ -67,6 +68,10 @@ def constant(value, dtype=None, device=None) -> Var:
         if arr.dtype.kind not in "biuf" or arr.dtype.itemsize > 8:
             raise ArgumentError(f"cannot make a tensor from {type(value).__name__} data of dtype "
                                 f"{arr.dtype}; pass numbers, lists of numbers or a NumPy array")
+        if arr.dtype == np.uint64 and dtype is None and arr.size and arr.max() > _INT64_MAX:
+            raise DTypeError(f"cannot make a tensor from {type(value).__name__}: {int(arr.max())} "
+                             "does not fit int64, vkml's widest integer; pass it as a float "
+                             "(dtype=float64)")
         arr = arr.astype(dtype if dtype is not None else canonical_dtype(arr.dtype))  # a copy
     arr.flags.writeable = False
     return Var(arr.shape, arr.dtype, device or DEFAULT_DEVICE[0], value=arr)
