@@ -26,10 +26,12 @@ import numbers
 
 import numpy as np
 
-from .errors import ArgumentError, DTypeError, ShapeError
+from .errors import ArgumentError, DTypeError, IndexOutOfRangeError, ShapeError
 from .tensor import (Tensor, conv2d, flatten, gather, matmul, max_pool2d, mean, relu, reshape,
                      sigmoid, softmax, sqrt, take, take_along_axis, tanh, tensor, transpose, var)
 from .tensor import log_softmax as _log_softmax
+from .validate import (check_bool, check_dtype, check_int, check_sequence, check_shape, describe,
+                       host_memory)
 
 __all__ = ["Module", "Parameter", "Linear", "Conv2d", "MaxPool2d", "ReLU", "Flatten", "Sequential",
            "manual_seed", "cross_entropy", "log_softmax", "mse", "mse_loss"]
@@ -43,9 +45,7 @@ def manual_seed(seed: int) -> None:
     ``vkml.nn.manual_seed(0)`` before building a model makes its initial
     parameters the same every run (``torch.manual_seed``'s job here).
     """
-    if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
-        raise ArgumentError(f"manual_seed: the seed must be an int, got {type(seed).__name__}")
-    _RNG[0] = np.random.default_rng(int(seed))
+    _RNG[0] = np.random.default_rng(check_int(seed, "seed", "manual_seed", low=0))
 
 
 def _generator(rng) -> np.random.Generator:
@@ -54,7 +54,7 @@ def _generator(rng) -> np.random.Generator:
     if isinstance(rng, np.random.Generator):
         return rng
     if isinstance(rng, numbers.Integral) and not isinstance(rng, bool):
-        return np.random.default_rng(int(rng))
+        return np.random.default_rng(check_int(rng, "rng", "layer", low=0))
     raise ArgumentError(f"rng must be a numpy.random.Generator or an int seed, got {type(rng).__name__}")
 
 
@@ -65,27 +65,31 @@ def Parameter(data, dtype=np.float32) -> Tensor:
     leaf that requires grad, and that is all the autograd and the optimisers
     look at.
     """
-    return tensor(np.asarray(data, dtype=dtype), requires_grad=True)
+    return tensor(data, dtype=check_dtype(dtype, "Parameter"), requires_grad=True)
 
 
-def _uniform(rng, bound, shape, dtype):
-    return Parameter(rng.uniform(-bound, bound, size=shape), dtype)
+def _uniform(rng, bound, shape, dtype, layer):
+    """A parameter of ``shape`` drawn uniformly from (-bound, bound), its size checked first."""
+    dtype = check_dtype(dtype, layer)
+    shape = check_shape(shape, layer, "parameter shape")
+    with host_memory(layer, f"a parameter of shape {shape}"):
+        return Parameter(rng.uniform(-bound, bound, size=shape), dtype)
 
 
 def _positive_int(value, what, layer):
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value <= 0:
-        raise ArgumentError(f"{layer}: {what} must be a positive int, got {value!r}")
-    return int(value)
+    return check_int(value, what, layer, low=1)
 
 
 def _pair(value, what, layer, minimum=1):
-    items = (value, value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) \
-        else tuple(value) if isinstance(value, (tuple, list)) else None
-    if items is None or len(items) != 2 or not all(
-            isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= minimum for v in items):
+    """An int or a pair of ints (each at least ``minimum``) as a pair."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Integral, tuple, list)):
         raise ArgumentError(f"{layer}: {what} must be an int >= {minimum} or a pair of them, "
-                            f"got {value!r}")
-    return (int(items[0]), int(items[1]))
+                            f"got {describe(value)}")
+    items = [value, value] if isinstance(value, numbers.Integral) else check_sequence(value, what, layer)
+    if len(items) != 2:
+        raise ArgumentError(f"{layer}: {what} must be an int >= {minimum} or a pair of them, "
+                            f"got {describe(value)}")
+    return tuple(check_int(v, what, layer, low=minimum) for v in items)
 
 
 # -- Module ----------------------------------------------------------------------------------------
@@ -141,6 +145,8 @@ class Module:
 
     def named_parameters(self, prefix: str = ""):
         """``[(dotted name, tensor), ...]`` for every parameter, each once, in a fixed order."""
+        if not isinstance(prefix, str):
+            raise ArgumentError(f"named_parameters: prefix must be a string, got {type(prefix).__name__}")
         out, seen = [], set()
         self._collect(prefix, out, seen)
         return out
@@ -163,8 +169,9 @@ class Module:
     # -- modes and gradients ---------------------------------------------------------------------
     def train(self, mode: bool = True) -> "Module":
         """Set training mode here and in every sub-module (layers like dropout read ``training``)."""
+        mode = check_bool(mode, "mode", "train")
         for m in self.modules():
-            m.training = bool(mode)
+            m.training = mode
         return self
 
     def eval(self) -> "Module":
@@ -203,10 +210,11 @@ class Linear(Module):
         super().__init__()
         self.in_features = _positive_int(in_features, "in_features", "Linear")
         self.out_features = _positive_int(out_features, "out_features", "Linear")
+        bias = check_bool(bias, "bias", "Linear")
         gen = _generator(rng)
         bound = 1.0 / math.sqrt(self.in_features)
-        self.weight = _uniform(gen, bound, (self.out_features, self.in_features), dtype)
-        self.bias = _uniform(gen, bound, (self.out_features,), dtype) if bias else None
+        self.weight = _uniform(gen, bound, (self.out_features, self.in_features), dtype, "Linear")
+        self.bias = _uniform(gen, bound, (self.out_features,), dtype, "Linear") if bias else None
 
     def forward(self, x):
         if not isinstance(x, Tensor):
@@ -238,12 +246,13 @@ class Conv2d(Module):
         self.kernel_size = _pair(kernel_size, "kernel_size", "Conv2d")
         self.stride = _pair(stride, "stride", "Conv2d")
         self.padding = _pair(padding, "padding", "Conv2d", minimum=0)
+        bias = check_bool(bias, "bias", "Conv2d")
         gen = _generator(rng)
         fan_in = self.in_channels * self.kernel_size[0] * self.kernel_size[1]
         bound = 1.0 / math.sqrt(fan_in)
         self.weight = _uniform(gen, bound, (self.out_channels, self.in_channels) + self.kernel_size,
-                               dtype)
-        self.bias = _uniform(gen, bound, (self.out_channels,), dtype) if bias else None
+                               dtype, "Conv2d")
+        self.bias = _uniform(gen, bound, (self.out_channels,), dtype, "Conv2d") if bias else None
 
     def forward(self, x):
         if not isinstance(x, Tensor):
@@ -285,7 +294,8 @@ class Flatten(Module):
 
     def __init__(self, start_dim=1, end_dim=-1):
         super().__init__()
-        self.start_dim, self.end_dim = int(start_dim), int(end_dim)
+        self.start_dim = check_int(start_dim, "start_dim", "Flatten")
+        self.end_dim = check_int(end_dim, "end_dim", "Flatten")
 
     def forward(self, x):
         return flatten(x, self.start_dim, self.end_dim)
@@ -320,6 +330,8 @@ class Sequential(Module):
     def __getitem__(self, i):
         if isinstance(i, slice):
             return Sequential(*self.layers[i])
+        n = len(self.layers)
+        i = check_int(i, "index", "Sequential", low=-n, high=n - 1, error=IndexOutOfRangeError)
         return self.layers[i]
 
     def __iter__(self):
@@ -348,7 +360,7 @@ def _labels(labels, n, classes):
         known = None if labels.ir_var.value is None else np.asarray(labels.ir_var.value)
         shape = labels.shape
     else:
-        known = np.asarray(labels)
+        known = np.asarray(tensor(labels).ir_var.value)
         if known.dtype.kind not in "iu":
             raise DTypeError(f"cross_entropy: labels must be integer class indices, got an array of "
                              f"{known.dtype}; pass e.g. np.asarray(labels, dtype=np.int64)")
@@ -396,7 +408,7 @@ def mse(pred, target) -> Tensor:
     if not isinstance(pred, Tensor):
         pred = tensor(pred)
     if not isinstance(target, Tensor):
-        target = tensor(np.asarray(target, dtype=pred.dtype))
+        target = tensor(target, dtype=pred.dtype)
     if pred.shape != target.shape:
         raise ShapeError(f"mse: prediction has shape {pred.shape} but target has {target.shape}; "
                          "reshape one of them (they are not broadcast)")

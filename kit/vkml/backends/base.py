@@ -171,6 +171,9 @@ _INSTANCES = {}
 
 def set_backend(name: str) -> Backend:
     """Select the backend new work runs on: ``"numpy"`` (default, always present)."""
+    if not isinstance(name, str):
+        raise BackendError(f"set_backend: the backend is named by a string, got "
+                           f"{type(name).__name__}; available: {', '.join(sorted(_FACTORIES))}")
     if name not in _FACTORIES:
         raise BackendError(f"unknown backend {name!r}; available: {', '.join(sorted(_FACTORIES))}")
     if name not in _INSTANCES:
