@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 import vkml
-from vkml.errors import ArgumentError
 
 # computing both sides of a choice (an untaken sqrt branch at 0, 0 ** -1 under a where) is meant
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
