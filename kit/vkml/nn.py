@@ -30,7 +30,7 @@ from .errors import ArgumentError, DTypeError, IndexOutOfRangeError, ShapeError
 from .tensor import (Tensor, conv2d, flatten, gather, matmul, max_pool2d, mean, relu, reshape,
                      sigmoid, softmax, sqrt, take, take_along_axis, tanh, tensor, transpose, var)
 from .tensor import log_softmax as _log_softmax
-from .validate import (check_bool, check_dtype, check_int, check_sequence, check_shape, describe,
+from .validate import (check_bool, check_dtype, check_int, check_real, check_sequence, check_shape, describe,
                        host_memory)
 
 __all__ = ["Module", "Parameter", "Linear", "Conv2d", "MaxPool2d", "ReLU", "Flatten", "Sequential",
@@ -460,10 +460,7 @@ class Softmax(Module):
 
     def __init__(self, axis=-1, *, dim=None):
         super().__init__()
-        axis = axis if dim is None else dim
-        if not isinstance(axis, numbers.Integral) or isinstance(axis, bool):
-            raise ArgumentError(f"Softmax: axis must be an int, got {axis!r}")
-        self.axis = int(axis)
+        self.axis = check_int(axis if dim is None else dim, "axis", "Softmax")
 
     def forward(self, x):
         return softmax(_as_input(x, "Softmax"), self.axis)
@@ -484,9 +481,8 @@ class Dropout(Module):
 
     def __init__(self, p=0.5, *, seed=0):
         super().__init__()
-        if not isinstance(p, numbers.Real) or isinstance(p, bool) or not 0 <= p < 1:
-            raise ArgumentError(f"Dropout: p must be a probability in [0, 1), got {p!r}")
-        self.p = float(p)
+        self.p = check_real(p, "p (the probability of dropping)", "Dropout", low=0, high=1,
+                            high_open=True)
         self.seed = seed
         self._rng = _generator(seed)
 
@@ -508,17 +504,17 @@ class LayerNorm(Module):
 
     def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, *, dtype=np.float32):
         super().__init__()
-        shape = (normalized_shape,) if isinstance(normalized_shape, numbers.Integral) \
-            else tuple(normalized_shape) if isinstance(normalized_shape, (tuple, list)) else None
-        if not shape or not all(isinstance(d, numbers.Integral) and not isinstance(d, bool) and d > 0
-                                for d in shape):
-            raise ArgumentError(f"LayerNorm: normalized_shape must be a positive int or a tuple of "
-                                f"them, got {normalized_shape!r}")
-        if not isinstance(eps, numbers.Real) or not eps > 0:
-            raise ArgumentError(f"LayerNorm: eps must be a positive number, got {eps!r}")
-        self.normalized_shape, self.eps = tuple(int(d) for d in shape), float(eps)
-        self.weight = Parameter(np.ones(self.normalized_shape), dtype) if elementwise_affine else None
-        self.bias = Parameter(np.zeros(self.normalized_shape), dtype) if elementwise_affine else None
+        shape = check_shape(normalized_shape, "LayerNorm", "normalized_shape")
+        if not shape or 0 in shape:
+            raise ShapeError(f"LayerNorm: normalized_shape must be a positive int or a tuple of "
+                             f"them, got {normalized_shape!r}")
+        self.normalized_shape = shape
+        self.eps = check_real(eps, "eps", "LayerNorm", low=0, low_open=True)
+        affine = check_bool(elementwise_affine, "elementwise_affine", "LayerNorm")
+        dtype = check_dtype(dtype, "LayerNorm")
+        with host_memory("LayerNorm", f"parameters of shape {shape}"):
+            self.weight = Parameter(np.ones(shape), dtype) if affine else None
+            self.bias = Parameter(np.zeros(shape), dtype) if affine else None
 
     def forward(self, x):
         x = _as_input(x, "LayerNorm")
@@ -543,8 +539,10 @@ class Embedding(Module):
         super().__init__()
         self.num_embeddings = _positive_int(num_embeddings, "num_embeddings", "Embedding")
         self.embedding_dim = _positive_int(embedding_dim, "embedding_dim", "Embedding")
-        self.weight = Parameter(_generator(rng).standard_normal((self.num_embeddings, self.embedding_dim)),
-                                dtype)
+        shape = check_shape((self.num_embeddings, self.embedding_dim), "Embedding", "table shape")
+        dtype = check_dtype(dtype, "Embedding")
+        with host_memory("Embedding", f"a table of shape {shape}"):
+            self.weight = Parameter(_generator(rng).standard_normal(shape), dtype)
 
     def forward(self, ids):
         ids = _as_input(ids, "Embedding")

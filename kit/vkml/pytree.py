@@ -113,18 +113,26 @@ def _node(tree):
     return None
 
 
+#: how deeply containers may nest in one pytree: deeper (or a list that contains itself) is refused
+#: with an ArgumentError rather than running into Python's recursion limit
+MAX_DEPTH = 256
+
+
 def flatten(tree):
     leaves = []
-    return leaves, _flatten(tree, leaves)
+    return leaves, _flatten(tree, leaves, 0)
 
 
-def _flatten(tree, leaves):
+def _flatten(tree, leaves, depth):
     node = _node(tree)
     if node is None:
         leaves.append(tree)
         return LEAF
+    if depth >= MAX_DEPTH:
+        raise ArgumentError(f"pytree: containers nested more than {MAX_DEPTH} deep (or a container "
+                            "that holds itself); pass arrays, or flatter tuples, lists and dicts")
     kind, meta, children = node
-    return TreeDef(kind, meta, [_flatten(t, leaves) for t in children])
+    return TreeDef(kind, meta, [_flatten(t, leaves, depth + 1) for t in children])
 
 
 def unflatten(treedef: TreeDef, leaves):

@@ -652,8 +652,8 @@ def mod(x, y):
 
     Integers use floor division; floats floor through a cast to int64 (exact for
     |x / y| < 2**53), and the floor is a constant of the derivative, so d(x % y)/dx = 1."""
-    if not isinstance(x, Tensor) and not isinstance(y, Tensor):
-        x = tensor(x)
+    x, y = (v if isinstance(v, Tensor) or isinstance(v, (numbers.Number, np.generic)) else tensor(v)
+            for v in (x, y))
     kinds = {v.dtype.kind if isinstance(v, Tensor) else np.asarray(v).dtype.kind for v in (x, y)}
     if "f" not in kinds:
         return sub(x, mul(floor_divide(x, y), y))
