@@ -135,9 +135,8 @@ def plane_signature(plane):
 
 def changed_plane_message(where, name, before, now) -> str:
     """Why plane ``name`` no longer is what a compiled program was built for, and the fix."""
-    what = ("its memory moved (resized in place?)", "its shape", "its strides", "its dtype",
-            "whether it is writeable")
-    diffs = [f"{what[i]} {'changed' if i == 0 else f'was {before[i]}, now {now[i]}'}"
+    what = ("its memory", "its shape", "its strides", "its dtype", "whether it is writeable")
+    diffs = [f"{what[i]} {'moved (resized in place?)' if i == 0 else f'was {before[i]}, now {now[i]}'}"
              for i in range(len(what)) if before[i] != now[i]]
     return (f"{where}: plane {name!r} changed since build(): {'; '.join(diffs)}; rebuild the graph "
             f"with build() after replacing/resizing plane {name!r} (or write into the plane in "

@@ -374,6 +374,7 @@ class Record:
             raise RecordError(f"keep: this Record is of generation {self.generation} but the graph "
                               f"is at generation {self.graph.generation}; keep() right after launch()")
         if not self.kept:
+            self.graph.check_planes("keep")
             # every plane the run touched, not only those it wrote: the reverse also reads
             # the graph's inputs (version 0), which the next launch may find changed
             self._kept_planes = {pid: plane.copy() for pid, plane in self.planes.items()}
