@@ -213,7 +213,7 @@ def test_launch_before_build_is_refused():
 def test_a_plane_resized_in_place_is_refused_naming_it():
     w = Fused().free()
     w.x.resize(2 * N, refcheck=False)
-    _launch_refused(w, ShapeError, r"launch: plane 'x' changed since build\(\): its memory moved.*its "
+    _launch_refused(w, ShapeError, r"launch: plane 'x' changed since build\(\): its "
                                    r"shape was \(32,\), now \(64,\); rebuild the graph with build\(\) "
                                    r"after replacing/resizing plane 'x'")
 
@@ -238,10 +238,21 @@ def test_a_plane_replaced_in_a_binding_is_refused():
     _launch_refused(w, ShapeError, r"was replaced by another array since build\(\); rebuild the graph")
 
 
+def test_a_plane_resized_away_and_back_is_read_where_its_memory_now_is():
+    """Same shape, strides and dtype: the programs still fit it, and each launch reads the
+    array itself, so no rebuild is needed."""
+    w = Fused().free()
+    w.x.resize(4 * N, refcheck=False)
+    w.x.resize(N, refcheck=False)
+    w.x[:] = np.linspace(0.2, 0.4, N)
+    w.graph.launch()
+    np.testing.assert_allclose(w.u, w.x * w.x, rtol=1e-15)
+
+
 def test_a_rebuild_accepts_the_changed_plane():
     w = Fused().free()
-    w.x.resize(2 * N, refcheck=False)
-    w.x.resize(N, refcheck=False)        # the same shape again, possibly elsewhere in memory
+    w.x = np.linspace(0.3, 0.6, N)
+    w.graph.node("square").op.reads["x"] = w.x        # another array in the old one's place
     w.graph.build(record=True)
     w.graph.launch()
     np.testing.assert_allclose(w.u, w.x * w.x, rtol=1e-15)

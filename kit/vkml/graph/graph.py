@@ -20,11 +20,11 @@ those cells, and neither the forward nor the reverse is rebuilt.
 from __future__ import annotations
 
 import math
+import operator
 import os
 import threading
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 
 import numpy as np
 
@@ -50,8 +50,7 @@ def threads() -> int:
 
 # -- all or nothing ---------------------------------------------------------------------------
 
-@contextmanager
-def all_or_nothing(planes=(), restore=()):
+class all_or_nothing:          # noqa: N801 - used as a ``with`` statement, like a function
     """The one rule every launch, update, reverse and simulation run of the graph layer follows:
     a call that is refused changes nothing.
 
@@ -62,22 +61,26 @@ def all_or_nothing(planes=(), restore=()):
     one of them back before the error leaves -- so no plane, Record, generation or cache is
     left half-updated.  An error that is not a :class:`vkml.VkmlError` (a user's function raised
     it) leaves as an :class:`vkml.ExecutionError` naming it, with the original as its cause."""
-    backups, seen = [], set()
-    for plane in planes:
-        if id(plane) not in seen:
-            seen.add(id(plane))
-            backups.append((plane, plane.copy()))
-    attrs = [(obj, name, getattr(obj, name)) for obj, name in restore]
-    try:
-        yield
-    except BaseException as err:
-        for plane, copy in backups:
+
+    __slots__ = ("backups", "attrs")
+
+    def __init__(self, planes=(), restore=()):
+        self.backups = list({id(p): (p, p.copy()) for p in planes}.values())
+        self.attrs = [(obj, name, getattr(obj, name)) for obj, name in restore]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, err, tb):
+        if err is None:
+            return False
+        for plane, copy in self.backups:
             plane[...] = copy
-        for obj, name, value in attrs:
+        for obj, name, value in self.attrs:
             setattr(obj, name, value)
         if isinstance(err, Exception) and not isinstance(err, VkmlError):
             raise ExecutionError(f"{type(err).__name__}: {err} (nothing was changed)") from err
-        raise
+        return False
 
 
 def execution_error(failure, eqns, where) -> ExecutionError:
@@ -127,17 +130,17 @@ def per_sample_values(value, shape, kinds, where):
 # -- the planes a built graph runs on ---------------------------------------------------------
 
 def plane_signature(plane):
-    """What a compiled launch relies on about a plane: its memory, shape, strides, dtype and
-    whether it may be written."""
-    return (plane.__array_interface__["data"][0], plane.shape, plane.strides, plane.dtype,
-            plane.flags.writeable)
+    """What a compiled launch relies on about a plane: its shape, strides, dtype and whether it
+    may be written.  (Not where its memory is: every launch hands the arrays themselves to the
+    program, so memory that moved -- resized away and back -- is read where it now is; and
+    reading the address costs several times more than all the rest, on every launch.)"""
+    return plane.shape, plane.strides, plane.dtype, plane.flags.writeable
 
 
 def changed_plane_message(where, name, before, now) -> str:
     """Why plane ``name`` no longer is what a compiled program was built for, and the fix."""
-    what = ("its memory", "its shape", "its strides", "its dtype", "whether it is writeable")
-    diffs = [f"{what[i]} {'moved (resized in place?)' if i == 0 else f'was {before[i]}, now {now[i]}'}"
-             for i in range(len(what)) if before[i] != now[i]]
+    what = ("its shape", "its strides", "its dtype", "whether it is writeable")
+    diffs = [f"{what[i]} was {before[i]}, now {now[i]}" for i in range(len(what)) if before[i] != now[i]]
     return (f"{where}: plane {name!r} changed since build(): {'; '.join(diffs)}; rebuild the graph "
             f"with build() after replacing/resizing plane {name!r} (or write into the plane in "
             "place: plane[...] = values)")
@@ -510,8 +513,9 @@ class Graph:
         """Refuse to run on planes that are not what build() saw (resized, reshaped, replaced,
         made read-only): a compiled program would read them at their old size."""
         bound = self._bound
-        if all(which.get(name) is plane for which, name, plane in bound) and \
-                [plane_signature(p) for p in self._planes] == self._signatures:
+        if all(map(operator.is_, [which.get(name) for which, name, _ in bound], self._bound_arrays)) \
+                and [(p.shape, p.strides, p.dtype, p.flags.writeable) for p in self._planes] == \
+                self._signatures:                             # plane_signature, inlined: every launch
             return
         for which, name, plane in bound:
             if which.get(name) is not plane:
@@ -550,6 +554,7 @@ class Graph:
         for cache in ("_fused", "_fused_reverse", "_names"):   # made anew for the built graph
             self.__dict__.pop(cache, None)                      # (record.py, diff.py)
         self._bound = self._bound_planes()
+        self._bound_arrays = [plane for _, _, plane in self._bound]
         self._planes = list({id(p): p for _, _, p in self._bound}.values())
         self._signatures = [plane_signature(p) for p in self._planes]
         self.recording = bool(record)
@@ -590,16 +595,17 @@ class Graph:
                     raise RecordError(f"launch: the Record of generation {rec.generation} is still "
                                       "live; reverse it first, or keep a copy with record.keep()")
             self.check_planes("launch")
-            threads()                          # a bad VKML_THREADS is refused before anything runs
+            workers = threads()                # a bad VKML_THREADS is refused before anything runs
             self._launching = True
         from .record import fused_launch, run_graph
+        fused = fused_launch(self, workers)
         # one fused run computes into private buffers where it can fail (record.py); anything
         # else may write before it fails, so what it may write is backed up first
-        backup = [] if n == 1 and fused_launch(self) else self.written_planes()
+        backup = [] if n == 1 and fused else self.written_planes()
         try:
             with all_or_nothing(backup, [(self, "generation"), (self, "_record")]):
                 for _ in range(n):
-                    rec = run_graph(self, recording=self.recording)
+                    rec = run_graph(self, self.recording, fused)
                     if self.recording:
                         self._record = rec
         finally:

@@ -212,13 +212,14 @@ def _may_fail(program) -> bool:
     return any(prim.name in ("gather", "scatter_add") for prim in _prims(program))
 
 
-def fused_launch(graph) -> bool:
+def fused_launch(graph, workers=None) -> bool:
     """Whether a launch of ``graph`` runs as one fused program (plain kernel launches, one thread)."""
-    return threads() == 1 and all(type(n.op) is Launch for n in graph.nodes)
+    return (threads() if workers is None else workers) == 1 and \
+        all(type(n.op) is Launch for n in graph.nodes)
 
 
-def run_graph(graph, recording):
-    if fused_launch(graph):
+def run_graph(graph, recording, fused=None):
+    if fused_launch(graph) if fused is None else fused:
         try:
             run = _run_fused(graph, recording)
         except ExecutionError as err:
