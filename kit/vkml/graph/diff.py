@@ -20,6 +20,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from ..backends import ExecutionFailure
 from ..errors import ArgumentError, Busy, RefusedError, ShapeError, VkmlError
 from ..ir import Program
 from .. import backends
@@ -449,8 +450,13 @@ def _check_vjp_kernel(vjp_kernel, launch, node_name):
         batch, wrt = launch.batched_vjp()
         want = batch.run(n, ins + params + cts)
         against = "the derived vjp"
-    except VkmlError:
-        wrt, want = _central_vjp(launch, ins, params, cts, n)
+    except (VkmlError, ExecutionFailure):
+        try:
+            wrt, want = _central_vjp(launch, ins, params, cts, n)
+        except ExecutionFailure as failure:
+            raise RefusedError(f"Reverse: cannot check {vjp_kernel.name} against central differences "
+                               f"of {kern.name} on sample inputs ({failure.error}); pass a vjp kernel "
+                               "for a kernel vkml derives a vjp for") from failure.error
         against = f"central differences of {kern.name}"
     names = [kern.inputs[i] if i < len(kern.inputs) else kern.params[i - len(kern.inputs)] for i in wrt]
     tol = (1e-5, 1e-8) if against == "the derived vjp" else (1e-4, 1e-6)
@@ -678,8 +684,9 @@ def _fused_sweep(record, seeds):
     key = (seed_keys, id(backends.current()), tuple(e.index for e in record.tape))
     plan = plans.get(key)
     if plan is None:
-        plan = plans[key] = _fused_reverse_plan(record, seed_keys)
+        plan = _fused_reverse_plan(record, seed_keys)
         plan["layout"] = _gradient_layout(record)
+        plans[key] = plan
     args = [record.value(k) for k in plan["in_keys"]] + [record.cells[k] for k in plan["cell_keys"]] + \
         [seeds[k] for k in seed_keys]
     values = _submit(plan["backend"], plan["exe"], args, plan["eqns"])

@@ -551,7 +551,7 @@ class Graph:
                 for p, value in launch.params.items():
                     cells[(node.name, p)] = np.array(value, copy=True).reshape(value.shape)
         self.cells = cells
-        for cache in ("_fused", "_fused_reverse", "_names"):   # made anew for the built graph
+        for cache in ("_fused", "_fused_reverse", "_names", "_can_fail"):   # made anew when built
             self.__dict__.pop(cache, None)                      # (record.py, diff.py)
         self._bound = self._bound_planes()
         self._bound_arrays = [plane for _, _, plane in self._bound]
@@ -597,13 +597,10 @@ class Graph:
             self.check_planes("launch")
             workers = threads()                # a bad VKML_THREADS is refused before anything runs
             self._launching = True
-        from .record import fused_launch, run_graph
+        from .record import fused_launch, launch_backup, run_graph
         fused = fused_launch(self, workers)
-        # one fused run computes into private buffers where it can fail (record.py); anything
-        # else may write before it fails, so what it may write is backed up first
-        backup = [] if n == 1 and fused else self.written_planes()
         try:
-            with all_or_nothing(backup, [(self, "generation"), (self, "_record")]):
+            with all_or_nothing(launch_backup(self, n, fused), [(self, "generation"), (self, "_record")]):
                 for _ in range(n):
                     rec = run_graph(self, self.recording, fused)
                     if self.recording:

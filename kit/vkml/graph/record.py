@@ -212,6 +212,18 @@ def _may_fail(program) -> bool:
     return any(prim.name in ("gather", "scatter_add") for prim in _prims(program))
 
 
+def launch_backup(graph, runs, fused):
+    """What a launch of ``runs`` runs must copy first to put back if it fails part-way (see
+    ``all_or_nothing``): nothing for one fused run (it computes into private buffers where it
+    can fail) nor for plain kernel launches that cannot fail (no index read or written);
+    otherwise every plane the graph writes."""
+    can_fail = graph.__dict__.get("_can_fail")
+    if can_fail is None:
+        can_fail = graph.__dict__["_can_fail"] = not all(type(node.op) is Launch for node in graph.nodes) \
+            or any(_may_fail(node.op.program) for node in graph.nodes)
+    return graph.written_planes() if can_fail and not (fused and runs == 1) else []
+
+
 def fused_launch(graph, workers=None) -> bool:
     """Whether a launch of ``graph`` runs as one fused program (plain kernel launches, one thread)."""
     return (threads() if workers is None else workers) == 1 and \
