@@ -153,6 +153,24 @@ def test_an_index_out_of_range_in_the_second_node_writes_nothing():
     assert w.graph.generation == 2
 
 
+def test_a_large_fused_launch_that_fails_writes_nothing_into_its_planes():
+    """Planes of 64 KiB and more are computed straight into on success; a program that reads by
+    index computes into its own buffers instead, so a failure leaves them as they were."""
+    n = 1 << 14
+    x, u, y = np.linspace(0.1, 0.9, n), np.zeros(n), np.zeros(n)
+    i = (np.arange(n) % 3).astype(np.int64)
+    g = (vkml.Graph().add(square.bind(x=x, u=u), name="square")
+         .add(look.bind(i=i, u=u, table=np.ones(3), y=y), name="look").build())
+    g.launch()
+    x[:] = 0.5
+    i[n - 1] = 3
+    refused(g.launch, lambda: graph_state(g), ExecutionError, r"node 'look' \(look\): gather.*index 3")
+    i[n - 1] = 2
+    g.launch()
+    np.testing.assert_allclose(u, 0.25)
+    np.testing.assert_allclose(y, 0.25)
+
+
 def test_an_index_out_of_range_on_threads_writes_nothing(monkeypatch):
     """With VKML_THREADS=2 the nodes run one by one (not one fused program): still nothing."""
     w = Fused().free()
