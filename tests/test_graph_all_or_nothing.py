@@ -785,3 +785,89 @@ def test_a_graph_writing_a_read_only_plane_is_refused_at_build():
     u.flags.writeable = False
     with pytest.raises(ArgumentError, match=r"node 'square' writes plane 'u', which is read-only"):
         g.build()
+
+
+# -- more refusals of a stateful call: each leaves everything as it was -----------------------------
+
+@vkml.kernel(vjp_of=wave)
+def wrong_wave_vjp(u, k: vkml.Param, y_bar):
+    return {"u_bar": y_bar * vkml.cos(k * u)}           # misses the factor k
+
+
+@vkml.kernel(vjp_of=square)
+def square_vjp(x, u_bar):
+    return {"x_bar": 2 * x * u_bar}
+
+
+def _waves():
+    x, u, y = np.linspace(0.1, 0.9, N), np.zeros(N), np.zeros(N)
+    g = (vkml.Graph().add(square.bind(x=x, u=u), name="square")
+         .add(wave.bind(u=u, k=1.5, y=y), name="wave").build(record=True))
+    g.launch()
+    return g
+
+
+def test_wrong_vjp_kernels_are_refused_and_the_record_stays_live():
+    g = _waves()
+    snap = lambda: graph_state(g)                                      # noqa: E731
+    refused(lambda: vkml.diff.reverse(g.record, {"y": np.ones(N)}, vjps={"wave": wrong_wave_vjp}),
+            snap, RefusedError, r"wrong_wave_vjp is not the vjp of node 'wave'.*u_bar disagrees")
+    refused(lambda: vkml.diff.reverse(g.record, {"y": np.ones(N)}, vjps={"wave": square_vjp}),
+            snap, RefusedError, r"square_vjp is not the vjp of node 'wave'")
+    assert g.record.live
+
+
+def test_a_reverse_while_a_launch_runs_and_a_shared_reverse_are_busy():
+    g = _waves()
+    rev = vkml.diff.Reverse(g)
+    g._launching = True                    # what another thread's launch holds while it runs
+    try:
+        refused(lambda: rev(g.record, {"y": np.ones(N)}), lambda: graph_state(g), Busy,
+                r"reverse: the graph is running launch 2")
+        refused(g.launch, lambda: graph_state(g), Busy, r"launch: the graph is running launch 2")
+    finally:
+        g._launching = False
+    with rev._lock:                        # another thread inside this Reverse
+        refused(lambda: rev(g.record, {"y": np.ones(N)}), lambda: graph_state(g), Busy,
+                r"another thread is running this Reverse")
+    assert g.record.live
+
+
+def test_a_graph_changed_after_build_refuses_launch_and_update():
+    g = _waves()
+    vkml.diff.reverse(g.record, {"y": np.ones(N)})
+    g.add(square.bind(x=np.ones(N), u=np.zeros(N)), name="again")
+    refused(g.launch, lambda: graph_state(g), ArgumentError, r"Graph.launch: call build\(\)")
+    refused(lambda: g.update(k=2.0), lambda: graph_state(g), ArgumentError, r"update: call build\(\)")
+
+
+def test_simulation_run_and_reverse_refusals_of_state_change_nothing():
+    sim, x, v = _sim()
+    sim.run()
+    old = sim.record
+    snap = lambda: sim_state(sim)                                       # noqa: E731
+    old._readers += 1                      # a reverse reading the Record in another thread
+    try:
+        refused(sim.run, snap, Busy, r"simulation.run: a reverse is reading the last Record")
+    finally:
+        old._readers -= 1
+    sim.run()                              # old is now stale
+    refused(lambda: vkml.diff.reverse(old, {"x": np.ones(N)}), snap, RecordError,
+            r"this Record is of generation 1, but the simulation has run since")
+    refused(old.keep, snap, RecordError, r"keep: this Record is of generation 1")
+    other, _, _ = _sim()
+    refused(lambda: vkml.diff.Reverse(other)(sim.record, {"x": np.ones(N)}), snap, ArgumentError,
+            r"this Record belongs to another simulation")
+    plain, _, _ = _sim(record=False)
+    refused(lambda: vkml.diff.Reverse(plain), snap, ArgumentError, r"made without record=True")
+    grads = vkml.diff.reverse(sim.record, {"x": np.ones(N)})
+    assert grads["x"].shape == (N,)
+
+
+def test_a_strict_simulation_reverse_of_a_table_read_by_index_changes_nothing():
+    x, i = np.linspace(-0.5, 0.5, N), (np.arange(N) % 3).astype(np.int64)
+    sim = vkml.simulation(lookup_drift, max_steps=10, record=True, x=x, i=i, table=np.ones(3))
+    sim.run()
+    refused(lambda: vkml.diff.reverse(sim.record, {"x": np.ones(N)}, strict=True),
+            lambda: sim_state(sim), RefusedError, r"strict=True.*\['table'\] in lookup_drift")
+    assert not sim.record.reversed
