@@ -146,7 +146,7 @@ def test_an_index_out_of_range_in_the_second_node_writes_nothing():
     w.i[5] = 7
     err = _launch_refused(w, ExecutionError, r"node 'look' \(look\): gather.*index 7 is out of range "
                                              r"for axis 0 of size 3.*nothing was written")
-    assert not isinstance(err, type(None))
+    assert isinstance(err.__cause__, IndexError)
     w.i[5] = 1                                    # fixed: the same graph launches again
     w.graph.launch()
     np.testing.assert_allclose(w.y, w.table[w.i] * w.x * w.x, rtol=1e-15)
@@ -253,7 +253,8 @@ def test_a_plane_made_read_only_is_refused():
 def test_a_plane_replaced_in_a_binding_is_refused():
     w = Fused().free()
     w.graph.node("look").op.reads["u"] = np.zeros(N)
-    _launch_refused(w, ShapeError, r"was replaced by another array since build\(\); rebuild the graph")
+    _launch_refused(w, ShapeError, r"launch: plane 'u' of node 'look' was replaced by another array "
+                                   r"since build\(\); rebuild the graph with build\(\)")
 
 
 def test_a_plane_resized_away_and_back_is_read_where_its_memory_now_is():
@@ -615,8 +616,9 @@ def test_a_model_node_failing_part_way_through_a_run_writes_nothing():
 
     node = vkml.graph.opaque(model, reads={"x": x}, writes={"corr": corr}, name="model")
     sim = vkml.until_done([node, pushed], max_steps=10, record=True, x=x, corr=corr)
-    refused(sim.run, lambda: sim_state(sim), ExecutionError,
-            r"opaque node 'model' raised FloatingPointError: diverged")
+    err = refused(sim.run, lambda: sim_state(sim), ExecutionError,
+                  r"opaque node 'model' raised FloatingPointError: diverged")
+    assert isinstance(err.__cause__, FloatingPointError)        # the user's error, kept as the cause
     assert sim.record is None and sim.generation == 0
 
 

@@ -748,7 +748,7 @@ def _sweep(record, seeds, vjps):
                 try:
                     got = vjps[entry.node.name](primals, cts)
                 except Exception as err:     # noqa: BLE001 - the user's vjp: named
-                    raise user_error(err, f"the vjp of opaque node {entry.node.name!r}") from err
+                    raise user_error(err, f"the vjp of opaque node {entry.node.name!r}")
                 for k, ct in user_vjp_gradients(entry.node, got, entry.reads, primals).items():
                     adj.add(entry.reads[k], order, ct)
     return _assemble(record, adj, param_parts)

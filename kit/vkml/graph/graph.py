@@ -88,18 +88,16 @@ def execution_error(failure, eqns, where) -> ExecutionError:
     equation and what went wrong (an index out of range, ...)."""
     eqn = eqns[failure.index] if 0 <= failure.index < len(eqns) else None
     what = f"{eqn.describe()} failed" if eqn is not None else "its program failed"
-    err = ExecutionError(f"{where}: {what}: {failure.error}; nothing was written")
-    err.__cause__ = failure.error
-    return err
+    return ExecutionError(f"{where}: {what}: {failure.error}; nothing was written")
 
 
 def user_error(err, where) -> ExecutionError:
     """A user's function (an opaque node, its vjp, a guard) raised ``err``: the same error,
-    named after the node, as a VkmlError (the original is its cause)."""
+    named after the node, as a VkmlError (the original is its cause); a VkmlError as it is."""
     if isinstance(err, VkmlError):
         return err
     new = ExecutionError(f"{where} raised {type(err).__name__}: {err}")
-    new.__cause__ = err
+    new.__cause__, new.__suppress_context__ = err, True
     return new
 
 
@@ -314,7 +312,7 @@ class Opaque:
         try:
             out = self.fn(dict(reads if reads is not None else self.reads))
         except Exception as err:     # noqa: BLE001 - the user's model: named, and nothing written
-            raise user_error(err, f"opaque node {self.name!r}") from err
+            raise user_error(err, f"opaque node {self.name!r}")
         if not isinstance(out, Mapping) or set(out) != set(self.writes):
             raise ArgumentError(f"opaque node {self.name!r} must return a dict with exactly "
                                 f"{sorted(self.writes)}, got "
@@ -495,13 +493,14 @@ class Graph:
         return self.nodes[0].op.n if not self.nodes[0].launches() else self.nodes[0].launches()[0].n
 
     def _bound_planes(self):
-        """Every (binding dict, name, plane) of every node: what build() compiles against."""
+        """Every (node name, binding dict, name, plane) of every node: what build() compiles
+        against."""
         out = []
         for node in self.nodes:
             ops = node.launches() or [node.op]
             for op in ops:
                 for which in (op.reads, op.writes):
-                    out.extend((which, name, plane) for name, plane in which.items())
+                    out.extend((node.name, which, name, plane) for name, plane in which.items())
         return out
 
     def written_planes(self):
@@ -513,15 +512,15 @@ class Graph:
         """Refuse to run on planes that are not what build() saw (resized, reshaped, replaced,
         made read-only): a compiled program would read them at their old size."""
         bound = self._bound
-        if all(map(operator.is_, [which.get(name) for which, name, _ in bound], self._bound_arrays)) \
+        if all(map(operator.is_, [which.get(name) for _, which, name, _ in bound], self._bound_arrays)) \
                 and [(p.shape, p.strides, p.dtype, p.flags.writeable) for p in self._planes] == \
                 self._signatures:                             # plane_signature, inlined: every launch
             return
-        for which, name, plane in bound:
+        for node, which, name, plane in bound:
             if which.get(name) is not plane:
-                raise ShapeError(f"{where}: plane {self.plane_name(plane)!r} was replaced by another "
+                raise ShapeError(f"{where}: plane {name!r} of node {node!r} was replaced by another "
                                  f"array since build(); rebuild the graph with build() after "
-                                 f"replacing/resizing plane {self.plane_name(plane)!r}")
+                                 f"replacing/resizing plane {name!r}")
         for plane, before in zip(self._planes, self._signatures):
             now = plane_signature(plane)
             if now != before:
@@ -554,8 +553,8 @@ class Graph:
         for cache in ("_fused", "_fused_reverse", "_names", "_can_fail"):   # made anew when built
             self.__dict__.pop(cache, None)                      # (record.py, diff.py)
         self._bound = self._bound_planes()
-        self._bound_arrays = [plane for _, _, plane in self._bound]
-        self._planes = list({id(p): p for _, _, p in self._bound}.values())
+        self._bound_arrays = [plane for *_, plane in self._bound]
+        self._planes = list({id(p): p for p in self._bound_arrays}.values())
         self._signatures = [plane_signature(p) for p in self._planes]
         self.recording = bool(record)
         self._built = True

@@ -254,7 +254,7 @@ def _guard(node, guard):
     try:
         return bool(guard())
     except Exception as err:     # noqa: BLE001 - the user's guard: named
-        raise user_error(err, f"the guard of node {node.name!r}") from err
+        raise user_error(err, f"the guard of node {node.name!r}")
 
 
 def _run_steps(graph, recording):

@@ -752,7 +752,7 @@ class Simulation:
             try:
                 got = vjps[node.name](primals, cts)
             except Exception as err:     # noqa: BLE001 - the user's vjp: named
-                raise user_error(err, f"the vjp of opaque node {node.name!r}") from err
+                raise user_error(err, f"the vjp of opaque node {node.name!r}")
             for k, g in user_vjp_gradients(node, got, node.reads, primals).items():
                 if k in ct_state:
                     ct_state[k][idx] += g
