@@ -627,7 +627,8 @@ def test_a_simulation_refuses_a_plane_resized_after_it_was_made():
     sim.run()
     v.resize(N + 1, refcheck=False)
     refused(sim.run, lambda: sim_state(sim), ShapeError,
-            r"simulation.run: plane 'v' changed.*make the simulation again")
+            r"simulation.run: plane 'v' changed since the simulation was made: its shape was "
+            r"\(32,\), now \(33,\).*make the simulation again")
 
 
 def test_a_simulation_reverse_and_keep_refuse_a_fixed_plane_resized_after_the_run():

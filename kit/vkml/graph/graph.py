@@ -135,13 +135,13 @@ def plane_signature(plane):
     return plane.shape, plane.strides, plane.dtype, plane.flags.writeable
 
 
-def changed_plane_message(where, name, before, now) -> str:
+def changed_plane_message(where, name, before, now, since="build()",
+                          fix="rebuild the graph with build()") -> str:
     """Why plane ``name`` no longer is what a compiled program was built for, and the fix."""
     what = ("its shape", "its strides", "its dtype", "whether it is writeable")
     diffs = [f"{what[i]} was {before[i]}, now {now[i]}" for i in range(len(what)) if before[i] != now[i]]
-    return (f"{where}: plane {name!r} changed since build(): {'; '.join(diffs)}; rebuild the graph "
-            f"with build() after replacing/resizing plane {name!r} (or write into the plane in "
-            "place: plane[...] = values)")
+    return (f"{where}: plane {name!r} changed since {since}: {'; '.join(diffs)}; {fix} after "
+            f"replacing/resizing plane {name!r} (or write into the plane in place: plane[...] = values)")
 
 
 def chunk_size_for(n: int, workers: int) -> int:

@@ -28,11 +28,10 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Mapping
 from functools import lru_cache
 
 import numpy as np
-
-from collections.abc import Mapping
 
 from ..backends import ExecutionFailure
 from ..errors import ArgumentError, Busy, RecordError, RefusedError, ShapeError
@@ -284,9 +283,9 @@ class Simulation:
             plane = self._planes[name]
             now = plane_signature(plane)
             if now != self._signatures[name]:
-                raise ShapeError(changed_plane_message(where, name, self._signatures[name], now)
-                                 .replace("rebuild the graph with build()", "make the simulation "
-                                          "again (vkml.simulation(...))"))
+                raise ShapeError(changed_plane_message(where, name, self._signatures[name], now,
+                                                       "the simulation was made",
+                                                       "make the simulation again (vkml.simulation(...))"))
 
     def _cells(self):
         return [self.launch.params[p] for p in self.launch.kernel.params]
