@@ -243,6 +243,12 @@ def test_a_plane_reshaped_is_refused():
                                    r"\(32, 1\)")
 
 
+def test_a_plane_viewed_as_another_dtype_in_place_is_refused():
+    w = Fused().free()
+    w.x.dtype = np.int64
+    _launch_refused(w, ShapeError, r"plane 'x' changed since build\(\): its dtype was float64, now int64")
+
+
 def test_a_plane_made_read_only_is_refused():
     w = Fused().free()
     w.y.flags.writeable = False

@@ -37,7 +37,7 @@ from .treesum import MIN_PASS, tree_sum
 
 def threads() -> int:
     """Threads the NumPy backend splits samples over (``VKML_THREADS``, default 1)."""
-    text = os.environ.get("VKML_THREADS", "1").strip() or "1"
+    text = os.environ.get("VKML_THREADS") or "1"
     try:
         value = int(text)
     except ValueError:
@@ -128,17 +128,23 @@ def per_sample_values(value, shape, kinds, where):
 # -- the planes a built graph runs on ---------------------------------------------------------
 
 def plane_signature(plane):
-    """What a compiled launch relies on about a plane: its shape, strides, dtype and whether it
-    may be written.  (Not where its memory is: every launch hands the arrays themselves to the
-    program, so memory that moved -- resized away and back -- is read where it now is; and
-    reading the address costs several times more than all the rest, on every launch.)"""
-    return plane.shape, plane.strides, plane.dtype, plane.flags.writeable
+    """What a compiled launch relies on about a plane: its shape and dtype (a program is traced
+    and compiled for them: a plane resized in place would be read at its old size) and whether
+    it may be written.  Not its strides (every backend reads a plane of any strides correctly,
+    and setting them in place is deprecated in NumPy) nor where its memory is (every launch hands
+    the arrays themselves to the program, so memory that moved -- resized away and back -- is
+    read where it now is); reading the address would cost more than all the rest, every launch."""
+    return plane.shape, plane.dtype, plane.flags.writeable
+
+
+_LAYOUT = operator.attrgetter("shape", "dtype")
+_WRITEABLE = operator.attrgetter("flags.writeable")
 
 
 def changed_plane_message(where, name, before, now, since="build()",
                           fix="rebuild the graph with build()") -> str:
     """Why plane ``name`` no longer is what a compiled program was built for, and the fix."""
-    what = ("its shape", "its strides", "its dtype", "whether it is writeable")
+    what = ("its shape", "its dtype", "whether it is writeable")
     diffs = [f"{what[i]} was {before[i]}, now {now[i]}" for i in range(len(what)) if before[i] != now[i]]
     return (f"{where}: plane {name!r} changed since {since}: {'; '.join(diffs)}; {fix} after "
             f"replacing/resizing plane {name!r} (or write into the plane in place: plane[...] = values)")
@@ -511,12 +517,12 @@ class Graph:
     def check_planes(self, where):
         """Refuse to run on planes that are not what build() saw (resized, reshaped, replaced,
         made read-only): a compiled program would read them at their old size."""
-        bound = self._bound
-        if all(map(operator.is_, [which.get(name) for _, which, name, _ in bound], self._bound_arrays)) \
-                and [(p.shape, p.strides, p.dtype, p.flags.writeable) for p in self._planes] == \
-                self._signatures:                             # plane_signature, inlined: every launch
+        # every launch and reverse: the arrays still bound, then plane_signature of each, inlined
+        if all(map(operator.is_, map(dict.get, self._bound_dicts, self._bound_names), self._bound_arrays)) \
+                and list(map(_LAYOUT, self._planes)) == self._layouts \
+                and all(map(_WRITEABLE, self._written)):
             return
-        for node, which, name, plane in bound:
+        for node, which, name, plane in self._bound:
             if which.get(name) is not plane:
                 raise ShapeError(f"{where}: plane {name!r} of node {node!r} was replaced by another "
                                  f"array since build(); rebuild the graph with build() after "
@@ -553,9 +559,12 @@ class Graph:
         for cache in ("_fused", "_fused_reverse", "_names", "_can_fail"):   # made anew when built
             self.__dict__.pop(cache, None)                      # (record.py, diff.py)
         self._bound = self._bound_planes()
-        self._bound_arrays = [plane for *_, plane in self._bound]
+        _, self._bound_dicts, self._bound_names, self._bound_arrays = \
+            (list(column) for column in zip(*self._bound)) if self._bound else ([],) * 4
         self._planes = list({id(p): p for p in self._bound_arrays}.values())
         self._signatures = [plane_signature(p) for p in self._planes]
+        self._layouts = [s[:2] for s in self._signatures]
+        self._written = list({id(p): p for p in self.written_planes()}.values())
         self.recording = bool(record)
         self._built = True
         return self
@@ -581,7 +590,7 @@ class Graph:
         the generation and the Record as they were."""
         if not self._built:
             raise ArgumentError("Graph.launch: call build() (or build(record=True)) first")
-        if not isinstance(n, (int, np.integer)) or isinstance(n, (bool, np.bool_)) or n < 1:
+        if (type(n) is not int and (not isinstance(n, np.integer) or isinstance(n, np.bool_))) or n < 1:
             raise ArgumentError(f"Graph.launch: n (runs) must be a positive int, got {n!r}")
         with self._lock:
             self._check_free("launch")
@@ -596,14 +605,9 @@ class Graph:
             self.check_planes("launch")
             workers = threads()                # a bad VKML_THREADS is refused before anything runs
             self._launching = True
-        from .record import fused_launch, launch_backup, run_graph
-        fused = fused_launch(self, workers)
+        from .record import run_launches
         try:
-            with all_or_nothing(launch_backup(self, n, fused), [(self, "generation"), (self, "_record")]):
-                for _ in range(n):
-                    rec = run_graph(self, self.recording, fused)
-                    if self.recording:
-                        self._record = rec
+            run_launches(self, n, workers)
         finally:
             self._launching = False
         return self

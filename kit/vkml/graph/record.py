@@ -16,6 +16,7 @@ stays valid however often the graph runs again.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import numpy as np
@@ -210,6 +211,25 @@ def _may_fail(program) -> bool:
     """Whether a program can fail part-way through: it reads or writes by index."""
     from .diff import _prims
     return any(prim.name in ("gather", "scatter_add") for prim in _prims(program))
+
+
+#: a launch with nothing to put back: one fused run changes no plane, generation or Record
+#: before it has succeeded
+_NOTHING_TO_UNDO = contextlib.nullcontext()
+
+
+def run_launches(graph, runs, workers):
+    """``runs`` runs of a built graph on ``workers`` threads, all or nothing (see
+    ``all_or_nothing``); a recording graph keeps the Record of its (one) run."""
+    fused = fused_launch(graph, workers)
+    backup = launch_backup(graph, runs, fused)
+    undo = all_or_nothing(backup, [(graph, "generation"), (graph, "_record")]) \
+        if backup or runs > 1 or not fused else _NOTHING_TO_UNDO
+    with undo:
+        for _ in range(runs):
+            rec = run_graph(graph, graph.recording, fused)
+            if graph.recording:
+                graph._record = rec
 
 
 def launch_backup(graph, runs, fused):
