@@ -53,6 +53,11 @@ def nudge(s, k: vkml.Param):
     return {"s": s * k}
 
 
+@vkml.kernel
+def two_out(x):
+    return {"p": x + 1, "q": x * 2}
+
+
 # -- snapshots -------------------------------------------------------------------------------
 
 def planes_of(graph):
@@ -289,6 +294,14 @@ def test_a_reverse_and_keep_refuse_a_plane_resized_after_the_launch():
     refused(lambda: vkml.diff.reverse(w.graph.record, {"y": np.ones(N)}), w.state, ShapeError,
             r"reverse: plane 'x' changed since build\(\)")
     refused(w.graph.record.keep, w.state, ShapeError, r"keep: plane 'x' changed since build\(\)")
+
+
+def test_a_launch_outside_a_graph_refuses_a_read_only_output():
+    x, u = np.linspace(0.1, 0.9, N), np.zeros(N)
+    bound = two_out.bind(x=x, p=np.zeros(N), q=u)
+    u.flags.writeable = False
+    refused(bound.launch, lambda: (x.tobytes(), u.tobytes(), bound.writes["p"].tobytes()), ArgumentError,
+            r"kernel two_out: output plane 'q' is read-only")
 
 
 def test_a_launch_outside_a_graph_refuses_a_resized_plane():

@@ -25,8 +25,7 @@ from ..errors import ArgumentError, Busy, RefusedError, ShapeError, VkmlError
 from ..ir import Program
 from .. import backends
 from ..tensor import _submit
-from .graph import Graph, Opaque, Reduce, RepeatWhile, per_sample_values, run_batched, run_named, \
-    threads, user_error
+from .graph import Graph, Opaque, Reduce, RepeatWhile, per_sample_values, run_named, threads, user_error
 from .kernel import Kernel, Launch
 from .record import LoopEntry, OtherEntry, Record, SkipEntry, Step
 from .treesum import tree_sum

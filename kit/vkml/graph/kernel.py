@@ -216,7 +216,8 @@ class Launch:
         return self
 
     def _check_planes(self):
-        """The planes still have the rows and per-sample types the kernel was traced for."""
+        """The planes still have the rows and per-sample types the kernel was traced for, and
+        the outputs' planes may still be written."""
         types = dict(zip(self.kernel.inputs, self.program.inputs))
         types.update(zip(self.out_names, self.program.outputs))
         for which in (self.reads, self.writes):
@@ -227,6 +228,9 @@ class Launch:
                                      f"{plane.dtype} {plane.shape}, but was bound as {var.dtype} "
                                      f"{(self.n,) + var.shape}; bind it again after "
                                      f"replacing/resizing plane {name!r}")
+        frozen = [name for name, plane in self.writes.items() if not plane.flags.writeable]
+        if frozen:
+            raise ArgumentError(f"kernel {self.kernel.name}: output plane {frozen[0]!r} is read-only")
 
     # -- batched programs, derived once per kernel type ------------------------------------------
     def batched(self):
