@@ -96,8 +96,10 @@ def sim_state(sim):
               [("step", sim.launch)] + [(node.name, node) for node in sim.nodes]
               for which in (op.reads, op.writes) for name, p in which.items()}
     rec = sim.record
-    rec_state = None if rec is None else (id(rec), rec.generation, rec.kept, rec.reversed,
-                                          rec.steps.tobytes(), rec.nbytes)
+    rec_state = None if rec is None else (
+        id(rec), rec.generation, rec.kept, rec.reversed, rec.steps.tobytes(), rec.nbytes,
+        {t: {k: v.tobytes() for k, v in c.items()} for t, c in rec.checkpoints.items()},
+        {k: array_state(v) for k, v in rec.fixed.items()})
     return planes, sim.generation, rec_state
 
 
@@ -136,8 +138,7 @@ class Fused:
 
 
 def _launch_refused(w, kind, match, call=None):
-    err = refused(call or w.graph.launch, w.state, kind, match)
-    return err
+    return refused(call or w.graph.launch, w.state, kind, match)
 
 
 def test_launch_with_a_live_record_is_refused():
