@@ -182,6 +182,21 @@ def mod(x, y):
     return F.where(wrong_side, F.add(r, y), r)
 
 
+def floor_divide(x, y):
+    """NumPy's ``//``: integers as the primitive divides them; floats as NumPy's divmod does
+    (the exact remainder first, so ``x // y`` agrees with ``x % y``); derivative zero."""
+    x, y = F.promote(x, y)
+    if x.dtype.kind != "f":
+        return F.floor_divide(x, y)
+    r = fmod(x, y)
+    q = F.div(F.sub(x, r), y)
+    wrong_side = F.logical_and(F.not_equal(r, 0), F.not_equal(F.less(r, 0), F.less(y, 0)))
+    q = F.where(wrong_side, F.sub(q, 1.0), q)
+    whole = round_(q, "floor")
+    whole = F.where(F.greater(F.sub(q, whole), 0.5), F.add(whole, 1.0), whole)
+    return F.stop_gradient(F.where(F.equal(y, 0), F.div(x, y), whole))
+
+
 def logaddexp(x, y):
     """log(exp(x) + exp(y)) without overflow: max + log1p(exp(-|x - y|))."""
     x, y = F.promote(_floating(x), _floating(y))
