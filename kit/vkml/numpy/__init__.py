@@ -186,6 +186,14 @@ def _clip(a, a_min=None, a_max=None):
     return _api.clip(a, a_min, a_max)
 
 
+def _flip(m, axis=None):
+    return _api.flip(m, axis)
+
+
+def _swapaxes(a, axis1, axis2):
+    return _api.swapaxes(a, axis1, axis2)
+
+
 def _astype(x, dtype):
     return _api.cast(x, dtype)
 
@@ -288,7 +296,7 @@ _TABLE = [
     ("reshape", _api.reshape, "Same elements, new shape (one -1 allowed).", "vnp.reshape([1.0, 2.0, 3.0, 4.0], (2, -1))", 'tensor([[1., 2.],\n        [3., 4.]], dtype=float64)'),
     ("ravel", _num.ravel, "Flattened to 1-D.", "vnp.ravel([[1, 2], [3, 4]])", "tensor([1, 2, 3, 4], dtype=int64)"),
     ("transpose", _transpose, "Axes permuted (reversed by default).", "vnp.transpose([[1, 2, 3]])", 'tensor([[1],\n        [2],\n        [3]], dtype=int64)'),
-    ("swapaxes", _api.swapaxes, "Two axes exchanged.", "vnp.swapaxes([[1, 2, 3]], 0, 1)", 'tensor([[1],\n        [2],\n        [3]], dtype=int64)'),
+    ("swapaxes", _swapaxes, "Two axes exchanged.", "vnp.swapaxes([[1, 2, 3]], 0, 1)", 'tensor([[1],\n        [2],\n        [3]], dtype=int64)'),
     ("moveaxis", _num.moveaxis, "Axes moved to new places, the others keeping their order.", "vnp.moveaxis(vnp.zeros((2, 3, 4)), 0, -1).shape", "(3, 4, 2)"),
     ("expand_dims", _api.expand_dims, "A new axis of length 1 at ``axis``.", "vnp.expand_dims([1, 2], 0)", "tensor([[1, 2]], dtype=int64)"),
     ("squeeze", _api.squeeze, "Axes of length 1 removed.", "vnp.squeeze([[1, 2]])", "tensor([1, 2], dtype=int64)"),
@@ -297,7 +305,7 @@ _TABLE = [
     ("stack", _api.stack, "Joined along a new ``axis``.", "vnp.stack([[1, 2], [3, 4]], axis=1)", 'tensor([[1, 3],\n        [2, 4]], dtype=int64)'),
     ("hstack", _num.hstack, "Joined along axis 1 (axis 0 for 1-D).", "vnp.hstack([[1, 2], [3]])", "tensor([1, 2, 3], dtype=int64)"),
     ("vstack", _num.vstack, "Joined as rows (1-D operands become rows).", "vnp.vstack([[1, 2], [3, 4]])", 'tensor([[1, 2],\n        [3, 4]], dtype=int64)'),
-    ("flip", _api.flip, "Order reversed along ``axis`` (all axes when None).", "vnp.flip([1, 2, 3])", "tensor([3, 2, 1], dtype=int64)"),
+    ("flip", _flip, "Order reversed along ``axis`` (all axes when None).", "vnp.flip([1, 2, 3])", "tensor([3, 2, 1], dtype=int64)"),
     ("roll", _num.roll, "Elements shifted along ``axis``, wrapping around (flat when None).", "vnp.roll([1, 2, 3, 4], 1)", "tensor([4, 1, 2, 3], dtype=int64)"),
     ("repeat", _num.repeat, "Each element repeated (``repeats``: an int or one per element).", "vnp.repeat([1, 2], 2)", "tensor([1, 1, 2, 2], dtype=int64)"),
     ("tile", _num.tile, "The whole array repeated ``reps`` times per axis.", "vnp.tile([1, 2], 2)", "tensor([1, 2, 1, 2], dtype=int64)"),

@@ -198,13 +198,17 @@ def floor_divide(x, y):
 
 
 def logaddexp(x, y):
-    """log(exp(x) + exp(y)) without overflow: max + log1p(exp(-|x - y|))."""
+    """log(exp(x) + exp(y)) without overflow: the larger plus log1p(exp(-|x - y|)).
+
+    Written as a choice between two smooth formulas (x + log1p(exp(y - x)) where x >= y, and
+    its mirror) rather than with max and abs, so derivatives of every order are right at a tie.
+    """
     x, y = F.promote(_floating(x), _floating(y))
-    m = F.maximum(x, y)
-    d = F.sub(x, y)
-    both_inf = F.not_equal(d, d)                  # x = y = +-inf (or a NaN): the max says it all
-    d = F.where(both_inf, F.zeros_like(d), d)
-    return F.where(both_inf, m, F.add(m, log1p(F.exp(F.neg(F.abs(d))))))
+    same_inf = F.logical_and(F.equal(x, y), F.equal(F.abs(x), np.inf))
+    d = F.where(same_inf, F.zeros_like(x), F.sub(y, x))         # no inf - inf below
+    x_wins = F.greater_equal(x, y)
+    out = F.add(F.where(x_wins, x, y), log1p(F.exp(F.where(x_wins, d, F.neg(d)))))
+    return F.where(same_inf, x, out)
 
 
 def isnan(x):
