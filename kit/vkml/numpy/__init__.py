@@ -348,6 +348,19 @@ _MANY = [
 
 for _name, _fn, _summary, _example, _output in _TABLE:
     globals()[_name] = _lifted(_fn, _name, _doc(_summary, _example, _output))
+
+
+def _same_tensor(lifted):
+    """``array``/``asarray`` of a Tensor with no new dtype: that Tensor itself."""
+    def op(obj, dtype=None):
+        if isinstance(obj, Tensor) and dtype is None:
+            return obj
+        return lifted(obj, dtype)
+    return _named(op, lifted.__name__, lifted.__doc__, inspect.signature(lifted))
+
+
+array, asarray = _same_tensor(array), _same_tensor(asarray)  # noqa: F821 (made by the loop above)
+
 for _name, _fn, _summary, _example, _output in _MANY:
     globals()[_name] = _lifted_many(_fn, _name, _doc(_summary, _example, _output))
 

@@ -157,8 +157,12 @@ def round(x, decimals=0):
     if x.dtype.kind != "f":
         if decimals >= 0:
             return x
-        scale = 10 ** (-decimals)
-        return F.mul(F.floor_divide(F.add(x, scale // 2), scale), scale)   # ints: half up
+        scale = 10 ** (-decimals)                # whole numbers: halves to even, as NumPy
+        q = F.floor_divide(x, scale)
+        twice_rest = F.mul(F.sub(x, F.mul(q, scale)), 2)
+        up = F.logical_or(F.greater(twice_rest, scale),
+                          F.logical_and(F.equal(twice_rest, scale), F.not_equal(mod(q, 2), 0)))
+        return F.mul(F.add(q, F.cast(up, q.dtype)), scale)
     if decimals == 0:
         return round_(x, "rint")
     if decimals > 0:
