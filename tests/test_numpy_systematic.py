@@ -424,7 +424,34 @@ LINALG = [
          ref=lambda x: np.linalg.norm(x, axis=-1, keepdims=True)),
 ]
 
-CASES = UNARY + BINARY + REDUCTIONS + MOVEMENT + PRODUCTS + LINALG
+def _with_specials(draw_args):
+    """Inputs with NaN, +-inf and zeros mixed in (for the predicates)."""
+    def draw(data):
+        (x,), params = draw_args(data)
+        specials = np.array([np.nan, np.inf, -np.inf, 0.0])
+        picks = data.draw(hnp.arrays(np.int64, x.shape, elements=st.integers(0, 7)))
+        return [np.where(picks < 4, specials[np.minimum(picks, 3)], x)], params
+    return draw
+
+
+PREDICATES = [
+    Case(n, getattr(vnp, n), None, _with_specials(unary()), ref=getattr(np, n), grad=False)
+    for n in ("isnan", "isinf", "isfinite")
+] + [
+    Case("nan_to_num(specials)", vnp.nan_to_num, None, _with_specials(unary()), ref=np.nan_to_num,
+         grad=False),
+    Case("any", vnp.any, None, with_params(_with_specials(unary()), axis=[None, -1]), ref=np.any,
+         grad=False),
+    Case("all", vnp.all, None, with_params(_with_specials(unary()), axis=[None, -1],
+                                           keepdims=[False, True]), ref=np.all, grad=False),
+    Case("count_nonzero", vnp.count_nonzero, None, _with_specials(unary()),
+         ref=lambda x: np.asarray(np.count_nonzero(x), np.int64), grad=False),
+] + [
+    Case(n, getattr(vnp, n), None, binary(), ref=getattr(np, n), grad=False)
+    for n in ("less", "greater_equal", "equal")
+]
+
+CASES = UNARY + BINARY + REDUCTIONS + MOVEMENT + PRODUCTS + LINALG + PREDICATES
 
 
 # -- the checks ------------------------------------------------------------------------------------

@@ -25,7 +25,9 @@ Deliberately not NumPy's:
   definite) matrix give NaN instead of raising ``LinAlgError``: the failure
   is data, known only when the program runs, on every backend alike.
 - ``prod``/``cumprod`` multiply in another order than NumPy (a few ulps);
-  ``log2``/``log10`` are within 1 ulp (not always exact at powers of 2/10).
+  ``log2``/``log10`` are within 1 ulp (not always exact at powers of 2/10);
+  ``hypot`` is sqrt(x*x + y*y), which overflows beyond 1e154 where NumPy's
+  does not; ``sinh``/``cosh`` overflow from |x| > 709.78 (NumPy's at 710.48).
 - ``einsum`` has no ``...``; ``linalg.norm`` has no 2/-2/'nuc' matrix norms
   (no SVD); ``where`` needs three arguments; ``concatenate`` needs an axis;
   functions take no ``out=``/``dtype=``/``where=`` arguments.
@@ -57,15 +59,19 @@ pi, e, inf, nan, newaxis = math.pi, math.e, math.inf, math.nan, None
 _DOC_HEAD = ">>> import vkml.numpy as vnp\n"
 
 
+def _bind(sig, name, args, kwargs):
+    try:
+        return sig.bind(*args, **kwargs)
+    except TypeError as err:
+        raise ArgumentError(f"{name}: {err}") from None
+
+
 def _lifted(fn, name, doc):
     """``fn`` (on IR Vars) as a function on Tensors, arrays and numbers, named and documented."""
     sig = inspect.signature(fn)
 
     def op(*args, **kwargs):
-        try:
-            bound = sig.bind(*args, **kwargs)
-        except TypeError as err:
-            raise ArgumentError(f"{name}: {err}") from None
+        bound = _bind(sig, name, args, kwargs)
         return _apply(fn, *bound.args, **bound.kwargs)
 
     return _named(op, name, doc, sig)
@@ -76,7 +82,7 @@ def _lifted_many(fn, name, doc, as_tuple=False):
     sig = inspect.signature(fn)
 
     def op(*args, **kwargs):
-        bound = sig.bind(*args, **kwargs)
+        bound = _bind(sig, name, args, kwargs)
         outs = []
 
         def first(*a, **k):
@@ -134,8 +140,7 @@ def _full(shape, fill_value, dtype=None):
     if isinstance(fill_value, Var):
         v = fill_value if dtype is None else _api.cast(fill_value, dtype)
         return _api.broadcast_to(v, shape)
-    return _api.full(shape, fill_value, dtype if dtype is not None else
-                     (float64 if isinstance(fill_value, float) else None))
+    return _api.full(shape, fill_value, dtype)
 
 
 def _zeros(shape, dtype=float64):

@@ -178,9 +178,10 @@ def mod(x, y):
     if x.dtype.kind == "b":
         x, y = F.cast(x, np.int32), F.cast(y, np.int32)     # NumPy: bool % bool is int8
     if x.dtype.kind != "f":
-        zero = F.zeros_like(F.broadcast_to(x, F.broadcast_shapes("mod", x.shape, y.shape)))
-        r = F.sub(x, F.mul(F.floor_divide(x, y), y))
-        return F.where(F.equal(y, 0), zero, r)
+        zero = F.equal(y, 0)
+        safe = F.where(zero, F.ones_like(y), y)        # no division by zero, even a discarded one
+        r = F.sub(x, F.mul(F.floor_divide(x, safe), safe))
+        return F.where(zero, F.zeros_like(r), r)
     r = fmod(x, y)
     wrong_side = F.logical_and(F.not_equal(r, 0), F.not_equal(F.less(r, 0), F.less(y, 0)))
     return F.where(wrong_side, F.add(r, y), r)
@@ -447,29 +448,34 @@ def tile(x, reps):
     return F.reshape(out, tuple(r * d for r, d in zip(reps, x.shape)))
 
 
-def split(x, indices_or_sections, axis=0, *, equal=True):
+def split(x, indices_or_sections, axis=0):
     """A list of pieces along ``axis``: n equal sections, or cut at the given indices."""
+    return _split("split", x, indices_or_sections, axis, equal=True)
+
+
+def array_split(x, indices_or_sections, axis=0):
+    """``split``, with n sections that may differ in length by one (the first ones longer)."""
+    return _split("array_split", x, indices_or_sections, axis, equal=False)
+
+
+def _split(name, x, indices_or_sections, axis, equal):
     x = F.as_var(x)
-    axis = F.normalize_axis("split", x.ndim, axis)
+    axis = F.normalize_axis(name, x.ndim, axis)
     n = x.shape[axis]
     if isinstance(indices_or_sections, numbers.Integral):
         k = int(indices_or_sections)
         if k <= 0:
-            raise ArgumentError(f"split: the number of sections must be positive, got {k}")
+            raise ArgumentError(f"{name}: the number of sections must be positive, got {k}")
         if equal and n % k:
-            raise ShapeError(f"split: {k} sections do not divide an axis of {n}; use array_split "
+            raise ShapeError(f"{name}: {k} sections do not divide an axis of {n}; use array_split "
                              "or give the indices to cut at")
         sizes = [n // k + (1 if i < n % k else 0) for i in range(k)]
-        cuts = list(np.cumsum(sizes)[:-1])
+        cuts = [int(c) for c in np.cumsum(sizes)[:-1]]
     else:
         cuts = [builtins.min(builtins.max(int(c) + (n if c < 0 else 0), 0), n)
                 for c in indices_or_sections]
     bounds = [0] + cuts + [n]
     return [_take_range(x, axis, a, builtins.max(a, b)) for a, b in zip(bounds, bounds[1:])]
-
-
-def array_split(x, indices_or_sections, axis=0):
-    return split(x, indices_or_sections, axis, equal=False)
 
 
 def hstack(xs):
