@@ -207,3 +207,18 @@ def test_mod_on_ir_values_is_what_the_percent_operator_can_call():
         out = vkml.Tensor(numeric.mod(api.constant(np.array(a)), api.constant(np.array(b))))
         with np.errstate(all="ignore"):
             np.testing.assert_array_equal(out.numpy(), np.mod(a, b))
+
+
+#: domains for the ulp measurement below
+DOMAINS = {"arcsinh": (-20, 20), "arccosh": (1, 40), "arctanh": (-0.999, 0.999), "sinh": (-20, 20),
+           "cosh": (-20, 20), "tan": (-1.5, 1.5), "arcsin": (-1, 1), "arccos": (-1, 1),
+           "arctan": (-50, 50), "log2": (1e-3, 1e3), "log10": (1e-3, 1e3), "exp2": (-40, 40),
+           "expm1": (-5, 5), "log1p": (-0.999, 30)}
+
+
+@pytest.mark.parametrize("name", sorted(DOMAINS))
+def test_composed_functions_stay_within_two_ulps_of_numpy(name):
+    x = np.random.default_rng(7).uniform(*DOMAINS[name], 20000)
+    want = getattr(np, name)(x)
+    ulps = np.abs(getattr(vnp, name)(x).numpy() - want) / np.spacing(np.abs(want))
+    assert ulps.max() <= 2.0, (name, ulps.max())

@@ -97,18 +97,26 @@ def arctan2(y, x):
 _BIG = 2.0 ** 28
 
 
+def _clamped(x, hi):
+    """x, or ``hi`` where x > hi (a where, not a minimum: no tie splitting the derivative)."""
+    return F.where(F.greater(x, hi), F.full((), hi, x.dtype), x)
+
+
 def arcsinh(x):
+    """log1p(t + t^2 / (1 + sqrt(1 + t^2))) for t = |x|, log(2t) beyond 2**28; sign put back."""
     x = _floating(x)
     s, t = _sign_split(x)
-    small = F.minimum(t, _BIG)
-    near = log1p(F.add(small, F.div(F.mul(small, small), F.add(1.0, F.sqrt(F.add(1.0, F.mul(small, small)))))))
+    small = _clamped(t, _BIG)
+    root = F.sqrt(F.add(1.0, F.mul(small, small)))
+    near = log1p(F.add(small, F.div(F.mul(small, small), F.add(1.0, root))))
     far = F.add(F.log(F.maximum(t, _BIG)), _LN2)
     return F.mul(s, F.where(F.greater(t, _BIG), far, near))
 
 
 def arccosh(x):
+    """log1p(u + sqrt(u (u + 2))) for u = x - 1 (exact for x in [1, 2]), log(2x) beyond 2**28."""
     x = _floating(x)
-    u = F.sub(F.minimum(x, _BIG), 1.0)                       # exact for x in [1, 2]
+    u = F.sub(_clamped(x, _BIG), 1.0)
     near = log1p(F.add(u, F.sqrt(F.mul(u, F.add(u, 2.0)))))
     far = F.add(F.log(F.maximum(x, _BIG)), _LN2)
     return F.where(F.greater(x, _BIG), far, near)
