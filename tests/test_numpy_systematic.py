@@ -148,11 +148,16 @@ def fixed_shapes(*shapes, lo=-3.0, hi=3.0):
 # -- the cases ----------------------------------------------------------------------------------
 
 class Case:
-    def __init__(self, name, vk, ag, draw, ref=None, grad=True, second=False, vmap=True,
-                 batch="permute", rtol=1e-12):
+    """One function: vkml's ``vk``, autograd's ``ag`` (None: autograd cannot differentiate it, so
+    its gradient is checked against central differences only), NumPy's ``ref`` (default ``ag``),
+    ``draw(data) -> (args, params)``; ``batch`` makes vmap's second example ("permute" the
+    elements, "transpose" the matrices, or a function of the args)."""
+
+    def __init__(self, name, vk, ag, draw, ref=None, grad=True, second=False, batch="permute",
+                 rtol=1e-12):
         self.name, self.vk, self.ag, self.draw = name, vk, ag, draw
         self.ref = ref or ag
-        self.grad, self.second, self.vmap, self.batch, self.rtol = grad, second, vmap, batch, rtol
+        self.grad, self.second, self.batch, self.rtol = grad, second, batch, rtol
 
     def __repr__(self):
         return self.name
@@ -391,15 +396,17 @@ PRODUCTS = [
 ]
 
 
-def _spd(a):
-    return a @ a.T + a.shape[-1] * np.eye(a.shape[-1])
+def _transpose_and_negate(args):
+    """A second (matrix, right-hand side) example of the same shapes, as well conditioned."""
+    a, b = args
+    return [a.T, -b]
 
 
 LINALG = [
     Case("linalg.solve(vector)", vnp.linalg.solve, anp.linalg.solve, matrix_and_rhs(True),
-         rtol=1e-10, batch="none"),
+         rtol=1e-10, batch=_transpose_and_negate),
     Case("linalg.solve(matrix)", vnp.linalg.solve, anp.linalg.solve, matrix_and_rhs(False),
-         rtol=1e-10, batch="none"),
+         rtol=1e-10, batch=_transpose_and_negate, second=True),
     Case("linalg.inv", vnp.linalg.inv, anp.linalg.inv, matrices("general"), rtol=1e-10,
          batch="transpose", second=True),
     Case("linalg.det", vnp.linalg.det, anp.linalg.det, matrices("general"), rtol=1e-10,
@@ -529,6 +536,8 @@ def check_jvp(case, args, params, grads):
 
 
 def _second_example(case, args):
+    if callable(case.batch):
+        return case.batch(args)
     if case.batch == "transpose":
         return [np.swapaxes(a, -1, -2) for a in args]
     rng = O.rng_for(case.name, "batch")
@@ -579,7 +588,6 @@ def test_function(case, data):
     grads = check_gradients(case, args, params) if case.grad else None
     if case.grad:
         check_jvp(case, args, params, grads)
-    if case.vmap and case.batch != "none":
-        check_vmap(case, args, params)
+    check_vmap(case, args, params)
     if case.second:
         check_second_order(case, args, params)

@@ -50,7 +50,7 @@ from ..ir import Var
 from ..ops import api as _api
 from ..ops import numeric as _num
 from ..ops import special as _special
-from ..tensor import Tensor, _GRAD_ENABLED, _apply, _needs_grad, is_eager, realize, tensor
+from ..tensor import Tensor, _GRAD_ENABLED, _apply, _needs_grad, is_eager, realize
 
 float32, float64, int32, int64, bool_ = (_np.dtype(t) for t in ("float32", "float64", "int32",
                                                                   "int64", "bool"))
@@ -351,10 +351,6 @@ _MANY = [
     ("meshgrid", _num.meshgrid, "Coordinate grids from 1-D coordinates (``indexing`` 'xy' or 'ij').", "vnp.meshgrid([1, 2], [3, 4, 5])[0].shape", "(3, 2)"),
 ]
 
-for _name, _fn, _summary, _example, _output in _TABLE:
-    globals()[_name] = _lifted(_fn, _name, _doc(_summary, _example, _output))
-
-
 def _same_tensor(lifted):
     """``array``/``asarray`` of a Tensor with no new dtype: that Tensor itself."""
     def op(obj, dtype=None):
@@ -364,9 +360,10 @@ def _same_tensor(lifted):
     return _named(op, lifted.__name__, lifted.__doc__, inspect.signature(lifted))
 
 
-array, asarray = _same_tensor(array), _same_tensor(asarray)  # noqa: F821 (made by the loop above)
-
+for _name, _fn, _summary, _example, _output in _TABLE:
+    _op = _lifted(_fn, _name, _doc(_summary, _example, _output))
+    globals()[_name] = _same_tensor(_op) if _fn is _array else _op
 for _name, _fn, _summary, _example, _output in _MANY:
     globals()[_name] = _lifted_many(_fn, _name, _doc(_summary, _example, _output))
 
-from . import linalg  # noqa: E402  (after the names above: linalg's examples use them)
+from . import linalg  # noqa: E402,F401  (vkml.numpy.linalg; after the names it uses)

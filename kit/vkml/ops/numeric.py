@@ -34,7 +34,7 @@ import numpy as np
 from ..errors import ArgumentError, ShapeError
 from . import api as F
 from . import factorizations, sorting
-from .special import atan2, erf, expm1, fmod, log1p, round_  # noqa: F401 (erf, fmod: re-exported)
+from .special import atan2, expm1, fmod, log1p, round_
 
 _LN2 = math.log(2.0)
 _LN10 = math.log(10.0)
