@@ -417,9 +417,10 @@ LINALG = [
          lambda a: anp.linalg.cholesky(anp.dot(a, a.T) + 3.0 * np.eye(a.shape[0])),
          matrices("general"), rtol=1e-10, batch="transpose"),
     Case("linalg.norm", vnp.linalg.norm, anp.linalg.norm,
-         with_params(distinct_of((4,)), ord=[None, 2, 3, 0.5]), rtol=1e-10),
-    Case("linalg.norm(1/inf/-inf)", vnp.linalg.norm, None,     # autograd has no derivative
-         with_params(distinct_of((4,)), ord=[1, np.inf, -np.inf]), ref=np.linalg.norm, rtol=1e-10),
+         with_params(distinct_of((4,)), ord=[None, 2, 3]), rtol=1e-10),
+    Case("linalg.norm(1/inf/-inf/0.5)", vnp.linalg.norm, None,     # autograd has no derivative
+         with_params(distinct_of((4,)), ord=[1, np.inf, -np.inf, 0.5]), ref=np.linalg.norm,
+         rtol=1e-10),
     Case("linalg.norm(matrix)", vnp.linalg.norm, anp.linalg.norm,
          with_params(fixed_shapes((3, 3), lo=0.2, hi=3.0), ord=["fro", None]), rtol=1e-10),
     Case("linalg.norm(matrix, 1/inf)", vnp.linalg.norm, None,         # distinct: no tied sums
