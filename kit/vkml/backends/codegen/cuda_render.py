@@ -221,6 +221,12 @@ class CudaLowering(Lowering):
 
     # scatter_add: its copy is a store (marked); the accumulation stays sequential (see module doc)
 
+    # -- the NumPy namespace's primitives: each row of a cumsum is independent (one thread per row);
+    # argsort's rows share one scratch buffer and solve/slogdet/cholesky run each matrix in turn, so
+    # those stay sequential, on one thread of a block kernel
+    def _lower_cumsum(self, e, env, targets):
+        return _mark(super()._lower_cumsum(e, env, targets), e.outputs[0].ndim - 1)
+
     def _lower_matmul(self, e, env, targets):
         out = e.outputs[0]
         loops = _mark(super()._lower_matmul(e, env, targets), out.ndim)

@@ -378,6 +378,166 @@ class Lowering:
         i = self.fresh("c")
         return [Loop(i, n, [f"{dst}[{i}] = {src}[{i}];"])]
 
+    # -- the NumPy namespace's primitives (vkml.ops.sorting and vkml.ops.factorizations) ------------
+    # Each is a loop over the rows (or matrices) of its operand with the row's work written out in
+    # C; the elementwise ones (vkml.ops.special) are in ``_numeric_elementwise`` below.
+
+    def _rows(self, shape, axis, body_at):
+        """Loops over every index of ``shape`` but ``axis``; ``body_at(idx)`` is the row's work,
+        ``idx`` holding ``None`` at ``axis``."""
+        idx = [None if i == axis else self.fresh("i") for i in range(len(shape))]
+        body = [_Block(body_at(idx))]
+        for var, extent in reversed([(v, d) for v, d in zip(idx, shape) if v is not None]):
+            body = [Loop(var, extent, body)]
+        return body
+
+    def _lower_cumsum(self, e, env, targets):
+        """One pass per row in order, as NumPy adds (the same bits); integers wrap around."""
+        x, out = e.inputs[0], e.outputs[0]
+        axis, n = e.params["axis"], x.shape[e.params["axis"]]
+        t = CTYPE[out.dtype]
+        add = "acc += {v};" if out.dtype.kind == "f" else \
+            f"acc = ({t})((uint64_t)acc + (uint64_t)({{v}}));"
+
+        def row(idx):
+            k = self.fresh("k")
+            at = f"({n - 1} - {k})" if e.params["reverse"] else k
+            full = [at if v is None else v for v in idx]
+            return [f"{t} acc = 0;",
+                    Loop(k, n, [add.format(v=env.read(x, full)),
+                                f"{targets[0]}[{_lin(full, out.shape)}] = acc;"])]
+        return self._rows(x.shape, axis, row)
+
+    def _lower_argsort(self, e, env, targets):
+        """A stable bottom-up merge sort of each row's indices by value, NaN last (NumPy's
+        ``kind="stable"``), in a scratch buffer of 2n indices."""
+        x, out = e.inputs[0], e.outputs[0]
+        axis, n = e.params["axis"], x.shape[e.params["axis"]]
+        scratch = self.fresh("t")
+        self.temps.append((scratch, "int64_t", max(1, 2 * n)))
+
+        def row(idx):
+            def key(j):
+                return env.read(x, [f"({j})" if v is None else v for v in idx])
+            before = f"({key('A[q]')} < {key('A[p]')})"
+            if x.dtype.kind == "f":     # q strictly before p: smaller, or p is NaN and q is not
+                before = f"({before} || ({key('A[p]')} != {key('A[p]')} && {key('A[q]')} == {key('A[q]')}))"
+            k = self.fresh("k")
+            store = [f"{targets[0]}[{_lin([k if v is None else v for v in idx], out.shape)}] = A[{k}];"]
+            return [
+                f"int64_t* A = {scratch}; int64_t* B = {scratch} + {n};",
+                f"for (int64_t i = 0; i < {n}; i++) A[i] = i;",
+                f"for (int64_t w = 1; w < {n}; w *= 2) {{",
+                f"    for (int64_t lo = 0; lo < {n}; lo += 2 * w) {{",
+                f"        int64_t mid = lo + w < {n} ? lo + w : {n};",
+                f"        int64_t hi = lo + 2 * w < {n} ? lo + 2 * w : {n};",
+                "        int64_t p = lo, q = mid, o = lo;",
+                f"        while (o < hi) {{ if (p < mid && (q >= hi || !{before})) B[o++] = A[p++]; "
+                "else B[o++] = A[q++]; }",
+                "    }",
+                "    int64_t* swap = A; A = B; B = swap;",
+                "}",
+                Loop(k, n, store)]
+        return self._rows(x.shape, axis, row)
+
+    def _matrices(self, e, env):
+        """Pointers to each operand's and output's buffer, and a batch loop variable."""
+        ins = [env.pointer(v) for v in e.inputs]
+        a = e.inputs[0]
+        n = a.shape[-1]
+        batch = math.prod(a.shape[:-2])
+        return ins, n, batch, self.fresh("b")
+
+    def _lu(self, lu, n, t, fabs, swaps):
+        """In-place LU with partial pivoting of the n x n matrix at ``lu``; ``swaps(r, c)`` is C
+        exchanging rows r and c of whatever else rides along.  Sets ``singular`` on a zero pivot."""
+        return [
+            "int singular = 0;",
+            f"for (int64_t c = 0; c < {n}; c++) {{",
+            f"    int64_t piv = c; {t} best = {fabs}({lu}[c * {n} + c]);",
+            f"    for (int64_t r = c + 1; r < {n}; r++) if ({fabs}({lu}[r * {n} + c]) > best) "
+            f"{{ best = {fabs}({lu}[r * {n} + c]); piv = r; }}",
+            "    if (!(best > 0)) { singular = 1; break; }",
+            f"    if (piv != c) {{ for (int64_t j = 0; j < {n}; j++) {{ {t} s = {lu}[c * {n} + j]; "
+            f"{lu}[c * {n} + j] = {lu}[piv * {n} + j]; {lu}[piv * {n} + j] = s; }} {swaps('piv', 'c')} }}",
+            f"    for (int64_t r = c + 1; r < {n}; r++) {{",
+            f"        {t} f = {lu}[r * {n} + c] / {lu}[c * {n} + c];",
+            f"        {lu}[r * {n} + c] = f;",
+            f"        for (int64_t j = c + 1; j < {n}; j++) {lu}[r * {n} + j] -= f * {lu}[c * {n} + j];",
+            "    }",
+            "}"]
+
+    def _lu_scratch(self, e, n):
+        lu = self.fresh("t")
+        self.temps.append((lu, CTYPE[e.inputs[0].dtype], max(1, n * n)))
+        return lu
+
+    def _lower_solve(self, e, env, targets):
+        """Gaussian elimination with partial pivoting, then back substitution; NaN if singular."""
+        (a, b), n, batch, bi = self._matrices(e, env)
+        k = e.inputs[1].shape[-1]
+        t = CTYPE[e.inputs[0].dtype]
+        fabs = "fabsf" if t == "float" else "fabs"
+        lu, x = self._lu_scratch(e, n), targets[0]
+        xm = f"({x} + {bi} * {n * k})"
+        swaps = (lambda r, c: f"for (int64_t j = 0; j < {k}; j++) {{ {t} s = {xm}[{c} * {k} + j]; "
+                 f"{xm}[{c} * {k} + j] = {xm}[{r} * {k} + j]; {xm}[{r} * {k} + j] = s; }}")
+        body = [f"for (int64_t j = 0; j < {n * n}; j++) {lu}[j] = {a}[{bi} * {n * n} + j];",
+                f"for (int64_t j = 0; j < {n * k}; j++) {xm}[j] = {b}[{bi} * {n * k} + j];"]
+        body += self._lu(lu, n, t, fabs, swaps)
+        body += [
+            "if (singular) {",
+            f"    for (int64_t j = 0; j < {n * k}; j++) {xm}[j] = NAN;",
+            "} else {",
+            f"    for (int64_t c = 0; c < {n}; c++) for (int64_t r = c + 1; r < {n}; r++) "
+            f"for (int64_t j = 0; j < {k}; j++) {xm}[r * {k} + j] -= {lu}[r * {n} + c] * {xm}[c * {k} + j];",
+            f"    for (int64_t c = {n - 1}; c >= 0; c--) for (int64_t j = 0; j < {k}; j++) {{",
+            f"        {t} s = {xm}[c * {k} + j];",
+            f"        for (int64_t m = c + 1; m < {n}; m++) s -= {lu}[c * {n} + m] * {xm}[m * {k} + j];",
+            f"        {xm}[c * {k} + j] = s / {lu}[c * {n} + c];",
+            "    }",
+            "}"]
+        return [Loop(bi, batch, [_Block(body)])]
+
+    def _lower_slogdet(self, e, env, targets):
+        """The LU's pivots: sign from the row swaps and the pivots' signs, log|det| their logs'
+        sum; (0, -inf) for a singular matrix, as NumPy gives."""
+        (a,), n, batch, bi = self._matrices(e, env)
+        t = CTYPE[e.inputs[0].dtype]
+        f32 = t == "float"
+        fabs, log = ("fabsf", "logf") if f32 else ("fabs", "log")
+        lu = self._lu_scratch(e, n)
+        sign, logabs = targets
+        body = [f"for (int64_t j = 0; j < {n * n}; j++) {lu}[j] = {a}[{bi} * {n * n} + j];",
+                f"{t} sgn = 1;"]
+        body += self._lu(lu, n, t, fabs, lambda r, c: "sgn = -sgn;")
+        body += [
+            f"if (singular) {{ {sign}[{bi}] = 0; {logabs}[{bi}] = (-INFINITY); }} else {{",
+            f"    {t} acc = 0;",
+            f"    for (int64_t c = 0; c < {n}; c++) {{ {t} d = {lu}[c * {n} + c]; "
+            f"if (d < 0) sgn = -sgn; acc += {log}({fabs}(d)); }}",
+            f"    {sign}[{bi}] = sgn; {logabs}[{bi}] = acc;",
+            "}"]
+        return [Loop(bi, batch, [_Block(body)])]
+
+    def _lower_cholesky(self, e, env, targets):
+        """Cholesky-Banachiewicz on the lower triangle; NaN if not positive definite."""
+        (a,), n, batch, bi = self._matrices(e, env)
+        t = CTYPE[e.inputs[0].dtype]
+        sqrt = "sqrtf" if t == "float" else "sqrt"
+        am, lm = f"({a} + {bi} * {n * n})", f"({targets[0]} + {bi} * {n * n})"
+        body = [
+            f"for (int64_t j = 0; j < {n * n}; j++) {lm}[j] = 0;",
+            "int bad = 0;",
+            f"for (int64_t i = 0; i < {n} && !bad; i++) for (int64_t j = 0; j <= i; j++) {{",
+            f"    {t} s = {am}[i * {n} + j];",
+            f"    for (int64_t m = 0; m < j; m++) s -= {lm}[i * {n} + m] * {lm}[j * {n} + m];",
+            f"    if (i == j) {{ if (!(s > 0)) {{ bad = 1; break; }} {lm}[i * {n} + i] = {sqrt}(s); }}",
+            f"    else {lm}[i * {n} + j] = s / {lm}[j * {n} + j];",
+            "}",
+            f"if (bad) for (int64_t j = 0; j < {n * n}; j++) {lm}[j] = NAN;"]
+        return [Loop(bi, batch, [_Block(body)])]
+
 
 class _Block:
     """Statements in their own C scope (a reduction's accumulator)."""
@@ -539,4 +699,16 @@ def _elementwise(name, a, ins, out, p):
         if to.kind == "b":
             return f"({a[0]} != 0)"
         return f"(({CTYPE[to]}){a[0]})"
+    if name in _NUMERIC_ELEMENTWISE:
+        return _numeric_elementwise(name, a, f32, p)
     raise Unsupported(name)
+
+
+# -- the NumPy namespace's elementwise primitives (vkml.ops.special): the C library's functions ----
+
+_NUMERIC_ELEMENTWISE = {"log1p", "expm1", "erf", "atan2", "fmod", "round"}
+
+
+def _numeric_elementwise(name, a, f32, p):
+    fn = p["mode"] if name == "round" else name      # round: floor, ceil, rint or trunc
+    return f"{fn}{'f' if f32 else ''}({', '.join(a)})"
