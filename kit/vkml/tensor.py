@@ -27,7 +27,7 @@ from . import backends
 from .backends import ExecutionFailure
 from .errors import ArgumentError, DTypeError, ExecutionError, GradError, ShapeError, TracingError
 from .ir import Program, Var, collect, collect_keyed, dtype_name, format_shape
-from .ops import api
+from .ops import api, numeric
 from .ops.core import CURRENT_SITE, user_site
 from .transforms import vjp_program
 from .validate import (MAX_ELEMENTS, check_bool, check_dtype, check_real, check_sequence,
@@ -647,20 +647,9 @@ def std(x, axis=None, ddof=0, keepdims=False):
     return sqrt(var(x, axis, ddof, keepdims))
 
 
-def mod(x, y):
-    """The remainder with the sign of ``y``, as Python's ``%`` and ``np.mod``: ``x - floor(x / y) * y``.
-
-    Integers use floor division; floats floor through a cast to int64 (exact for
-    |x / y| < 2**53), and the floor is a constant of the derivative, so d(x % y)/dx = 1."""
-    x, y = (v if isinstance(v, Tensor) or isinstance(v, (numbers.Number, np.generic)) else tensor(v)
-            for v in (x, y))
-    kinds = {v.dtype.kind if isinstance(v, Tensor) else np.asarray(v).dtype.kind for v in (x, y)}
-    if "f" not in kinds:
-        return sub(x, mul(floor_divide(x, y), y))
-    quotient = div(x, y)
-    truncated = cast(cast(quotient, np.int64), quotient.dtype)
-    floor = stop_gradient(sub(truncated, cast(greater(truncated, quotient), quotient.dtype)))
-    return sub(x, mul(floor, y))
+mod = _lift(numeric.mod)
+mod.__doc__ = """The remainder with the divisor's sign, as Python's ``%`` and ``np.mod`` (an integer
+divisor of 0 gives 0, as NumPy does); d(x % y)/dx = 1."""
 
 
 # -- realize ------------------------------------------------------------------------------------------
