@@ -36,8 +36,8 @@ import numpy as np
 from ..errors import BackendError
 from ..stats import STATS
 from . import disk_cache
-from .base import Backend, ExecutionFailure, register
-from .codegen.c_render import render
+from .base import Backend, ExecutionFailure, check_sizes, failure_error, register
+from .codegen.c_render import ALLOCATION_FAILED, render
 from .codegen.lower import Lowering, Unsupported
 from .numpy_backend import compile_program as compile_numpy
 
@@ -105,14 +105,31 @@ def library(source: str, extra_flags=()):
 
 
 def c_source(program):
-    """The C source of ``program`` and its error names (raises Unsupported for what the lowering
+    """The C source of ``program`` and its lowering (whose ``errors``, ``error_sites`` and
+    ``temp_vars`` decode what the function reports; raises Unsupported for what the lowering
     cannot compile)."""
     low = Lowering()
     ins = [f"a{i}" for i in range(len(program.inputs))]
     outs = [f"o{i}" for i in range(len(program.outputs))]
     stmts = low.program(program, ins, outs)
     return render(low, stmts, len(ins), [v.dtype for v in program.inputs],
-                  len(outs), [v.dtype for v in program.outputs]), low.errors
+                  len(outs), [v.dtype for v in program.outputs]), low
+
+
+def allocation_error(what, shape, dtype):
+    """The error for an allocation that failed: NumPy's MemoryError, as the NumPy backend's
+    executables report it (wrapped in ExecutionFailure, an ExecutionError)."""
+    nbytes = int(np.prod(shape, dtype=object)) * np.dtype(dtype).itemsize
+    return MemoryError(f"could not allocate {nbytes} bytes for {what} of shape {list(shape)} "
+                       f"({np.dtype(dtype).name})")
+
+
+def _empty(shape, dtype, what, index):
+    """``np.empty``, with a refused allocation reported as the failure of equation ``index``."""
+    try:
+        return np.empty(shape, dtype)
+    except (MemoryError, ValueError):
+        raise ExecutionFailure(index, allocation_error(what, shape, dtype)) from None
 
 
 #: matmuls bigger than this run on NumPy (BLAS) rather than in generated loops
@@ -134,15 +151,17 @@ def _too_big(program) -> bool:
 class CompiledProgram:
     """A program's C function, called with contiguous arrays."""
 
-    def __init__(self, program, lib, source, errors):
+    def __init__(self, program, lib, source, lowering):
         self.fn = lib.vk_main
         self.fn.restype = ctypes.c_int
         self.fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         self.in_types = [v.dtype for v in program.inputs]
         self.out_types = [(v.shape, v.dtype) for v in program.outputs]
+        producer = {v: i for i, e in enumerate(program.eqns) for v in e.outputs}
+        self.out_sites = [producer.get(v, 0) for v in program.outputs]
         self.source = source
-        self.errors = errors
-        self.eqn_index = {e.prim.name: i for i, e in enumerate(program.eqns)}
+        self.errors, self.error_sites = lowering.errors, lowering.error_sites
+        self.temps = [(v.shape, v.dtype, producer.get(v, 0)) for v in lowering.temp_vars]
         self._keep = lib
 
     writes_into = True
@@ -150,7 +169,8 @@ class CompiledProgram:
     def __call__(self, args, into=None):
         """Run once; ``into`` (see ``Backend.run``): destinations the C function writes directly."""
         ins = [np.ascontiguousarray(a, dtype=t) for a, t in zip(args, self.in_types)]
-        outs = [np.empty(shape, dtype) for shape, dtype in self.out_types]
+        outs = [_empty(shape, dtype, "a result", site)
+                for (shape, dtype), site in zip(self.out_types, self.out_sites)]
         for i, dest in enumerate(into or ()):
             if dest is not None and dest.shape == outs[i].shape and dest.dtype == outs[i].dtype:
                 outs[i] = dest
@@ -158,12 +178,12 @@ class CompiledProgram:
         out_ptrs = (ctypes.c_void_p * max(1, len(outs)))(*[o.ctypes.data for o in outs])
         info = np.zeros(3, np.int64)
         code = self.fn(in_ptrs, out_ptrs, info.ctypes.data)
+        if code == ALLOCATION_FAILED:
+            shape, dtype, site = self.temps[int(info[0])]
+            raise ExecutionFailure(site, allocation_error("a temporary", shape, dtype))
         if code:
-            name = self.errors[code - 1] if code - 1 < len(self.errors) else "?"
-            bad, axis, size = (int(v) for v in info)
-            raise ExecutionFailure(self.eqn_index.get(name, 0), IndexError(
-                f"index {bad} is out of range for axis {axis} of size {size}; "
-                f"indices must lie in [0, {size})"))
+            raise ExecutionFailure(self.error_sites[code - 1],
+                                   failure_error(self.errors[code - 1], info))
         return outs
 
 
@@ -233,11 +253,11 @@ class CpuBackend(Backend):
     def _compile_c(self, program):
         """The program's C function, or None when the lowering does not cover it."""
         try:
-            source, errors = c_source(program)
+            source, lowering = c_source(program)
         except Unsupported:
             return None
         lib, _ = library(source)
-        return CompiledProgram(program, lib, source, errors)
+        return CompiledProgram(program, lib, source, lowering)
 
     def _numpy(self, program):
         self.fallbacks += 1
@@ -248,8 +268,11 @@ class CpuBackend(Backend):
         return self.executable(("nested", program), lambda: program)
 
     def executable(self, key, make_program):
-        return self._cached(key, lambda: self._compile(make_program()),
-                            from_disk=lambda exe: isinstance(exe, CompiledProgram))
+        def make():
+            program = make_program()
+            check_sizes(program)
+            return self._compile(program)
+        return self._cached(key, make, from_disk=lambda exe: isinstance(exe, CompiledProgram))
 
     def sample_loops(self, step, vjp, spec):
         """Compiled per-sample simulation loops (see ``codegen.sample_loops``), or None."""
