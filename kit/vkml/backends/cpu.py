@@ -33,7 +33,7 @@ import warnings
 
 import numpy as np
 
-from ..errors import BackendError
+from ..errors import BackendError, ExecutionError
 from ..stats import STATS
 from . import disk_cache
 from .base import Backend, ExecutionFailure, check_sizes, failure_error, register
@@ -124,7 +124,7 @@ def allocation_error(what, shape, dtype):
                        f"({np.dtype(dtype).name})")
 
 
-def _empty(shape, dtype, what, index):
+def _empty_result(shape, dtype, what, index):
     """``np.empty``, with a refused allocation reported as the failure of equation ``index``."""
     try:
         return np.empty(shape, dtype)
@@ -169,7 +169,7 @@ class CompiledProgram:
     def __call__(self, args, into=None):
         """Run once; ``into`` (see ``Backend.run``): destinations the C function writes directly."""
         ins = [np.ascontiguousarray(a, dtype=t) for a, t in zip(args, self.in_types)]
-        outs = [_empty(shape, dtype, "a result", site)
+        outs = [_empty_result(shape, dtype, "a result", site)
                 for (shape, dtype), site in zip(self.out_types, self.out_sites)]
         for i, dest in enumerate(into or ()):
             if dest is not None and dest.shape == outs[i].shape and dest.dtype == outs[i].dtype:
@@ -300,34 +300,55 @@ class SampleLoops:
                  wrt, window):
         from .codegen.sample_loops import forward_source, reverse_source
         self.step, self.n_state, self.window, self.wrt = step, n_state, window, wrt
-        fwd = forward_source(step, n_state, n_fixed, n_params, out_names, state_names, term_index, window)
-        rev = reverse_source(step, vjp, n_state, n_fixed, n_params, out_names, state_names, wrt, window)
+        self.errors = {"forward": [], "reverse": []}
+        fwd = forward_source(step, n_state, n_fixed, n_params, out_names, state_names, term_index,
+                             window, errors=self.errors["forward"])
+        rev = reverse_source(step, vjp, n_state, n_fixed, n_params, out_names, state_names, wrt,
+                             window, errors=self.errors["reverse"])
         self._fwd_lib, _ = library(fwd, ["-fopenmp"])
         self._rev_lib, _ = library(rev, ["-fopenmp"])
         for fn in (self._fwd_lib.vk_fwd, self._rev_lib.vk_rev):
             fn.restype = ctypes.c_int
             fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
 
-    @staticmethod
-    def _call(fn, ins, outs, info):
+    def _call(self, direction, fn, ins, outs, n, max_steps, threads):
+        """One call of the compiled loops; a sample that failed (the lowest-numbered one) is
+        raised as an ExecutionError naming the sample."""
         ins = [np.ascontiguousarray(a) for a in ins]
         in_ptrs = (ctypes.c_void_p * max(1, len(ins)))(*[a.ctypes.data for a in ins])
         out_ptrs = (ctypes.c_void_p * max(1, len(outs)))(*[o.ctypes.data for o in outs])
-        info = np.asarray(info, dtype=np.int64)
+        info = np.array([n, max_steps, threads, 0, 0, 0, 0, 0], dtype=np.int64)
         STATS.submissions += 1
         fn(in_ptrs, out_ptrs, info.ctypes.data)
+        code, sample = int(info[3]), int(info[7])
+        if code == ALLOCATION_FAILED:
+            raise ExecutionError(f"the compiled simulation {direction}: could not allocate "
+                                 f"{int(info[4])} bytes for sample {sample}'s window of "
+                                 f"{self.window} steps; pass a smaller window=")
+        if code:
+            error = failure_error(self.errors[direction][code - 1], info[4:7])
+            raise ExecutionError(f"the compiled simulation {direction}: a step of sample {sample} "
+                                 f"failed in {self.errors[direction][code - 1]}: {error}")
+
+    def _empty(self, direction, shape, dtype):
+        """``np.empty``, with a refused allocation an ExecutionError (MemoryError from NumPy)."""
+        try:
+            return np.empty(shape, dtype)
+        except (MemoryError, ValueError):
+            raise ExecutionError(f"the compiled simulation {direction}: "
+                                 f"{allocation_error('its buffers', shape, dtype)}") from None
 
     def forward(self, states, fixed, others, params, max_steps, threads):
         """Final states, per-sample steps, the checkpoints every ``window`` steps; the last step's
-        other outputs are written into ``others`` (their planes)."""
+        other outputs are written into ``others`` (their planes), unless a sample fails."""
         n = states[0].shape[0]
         n_ck = -(-max_steps // self.window)
         finals = [np.empty_like(s) for s in states]
         steps = np.zeros(n, np.int64)
-        cks = [np.empty((n_ck,) + s.shape, s.dtype) for s in states]
+        cks = [self._empty("forward", (n_ck,) + s.shape, s.dtype) for s in states]
         extra = [np.ascontiguousarray(o).copy() for o in others]
-        self._call(self._fwd_lib.vk_fwd, list(states) + list(fixed) + list(params),
-                   finals + [steps] + cks + extra, [n, max_steps, threads])
+        self._call("forward", self._fwd_lib.vk_fwd, list(states) + list(fixed) + list(params),
+                   finals + [steps] + cks + extra, n, max_steps, threads)
         for plane, value in zip(others, extra):
             plane[...] = value
         return finals, steps, cks
@@ -336,9 +357,9 @@ class SampleLoops:
         """Per-sample cotangents of the wrt inputs (states, floating fixed planes, Params)."""
         n = steps.shape[0]
         ins = self.step.inputs
-        outs = [np.empty((n,) + ins[w].shape, ins[w].dtype) for w in self.wrt]
-        self._call(self._rev_lib.vk_rev, list(checkpoints) + [steps] + list(fixed) + list(params)
-                   + list(seeds), outs, [n, 0, threads])
+        outs = [self._empty("reverse", (n,) + ins[w].shape, ins[w].dtype) for w in self.wrt]
+        self._call("reverse", self._rev_lib.vk_rev, list(checkpoints) + [steps] + list(fixed)
+                   + list(params) + list(seeds), outs, n, 0, threads)
         return outs
 
 
