@@ -44,12 +44,13 @@ INT64_MAX = (1 << 63) - 1
 
 
 def check_sizes(program, seen=None):
-    """Refuse (ShapeError) a program holding a value whose element count or byte size does not
-    fit in an int64, before anything is compiled or allocated: generated code indexes with
-    int64 and no allocation of it could succeed (NumPy would raise a bare ValueError)."""
+    """``program``, once refused (ShapeError) if it holds a value whose element count or byte
+    size does not fit in an int64 -- before anything is compiled or allocated: generated code
+    indexes with int64 and no allocation of it could succeed (NumPy would raise a bare
+    ValueError)."""
     seen = set() if seen is None else seen
     if id(program) in seen:
-        return
+        return program
     seen.add(id(program))
     for v in program.inputs:
         _check_size(v, "an input")
@@ -59,6 +60,7 @@ def check_sizes(program, seen=None):
         for p in e.params.values():
             if hasattr(p, "eqns"):
                 check_sizes(p, seen)
+    return program
 
 
 def _check_size(v, what):
@@ -128,9 +130,7 @@ class Backend:
     def executable(self, key, make_program):
         """The executable for structural ``key``; ``make_program()`` builds the Program on a miss."""
         def make():
-            program = make_program()
-            check_sizes(program)
-            exe = self._compile(program)
+            exe = self._compile(check_sizes(make_program()))
             STATS.compiles += 1
             return exe
         return self._cached(key, make)

@@ -268,11 +268,8 @@ class CpuBackend(Backend):
         return self.executable(("nested", program), lambda: program)
 
     def executable(self, key, make_program):
-        def make():
-            program = make_program()
-            check_sizes(program)
-            return self._compile(program)
-        return self._cached(key, make, from_disk=lambda exe: isinstance(exe, CompiledProgram))
+        return self._cached(key, lambda: self._compile(check_sizes(make_program())),
+                            from_disk=lambda exe: isinstance(exe, CompiledProgram))
 
     def sample_loops(self, step, vjp, spec):
         """Compiled per-sample simulation loops (see ``codegen.sample_loops``), or None."""
