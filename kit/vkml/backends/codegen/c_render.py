@@ -56,14 +56,6 @@ STACK_LIMIT = 64
 ALLOCATION_FAILED = -1
 
 
-def allocate(lines, ind, name, ctype, count, slot, on_failure):
-    """Lines allocating ``count`` elements of ``ctype`` into the (NULL-initialised) pointer
-    ``name``; a refusal records ``slot`` and the bytes in ``info`` and runs ``on_failure``."""
-    lines.append(f"{ind}{name} = ({ctype}*)malloc(sizeof({ctype}) * {count}ULL);")
-    lines.append(f"{ind}if (!{name}) {{ info[0] = {slot}; info[1] = (int64_t)(sizeof({ctype}) * "
-                 f"{count}ULL); {on_failure} }}")
-
-
 def render(lowering, stmts, n_in, in_types, n_out, out_types, name="vk_main"):
     lines = [prelude()]
     lines += lowering.statics
@@ -82,8 +74,10 @@ def render(lowering, stmts, n_in, in_types, n_out, out_types, name="vk_main"):
             lines.append(f"    {ctype}* {tname} = 0;")
     for slot, (tname, ctype, count) in enumerate(lowering.temps):
         if count > STACK_LIMIT:
-            allocate(lines, "    ", tname, ctype, count, slot,
-                     f"err_ = {ALLOCATION_FAILED}; goto done;")
+            nbytes = f"sizeof({ctype}) * {count}ULL"
+            lines.append(f"    {tname} = ({ctype}*)malloc({nbytes});")
+            lines.append(f"    if (!{tname}) {{ info[0] = {slot}; info[1] = (int64_t)({nbytes}); "
+                         f"err_ = {ALLOCATION_FAILED}; goto done; }}")
     _emit(stmts, lines, "    ")
     lines.append("    goto done;")
     lines.append("done:")
