@@ -19,6 +19,15 @@ Reductions inside compiled code add sequentially in index order (NumPy adds
 pairwise), and exp/log/sin/cos/tanh/pow come from libm: both agree with the
 NumPy backend within a few ulps (tests use rtol 1e-12 in float64, 1e-5 in
 float32).  The canonical-tree sums of the graph layer are exact on both.
+
+Generated code cannot corrupt the process: value sizes are checked before
+anything is compiled (``base.check_sizes``), every temporary's allocation is
+checked (a refusal is an ExecutionError naming the equation and the bytes),
+no buffer whose size the user chooses lives on the stack, every gather and
+scatter index is checked, and integer division is defined for every input
+(NumPy's answers: ``MIN // -1`` wraps, ``x // 0`` is 0).  Where NumPy refuses
+(a negative integer power, argmax over an empty axis) this tier refuses too,
+with the same error class.
 """
 
 from __future__ import annotations
