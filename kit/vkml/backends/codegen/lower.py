@@ -93,9 +93,13 @@ class Lowering:
 
     def __init__(self):
         self.temps = []          # (name, ctype, count)
+        self.temp_vars = []      # the Var each temporary holds (named in an allocation failure)
         self.statics = []        # static const arrays (constants the program holds)
         self.errors = []         # primitive names, by error code - 1
+        self.error_sites = []    # the top-level equation each error code belongs to
         self.counter = 0
+        self.depth = 0           # programs being lowered (1: the top-level one)
+        self.site = 0            # the top-level equation being lowered
 
     def fresh(self, prefix):
         self.counter += 1
@@ -114,11 +118,19 @@ class Lowering:
     def temp(self, var):
         name = self.fresh("t")
         self.temps.append((name, CTYPE[var.dtype], max(1, var.size)))
+        self.temp_vars.append(var)
         return name
 
     # -- a whole program ----------------------------------------------------------------------
     def program(self, prog: Program, in_ptrs, out_ptrs):
         """Statements computing ``prog`` from buffers ``in_ptrs`` into buffers ``out_ptrs``."""
+        self.depth += 1
+        try:
+            return self._program(prog, in_ptrs, out_ptrs)
+        finally:
+            self.depth -= 1
+
+    def _program(self, prog, in_ptrs, out_ptrs):
         for v in list(prog.inputs) + [o for o in prog.outputs]:
             if v.dtype not in CTYPE:
                 raise Unsupported(f"dtype {v.dtype}")
@@ -148,10 +160,12 @@ class Lowering:
         stmts = []
         env = _Env(self, buffers, consts, producer)
         depth = {}
-        for e in prog.eqns:
+        for k, e in enumerate(prog.eqns):
+            if self.depth == 1:
+                self.site = k
             inline = all(o not in outputs for o in e.outputs) and len(e.outputs) == 1 and \
                 (e.prim.elementwise or e.prim.name in _VIEWS) and uses.get(e.outputs[0], 0) == 1 and \
-                e.outputs[0] not in stored
+                e.outputs[0] not in stored and not _checks_operands(e)
             if inline:
                 # a long chain is cut into stored pieces, so one expression stays of modest size
                 d = 1 + max((depth.get(v, 0) for v in e.inputs), default=0)
@@ -177,10 +191,13 @@ class Lowering:
             stmts += self.store(v.shape, p, lambda idx, v=v: env.read(v, idx))
         return stmts
 
-    def store(self, shape, target, value_at):
-        """A loop nest over ``shape`` storing ``value_at(idx)`` into ``target``."""
+    def store(self, shape, target, value_at, checks=None):
+        """A loop nest over ``shape`` storing ``value_at(idx)`` into ``target``; ``checks(idx)``:
+        lines run before each store (that refuse an element's operands)."""
         idx = [self.fresh("i") for _ in shape]
         body = [f"{target}[{_lin(idx, shape)}] = {value_at(idx)};"]
+        if checks is not None:
+            body = [_Block(checks(idx) + body)]
         for var, extent in reversed(list(zip(idx, shape))):
             body = [Loop(var, extent, body)]
         return body
@@ -189,12 +206,27 @@ class Lowering:
     def eqn(self, e, env, targets):
         name = e.prim.name
         out = e.outputs[0]
+        if _checks_operands(e):
+            return self._lower_int_pow(e, env, targets)
         if e.prim.elementwise or name in _VIEWS:
             return self.store(out.shape, targets[0], lambda idx: env.expr(e, idx))
         method = getattr(self, f"_lower_{name}", None)
         if method is None:
             raise Unsupported(name)
         return method(e, env, targets)
+
+    def _lower_int_pow(self, e, env, targets):
+        """An integer power, refusing a negative exponent as NumPy does (the exponent is read once
+        into a local, checked, then used)."""
+        x, y = e.inputs
+        code = self.error_code(e)
+        t = CTYPE[x.dtype]
+        b = self.fresh("b")
+        checks = lambda idx: [  # noqa: E731
+            f"const {t} {b} = {env.read(y, idx)};",
+            f"if ({b} < 0) {{ *err = {code}; info[0] = {b}; info[1] = 0; info[2] = 0; goto done; }}"]
+        return self.store(e.outputs[0].shape, targets[0],
+                          lambda idx: f"vk_ipow_{t}({env.read(x, idx)}, {b})", checks)
 
     def _lower_reduce_sum(self, e, env, targets):
         return self._reduce(e, env, targets[0], "acc += {x};", "0")
@@ -235,6 +267,9 @@ class Lowering:
     def _lower_argmax(self, e, env, targets):
         x, out = e.inputs[0], e.outputs[0]
         axis = e.params["axis"]
+        if x.shape[axis] == 0 and out.size:
+            # NumPy refuses an empty axis; the backend runs the program there, for its error
+            raise Unsupported("argmax over an empty axis")
         oidx = [self.fresh("i") for _ in out.shape]
         r = self.fresh("r")
         full = list(oidx[:axis]) + [r] + list(oidx[axis:])
@@ -282,33 +317,46 @@ class Lowering:
             coords.append(c)
         return coords, lines
 
-    def _lower_gather(self, e, env, targets):
-        x, idx = e.inputs
-        out = e.outputs[0]
+    def _indexed_nest(self, env, x_shape, idx, shape, e, store, hoist=True):
+        """The loop nest of a gather or scatter over ``shape`` (index rows, then the picked
+        slice), each index row checked against ``x_shape``.  ``hoist``: the checks run once per
+        index row, outside the slice's loops (so an index into an empty slice is checked too, as
+        NumPy checks it); else in the innermost loop, every loop independent per element.
+        ``store(idx_vars, coords)`` is the line storing one element."""
         n_prefix = idx.ndim - 1
-        oidx = [self.fresh("i") for _ in out.shape]
-        coords, checks = self._coords(env, x.shape, idx, oidx[:n_prefix], e)
-        full = coords + oidx[n_prefix:]
-        body = checks + [f"{targets[0]}[{_lin(oidx, out.shape)}] = {env.read(x, full)};"]
-        for v, extent in reversed(list(zip(oidx, out.shape))):
+        ivars = [self.fresh("i") for _ in shape]
+        coords, checks = self._coords(env, x_shape, idx, ivars[:n_prefix], e)
+        body = [store(ivars, coords + ivars[n_prefix:])]
+        inner = list(zip(ivars[n_prefix:], shape[n_prefix:]))
+        outer = list(zip(ivars[:n_prefix], shape[:n_prefix]))
+        if not hoist:
+            body, inner, outer = checks + body, [], outer + inner
+        for v, extent in reversed(inner):
+            body = [Loop(v, extent, body)]
+        if hoist:
+            body = checks + body
+        for v, extent in reversed(outer):
             body = [Loop(v, extent, body)]
         return body
+
+    def _lower_gather(self, e, env, targets, hoist=True):
+        x, idx = e.inputs
+        out = e.outputs[0]
+        return self._indexed_nest(
+            env, x.shape, idx, out.shape, e,
+            lambda o, full: f"{targets[0]}[{_lin(o, out.shape)}] = {env.read(x, full)};", hoist)
 
     def _lower_scatter_add(self, e, env, targets):
         base, idx, upd = e.inputs
         copy = self.store(base.shape, targets[0], lambda i: env.read(base, i))
-        n_prefix = idx.ndim - 1
-        uidx = [self.fresh("i") for _ in upd.shape]
-        coords, checks = self._coords(env, base.shape, idx, uidx[:n_prefix], e)
-        full = coords + uidx[n_prefix:]
-        body = checks + [f"{targets[0]}[{_lin(full, base.shape)}] += {env.read(upd, uidx)};"]
-        for v, extent in reversed(list(zip(uidx, upd.shape))):
-            body = [Loop(v, extent, body)]
-        return copy + body
+        return copy + self._indexed_nest(
+            env, base.shape, idx, upd.shape, e,
+            lambda u, full: f"{targets[0]}[{_lin(full, base.shape)}] += {env.read(upd, u)};")
 
     def error_code(self, e):
         """Errors report the failing primitive back to Python as a code: 1 + its place in ``errors``."""
         self.errors.append(e.prim.name)
+        self.error_sites.append(self.site)
         return len(self.errors)
 
     def _lower_call(self, e, env, targets):
@@ -537,6 +585,12 @@ class Lowering:
             "}",
             f"if (bad) for (int64_t j = 0; j < {n * n}; j++) {lm}[j] = NAN;"]
         return [Loop(bi, batch, [_Block(body)])]
+
+
+def _checks_operands(e) -> bool:
+    """Whether ``e`` refuses some operands while it runs (an integer power refuses a negative
+    exponent, as NumPy does): it is never inlined, so its check sits in its own loop."""
+    return e.prim.name == "pow" and e.inputs[0].dtype.kind in "iu"
 
 
 class _Block:
