@@ -99,7 +99,12 @@ def parse_cell_args(line: str) -> argparse.Namespace:
 
 
 def _check_backend(name):
-    available = vkml.backend_info()["available"]
+    info = vkml.backend_info()
+    available = info["available"]
+    why = info.get("unavailable", {}).get(name)
+    if why is not None:
+        raise BadArguments(f"backend {name!r} cannot run here: {why}; available: "
+                           f"{', '.join(available)}")
     if name not in available:
         raise BadArguments(f"unknown backend {name!r}; available: {', '.join(available)}")
 
@@ -359,8 +364,10 @@ def info_text() -> str:
     info = dict(vkml.backend_info())
     name, device = info.pop("backend"), info.pop("device")
     available = info.pop("available", [])
+    unavailable = info.pop("unavailable", {})
     lines = [f"vkml {vkml.__version__}",
              f"backend: {name} (device {device}); available: {', '.join(available)}",
+             *(f"{k}: not available: {why}" for k, why in unavailable.items()),
              f"eager mode: {'on' if vkml.is_eager() else 'off'}"]
     lines += [f"{k}: {v}" for k, v in info.items()]
     lines.append(f"counters since the last reset: {counts_text(vkml.stats())}")
