@@ -104,8 +104,10 @@ def test_show_program_of_the_seed_jitted_function(ip):
     [prog] = diagrams(shown)
     texts = svg_texts(prog)
     assert "scan" in texts and "step of scan %2" in texts and "add(x0, x1)" in texts
-    assert prog["text/plain"] == str(ip.user_ns["f"].programs()[0])
-    assert "scan 3 rows, init (%1), xs (%0), captures ()" in prog["text/plain"]
+    # the text names the function's parameter and the user's variables
+    assert prog["text/plain"] == vkml.pp_program(ip.user_ns["f"].programs()[0], arg_names=["xs"])
+    assert "scan 3 rows, init (%1), xs (xs), captures ()" in prog["text/plain"]
+    assert "with x0 = sums, x1 = sums" in prog["text/plain"]
 
 
 def test_show_program_of_vkml_program_and_of_an_uncalled_function(ip):
@@ -131,7 +133,7 @@ def test_show_derivative_side_by_side(ip):
     for name in ("primal", "jvp", "known", "linear", "transposed"):
         assert name in texts
     assert "3 rows reversed" in texts
-    assert derived["text/plain"].startswith("primal:\nprogram (%0)")
+    assert derived["text/plain"].startswith("primal:\nprogram (xs)")
     assert ip.user_ns["g"].numpy().tolist() == [20, 18, 12]
     # without a derivative there is a note, not an error
     r, stdout, shown = run(ip, "%%vkml --show derivative\n"

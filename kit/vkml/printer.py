@@ -186,14 +186,15 @@ def literal(value, bits: bool = False) -> str:
     return f"{name}:{int(a)}" if bits or name != "int64" else str(int(a))
 
 
-def fused_view(prog, bits: bool = False):
+def fused_view(prog, bits: bool = False, members=None):
     """What a reader sees of ``prog``: the constants shown, and its boxes.
 
     Chains of elementwise equations whose intermediate values are read once
     become ONE ``Map`` with its expression (a broadcast scalar constant read
     once appears inside as a literal), as a backend runs them.  Returns
     ``(consts, boxes)`` where a box is ``(eqn, kind, text, reads)``; the
-    printer and ``vkml.viz`` both draw from it.
+    printer and ``vkml.viz`` both draw from it.  ``members``, a dict, receives
+    for each Map box (by ``id`` of its eqn) the equations fused into it.
     """
     uses = {}
     for e in prog.eqns:
@@ -228,6 +229,7 @@ def fused_view(prog, bits: bool = False):
             continue
         if e.prim.elementwise:
             reads = []
+            inside = [e]
 
             def expr(v):
                 lit = scalar_literal(v)
@@ -235,11 +237,14 @@ def fused_view(prog, bits: bool = False):
                     return lit
                 p = producer.get(v)
                 if p is not None and id(p) in absorbed and p.prim.elementwise:
+                    inside.append(p)
                     return _expr_of(p, expr)
                 reads.append(v)
                 return f"x{len(reads) - 1}"
 
             boxes.append((e, "Map", _expr_of(e, expr), reads))
+            if members is not None:
+                members[id(e)] = inside[::-1]
         elif e.prim.name in ("reduce_sum", "reduce_max"):
             op = "Sum" if e.prim.name == "reduce_sum" else "Max"
             axes = ", ".join(str(a) for a in e.params["axes"])
