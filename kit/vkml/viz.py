@@ -306,7 +306,35 @@ def _draw_program(d: _Dot, prog: Program, names: dict, scope: str, marks=None, n
         d.node(name, f"{names[v]} = {shown}", shape="note", fillcolor=_FILL["const"])
         first.append(name)
 
+    folds = {} if marks.unfold else _repeats(boxes)
+    folded, fold_edges = {}, set()
     for i, (e, kind, text, reads) in enumerate(boxes):
+        if i in folded:              # inside a folded repetition: its box stands for it
+            name = folded[i]
+            for v in reads:
+                src = ref(v)
+                if src != name and (src, name) not in fold_edges:
+                    fold_edges.add((src, name))
+                    d.edge(src, name, style="dashed")
+            for o in e.outputs:
+                drawn[o] = name
+            continue
+        if i in folds:
+            period, times = folds[i]
+            name = f"{scope}fold{i}"
+            d.node(name, f"the {period} box{'es' * (period != 1)} above, {times} more "
+                   f"time{'s' * (times != 1)}\n(folded: program_dot(prog, unfold=True))",
+                   shape="box3d", fillcolor=_FILL["folded"])
+            first.append(name)
+            for k in range(i, i + period * times):
+                folded[k] = name
+            for v in reads:
+                if (ref(v), name) not in fold_edges:
+                    fold_edges.add((ref(v), name))
+                    d.edge(ref(v), name, style="dashed")
+            for o in e.outputs:
+                drawn[o] = name
+            continue
         box = f"{scope}e{i}"
         label = kind + (f"\n{_short(text, 60)}" if text else "")
         attrs = {}
@@ -359,6 +387,32 @@ def _draw_program(d: _Dot, prog: Program, names: dict, scope: str, marks=None, n
             d.node(f"{scope}out{i}", f"out {i}", shape="plaintext", style="")
             d.edge(drawn[v], f"{scope}out{i}")
     return first[0] if first else None
+
+
+#: A run of boxes repeated at least this many times in a row is drawn once and then folded.
+FOLD_REPEATS = 3
+
+
+def _repeats(boxes, longest=8):
+    """``{start: (period, times)}``: where a block of ``period`` boxes computing the same thing
+    (an unrolled Python loop) repeats; the first block is drawn, the next ``times`` folded."""
+    sig = [(kind, text, tuple(v.type_str() for v in reads)) for _, kind, text, reads in boxes]
+    out, i = {}, 0
+    while i < len(sig):
+        best = None
+        for p in range(1, longest + 1):
+            r = 1
+            while sig[i + r * p:i + (r + 1) * p] == sig[i:i + p] and i + (r + 1) * p <= len(sig):
+                r += 1
+            if r >= FOLD_REPEATS and (best is None or p * r > best[0] * best[1]):
+                best = (p, r)
+        if best is None:
+            i += 1
+            continue
+        p, r = best
+        out[i + p] = (p, r - 1)
+        i += p * r
+    return out
 
 
 class _Html(str):
@@ -468,9 +522,15 @@ def _colours_for(primal: Program):
     traced earlier: a root not found by identity is matched by source line and primitive.
     """
     index, by_site = {}, {}
-    for i, e in enumerate(primal.eqns):
-        index[id(e)] = i
-        by_site.setdefault((e.where, e.prim.name), i)
+
+    def number(prog):
+        for e in prog.eqns:
+            i = index[id(e)] = len(index)
+            by_site.setdefault((e.where, e.prim.name), i)
+            for p in e.params.values():
+                if isinstance(p, Program):
+                    number(p)
+    number(primal)
 
     def colour_of(e):
         root, _ = root_of(e)
@@ -705,6 +765,74 @@ def _record_residuals(record) -> Residuals:
         rows.append({"value": "checkpoints and kept planes", "dtype": "-", "shape": "-",
                      "bytes": extra, "made by": "repeat_while checkpoints / keep()"})
     return Residuals(f"Record of generation {record.generation}", rows)
+
+
+# -- differences between programs ------------------------------------------------------------
+
+def _as_program(obj, what):
+    from .programs import Jitted
+    if isinstance(obj, Program):
+        return obj
+    if isinstance(obj, Jitted) and obj.programs():
+        return obj.programs()[-1]
+    raise ArgumentError(f"diff: {what} must be a Program or a jitted function that has been "
+                        f"called, got {type(obj).__name__}; get a Program with "
+                        "vkml.program(f, *args)")
+
+
+def _box_signature(box, names):
+    """What a box computes, without the names of its values: two versions of a function that
+    compute the same thing the same way have equal signatures."""
+    e, kind, text, reads = box
+    return (kind, text, tuple(v.type_str() for v in reads), tuple(v.type_str() for v in e.outputs))
+
+
+def diff(a, b, labels=("before", "after")) -> Diagram:
+    """Two programs drawn one above the other with what changed marked.
+
+    ``a`` and ``b`` are Programs or jitted functions (their latest program): two versions of a
+    function, or a program and one of its derived programs.  Boxes are matched in order by what
+    they compute; a box only in ``a`` is red (removed), only in ``b`` green (added), and a box
+    in the same place computing something else yellow (changed).  The text form is a unified
+    diff of the printed programs.
+    """
+    import difflib
+    pa, pb = _as_program(a, "the first program"), _as_program(b, "the second program")
+    na, nb = _names_of(pa), _names_of(pb)
+    boxes_a, boxes_b = fused_view(pa)[1], fused_view(pb)[1]
+    sig_a = [_box_signature(x, na) for x in boxes_a]
+    sig_b = [_box_signature(x, nb) for x in boxes_b]
+    fill_a, fill_b = {}, {}
+    counts = {"removed": 0, "added": 0, "changed": 0}
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, sig_a, sig_b,
+                                                       autojunk=False).get_opcodes():
+        if tag == "equal":
+            continue
+        paired = min(i2 - i1, j2 - j1) if tag == "replace" else 0
+        for k in range(i1, i2):
+            mark = "changed" if k - i1 < paired else "removed"
+            fill_a[id(boxes_a[k][0])] = mark
+            counts[mark] += 1
+        for k in range(j1, j2):
+            mark = "changed" if k - j1 < paired else "added"
+            fill_b[id(boxes_b[k][0])] = mark
+            counts[mark] += 0 if mark == "changed" else 1
+    summary = (f"{counts['added']} added, {counts['removed']} removed, "
+               f"{counts['changed']} changed")
+    d = _Dot(size=f"{MAX_WIDTH_IN},1000", label=f"diff: {summary}", labelloc="t", fontsize="12")
+    anchors = []
+    for i, (label, prog, names, fills) in enumerate([(labels[0], pa, na, fill_a),
+                                                     (labels[1], pb, nb, fill_b)]):
+        d.open(f"diff{i}", label, bgcolor="#ffffff")
+        anchors.append((_draw_program(d, prog, names, f"diff{i}_", _Marks(box_fill=fills)),
+                        d.last_node))
+        d.close()
+    if anchors[0][1] is not None and anchors[1][0] is not None:
+        d.edge(anchors[0][1], anchors[1][0], style="invis")
+    text_a, text_b = pp_program(pa).splitlines(), pp_program(pb).splitlines()
+    lines = list(difflib.unified_diff(text_a, text_b, labels[0], labels[1], lineterm="", n=2))
+    text = f"diff: {summary}\n" + ("\n".join(lines) if lines else "(the programs print the same)")
+    return Diagram("program diff", d.source(), text, d.nodes)
 
 
 # -- lazy tensor graphs ----------------------------------------------------------------------
