@@ -35,7 +35,9 @@ def cuda_unavailable():
     from . import base, cuda
     if "cuda" in base._INSTANCES:
         return None
-    found = cuda.describe()
+    if cuda._PROBE[0] is None:
+        cuda._PROBE[0] = cuda._probe()
+    found = cuda._PROBE[0]
     missing = [part.split(":")[0] for part in found.split("; ")
                if part.endswith("not installed") or part.endswith("not found")]
     missing = [m for m in missing if m != "nvcc"]   # a cubin cache can run without the compiler

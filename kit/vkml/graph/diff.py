@@ -337,7 +337,7 @@ class Reverse:
                 if bad:
                     raise RefusedError(f"reverse(strict=True): the gradients of {bad} are scatter-adds "
                                        "across samples (a table read by index), which are not bitwise; "
-                                       "pass strict=False, or leave them out by naming only the others in wrt=")
+                                       "pass strict=False, or leave them out by naming only the other inputs in wrt")
             graph = record.graph
             with graph._lock:                  # no launch can start (or be under way) while we read
                 if graph._launching and not record.kept:

@@ -470,7 +470,7 @@ class Simulation:
                 raise RefusedError(f"reverse(strict=True): the gradients of {bad} in "
                                    f"{self.launch.kernel.name} are scatter-adds across samples (a "
                                    "table read by index), which are not bitwise; pass strict=False, "
-                                   "or leave them out by naming only the others in wrt=")
+                                   "or leave them out by naming only the other inputs in wrt")
         launch = self.launch
         ct0 = {}
         for name, seed in dict(seeds).items():
