@@ -287,3 +287,49 @@ def test_ipython_syntax_in_the_cell_and_a_trailing_semicolon(ip):
     assert r.success and r.result == "hi"
     r, stdout, shown = run(ip, "%%vkml\nvkml.tensor(np.ones(2)) * 2;")
     assert r.success and not shown and "Out" not in stdout
+
+
+# -- everything in one cell ------------------------------------------------------------------------
+
+def test_one_cell_shows_graph_program_derivative_record_and_stats(ip):
+    ip.run_cell(SEED)
+    cell = ("%%vkml --show graph,program,derivative,record,stats\n"
+            "@vkml.kernel\n"
+            "def double(x):\n"
+            "    return {'y': x * 2.0}\n"
+            "graph = vkml.Graph().add(double.bind(x=np.ones(3), y=np.zeros(3)), name='d')"
+            ".build(record=True)\n"
+            "graph.launch()\n"
+            "f = vkml.jit(body)\n"
+            "f(np.array([1.0, 2.0, 3.0]))\n"
+            "f(np.array([4.0, 5.0, 6.0]))\n"
+            "g = vkml.grad(f)(np.array([1.0, 2.0, 3.0]))\n"
+            "w = vkml.tensor(np.arange(3.0))\n"
+            "vkml.sin(w) * g")
+    r, stdout, shown = run(ip, cell)
+    assert r.success, r.error_in_exec
+    assert "vkml:" not in stdout, stdout                 # nothing is missing: no notes
+    graph, program, derivative, record = diagrams(shown)
+    assert "sin" in svg_texts(graph)                      # the last expression's lazy graph
+    assert "scan" in svg_texts(program) and program["text/plain"].startswith("program (xs)")
+    assert derivative["text/plain"].startswith("primal:\nprogram (xs)")
+    assert "transposed" in svg_texts(derivative)
+    assert any(t and t.startswith("Record: generation") for t in svg_texts(record))
+    [stats] = [b for b in shown if "text/html" in b]
+    # the second call and the gradient found f's program traced: jit cache hits count
+    hits = int(stats["text/plain"].split(" cache hit")[0].rsplit(", ", 1)[1])
+    assert hits >= 2
+    assert r.result is not None and r.result.numpy().shape == (3,)   # the value is still shown
+
+
+def test_cuda_without_pycuda_is_a_short_usage_line(ip):
+    from vkml.backends import cuda_unavailable
+    why = cuda_unavailable()
+    if why is None:
+        pytest.skip("this machine can run the cuda backend")
+    r, stdout, shown = run(ip, "%%vkml --backend cuda\nran = 1")
+    assert r.success and r.error_in_exec is None and "Traceback" not in stdout
+    assert f"%%vkml: backend 'cuda' cannot run here: {why}" in stdout
+    _, stdout, _ = run(ip, "%vkml info")
+    assert "cuda: not available: missing" in stdout
+    assert "available: " in stdout and "cuda" not in stdout.split("available: ")[1].splitlines()[0]
