@@ -52,6 +52,20 @@ def _tag(vars_, since, origin):
             continue
         e.origin = origin
         stack.extend(e.inputs)
+        for p in e.params.values():          # a derived scan's step: what no rule tagged
+            if isinstance(p, Program):
+                _tag_nested(p, since, origin)
+
+
+def _tag_nested(prog, since, origin):
+    """Tag the equations of a nested program made since ``since`` (a user's step, or a step
+    derived earlier and cached, is left as it is)."""
+    for e in prog.eqns:
+        if e.origin is None and e.outputs and e.outputs[0].serial >= since:
+            e.origin = origin
+        for p in e.params.values():
+            if isinstance(p, Program):
+                _tag_nested(p, since, origin)
 
 
 def jvp_program(prog: Program, has_tangent) -> Program:
