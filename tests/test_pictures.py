@@ -212,6 +212,7 @@ def test_saved_residuals_of_a_pending_backward_and_of_a_record():
     loss = vkml.sum(h * h)
     table = viz.saved_residuals(loss)
     assert [r["shape"] for r in table.rows] == ["[2]"] and table.total == 16
+    assert "kept for backward, 16 B" in viz.tensor_dot(loss).text     # and on the picture
 
     @vkml.kernel
     def relax(s, k: vkml.Param):
@@ -222,6 +223,8 @@ def test_saved_residuals_of_a_pending_backward_and_of_a_record():
     g.launch()
     table = viz.saved_residuals(g.record)
     assert table.total == g.record.nbytes > 0
+    drawn = texts(viz.record_dot(g.record).pipe("svg"))
+    assert f"{table.rows[0]['bytes']:,} B" in drawn                    # the copy's size, drawn
     assert all(r["value"] == "s" for r in table.rows if r["dtype"] != "-")
     with pytest.raises(vkml.ArgumentError, match="saved_residuals"):
         viz.saved_residuals(42)

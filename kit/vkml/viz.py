@@ -284,6 +284,9 @@ def _draw_program(d: _Dot, prog: Program, names: dict, scope: str, marks=None, n
         drawn[v] = name
         note = marks.value_note.get(v)
         attrs = {"peripheries": "2", "color": "#be123c"} if v in marks.value_fill else {}
+        title = site_title(v.eqn) if v.eqn is not None else None
+        if title:
+            attrs["tooltip"] = title
         d.node(name, f"{names[v]}{role}\n{_type(v)}" + (f"\n{note}" if note else ""),
                shape="ellipse", fillcolor=_FILL[marks.value_fill.get(v, fill)], **attrs)
         first.append(name)
@@ -751,7 +754,8 @@ def _lazy_residuals(t) -> Residuals:
     return Residuals("pending backward of a tensor", rows)
 
 
-def _record_residuals(record) -> Residuals:
+def _record_saved_rows(record):
+    """One row per plane version a Record copied (read from ``record.saved`` where it has one)."""
     rows = []
     saved = getattr(record, "saved", None)
     if isinstance(saved, dict) and hasattr(record, "graph") and hasattr(record, "planes"):
@@ -760,6 +764,11 @@ def _record_residuals(record) -> Residuals:
             rows.append({"value": name, "dtype": dtype_name(a.dtype),
                          "shape": format_shape(a.shape), "bytes": int(a.nbytes),
                          "made by": f"copied before overwrite (version {version})"})
+    return rows
+
+
+def _record_residuals(record) -> Residuals:
+    rows = _record_saved_rows(record)
     extra = int(getattr(record, "nbytes", 0)) - sum(r["bytes"] for r in rows)
     if extra > 0:
         rows.append({"value": "checkpoints and kept planes", "dtype": "-", "shape": "-",
@@ -880,6 +889,8 @@ def _leaf_note(v) -> str:
     notes = ["realized" if v.value is not None else "traced placeholder"]
     if _requires_grad(v):
         notes.append("requires grad")
+    if v.value is not None and v.eqn is not None:   # a realized value a backward will read
+        notes.append(f"kept for backward, {_nbytes(v):,} B")
     return ", ".join(notes)
 
 
@@ -1027,11 +1038,15 @@ def record_dot(record, current=None) -> Diagram:
         d.close()
     if names:
         d.edge(f"forward {len(names) - 1}", "reverse 0", label="reverse", style="dotted")
+    sizes = {}
+    for row in _record_saved_rows(record):
+        sizes[row["value"]] = sizes.get(row["value"], 0) + row["bytes"]
     if copied:
         d.open("copied", "copied before an overwrite")
         for p in copied:
             flag = "" if p not in bitwise else ("\nbitwise" if bitwise[p] else "\nnot bitwise")
-            d.node(f"copy {p}", p + flag, shape="note", fillcolor=_FILL["copy"])
+            size = f"\n{sizes[p]:,} B" if p in sizes else ""
+            d.node(f"copy {p}", p + flag + size, shape="note", fillcolor=_FILL["copy"])
         d.close()
     lines = [f"Record {_record_state(record)}",
              f"  launch order: {', '.join(names) or '-'}",
