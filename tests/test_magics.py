@@ -331,5 +331,5 @@ def test_cuda_without_pycuda_is_a_short_usage_line(ip):
     assert r.success and r.error_in_exec is None and "Traceback" not in stdout
     assert f"%%vkml: backend 'cuda' cannot run here: {why}" in stdout
     _, stdout, _ = run(ip, "%vkml info")
-    assert "cuda: not available: missing" in stdout
+    assert "not available here: cuda (missing" in stdout
     assert "available: " in stdout and "cuda" not in stdout.split("available: ")[1].splitlines()[0]

@@ -305,7 +305,7 @@ def test_cuda_is_listed_as_available_only_where_it_can_run():
     assert "cuda" not in info["available"] and "numpy" in info["available"]
     assert info["unavailable"]["cuda"] == why and "missing" in why
     from vkml_jupyter.magics import info_text
-    assert f"cuda: not available: {why}" in info_text()
+    assert f"not available here: cuda ({why})" in info_text()
 
 
 def test_scan_carry_changing_dtype_is_a_dtype_error():

@@ -432,7 +432,7 @@ def info_text() -> str:
     unavailable = info.pop("unavailable", {})
     lines = [f"vkml {vkml.__version__}",
              f"backend: {name} (device {device}); available: {', '.join(available)}",
-             *(f"{k}: not available: {why}" for k, why in unavailable.items()),
+             *(f"not available here: {k} ({why})" for k, why in unavailable.items()),
              f"eager mode: {'on' if vkml.is_eager() else 'off'}"]
     lines += [f"{k}: {v}" for k, v in info.items()]
     lines.append(f"counters since the last reset: {counts_text(vkml.stats())}")
