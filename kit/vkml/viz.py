@@ -7,16 +7,28 @@ with :meth:`Diagram.pipe`, and falls back to its text with a one-line hint
 when graphviz's ``dot`` program (or the ``graphviz`` Python package) is
 missing.
 
-- :func:`program_dot`: a Program -- its inputs, constants and values, the
-  fused ``Map``/``Reduce`` nodes the printer shows, and each ``scan`` (or
-  ``call``, ``cond``, ``while``) with its nested step drawn as a cluster.
+- :func:`program_dot`: a Program -- its inputs, constants and values (named
+  as the user named them), the fused ``Map``/``Reduce`` nodes the printer
+  shows, and each ``scan`` (or ``call``, ``cond``, ``while``) with its nested
+  step drawn as a cluster, folded when large; a block the program repeats
+  (an unrolled Python loop) is drawn once and folded.
 - :func:`tensor_dot`: the pending lazy graph behind tensors, drawn WITHOUT
   realizing anything: ops, shapes, the leaves that require grad and the
   values already realized.
-- :func:`derived_dot`: a jitted function's derived programs (``jvp``,
-  ``known``, ``linear``, ``transposed``) side by side with its primal.
+- :func:`derived_dot`: a jitted function's primal and derived programs
+  (``jvp``, ``known``, ``linear``, ``transposed``), one panel each, stacked;
+  each derived equation is marked with the colour of the user equation it
+  comes from, and the residuals the gradient keeps are ringed.
+- :func:`saved_residuals`: what a gradient keeps from its forward pass (a
+  function's residuals, a pending backward's realized values, a Record's
+  copies) as a table with dtype, shape, bytes and source line.
+- :func:`diff`: two programs, with added, removed and changed boxes marked.
 - :func:`graph_dot` and :func:`record_dot`: a graph of kernels and a
   recorded launch (see their docstrings for the attributes they read).
+
+Every picture is at most :data:`MAX_WIDTH_IN` inches (under 1,000 px) wide,
+so it fits a notebook's output area, and carries CSS that keeps it readable
+in a dark colour scheme.
 
 Output is deterministic: the same object gives the same DOT source and the
 same SVG bytes (node ids come from the printer's numbering, and the SVG's
@@ -173,7 +185,8 @@ class _Dot:
         self.nodes = 0
         self.last_node = None
         self._depth = 1
-        attrs = dict(fontname=_FONT, fontsize="10", nodesep="0.25", ranksep="0.3", compound="true")
+        attrs = dict(fontname=_FONT, fontsize="10", nodesep="0.25", ranksep="0.3", compound="true",
+                     size=f"{MAX_WIDTH_IN},1000")   # scaled down to the output width, never up
         attrs.update(graph_attrs)
         self.lines.append(f"  graph [{_attrs(attrs)}]")
         node = dict(fontname=_FONT, fontsize="10", style="filled", fillcolor="#ffffff")
@@ -449,7 +462,7 @@ def program_dot(prog: Program, unfold: bool = False, arg_names=None, _marks=None
     if not isinstance(prog, Program):
         raise ArgumentError(f"program_dot: expected a vkml Program, got {type(prog).__name__}; "
                             "get one with vkml.program(f, *args) or f.programs()")
-    d = _Dot(size=f"{MAX_WIDTH_IN},1000")
+    d = _Dot()
     marks = _marks or _Marks(unfold=unfold)
     marks.unfold = marks.unfold or unfold
     _draw_program(d, prog, _names_of(prog, arg_names), "p_", marks)
@@ -584,7 +597,7 @@ def derived_dot(primal, derived=None, unfold: bool = False, arg_names=None) -> D
     colour_of = _colours_for(primal)
     saved, n_res = _residual_split(primal, named)
     rows = _residual_rows(saved, named["known"], arg_names) if saved else []
-    d = _Dot(size=f"{MAX_WIDTH_IN},1000")
+    d = _Dot()
     texts, panels, anchors = [], [], []
     for i, (name, prog) in enumerate([("primal", primal)] + [(k, named[k]) for k in order]):
         names = _names_of(prog, arg_names if name in ("primal", "jvp", "known") else None)
@@ -601,7 +614,7 @@ def derived_dot(primal, derived=None, unfold: bool = False, arg_names=None) -> D
         d.open(f"d{i}", name, bgcolor="#ffffff" if i else "#f0f9ff", fontsize="12")
         anchors.append((_draw_program(d, prog, names, f"d{i}_", marks), d.last_node))
         d.close()
-        one = _Dot(size=f"{MAX_WIDTH_IN},1000", label=name, labelloc="t", fontsize="12")
+        one = _Dot(label=name, labelloc="t", fontsize="12")
         _draw_program(one, prog, names, f"d{i}_", marks)
         text = pp_program(prog, arg_names=arg_names if name in ("primal", "jvp", "known")
                           else None)
@@ -828,7 +841,7 @@ def diff(a, b, labels=("before", "after")) -> Diagram:
             counts[mark] += 0 if mark == "changed" else 1
     summary = (f"{counts['added']} added, {counts['removed']} removed, "
                f"{counts['changed']} changed")
-    d = _Dot(size=f"{MAX_WIDTH_IN},1000", label=f"diff: {summary}", labelloc="t", fontsize="12")
+    d = _Dot(label=f"diff: {summary}", labelloc="t", fontsize="12")
     anchors = []
     for i, (label, prog, names, fills) in enumerate([(labels[0], pa, na, fill_a),
                                                      (labels[1], pb, nb, fill_b)]):
