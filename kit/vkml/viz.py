@@ -1099,7 +1099,7 @@ def diagram(obj) -> Diagram:
         if not progs:
             raise ArgumentError(f"diagram: {obj!r} has not been traced yet; call it once, or draw "
                                 "vkml.program(f, *args)")
-        return program_dot(progs[-1])
+        return program_dot(progs[-1], arg_names=_arg_names(obj))
     if is_record(obj):
         return record_dot(obj)
     if is_graph(obj):
