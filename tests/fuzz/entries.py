@@ -1,0 +1,334 @@
+"""Every public entry point, called with a battery of bad arguments.
+
+An entry is a name and a function ``make(good) -> callable``: ``good`` holds
+valid values (a float tensor, a function of it, a built graph with a live
+Record, ...), made fresh for each call so that one call cannot spoil the
+next.  Each bad value goes into each argument position the entry takes (the
+others filled with good values) and into each keyword parameter; the call
+must then either work or raise a ``vkml.VkmlError``.  A Tensor result is
+realized, a callable result (``jit(fn)``) is called on good and bad
+arguments, a context manager is entered: the error may come at any of those.
+
+Calls Python itself refuses (a wrong number of arguments: ``inspect``'s
+binding fails) are not tried: they never reach vkml's validation.
+:func:`run_entry` runs in the worker, so a call that kills the process is
+reported as that entry's crash; it writes each call to stderr first, so the
+crash report names the call.
+"""
+
+from __future__ import annotations
+
+import inspect
+import signal
+import sys
+
+import numpy as np
+
+
+def bad_values():
+    """What a user may pass by mistake: wrong Python types, ragged and exotic arrays, extremes."""
+    import vkml
+    return [
+        ("None", None), ("str", "abc"), ("bytes", b"x"), ("object", object()), ("dict", {"a": 1}),
+        ("set", {1, 2}), ("ragged list", [[1.0], [1.0, 2.0]]), ("mixed list", [1, "a"]),
+        ("complex", 1j), ("str array", np.array(["a", "b"])), ("complex array", np.array([1 + 2j])),
+        ("object array", np.array([object()], dtype=object)), ("nan", float("nan")),
+        ("huge int", 2 ** 70), ("negative int", -3), ("huge negative int", -(2 ** 70)),
+        ("empty tuple", ()), ("list of None", [None]), ("lambda", lambda *a: 0),
+        ("datetime array", np.array(["2020-01-01"], dtype="datetime64[D]")),
+        ("float16 array", np.ones(3, np.float16)), ("bool tensor", vkml.tensor([True, False])),
+        ("int tensor", vkml.tensor([1, 2, 3])), ("0-d tensor", vkml.tensor(1.5)),
+        ("empty tensor", vkml.tensor(np.zeros((0, 3), np.float32))),
+        ("uint64 max", np.array([np.iinfo(np.uint64).max], np.uint64)),
+        ("graph", vkml.Graph()), ("type", float),
+    ]
+
+
+# -- the good values each call starts from ----------------------------------------------------
+
+class Good:
+    """Valid arguments, made fresh for every call."""
+
+    def __init__(self):
+        import vkml
+        self.vkml = vkml
+        self.t = vkml.tensor(np.arange(6, dtype=np.float32).reshape(2, 3), requires_grad=True)
+        self.fn = lambda x: (x * x).sum()
+
+    def graph(self, record=True, launched=True):
+        vkml = self.vkml
+        x = np.linspace(0.1, 0.9, 8)
+        u, y = np.zeros(8), np.zeros(8)
+        g = (vkml.Graph().add(_square().bind(x=x, u=u), name="square")
+             .add(_wave().bind(u=u, k=1.5, y=y), name="wave").build(record=record))
+        if launched:
+            g.launch()
+        return g
+
+
+_KERNELS = {}
+
+
+def _square():
+    import vkml
+    if "square" not in _KERNELS:
+        @vkml.kernel
+        def square(x):
+            return {"u": x * x}
+        _KERNELS["square"] = square
+    return _KERNELS["square"]
+
+
+def _wave():
+    import vkml
+    if "wave" not in _KERNELS:
+        @vkml.kernel
+        def wave(u, k: vkml.Param):
+            return {"y": vkml.sin(k * u)}
+        _KERNELS["wave"] = wave
+    return _KERNELS["wave"]
+
+
+# -- the entries -------------------------------------------------------------------------------
+
+#: public names that are not entries a user calls with data (each with why)
+NOT_ENTRIES = {
+    "Tensor": "made by vkml from an IR Var, never by users", "Var": "IR internals",
+    "Program": "IR internals", "Jitted": "made by jit()", "load_ipython_extension":
+    "called by IPython with its shell", "pp_program": "prints a Program (IR internals)",
+}
+
+#: entries whose second argument is a function the entry applies
+TRANSFORMS = ["jit", "grad", "value_and_grad", "jacfwd", "jacrev", "hessian", "checkpoint",
+              "vmap", "custom_jvp", "custom_vjp"]
+
+
+def _module_entries():
+    import vkml
+    out = {}
+    for name in dir(vkml):
+        obj = getattr(vkml, name)
+        if name.startswith("_") or name in NOT_ENTRIES or not callable(obj) or \
+                (isinstance(obj, type) and issubclass(obj, BaseException)):
+            continue
+        out[name] = (lambda good, obj=obj: obj)
+    return out
+
+
+def _extra_entries():
+    """Methods and sub-module callables that take user data."""
+    def method(name):
+        return lambda good: getattr(good.t, name)
+
+    out = {f"Tensor.{m}": method(m) for m in (
+        "reshape", "__getitem__", "astype", "sum", "max", "transpose", "assign_", "item",
+        "requires_grad_", "__add__", "__matmul__", "__pow__", "__floordiv__", "clip", "softmax",
+        "expand_dims", "squeeze", "flatten", "broadcast_to")}
+    out.update({f"{t}(fn)": (lambda good, t=t: _transformed(good, t)) for t in TRANSFORMS
+                if t not in ("custom_jvp", "custom_vjp")})
+    out.update({
+        "Graph.add": lambda good: good.vkml.Graph().add,
+        "Graph.launch": lambda good: good.graph(record=False).launch,
+        "Graph.update": lambda good: good.graph(record=False).update,
+        "Graph.build": lambda good: good.vkml.Graph().add(
+            _square().bind(x=np.ones(4), u=np.zeros(4))).build,
+        "diff.reverse": lambda good: good.vkml.diff.reverse,
+        "diff.Reverse": lambda good: good.vkml.diff.Reverse,
+        "Reverse(graph)": lambda good: good.vkml.diff.Reverse(good.graph(launched=False)),
+        "kernel.bind": lambda good: _square().bind,
+        "optim.SGD": lambda good: good.vkml.optim.SGD,
+        "optim.Adam": lambda good: good.vkml.optim.Adam,
+        "nn.Linear": lambda good: good.vkml.nn.Linear,
+        "nn.Conv2d": lambda good: good.vkml.nn.Conv2d,
+        "nn.cross_entropy": lambda good: good.vkml.nn.cross_entropy,
+        "nn.mse_loss": lambda good: good.vkml.nn.mse_loss,
+        "graph.opaque": lambda good: good.vkml.graph.opaque,
+    })
+    return out
+
+
+def _transformed(good, name):
+    import vkml
+    fn = good.fn
+    if name == "vmap":
+        fn = lambda x: x * 2.0      # noqa: E731 -- a per-row function
+    if name == "checkpoint":
+        return vkml.checkpoint(lambda x: x * 2.0)
+    return getattr(vkml, name)(fn)
+
+
+def entries():
+    out = _module_entries()
+    out.update(_extra_entries())
+    return out
+
+
+def entry_names():
+    return sorted(entries())
+
+
+# -- calling -----------------------------------------------------------------------------------
+
+def _signature(entry, fn):
+    """``fn``'s signature; for the Tensor functions (``*args`` wrappers), the operation's own."""
+    from vkml.ops import api
+    sig = inspect.signature(fn)
+    inner = getattr(api, entry, None)
+    if any(p.kind == p.VAR_POSITIONAL for p in sig.parameters.values()) and callable(inner) and \
+            getattr(fn, "__module__", "") == "vkml.tensor":
+        return inspect.signature(inner)
+    return sig
+
+
+def _arity(entry, fn):
+    """(positional parameter count to fill, keyword parameter names), or None if unknown."""
+    try:
+        sig = _signature(entry, fn)
+    except (TypeError, ValueError):
+        return None
+    pos = [p for p in sig.parameters.values()
+           if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
+    kws = [p.name for p in sig.parameters.values()
+           if p.default is not p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    varargs = any(p.kind == p.VAR_POSITIONAL for p in sig.parameters.values())
+    return max(len(pos), 1 if varargs else 0), kws
+
+
+def _binds(entry, fn, args, kwargs) -> bool:
+    try:
+        _signature(entry, fn).bind(*args, **kwargs)
+        return True
+    except TypeError:
+        return False
+    except ValueError:
+        return True            # no signature to check: let the call decide
+
+
+def _good_args(good, entry):
+    """Valid positional arguments of ``entry`` (a float tensor for each, unless listed here)."""
+    vkml, t = good.vkml, good.t
+    x4 = vkml.tensor(np.ones((1, 1, 4, 4), np.float32))
+    idx = vkml.tensor(np.array([[0], [1]]))
+    table = {
+        "check_grads": lambda: [good.fn, (t,)],
+        "scan": lambda: [lambda c, x: (c + x, c * 2.0), vkml.zeros(3), t],
+        "while_loop": lambda: [lambda c: vkml.max(c) < 10.0, lambda c: c + 1.0, vkml.zeros(3)],
+        "cond": lambda: [vkml.tensor(True), lambda x: x, lambda x: -x, t],
+        "switch": lambda: [vkml.tensor(0), [lambda x: x, lambda x: -x], t],
+        "jvp": lambda: [good.fn, (t,), (t,)], "hvp": lambda: [good.fn, (t,), (t,)],
+        "vjp": lambda: [good.fn, t], "linearize": lambda: [good.fn, t],
+        "program": lambda: [good.fn, t], "kernel": lambda: [lambda x: {"y": x * 2.0}],
+        "where": lambda: [t > 1.0, t, t], "gather": lambda: [t, idx],
+        "scatter_add": lambda: [t, idx, vkml.ones((2, 3))], "take": lambda: [t, [0]],
+        "take_along_axis": lambda: [t, vkml.tensor(np.zeros((2, 1), np.int64)), 1],
+        "conv2d": lambda: [x4, vkml.ones((2, 1, 3, 3))], "max_pool2d": lambda: [x4, 2],
+        "avg_pool2d": lambda: [x4, 2], "pad": lambda: [t, (1, 0), (0, 1)],
+        "reshape": lambda: [t, (3, 2)], "broadcast_to": lambda: [t, (2, 2, 3)],
+        "swapaxes": lambda: [t, 0, 1], "expand_dims": lambda: [t, 0], "cast": lambda: [t, "float64"],
+        "concatenate": lambda: [[t, t]], "stack": lambda: [[t, t]], "assign": lambda: [[t], [t * 2.0]],
+        "full": lambda: [(2, 3), 1.0], "arange": lambda: [5], "zeros": lambda: [(2, 3)],
+        "ones": lambda: [(2, 3)], "set_backend": lambda: ["numpy"], "tensor": lambda: [[1.0, 2.0]],
+        "diff.reverse": lambda: [good.graph().record, {"wave.y": np.ones(8)}],
+        "diff.Reverse": lambda: [good.graph(launched=False)],
+        "Reverse(graph)": lambda: [good.graph().record, {"wave.y": np.ones(8)}],
+        "optim.SGD": lambda: [[t], 0.1], "optim.Adam": lambda: [[t]],
+        "nn.Linear": lambda: [3, 2], "nn.Conv2d": lambda: [1, 2, 3],
+        "nn.cross_entropy": lambda: [t, vkml.tensor([0, 1])], "nn.mse_loss": lambda: [t, t],
+        "graph.opaque": lambda: [lambda **kw: {"y": kw["x"]}, {"x": np.ones(4)}, {"y": np.zeros(4)}],
+        "Tensor.reshape": lambda: [(3, 2)], "Tensor.__getitem__": lambda: [0],
+        "Tensor.astype": lambda: ["float64"], "Tensor.assign_": lambda: [t * 2.0],
+        "Tensor.broadcast_to": lambda: [(2, 2, 3)], "Tensor.expand_dims": lambda: [0],
+    }
+    if entry in table:
+        return table[entry]()
+    if entry in TRANSFORMS:
+        return [good.fn]
+    return None
+
+
+def _finish(result):
+    """Realize what a call returned, so an error kept for later surfaces now."""
+    import vkml
+    if isinstance(result, vkml.Tensor):
+        result.numpy()
+    elif isinstance(result, (list, tuple)):
+        for r in result:
+            _finish(r)
+    elif isinstance(result, dict):
+        for r in result.values():
+            _finish(r)
+    elif hasattr(result, "__enter__") and hasattr(result, "__exit__"):
+        with result:
+            pass
+
+
+def _calls(entry, fn, good, bad):
+    """(description, args, kwargs) of every call of ``fn`` with ``bad`` somewhere."""
+    good_args = _good_args(good, entry)
+    shape = _arity(entry, fn)
+    n_pos, kws = shape if shape is not None else (2, [])
+    if good_args is None:
+        good_args = [good.t] * n_pos
+    out = []
+    for i in range(len(good_args)):
+        out.append((f"argument {i}", good_args[:i] + [bad] + good_args[i + 1:], {}))
+    for kw in kws:
+        out.append((f"{kw}=", list(good_args), {kw: bad}))
+    return out
+
+
+#: seconds one call may take before it counts as a hang
+CALL_TIMEOUT = 4
+
+
+class Hung(BaseException):
+    """Raised in a call that ran past ``CALL_TIMEOUT`` (a BaseException: no library catches it)."""
+
+
+def _alarm(signum, frame):
+    raise Hung()
+
+
+def _vkml_reset():
+    """The worker's global state back to its defaults after a call (a call may change them)."""
+    import vkml
+    vkml.set_eager(False)
+    vkml.set_backend("numpy")
+
+
+def run_entry(args) -> dict:
+    """Call entry ``args["entry"]`` with every bad value; return the calls that leaked a
+    non-vkml exception, and how many calls were made."""
+    import vkml
+    name = args["entry"]
+    make = entries()[name]
+    leaks, tried = [], 0
+    labels = [label for label, _ in bad_values()]
+    for b, label in enumerate(labels):
+        count = len(_calls(name, make(Good()), Good(), bad_values()[b][1]))
+        for k in range(count):
+            good, bad = Good(), bad_values()[b][1]          # fresh: a call may change them
+            fn = make(good)
+            where, call_args, kwargs = _calls(name, fn, good, bad)[k]
+            if not _binds(name, fn, call_args, kwargs):
+                continue
+            tried += 1
+            what = f"{name} with {label} as {where}"
+            print(f"fuzz: calling {what}", file=sys.stderr, flush=True)
+            signal.signal(signal.SIGALRM, _alarm)
+            signal.setitimer(signal.ITIMER_REAL, CALL_TIMEOUT)
+            try:
+                result = fn(*call_args, **kwargs)
+                _finish(result)
+                if name in TRANSFORMS and callable(result):
+                    _finish(result(good.t))                 # a transform of a bad function
+            except vkml.VkmlError:
+                pass
+            except Hung:
+                leaks.append(f"{what}: HANG (no return within {CALL_TIMEOUT} s)")
+            except Exception as err:       # noqa: BLE001 -- a leak is what this looks for
+                leaks.append(f"{what}: {type(err).__name__}: {str(err)[:160]}")
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                _vkml_reset()
+    return {"tried": tried, "leaks": leaks}
