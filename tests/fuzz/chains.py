@@ -79,6 +79,35 @@ def _concat(x, axis=0):
     return _vk().concatenate([x, x], axis=_axis(x, axis) if x.ndim else 0)
 
 
+def _gather_by(x, y):
+    """``x`` flattened, picked at the positions ``y`` holds (data-dependent indices: out-of-range
+    ones are refused as the program runs, negative ones count from the end)."""
+    vk = _vk()
+    return vk.take(vk.reshape(x, (-1,)), vk.reshape(vk.cast(y, "int64"), (-1,)))
+
+
+def _scan(x):
+    """Running sums and products over the rows of ``x`` (a loop compiled whole by the cpu tier)."""
+    vk = _vk()
+    carry, ys = vk.scan(lambda c, row: (c + row, c * row), vk.zeros_like(x[0]), x)
+    return ys + vk.expand_dims(carry, 0)
+
+
+def _while(x):
+    """``x`` doubled three times by a while loop with a counter in its carry."""
+    vk = _vk()
+    out = vk.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] + c[1]), (vk.tensor(0), x))
+    return out[1]
+
+
+def _cond(x):
+    """``-x`` or ``x``, by the parity of the number of non-zero elements (an exact predicate)."""
+    vk = _vk()
+    count = vk.sum(vk.not_equal(x, 0))
+    odd = vk.equal(vk.sub(count, vk.mul(vk.floor_divide(count, 2), 2)), 1)
+    return vk.cond(odd, lambda v: vk.neg(v), lambda v: v, x)
+
+
 def _pad(x):
     return _vk().pad(x, (1,) * x.ndim, (0,) * x.ndim)
 
@@ -126,6 +155,8 @@ OPS = {
     "squeeze": (lambda x: _vk().squeeze(x), 1, "move"),
     "broadcast": (lambda x: _vk().broadcast_to(x, (2,) + tuple(x.shape)), 1, "move"),
     "concatenate": (_concat, 1, "move"), "pad": (_pad, 1, "move"), "take": (_take, 1, "move"),
+    "gather_by": (_gather_by, 2, "exact"), "scan": (_scan, 1, "exact"),
+    "while_loop": (_while, 1, "exact"), "cond": (_cond, 1, "exact"),
 }
 
 _WITH_AXIS = {"max", "min", "argmax", "argmin", "sum", "mean", "logsumexp", "softmax", "flip",
