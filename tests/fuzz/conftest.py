@@ -21,6 +21,10 @@ settings.register_profile(
 
 #: the decorator every fuzz test wears (the profile above, without loading it for other tests)
 FUZZ = settings(settings.get_profile("vkml-fuzz"))
+#: random programs are the cheapest cases and the widest search: three times as many
+FUZZ_PROGRAMS = settings(FUZZ, max_examples=3 * EXAMPLES)
+#: a state scenario per refused call: a third as many per call (there are a dozen calls)
+FUZZ_PER_CALL = settings(FUZZ, max_examples=max(5, EXAMPLES // 3))
 
 
 @pytest.fixture(scope="session")

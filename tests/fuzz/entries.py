@@ -167,6 +167,19 @@ def entry_names():
     return sorted(entries())
 
 
+def computing_entries():
+    """The entries that build or run programs (tensor operations and methods, transformed
+    functions): they are also tried on the cpu tier, whose programs fail in their own way."""
+    import vkml
+    out = []
+    for name in entry_names():
+        obj = getattr(vkml, name, None)
+        if name.startswith("Tensor.") or name.endswith("(fn)") or \
+                getattr(obj, "__module__", "") == "vkml.tensor":
+            out.append(name)
+    return out
+
+
 # -- calling -----------------------------------------------------------------------------------
 
 def _signature(entry, fn):
@@ -289,19 +302,20 @@ def _alarm(signum, frame):
     raise Hung()
 
 
-def _vkml_reset():
-    """The worker's global state back to its defaults after a call (a call may change them)."""
+def _vkml_reset(backend):
+    """The worker's global state back as the entry's run started (a call may change it)."""
     import vkml
     vkml.set_eager(False)
-    vkml.set_backend("numpy")
+    vkml.set_backend(backend)
 
 
 def run_entry(args) -> dict:
-    """Call entry ``args["entry"]`` with every bad value; return the calls that leaked a
-    non-vkml exception, and how many calls were made."""
+    """Call entry ``args["entry"]`` with every bad value on ``args["backend"]``; return the calls
+    that leaked a non-vkml exception, and how many calls were made."""
     import vkml
-    name = args["entry"]
+    name, backend = args["entry"], args.get("backend", "numpy")
     make = entries()[name]
+    _vkml_reset(backend)
     leaks, tried = [], 0
     labels = [label for label, _ in bad_values()]
     for b, label in enumerate(labels):
@@ -330,5 +344,6 @@ def run_entry(args) -> dict:
                 leaks.append(f"{what}: {type(err).__name__}: {str(err)[:160]}")
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
-                _vkml_reset()
+                _vkml_reset(backend)
+    _vkml_reset("numpy")
     return {"tried": tried, "leaks": leaks}

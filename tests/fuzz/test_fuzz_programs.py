@@ -10,7 +10,7 @@ ones; each known failure has its own strict-xfail regression case.
 from hypothesis import assume, given
 
 from . import chains, known, tally
-from .conftest import FUZZ
+from .conftest import FUZZ_PROGRAMS
 
 
 def run_and_compare(worker, case, area):
@@ -27,7 +27,7 @@ def check_case(worker, case, area):
     assert not problems, "\n".join(problems) + f"\nreproducer:\n{chains.reproducer(case)}"
 
 
-@FUZZ
+@FUZZ_PROGRAMS
 @given(case=chains.cases())
 def test_random_chains_agree_on_numpy_and_cpu(worker, case):
     outcome, problems = run_and_compare(worker, case, "programs")

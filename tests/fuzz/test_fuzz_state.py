@@ -14,7 +14,7 @@ from hypothesis.extra import numpy as hnp
 
 from . import state, tally
 from .codec import encode
-from .conftest import FUZZ
+from .conftest import FUZZ_PER_CALL
 
 BACKENDS = ["numpy", "cpu"]
 
@@ -56,7 +56,7 @@ def _calls(names, table):
 
 
 @pytest.mark.parametrize("call", _calls(state.CALLS, KNOWN_TENSOR))
-@FUZZ
+@FUZZ_PER_CALL
 @given(data=st.data())
 def test_refused_tensor_calls_change_nothing(worker, call, data):
     ins = data.draw(st.lists(arrays, min_size=1, max_size=3), label="arrays")
