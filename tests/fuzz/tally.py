@@ -34,9 +34,13 @@ def known(area):
 
 
 def lines():
-    return [f"fuzz {name}: {a['inputs']} inputs in {a['seconds']:.1f} s"
-            + (f" ({a['known']} left out as known failures)" if a["known"] else "")
-            for name, a in sorted(AREAS.items())]
+    out = [f"fuzz {name}: {a['inputs']} inputs in {a['seconds']:.1f} s"
+           + (f" ({a['known']} left out as known failures)" if a["known"] else "")
+           for name, a in sorted(AREAS.items())]
+    if out:
+        out.append(f"fuzz, all areas: {sum(a['inputs'] for a in AREAS.values())} inputs in "
+                   f"{sum(a['seconds'] for a in AREAS.values()):.1f} s")
+    return out
 
 
 def write():
