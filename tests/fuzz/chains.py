@@ -350,10 +350,13 @@ def run_case(case) -> dict:
     for label, backend, how in runs:
         vkml.set_backend(backend)
         os.environ["VKML_CPU_HOT"] = "0" if how is _lazy else "1"
+        fallbacks = vkml.backends.current().__dict__.get("fallbacks", 0)
         try:
             if how is _lazy:
                 outs, tag = _lazy(case)
                 results[label] = {"values": [encode(o) for o in outs], "tag": tag}
+                if backend == "cpu":      # whether generated C ran (or NumPy, for what C lacks)
+                    results["ran C"] = vkml.backends.current().fallbacks == fallbacks
             else:
                 outs = _jit(case)
                 results[label] = {"values": [encode(o) for o in outs[1:]]}   # the compiled calls

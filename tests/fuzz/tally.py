@@ -33,9 +33,16 @@ def known(area):
     _area(area)["known"] += 1
 
 
+def note(area, what):
+    """Count one case of ``area`` that showed ``what`` (e.g. that it ran generated C)."""
+    notes = _area(area).setdefault("notes", {})
+    notes[what] = notes.get(what, 0) + 1
+
+
 def lines():
     out = [f"fuzz {name}: {a['inputs']} inputs in {a['seconds']:.1f} s"
            + (f" ({a['known']} left out as known failures)" if a["known"] else "")
+           + "".join(f"; {v} {k}" for k, v in sorted(a.get("notes", {}).items()))
            for name, a in sorted(AREAS.items())]
     if out:
         out.append(f"fuzz, all areas: {sum(a['inputs'] for a in AREAS.values())} inputs in "

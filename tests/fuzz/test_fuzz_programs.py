@@ -19,6 +19,8 @@ def run_and_compare(worker, case, area):
         outcome = worker.call("chains:run_case", case, timeout=120)
     if not outcome.ok:
         return outcome, [f"{outcome.status}: {outcome.detail}"]
+    if outcome.value.get("ran C"):
+        tally.note(area, "ran generated C")
     return outcome, chains.compare(case, outcome.value)
 
 
