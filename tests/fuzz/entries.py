@@ -79,6 +79,16 @@ def _square():
     return _KERNELS["square"]
 
 
+def _forced():
+    import vkml
+    if "forced" not in _KERNELS:
+        @vkml.kernel
+        def forced(x, k: vkml.Param):
+            return {"x": x * k + 0.5}
+        _KERNELS["forced"] = forced
+    return _KERNELS["forced"]
+
+
 def _wave():
     import vkml
     if "wave" not in _KERNELS:
@@ -231,6 +241,7 @@ def _good_args(good, entry):
         "jvp": lambda: [good.fn, (t,), (t,)], "hvp": lambda: [good.fn, (t,), (t,)],
         "vjp": lambda: [good.fn, t], "linearize": lambda: [good.fn, t],
         "program": lambda: [good.fn, t], "kernel": lambda: [lambda x: {"y": x * 2.0}],
+        "simulation": lambda: [_forced()], "until_done": lambda: [_forced()],
         "where": lambda: [t > 1.0, t, t], "gather": lambda: [t, idx],
         "scatter_add": lambda: [t, idx, vkml.ones((2, 3))], "take": lambda: [t, [0]],
         "take_along_axis": lambda: [t, vkml.tensor(np.zeros((2, 1), np.int64)), 1],
@@ -273,29 +284,45 @@ def _finish(result):
     elif hasattr(result, "__enter__") and hasattr(result, "__exit__"):
         with result:
             pass
+    elif type(result).__name__ == "Simulation":
+        result.run()
+
+
+def _good_kwargs(good, entry):
+    """Valid keyword arguments an entry needs (keyword-only ones, and what ``**kwargs`` binds)."""
+    vkml = good.vkml
+    if entry in ("simulation", "until_done"):
+        return {"max_steps": 5, "x": np.linspace(0.1, 0.9, 4), "k": 0.8}
+    if entry == "kernel.bind":
+        return {"x": np.ones(4), "u": np.zeros(4)}
+    del vkml
+    return {}
 
 
 def _calls(entry, fn, good, bad):
     """(description, args, kwargs) of every call of ``fn`` with ``bad`` somewhere."""
     good_args = _good_args(good, entry)
+    good_kwargs = _good_kwargs(good, entry)
     shape = _arity(entry, fn)
     n_pos, kws = shape if shape is not None else (2, [])
     if good_args is None:
         good_args = [good.t] * n_pos
     out = []
     for i in range(len(good_args)):
-        out.append((f"argument {i}", good_args[:i] + [bad] + good_args[i + 1:], {}))
-    for kw in kws:
-        out.append((f"{kw}=", list(good_args), {kw: bad}))
+        out.append((f"argument {i}", good_args[:i] + [bad] + good_args[i + 1:], dict(good_kwargs)))
+    for kw in list(dict.fromkeys(kws + list(good_kwargs))):
+        out.append((f"{kw}=", list(good_args), {**good_kwargs, kw: bad}))
     return out
 
 
-#: seconds one call may take before it counts as a hang
-CALL_TIMEOUT = 4
+#: CPU seconds one call may spend before it counts as a hang (CPU time, not wall time: a loaded
+#: machine or a C compiler running in a child process does not make a call look hung)
+CALL_TIMEOUT = 3
 
 
 class Hung(BaseException):
-    """Raised in a call that ran past ``CALL_TIMEOUT`` (a BaseException: no library catches it)."""
+    """Raised in a call that spent ``CALL_TIMEOUT`` CPU seconds (a BaseException: no library code
+    catches it)."""
 
 
 def _alarm(signum, frame):
@@ -329,8 +356,8 @@ def run_entry(args) -> dict:
             tried += 1
             what = f"{name} with {label} as {where}"
             print(f"fuzz: calling {what}", file=sys.stderr, flush=True)
-            signal.signal(signal.SIGALRM, _alarm)
-            signal.setitimer(signal.ITIMER_REAL, CALL_TIMEOUT)
+            signal.signal(signal.SIGPROF, _alarm)
+            signal.setitimer(signal.ITIMER_PROF, CALL_TIMEOUT)
             try:
                 result = fn(*call_args, **kwargs)
                 _finish(result)
@@ -339,11 +366,11 @@ def run_entry(args) -> dict:
             except vkml.VkmlError:
                 pass
             except Hung:
-                leaks.append(f"{what}: HANG (no return within {CALL_TIMEOUT} s)")
+                leaks.append(f"{what}: HANG (no return within {CALL_TIMEOUT} CPU seconds)")
             except Exception as err:       # noqa: BLE001 -- a leak is what this looks for
                 leaks.append(f"{what}: {type(err).__name__}: {str(err)[:160]}")
             finally:
-                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.setitimer(signal.ITIMER_PROF, 0)
                 _vkml_reset(backend)
     _vkml_reset("numpy")
     return {"tried": tried, "leaks": leaks}
