@@ -280,11 +280,10 @@ def _outcome_of_error(err) -> dict:
 TAGS = ["exact", "zero-sign", "ulp", "ulp-of-one", "sum", "none"]
 
 
-def _build(case, wrap):
-    """The chain's value (and its tolerance class) from the inputs as wrapped by ``wrap``."""
-    values = [wrap(take_view(decode(i["array"]), i["view"])) for i in case["inputs"]]
+def _run_ops(ops, values):
+    """Apply ``ops`` to the starting ``values``: the chain's last value and its tolerance class."""
     tags = ["exact"] * len(values)
-    for op in case["ops"]:
+    for op in ops:
         fn, _, kind = OPS[op["op"]]
         args = [values[a["v"]] if "v" in a else a["s"] for a in op["args"]]
         arg_tags = [tags[a["v"]] for a in op["args"] if "v" in a]
@@ -307,34 +306,31 @@ def _build(case, wrap):
     return values[-1], tags[-1]
 
 
+def _arrays(case):
+    return [take_view(decode(i["array"]), i["view"]) for i in case["inputs"]]
+
+
 def _lazy(case):
+    """The case on lazy tensors, realized once: its value and tolerance class."""
     import vkml
-    out, tag = _build(case, vkml.tensor)
+    out, tag = _run_ops(case["ops"], [vkml.tensor(a) for a in _arrays(case)])
     return [out.numpy()], tag
 
 
 def _jit(case, calls=3):
     """The case as a jitted function of its inputs, called ``calls`` times: every call's result."""
     import vkml
-    arrays = [take_view(decode(i["array"]), i["view"]) for i in case["inputs"]]
-    f = vkml.jit(lambda *xs: _apply_ops(case["ops"], list(xs)))
+    f = vkml.jit(lambda *xs: _run_ops(case["ops"], list(xs))[0])
+    arrays = _arrays(case)
     return [f(*arrays).numpy() for _ in range(calls)]
-
-
-def _apply_ops(ops, values):
-    for op in ops:
-        fn, _, _ = OPS[op["op"]]
-        values.append(fn(*[values[a["v"]] if "v" in a else a["s"] for a in op["args"]],
-                         **op["params"]))
-    return values[-1]
 
 
 def _scale(case):
     """A bound on the magnitude a reduction's rounding error is relative to: the sum of the
     absolute finite input values (of the inputs the chain starts from), times the element count."""
     total, count = 1.0, 1
-    for i in case["inputs"]:
-        a = take_view(decode(i["array"]), i["view"]).astype(np.float64)
+    for a in _arrays(case):
+        a = a.astype(np.float64)
         finite = np.abs(a[np.isfinite(a)])
         total += float(finite.sum()) if finite.size else 0.0
         count = max(count, a.size)
@@ -404,9 +400,12 @@ def _close(a, b, tag, scale) -> bool:
 
 
 def compare(case, results) -> list:
-    """The disagreements between the NumPy reference and the cpu tier's runs (empty: agree)."""
+    """The disagreements between the NumPy reference and the cpu tier's runs, and any error that
+    is not a ``vkml.VkmlError`` (empty: all is well)."""
     ref = results["numpy"]
-    problems = []
+    problems = [f"{label} raised {r['error']}, not a vkml.VkmlError: {r['message'][:200]}"
+                for label, r in ((k, results[k]) for k in ("numpy", "cpu", "cpu-jit"))
+                if "error" in r and not r["vkml"]]
     for label in ("cpu", "cpu-jit"):
         got = results[label]
         if "error" in ref or "error" in got:
