@@ -53,6 +53,7 @@ class Good:
         import vkml
         self.vkml = vkml
         self.t = vkml.tensor(np.arange(6, dtype=np.float32).reshape(2, 3), requires_grad=True)
+        self.ti = vkml.tensor(np.arange(1, 7).reshape(2, 3))
         self.fn = lambda x: (x * x).sum()
 
     def graph(self, record=True, launched=True):
@@ -108,9 +109,11 @@ NOT_ENTRIES = {
     "called by IPython with its shell", "pp_program": "prints a Program (IR internals)",
 }
 
-#: entries whose second argument is a function the entry applies
+#: entries whose first argument is a function the entry transforms
 TRANSFORMS = ["jit", "grad", "value_and_grad", "jacfwd", "jacrev", "hessian", "checkpoint",
               "vmap", "custom_jvp", "custom_vjp"]
+#: the transforms whose result is called at once (custom_jvp/custom_vjp need their rule first)
+CALLED_TRANSFORMS = [t for t in TRANSFORMS if t not in ("custom_jvp", "custom_vjp")]
 
 
 def _module_entries():
@@ -128,10 +131,10 @@ def _module_entries():
 def _extra_entries():
     """Methods and sub-module callables that take user data."""
     def method(name):
-        return lambda good: getattr(good.t, name)
+        return lambda good: getattr(good.ti if name == "__floordiv__" else good.t, name)
 
     out = {f"Tensor.{m}": method(m) for m in (
-        "reshape", "__getitem__", "astype", "sum", "max", "transpose", "assign_", "item",
+        "reshape", "__getitem__", "astype", "sum", "max", "transpose", "assign_",
         "requires_grad_", "__add__", "__matmul__", "__pow__", "__floordiv__", "clip", "softmax",
         "expand_dims", "squeeze", "flatten", "broadcast_to")}
     out.update({f"{t}(fn)": (lambda good, t=t: _transformed(good, t)) for t in TRANSFORMS
@@ -144,7 +147,7 @@ def _extra_entries():
             _square().bind(x=np.ones(4), u=np.zeros(4))).build,
         "diff.reverse": lambda good: good.vkml.diff.reverse,
         "diff.Reverse": lambda good: good.vkml.diff.Reverse,
-        "Reverse(graph)": lambda good: good.vkml.diff.Reverse(good.graph(launched=False)),
+        "Reverse(graph)": _reverse_of_a_graph,
         "kernel.bind": lambda good: _square().bind,
         "optim.SGD": lambda good: good.vkml.optim.SGD,
         "optim.Adam": lambda good: good.vkml.optim.Adam,
@@ -155,6 +158,18 @@ def _extra_entries():
         "graph.opaque": lambda good: good.vkml.graph.opaque,
     })
     return out
+
+
+def _reverse_of_a_graph(good):
+    """A Reverse built for a graph (kept as ``good.g``) that has launched since."""
+    good.g = good.graph(launched=False)
+    rev = good.vkml.diff.Reverse(good.g)
+    good.g.launch()
+    return rev
+
+
+def _bound():
+    return _square().bind(x=np.ones(4), u=np.zeros(4))
 
 
 def _transformed(good, name):
@@ -254,7 +269,14 @@ def _good_args(good, entry):
         "ones": lambda: [(2, 3)], "set_backend": lambda: ["numpy"], "tensor": lambda: [[1.0, 2.0]],
         "diff.reverse": lambda: [good.graph().record, {"wave.y": np.ones(8)}],
         "diff.Reverse": lambda: [good.graph(launched=False)],
-        "Reverse(graph)": lambda: [good.graph().record, {"wave.y": np.ones(8)}],
+        "Reverse(graph)": lambda: [good.g.record, {"wave.y": np.ones(8)}],
+        "Graph.add": lambda: [_bound()], "SkipGuard": lambda: [np.array([1], np.uint32)],
+        "skippable": lambda: [_bound(), vkml.SkipGuard.nonzero(np.array([1], np.uint32))],
+        "repeat_while": lambda: [_bound(), vkml.SkipGuard.nonzero(np.array([0], np.uint32))],
+        "Tensor.__matmul__": lambda: [t.T], "Tensor.transpose": lambda: [(1, 0)],
+        "Tensor.__floordiv__": lambda: [good.ti], "backward": lambda: [good.fn(t)],
+        "matmul": lambda: [t, t.T], "dot": lambda: [t, t.T], "floor_divide": lambda: [good.ti, good.ti],
+        "set_eager": lambda: [False],
         "optim.SGD": lambda: [[t], 0.1], "optim.Adam": lambda: [[t]],
         "nn.Linear": lambda: [3, 2], "nn.Conv2d": lambda: [1, 2, 3],
         "nn.cross_entropy": lambda: [t, vkml.tensor([0, 1])], "nn.mse_loss": lambda: [t, t],
@@ -290,12 +312,10 @@ def _finish(result):
 
 def _good_kwargs(good, entry):
     """Valid keyword arguments an entry needs (keyword-only ones, and what ``**kwargs`` binds)."""
-    vkml = good.vkml
     if entry in ("simulation", "until_done"):
         return {"max_steps": 5, "x": np.linspace(0.1, 0.9, 4), "k": 0.8}
     if entry == "kernel.bind":
         return {"x": np.ones(4), "u": np.zeros(4)}
-    del vkml
     return {}
 
 
@@ -343,10 +363,12 @@ def run_entry(args) -> dict:
     name, backend = args["entry"], args.get("backend", "numpy")
     make = entries()[name]
     _vkml_reset(backend)
+    baseline = _baseline(name, make)
     leaks, tried = [], 0
     labels = [label for label, _ in bad_values()]
     for b, label in enumerate(labels):
-        count = len(_calls(name, make(Good()), Good(), bad_values()[b][1]))
+        counting = Good()
+        count = len(_calls(name, make(counting), counting, bad_values()[b][1]))
         for k in range(count):
             good, bad = Good(), bad_values()[b][1]          # fresh: a call may change them
             fn = make(good)
@@ -361,7 +383,7 @@ def run_entry(args) -> dict:
             try:
                 result = fn(*call_args, **kwargs)
                 _finish(result)
-                if name in TRANSFORMS and callable(result):
+                if name in CALLED_TRANSFORMS and callable(result):
                     _finish(result(good.t))                 # a transform of a bad function
             except vkml.VkmlError:
                 pass
@@ -373,4 +395,26 @@ def run_entry(args) -> dict:
                 signal.setitimer(signal.ITIMER_PROF, 0)
                 _vkml_reset(backend)
     _vkml_reset("numpy")
-    return {"tried": tried, "leaks": leaks}
+    return {"tried": tried, "leaks": leaks, "baseline": baseline}
+
+
+def _baseline(name, make):
+    """The entry called with good arguments only: None when it works (else the bad-argument
+    calls would test nothing), or the error it raised."""
+    good = Good()
+    fn = make(good)
+    args = _good_args(good, name)
+    if args is None:
+        shape = _arity(name, fn)
+        args = [good.t] * (shape[0] if shape else 0)
+    kwargs = _good_kwargs(good, name)
+    if not _binds(name, fn, args, kwargs):
+        return "the good arguments do not bind"
+    try:
+        result = fn(*args, **kwargs)
+        _finish(result)
+        if name in CALLED_TRANSFORMS and callable(result):
+            _finish(result(good.t))
+    except Exception as err:         # noqa: BLE001 -- reported: a broken baseline is a suite bug
+        return f"{type(err).__name__}: {err}"[:300]
+    return None
