@@ -16,6 +16,7 @@ def _ops(case):
 
 
 def _numpy_error(outcome):
+    """The NumPy reference run's error message ("" when it gave a value, or the worker died)."""
     if not outcome.ok:
         return ""
     return outcome.value["numpy"].get("message", "")
@@ -48,6 +49,9 @@ KNOWN = {
     "argmax-empty": (
         lambda case, o: "argmax of an empty sequence" in _numpy_error(o),
         "argmax/argmin over an empty axis: NumPy backend raises at run time, cpu tier returns -1"),
+    "weak-int-overflow": (
+        lambda case, o: o.ok and o.value["numpy"].get("error") == "OverflowError",
+        "a Python int out of the tensor dtype's range (int32 + 2**31) leaks OverflowError"),
     "sign-negative-zero": (
         lambda case, o: o.ok and "sign" in _ops(case) and _only_zero_signs_differ(o),
         "sign(-0.0): NumPy gives 0.0, cpu tier -0.0"),

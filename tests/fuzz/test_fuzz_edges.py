@@ -102,3 +102,17 @@ def empty_axis_case(op, dtype):
 def test_reductions_over_an_empty_axis(worker, op, dtype):
     """Both backends refuse alike (or both give the same value)."""
     check_case(worker, empty_axis_case(op, dtype), "edge values")
+
+
+def scalar_case(dtype, op, scalar):
+    inputs = [{"array": encode(np.array([1, -2, 3], dtype=dtype)), "view": "none"}]
+    return {"inputs": inputs, "ops": [{"op": op, "args": [{"v": 0}, {"s": scalar}], "params": {}}]}
+
+
+@pytest.mark.parametrize("dtype, op, scalar", [
+    pytest.param("int32", "sub", 2 ** 31, marks=known(
+        "int32 tensor - 2**31 (a Python int out of int32's range) leaks NumPy's OverflowError")),
+    ("int32", "add", 2 ** 31 - 1), ("int64", "mul", 2 ** 62), ("float32", "add", 2 ** 200),
+    ("bool", "add", 1), ("int32", "maximum", -(2 ** 31)), ("float64", "pow", -0.5)])
+def test_python_scalars_at_the_edge_of_a_dtype(worker, dtype, op, scalar):
+    check_case(worker, scalar_case(dtype, op, scalar), "edge values")
