@@ -445,3 +445,68 @@ def reproducer(case) -> str:
         n += 1
     lines.append(f"print(v{n - 1}.numpy())")
     return "\n".join(lines)
+
+
+# -- gradients -----------------------------------------------------------------------------------
+
+#: ops with a derivative almost everywhere, for gradient cases
+GRAD_OPS = ["neg", "abs", "square", "relu", "clip", "add", "sub", "mul", "maximum", "minimum",
+            "sum", "matmul", "sin", "cos", "tanh", "sigmoid", "mean", "logsumexp", "softmax",
+            "reshape", "transpose", "flip", "reverse0", "stride2", "expand_dims", "squeeze",
+            "broadcast", "concatenate", "pad", "take", "scan"]
+
+
+@st.composite
+def grad_cases(draw, max_ops=5):
+    """A chain of differentiable ops over finite float64 inputs (see ``run_grad_case``)."""
+    shape = draw(logical_shapes())
+    elements = st.floats(-3, 3)
+    ins = []
+    for k in range(draw(st.integers(1, 2))):
+        s = shape if k == 0 else _broadcastable(draw, shape)
+        view = draw(st.sampled_from(VIEWS))
+        base = draw(hnp.arrays(np.float64, _base_shape(s, view), elements=elements))
+        ins.append({"array": encode(base), "view": view})
+    ops, n_values = [], len(ins)
+    for _ in range(draw(st.integers(1, max_ops))):
+        ops.append(_draw_op(draw, draw(st.sampled_from(GRAD_OPS)), n_values))
+        n_values += 1
+    return {"inputs": ins, "ops": ops}
+
+
+def run_grad_case(case) -> dict:
+    """d sum(chain) / d input for every input, by ``backward`` on NumPy and on the cpu tier."""
+    import vkml
+    results = {}
+    os.environ["VKML_CPU_HOT"] = "0"
+    for backend in ("numpy", "cpu"):
+        vkml.set_backend(backend)
+        try:
+            xs = [vkml.tensor(a, requires_grad=True) for a in _arrays(case)]
+            out, _ = _run_ops(case["ops"], list(xs))
+            vkml.backward(vkml.sum(out))
+            results[backend] = {"values": [encode(x.grad.numpy() if x.grad is not None
+                                                  else np.zeros(x.shape)) for x in xs]}
+        except Exception as err:     # noqa: BLE001 -- every error is a result to compare
+            results[backend] = _outcome_of_error(err)
+        finally:
+            vkml.set_backend("numpy")
+    return results
+
+
+def compare_grads(results) -> list:
+    """Gradients agree within rounding (the backward sums broadcasts in a backend's own order)."""
+    a, b = results["numpy"], results["cpu"]
+    problems = [f"{label} raised {r['error']}, not a vkml.VkmlError: {r['message'][:200]}"
+                for label, r in (("numpy", a), ("cpu", b)) if "error" in r and not r["vkml"]]
+    if "error" in a or "error" in b:
+        if a.get("error") != b.get("error"):
+            problems.append(f"NumPy gave {_short(a)} but cpu gave {_short(b)}")
+        return problems
+    for k, (wa, wb) in enumerate(zip(a["values"], b["values"])):
+        want, got = decode(wa), decode(wb)
+        scale = 1.0 + (float(np.max(np.abs(want[np.isfinite(want)]))) if np.isfinite(want).any() else 0.0)
+        close = np.isclose(want, got, rtol=0, atol=1e-9 * scale, equal_nan=True) | (want == got)
+        if want.shape != got.shape or not close.all():
+            problems.append(f"gradient of input {k}: NumPy gave {describe(wa)}, cpu gave {describe(wb)}")
+    return problems

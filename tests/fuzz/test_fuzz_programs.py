@@ -10,7 +10,7 @@ ones; each known failure has its own strict-xfail regression case.
 from hypothesis import assume, given
 
 from . import chains, known, tally
-from .conftest import FUZZ_PROGRAMS
+from .conftest import FUZZ, FUZZ_PROGRAMS
 
 
 def run_and_compare(worker, case, area):
@@ -36,4 +36,14 @@ def test_random_chains_agree_on_numpy_and_cpu(worker, case):
     if problems and known.classify(case, outcome):
         tally.known("programs")
         assume(False)
+    assert not problems, "\n".join(problems) + f"\nreproducer:\n{chains.reproducer(case)}"
+
+
+@FUZZ
+@given(case=chains.grad_cases())
+def test_random_chains_have_the_same_gradients_on_numpy_and_cpu(worker, case):
+    with tally.trying("gradients"):
+        outcome = worker.call("chains:run_grad_case", case, timeout=120)
+    assert outcome.ok, f"{outcome.status}: {outcome.detail}\nreproducer:\n{chains.reproducer(case)}"
+    problems = chains.compare_grads(outcome.value)
     assert not problems, "\n".join(problems) + f"\nreproducer:\n{chains.reproducer(case)}"
