@@ -15,6 +15,15 @@ def _ops(case):
     return {op["op"] for op in case["ops"]}
 
 
+def _holds_int_min(case):
+    """Whether an input holds the minimum of int32 or int64 (the value -x overflows at)."""
+    for i in case["inputs"]:
+        a = decode(i["array"])
+        if a.dtype in (np.int32, np.int64) and a.size and a.min() == np.iinfo(a.dtype).min:
+            return True
+    return False
+
+
 def _numpy_error(outcome):
     """The NumPy reference run's error message ("" when it gave a value, or the worker died)."""
     if not outcome.ok:
@@ -52,6 +61,9 @@ KNOWN = {
     "weak-int-overflow": (
         lambda case, o: o.ok and o.value["numpy"].get("error") == "OverflowError",
         "a Python int out of the tensor dtype's range (int32 + 2**31) leaks OverflowError"),
+    "neg-abs-of-int-min": (
+        lambda case, o: o.ok and {"neg", "abs"} & _ops(case) and _holds_int_min(case),
+        "neg/abs of INT_MIN is undefined behaviour in the generated C; -O2 folds later comparisons"),
     "sign-negative-zero": (
         lambda case, o: o.ok and "sign" in _ops(case) and _only_zero_signs_differ(o),
         "sign(-0.0): NumPy gives 0.0, cpu tier -0.0"),

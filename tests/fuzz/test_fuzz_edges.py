@@ -116,3 +116,24 @@ def scalar_case(dtype, op, scalar):
     ("bool", "add", 1), ("int32", "maximum", -(2 ** 31)), ("float64", "pow", -0.5)])
 def test_python_scalars_at_the_edge_of_a_dtype(worker, dtype, op, scalar):
     check_case(worker, scalar_case(dtype, op, scalar), "edge values")
+
+
+def overflow_then_compare_case(dtype, op, compare, scalar):
+    inputs = [{"array": encode(np.array(edges(dtype), dtype=dtype)), "view": "none"}]
+    return {"inputs": inputs, "ops": [{"op": op, "args": [{"v": 0}], "params": {}},
+                                      {"op": compare, "args": [{"v": 1}, {"s": scalar}], "params": {}}]}
+
+
+NEG_UB = ("{op} of {dtype}'s minimum overflows in the generated C (undefined behaviour): at -O2 "
+          "the compiler assumes the result's sign, so a later comparison differs from NumPy's "
+          "wrapped value")
+
+
+@pytest.mark.parametrize("dtype, op, compare, scalar", [
+    pytest.param(d, op, cmp, s, marks=known(NEG_UB.format(op=op, dtype=d)))
+    for d in INT_DTYPES for op, cmp, s in (("abs", "less", 0), ("neg", "less", 0))
+] + [(d, "square", "less", 0) for d in INT_DTYPES])
+def test_integer_overflow_then_a_comparison(worker, dtype, op, compare, scalar):
+    """A wrapped integer result must keep NumPy's value when compared, even after the C
+    compiler has optimised the comparison."""
+    check_case(worker, overflow_then_compare_case(dtype, op, compare, scalar), "edge values")
