@@ -149,7 +149,8 @@ def stand_in():
 def test_record_explorer_steps_through_launch_and_reverse():
     record, graph = stand_in()
     ex = vw.explore_record(record, graph)
-    assert ex.step.max == 3 and ex.current == ("forward", 0, "square")
+    assert (ex.step.min, ex.step.max) == (1, 4) and ex.current == ("forward", 0, "square")
+    assert "step 1 of 4" in ex.readout.value and ex.prev.disabled and not ex.next.disabled
     assert "launch square" in ex.readout.value and "reads x; writes u" in ex.readout.value
     assert "generation 2; live, kept; 512 bytes recorded" in ex.readout.value
     assert "copied before an overwrite: u (bitwise)" in ex.readout.value
@@ -162,10 +163,11 @@ def test_record_explorer_steps_through_launch_and_reverse():
     pictures.append(ex.picture.value)
     ex.next.click()
     ex.next.click()                                   # stops at the last step
-    assert ex.current == ("reverse", 1, "square") and ex.step.value == 3
+    assert ex.current == ("reverse", 1, "square") and ex.step.value == 4
+    assert "step 4 of 4" in ex.readout.value and ex.next.disabled and not ex.prev.disabled
     ex.prev.click()
     assert ex.current == ("reverse", 0, "wave") and ex.picture.value == pictures[1]
-    ex.step.value = 0
+    ex.step.value = 1
     assert ex.picture.value == pictures[0] and pictures[0] != pictures[1]
     assert repr(ex) == "RecordExplorer(generation 2, forward step 0: square)"
 

@@ -230,7 +230,8 @@ def explore_record(record, graph=None):
 
     Returns a :class:`RecordExplorer` (an ipywidgets ``VBox``); its ``step``
     slider (or the ``prev``/``next`` buttons) moves through the
-    ``2 * len(record.nodes)`` steps.
+    ``2 * len(record.nodes)`` steps, numbered from 1 as the readout counts them;
+    ``prev`` is disabled on the first step and ``next`` on the last.
     """
     return RecordExplorer(record, graph)
 
@@ -250,7 +251,7 @@ class RecordExplorer(widgets.VBox):
         graph = graph if graph is not None else getattr(record, "graph", None)
         self._by_name = {n.name: n for n in getattr(graph, "nodes", None) or []}
         n = len(self.names)
-        self.step = widgets.IntSlider(value=0, min=0, max=2 * n - 1, description="step",
+        self.step = widgets.IntSlider(value=1, min=1, max=2 * n, description="step",
                                       continuous_update=False)
         self.prev = widgets.Button(description="◀ previous", layout=widgets.Layout(width="120px"))
         self.next = widgets.Button(description="next ▶", layout=widgets.Layout(width="120px"))
@@ -264,11 +265,11 @@ class RecordExplorer(widgets.VBox):
         self.update()
 
     def _move(self, by):
-        self.step.value = min(self.step.max, max(0, self.step.value + by))
+        self.step.value = min(self.step.max, max(self.step.min, self.step.value + by))
 
     @property
     def current(self):
-        n, i = len(self.names), self.step.value
+        n, i = len(self.names), self.step.value - 1
         if i < n:
             return ("forward", i, self.names[i])
         return ("reverse", i - n, self.names[2 * n - 1 - i])
@@ -277,7 +278,9 @@ class RecordExplorer(widgets.VBox):
         """Redraw the picture and the readout for the current step."""
         sweep, i, name = self.current
         r = self.record
-        rows = [f"step {self.step.value + 1} of {2 * len(self.names)}: "
+        self.prev.disabled = self.step.value <= self.step.min
+        self.next.disabled = self.step.value >= self.step.max
+        rows = [f"step {self.step.value} of {self.step.max}: "
                 f"<b>{'launch' if sweep == 'forward' else 'reverse of'} {html.escape(name)}</b> "
                 f"({sweep} sweep, node {i + 1} of {len(self.names)})",
                 f"generation {r.generation}; {'live' if getattr(r, 'live', False) else 'released'}"

@@ -3,35 +3,42 @@
 The public API (see DESIGN.md):
 
 - tensors: ``tensor``, ``realize``, ``assign``, ``backward``, ``set_eager``/``is_eager``,
-  ``stats``/``reset_stats``, and the operations (``add``, ``mul``, ``sum``, ``matmul``, ...)
+  ``stats``/``reset_stats``, and the operations (``add``, ``mul``, ``sum``, ``matmul``, ...);
+  NumPy's own functions on a Tensor (``np.exp(t)``, ``np.sum(t, axis=0)``) run these too
+- programs: ``jit``, ``grad``, ``vmap``, ``jacfwd``/``jacrev``/``hessian``, ``scan``,
+  ``fori_loop``, ``while_loop``, ``associative_scan``, ``cond``/``switch``, ``custom_vjp``, over
+  pytrees (tuples, lists, dicts, namedtuples, dataclasses, ``pytree.register``-ed classes)
 - ``nn`` and ``optim``: layers, losses, SGD and Adam
 - backends: ``set_backend``, ``backend_info``
+- ``vkml.numpy`` (``import vkml.numpy as vnp``) and ``vkml.scipy.special``: NumPy's and
+  SciPy's names on lazy, differentiable tensors
 - ``viz``: graphviz pictures of Programs, lazy graphs, derived programs, Graphs and Records
 - ``progress``: progress bars for long work (``tqdm.auto``, quiet outside notebooks)
 - in Jupyter: ``%load_ext vkml`` (the ``%%vkml`` magic) and ``vkml.widgets`` (explorers), both
   from the separate ``vkml_jupyter`` package, imported only when asked for
 """
 
-from . import errors, ir, ops
+from . import errors, ir, ops, pytree
 from .backends import backend_info, reset_stats, set_backend, stats
 from .errors import (ArgumentError, BackendError, DTypeError, ExecutionError, GradError, ShapeError,
-                     TracingError, VkmlError)
+                     TracingError, VkmlError, VkmlWarning)
 from .ir import Program, Var
 from .printer import pp_program
-from .programs import (GradCheckError, Jitted, check_grads, checkpoint, cond, custom_jvp, custom_vjp,
-                       grad, hessian, hvp, jacfwd, jacrev, jit, jvp, linearize, program, scan, switch,
-                       value_and_grad, vjp, vmap, while_loop)
+from .programs import (GradCheckError, Jitted, associative_scan, check_grads, checkpoint, cond,
+                       custom_jvp, custom_vjp, fori_loop, grad, hessian, hvp, jacfwd, jacrev, jit, jvp,
+                       linearize, program, scan, switch, value_and_grad, vjp, vmap, while_loop)
 from .tensor import (Tensor, abs, add, arange, argmax, argmin, assign, avg_pool2d, backward,
                      broadcast_to, cast, clip, concatenate, conv2d, cos, div, dot, eager, equal,
                      exp, expand_dims, flatten, flip, floor_divide, full, gather, greater,
                      greater_equal, is_eager, less, less_equal, log, log_softmax, logical_and,
                      logical_not, logical_or, logsumexp, matmul, max, max_pool2d, maximum, mean,
-                     min, minimum, mul, neg, no_grad, not_equal, ones, ones_like, pad, permute, pow,
-                     realize, relu, reshape, scatter_add, set_eager, sigmoid, sign, sin, softmax,
-                     sqrt, square, squeeze, stack, stop_gradient, sub, sum, swapaxes, take,
-                     take_along_axis, tanh, tensor, transpose, where, zeros, zeros_like)
+                     min, minimum, mod, mul, neg, no_grad, not_equal, ones, ones_like, pad, permute,
+                     pow, realize, relu, reshape, scatter_add, set_eager, sigmoid, sign, sin, softmax,
+                     sqrt, square, squeeze, stack, std, stop_gradient, sub, sum, swapaxes, take,
+                     take_along_axis, tanh, tensor, transpose, var, where, zeros, zeros_like)
 
 from . import nn, optim, progress, viz
+from . import numpy, scipy  # vkml.numpy (NumPy's names, differentiable) and vkml.scipy.special
 from . import graph
 from .errors import Busy, BudgetError, RecordError, RefusedError
 from .graph import (Graph, Param, SkipGuard, diff, kernel, repeat_while, simulation, skippable,

@@ -58,3 +58,8 @@ class BudgetError(VkmlError, ValueError):
 
 class Busy(VkmlError, RuntimeError):
     """A launch while a reverse reads the Record, or one Reverse used by two threads at once."""
+
+
+class VkmlWarning(UserWarning):
+    """A result vkml returns but doubts, e.g. a ``while_loop`` cut off at ``max_iters`` while its
+    condition still held.  Turn it into an error with ``warnings.simplefilter("error", VkmlWarning)``."""

@@ -26,10 +26,12 @@ import numbers
 
 import numpy as np
 
-from .errors import ArgumentError, DTypeError, ShapeError
+from .errors import ArgumentError, DTypeError, IndexOutOfRangeError, ShapeError
 from .tensor import (Tensor, conv2d, flatten, gather, matmul, max_pool2d, mean, relu, reshape,
-                     take_along_axis, tensor, transpose)
+                     sigmoid, softmax, sqrt, take, take_along_axis, tanh, tensor, transpose, var)
 from .tensor import log_softmax as _log_softmax
+from .validate import (check_bool, check_dtype, check_int, check_real, check_sequence, check_shape, describe,
+                       host_memory)
 
 __all__ = ["Module", "Parameter", "Linear", "Conv2d", "MaxPool2d", "ReLU", "Flatten", "Sequential",
            "manual_seed", "cross_entropy", "log_softmax", "mse", "mse_loss"]
@@ -43,9 +45,7 @@ def manual_seed(seed: int) -> None:
     ``vkml.nn.manual_seed(0)`` before building a model makes its initial
     parameters the same every run (``torch.manual_seed``'s job here).
     """
-    if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
-        raise ArgumentError(f"manual_seed: the seed must be an int, got {type(seed).__name__}")
-    _RNG[0] = np.random.default_rng(int(seed))
+    _RNG[0] = np.random.default_rng(check_int(seed, "seed", "manual_seed", low=0))
 
 
 def _generator(rng) -> np.random.Generator:
@@ -54,7 +54,7 @@ def _generator(rng) -> np.random.Generator:
     if isinstance(rng, np.random.Generator):
         return rng
     if isinstance(rng, numbers.Integral) and not isinstance(rng, bool):
-        return np.random.default_rng(int(rng))
+        return np.random.default_rng(check_int(rng, "rng", "layer", low=0))
     raise ArgumentError(f"rng must be a numpy.random.Generator or an int seed, got {type(rng).__name__}")
 
 
@@ -65,27 +65,31 @@ def Parameter(data, dtype=np.float32) -> Tensor:
     leaf that requires grad, and that is all the autograd and the optimisers
     look at.
     """
-    return tensor(np.asarray(data, dtype=dtype), requires_grad=True)
+    return tensor(data, dtype=check_dtype(dtype, "Parameter"), requires_grad=True)
 
 
-def _uniform(rng, bound, shape, dtype):
-    return Parameter(rng.uniform(-bound, bound, size=shape), dtype)
+def _uniform(rng, bound, shape, dtype, layer):
+    """A parameter of ``shape`` drawn uniformly from (-bound, bound), its size checked first."""
+    dtype = check_dtype(dtype, layer)
+    shape = check_shape(shape, layer, "parameter shape")
+    with host_memory(layer, f"a parameter of shape {shape}"):
+        return Parameter(rng.uniform(-bound, bound, size=shape), dtype)
 
 
 def _positive_int(value, what, layer):
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value <= 0:
-        raise ArgumentError(f"{layer}: {what} must be a positive int, got {value!r}")
-    return int(value)
+    return check_int(value, what, layer, low=1)
 
 
 def _pair(value, what, layer, minimum=1):
-    items = (value, value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) \
-        else tuple(value) if isinstance(value, (tuple, list)) else None
-    if items is None or len(items) != 2 or not all(
-            isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= minimum for v in items):
+    """An int or a pair of ints (each at least ``minimum``) as a pair."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Integral, tuple, list)):
         raise ArgumentError(f"{layer}: {what} must be an int >= {minimum} or a pair of them, "
-                            f"got {value!r}")
-    return (int(items[0]), int(items[1]))
+                            f"got {describe(value)}")
+    items = [value, value] if isinstance(value, numbers.Integral) else check_sequence(value, what, layer)
+    if len(items) != 2:
+        raise ArgumentError(f"{layer}: {what} must be an int >= {minimum} or a pair of them, "
+                            f"got {describe(value)}")
+    return tuple(check_int(v, what, layer, low=minimum) for v in items)
 
 
 # -- Module ----------------------------------------------------------------------------------------
@@ -141,6 +145,8 @@ class Module:
 
     def named_parameters(self, prefix: str = ""):
         """``[(dotted name, tensor), ...]`` for every parameter, each once, in a fixed order."""
+        if not isinstance(prefix, str):
+            raise ArgumentError(f"named_parameters: prefix must be a string, got {type(prefix).__name__}")
         out, seen = [], set()
         self._collect(prefix, out, seen)
         return out
@@ -163,8 +169,9 @@ class Module:
     # -- modes and gradients ---------------------------------------------------------------------
     def train(self, mode: bool = True) -> "Module":
         """Set training mode here and in every sub-module (layers like dropout read ``training``)."""
+        mode = check_bool(mode, "mode", "train")
         for m in self.modules():
-            m.training = bool(mode)
+            m.training = mode
         return self
 
     def eval(self) -> "Module":
@@ -203,10 +210,11 @@ class Linear(Module):
         super().__init__()
         self.in_features = _positive_int(in_features, "in_features", "Linear")
         self.out_features = _positive_int(out_features, "out_features", "Linear")
+        bias = check_bool(bias, "bias", "Linear")
         gen = _generator(rng)
         bound = 1.0 / math.sqrt(self.in_features)
-        self.weight = _uniform(gen, bound, (self.out_features, self.in_features), dtype)
-        self.bias = _uniform(gen, bound, (self.out_features,), dtype) if bias else None
+        self.weight = _uniform(gen, bound, (self.out_features, self.in_features), dtype, "Linear")
+        self.bias = _uniform(gen, bound, (self.out_features,), dtype, "Linear") if bias else None
 
     def forward(self, x):
         if not isinstance(x, Tensor):
@@ -238,12 +246,13 @@ class Conv2d(Module):
         self.kernel_size = _pair(kernel_size, "kernel_size", "Conv2d")
         self.stride = _pair(stride, "stride", "Conv2d")
         self.padding = _pair(padding, "padding", "Conv2d", minimum=0)
+        bias = check_bool(bias, "bias", "Conv2d")
         gen = _generator(rng)
         fan_in = self.in_channels * self.kernel_size[0] * self.kernel_size[1]
         bound = 1.0 / math.sqrt(fan_in)
         self.weight = _uniform(gen, bound, (self.out_channels, self.in_channels) + self.kernel_size,
-                               dtype)
-        self.bias = _uniform(gen, bound, (self.out_channels,), dtype) if bias else None
+                               dtype, "Conv2d")
+        self.bias = _uniform(gen, bound, (self.out_channels,), dtype, "Conv2d") if bias else None
 
     def forward(self, x):
         if not isinstance(x, Tensor):
@@ -285,7 +294,8 @@ class Flatten(Module):
 
     def __init__(self, start_dim=1, end_dim=-1):
         super().__init__()
-        self.start_dim, self.end_dim = int(start_dim), int(end_dim)
+        self.start_dim = check_int(start_dim, "start_dim", "Flatten")
+        self.end_dim = check_int(end_dim, "end_dim", "Flatten")
 
     def forward(self, x):
         return flatten(x, self.start_dim, self.end_dim)
@@ -320,6 +330,8 @@ class Sequential(Module):
     def __getitem__(self, i):
         if isinstance(i, slice):
             return Sequential(*self.layers[i])
+        n = len(self.layers)
+        i = check_int(i, "index", "Sequential", low=-n, high=n - 1, error=IndexOutOfRangeError)
         return self.layers[i]
 
     def __iter__(self):
@@ -348,7 +360,7 @@ def _labels(labels, n, classes):
         known = None if labels.ir_var.value is None else np.asarray(labels.ir_var.value)
         shape = labels.shape
     else:
-        known = np.asarray(labels)
+        known = np.asarray(tensor(labels).ir_var.value)
         if known.dtype.kind not in "iu":
             raise DTypeError(f"cross_entropy: labels must be integer class indices, got an array of "
                              f"{known.dtype}; pass e.g. np.asarray(labels, dtype=np.int64)")
@@ -396,7 +408,7 @@ def mse(pred, target) -> Tensor:
     if not isinstance(pred, Tensor):
         pred = tensor(pred)
     if not isinstance(target, Tensor):
-        target = tensor(np.asarray(target, dtype=pred.dtype))
+        target = tensor(target, dtype=pred.dtype)
     if pred.shape != target.shape:
         raise ShapeError(f"mse: prediction has shape {pred.shape} but target has {target.shape}; "
                          "reshape one of them (they are not broadcast)")
@@ -405,3 +417,146 @@ def mse(pred, target) -> Tensor:
 
 
 mse_loss = mse
+
+
+# -- more layers PyTorch users reach for ------------------------------------------------------------------
+
+def _as_input(x, layer):
+    if isinstance(x, Tensor):
+        return x
+    try:
+        return tensor(x)
+    except ArgumentError as err:
+        raise ArgumentError(f"{layer}: expected a tensor or an array, got {type(x).__name__}") from err
+
+
+class Tanh(Module):
+    """``tanh(x)`` elementwise."""
+
+    def forward(self, x):
+        return tanh(_as_input(x, "Tanh"))
+
+
+class Sigmoid(Module):
+    """``1 / (1 + exp(-x))`` elementwise."""
+
+    def forward(self, x):
+        return sigmoid(_as_input(x, "Sigmoid"))
+
+
+class GELU(Module):
+    """The Gaussian error linear unit in its tanh form (``torch.nn.GELU(approximate="tanh")``):
+    ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``.  vkml has no erf primitive, so the exact
+    form is not offered; the two differ by less than 1e-3."""
+
+    def forward(self, x):
+        x = _as_input(x, "GELU")
+        inner = math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)
+        return 0.5 * x * (1.0 + tanh(inner))
+
+
+class Softmax(Module):
+    """``exp(x) / sum(exp(x))`` along ``axis`` (``dim`` as PyTorch spells it; default the last)."""
+
+    def __init__(self, axis=-1, *, dim=None):
+        super().__init__()
+        self.axis = check_int(axis if dim is None else dim, "axis", "Softmax")
+
+    def forward(self, x):
+        return softmax(_as_input(x, "Softmax"), self.axis)
+
+    def extra_repr(self):
+        return f"axis={self.axis}"
+
+
+class Dropout(Module):
+    """Zero each element with probability ``p`` in training, scaling the rest by ``1/(1-p)``;
+    the identity in ``eval()`` mode.
+
+    Deterministic: the masks come from a NumPy Generator seeded with
+    ``seed`` (so the same model built with the same seed drops the same
+    elements every run), or from ``key`` given to one call, ``drop(x,
+    key=7)``, for a mask that depends on nothing else.
+    """
+
+    def __init__(self, p=0.5, *, seed=0):
+        super().__init__()
+        self.p = check_real(p, "p (the probability of dropping)", "Dropout", low=0, high=1,
+                            high_open=True)
+        self.seed = seed
+        self._rng = _generator(seed)
+
+    def forward(self, x, key=None):
+        x = _as_input(x, "Dropout")
+        if not self.training or self.p == 0:
+            return x
+        gen = self._rng if key is None else _generator(key)
+        keep = gen.random(x.shape) >= self.p
+        return x * tensor((keep / (1.0 - self.p)).astype(x.dtype if x.dtype.kind == "f" else np.float32))
+
+    def extra_repr(self):
+        return f"p={self.p}"
+
+
+class LayerNorm(Module):
+    """Normalize over the last dimensions (``normalized_shape``): ``(x - mean) / sqrt(var + eps)``,
+    then ``* weight + bias`` (ones and zeros at first) when ``elementwise_affine``, as PyTorch."""
+
+    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, *, dtype=np.float32):
+        super().__init__()
+        shape = check_shape(normalized_shape, "LayerNorm", "normalized_shape")
+        if not shape or 0 in shape:
+            raise ShapeError(f"LayerNorm: normalized_shape must be a positive int or a tuple of "
+                             f"them, got {normalized_shape!r}")
+        self.normalized_shape = shape
+        self.eps = check_real(eps, "eps", "LayerNorm", low=0, low_open=True)
+        affine = check_bool(elementwise_affine, "elementwise_affine", "LayerNorm")
+        dtype = check_dtype(dtype, "LayerNorm")
+        with host_memory("LayerNorm", f"parameters of shape {shape}"):
+            self.weight = Parameter(np.ones(shape), dtype) if affine else None
+            self.bias = Parameter(np.zeros(shape), dtype) if affine else None
+
+    def forward(self, x):
+        x = _as_input(x, "LayerNorm")
+        k = len(self.normalized_shape)
+        if x.ndim < k or x.shape[x.ndim - k:] != self.normalized_shape:
+            raise ShapeError(f"LayerNorm{self.normalized_shape}: the input's last dimensions must be "
+                             f"{self.normalized_shape}, got shape {x.shape}")
+        axes = tuple(range(x.ndim - k, x.ndim))
+        centered = x - mean(x, axes, keepdims=True)
+        y = centered / sqrt(var(x, axes, keepdims=True) + self.eps)
+        return y * self.weight + self.bias if self.weight is not None else y
+
+    def extra_repr(self):
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.weight is not None}"
+
+
+class Embedding(Module):
+    """A table of ``num_embeddings`` vectors of size ``embedding_dim``; ``emb(ids)`` looks rows up
+    (shape ids.shape + (embedding_dim,)).  Initialised N(0, 1), as ``torch.nn.Embedding``."""
+
+    def __init__(self, num_embeddings, embedding_dim, *, rng=None, dtype=np.float32):
+        super().__init__()
+        self.num_embeddings = _positive_int(num_embeddings, "num_embeddings", "Embedding")
+        self.embedding_dim = _positive_int(embedding_dim, "embedding_dim", "Embedding")
+        shape = check_shape((self.num_embeddings, self.embedding_dim), "Embedding", "table shape")
+        dtype = check_dtype(dtype, "Embedding")
+        with host_memory("Embedding", f"a table of shape {shape}"):
+            self.weight = Parameter(_generator(rng).standard_normal(shape), dtype)
+
+    def forward(self, ids):
+        ids = _as_input(ids, "Embedding")
+        if ids.dtype.kind not in "iu":
+            raise ArgumentError(f"Embedding: ids must be integers, got {ids.dtype}; cast them with "
+                                ".astype(np.int64)")
+        return take(self.weight, ids, 0)
+
+    def extra_repr(self):
+        return f"{self.num_embeddings}, {self.embedding_dim}"
+
+__all__ += ["Tanh", "Sigmoid", "GELU", "Softmax", "Dropout", "LayerNorm", "Embedding"]
+
+
+def __dir__():
+    """Only the public names: ``dir(vkml.nn)`` lists layers and losses, not this module's imports."""
+    return sorted(__all__)

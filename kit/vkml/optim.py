@@ -28,26 +28,14 @@ from __future__ import annotations
 
 import abc
 import math
-import numbers
 
 from .errors import ArgumentError, DTypeError, ShapeError
 from .ir import dtype_name
 from .programs import jit, value_and_grad
 from .tensor import Tensor, assign, no_grad, sqrt, zeros_like
+from .validate import check_callable, check_real, check_sequence, describe
 
 __all__ = ["Optimizer", "SGD", "Adam", "CompiledStep"]
-
-
-def _number(value, what, owner, low=None, high=None, low_open=False, high_open=True):
-    """``value`` as a float, checked against [low, high) (or other bounds); ArgumentError otherwise."""
-    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(value):
-        raise ArgumentError(f"{owner}: {what} must be a finite number, got {value!r}")
-    value = float(value)
-    if low is not None and (value <= low if low_open else value < low):
-        raise ArgumentError(f"{owner}: {what} must be {'>' if low_open else '>='} {low}, got {value}")
-    if high is not None and (value >= high if high_open else value > high):
-        raise ArgumentError(f"{owner}: {what} must be {'<' if high_open else '<='} {high}, got {value}")
-    return value
 
 
 class Optimizer(abc.ABC):
@@ -71,7 +59,7 @@ class Optimizer(abc.ABC):
                                 f"model.parameters()), got {type(params).__name__}")
         if hasattr(params, "parameters") and callable(params.parameters):
             raise ArgumentError(f"{owner}: got a module; pass model.parameters()")
-        params = list(params)
+        params = check_sequence(params, "params", owner)
         if not params:
             raise ArgumentError(f"{owner}: got an empty parameter list; nothing to optimise")
         seen = set()
@@ -99,7 +87,7 @@ class Optimizer(abc.ABC):
 
     @lr.setter
     def lr(self, value):
-        self._lr = _number(value, "lr", type(self).__name__, low=0.0, low_open=True)
+        self._lr = check_real(value, "lr", type(self).__name__, low=0.0, low_open=True)
 
     def zero_grad(self) -> None:
         """Set every parameter's ``.grad`` to None (backward accumulates into it)."""
@@ -197,8 +185,7 @@ class CompiledStep:
     """
 
     def __init__(self, opt, loss_fn):
-        if not callable(loss_fn):
-            raise ArgumentError(f"compile_step: loss_fn must be callable, got {type(loss_fn).__name__}")
+        check_callable(loss_fn, "loss_fn", "compile_step")
         self.opt, self.loss_fn = opt, loss_fn
         self._order = None
         self._program = jit(self._whole)
@@ -254,8 +241,8 @@ class SGD(Optimizer):
 
     def __init__(self, params, lr, momentum=0.0, weight_decay=0.0):
         super().__init__(params, lr)
-        self.momentum = _number(momentum, "momentum", "SGD", low=0.0)
-        self.weight_decay = _number(weight_decay, "weight_decay", "SGD", low=0.0)
+        self.momentum = check_real(momentum, "momentum", "SGD", low=0.0)
+        self.weight_decay = check_real(weight_decay, "weight_decay", "SGD", low=0.0)
         self.momentum_buffers = [None] * len(self.params)
 
     def _host(self, active):
@@ -299,13 +286,13 @@ class Adam(Optimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
         super().__init__(params, lr)
         if not isinstance(betas, (tuple, list)) or len(betas) != 2:
-            raise ArgumentError(f"Adam: betas must be a pair (beta1, beta2), got {betas!r}")
-        self.betas = (_number(betas[0], "beta1", "Adam", low=0.0),
-                      _number(betas[1], "beta2", "Adam", low=0.0))
+            raise ArgumentError(f"Adam: betas must be a pair (beta1, beta2), got {describe(betas)}")
+        self.betas = (check_real(betas[0], "beta1", "Adam", low=0.0),
+                      check_real(betas[1], "beta2", "Adam", low=0.0))
         if self.betas[0] >= 1.0 or self.betas[1] >= 1.0:
             raise ArgumentError(f"Adam: betas must be in [0, 1), got {tuple(betas)}")
-        self.eps = _number(eps, "eps", "Adam", low=0.0)
-        self.weight_decay = _number(weight_decay, "weight_decay", "Adam", low=0.0)
+        self.eps = check_real(eps, "eps", "Adam", low=0.0)
+        self.weight_decay = check_real(weight_decay, "weight_decay", "Adam", low=0.0)
         self.exp_avg = [None] * len(self.params)
         self.exp_avg_sq = [None] * len(self.params)
         #: steps taken per parameter (host ints: the bias corrections are computed from them here).

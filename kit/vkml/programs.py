@@ -21,25 +21,28 @@ from __future__ import annotations
 
 import functools
 import numbers
+import warnings
 import weakref
 
 import numpy as np
 
 from . import backends
-from .errors import ArgumentError, GradError, ShapeError, VkmlError
+from .errors import ArgumentError, ExecutionError, GradError, ShapeError, VkmlError, VkmlWarning
 from .ir import Program, Var, collect, current_serial, dtype_name, format_shape, program_from_dag
 from .ops import api
 from .printer import pp_program
-from .pytree import flatten, unflatten
+from .pytree import broadcast_prefix, flatten, unflatten
 from .stats import STATS
 from .tensor import Tensor, _GRAD_ENABLED, _submit
 from .transforms import jvp_program, partial_eval, transpose_program, vmap_program
 from .transforms.ad import derived
 from .transforms.control import call, scan_bind
+from .transforms.interpret import inline
 
 __all__ = ["jit", "scan", "grad", "value_and_grad", "vjp", "jvp", "linearize", "program",
            "pp_program", "Jitted", "vmap", "jacfwd", "jacrev", "hessian", "hvp", "cond", "switch",
-           "while_loop", "custom_jvp", "custom_vjp", "checkpoint", "check_grads", "GradCheckError"]
+           "while_loop", "custom_jvp", "custom_vjp", "checkpoint", "check_grads", "GradCheckError",
+           "fori_loop", "associative_scan"]
 
 
 # -- arguments -------------------------------------------------------------------------------
@@ -85,27 +88,40 @@ def _flat_args(args):
 class _Entry:
     """One key's program and everything derived from it."""
 
-    __slots__ = ("program", "out_tree", "derived", "executables")
+    __slots__ = ("program", "out_tree", "derived", "executables", "captures")
 
-    def __init__(self, program, out_tree):
+    def __init__(self, program, out_tree, captures=()):
         self.program = program
         self.out_tree = out_tree
+        # values of enclosing traces the function closes over: the program's last inputs
+        self.captures = tuple(captures)
         self.derived = {}
         self.executables = {}
 
 
 def _trace(fn, in_tree, in_vars, where):
-    """Run ``fn`` on placeholder Tensors; return its Program and output treedef."""
+    """Run ``fn`` on placeholder Tensors; return its Program, output treedef and captures.
+
+    Captures are the values of enclosing traces ``fn`` closes over (``x`` in
+    ``grad(lambda x: grad(lambda y: x * y)(1.0))``): they have no value yet,
+    so they become the program's last inputs, and every transformation passes
+    them along undifferentiated -- the enclosing transformation then
+    differentiates (or batches) through the call of the inner program.
+    """
     start = current_serial()
     placeholders = [Var(v.shape, v.dtype, v.device, weak=v.weak) for v in in_vars]
     args = unflatten(in_tree, [Tensor(p) for p in placeholders])
     STATS.traces += 1
-    with _grad_disabled():
+    with _grad_disabled(), _open_trace(placeholders):
         out = fn(*args)
     out_leaves, out_tree = flatten(out)
     outs = [_leaf_var(o, where + " result") for o in out_leaves]
-    _realize_captures(outs, placeholders, start)
-    return program_from_dag(placeholders, outs), out_tree
+    captures = _realize_captures(outs, placeholders, start)
+    if not captures:
+        return program_from_dag(placeholders, outs), out_tree, ()
+    inner = program_from_dag(placeholders + captures, outs)
+    fresh = _placeholders_like(inner.inputs)     # the program does not hold the outer graph
+    return program_from_dag(fresh, inline(inner, fresh)), out_tree, captures
 
 
 class _grad_disabled:
@@ -119,16 +135,58 @@ class _grad_disabled:
         _GRAD_ENABLED[0] = self.old
 
 
+#: placeholders of traces that have finished: a value made from one can never be computed
+_FINISHED = weakref.WeakSet()
+
+
+class _open_trace:
+    """While a function is traced, values made from its placeholders may be closed over by the
+    functions that nested transformations trace (they become those programs' captures); once it
+    returns, its placeholders are finished."""
+
+    def __init__(self, placeholders):
+        self.placeholders = placeholders
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        _FINISHED.update(self.placeholders)
+
+
+def _of_open_trace(var) -> bool:
+    """Whether ``var`` is a value of a trace still running (False: it can be computed).  A value
+    of a finished trace (one kept after its function returned) is refused: it has no value and
+    never will."""
+    if var.value is not None:
+        return False
+    leaves, _ = collect([var])
+    unknown = [v for v in leaves if v.value is None]
+    for v in unknown:
+        if v in _FINISHED:
+            from .errors import TracingError
+            raise TracingError(
+                f"a traced value ({v.type_str()}) from another trace was used here, and that trace "
+                "has finished (was the value kept after its function returned?); pass it as an "
+                "argument of the function instead of capturing it")
+    return bool(unknown)
+
+
 def _realize_captures(outs, placeholders, start):
     """Tensors a traced function closes over become constants of its program (as in JAX):
-    pending ones are computed now.  Pass a tensor as an argument if it changes or needs a gradient."""
+    pending ones are computed now.  Pass a tensor as an argument if it changes or needs a gradient.
+    Returns the captured values of enclosing traces (they have no value to compute)."""
     inputs = set(placeholders)
     leaves, _ = collect(outs, is_leaf=lambda v: v in inputs or v.value is not None or v.serial < start)
-    pending = [v for v in leaves if v not in inputs and v.value is None and v.eqn is not None]
+    outer = [v for v in leaves if v not in inputs and _of_open_trace(v)]
+    traced = set(outer)
+    pending = [v for v in leaves if v not in inputs and v.value is None and v.eqn is not None
+               and v not in traced]
     if pending:
         from .tensor import _run, _settle
         for v, value in zip(pending, _run(pending)):
             _settle(v, value, keep_history=True)
+    return outer
 
 
 # -- jit ----------------------------------------------------------------------------------------
@@ -149,12 +207,16 @@ class Jitted:
         key = (in_tree, _signature(in_vars))
         entry = self._entries.get(key)
         if entry is None:
-            program, out_tree = _trace(self.fn, in_tree, in_vars, self.__name__)
-            entry = self._entries[key] = _Entry(program, out_tree)
+            program, out_tree, captures = _trace(self.fn, in_tree, in_vars, self.__name__)
+            entry = _Entry(program, out_tree, captures)
+            if not captures:
+                # a closure over an enclosing trace's values is traced again on the next call,
+                # which closes over other values; its derivations are still cached by structure
+                self._entries[key] = entry
             self.traces += 1
         else:
             self.hits += 1
-        return entry, leaves, in_vars
+        return entry, leaves, in_vars + list(entry.captures)
 
     def __call__(self, *args):
         entry, leaves, in_vars = self._lookup(args)
@@ -197,16 +259,26 @@ class Jitted:
 _JITTED = weakref.WeakKeyDictionary()
 
 
-def jit(fn=None):
+def jit(fn=None, static_argnums=None):
     """Trace ``fn`` once per key into a Program; compile it once per variant; run it.
 
     Values never cause a retrace; a new shape, dtype, pytree structure or
     aliasing pattern does.  Tensors the function closes over are constants
     of its program: pass what changes (or needs a gradient) as an argument.
-    ``jit`` of the same function object returns the same cached function.
+    Traced values of an enclosing transformation it closes over (``x`` in
+    ``grad(lambda x: grad(lambda y: x * y)(1.0))``) are extra inputs of its
+    program instead, differentiated and batched by the enclosing
+    transformation; such a call is traced each time (the next one closes over
+    other values).  ``jit`` of the same function object returns the same
+    cached function.
+    ``static_argnums``: positional arguments that are Python values baked
+    into the program (hashable; one program per value), as in JAX.  A list
+    argument is a pytree (a container of leaves), as in JAX, not one array.
     """
     if fn is None:
-        return jit
+        return jit if static_argnums is None else functools.partial(jit, static_argnums=static_argnums)
+    if static_argnums is not None:
+        return _StaticJitted(fn, static_argnums)
     if isinstance(fn, Jitted):
         return fn
     try:
@@ -252,6 +324,9 @@ def scan(step, init, xs, length=None, reverse=False):
     pytrees; ``xs`` may be None with ``length`` given.  Tensors the step
     closes over become the scan's captures (they get gradients).
     """
+    _check_function(step, "scan", "the step")
+    if length is not None:
+        length = _count(length, "scan", "length", "the number of steps")
     init_leaves, init_tree = flatten(init)
     xs_leaves, xs_tree = flatten(xs)
     init_vars = [_leaf_var(x, "scan init") for x in init_leaves]
@@ -301,7 +376,7 @@ def scan(step, init, xs, length=None, reverse=False):
 def _trace_closed(fn, args, placeholders):
     """Call ``fn(*args)`` on placeholder tensors (a step, a branch, a loop body)."""
     STATS.traces += 1
-    with _grad_disabled():
+    with _grad_disabled(), _open_trace(placeholders):
         return fn(*args)
 
 
@@ -313,7 +388,10 @@ def _captures_of(outs, placeholders):
     start = min(p.serial for p in placeholders) if placeholders else current_serial()
     inputs = set(placeholders)
     leaves, _ = collect(outs, is_leaf=lambda v: v in inputs or v.serial < start)
-    return [v for v in leaves if v not in inputs and v.serial < start]
+    captures = [v for v in leaves if v not in inputs and v.serial < start]
+    for v in captures:
+        _of_open_trace(v)                   # refuses a value of a trace that is not running
+    return captures
 
 
 def _wrap(vars_, operands):
@@ -384,7 +462,7 @@ def _float_check(v, where, i):
 def _vjp_call(jitted, args, nums, where):
     """Run the known part; return (outputs, pullback over the linear part)."""
     entry, leaves, in_vars = jitted._lookup(args)
-    flags = _wrt_flags(args, nums)
+    flags = _wrt_flags(args, nums) + [False] * len(entry.captures)
     for i, (v, f) in enumerate(zip(in_vars, flags)):
         if f:
             _float_check(v, where, i)
@@ -441,13 +519,14 @@ def _grad_fn(fn, argnums, has_aux, with_value):
 
 
 def _regroup(args, nums, grads):
-    """Cotangents of the flattened differentiated leaves, back in the arguments' pytree shapes."""
+    """Cotangents of the flattened differentiated leaves, back in the arguments' pytree shapes,
+    in the order of ``nums`` (the leaves come in argument order, as they were flattened)."""
     it = iter(grads)
-    out = []
-    for i in nums:
+    per_arg = {}
+    for i in sorted(set(nums)):
         leaves, tree = flatten(args[i])
-        out.append(unflatten(tree, [next(it) for _ in leaves]))
-    return out
+        per_arg[i] = unflatten(tree, [next(it) for _ in leaves])
+    return [per_arg[i] for i in nums]
 
 
 def grad(fn, argnums=0, has_aux=False):
@@ -456,12 +535,12 @@ def grad(fn, argnums=0, has_aux=False):
     Its programs are derived once per key and derivation (see the module
     docstring); ``grad(grad(f))`` works for scalar functions.
     """
-    return _grad_fn(fn, argnums, has_aux, with_value=False)
+    return _passing_keywords(fn, argnums, has_aux, False, "grad")
 
 
 def value_and_grad(fn, argnums=0, has_aux=False):
     """Like ``grad`` but returns ``(f(x), grad)`` from the same run."""
-    return _grad_fn(fn, argnums, has_aux, with_value=True)
+    return _passing_keywords(fn, argnums, has_aux, True, "value_and_grad")
 
 
 def vjp(fn, *args):
@@ -501,7 +580,7 @@ def jvp(fn, primals, tangents):
         if p.shape != t.shape:
             raise ShapeError(f"jvp: tangent {i} has shape {format_shape(t.shape)}, its primal "
                              f"{format_shape(p.shape)}")
-    flags = [v.dtype.kind == "f" for v in in_vars]
+    flags = [v.dtype.kind == "f" for v in in_vars[:len(t_vars)]] + [False] * len(entry.captures)
     prog = entry.program
     jp = jitted._derive(entry, ("jvp", tuple(flags)),
                         lambda: derived("jvp", prog, flags, lambda: jvp_program(prog, flags)))
@@ -518,7 +597,8 @@ def linearize(fn, *primals):
     runs only the part linear in the tangents (the residuals are kept)."""
     jitted = jit(fn)
     entry, leaves, in_vars = jitted._lookup(primals)
-    flags = [v.dtype.kind == "f" for v in in_vars]
+    n_args = len(in_vars) - len(entry.captures)
+    flags = [v.dtype.kind == "f" for v in in_vars[:n_args]] + [False] * len(entry.captures)
     known, linear, transposed, out_u, n_res = _vjp_parts(jitted, entry, flags, len(entry.program.outputs))
     rg = any(isinstance(x, Tensor) and x.requires_grad for x in leaves)
     known_out = _apply_program(jitted, entry, ("known",), known, in_vars, rg)
@@ -531,8 +611,8 @@ def linearize(fn, *primals):
 
     def f_jvp(*tangents):
         t_leaves, t_tree = flatten(tuple(tangents))
-        if len(t_leaves) != len(in_vars):
-            raise ArgumentError(f"linearize: expected {len(in_vars)} tangent leaves, got {len(t_leaves)}")
+        if len(t_leaves) != n_args:
+            raise ArgumentError(f"linearize: expected {n_args} tangent leaves, got {len(t_leaves)}")
         t_vars = [api.cast(_leaf_var(t, "tangent"), p.dtype) for t, p in zip(t_leaves, in_vars)]
         ins = [r.ir_var for r in residuals] + [t for t, f in zip(t_vars, flags) if f]
         res = _apply_program(jitted, entry, ("linear",), linear, ins, False)
@@ -564,22 +644,25 @@ def _move_axis(var, src, dst):
 def vmap(fn, in_axes=0, out_axes=0):
     """``fn`` written for one example, mapped over an axis of its arguments.
 
-    ``in_axes``: one int/None for all arguments or one per argument (None =
-    not mapped).  ``out_axes``: where the mapped axis goes in the results,
-    one int for all or one per entry of a tuple result.  The program for one example is traced once per key and
-    its batched form derived once per batch size.
+    ``in_axes``: one int/None for all arguments or a tuple/list with one
+    entry per argument (None = not mapped, broadcast to every example); an
+    entry may be a pytree matching its argument (``{"w": None, "b": 0}``),
+    and a dict or other container alone stands for the one argument.
+    ``out_axes``: where the mapped axis goes in the results, one int for all
+    or a pytree matching the result; None for a result that does not depend
+    on a mapped argument (it is returned once, not per example).  The program
+    for one example is traced once per key and its batched form derived once
+    per batch size.
     """
+    _check_function(fn, "vmap")
     jitted = jit(fn)
 
     def batched(*args):
-        axes = tuple(in_axes) if isinstance(in_axes, (tuple, list)) else (in_axes,) * len(args)
-        if len(axes) != len(args):
-            raise ArgumentError(f"vmap: in_axes has {len(axes)} entries for {len(args)} arguments")
         flags, example, in_vars, sizes = [], [], [], set()
-        for a, ax in zip(args, axes):
+        for a, leaf_axes in zip(args, _in_axes_per_leaf(in_axes, args)):
             leaves, tree = flatten(a)
             ex = []
-            for x in leaves:
+            for x, ax in zip(leaves, leaf_axes):
                 v = _leaf_var(x, "vmap")
                 if ax is None:
                     flags.append(False)
@@ -600,13 +683,16 @@ def vmap(fn, in_axes=0, out_axes=0):
             raise ShapeError(f"vmap: mapped axes must all have one size, got {sorted(sizes) or 'none'}")
         size = sizes.pop()
         entry, _, _ = jitted._lookup(tuple(example))
+        in_vars += entry.captures                     # values of enclosing traces: not mapped
+        flags += [False] * len(entry.captures)
         prog = entry.program
         bprog = jitted._derive(entry, ("vmap", tuple(flags), size), lambda: derived(
             "vmap", prog, flags + [size], lambda: vmap_program(prog, flags, size)))
         rg = any(isinstance(x, Tensor) and x.requires_grad for a in args for x in flatten(a)[0])
         outs = _apply_program(jitted, entry, ("vmap", size), bprog, in_vars, rg)
         axes_out = _out_axes(out_axes, entry.out_tree, outs)
-        outs = [o if ax == 0 else _wrap_like(o, _move_axis(o.ir_var, 0, ax))
+        outs = _unbatched_where_asked(outs, axes_out, _batched_outputs(prog, flags))
+        outs = [o if ax in (0, None) else _wrap_like(o, _move_axis(o.ir_var, 0, ax))
                 for o, ax in zip(outs, axes_out)]
         return unflatten(entry.out_tree, outs)
 
@@ -622,12 +708,16 @@ def _out_axes(out_axes, out_tree, outs):
             n = len(top) if isinstance(top, (tuple, list)) else "a single result"
             raise ArgumentError(f"vmap: out_axes has {len(out_axes)} entries but the function "
                                 f"returns {n}; give one int for all, or one per result")
-        per_leaf = [ax for sub, ax in zip(top, out_axes) for _ in flatten(sub)[0]]
+        per_leaf = [leaf for sub, ax in zip(top, out_axes)
+                    for leaf in broadcast_prefix(ax, sub, _is_axis, "vmap out_axes")]
     else:
-        per_leaf = [out_axes] * len(outs)
+        per_leaf = broadcast_prefix(out_axes, unflatten(out_tree, outs), _is_axis, "vmap out_axes")
     axes = []
     for o, ax in zip(outs, per_leaf):
-        if not isinstance(ax, int) or not -o.ndim <= ax < o.ndim:
+        if ax is None:
+            axes.append(None)
+            continue
+        if not isinstance(ax, int) or isinstance(ax, bool) or not -o.ndim <= ax < o.ndim:
             raise ShapeError(f"vmap: out_axes {ax!r} is out of range for a result of shape "
                              f"{format_shape(o.shape)}")
         axes.append(ax % o.ndim)
@@ -652,7 +742,7 @@ def _jacobian_call(jitted, args, argnums, where):
         raise ArgumentError(f"{where}: give one argnum")
     _single_leaf(args[nums[0]], where)
     entry, leaves, in_vars = jitted._lookup(args)
-    flags = _wrt_flags(args, nums)
+    flags = _wrt_flags(args, nums) + [False] * len(entry.captures)
     i = flags.index(True)
     _float_check(in_vars[i], where, i)
     if len(entry.program.outputs) != 1:
@@ -660,7 +750,7 @@ def _jacobian_call(jitted, args, argnums, where):
     return entry, leaves, in_vars, flags, i
 
 
-def jacfwd(fn, argnums=0):
+def _jacfwd_array(fn, argnums=0):
     """The Jacobian by forward mode: the derivative program mapped over a basis of tangents.
     Shape: output shape + input shape."""
     jitted = jit(fn)
@@ -687,7 +777,7 @@ def jacfwd(fn, argnums=0):
     return jac
 
 
-def jacrev(fn, argnums=0):
+def _jacrev_array(fn, argnums=0):
     """The Jacobian by reverse mode: the transposed program mapped over a basis of cotangents.
     Shape: output shape + input shape."""
     jitted = jit(fn)
@@ -715,9 +805,12 @@ def jacrev(fn, argnums=0):
     return jac
 
 
-def hessian(fn, argnums=0):
-    """Second derivatives of a scalar function: ``jacfwd(jacrev(f))``."""
-    return jacfwd(jacrev(fn, argnums), argnums)
+def hessian(fn, argnums=0, has_aux=False):
+    """Second derivatives of a scalar function: ``jacfwd(jacrev(f))``, pytrees and ``has_aux`` as
+    in ``jacfwd``."""
+    _check_function(fn, "hessian")
+    _check_argnums(argnums, "hessian")
+    return jacfwd(jacrev(fn, argnums, has_aux), argnums, has_aux)
 
 
 def hvp(fn, primals, tangents):
@@ -734,8 +827,7 @@ def _placeholders_like(vars_):
 def switch(index, branches, *operands):
     """Run ``branches[index](*operands)``; every branch is traced once, and the choice is a value
     of the program (so it works under jit, grad and vmap, where Python ``if`` cannot)."""
-    if not branches:
-        raise ArgumentError("switch: needs at least one branch")
+    branches = _check_branches(branches)
     op_leaves, op_tree = flatten(operands)
     op_vars = [_leaf_var(x, "cond operand") for x in op_leaves]
     traced, all_caps, ref_tree, ref_types = [], [], None, None
@@ -756,10 +848,7 @@ def switch(index, branches, *operands):
         all_caps += [c for c in caps if c not in all_caps]
         traced.append((ph, outs))
     programs = tuple(program_from_dag(all_caps + ph, outs) for ph, outs in traced)
-    idx = _leaf_var(index, "cond index")
-    if idx.shape != ():
-        raise ShapeError(f"cond: the predicate/index must be a scalar, got shape {format_shape(idx.shape)}")
-    idx = api.cast(idx, np.int32)
+    idx = _branch_index(index, len(branches))
     from .transforms.control import cond_p
     from .ops import bind
     res = bind(cond_p, idx, *all_caps, *op_vars, branches=programs)
@@ -768,19 +857,31 @@ def switch(index, branches, *operands):
 
 def cond(pred, true_fn, false_fn, *operands):
     """``true_fn(*operands)`` if ``pred`` else ``false_fn(*operands)``, as one construct."""
-    return switch(pred, [false_fn, true_fn], *operands)
+    return switch(_truth(pred), [false_fn, true_fn], *operands)
 
 
-def while_loop(cond_fn, body_fn, init, max_iters=None):
+def while_loop(cond_fn, body_fn, init, max_iters=None, on_max_iters="warn"):
     """Repeat ``carry = body_fn(carry)`` while ``cond_fn(carry)``.
 
     Without ``max_iters`` it is a loop of the program (forward and forward
     mode).  With ``max_iters`` it is a scan of ``max_iters`` guarded steps,
     so reverse mode works too (the steps after the condition fails keep the
-    carry unchanged).
+    carry unchanged).  A loop whose condition still holds after ``max_iters``
+    steps is cut short: ``on_max_iters`` says what then happens -- "warn" (a
+    ``VkmlWarning``), "raise" (ExecutionError) or "ignore".  The check reads
+    the condition's value, so it runs where the loop's result is concrete
+    (not inside a function being traced by jit/grad/vmap).
     """
+    _check_function(cond_fn, "while_loop", "the condition")
+    _check_function(body_fn, "while_loop", "the body")
     if max_iters is not None:
-        return _bounded_while(cond_fn, body_fn, init, int(max_iters))
+        if on_max_iters not in ("warn", "raise", "ignore"):
+            raise ArgumentError(f"while_loop: on_max_iters must be 'warn', 'raise' or 'ignore', "
+                                f"got {on_max_iters!r}")
+        max_iters = _count(max_iters, "while_loop", "max_iters", "a bound on the iterations", 1)
+        final, cut = _bounded_while(cond_fn, body_fn, init, max_iters)
+        _report_cut(final, cut, max_iters, on_max_iters)
+        return final
     leaves, tree = flatten(init)
     init_vars = [_leaf_var(x, "while_loop init") for x in leaves]
     cph = _placeholders_like(init_vars)
@@ -821,11 +922,20 @@ def _bounded_while(cond_fn, body_fn, init, max_iters):
         kept = [where(go, n, o) for n, o in zip(n_leaves, o_leaves)]
         return (unflatten(o_tree, kept), go), None
 
-    (final, _), _ = scan(step, (init, np.bool_(True)), None, length=max_iters)
-    return final
+    (final, active), _ = scan(step, (init, np.bool_(True)), None, length=max_iters)
+    return final, logical_and(active, cond_fn(final))  # cut short: the last step ran and more would
 
 
 # -- custom derivatives, checkpointing, gradient checks ------------------------------------------------
+
+def _refuse_captures(entry, kind, name):
+    """A custom rule sees only the function's arguments, so it cannot close over traced values."""
+    if entry.captures:
+        from .errors import TracingError
+        raise TracingError(f"{kind} {name}: the function closes over {len(entry.captures)} traced "
+                           "value(s) of an enclosing transformation (grad, vmap, scan, ...); its "
+                           "rule only sees the arguments, so pass those values as arguments")
+
 
 def _example(vars_):
     return [Tensor(Var(v.shape, v.dtype, v.device)) for v in vars_]
@@ -849,6 +959,7 @@ class custom_jvp:
         if self.rule is None:
             raise ArgumentError(f"custom_jvp {self.__name__}: define its rule with @f.defjvp first")
         entry, leaves, in_vars = jit(self.fun)._lookup(args)
+        _refuse_captures(entry, "custom_jvp", self.__name__)
         ex = _example(in_vars)
         rule = jit(_rule_as_function(self.rule, len(in_vars)))
         rentry, _, _ = rule._lookup(tuple(ex) + tuple(_example(in_vars)))
@@ -873,33 +984,46 @@ _RULES = []  # keeps the flat wrappers alive so jit's per-function cache finds t
 
 class custom_vjp:
     """A function with a hand-written reverse-mode rule: ``f.defvjp(fwd, bwd)`` where
-    ``fwd(*args) -> (out, residuals)`` and ``bwd(residuals, ct) -> one cotangent per argument``."""
+    ``fwd(*args) -> (out, residuals)`` and ``bwd(residuals, ct) -> one cotangent per argument``
+    (None for a zero one).  ``nondiff_argnums``: positional arguments that are not differentiated
+    (Python values such as functions or sizes, hashable); as in JAX, ``bwd`` gets them first,
+    ``bwd(*nondiff, residuals, ct)``, and returns cotangents for the other arguments only."""
 
-    def __init__(self, fun):
+    def __init__(self, fun, nondiff_argnums=()):
+        _check_function(fun, "custom_vjp")
         self.fun = fun
         self.fwd = self.bwd = None
         self._flat = {}
+        self.nondiff_argnums = _nondiff_argnums(nondiff_argnums)
+        self._static = {}
         functools.update_wrapper(self, fun)
 
     def defvjp(self, fwd, bwd):
+        _check_function(fwd, f"custom_vjp {self.__name__}.defvjp", "fwd")
+        _check_function(bwd, f"custom_vjp {self.__name__}.defvjp", "bwd")
         self.fwd, self.bwd = fwd, bwd
+        self._static.clear()
+        self._flat.clear()  # the flat bwd wrappers close over the old bwd
 
     def __call__(self, *args):
         if self.fwd is None:
             raise ArgumentError(f"custom_vjp {self.__name__}: define its rule with f.defvjp(fwd, bwd)")
+        if self.nondiff_argnums:
+            return _call_with_nondiff(self, args)
         entry, leaves, in_vars = jit(self.fun)._lookup(args)
+        _refuse_captures(entry, "custom_vjp", self.__name__)
         fwd = jit(self.fwd)
         fentry, _, _ = fwd._lookup(args)
         out_res = fentry.out_tree
         if out_res.kind != "tuple" or len(out_res.children) != 2:
             raise ArgumentError("custom_vjp: fwd must return (out, residuals)")
+        _check_fwd_out(self.__name__, entry, fentry)
         n_out = out_res.children[0].num_leaves
         res_vars = fentry.program.outputs[n_out:]
         fwd_flat = Program(fentry.program.inputs, fentry.program.eqns, fentry.program.outputs,
                            fentry.program.consts)
         res_tree, out_tree = out_res.children[1], out_res.children[0]
         bwd = self.bwd
-
         def bwd_flat(*xs):
             res = unflatten(res_tree, xs[:len(res_vars)])
             ct = unflatten(out_tree, xs[len(res_vars):])
@@ -907,9 +1031,11 @@ class custom_vjp:
             if not isinstance(cts, tuple) or len(cts) != len(args):
                 raise ArgumentError(f"custom_vjp: bwd must return a tuple of {len(args)} cotangents, "
                                     "one per argument")
-            return tuple(flatten(cts)[0])
+            return tuple(_cotangent_leaves(name, cts, args, in_vars))
 
-        key = (res_tree, out_tree, len(args))
+        name = self.__name__
+
+        key = (res_tree, out_tree, flatten(args)[1], tuple((v.shape, v.dtype) for v in in_vars))
         if key not in self._flat:
             self._flat[key] = jit(bwd_flat)
         bentry, _, _ = self._flat[key]._lookup(
@@ -949,6 +1075,7 @@ def check_grads(fn, args, order=1, modes=("fwd", "rev"), eps=None, rtol=1e-4, at
     ``order=2`` the derivative is checked too.  Raises GradCheckError with
     both numbers on a mismatch; returns None when all agree.
     """
+    _check_grads_arguments(fn, args, order, modes, eps)
     rng = np.random.default_rng(seed)
     xs = [np.asarray(a.numpy() if isinstance(a, Tensor) else a, dtype=np.float64) for a in args]
     f = lambda *a: fn(*a)  # noqa: E731
@@ -989,3 +1116,538 @@ def _compare(what, got, want, rtol, atol):
         raise GradCheckError(f"check_grads: {what} gives {np.array2string(got, precision=8)} but "
                              f"finite differences give {np.array2string(want, precision=8)} "
                              f"(max abs error {err:.3g}, rtol={rtol}, atol={atol})")
+
+
+# -- argument checks shared by the entry points --------------------------------------------------------
+
+def _check_function(fn, where, what="the function"):
+    if not callable(fn):
+        raise ArgumentError(f"{where}: {what} must be callable, got {type(fn).__name__}")
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+def _count(value, where, name, meaning, minimum=0):
+    """A count argument (``length``, ``max_iters``) as a Python int in [minimum, 2**63)."""
+    if isinstance(value, Tensor) and value.size == 1 and value.dtype.kind in "iu":
+        value = value._concrete(f"{where}({name}=...)")
+    if not _is_int(value) or not minimum <= value <= _INT64_MAX:
+        raise ArgumentError(f"{where}: {name} must be an int >= {minimum} ({meaning}), got {value!r}")
+    return int(value)
+
+
+def _check_argnums(argnums, where):
+    """argnums as JAX takes it: an int, or a tuple/list of ints (checked against the call later)."""
+    nums = tuple(argnums) if isinstance(argnums, (tuple, list)) else (argnums,)
+    if not all(_is_int(a) for a in nums):
+        raise ArgumentError(f"{where}: argnums must be an int or a tuple of ints (the positions of "
+                            f"the arguments to differentiate), got {argnums!r}")
+
+
+def _checked_argnums(argnums, nargs, where):
+    """``argnums`` as non-negative positions of a call with ``nargs`` arguments."""
+    nums = tuple(argnums) if isinstance(argnums, (tuple, list)) else (argnums,)
+    for a in nums:
+        if not -nargs <= a < nargs:
+            raise ArgumentError(f"{where}: argnums {argnums!r} is out of range for a call with {nargs} "
+                                f"positional argument(s); count from 0 (or -1 for the last)")
+    return tuple(int(a) % nargs for a in nums)
+
+
+# -- grad with keyword arguments ------------------------------------------------------------------------
+
+_KEYWORD_CALLERS = weakref.WeakKeyDictionary()
+
+
+def _with_keywords(fn):
+    """``fn`` taking its keyword arguments as one last positional dict, so they are traced arguments
+    (not differentiated), not constants baked into the program.  One per ``fn``, so jit's cache hits."""
+    try:
+        caller = _KEYWORD_CALLERS.get(fn)
+    except TypeError:
+        caller = None
+    if caller is None:
+        def caller(*args):
+            return fn(*args[:-1], **args[-1])
+        caller.__name__ = getattr(fn, "__name__", "f")
+        try:
+            _KEYWORD_CALLERS[fn] = caller
+        except TypeError:
+            pass
+    return caller
+
+
+def _passing_keywords(fn, argnums, has_aux, with_value, where):
+    """``grad``/``value_and_grad`` of ``fn``: keyword arguments go to ``fn`` undifferentiated, as in JAX."""
+    _check_function(fn, where)
+    _check_argnums(argnums, where)
+    positional = _grad_fn(fn, argnums, has_aux, with_value)
+
+    def g(*args, **kwargs):
+        nums = _checked_argnums(argnums, len(args), where)
+        if not kwargs:
+            return positional(*args)
+        fixed = nums[0] if _is_int(argnums) else nums
+        return _grad_fn(_with_keywords(fn), fixed, has_aux, with_value)(*args, kwargs)
+
+    g.__name__ = positional.__name__
+    g.cache_info = positional.cache_info
+    g.jitted = positional.jitted
+    return g
+
+
+# -- jit with static arguments ----------------------------------------------------------------------------
+
+class _StaticJitted:
+    """``jit(fn, static_argnums=...)``: the static arguments are Python values of the program (one
+    program per value, so they must be hashable); the others are traced as usual."""
+
+    def __init__(self, fn, static_argnums):
+        _check_function(fn, "jit")
+        nums = tuple(static_argnums) if isinstance(static_argnums, (tuple, list)) else (static_argnums,)
+        if not all(_is_int(a) for a in nums):
+            raise ArgumentError(f"jit: static_argnums must be an int or a tuple of ints (positions of "
+                                f"arguments baked into the program), got {static_argnums!r}")
+        self.fn, self.static_argnums = fn, nums
+        self._jitted = {}
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args):
+        name = getattr(self.fn, "__name__", "f")
+        nums = _checked_argnums(self.static_argnums, len(args), f"jit({name}) static_argnums")
+        statics = tuple((i, args[i]) for i in sorted(set(nums)))
+        try:
+            hash(statics)
+        except TypeError:
+            bad = next(i for i, a in statics if not _hashable(a))
+            raise ArgumentError(f"jit({name}): static argument {bad} is a {type(args[bad]).__name__}, "
+                                "which is unhashable; a static argument is part of the program's key: "
+                                "pass a tuple instead of a list, or make it an ordinary (traced) "
+                                "argument") from None
+        jitted = self._jitted.get(statics)
+        if jitted is None:
+            jitted = self._jitted[statics] = Jitted(_with_statics(self.fn, dict(statics), len(args)))
+        return jitted(*[a for i, a in enumerate(args) if i not in dict(statics)])
+
+    def cache_info(self) -> dict:
+        """The counters of ``Jitted.cache_info``, summed over the static values seen."""
+        infos = [j.cache_info() for j in self._jitted.values()]
+        return {k: sum(i[k] for i in infos) for k in ("traces", "compiles", "derived", "hits", "keys")}
+
+
+def _hashable(x) -> bool:
+    try:
+        hash(x)
+        return True
+    except TypeError:
+        return False
+
+
+def _with_statics(fn, statics, nargs):
+    def call(*dynamic):
+        it = iter(dynamic)
+        return fn(*[statics[i] if i in statics else next(it) for i in range(nargs)])
+    call.__name__ = getattr(fn, "__name__", "f")
+    return call
+
+
+# -- vmap's axes as pytrees --------------------------------------------------------------------------------
+
+def _is_axis(x) -> bool:
+    """A leaf of an ``in_axes``/``out_axes`` tree: None, or anything that is not a container."""
+    return x is None or not isinstance(x, (tuple, list, dict)) and flatten(x)[1].kind == "leaf"
+
+
+def _in_axes_per_leaf(in_axes, args):
+    """For each argument, the mapped axis (or None) of each of its leaves."""
+    if isinstance(in_axes, (tuple, list)):
+        if len(in_axes) != len(args):
+            raise ArgumentError(f"vmap: in_axes has {len(in_axes)} entries for {len(args)} arguments; "
+                                "give one entry per positional argument, or one int/None for all")
+        per_arg = list(in_axes)
+    elif _is_axis(in_axes):
+        per_arg = [in_axes] * len(args)
+    elif len(args) == 1:
+        per_arg = [in_axes]
+    else:
+        raise ArgumentError(f"vmap: in_axes {in_axes!r} is one argument's tree but the call has "
+                            f"{len(args)} arguments; give a tuple with one entry per argument")
+    out = []
+    for a, ax in zip(args, per_arg):
+        axes = broadcast_prefix(ax, a, _is_axis, "vmap in_axes")
+        for x in axes:
+            if x is not None and not _is_int(x):
+                raise ArgumentError(f"vmap: in_axes entries must be ints (the mapped axis) or None "
+                                    f"(not mapped), got {x!r}")
+        out.append(axes)
+    return out
+
+
+def _batched_outputs(prog, flags):
+    """Which outputs of ``prog`` depend on an input flagged as mapped."""
+    batched = {v for v, f in zip(prog.inputs, flags) if f}
+    for eqn in prog.eqns:
+        if any(v in batched for v in eqn.inputs):
+            batched.update(eqn.outputs)
+    return [v in batched for v in prog.outputs]
+
+
+def _unbatched_where_asked(outs, axes, batched):
+    """Results with out_axes None: one copy (row 0 of the broadcast), refused if they vary per example."""
+    result = []
+    for i, (o, ax, b) in enumerate(zip(outs, axes, batched)):
+        if ax is None:
+            if b:
+                raise ArgumentError(f"vmap: out_axes None for result leaf {i}, but it depends on a "
+                                    "mapped argument, so it differs per example; give it an int "
+                                    "out_axes (0 puts the examples first)")
+            o = _wrap_like(o, api.getitem(o.ir_var, 0))
+        result.append(o)
+    return result
+
+
+# -- Jacobians of pytrees ------------------------------------------------------------------------------
+
+def jacfwd(fn, argnums=0, has_aux=False):
+    """The Jacobian by forward mode: the derivative program mapped over a basis of tangents.
+
+    Arguments and results may be pytrees: the result has the output's
+    structure with, at each leaf, the structure of the differentiated
+    argument (a tuple of them when ``argnums`` is a tuple), each block of
+    shape output-leaf shape + input-leaf shape.  ``has_aux``: ``fn`` returns
+    ``(out, aux)`` and the call returns ``(jacobian, aux)``."""
+    return _pytree_jacobian(fn, argnums, has_aux, "jacfwd", _jacfwd_array)
+
+
+def jacrev(fn, argnums=0, has_aux=False):
+    """The Jacobian by reverse mode: the transposed program mapped over a basis of cotangents.
+    Pytrees, shapes and ``has_aux`` as in :func:`jacfwd`."""
+    return _pytree_jacobian(fn, argnums, has_aux, "jacrev", _jacrev_array)
+
+
+def _pytree_jacobian(fn, argnums, has_aux, where, one_array):
+    """A Jacobian of pytrees through the one-array form: the differentiated leaves are raveled into
+    one vector and the output leaves into another, and the matrix between them is cut into blocks."""
+    _check_function(fn, where)
+    _check_argnums(argnums, where)
+    jitted = jit(fn)
+    flat_fns = {}
+
+    def jac(*args):
+        nums = _checked_argnums(argnums, len(args), where)
+        wrt = tuple(args[i] for i in nums)
+        in_leaves, in_tree = flatten(wrt)
+        in_vars = [_leaf_var(x, where) for x in in_leaves]
+        for i, v in enumerate(in_vars):
+            _float_check(v, where, i)
+        entry, _, _ = jitted._lookup(args)
+        main_tree, aux = _main_and_aux(jitted, entry, args, has_aux, where)
+        main_vars = entry.program.outputs[:main_tree.num_leaves]
+        for i, v in enumerate(main_vars):
+            if v.dtype.kind != "f":
+                raise GradError(f"{where}: result leaf {i} is {dtype_name(v.dtype)}; only floating "
+                                "results have a Jacobian (cast it inside the function)")
+        if not has_aux and _is_int(argnums) and in_tree.children[0].kind == "leaf" and \
+                main_tree.kind == "leaf":
+            return one_array(fn, argnums)(*args)
+        dtype = np.result_type(*[v.dtype for v in in_vars + list(main_vars)])
+        key = (nums, len(args), in_tree, tuple((v.shape, v.dtype) for v in in_vars), dtype)
+        flat_fn = flat_fns.get(key)
+        if flat_fn is None:
+            flat_fn = flat_fns[key] = _raveled(fn, nums, len(args), in_tree, in_vars, has_aux, dtype)
+        flat_x = _ravel([x if isinstance(x, Tensor) else Tensor(v) for x, v in zip(in_leaves, in_vars)],
+                        dtype)
+        rest = [a for i, a in enumerate(args) if i not in nums]
+        matrix = one_array(flat_fn, 0)(flat_x, *rest)
+        blocks = _blocks(matrix, main_vars, in_vars, in_tree, _is_int(argnums))
+        result = unflatten(main_tree, blocks)
+        return (result, aux) if has_aux else result
+
+    jac.__name__ = f"{where}_of_{getattr(fn, '__name__', 'f')}"
+    return jac
+
+
+def _main_and_aux(jitted, entry, args, has_aux, where):
+    """The treedef of the differentiated result, and the aux value when ``has_aux``."""
+    if not has_aux:
+        return entry.out_tree, None
+    tree = entry.out_tree
+    if tree.kind != "tuple" or len(tree.children) != 2:
+        raise ArgumentError(f"{where}(has_aux=True): the function must return a pair (out, aux), "
+                            f"got {tree}")
+    return tree.children[0], jitted(*args)[1]
+
+
+def _ravel(leaves, dtype):
+    from .tensor import cast, concatenate, reshape
+    return concatenate([reshape(cast(x, dtype), (-1,)) for x in leaves])
+
+
+def _raveled(fn, nums, nargs, in_tree, in_vars, has_aux, dtype):
+    """``fn`` as a function of one vector (the differentiated leaves, raveled) and the other
+    arguments, returning its (main) result leaves raveled into one vector."""
+    from .tensor import cast, reshape
+    specs = [(v.shape, v.dtype, v.size) for v in in_vars]
+
+    def flat_fn(flat, *rest):
+        pieces, start = [], 0
+        for shape, leaf_dtype, size in specs:
+            pieces.append(cast(reshape(flat[start:start + size], shape), leaf_dtype))
+            start += size
+        full, others = [None] * nargs, iter(rest)
+        for i, w in zip(nums, unflatten(in_tree, pieces)):
+            full[i] = w
+        full = [next(others) if i not in nums else full[i] for i in range(nargs)]
+        out = fn(*full)
+        return _ravel(flatten(out[0] if has_aux else out)[0], dtype)
+
+    flat_fn.__name__ = getattr(fn, "__name__", "f")
+    return flat_fn
+
+
+def _blocks(matrix, out_vars, in_vars, in_tree, one_argnum):
+    """Cut the (outputs x inputs) matrix into one block per (output leaf, input leaf)."""
+    from .tensor import cast, reshape
+    blocks, row = [], 0
+    for o in out_vars:
+        col, per_input = 0, []
+        for x in in_vars:
+            block = matrix[row:row + o.size, col:col + x.size]
+            per_input.append(cast(reshape(block, o.shape + x.shape), o.dtype))
+            col += x.size
+        wrt = unflatten(in_tree, per_input)
+        blocks.append(wrt[0] if one_argnum else wrt)
+        row += o.size
+    return blocks
+
+
+# -- switch, cond and while_loop: their arguments and the loop's bound ---------------------------------------
+
+def _check_branches(branches):
+    if not isinstance(branches, (tuple, list)) or not branches:
+        raise ArgumentError(f"switch: branches must be a non-empty list of functions, got "
+                            f"{type(branches).__name__}")
+    for k, b in enumerate(branches):
+        _check_function(b, "switch", f"branch {k}")
+    return list(branches)
+
+
+def _branch_index(index, n):
+    """The branch number as an int32 scalar of the program, clamped to [0, n-1] as in JAX (before
+    narrowing to int32, so a huge index picks the last branch instead of wrapping around)."""
+    idx = _leaf_var(index, "switch index")
+    if idx.shape != ():
+        raise ShapeError(f"switch: the index must be a scalar, got shape {format_shape(idx.shape)}")
+    if idx.dtype.kind == "f":
+        raise ArgumentError(f"switch: the index must be an integer, got {dtype_name(idx.dtype)}; "
+                            "cast it (.astype(np.int32)), or use vkml.cond for a truth value")
+    if idx.dtype.kind == "b":
+        return api.cast(idx, np.int32)
+    clamped = api.minimum(api.maximum(idx, 0), n - 1)
+    return api.cast(clamped, np.int32)
+
+
+def _truth(pred):
+    """cond's predicate as a bool scalar: a number counts as true when nonzero (as Python's ``if``)."""
+    p = _leaf_var(pred, "cond predicate")
+    if p.shape != ():
+        raise ShapeError(f"cond: the predicate must be a scalar, got shape {format_shape(p.shape)}; "
+                         "reduce it (.any(), .all()) or use vkml.where for a choice per element")
+    return Tensor(p) if p.dtype.kind == "b" else Tensor(api.not_equal(p, 0))
+
+
+def _report_cut(final, cut, max_iters, on_max_iters):
+    """Warn about (or refuse) a bounded while_loop whose condition still held after ``max_iters``.
+
+    The flag is realized together with the result (one submission); inside a trace there is no
+    value to read, so nothing is checked there."""
+    from .tensor import _is_traced, realize
+    if on_max_iters == "ignore" or _is_traced(cut.ir_var):
+        return
+    leaves = [x for x in flatten(final)[0] if isinstance(x, Tensor)]
+    realize([cut] + leaves)
+    if not bool(cut.item()):
+        return
+    message = (f"while_loop: the condition still held after max_iters={max_iters} iterations, so the "
+               "result is cut short; raise max_iters, or pass on_max_iters='ignore' if a bounded "
+               "result is what you want")
+    if on_max_iters == "raise":
+        raise ExecutionError(message)
+    warnings.warn(message, VkmlWarning, stacklevel=3)
+
+
+# -- custom_vjp: nondiff_argnums and the shapes of fwd's and bwd's results -----------------------------------
+
+def _nondiff_argnums(nums):
+    nums = tuple(nums) if isinstance(nums, (tuple, list)) else (nums,)
+    if not all(_is_int(a) and a >= 0 for a in nums):
+        raise ArgumentError(f"custom_vjp: nondiff_argnums must be a tuple of non-negative ints, got {nums!r}")
+    return tuple(sorted(set(nums)))
+
+
+def _call_with_nondiff(f, args):
+    """A custom_vjp with nondiff_argnums: one plain custom_vjp per value of those arguments, over the
+    others; its bwd gets the non-differentiated values first, as in JAX."""
+    nondiff = f.nondiff_argnums
+    if nondiff[-1] >= len(args):
+        raise ArgumentError(f"custom_vjp {f.__name__}: nondiff_argnums {nondiff} is out of range for a "
+                            f"call with {len(args)} arguments")
+    static = tuple(args[i] for i in nondiff)
+    if not _hashable(static):
+        raise ArgumentError(f"custom_vjp {f.__name__}: the nondiff_argnums arguments must be hashable "
+                            "Python values (functions, numbers, tuples); pass arrays as ordinary "
+                            "arguments and return a zero (or None) cotangent for them")
+    inner = f._static.get((len(args), static))
+    if inner is None:
+        values = dict(zip(nondiff, static))
+        fun, fwd, bwd = (_with_statics(g, values, len(args)) for g in (f.fun, f.fwd, f.bwd))
+        inner = custom_vjp(fun)
+        inner.__name__ = f.__name__
+        inner.defvjp(fwd, lambda res, ct: f.bwd(*static, res, ct))
+        f._static[(len(args), static)] = inner
+    return inner(*[a for i, a in enumerate(args) if i not in nondiff])
+
+
+def _check_fwd_out(name, entry, fentry):
+    """fwd's ``out`` must be what the function itself returns (structure, shapes and dtypes)."""
+    out_tree = fentry.out_tree.children[0]
+    got = fentry.program.outputs[:out_tree.num_leaves]
+    want = entry.program.outputs
+    if out_tree != entry.out_tree or [(v.shape, v.dtype) for v in got] != [(v.shape, v.dtype) for v in want]:
+        raise ShapeError(f"custom_vjp {name}: fwd returns (out, residuals) with out {out_tree} of "
+                         f"{[v.type_str() for v in got]}, but the function returns {entry.out_tree} of "
+                         f"{[v.type_str() for v in want]}; fwd's out must be the function's result")
+
+
+def _cotangent_leaves(name, cts, args, in_vars):
+    """bwd's cotangents as leaves, checked against the arguments (None = zero)."""
+    leaves, start = [], 0
+    for i, (ct, a) in enumerate(zip(cts, args)):
+        a_leaves, a_tree = flatten(a)
+        want = in_vars[start:start + len(a_leaves)]
+        start += len(a_leaves)
+        if ct is None:
+            leaves += [Tensor(api.zeros(v.shape, v.dtype, v.device)) for v in want]
+            continue
+        c_leaves, c_tree = flatten(ct)
+        if c_tree != a_tree:
+            raise ShapeError(f"custom_vjp {name}: bwd's cotangent {i} has structure {c_tree}, but "
+                             f"argument {i} is {a_tree}; return one cotangent per argument, shaped "
+                             "like it (or None for zero)")
+        for c, v in zip(c_leaves, want):
+            cv = _leaf_var(c, f"custom_vjp {name} cotangent")
+            if cv.shape != v.shape:
+                raise ShapeError(f"custom_vjp {name}: bwd's cotangent {i} has shape "
+                                 f"{format_shape(cv.shape)}, but argument {i} has shape "
+                                 f"{format_shape(v.shape)}; a cotangent is shaped like its argument")
+        leaves += c_leaves
+    return leaves
+
+
+# -- check_grads' arguments ------------------------------------------------------------------------------
+
+def _check_grads_arguments(fn, args, order, modes, eps):
+    _check_function(fn, "check_grads")
+    if not isinstance(args, (tuple, list)):
+        raise ArgumentError(f"check_grads: args must be a tuple of the function's arguments, got "
+                            f"{type(args).__name__}; write check_grads(f, (x,))")
+    for i, a in enumerate(args):
+        value = a.numpy() if isinstance(a, Tensor) else np.asarray(a) if not isinstance(a, str) else None
+        if value is None or value.dtype.kind not in "biuf":
+            raise ArgumentError(f"check_grads: argument {i} must be an array or a number, got "
+                                f"{type(a).__name__}")
+    if not _is_int(order) or order < 1:
+        raise ArgumentError(f"check_grads: order must be an int >= 1, got {order!r}")
+    if isinstance(modes, str) or not set(modes) <= {"fwd", "rev"} or not modes:
+        raise ArgumentError(f"check_grads: modes must be a tuple of 'fwd' and/or 'rev', got {modes!r}")
+    if eps is not None and (not isinstance(eps, numbers.Real) or not 0 < eps < np.inf):
+        raise ArgumentError(f"check_grads: eps must be a positive finite step, got {eps!r}")
+
+
+# -- loops JAX users expect -------------------------------------------------------------------------------
+
+def fori_loop(lower, upper, body_fun, init_val):
+    """``carry = body_fun(i, carry)`` for ``i`` in ``range(lower, upper)``; returns the carry.
+
+    With concrete int bounds it is a ``scan`` over the indices (every mode
+    of differentiation, reverse too); with traced bounds a ``while_loop``
+    (forward and forward mode).  ``upper <= lower`` returns ``init_val``.
+    """
+    _check_function(body_fun, "fori_loop", "the body")
+    lo, hi = _loop_bound(lower, "lower"), _loop_bound(upper, "upper")
+    if lo is not None and hi is not None:
+        if hi <= lo:
+            return init_val
+        dtype = np.int32 if -2**31 <= lo and hi <= 2**31 else np.int64
+        carry, _ = scan(lambda c, i: (body_fun(i, c), None), init_val, np.arange(lo, hi, dtype=dtype))
+        return carry
+    _, carry = while_loop(lambda s: s[0] < upper, lambda s: (s[0] + 1, body_fun(s[0], s[1])),
+                          (lower, init_val))
+    return carry
+
+
+def _loop_bound(bound, name):
+    """A concrete int bound as a Python int, None for a traced one; anything else is refused."""
+    if isinstance(bound, Tensor):
+        from .tensor import _is_traced
+        if bound.shape != () or bound.dtype.kind not in "iu":
+            raise ArgumentError(f"fori_loop: {name} must be an integer scalar, got {bound.ir_var.type_str()}")
+        return None if _is_traced(bound.ir_var) else int(bound.item())
+    if not _is_int(bound):
+        raise ArgumentError(f"fori_loop: {name} must be an int, got {bound!r}")
+    return int(bound)
+
+
+def associative_scan(fn, elems, reverse=False, axis=0):
+    """All prefix combinations: ``out[i] = fn(... fn(fn(e[0], e[1]), e[2]) ..., e[i])`` along ``axis``.
+
+    ``fn`` must be associative and work on whole slices at once (it is
+    called on stacks of elements, as JAX requires); ``elems`` is a pytree of
+    arrays of one length along ``axis``.  ``reverse=True`` combines suffixes
+    in the original order: ``out[i] = e[i] (+) e[i+1] (+) ... (+) e[n-1]``.
+    It takes ceil(log2 n) rounds, each one call of ``fn`` on shifted slices
+    (Hillis and Steele's scan), built from ordinary operations, so it is
+    lazy and differentiable like them.
+    """
+    from .tensor import concatenate, flip, tensor
+    _check_function(fn, "associative_scan")
+    leaves, tree = flatten(elems)
+    if not leaves:
+        raise ArgumentError("associative_scan: elems has no arrays")
+    xs = [x if isinstance(x, Tensor) else tensor(x) for x in leaves]
+    if not _is_int(axis):
+        raise ArgumentError(f"associative_scan: axis must be an int, got {axis!r}")
+    axes = [api.normalize_axis("associative_scan", x.ndim, axis) if x.ndim else None for x in xs]
+    if None in axes:
+        raise ShapeError("associative_scan: every leaf of elems needs the scanned axis; got a 0-d leaf")
+    xs = [_wrap_like(x, _move_axis(x.ir_var, a, 0)) for x, a in zip(xs, axes)]
+    lengths = {x.shape[0] for x in xs}
+    if len(lengths) != 1:
+        raise ShapeError(f"associative_scan: the leaves of elems have lengths {sorted(lengths)} along "
+                         f"axis {axis}; they must all be equal")
+    n = lengths.pop()
+    if reverse:
+        xs = [flip(x, 0) for x in xs]
+
+    def combine(a, b):
+        out = fn(unflatten(tree, b), unflatten(tree, a)) if reverse else \
+            fn(unflatten(tree, a), unflatten(tree, b))
+        out_leaves, out_tree = flatten(out)
+        if out_tree != tree:
+            raise ShapeError(f"associative_scan: fn returns {out_tree} but elems is {tree}")
+        return out_leaves
+
+    offset = 1
+    while offset < n:
+        combined = combine([x[:n - offset] for x in xs], [x[offset:] for x in xs])
+        xs = [concatenate([x[:offset], c]) for x, c in zip(xs, combined)]
+        offset *= 2
+    if reverse:
+        xs = [flip(x, 0) for x in xs]
+    xs = [_wrap_like(x, _move_axis(x.ir_var, 0, a)) for x, a in zip(xs, axes)]
+    return unflatten(tree, xs)

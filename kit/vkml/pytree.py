@@ -1,11 +1,22 @@
-"""Pytrees: nested tuples, lists, dicts and None, with arrays or tensors at the leaves.
+"""Pytrees: nested tuples, lists, dicts, namedtuples, dataclasses and None, with arrays or tensors
+at the leaves.
 
-``flatten`` gives the leaves in a fixed order (dict keys sorted) and a
-hashable *treedef*; a traced function's key is the treedef plus each leaf's
-type, so two calls with the same structure share one program.
+``flatten`` gives the leaves in a fixed order (dict keys sorted, dataclass
+fields in declaration order) and a hashable *treedef*; a traced function's
+key is the treedef plus each leaf's type, so two calls with the same
+structure share one program.  Other classes join with :func:`register`.
+
+A list is a container here, as in JAX: ``vkml.jit(f)([1.0, 2.0])`` calls
+``f`` with a list of two scalar tensors.  Operations (``vkml.add([1, 2], x)``,
+``vkml.tensor([1, 2])``) read a list as an array; to pass one array to a
+transformed function, pass ``np.array(...)`` or ``vkml.tensor(...)``.
 """
 
 from __future__ import annotations
+
+import dataclasses
+
+from .errors import ArgumentError
 
 
 class TreeDef:
@@ -37,29 +48,91 @@ class TreeDef:
         if self.kind == "dict":
             inner = ", ".join(f"{k!r}: {c!r}" for k, c in zip(self.meta, self.children))
             return "{" + inner + "}"
+        if self.kind in ("namedtuple", "dataclass", "custom"):
+            return f"{self.meta[0].__name__}({inner})"
         return ("(" if self.kind == "tuple" else "[") + inner + (")" if self.kind == "tuple" else "]")
 
 
 LEAF = TreeDef("leaf", None, ())
 
+#: class -> (flatten(obj) -> (children, aux), unflatten(aux, children) -> obj), from ``register``.
+_REGISTRY = {}
+
+
+def register(cls, flatten_fn, unflatten_fn):
+    """Make instances of ``cls`` pytree nodes, as ``jax.tree_util.register_pytree_node`` does.
+
+    ``flatten_fn(obj)`` returns ``(children, aux)``: the children are
+    pytrees (their leaves are traced), ``aux`` is hashable data that is part
+    of the program's key (a change retraces).  ``unflatten_fn(aux, children)``
+    rebuilds the object.  Returns ``cls``.
+    """
+    if not isinstance(cls, type):
+        raise ArgumentError(f"pytree.register: expected a class, got {type(cls).__name__}")
+    if not callable(flatten_fn) or not callable(unflatten_fn):
+        raise ArgumentError("pytree.register: flatten and unflatten must be functions: "
+                            "flatten(obj) -> (children, aux), unflatten(aux, children) -> obj")
+    if cls in (tuple, list, dict, type(None)):
+        raise ArgumentError(f"pytree.register: {cls.__name__} is already a pytree node")
+    _REGISTRY[cls] = (flatten_fn, unflatten_fn)
+    return cls
+
+
+def _static_fields(cls):
+    """A dataclass's fields marked ``field(metadata={"static": True})``: part of the key, not leaves."""
+    return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("static"))
+
+
+def _node(tree):
+    """One level of ``tree``: ``(kind, meta, children)``, or None for a leaf."""
+    if tree is None:
+        return "none", None, ()
+    cls = type(tree)
+    if cls in _REGISTRY:
+        children, aux = _REGISTRY[cls][0](tree)
+        try:
+            hash(aux)
+        except TypeError:
+            raise ArgumentError(f"pytree: the flatten function registered for {cls.__name__} returned "
+                                f"an unhashable aux ({type(aux).__name__}); return a tuple") from None
+        return "custom", (cls, aux), tuple(children)
+    if isinstance(tree, tuple):
+        if hasattr(tree, "_fields"):
+            return "namedtuple", (cls,), tuple(tree)
+        return "tuple", None, tree
+    if isinstance(tree, list):
+        return "list", None, tree
+    if isinstance(tree, dict):
+        keys = tuple(sorted(tree))
+        return "dict", keys, [tree[k] for k in keys]
+    if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
+        static = _static_fields(cls)
+        names = tuple(f.name for f in dataclasses.fields(cls) if f.name not in static)
+        aux = tuple(getattr(tree, n) for n in static)
+        return "dataclass", (cls, names, static, aux), [getattr(tree, n) for n in names]
+    return None
+
+
+#: how deeply containers may nest in one pytree: deeper (or a list that contains itself) is refused
+#: with an ArgumentError rather than running into Python's recursion limit
+MAX_DEPTH = 256
+
 
 def flatten(tree):
     leaves = []
-    return leaves, _flatten(tree, leaves)
+    return leaves, _flatten(tree, leaves, 0)
 
 
-def _flatten(tree, leaves):
-    if tree is None:
-        return TreeDef("none", None, ())
-    if isinstance(tree, tuple) and not hasattr(tree, "_fields"):
-        return TreeDef("tuple", None, [_flatten(t, leaves) for t in tree])
-    if isinstance(tree, list):
-        return TreeDef("list", None, [_flatten(t, leaves) for t in tree])
-    if isinstance(tree, dict):
-        keys = tuple(sorted(tree))
-        return TreeDef("dict", keys, [_flatten(tree[k], leaves) for k in keys])
-    leaves.append(tree)
-    return LEAF
+def _flatten(tree, leaves, depth):
+    node = _node(tree)
+    if node is None:
+        leaves.append(tree)
+        return LEAF
+    if depth >= MAX_DEPTH:
+        raise ArgumentError(f"pytree: containers nested more than {MAX_DEPTH} deep (or a container "
+                            "that holds itself); pass arrays, or flatter tuples, lists and dicts")
+    kind, meta, children = node
+    return TreeDef(kind, meta, [_flatten(t, leaves, depth + 1) for t in children])
 
 
 def unflatten(treedef: TreeDef, leaves):
@@ -74,13 +147,46 @@ def _unflatten(td, it):
     if td.kind == "none":
         return None
     children = [_unflatten(c, it) for c in td.children]
-    if td.kind == "tuple":
+    return _build(td.kind, td.meta, children)
+
+
+def _build(kind, meta, children):
+    """The node of kind ``kind`` with these children (the inverse of ``_node``)."""
+    if kind == "tuple":
         return tuple(children)
-    if td.kind == "list":
+    if kind == "list":
         return children
-    return dict(zip(td.meta, children))
+    if kind == "dict":
+        return dict(zip(meta, children))
+    if kind == "namedtuple":
+        return meta[0](*children)
+    if kind == "dataclass":
+        cls, names, static, aux = meta
+        obj = object.__new__(cls)  # not cls(...): fields with init=False and frozen classes too
+        for name, value in zip(names + static, list(children) + list(aux)):
+            object.__setattr__(obj, name, value)
+        return obj
+    cls, aux = meta
+    return _REGISTRY[cls][1](aux, children)
 
 
 def tree_map(fn, tree):
     leaves, td = flatten(tree)
     return unflatten(td, [fn(x) for x in leaves])
+
+
+def broadcast_prefix(prefix, tree, is_leaf, where):
+    """One entry of ``prefix`` per leaf of ``tree``: ``prefix`` is ``tree`` cut short, each of its
+    leaves (where ``is_leaf`` holds, e.g. an int or None for vmap's ``in_axes``) standing for
+    every leaf of the subtree at its place."""
+    if is_leaf(prefix):
+        return [prefix] * len(flatten(tree)[0])
+    p_node, t_node = _node(prefix), _node(tree)
+    if p_node is None or t_node is None or p_node[0] != t_node[0] or p_node[1] != t_node[1] \
+            or len(p_node[2]) != len(t_node[2]):
+        raise ArgumentError(f"{where}: {prefix!r} does not match the structure of the argument, "
+                            f"{flatten(tree)[1]}; give one entry per part (or one for all)")
+    out = []
+    for p, t in zip(p_node[2], t_node[2]):
+        out += broadcast_prefix(p, t, is_leaf, where)
+    return out

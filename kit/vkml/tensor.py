@@ -16,6 +16,7 @@ submission.
 from __future__ import annotations
 
 import contextlib
+import math
 import numbers
 import os
 import weakref
@@ -26,9 +27,11 @@ from . import backends
 from .backends import ExecutionFailure
 from .errors import ArgumentError, DTypeError, ExecutionError, GradError, ShapeError, TracingError
 from .ir import Program, Var, collect, collect_keyed, dtype_name, format_shape
-from .ops import api
+from .ops import api, numeric
 from .ops.core import CURRENT_SITE, user_site
 from .transforms import vjp_program
+from .validate import (MAX_ELEMENTS, check_bool, check_dtype, check_real, check_sequence,
+                       check_shape, describe, host_memory)
 
 _EAGER = [os.environ.get("VKML_EAGER", "0") not in ("", "0", "false", "False")]
 _GRAD_ENABLED = [True]
@@ -39,7 +42,7 @@ _GRAD_LEAVES: "weakref.WeakKeyDictionary[Var, weakref.ref]" = weakref.WeakKeyDic
 
 def set_eager(enabled: bool) -> None:
     """Run every operation at once (debugging: an error names the line that caused it)."""
-    _EAGER[0] = bool(enabled)
+    _EAGER[0] = check_bool(enabled, "enabled", "set_eager")
 
 
 def is_eager() -> bool:
@@ -49,8 +52,9 @@ def is_eager() -> bool:
 @contextlib.contextmanager
 def eager(enabled: bool = True):
     """``with vkml.eager():`` -- eager mode for a block, restored afterwards (also on error)."""
+    enabled = check_bool(enabled, "enabled", "eager")
     old = _EAGER[0]
-    _EAGER[0] = bool(enabled)
+    _EAGER[0] = enabled
     try:
         yield
     finally:
@@ -75,6 +79,9 @@ class Tensor:
     __array_priority__ = 1000  # so ndarray * Tensor calls Tensor.__rmul__
 
     def __init__(self, var: Var, requires_grad: bool = False):
+        if not isinstance(var, Var):
+            raise ArgumentError(f"Tensor: wraps an IR Var, got {describe(var)}; make tensors with "
+                                "vkml.tensor(data)")
         self.ir_var = var
         self.requires_grad = requires_grad
         self.grad = None
@@ -165,6 +172,7 @@ class Tensor:
         return Tensor(api.stop_gradient(self.ir_var))
 
     def requires_grad_(self, flag: bool = True) -> "Tensor":
+        flag = check_bool(flag, "flag", "requires_grad_")
         if flag:
             _check_grad_dtype(self.ir_var, "requires_grad_")
             if self.ir_var.eqn is not None:
@@ -185,6 +193,11 @@ class Tensor:
     # -- methods delegate to the functional forms -----------------------------------------------
     def __getitem__(self, index):
         return _apply(api.getitem, self, _unwrap_index(index))
+
+    def __setitem__(self, index, value):
+        raise ArgumentError("Tensor: values are not written in place (a pending graph may still read "
+                            "them); build the new value with vkml.where or vkml.scatter_add and "
+                            "store it with t.assign_(new)")
 
     def reshape(self, *shape):
         return reshape(self, shape[0] if len(shape) == 1 and not isinstance(shape[0], numbers.Integral)
@@ -381,6 +394,27 @@ class Tensor:
     def __ge__(self, y):
         return greater_equal(self, y)
 
+    def __mod__(self, y):
+        return mod(self, y)
+
+    def __rmod__(self, y):
+        return mod(y, self)
+
+    def var(self, axis=None, ddof=0, keepdims=False):
+        return var(self, axis, ddof, keepdims)
+
+    def std(self, axis=None, ddof=0, keepdims=False):
+        return std(self, axis, ddof, keepdims)
+
+    # NumPy's protocols: np.exp(t), np.sum(t, axis=0), ... run vkml's own (lazy, differentiable) ops
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        from .array_protocol import array_ufunc
+        return array_ufunc(ufunc, method, inputs, kwargs)
+
+    def __array_function__(self, func, types, args, kwargs):
+        from .array_protocol import array_function
+        return array_function(func, types, args, kwargs)
+
     __hash__ = object.__hash__
 
 
@@ -394,18 +428,13 @@ def _check_grad_dtype(var, what):
 
 def tensor(data, dtype=None, requires_grad: bool = False) -> Tensor:
     """A new leaf tensor holding a copy of ``data`` (array, list or number)."""
+    requires_grad = check_bool(requires_grad, "requires_grad", "tensor")
     if isinstance(data, Tensor):
         data = data.numpy()
     if isinstance(data, (str, bytes, dict, set)) or data is None:
         raise ArgumentError(f"tensor: cannot make a tensor from {type(data).__name__}; "
                             "pass a number, a (nested) list of numbers or a NumPy array")
-    try:
-        var = api.constant(data, dtype)
-    except (TypeError, ValueError) as err:
-        if isinstance(err, ArgumentError):
-            raise
-        raise ArgumentError(f"tensor: cannot make a tensor from {type(data).__name__} "
-                            f"({err}); pass numbers, nested lists of equal length or an array")
+    var = api.constant(data, dtype)     # refuses what is not numeric data, naming it
     if requires_grad:
         _check_grad_dtype(var, "tensor(requires_grad=True)")
     t = Tensor(var, requires_grad)
@@ -418,36 +447,74 @@ def _as_tensor(x) -> Tensor:
 
 
 def zeros(shape, dtype=np.float32, requires_grad=False):
-    return tensor(np.zeros(shape, dtype=dtype), requires_grad=requires_grad)
+    return _filled("zeros", shape, 0, dtype, requires_grad)
 
 
 def ones(shape, dtype=np.float32, requires_grad=False):
-    return tensor(np.ones(shape, dtype=dtype), requires_grad=requires_grad)
+    return _filled("ones", shape, 1, dtype, requires_grad)
 
 
 def full(shape, value, dtype=None, requires_grad=False):
-    return tensor(np.full(shape, value, dtype=dtype), requires_grad=requires_grad)
+    return _filled("full", shape, value, dtype, requires_grad)
+
+
+def _filled(op, shape, value, dtype, requires_grad):
+    """A new leaf of ``shape`` holding ``value`` everywhere, its arguments checked first."""
+    shape = check_shape(shape, op)
+    if not isinstance(value, (bool, np.bool_, numbers.Real)):
+        raise ArgumentError(f"{op}: the fill value must be a real number, got {describe(value)}")
+    dtype = check_dtype(dtype, op) if dtype is not None else None
+    requires_grad = check_bool(requires_grad, "requires_grad", op)
+    with host_memory(op, f"shape {shape}"):
+        return tensor(np.full(shape, value, dtype=dtype), requires_grad=requires_grad)
 
 
 def arange(*args, dtype=None):
-    return tensor(np.arange(*args, dtype=dtype))
+    """NumPy's ``arange(stop)``, ``arange(start, stop)`` or ``arange(start, stop, step)``."""
+    if not 1 <= len(args) <= 3:
+        raise ArgumentError(f"arange: takes stop, (start, stop) or (start, stop, step), got "
+                            f"{len(args)} arguments")
+    names = {1: ["stop"], 2: ["start", "stop"], 3: ["start", "stop", "step"]}[len(args)]
+    bounds = [check_real(a, name, "arange") for a, name in zip(args, names)]
+    if len(bounds) == 3 and bounds[2] == 0:
+        raise ArgumentError("arange: step must not be 0")
+    start, stop, step = ([0.0] * (len(bounds) == 1) + bounds + [1.0])[:3]
+    span = (stop - start) / step
+    if span > MAX_ELEMENTS:
+        raise ShapeError(f"arange: [{start}, {stop}) in steps of {step} has more elements than an "
+                         "array can hold; use a smaller range or a larger step")
+    dtype = check_dtype(dtype, "arange") if dtype is not None else None
+    with host_memory("arange", f"{span:.0f} elements"):
+        try:
+            values = np.arange(*args, dtype=dtype)
+        except (TypeError, ValueError) as err:      # bounds past int64, a bool dtype, ...
+            raise ArgumentError(f"arange: cannot make the range {args} ({err})") from None
+    return tensor(values)
 
 
 def zeros_like(t, requires_grad=False):
+    t = _as_tensor(t)
     return zeros(t.shape, t.dtype, requires_grad)
 
 
 def ones_like(t, requires_grad=False):
+    t = _as_tensor(t)
     return ones(t.shape, t.dtype, requires_grad)
 
 
 # -- applying operations ---------------------------------------------------------------------------
 
-def _unwrap(x):
+#: How deep in nested lists tensors are looked for.  They sit a level or two down (concatenate's
+#: operands); deeper lists are plain data for NumPy, and one nested thousands deep must not
+#: exhaust Python's recursion here.
+_MAX_NESTING = 32
+
+
+def _unwrap(x, depth=0):
     if isinstance(x, Tensor):
         return x.ir_var
-    if isinstance(x, (list, tuple)):
-        return type(x)(_unwrap(v) for v in x)
+    if isinstance(x, (list, tuple)) and depth < _MAX_NESTING:
+        return type(x)(_unwrap(v, depth + 1) for v in x)
     return x
 
 
@@ -457,12 +524,12 @@ def _unwrap_index(index):
     return _unwrap(index)
 
 
-def _needs_grad(args):
+def _needs_grad(args, depth=0):
     for a in args:
         if isinstance(a, Tensor):
             if a.requires_grad:
                 return True
-        elif isinstance(a, (list, tuple)) and _needs_grad(a):
+        elif isinstance(a, (list, tuple)) and depth < _MAX_NESTING and _needs_grad(a, depth + 1):
             return True
     return False
 
@@ -473,10 +540,10 @@ def _apply(fn, *args, **kwargs):
     if outer is None:
         CURRENT_SITE[0] = user_site()
     try:
-        out = fn(*[_unwrap(a) for a in args], **kwargs)
+        out = fn(*[_unwrap(a) for a in args], **{k: _unwrap(v) for k, v in kwargs.items()})
     finally:
         CURRENT_SITE[0] = outer
-    requires = _GRAD_ENABLED[0] and out.dtype.kind == "f" and _needs_grad(args)
+    requires = _GRAD_ENABLED[0] and out.dtype.kind == "f" and _needs_grad(args + tuple(kwargs.values()))
     t = Tensor(out, requires)
     if _EAGER[0] and not _is_traced(out):
         realize(t)
@@ -557,6 +624,34 @@ max_pool2d = _lift(api.max_pool2d)
 avg_pool2d = _lift(api.avg_pool2d)
 
 
+# -- compositions NumPy users expect -------------------------------------------------------------------
+
+def var(x, axis=None, ddof=0, keepdims=False):
+    """The variance, as ``np.var``: the summed squared deviation from the mean over ``axis``,
+    divided by ``n - ddof`` (``ddof=1`` for the unbiased estimate).  Built from mean, sub, mul and
+    sum, so it is lazy and has a gradient; integer input gives float64, as in NumPy."""
+    x = _as_tensor(x)
+    if not isinstance(ddof, numbers.Real) or isinstance(ddof, bool):
+        raise ArgumentError(f"var: ddof must be a number (0 for the population variance, 1 for "
+                            f"the sample variance), got {type(ddof).__name__}")
+    axes = api.normalize_axes("var", x.ndim, axis)
+    count = math.prod(x.shape[a] for a in axes)
+    if x.dtype.kind != "f":
+        x = cast(x, np.float64)
+    deviation = x - mean(x, axis, keepdims=True)
+    return sum(deviation * deviation, axis, keepdims) / float(count - ddof)
+
+
+def std(x, axis=None, ddof=0, keepdims=False):
+    """The standard deviation, as ``np.std``: ``sqrt(var(x, axis, ddof, keepdims))``."""
+    return sqrt(var(x, axis, ddof, keepdims))
+
+
+mod = _lift(numeric.mod)
+mod.__doc__ = """The remainder with the divisor's sign, as Python's ``%`` and ``np.mod`` (an integer
+divisor of 0 gives 0, as NumPy does); d(x % y)/dx = 1."""
+
+
 # -- realize ------------------------------------------------------------------------------------------
 
 def _is_traced(var) -> bool:
@@ -590,6 +685,9 @@ def _submit(backend, exe, args, eqns, resident=False, into=None):
     except ExecutionFailure as failure:
         eqn = eqns[failure.index]
         raise ExecutionError(f"{eqn.describe()} failed: {failure.error}") from failure.error
+    except MemoryError:
+        raise ExecutionError(f"a program of {len(eqns)} operations needs more memory than this "
+                             "process can allocate; use smaller shapes") from None
 
 
 def realize(tensors) -> None:
@@ -597,7 +695,7 @@ def realize(tensors) -> None:
 
     Idempotent: tensors that already hold values cost nothing.
     """
-    ts = [tensors] if isinstance(tensors, Tensor) else list(tensors)
+    ts = [tensors] if isinstance(tensors, Tensor) else check_sequence(tensors, "tensors", "realize")
     pending, seen = [], set()
     for t in ts:
         if not isinstance(t, Tensor):
@@ -630,7 +728,8 @@ def assign(destinations, sources) -> None:
     destinations (a swap, ``p.assign_(p - lr * g)``) see the old values and
     never need a per-pair fallback.
     """
-    dsts, srcs = list(destinations), list(sources)
+    dsts = check_sequence(destinations, "destinations", "assign")
+    srcs = check_sequence(sources, "sources", "assign")
     if len(dsts) != len(srcs):
         raise ArgumentError(f"assign: {len(dsts)} destinations but {len(srcs)} sources")
     src_vars = []

@@ -15,11 +15,14 @@ How a Program runs:
    one-block kernels for scans/while/cond, a tiled matmul) and compiled
    once per source by nvcc through PyCUDA (``pycuda.compiler.compile``,
    then ``module_from_buffer``).  PyCUDA's own cache is switched off: the
-   cubins go to a per-user cache (``$VKML_CACHE_DIR`` or
-   ``~/.cache/vkml/cuda``, mode 0700) under a hash of source, flags, target
-   and nvcc version, written to a temporary file and renamed, with their
-   SHA-256 beside them -- a cubin that does not match it, or that another
-   user can write, is rebuilt, never loaded (DESIGN.md, "Security").
+   cubins go to a per-user cache (``$VKML_CACHE_DIR/cuda`` or
+   ``~/.cache/vkml/cuda``, mode 0700, which must belong to the user, else a
+   private temporary one is used with a warning) under a hash of source,
+   flags, target and nvcc version, written to a temporary file and renamed,
+   with a hash of their name and content beside them.  A cubin is read once
+   through a file opened without following symlinks, checked, and those same
+   bytes go to the driver; one that does not check out, or fails to load,
+   is rebuilt, never loaded (the rules are in ``disk_cache``).
    ``vkml.stats().compiles`` counts nvcc runs; a cubin loaded from the disk
    cache counts as a cache hit.
 2. **Buffers**: every kernel finds its buffers through the executable's
@@ -89,7 +92,6 @@ import importlib.util
 import os
 import shutil
 import struct
-import tempfile
 import threading
 
 import numpy as np
@@ -97,7 +99,8 @@ import numpy as np
 from ..errors import BackendError
 from ..stats import STATS
 from . import disk_cache
-from .base import Backend, DeviceValue, ExecutionFailure, _copy_into, host_values
+from .base import (Backend, DeviceValue, ExecutionFailure, _copy_into, check_sizes, failure_error,
+                   host_values)
 from .codegen.cuda_render import NVCC_FLAGS, cuda_plan, template, tree_sum_levels
 from .codegen.lower import Unsupported
 from .numpy_backend import compile_program as compile_numpy
@@ -133,18 +136,6 @@ def _probe() -> str:
 def cache_dir() -> str:
     """The per-user cubin cache (``$VKML_CACHE_DIR/cuda`` or ``~/.cache/vkml/cuda``), mode 0700."""
     return disk_cache.cache_dir("cuda")
-
-
-def _write_private(path, data: bytes):
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path))
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def _driver_modules():
@@ -242,31 +233,21 @@ class _Gpu:
         mod = self.modules.get(key)
         if mod is not None:
             return mod, False
-        path = os.path.join(cache_dir(), f"vk_{key}.cubin")
-        digest = path + ".sha256"
-        cubin = None
-        if os.path.exists(path) and os.path.exists(digest):
-            try:
-                data = open(path, "rb").read()
-                if disk_cache.trusted(path) and disk_cache.trusted(digest) and \
-                        open(digest).read().strip() == hashlib.sha256(data).hexdigest():
-                    cubin = data
-            except OSError:
-                cubin = None
-        compiled = cubin is None
-        if compiled:
-            from pycuda.compiler import compile as nvcc_compile
-            try:
-                cubin = nvcc_compile(source, options=list(NVCC_FLAGS), no_extern_c=True,
-                                     arch=self.arch, cache_dir=False)
-            except self.drv.CompileError as e:
-                raise BackendError(f"nvcc failed on generated CUDA code: {e}") from e
-            STATS.compiles += 1
-            _write_private(path, cubin)
-            _write_private(digest, hashlib.sha256(cubin).hexdigest().encode())
-        mod = self.drv.module_from_buffer(cubin)
+        mod, compiled = disk_cache.cached("cuda", key, ".cubin", lambda folder: self._nvcc(source),
+                                          lambda cubin, folder: self.drv.module_from_buffer(cubin))
         self.modules[key] = mod
         return mod, compiled
+
+    def _nvcc(self, source: str) -> bytes:
+        """The cubin nvcc makes of ``source`` (counted as a compile)."""
+        from pycuda.compiler import compile as nvcc_compile
+        try:
+            cubin = nvcc_compile(source, options=list(NVCC_FLAGS), no_extern_c=True,
+                                 arch=self.arch, cache_dir=False)
+        except self.drv.CompileError as e:
+            raise BackendError(f"nvcc failed on generated CUDA code: {e}") from e
+        STATS.compiles += 1
+        return cubin
 
     def free_memory(self) -> int:
         with self.lock:
@@ -612,11 +593,9 @@ class CudaExecutable:
             stream.synchronize()
             code = int(self.host_status[0])
             if code:
-                bad, axis, size = (int(v) for v in self.host_status[1:].view(np.int64))
                 name = self.errors[code - 1] if code - 1 < len(self.errors) else "?"
-                raise ExecutionFailure(self.eqn_index.get(name, 0), IndexError(
-                    f"index {bad} is out of range for axis {axis} of size {size}; "
-                    f"indices must lie in [0, {size})"))
+                raise ExecutionFailure(self.eqn_index.get(name, 0),
+                                       failure_error(name, self.host_status[1:].view(np.int64)))
             if resident:
                 return results
             return [h[:int(np.prod(s))].reshape(s).copy() for h, (s, _) in
@@ -695,7 +674,8 @@ class CudaBackend(Backend):
 
     def executable(self, key, make_program):
         # a miss that ran no nvcc loaded its cubin from the disk cache
-        return self._cached(key, lambda: self._compile(make_program()), from_disk=lambda exe: True)
+        return self._cached(key, lambda: self._compile(check_sizes(make_program())),
+                            from_disk=lambda exe: True)
 
     def clear_cache(self):
         for exe in self._executables.values():

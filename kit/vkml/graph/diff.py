@@ -20,11 +20,12 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from ..backends import ExecutionFailure
 from ..errors import ArgumentError, Busy, RefusedError, ShapeError, VkmlError
 from ..ir import Program
 from .. import backends
 from ..tensor import _submit
-from .graph import Graph, Opaque, Reduce, RepeatWhile, run_batched, threads
+from .graph import Graph, Opaque, Reduce, RepeatWhile, per_sample_values, run_named, threads, user_error
 from .kernel import Kernel, Launch
 from .record import LoopEntry, OtherEntry, Record, SkipEntry, Step
 from .treesum import tree_sum
@@ -173,17 +174,86 @@ def resolve_seeds(record, seeds):
         cand = cands[-1]
         plane = writes[cand]
         key = written.get(cand)
-        arr = np.asarray(seed)
-        if arr.shape != plane.shape:
-            raise ShapeError(f"seed {name!r} has shape {arr.shape}, but plane {name!r} holds one value "
-                             f"per sample, {plane.shape}; pass one seed per sample (e.g. "
-                             f"np.ones({plane.shape}))")
+        arr = seed_array(name, seed, plane)
         if key is None:                    # the writer did not run (a skipped member)
             key = (id(plane), record.final.get(id(plane), 0))
         # a copy: a gradient that passes straight through a kernel must not alias the caller's seed
         resolved[key] = resolved.get(key, 0) + arr.astype(plane.dtype, copy=False) \
             if key in resolved else arr.astype(plane.dtype, copy=True)
     return resolved
+
+
+def seed_array(name, seed, plane):
+    """A seed as an array of numbers of the plane's shape (NaN and inf are values like any other;
+    None, strings and objects are refused, as is a wrong shape)."""
+    arr = None
+    if seed is not None and not isinstance(seed, (str, bytes)):
+        try:
+            arr = np.asarray(seed)
+        except (TypeError, ValueError):
+            arr = None
+    if arr is None or arr.dtype.kind not in "biuf":
+        got = f"an array of {arr.dtype}" if arr is not None else type(seed).__name__
+        raise ArgumentError(f"seed {name!r} must be an array of numbers, one per sample "
+                            f"(e.g. np.ones({plane.shape})), got {got}")
+    if arr.shape != plane.shape:
+        raise ShapeError(f"seed {name!r} has shape {arr.shape}, but plane {name!r} holds one value "
+                         f"per sample, {plane.shape}; pass one seed per sample (e.g. "
+                         f"np.ones({plane.shape}))")
+    return arr
+
+
+def wrt_names(wrt):
+    """``wrt`` as a list of names (one name or an iterable of names); None stays None."""
+    if wrt is None:
+        return None
+    names = [wrt] if isinstance(wrt, str) else None
+    if names is None:
+        try:
+            names = list(wrt)
+        except TypeError:
+            names = None
+    if names is None or not all(isinstance(w, str) for w in names):
+        raise ArgumentError(f"reverse: wrt must be a name or a list of names of inputs and Params, "
+                            f"got {wrt!r}")
+    return names
+
+
+def check_vjps(vjps, strict):
+    """``vjps`` (None or a dict of node name -> function or vjp kernel) and ``strict`` (a bool)."""
+    if not isinstance(strict, (bool, np.bool_)):
+        raise ArgumentError(f"Reverse: strict must be True or False, got {strict!r}")
+    if vjps is None:
+        return {}
+    if not isinstance(vjps, Mapping):
+        raise ArgumentError(f"Reverse: vjps must be a dict of node name -> vjp function or kernel, "
+                            f"got {type(vjps).__name__}")
+    for name, fn in vjps.items():
+        if not isinstance(name, str):
+            raise ArgumentError(f"Reverse: vjps keys are node names (strings), got {name!r}")
+        if not callable(fn) and not hasattr(fn, "kind"):      # a graph node: refused below
+            raise ArgumentError(f"Reverse: the vjp of node {name!r} must be a function "
+                                f"fn(primals, cotangents) -> {{name: gradient}} or a vjp kernel, got "
+                                f"{type(fn).__name__}")
+    return dict(vjps)
+
+
+def user_vjp_gradients(node, got, reads, like):
+    """What an opaque node's vjp returned, checked: a dict of its read planes' names -> one
+    gradient row per sample (floats, the plane's shape); anything else is refused naming the
+    node.  ``like``: read name -> an array of the primal's shape (the samples the vjp saw)."""
+    where = f"the vjp of opaque node {node.name!r}"
+    if got is None:
+        return {}
+    if not isinstance(got, Mapping):
+        raise ArgumentError(f"{where} must return a dict of read plane name -> gradient "
+                            f"({sorted(reads)}), got {type(got).__name__}")
+    unknown = [k for k in got if k not in reads]
+    if unknown:
+        raise ArgumentError(f"{where} returned gradients for {unknown}, which the node does not "
+                            f"read; it reads {sorted(reads)}")
+    return {k: per_sample_values(v, np.shape(like[k]), "f", f"{where}: gradient {k!r}")
+            for k, v in got.items()}
 
 
 # -- refusals and preparation -----------------------------------------------------------------
@@ -227,9 +297,10 @@ class Reverse:
                                "differentiate the forward graph once, or use vkml.grad/jacfwd on a "
                                "function for higher orders")
         from .simulation import Simulation
+        vjps = check_vjps(vjps, strict)
         if isinstance(forward, Simulation):
             self.simulation = forward
-            forward.check_reversible(vjps or {})
+            forward.check_reversible(vjps)
             self.graph = None
         elif isinstance(forward, Graph):
             self.simulation = None
@@ -241,8 +312,8 @@ class Reverse:
                                     "build(record=True) so launches keep what the reverse needs")
         else:
             raise ArgumentError(f"Reverse: expected a Graph or a simulation, got {type(forward).__name__}")
-        self.vjps = dict(vjps or {})
-        self.strict = strict
+        self.vjps = vjps
+        self.strict = bool(strict)
         self._lock = threading.Lock()
         if self.graph is not None:
             self._prepare()
@@ -251,7 +322,7 @@ class Reverse:
         for name, fn in self.vjps.items():
             try:
                 node = self.graph.node(name)
-            except KeyError:
+            except ArgumentError:
                 raise ArgumentError(f"Reverse: vjps names {name!r}, but the graph has no such node; "
                                     f"nodes: {[n.name for n in self.graph.nodes]}") from None
             if isinstance(fn, (Launch,)) or hasattr(fn, "kind") and not isinstance(fn, Kernel):
@@ -323,10 +394,12 @@ class Reverse:
                        "Reverse(graph)")
         try:
             record.check_current()
+            if not record.kept:                 # the reverse reads the planes themselves
+                self.graph.check_planes("reverse")
             key_seeds = resolve_seeds(record, seeds)
             flags = self.bitwise()
+            wrt = wrt_names(wrt)
             if wrt is not None:
-                wrt = [wrt] if isinstance(wrt, str) else list(wrt)
                 unknown = [w for w in wrt if w not in flags]
                 if unknown:
                     raise ArgumentError(f"reverse: wrt names {unknown} are not inputs or Params; "
@@ -376,8 +449,13 @@ def _check_vjp_kernel(vjp_kernel, launch, node_name):
         batch, wrt = launch.batched_vjp()
         want = batch.run(n, ins + params + cts)
         against = "the derived vjp"
-    except VkmlError:
-        wrt, want = _central_vjp(launch, ins, params, cts, n)
+    except (VkmlError, ExecutionFailure):
+        try:
+            wrt, want = _central_vjp(launch, ins, params, cts, n)
+        except ExecutionFailure as failure:
+            raise RefusedError(f"Reverse: cannot check {vjp_kernel.name} against central differences "
+                               f"of {kern.name} on sample inputs ({failure.error}); pass a vjp kernel "
+                               "for a kernel vkml derives a vjp for") from failure.error
         against = f"central differences of {kern.name}"
     names = [kern.inputs[i] if i < len(kern.inputs) else kern.params[i - len(kern.inputs)] for i in wrt]
     tol = (1e-5, 1e-8) if against == "the derived vjp" else (1e-4, 1e-6)
@@ -397,7 +475,7 @@ def _run_user_vjp(vjp_kernel, launch, inputs, params, cts, n):
     pvals = dict(zip(kern.params, params))
     args = [by_name[nm] for nm in in_names] + [pvals[nm] for nm in param_names]
     flags = [True] * len(in_names) + [False] * len(param_names)
-    outs = run_batched(batch, n, args, flags)
+    outs = run_named(batch, n, args, flags, f"vjp kernel {vjp_kernel.name}")
     return {nm[:-4]: v for nm, v in zip(out_names, outs) if nm.endswith("_bar")}
 
 
@@ -495,7 +573,9 @@ def _reverse_launch(launch, node, inputs, cells, cts, n, vjp=None):
         return ins, prm
     batch, wrt = launch.batched_vjp()
     flags = [True] * len(kern.inputs) + [False] * len(kern.params) + [True] * len(cts)
-    outs = run_batched(batch, n, list(inputs) + params + list(cts), flags)
+    outs = run_named(batch, n, list(inputs) + params + list(cts), flags,
+                     f"the vjp of node {node.name!r} ({kern.name})" if node.name else
+                     f"the vjp of {kern.name}")
     ins, prm = {}, {}
     for pos, ct in zip(wrt, outs):
         if pos < len(kern.inputs):
@@ -603,8 +683,9 @@ def _fused_sweep(record, seeds):
     key = (seed_keys, id(backends.current()), tuple(e.index for e in record.tape))
     plan = plans.get(key)
     if plan is None:
-        plan = plans[key] = _fused_reverse_plan(record, seed_keys)
+        plan = _fused_reverse_plan(record, seed_keys)
         plan["layout"] = _gradient_layout(record)
+        plans[key] = plan
     args = [record.value(k) for k in plan["in_keys"]] + [record.cells[k] for k in plan["cell_keys"]] + \
         [seeds[k] for k in seed_keys]
     values = _submit(plan["backend"], plan["exe"], args, plan["eqns"])
@@ -663,10 +744,12 @@ def _sweep(record, seeds, vjps):
                     continue
                 primals = {k: record.value(key) for k, key in entry.reads.items()}
                 cts = {k: (np.zeros_like(op.writes[k]) if c is None else c) for k, c in cts.items()}
-                got = vjps[entry.node.name](primals, cts)
-                for k, ct in (got or {}).items():
-                    if k in entry.reads:
-                        adj.add(entry.reads[k], order, np.asarray(ct))
+                try:
+                    got = vjps[entry.node.name](primals, cts)
+                except Exception as err:     # noqa: BLE001 - the user's vjp: named
+                    raise user_error(err, f"the vjp of opaque node {entry.node.name!r}")
+                for k, ct in user_vjp_gradients(entry.node, got, entry.reads, primals).items():
+                    adj.add(entry.reads[k], order, ct)
     return _assemble(record, adj, param_parts)
 
 
@@ -787,8 +870,9 @@ def _reverse_loop(entry, record, adj, param_parts, n, vjp=None):
         for it in range(c, end):
             states.append(dict(cur))
             if it < end - 1:
-                outs = run_batched(batch, n, [cur[nm] if nm in state else fixed[nm]
-                                              for nm in kern.inputs] + params, flags)
+                outs = run_named(batch, n, [cur[nm] if nm in state else fixed[nm]
+                                            for nm in kern.inputs] + params, flags,
+                                 f"node {node.name!r} ({kern.name})")
                 new = dict(zip(launch.out_names, outs))
                 cur = {s: new[s] for s in state}
         for it in reversed(range(c, end)):

@@ -20,23 +20,134 @@ those cells, and neither the forward nor the reverse is rebuilt.
 from __future__ import annotations
 
 import math
+import operator
 import os
 import threading
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..errors import ArgumentError, Busy, RecordError, RefusedError, ShapeError
+from ..backends import ExecutionFailure
+from ..errors import ArgumentError, Busy, DTypeError, ExecutionError, RecordError, RefusedError, \
+    ShapeError, VkmlError
 from .kernel import Kernel, Launch
 from .treesum import MIN_PASS, tree_sum
 
 
 def threads() -> int:
     """Threads the NumPy backend splits samples over (``VKML_THREADS``, default 1)."""
+    text = os.environ.get("VKML_THREADS") or "1"
     try:
-        return max(1, int(os.environ.get("VKML_THREADS", "1")))
+        value = int(text)
     except ValueError:
-        return 1
+        value = 0
+    if value < 1:
+        raise ArgumentError(f"VKML_THREADS must be a positive whole number of threads, got {text!r}; "
+                            "set it to e.g. 1 or 4 (or unset it)")
+    return value
+
+
+# -- all or nothing ---------------------------------------------------------------------------
+
+class all_or_nothing:          # noqa: N801 - used as a ``with`` statement, like a function
+    """The one rule every launch, update, reverse and simulation run of the graph layer follows:
+    a call that is refused changes nothing.
+
+    A call checks what it can before it writes anything.  What can only fail part-way (an index
+    out of range inside a kernel, a user's opaque node or guard raising) runs inside this
+    block: it copies ``planes`` (the arrays the call may write) and remembers ``restore``
+    (``(object, attribute)`` pairs: generations, Records), and if anything raises, puts every
+    one of them back before the error leaves -- so no plane, Record, generation or cache is
+    left half-updated.  An error that is not a :class:`vkml.VkmlError` (a user's function raised
+    it) leaves as an :class:`vkml.ExecutionError` naming it, with the original as its cause."""
+
+    __slots__ = ("backups", "attrs")
+
+    def __init__(self, planes=(), restore=()):
+        self.backups = list({id(p): (p, p.copy()) for p in planes}.values())
+        self.attrs = [(obj, name, getattr(obj, name)) for obj, name in restore]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, err, tb):
+        if err is None:
+            return False
+        for plane, copy in self.backups:
+            plane[...] = copy
+        for obj, name, value in self.attrs:
+            setattr(obj, name, value)
+        if isinstance(err, Exception) and not isinstance(err, VkmlError):
+            raise ExecutionError(f"{type(err).__name__}: {err} (nothing was changed)") from err
+        return False
+
+
+def execution_error(failure, eqns, where) -> ExecutionError:
+    """The error a failing equation of a graph program raises: the node (``where``), the
+    equation and what went wrong (an index out of range, ...)."""
+    eqn = eqns[failure.index] if 0 <= failure.index < len(eqns) else None
+    what = f"{eqn.describe()} failed" if eqn is not None else "its program failed"
+    return ExecutionError(f"{where}: {what}: {failure.error}; nothing was written")
+
+
+def user_error(err, where) -> ExecutionError:
+    """A user's function (an opaque node, its vjp, a guard) raised ``err``: the same error,
+    named after the node, as a VkmlError (the original is its cause); a VkmlError as it is."""
+    if isinstance(err, VkmlError):
+        return err
+    new = ExecutionError(f"{where} raised {type(err).__name__}: {err}")
+    new.__cause__, new.__suppress_context__ = err, True
+    return new
+
+
+def per_sample_values(value, shape, kinds, where):
+    """``value`` (what a user's function returned) as an array of ``shape`` whose dtype kind is
+    one of ``kinds`` (``"f"``: floats; ints and bools are accepted for floats, as exact zeros and
+    counts are); anything else (a string, None, a wrong shape) is refused naming ``where``."""
+    arr = None
+    if not isinstance(value, (str, bytes)) and value is not None:
+        try:
+            arr = np.asarray(value)
+        except (TypeError, ValueError):
+            arr = None
+    ok_kinds = kinds + ("biu" if "f" in kinds else "")
+    if arr is None or arr.dtype.kind not in ok_kinds:
+        got = f"an array of {arr.dtype}" if arr is not None else type(value).__name__
+        raise ArgumentError(f"{where} must be an array of {'floats' if kinds == 'f' else 'numbers'} "
+                            f"of shape {shape} (one row per sample), got {got}")
+    if arr.shape != shape:
+        try:
+            arr = np.array(np.broadcast_to(arr, shape))
+        except ValueError:
+            raise ShapeError(f"{where} must be an array of shape {shape} (one row per sample), got "
+                             f"shape {arr.shape}") from None
+    return arr.astype(np.float64) if kinds == "f" and arr.dtype.kind != "f" else arr
+
+
+# -- the planes a built graph runs on ---------------------------------------------------------
+
+def plane_signature(plane):
+    """What a compiled launch relies on about a plane: its shape and dtype (a program is traced
+    and compiled for them: a plane resized in place would be read at its old size) and whether
+    it may be written.  Not its strides (every backend reads a plane of any strides correctly,
+    and setting them in place is deprecated in NumPy) nor where its memory is (every launch hands
+    the arrays themselves to the program, so memory that moved -- resized away and back -- is
+    read where it now is); reading the address would cost more than all the rest, every launch."""
+    return plane.shape, plane.dtype, plane.flags.writeable
+
+
+_LAYOUT = operator.attrgetter("shape", "dtype")
+_WRITEABLE = operator.attrgetter("flags.writeable")
+
+
+def changed_plane_message(where, name, before, now, since="build()",
+                          fix="rebuild the graph with build()") -> str:
+    """Why plane ``name`` no longer is what a compiled program was built for, and the fix."""
+    what = ("its shape", "its dtype", "whether it is writeable")
+    diffs = [f"{what[i]} was {before[i]}, now {now[i]}" for i in range(len(what)) if before[i] != now[i]]
+    return (f"{where}: plane {name!r} changed since {since}: {'; '.join(diffs)}; {fix} after "
+            f"replacing/resizing plane {name!r} (or write into the plane in place: plane[...] = values)")
 
 
 def chunk_size_for(n: int, workers: int) -> int:
@@ -74,15 +185,28 @@ def run_batched(batch, n, args, batched_flags):
     return [np.concatenate([p[i] for p in parts]) for i in range(len(parts[0]))]
 
 
+def run_named(batch, n, args, batched_flags, where):
+    """:func:`run_batched`, with a failing equation reported as an :class:`vkml.ExecutionError`
+    naming ``where`` (the node or kernel) and the equation."""
+    try:
+        return run_batched(batch, n, args, batched_flags)
+    except ExecutionFailure as failure:
+        raise execution_error(failure, batch.program(n).eqns, where) from failure.error
+
+
 # -- guards and node kinds ------------------------------------------------------------------
 
 class SkipGuard:
     """The condition of a ``skippable`` or ``repeat_while``: a one-value cell read at launch."""
 
     def __init__(self, cell, how="nonzero"):
-        if not isinstance(cell, np.ndarray) or cell.size < 1:
-            raise ArgumentError("SkipGuard: the guard must be a NumPy array cell, e.g. "
-                                "np.array([1], dtype='uint32')")
+        if not isinstance(cell, np.ndarray) or cell.size < 1 or cell.dtype.kind not in "biuf":
+            got = f"an array of {cell.dtype} {cell.shape}" if isinstance(cell, np.ndarray) else \
+                type(cell).__name__
+            raise ArgumentError("SkipGuard: the guard must be a NumPy array cell of numbers, e.g. "
+                                f"np.array([1], dtype='uint32'); got {got}")
+        if how != "nonzero":
+            raise ArgumentError(f"SkipGuard: how must be 'nonzero', got {how!r}")
         self.cell = cell
         self.how = how
 
@@ -117,7 +241,10 @@ class Skippable:
         self.member = _as_launch(member, "skippable")
         if not isinstance(self.member, Launch):
             raise ArgumentError("skippable: the member must be a kernel launch (kernel.bind(...))")
-        self.guard = guard if isinstance(guard, SkipGuard) else SkipGuard.nonzero(np.asarray(guard))
+        if not isinstance(guard, (SkipGuard, np.ndarray)):
+            raise ArgumentError(f"skippable: the guard must be vkml.SkipGuard.nonzero(cell) or a NumPy "
+                                f"cell, got {type(guard).__name__}")
+        self.guard = guard if isinstance(guard, SkipGuard) else SkipGuard.nonzero(guard)
 
 
 class RepeatWhile:
@@ -137,9 +264,12 @@ class RepeatWhile:
                                "kernel.bind(...) launch that updates its state in place")
         if callable(guard) and not isinstance(guard, SkipGuard):
             self.guard = guard
-        else:
+        elif isinstance(guard, (SkipGuard, np.ndarray)):
             self.guard = guard if isinstance(guard, SkipGuard) else SkipGuard.nonzero(guard)
-        if not isinstance(max_iters, int) or max_iters < 1:
+        else:
+            raise ArgumentError(f"repeat_while: the guard must be vkml.SkipGuard.nonzero(cell), a NumPy "
+                                f"cell or a function returning a bool, got {type(guard).__name__}")
+        if not isinstance(max_iters, int) or isinstance(max_iters, bool) or max_iters < 1:
             raise ArgumentError(f"repeat_while: max_iters must be a positive int, got {max_iters!r}")
         self.max_iters = max_iters
         self.window = max(1, math.isqrt(max_iters - 1) + 1)
@@ -154,20 +284,49 @@ class Opaque:
 
     def __init__(self, fn, reads, writes, name=None):
         if not callable(fn):
-            raise ArgumentError("opaque: fn must be callable")
+            raise ArgumentError(f"opaque: fn must be callable, got {type(fn).__name__}")
+        if name is not None and (not isinstance(name, str) or not name):
+            raise ArgumentError(f"opaque: name must be a non-empty string, got {name!r}")
+        label = name or getattr(fn, "__name__", "opaque")
         for what, d in (("reads", reads), ("writes", writes)):
-            if not isinstance(d, dict) or not all(isinstance(v, np.ndarray) for v in d.values()):
-                raise ArgumentError(f"opaque: {what} must be a dict of name -> NumPy plane")
+            if not isinstance(d, Mapping) or not all(isinstance(k, str) for k in d) or \
+                    not all(isinstance(v, np.ndarray) for v in d.values()):
+                raise ArgumentError(f"opaque node {label!r}: {what} must be a dict of name (str) -> "
+                                    f"NumPy plane, got {type(d).__name__}")
+        if not writes:
+            raise ArgumentError(f"opaque node {label!r}: writes is empty; name the planes it writes: "
+                                "writes={'f': plane}")
+        planes = list(reads.items()) + list(writes.items())
+        bad = [k for k, v in planes if v.ndim == 0 or v.dtype.kind not in "biuf"]
+        if bad:
+            raise ShapeError(f"opaque node {label!r}: plane {bad[0]!r} must be an array of numbers with "
+                             "one row per sample (shape (n,) or (n, d))")
+        rows = {v.shape[0] for _, v in planes}
+        if len(rows) > 1:
+            raise ShapeError(f"opaque node {label!r}: planes have different numbers of rows "
+                             + ", ".join(f"{k}: {v.shape[0]}" for k, v in planes))
+        frozen = [k for k, v in writes.items() if not v.flags.writeable]
+        if frozen:
+            raise ArgumentError(f"opaque node {label!r}: write plane {frozen[0]!r} is read-only")
         self.fn, self.reads, self.writes = fn, dict(reads), dict(writes)
-        self.name = name or getattr(fn, "__name__", "opaque")
-        self.n = next(iter(list(reads.values()) + list(writes.values()))).shape[0]
+        self.name = label
+        self.n = rows.pop()
 
     def run(self, reads=None):
-        out = self.fn(dict(reads if reads is not None else self.reads))
-        if not isinstance(out, dict) or set(out) != set(self.writes):
+        """``fn`` on the planes (or on ``reads``): its outputs, checked against the write planes
+        before any is written."""
+        try:
+            out = self.fn(dict(reads if reads is not None else self.reads))
+        except Exception as err:     # noqa: BLE001 - the user's model: named, and nothing written
+            raise user_error(err, f"opaque node {self.name!r}")
+        if not isinstance(out, Mapping) or set(out) != set(self.writes):
             raise ArgumentError(f"opaque node {self.name!r} must return a dict with exactly "
-                                f"{sorted(self.writes)}")
-        return out
+                                f"{sorted(self.writes)}, got "
+                                f"{sorted(out) if isinstance(out, Mapping) else type(out).__name__}")
+        rows = next(iter(reads.values())).shape[0] if reads else self.n
+        return {k: per_sample_values(v, (rows,) + self.writes[k].shape[1:], "biuf",
+                                     f"opaque node {self.name!r}: output {k!r}")
+                for k, v in out.items()}
 
 
 class Reduce:
@@ -178,10 +337,15 @@ class Reduce:
     OPS = ("sum", "max", "min", "all", "any")
 
     def __init__(self, src, dst, op="sum"):
-        if op not in self.OPS:
+        if not isinstance(op, str) or op not in self.OPS:
             raise ArgumentError(f"reduce: op must be one of {self.OPS}, got {op!r}")
         if not isinstance(src, np.ndarray) or not isinstance(dst, np.ndarray):
             raise ArgumentError("reduce: src and dst must be NumPy planes")
+        if src.ndim == 0 or src.dtype.kind not in "biuf" or dst.dtype.kind not in "biuf":
+            raise ShapeError(f"reduce: src must be a plane of numbers with one row per sample and dst "
+                             f"a cell of numbers; got src {src.dtype} {src.shape}, dst {dst.dtype}")
+        if not dst.flags.writeable:
+            raise ArgumentError("reduce: dst is read-only")
         if dst.shape != src.shape[1:] and dst.shape != (1,) + src.shape[1:]:
             raise ShapeError(f"reduce: dst {dst.shape} must hold one sample's value {src.shape[1:]}")
         self.src, self.dst, self.op = src, dst, op
@@ -326,16 +490,59 @@ class Graph:
         for n in self.nodes:
             if n.name == name:
                 return n
-        raise KeyError(f"no node named {name!r}; nodes: {[n.name for n in self.nodes]}")
+        raise ArgumentError(f"no node named {name!r}; nodes: {[n.name for n in self.nodes]}")
 
     @property
     def n(self) -> int:
+        if not self.nodes:
+            raise ArgumentError("Graph.n: the graph has no nodes yet; add kernel.bind(...) first")
         return self.nodes[0].op.n if not self.nodes[0].launches() else self.nodes[0].launches()[0].n
+
+    def _bound_planes(self):
+        """Every (node name, binding dict, name, plane) of every node: what build() compiles
+        against."""
+        out = []
+        for node in self.nodes:
+            ops = node.launches() or [node.op]
+            for op in ops:
+                for which in (op.reads, op.writes):
+                    out.extend((node.name, which, name, plane) for name, plane in which.items())
+        return out
+
+    def written_planes(self):
+        """The planes a launch may write (what a refused launch puts back)."""
+        return [plane for node in self.nodes for op in (node.launches() or [node.op])
+                for plane in op.writes.values()]
+
+    def check_planes(self, where):
+        """Refuse to run on planes that are not what build() saw (resized, reshaped, replaced,
+        made read-only): a compiled program would read them at their old size."""
+        # every launch and reverse: the arrays still bound, then plane_signature of each, inlined
+        if all(map(operator.is_, map(dict.get, self._bound_dicts, self._bound_names), self._bound_arrays)) \
+                and list(map(_LAYOUT, self._planes)) == self._layouts \
+                and all(map(_WRITEABLE, self._written)):
+            return
+        for node, which, name, plane in self._bound:
+            if which.get(name) is not plane:
+                raise ShapeError(f"{where}: plane {name!r} of node {node!r} was replaced by another "
+                                 f"array since build(); rebuild the graph with build() after "
+                                 f"replacing/resizing plane {name!r}")
+        for plane, before in zip(self._planes, self._signatures):
+            now = plane_signature(plane)
+            if now != before:
+                raise ShapeError(changed_plane_message(where, self.plane_name(plane), before, now))
 
     def build(self, record=False) -> "Graph":
         """Check the graph and give every kernel Param a one-cell plane of its own."""
+        if not isinstance(record, (bool, np.bool_)):
+            raise ArgumentError(f"Graph.build: record must be True or False, got {record!r}")
         if not self.nodes:
             raise ArgumentError("Graph.build: the graph has no nodes; add kernel.bind(...) first")
+        frozen = [(node.name, name) for node in self.nodes for op in (node.launches() or [node.op])
+                  for name, plane in op.writes.items() if not plane.flags.writeable]
+        if frozen:
+            raise ArgumentError(f"Graph.build: node {frozen[0][0]!r} writes plane {frozen[0][1]!r}, "
+                                "which is read-only; bind a writeable plane")
         ns = {}
         for node in self.nodes:
             size = node.launches()[0].n if node.launches() else node.op.n
@@ -349,8 +556,15 @@ class Graph:
                 for p, value in launch.params.items():
                     cells[(node.name, p)] = np.array(value, copy=True).reshape(value.shape)
         self.cells = cells
-        for cache in ("_fused", "_fused_reverse", "_names"):   # made anew for the built graph
+        for cache in ("_fused", "_fused_reverse", "_names", "_can_fail"):   # made anew when built
             self.__dict__.pop(cache, None)                      # (record.py, diff.py)
+        self._bound = self._bound_planes()
+        _, self._bound_dicts, self._bound_names, self._bound_arrays = \
+            (list(column) for column in zip(*self._bound)) if self._bound else ([],) * 4
+        self._planes = list({id(p): p for p in self._bound_arrays}.values())
+        self._signatures = [plane_signature(p) for p in self._planes]
+        self._layouts = [s[:2] for s in self._signatures]
+        self._written = list({id(p): p for p in self.written_planes()}.values())
         self.recording = bool(record)
         self._built = True
         return self
@@ -371,9 +585,13 @@ class Graph:
                        "return")
 
     def launch(self, n=1):
-        """Run the graph ``n`` times; a recording graph runs exactly once per launch and records it."""
+        """Run the graph ``n`` times; a recording graph runs exactly once per launch and records it.
+        All or nothing (:func:`all_or_nothing`): a launch refused part-way leaves every plane,
+        the generation and the Record as they were."""
         if not self._built:
             raise ArgumentError("Graph.launch: call build() (or build(record=True)) first")
+        if (type(n) is not int and (not isinstance(n, np.integer) or isinstance(n, np.bool_))) or n < 1:
+            raise ArgumentError(f"Graph.launch: n (runs) must be a positive int, got {n!r}")
         with self._lock:
             self._check_free("launch")
             if self.recording:
@@ -384,13 +602,12 @@ class Graph:
                 if rec is not None and rec.live:
                     raise RecordError(f"launch: the Record of generation {rec.generation} is still "
                                       "live; reverse it first, or keep a copy with record.keep()")
+            self.check_planes("launch")
+            workers = threads()                # a bad VKML_THREADS is refused before anything runs
             self._launching = True
-        from .record import run_graph
+        from .record import run_launches
         try:
-            for _ in range(n):
-                rec = run_graph(self, recording=self.recording)
-                if self.recording:
-                    self._record = rec
+            run_launches(self, n, workers)
         finally:
             self._launching = False
         return self
@@ -410,10 +627,15 @@ class Graph:
             raise RecordError(f"update: the Record of generation {rec.generation} is still live; "
                               "reverse it (or keep() it) first, so a reverse sees the Params its "
                               "launch used")
+        if mapping is not None and not isinstance(mapping, Mapping):
+            raise ArgumentError(f"update: pass Params as update(k=0.7) or update({{'node.k': 0.7}}), "
+                                f"got {type(mapping).__name__}")
         items = dict(mapping or {})
         items.update(values)
         plan = []
         for key, value in items.items():
+            if not isinstance(key, str):
+                raise ArgumentError(f"update: Param names are strings like 'k' or 'node.k', got {key!r}")
             if "." in key:
                 node, p = key.split(".", 1)
                 targets = [(node, p)] if (node, p) in self.cells else []
@@ -422,11 +644,14 @@ class Graph:
             if not targets:
                 raise ArgumentError(f"update: no Param {key!r}; Params: "
                                     f"{sorted({p for _, p in self.cells} | {f'{n}.{p}' for n, p in self.cells})}")
-            arr = np.asarray(value)
+            arr = _param_value(key, value)
             for t in targets:
                 cell = self.cells[t]
                 if arr.shape != cell.shape and arr.size != cell.size:
                     raise ShapeError(f"update: Param {t[0]}.{t[1]} holds shape {cell.shape}, got {arr.shape}")
+                if cell.dtype.kind in "biu" and arr.dtype.kind == "f":
+                    raise DTypeError(f"update: Param {t[0]}.{t[1]} holds {cell.dtype} values, got "
+                                     f"{arr.dtype}; pass whole numbers")
                 plan.append((cell, arr))
         for cell, arr in plan:                      # every value checked before any is written
             cell[...] = arr.reshape(cell.shape)
@@ -434,3 +659,19 @@ class Graph:
 
     def __repr__(self):
         return f"<vkml.Graph: {' -> '.join(n.name for n in self.nodes) or 'empty'}>"
+
+
+def _param_value(key, value):
+    """A Param's new value as an array of real numbers; None, strings and objects are refused
+    (None would become NaN in a float cell)."""
+    if value is None or isinstance(value, (str, bytes)):
+        raise ArgumentError(f"update: Param {key!r} must be a number or an array of numbers, got "
+                            f"{type(value).__name__}")
+    try:
+        arr = np.asarray(value.numpy() if hasattr(value, "numpy") else value)
+    except (TypeError, ValueError):
+        arr = None
+    if arr is None or arr.dtype.kind not in "biuf":
+        raise ArgumentError(f"update: Param {key!r} must be a number or an array of numbers, got "
+                            f"{type(value).__name__}")
+    return arr

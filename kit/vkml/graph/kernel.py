@@ -21,7 +21,7 @@ import inspect
 import numpy as np
 
 from .. import backends
-from ..errors import ArgumentError, ShapeError
+from ..errors import ArgumentError, DTypeError, ShapeError
 from ..ir import Var, dtype_name, format_shape, program_from_dag
 from ..ops import api
 from ..stats import STATS
@@ -157,6 +157,9 @@ class Launch:
             if v.ndim == 0:
                 raise ShapeError(f"kernel {kname}: plane {name!r} is 0-d; a plane has one row per "
                                  "sample (shape (n,) or (n, d))")
+            if v.dtype.kind not in "biuf":
+                raise DTypeError(f"kernel {kname}: plane {name!r} holds {v.dtype} values; a plane "
+                                 "holds numbers (bool, int, uint or float)")
             planes[name] = v
         ns = {v.shape[0] for v in planes.values()}
         if len(ns) > 1:
@@ -202,14 +205,32 @@ class Launch:
         Also the seed's spelling of a conditional's member:
         ``vkml.skippable(k.bind(...).launch, guard)`` passes this bound method,
         and the conditional takes the Launch it belongs to."""
-        from .graph import run_batched
+        from .graph import run_named
         kern = self.kernel
+        self._check_planes()
         args = [self.reads[n] for n in kern.inputs] + [self.params[p] for p in kern.params]
         flags = [True] * len(kern.inputs) + [False] * len(kern.params)
-        outs = run_batched(self.batched(), self.n, args, flags)
-        for name, value in zip(self.out_names, outs):
+        outs = run_named(self.batched(), self.n, args, flags, f"kernel {kern.name}")
+        for name, value in zip(self.out_names, outs):       # every output computed: now written
             self.writes[name][...] = value
         return self
+
+    def _check_planes(self):
+        """The planes still have the rows and per-sample types the kernel was traced for, and
+        the outputs' planes may still be written."""
+        types = dict(zip(self.kernel.inputs, self.program.inputs))
+        types.update(zip(self.out_names, self.program.outputs))
+        for which in (self.reads, self.writes):
+            for name, plane in which.items():
+                var = types[name]
+                if plane.shape != (self.n,) + var.shape or plane.dtype != var.dtype:
+                    raise ShapeError(f"kernel {self.kernel.name}: plane {name!r} is now "
+                                     f"{plane.dtype} {plane.shape}, but was bound as {var.dtype} "
+                                     f"{(self.n,) + var.shape}; bind it again after "
+                                     f"replacing/resizing plane {name!r}")
+        frozen = [name for name, plane in self.writes.items() if not plane.flags.writeable]
+        if frozen:
+            raise ArgumentError(f"kernel {self.kernel.name}: output plane {frozen[0]!r} is read-only")
 
     # -- batched programs, derived once per kernel type ------------------------------------------
     def batched(self):

@@ -16,14 +16,16 @@ stays valid however often the graph runs again.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import numpy as np
 
 from .. import backends
-from ..errors import RecordError
+from ..errors import ExecutionError, RecordError
 from ..tensor import _submit
-from .graph import Launch, Opaque, Reduce, RepeatWhile, Skippable, run_batched, threads
+from .graph import Launch, Opaque, Reduce, RepeatWhile, Skippable, all_or_nothing, run_named, threads, \
+    user_error
 
 
 class Step:
@@ -78,7 +80,7 @@ def _run_launch(run, node, launch, cells):
     args = [launch.reads[n] for n in kern.inputs] + [cells[(node.name, p)] for p in kern.params]
     flags = [True] * len(kern.inputs) + [False] * len(kern.params)
     reads = {n: run.note_read(launch.reads[n]) for n in kern.inputs}
-    outs = run_batched(launch.batched(), launch.n, args, flags)
+    outs = run_named(launch.batched(), launch.n, args, flags, f"node {node.name!r} ({kern.name})")
     writes = {}
     for name, value in zip(launch.out_names, outs):
         writes[name] = run.write(launch.writes[name], value)
@@ -173,7 +175,10 @@ def _fused_plan(graph, recording):
     # it reads is written last, after the Record has copied the version it read
     read_ids = {id(a) for a in in_planes}
     written = [planes[pid] for pid in written]
-    into = [None if id(p) in read_ids else p for p in written] + [None] * len(saved)
+    # a program that can fail part-way (an index out of range) computes into buffers of its own,
+    # copied into the planes once it has succeeded: a refused launch writes nothing
+    private = _may_fail(program)
+    into = [None if id(p) in read_ids or private else p for p in written] + [None] * len(saved)
     return {"exe": exe, "backend": backend, "in_planes": in_planes, "cells": list(cell_vars),
             "into": into, "inputs": read_ids, "held": read_ids | {id(p) for p in written},
             "written": written, "saved": [k for k, _ in saved],
@@ -202,17 +207,84 @@ def _run_fused(graph, recording):
     return run
 
 
-def run_graph(graph, recording):
-    if threads() == 1 and all(type(n.op) is Launch for n in graph.nodes):
-        run = _run_fused(graph, recording)
+def _may_fail(program) -> bool:
+    """Whether a program can fail part-way through: it reads or writes by index."""
+    from .diff import _prims
+    return any(prim.name in ("gather", "scatter_add") for prim in _prims(program))
+
+
+#: a launch with nothing to put back: one fused run changes no plane, generation or Record
+#: before it has succeeded
+_NOTHING_TO_UNDO = contextlib.nullcontext()
+
+
+def run_launches(graph, runs, workers):
+    """``runs`` runs of a built graph on ``workers`` threads, all or nothing (see
+    ``all_or_nothing``); a recording graph keeps the Record of its (one) run."""
+    fused = fused_launch(graph, workers)
+    backup = launch_backup(graph, runs, fused)
+    undo = all_or_nothing(backup, [(graph, "generation"), (graph, "_record")]) \
+        if backup or runs > 1 or not fused else _NOTHING_TO_UNDO
+    with undo:
+        for _ in range(runs):
+            rec = run_graph(graph, graph.recording, fused)
+            if graph.recording:
+                graph._record = rec
+
+
+def launch_backup(graph, runs, fused):
+    """What a launch of ``runs`` runs must copy first to put back if it fails part-way (see
+    ``all_or_nothing``): nothing for one fused run (it computes into private buffers where it
+    can fail) nor for plain kernel launches that cannot fail (no index read or written);
+    otherwise every plane the graph writes."""
+    can_fail = graph.__dict__.get("_can_fail")
+    if can_fail is None:
+        can_fail = graph.__dict__["_can_fail"] = not all(type(node.op) is Launch for node in graph.nodes) \
+            or any(_may_fail(node.op.program) for node in graph.nodes)
+    return graph.written_planes() if can_fail and not (fused and runs == 1) else []
+
+
+def fused_launch(graph, workers=None) -> bool:
+    """Whether a launch of ``graph`` runs as one fused program (plain kernel launches, one thread)."""
+    return (threads() if workers is None else workers) == 1 and \
+        all(type(n.op) is Launch for n in graph.nodes)
+
+
+def run_graph(graph, recording, fused=None):
+    if fused_launch(graph) if fused is None else fused:
+        try:
+            run = _run_fused(graph, recording)
+        except ExecutionError as err:
+            # one program for the whole graph names no node: run node by node (on the planes,
+            # put back after) to name the one that fails, then refuse with that error
+            with all_or_nothing(graph.written_planes(), [(graph, "generation")]):
+                _run_steps(graph, recording)
+            raise err
         graph.generation += 1
         return Record(graph, run) if recording else None
+    run = _run_steps(graph, recording)
+    graph.generation += 1
+    if not recording:
+        return None
+    return Record(graph, run)
+
+
+def _guard(node, guard):
+    """A conditional's guard, evaluated; one that raises is named after its node."""
+    try:
+        return bool(guard())
+    except Exception as err:     # noqa: BLE001 - the user's guard: named
+        raise user_error(err, f"the guard of node {node.name!r}")
+
+
+def _run_steps(graph, recording):
+    """Run the nodes one by one on the planes; the run's tape and copies."""
     run = _Run(recording)
     cells = graph.cells
     for node in graph.nodes:
         op = node.op
         if isinstance(op, Skippable):
-            taken = op.guard()
+            taken = _guard(node, op.guard)
             guard = np.uint32(1 if taken else 0)          # the recorded guard: a one-value copy
             step = _run_launch(run, node, op.member, cells) if taken else None
             if step is not None:
@@ -232,10 +304,7 @@ def run_graph(graph, recording):
             run.tape.append(OtherEntry(node, reads, writes, len(run.tape)))
         else:
             _run_launch(run, node, op, cells)
-    graph.generation += 1
-    if not recording:
-        return None
-    return Record(graph, run)
+    return run
 
 
 def _run_repeat(run, node, op, cells):
@@ -248,7 +317,7 @@ def _run_repeat(run, node, op, cells):
     entry.state = state
     entry.start_reads = {n: (id(p), run.cur(p)) for n, p in launch.reads.items()}
     it = 0
-    while it < op.max_iters and op.guard():
+    while it < op.max_iters and _guard(node, op.guard):
         if run.recording and it % op.window == 0:
             entry.checkpoints[it] = {n: launch.reads[n].copy() for n in state}
         if run.recording and it == 0:
@@ -338,6 +407,7 @@ class Record:
             raise RecordError(f"keep: this Record is of generation {self.generation} but the graph "
                               f"is at generation {self.graph.generation}; keep() right after launch()")
         if not self.kept:
+            self.graph.check_planes("keep")
             # every plane the run touched, not only those it wrote: the reverse also reads
             # the graph's inputs (version 0), which the next launch may find changed
             self._kept_planes = {pid: plane.copy() for pid, plane in self.planes.items()}

@@ -28,18 +28,22 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Mapping
 from functools import lru_cache
 
 import numpy as np
 
-from ..errors import ArgumentError, Busy, RecordError, RefusedError, ShapeError
-from .diff import Gradients, Report, _reverse_launch
+from ..backends import ExecutionFailure
+from ..errors import ArgumentError, Busy, ExecutionError, RecordError, RefusedError, ShapeError
+from .diff import Gradients, Report, _reverse_launch, check_vjps, seed_array, user_vjp_gradients, \
+    wrt_names
 from .. import backends
 from ..ir import program_from_dag
 from ..transforms import vjp_program
 from ..transforms.ad import derived
 from ..transforms.control import reorder_inputs
-from .graph import Opaque, run_batched, threads
+from .graph import Opaque, changed_plane_message, execution_error, plane_signature, run_named, threads, \
+    user_error
 from .kernel import Kernel, Launch
 from .treesum import chunk_bounds, combine, pass_size, tree_sum
 
@@ -158,6 +162,8 @@ class SimulationRecord:
                 raise RecordError(f"keep: this Record is of generation {self.generation} but the "
                                   f"simulation is at generation {self.simulation.generation}; keep() "
                                   "right after run()")
+            sim = self.simulation
+            sim.check_planes("keep", [nm for nm in self.fixed if nm in sim._planes])
             self.fixed = {k: v.copy() for k, v in self.fixed.items()}
             self.kept = True
         return self
@@ -175,8 +181,9 @@ class Simulation:
         if events is not None:
             raise RefusedError("simulation: events= (event refinement) is not supported by vkml; "
                                "detect crossings inside the step kernel with vkml.where instead")
-        if not isinstance(max_steps, int) or max_steps < 1:
+        if not _positive_int(max_steps):
             raise ArgumentError(f"simulation: max_steps must be a positive int, got {max_steps!r}")
+        _check_options(record, memory_budget, snapshots, steps_per_launch, progress)
         if not record and (window is not None or memory_budget is not None):
             raise ArgumentError("simulation: window= and memory_budget= apply to a recorded run; "
                                 "pass record=True (or leave them out)")
@@ -230,7 +237,7 @@ class Simulation:
         self.n = launch.n
         if window is None:
             window = default_window(max_steps)
-        if window not in ("full", "binomial") and (not isinstance(window, int) or window < 1):
+        if not (isinstance(window, str) and window in ("full", "binomial")) and not _positive_int(window):
             raise ArgumentError(f"simulation: window must be a positive int, 'full' or 'binomial', got "
                                 f"{window!r}")
         self.window = window
@@ -250,6 +257,10 @@ class Simulation:
         self.memory_budget = memory_budget if memory_budget is not None else available_memory()
         if record:
             self.pass_size = pass_size(self.n, self.per_sample_bytes, self.memory_budget, "simulation")
+        #: what every run and reverse checks the planes against (see check_planes)
+        self._planes = {name: plane for op in [launch] + nodes
+                        for name, plane in list(op.reads.items()) + list(op.writes.items())}
+        self._signatures = {name: plane_signature(p) for name, p in self._planes.items()}
         self.generation = 0
         self._record = None
         self.progress = progress
@@ -265,6 +276,17 @@ class Simulation:
         self._record = None
         return self
 
+    def check_planes(self, where, names=None):
+        """Refuse to run on planes resized, reshaped or made read-only since the simulation was
+        made: its programs were traced (and compiled) for the planes as they were then."""
+        for name in names if names is not None else self._planes:
+            plane = self._planes[name]
+            now = plane_signature(plane)
+            if now != self._signatures[name]:
+                raise ShapeError(changed_plane_message(where, name, self._signatures[name], now,
+                                                       "the simulation was made",
+                                                       "make the simulation again (vkml.simulation(...))"))
+
     def _cells(self):
         return [self.launch.params[p] for p in self.launch.kernel.params]
 
@@ -279,8 +301,8 @@ class Simulation:
                 extra[k] = np.asarray(v)
         ins = [state[n] if n in state else extra.get(n, fixed[n]) for n in kern.inputs]
         flags = [True] * len(kern.inputs) + [False] * len(kern.params)
-        outs = dict(zip(launch.out_names, run_batched(launch.batched(), len(active),
-                                                      ins + self._cells(), flags)))
+        outs = dict(zip(launch.out_names, run_named(launch.batched(), len(active), ins + self._cells(),
+                                                    flags, f"simulation step {kern.name}")))
         new = {}
         for s in self.state:
             mask = active.reshape((-1,) + (1,) * (outs[s].ndim - 1))
@@ -292,6 +314,10 @@ class Simulation:
         """Run until every sample has terminated or ``max_steps`` steps; record if record=True."""
         if self._readers_busy():
             raise Busy("simulation.run: a reverse is reading the last Record; wait for it to return")
+        self.check_planes("simulation.run")
+        threads()                              # a bad VKML_THREADS is refused before anything runs
+        # all or nothing: the steps run on private copies of the state, written into the planes
+        # (and the generation and Record changed) only once every step has succeeded
         launch = self.launch
         n = self.n
         state = {s: launch.reads[s].copy() for s in self.state}
@@ -381,10 +407,19 @@ class Simulation:
     def _run_compiled(self, loops, fixed):
         launch = self.launch
         kern = launch.kernel
-        others = [launch.writes[nm] for nm in launch.out_names if nm not in self.state]
-        finals, steps, cks = loops.forward(
-            [launch.reads[s] for s in self.state], [fixed[nm] for nm in self._fixed_names], others,
-            [launch.params[p] for p in kern.params], self.max_steps, threads())
+        planes = [launch.writes[nm] for nm in launch.out_names if nm not in self.state]
+        others = [p.copy() for p in planes]       # written by the loops; committed on success
+        try:
+            finals, steps, cks = loops.forward(
+                [launch.reads[s] for s in self.state], [fixed[nm] for nm in self._fixed_names], others,
+                [launch.params[p] for p in kern.params], self.max_steps, threads())
+        except ExecutionFailure as failure:
+            raise execution_error(failure, _eqns(loops), f"simulation step {kern.name}") \
+                from failure.error
+        except ExecutionError as error:            # the compiled loops name the sample, not the node
+            raise ExecutionError(f"simulation step {kern.name}: {error}") from None
+        for plane, value in zip(planes, others):
+            plane[...] = value
         for s, value in zip(self.state, finals):
             launch.writes[s][...] = value
         self.generation += 1
@@ -409,7 +444,13 @@ class Simulation:
         fixed = [record.fixed[nm][sl] for nm in self._fixed_names]
         params = [record.cells[p] for p in kern.params]
         seeds = [ct0.get(s, np.zeros_like(record.initial[s][sl])) for s in self.state]
-        outs = loops.reverse(cks, steps, fixed, params, seeds, threads())
+        try:
+            outs = loops.reverse(cks, steps, fixed, params, seeds, threads())
+        except ExecutionFailure as failure:
+            raise execution_error(failure, _eqns(loops), f"the vjp of simulation step {kern.name}") \
+                from failure.error
+        except ExecutionError as error:
+            raise ExecutionError(f"the vjp of simulation step {kern.name}: {error}") from None
         names = self.state + self._fixed_names + list(kern.params)
         res = {"state": {}, "fixed": {}, "params": {}}
         for pos, g in zip(loops.wrt, outs):
@@ -451,17 +492,26 @@ class Simulation:
             raise RefusedError(f"reverse: {self.launch.kernel.name} has no vjp ({err})") from err
 
     def reverse(self, record, seeds, wrt=None, vjps=None, strict=False, lock=None):
-        vjps = vjps or {}
+        vjps = check_vjps(vjps, strict)
         self.check_reversible(vjps)
         if not isinstance(record, SimulationRecord) or record.simulation is not self:
             raise ArgumentError("reverse: this Record belongs to another simulation")
+        if not isinstance(seeds, Mapping):
+            raise ArgumentError(f"seeds must be a dict of state plane name -> per-sample seed, got "
+                                f"{type(seeds).__name__}")
         if record.generation != self.generation and not record.kept:
             raise RecordError(f"reverse: this Record is of generation {record.generation}, but the "
                               f"simulation has run since and is at generation {self.generation}; "
                               "reverse right after run(), or keep() the Record to reverse it later")
+        if not record.kept:            # the reverse reads the per-sample input planes themselves
+            self.check_planes("reverse", [nm for nm in record.fixed if nm in self._planes])
         bitwise = self.bitwise()
+        wrt = wrt_names(wrt)
         if wrt is not None:
-            wrt = [wrt] if isinstance(wrt, str) else list(wrt)
+            unknown = [w for w in wrt if w not in bitwise and w not in self.state]
+            if unknown:
+                raise ArgumentError(f"reverse: wrt names {unknown} are not inputs or Params of "
+                                    f"{self.launch.kernel.name}; choose from {sorted(bitwise)}")
         if strict:
             bad = [k for k, ok in bitwise.items() if not ok and (wrt is None or k in wrt)]
             if bad:
@@ -471,7 +521,9 @@ class Simulation:
                                    "or leave them out with wrt=")
         launch = self.launch
         ct0 = {}
-        for name, seed in dict(seeds).items():
+        for name, seed in seeds.items():
+            if not isinstance(name, str):
+                raise ArgumentError(f"seed names are state plane names (strings), got {name!r}")
             by_node = [node.name for node in self.nodes if name in node.writes]
             if by_node:
                 raise ArgumentError(f"seed {name!r}: node {by_node[0]!r} writes that plane on every "
@@ -485,11 +537,7 @@ class Simulation:
                 raise ArgumentError(f"seed {name!r}: the simulation's state planes are {self.state}")
             if name not in self.state:
                 raise ArgumentError(f"seed {name!r}: only the final state {self.state} can be seeded")
-            arr = np.asarray(seed)
-            if arr.shape != plane.shape:
-                raise ShapeError(f"seed {name!r} has shape {arr.shape}, but plane {name!r} holds one value "
-                                 f"per sample, {plane.shape}; pass one seed per sample")
-            ct0[name] = arr.astype(plane.dtype)
+            ct0[name] = seed_array(name, seed, plane).astype(plane.dtype)
         if lock is not None and not lock.acquire(blocking=False):
             raise Busy("Reverse: another thread is running this Reverse; give each thread its own")
         try:
@@ -704,9 +752,11 @@ class Simulation:
             if not cts:
                 continue
             primals = {k: (cur[k] if k in cur else fixed.get(k, v))[idx] for k, v in node.reads.items()}
-            got = vjps[node.name](primals, cts) or {}
-            for k, g in got.items():
-                g = np.asarray(g)
+            try:
+                got = vjps[node.name](primals, cts)
+            except Exception as err:     # noqa: BLE001 - the user's vjp: named
+                raise user_error(err, f"the vjp of opaque node {node.name!r}")
+            for k, g in user_vjp_gradients(node, got, node.reads, primals).items():
                 if k in ct_state:
                     ct_state[k][idx] += g
                 elif k in fixed and fixed[k].dtype.kind == "f":
@@ -728,6 +778,35 @@ def _progress(flag, total, desc):
     elsewhere and when ``progress=False``."""
     from ..progress import progress
     return progress(total=total, desc=desc, enabled=flag)
+
+
+def _eqns(loops):
+    """The equations of the step program compiled loops run (to name a failing one)."""
+    return getattr(getattr(loops, "step", None), "eqns", [])
+
+
+def _positive_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) and value >= 1
+
+
+def _check_options(record, memory_budget, snapshots, steps_per_launch, progress):
+    """The simulation's keyword options, each of the right kind and range."""
+    if not isinstance(record, (bool, np.bool_)):
+        raise ArgumentError(f"simulation: record must be True or False, got {record!r}")
+    if memory_budget is not None and (not isinstance(memory_budget, (int, float, np.integer, np.floating))
+                                      or isinstance(memory_budget, (bool, np.bool_))
+                                      or not math.isfinite(memory_budget) or memory_budget <= 0):
+        raise ArgumentError(f"simulation: memory_budget must be a positive number of bytes, got "
+                            f"{memory_budget!r}")
+    if snapshots is not None and (not isinstance(snapshots, (int, np.integer)) or
+                                  isinstance(snapshots, (bool, np.bool_)) or snapshots < 0):
+        raise ArgumentError(f"simulation: snapshots must be a whole number >= 0 (with "
+                            f"window='binomial'), got {snapshots!r}")
+    if not _positive_int(steps_per_launch):
+        raise ArgumentError(f"simulation: steps_per_launch must be a positive int, got "
+                            f"{steps_per_launch!r}")
+    if progress is not None and not isinstance(progress, (bool, np.bool_)):
+        raise ArgumentError(f"simulation: progress must be True, False or None, got {progress!r}")
 
 
 def simulation(step, *, max_steps, record=False, window=None, memory_budget=None, **kwargs):

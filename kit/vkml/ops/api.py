@@ -30,6 +30,8 @@ import numpy as np
 
 from ..errors import ArgumentError, DTypeError, IndexOutOfRangeError, ShapeError
 from ..ir import Var, dtype_name
+from ..validate import (canonical_dtype, check_bool, check_dtype, check_int, check_sequence,
+                        check_shape, describe, host_memory)
 from .core import Linear, bind
 from .elementwise import (abs_p, add_p, cast_p, cos_p, div_p, equal_p, exp_p, greater_equal_p,
                           greater_p, less_equal_p, less_p, log_p, logical_and_p, logical_not_p,
@@ -44,30 +46,35 @@ from .reductions import argmax_p, reduce_max_p, reduce_sum_p
 DEFAULT_DEVICE = ["CPU"]
 
 _SCALARS = (bool, int, float, np.bool_, np.number)
+_INT64_MAX = np.iinfo(np.int64).max
 
 
 # -- turning inputs into Vars ----------------------------------------------------
 
 def constant(value, dtype=None, device=None) -> Var:
     """A leaf Var holding ``value`` (copied, so later changes to it are not seen)."""
-    arr = np.array(value, dtype=dtype)
-    if arr.dtype.kind not in "biuf" or arr.dtype.itemsize > 8:
-        raise ArgumentError(f"cannot make a tensor from {type(value).__name__} data of dtype "
-                            f"{arr.dtype}; pass numbers, lists of numbers or a NumPy array")
-    arr = arr.astype(_canonical_dtype(arr.dtype), copy=False)
+    if dtype is not None:
+        dtype = check_dtype(dtype, "tensor")
+    if isinstance(value, (str, bytes, dict, set)) or value is None:
+        raise ArgumentError(f"cannot make a tensor from {type(value).__name__}; pass a number, "
+                            "a (nested) list of numbers or a NumPy array")
+    with host_memory("tensor", f"data of {type(value).__name__}"):
+        try:
+            arr = np.asarray(value)
+        except (TypeError, ValueError, OverflowError) as err:
+            raise ArgumentError(f"cannot make a tensor from {type(value).__name__} ({err}); pass "
+                                "numbers, nested lists of equal length or an array") from None
+        # checked before any cast, so complex or text data is refused rather than truncated
+        if arr.dtype.kind not in "biuf" or arr.dtype.itemsize > 8:
+            raise ArgumentError(f"cannot make a tensor from {type(value).__name__} data of dtype "
+                                f"{arr.dtype}; pass numbers, lists of numbers or a NumPy array")
+        if arr.dtype == np.uint64 and dtype is None and arr.size and arr.max() > _INT64_MAX:
+            raise DTypeError(f"cannot make a tensor from {type(value).__name__}: {int(arr.max())} "
+                             "does not fit int64, vkml's widest integer; pass it as a float "
+                             "(dtype=float64)")
+        arr = arr.astype(dtype if dtype is not None else canonical_dtype(arr.dtype))  # a copy
     arr.flags.writeable = False
     return Var(arr.shape, arr.dtype, device or DEFAULT_DEVICE[0], value=arr)
-
-
-def _canonical_dtype(dtype):
-    """Map NumPy's dtypes onto the five vkml has (int8 -> int32, float16 -> float32, ...)."""
-    k = dtype.kind
-    if k == "b":
-        return np.dtype(bool)
-    if k in "iu":
-        return np.dtype(np.int64) if dtype.itemsize >= 8 or (k == "u" and dtype.itemsize >= 4) \
-            else np.dtype(np.int32)
-    return np.dtype(np.float64) if dtype.itemsize >= 8 else np.dtype(np.float32)
 
 
 def as_var(x) -> Var:
@@ -101,7 +108,11 @@ def _weak_example(x):
 
 
 def _scalar_var(value, dtype, device):
-    arr = np.array(value, dtype=dtype)
+    try:
+        arr = np.array(value, dtype=dtype)
+    except OverflowError:
+        raise DTypeError(f"the number {value} does not fit {dtype_name(np.dtype(dtype))}; use a "
+                         "smaller one, or cast the tensor to float64 first") from None
     arr.flags.writeable = False
     return Var((), arr.dtype, device, value=arr)
 
@@ -112,11 +123,11 @@ def promote(*xs):
     strong = [as_var(x) for x, w in zip(xs, weak_flags) if not w]
     weak = [_weak_example(x) for x, w in zip(xs, weak_flags) if w]
     if not strong:
-        dtype = _canonical_dtype(np.result_type(*[x.dtype if isinstance(x, Var) else x for x in xs]))
+        dtype = canonical_dtype(np.result_type(*[x.dtype if isinstance(x, Var) else x for x in xs]))
         device = next((x.device for x in xs if isinstance(x, Var)), DEFAULT_DEVICE[0])
     else:
         dtypes = [v.dtype for v in strong]
-        dtype = _canonical_dtype(np.result_type(*dtypes, *weak) if weak else np.result_type(*dtypes))
+        dtype = canonical_dtype(np.result_type(*dtypes, *weak) if weak else np.result_type(*dtypes))
         device = strong[0].device
     out, it = [], iter(strong)
     for x, w in zip(xs, weak_flags):
@@ -147,7 +158,7 @@ def broadcast_shapes(op, *shapes):
 
 def broadcast_to(x, shape):
     x = as_var(x)
-    shape = tuple(int(d) for d in shape)
+    shape = check_shape(shape, "broadcast_to")
     if x.shape == shape:
         return x
     if len(shape) < x.ndim:
@@ -332,14 +343,7 @@ def where(cond, x, y):
 
 def cast(x, dtype):
     x = as_var(x)
-    try:
-        dtype = np.dtype(dtype)
-    except TypeError:
-        raise DTypeError(f"cast: {dtype!r} is not a dtype; use one of vkml's five: bool, int32, "
-                         "int64, float32, float64") from None
-    if dtype not in (np.dtype(bool), np.dtype(np.int32), np.dtype(np.int64),
-                     np.dtype(np.float32), np.dtype(np.float64)):
-        raise DTypeError(f"cast: vkml has bool, int32, int64, float32 and float64, not {dtype}")
+    dtype = check_dtype(dtype, "cast", exact=True)
     if x.dtype == dtype:
         return x
     return bind(cast_p, x, dtype=dtype)
@@ -373,8 +377,10 @@ def clip(x, lo=None, hi=None):
 # -- constants ------------------------------------------------------------------------
 
 def full(shape, value, dtype=None, device=None):
-    shape = tuple(int(d) for d in shape)
-    dtype = np.dtype(dtype) if dtype is not None else _canonical_dtype(np.array(value).dtype)
+    shape = check_shape(shape, "full")
+    if isinstance(value, Var) or not isinstance(value, _SCALARS):
+        raise ArgumentError(f"full: the fill value must be a number, got {describe(value)}")
+    dtype = check_dtype(dtype, "full") if dtype is not None else canonical_dtype(np.array(value).dtype)
     return broadcast_in_dim(_scalar_var(value, dtype, device or DEFAULT_DEVICE[0]), shape, ())
 
 
@@ -397,24 +403,37 @@ def ones_like(x):
 # -- reductions ------------------------------------------------------------------------
 
 def normalize_axes(op, ndim, axis):
+    """``axis`` (None for all, an int, or a sequence of distinct ints; negative ones count from
+    the end) as a sorted tuple of indices in [0, ndim)."""
     if axis is None:
         return tuple(range(ndim))
-    axes = (axis,) if isinstance(axis, numbers.Integral) else tuple(axis)
+    axes = _axis_items(axis, op)
     out = []
     for a in axes:
-        if not isinstance(a, numbers.Integral) or not -ndim <= a < ndim:
+        a = check_int(a, "axis", op)
+        if not -ndim <= a < ndim:
             fix = f"use an axis in [{-ndim}, {ndim})" if ndim else "a 0-d operand has no axes"
             raise ShapeError(f"{op}: axis {a} is out of range for {ndim} dimensions; {fix}")
-        out.append(int(a) % builtins.max(ndim, 1))
+        out.append(a % builtins.max(ndim, 1))
     if len(set(out)) != len(out):
-        raise ShapeError(f"{op}: repeated axis in {axis}")
+        raise ShapeError(f"{op}: repeated axis in {tuple(axes)}; name each axis once")
     return tuple(sorted(out))
+
+
+def _axis_items(axis, op) -> list:
+    """What ``axis`` names, as a list: itself for an int, its items for a sequence of them."""
+    if hasattr(axis, "__index__") and not (isinstance(axis, np.ndarray) and axis.ndim):
+        return [axis]
+    try:
+        return check_sequence(axis, "axis", op)
+    except ArgumentError:
+        raise ArgumentError(f"{op}: axis must be an int or a tuple of ints, got {describe(axis)}") \
+            from None
 
 
 def normalize_axis(op, ndim, axis):
     """One axis, an int counting from the end when negative, as an index in [0, ndim)."""
-    if not isinstance(axis, numbers.Integral):
-        raise ArgumentError(f"{op}: axis must be an int, got {axis!r}")
+    axis = check_int(axis, "axis", op)
     return normalize_axes(op, ndim, axis)[0]
 
 
@@ -436,6 +455,7 @@ def reduce_sum(x, axes):
 def sum(x, axis=None, keepdims=False):
     """NumPy's sum: bool and int32 sum as int64."""
     x = as_var(x)
+    keepdims = check_bool(keepdims, "keepdims", "sum")
     if x.dtype.kind == "b" or x.dtype == np.int32:
         x = cast(x, np.int64)
     axes = normalize_axes("sum", x.ndim, axis)
@@ -444,6 +464,7 @@ def sum(x, axis=None, keepdims=False):
 
 def mean(x, axis=None, keepdims=False):
     x = _floating(x)
+    keepdims = check_bool(keepdims, "keepdims", "mean")
     axes = normalize_axes("mean", x.ndim, axis)
     count = math.prod(x.shape[a] for a in axes)
     if count == 0:
@@ -453,6 +474,7 @@ def mean(x, axis=None, keepdims=False):
 
 def max(x, axis=None, keepdims=False):
     x = as_var(x)
+    keepdims = check_bool(keepdims, "keepdims", "max")
     if x.dtype.kind == "b":     # NumPy's max of bools is any()
         return cast(max(cast(x, np.int32), axis, keepdims), bool)
     axes = normalize_axes("max", x.ndim, axis)
@@ -491,6 +513,7 @@ def argmin(x, axis=None):
 
 def logsumexp(x, axis=-1, keepdims=False):
     x = _floating(x)
+    keepdims = check_bool(keepdims, "keepdims", "logsumexp")
     axes = normalize_axes("logsumexp", x.ndim, axis)
     m = max(x, axes, keepdims=True)
     m = stop_gradient(where(less(abs(m), np.inf), m, zeros_like(m)))   # rows of +-inf: shift by 0
@@ -511,9 +534,7 @@ def softmax(x, axis=-1):
 
 def reshape(x, shape):
     x = as_var(x)
-    if isinstance(shape, numbers.Integral):
-        shape = (shape,)
-    shape = [int(d) for d in shape]
+    shape = list(check_shape(shape, "reshape", wildcard=True))
     if shape.count(-1) > 1:
         raise ShapeError(f"reshape: at most one -1 in {tuple(shape)}")
     if -1 in shape:
@@ -538,7 +559,10 @@ def broadcast_in_dim(x, shape, dims):
 def transpose(x, perm=None):
     x = as_var(x)
     perm = tuple(reversed(range(x.ndim))) if perm is None else \
-        tuple(normalize_axis("transpose", x.ndim, p) for p in perm)
+        tuple(normalize_axis("transpose", x.ndim, p) for p in check_sequence(perm, "axes", "transpose"))
+    if sorted(perm) != list(range(x.ndim)):
+        raise ShapeError(f"transpose: axes {perm} are not a permutation of the {x.ndim} axes of "
+                         f"shape {x.shape}; name each axis once")
     if perm == tuple(range(x.ndim)):
         return x
     return bind(transpose_p, x, perm=perm)
@@ -553,9 +577,13 @@ def swapaxes(x, a, b):
 
 
 def expand_dims(x, axis):
+    """New axes of size 1 at ``axis`` (an int or, as in NumPy, a tuple of them) of the result."""
     x = as_var(x)
-    axis = normalize_axis("expand_dims", x.ndim + 1, axis)
-    return reshape(x, x.shape[:axis] + (1,) + x.shape[axis:])
+    items = _axis_items(axis, "expand_dims")
+    count = len(items)
+    axes = normalize_axes("expand_dims", x.ndim + count, items)
+    sizes = iter(x.shape)
+    return reshape(x, tuple(1 if i in axes else next(sizes) for i in range(x.ndim + count)))
 
 
 def squeeze(x, axis=None):
@@ -588,14 +616,15 @@ def slice(x, starts, limits, strides=None):
 def pad(x, lo, hi, interior=None):
     """Zero padding; negative ``lo``/``hi`` crop, as in lax.pad."""
     x = as_var(x)
-    interior = tuple(interior) if interior is not None else (0,) * x.ndim
-    lo, hi = tuple(int(a) for a in lo), tuple(int(b) for b in hi)
+    lo, hi = _pad_widths(lo, "lo", x), _pad_widths(hi, "hi", x)
+    interior = _pad_widths(interior, "interior", x, low=0) if interior is not None else (0,) * x.ndim
+    padded = tuple(a + n + builtins.max(0, n - 1) * i + b
+                   for n, a, b, i in zip(x.shape, lo, hi, interior))
+    if builtins.min(padded, default=0) < 0:
+        raise ShapeError(f"pad: lo={lo} hi={hi} crop more than the whole of an axis of "
+                         f"shape {x.shape}; crop at most the padded length")
+    check_shape(padded, "pad", "padded shape")
     if builtins.min(lo + hi, default=0) < 0:
-        if len(lo) == len(hi) == len(interior) == x.ndim and builtins.min(
-                (a + n + builtins.max(0, n - 1) * i + b
-                 for n, a, b, i in zip(x.shape, lo, hi, interior)), default=0) < 0:
-            raise ShapeError(f"pad: lo={lo} hi={hi} crop more than the whole of an axis of "
-                             f"shape {x.shape}; crop at most the padded length")
         x = pad(x, tuple(builtins.max(a, 0) for a in lo), tuple(builtins.max(b, 0) for b in hi),
                 interior)
         starts = tuple(-a if a < 0 else 0 for a in lo)
@@ -606,8 +635,22 @@ def pad(x, lo, hi, interior=None):
     return bind(pad_p, x, lo=lo, hi=hi, interior=interior)
 
 
+#: The widest padding (or window, or stride) taken on one side of an axis: wider would not fit.
+MAX_PAD = 2 ** 40
+
+
+def _pad_widths(widths, name, x, low=None):
+    """One int per axis of ``x`` (``low`` and up), for ``pad``'s ``lo``, ``hi`` and ``interior``."""
+    out = tuple(check_int(w, name, "pad", low=low, high=MAX_PAD, error=ShapeError)
+                for w in check_sequence(widths, name, "pad"))
+    if len(out) != x.ndim:
+        raise ShapeError(f"pad: {name} has {len(out)} entries but the operand has {x.ndim} axes "
+                         f"(shape {x.shape}); give one per axis")
+    return out
+
+
 def concatenate(xs, axis=0):
-    xs = list(xs)
+    xs = check_sequence(xs, "xs", "concatenate")
     if not xs:
         raise ArgumentError("concatenate: needs at least one operand")
     xs = promote(*xs)
@@ -618,7 +661,7 @@ def concatenate(xs, axis=0):
 
 
 def stack(xs, axis=0):
-    xs = [as_var(x) for x in xs]
+    xs = [as_var(x) for x in check_sequence(xs, "xs", "stack")]
     if not xs:
         raise ArgumentError("stack: needs at least one operand")
     shapes = {x.shape for x in xs}
@@ -714,6 +757,7 @@ def getitem(x, index):
     x = as_var(x)
     if not isinstance(index, tuple):
         index = (index,)
+    index = tuple(_list_index(i) if isinstance(i, list) else i for i in index)
     n_real = builtins.sum(_axes_taken(i) for i in index)
     if builtins.sum(1 for i in index if i is Ellipsis) > 1:
         raise ShapeError("index: at most one Ellipsis (...)")
@@ -802,6 +846,15 @@ def getitem(x, index):
     return reshape(y, tuple(shape))
 
 
+def _list_index(item):
+    """A list used as an index, as the NumPy array it stands for (refused if it is not one)."""
+    try:
+        return np.asarray(item)
+    except (TypeError, ValueError) as err:
+        raise ArgumentError(f"index: {describe(item)} is not an array of indices ({err}); "
+                            "index with ints, slices, None, ... or integer arrays") from None
+
+
 def _axes_taken(item):
     """How many axes of the operand an index item consumes (an N-d bool mask takes N)."""
     if item is None or item is Ellipsis:
@@ -886,14 +939,12 @@ def dot(a, b):
 # -- convolution and pooling (composed; see the module docstring) -----------------------------
 
 def _pair(v, name, op, lowest):
-    if isinstance(v, numbers.Integral):
-        v = (int(v), int(v))
-    v = tuple(int(i) for i in v)
-    if len(v) != 2:
-        raise ArgumentError(f"{op}: {name} must be an int or a pair of ints, got {v}")
-    if builtins.min(v) < lowest:
-        raise ShapeError(f"{op}: {name} {v} must be at least {lowest}")
-    return v
+    """An int or a pair of ints (each at least ``lowest``) as a pair: a window, stride or padding."""
+    items = [v, v] if hasattr(v, "__index__") and not isinstance(v, np.ndarray) else \
+        check_sequence(v, name, op)
+    if len(items) != 2:
+        raise ArgumentError(f"{op}: {name} must be an int or a pair of ints, got {describe(v)}")
+    return tuple(check_int(i, name, op, low=lowest, high=MAX_PAD, error=ShapeError) for i in items)
 
 
 def _windows(x, kh, kw, sh, sw):

@@ -223,9 +223,16 @@ div_p = _define(
 
 
 def _pow_jvp(p, t, o):
+    """d/dx = y x^(y-1) (0 where y == 0, as x^0 is constant); d/dy = log(x) x^y with log(0) read
+    as log(1): at x == 0 the power is 0 (y > 0) or does not move, so the slope in y is 0, not NaN."""
     x, y = p
-    tx = None if t[0] is None else F.mul(t[0], F.mul(y, F.pow(x, F.sub(y, 1))))
-    ty = None if t[1] is None else F.mul(t[1], F.mul(F.log(x), o[0]))
+    tx = ty = None
+    if t[0] is not None:
+        slope = F.where(F.equal(y, 0), F.zeros_like(x), F.mul(y, F.pow(x, F.sub(y, 1))))
+        tx = F.mul(t[0], slope)
+    if t[1] is not None:
+        safe_x = F.where(F.equal(x, 0), F.ones_like(x), x)
+        ty = F.mul(t[1], F.mul(F.log(safe_x), o[0]))
     return [_sum_tangents(tx, ty)]
 
 

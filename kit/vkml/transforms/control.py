@@ -420,21 +420,45 @@ def _cond_transpose(cts, index, *args, branches):
 
 
 def _cond_batch(vals, dims, size, *, branches):
-    flags = [d == 0 for d in dims[1:]]
-    bbs = tuple(derived("vmap", b, flags + [size], lambda b=b: vmap_program(b, flags, size))
-                for b in branches)
     if dims[0] is None:
+        flags = [d == 0 for d in dims[1:]]
+        bbs = tuple(derived("vmap", b, flags + [size], lambda b=b: vmap_program(b, flags, size))
+                    for b in branches)
         res = bind(cond_p, vals[0], *vals[1:], branches=bbs)
         return res, [0] * len(res)
     # a per-example choice: run every branch, pick per example
-    index = vals[0]
-    results = [bind(call_p, *vals[1:], program=b) for b in bbs]
+    flags = [d == 0 for d in dims[1:]]
+    bbs = tuple(derived("vmap", b, flags + [size], lambda b=b: vmap_program(b, flags, size))
+                for b in branches)
+    index = api.cast(vals[0], "int64")
+    picks = [api.equal(index, k) for k in range(len(bbs))]
+    results = [bind(call_p, *_only_where_taken(vals[1:], dims[1:], pick), program=b)
+               for b, pick in zip(bbs, picks)]
     out = results[-1]
     for k in range(len(bbs) - 2, -1, -1):
-        pick = api.equal(api.cast(index, "int64"), k)
-        out = [api.where(api.broadcast_in_dim(pick, r.shape, (0,)), r, o)
+        out = [api.where(api.broadcast_in_dim(picks[k], r.shape, (0,)), r, o)
                for r, o in zip(results[k], out)]
     return out, [0] * len(out)
+
+
+def _only_where_taken(vals, dims, pick):
+    """A branch's batched operands, differentiable only in the examples that take the branch.
+
+    Every branch runs on every example; an example that does not take a branch
+    must get no derivative through it, not ``0 * inf`` (the slope of ``sqrt`` at
+    0 in the untaken branch of a "safe sqrt").  ``where(pick, x, stop_gradient(x))``
+    has x's value and passes a tangent (and a cotangent) only where ``pick``
+    holds, so the untaken branch's derivative is masked after it is formed.
+    Operands shared by all examples (a weight matrix) stay shared and unmasked:
+    masking them per example would copy them once per example.
+    """
+    out = []
+    for x, d in zip(vals, dims):
+        if d == 0 and x.dtype.kind == "f":
+            keep = api.broadcast_in_dim(pick, x.shape, (0,))
+            x = api.where(keep, x, api.stop_gradient(x))
+        out.append(x)
+    return out
 
 
 cond_p.abstract = _cond_abstract
@@ -543,8 +567,16 @@ def _guarded_body(bc, bb, ncc, nbc):
     return program_from_dag(cc + bcs + carry, outs)
 
 
+def _while_transpose(cts, *args, **params):
+    raise GradError("while_loop: reverse mode (grad, vjp, jacrev) cannot run back through a loop "
+                    "whose number of iterations is known only when it runs; give "
+                    "while_loop(..., max_iters=N), a bound on its iterations, to make it a scan "
+                    "that reverse mode can differentiate")
+
+
 while_p.abstract = _while_abstract
 while_p.jvp = _while_jvp
+while_p.transpose = _while_transpose
 while_p.batch = _while_batch
 
 
@@ -633,11 +665,21 @@ def _remat_partial_eval(eqn, args, unknown, to_unknown):
     n_known = sum(1 for u in out_u if not u)
     kprog = derived("remat-known", known, [n_known], lambda: select_outputs(known, range(n_known)))
     kres = bind(remat_p, *[a for a, u in zip(args, unknown) if not u], program=kprog)
-    uprog = derived("remat-unknown", program, out_u, lambda: select_outputs(
-        program, [i for i, u in enumerate(out_u) if u]))
+    uprog = derived("remat-unknown", program, unknown, lambda: _recompute_then_linear(program, unknown))
     ures = bind(call_p, *[a if u else to_unknown(a) for a, u in zip(args, unknown)], program=uprog)
     kit, uit = iter(kres), iter(ures)
     return [None if u else next(kit) for u in out_u], [next(uit) if u else None for u in out_u]
+
+
+def _recompute_then_linear(program, unknown):
+    """The unknown part of a checkpoint: recompute the known part from the inputs, then run the
+    part that reads the unknown inputs (split, so that a derivative in it is linear and can be
+    transposed even when it holds another checkpoint or a loop)."""
+    known, unk, out_u = derived("pe", program, unknown, lambda: partial_eval(program, unknown))
+    ins = [_placeholder(v) for v in program.inputs]
+    kouts = inline(known, [x for x, u in zip(ins, unknown) if not u])
+    residuals = kouts[sum(1 for u in out_u if not u):]
+    return program_from_dag(ins, inline(unk, residuals + [x for x, u in zip(ins, unknown) if u]))
 
 
 remat_p.abstract = _call_abstract
