@@ -8,22 +8,8 @@ import pytest
 
 from . import huge, tally
 
-LEAKS_AT_CONSTRUCTION = "NumPy's MemoryError/ValueError leaks from making the constant (not a VkmlError)"
-CPU_OUTPUT = "cpu tier: NumPy's MemoryError/ValueError from allocating the outputs leaks (not a VkmlError)"
-
 #: (case, backend) -> why it fails today
-KNOWN = {
-    **{(case, backend): LEAKS_AT_CONSTRUCTION
-       for case in ("zeros of 2**40 elements", "full of 10**12 elements",
-                    "zeros whose size overflows int64", "arange of 10**12 elements")
-       for backend in ("numpy", "cpu")},
-    **{(case, "cpu"): CPU_OUTPUT
-       for case in ("broadcast then add, 10**10 results", "broadcast to a size that overflows int64",
-                    "jit of a huge broadcast", "pad by 10**10",
-                    "sum of an empty axis into a huge result")},
-    ("a huge temporary, a scalar result", "cpu"):
-        "cpu tier dies of SIGSEGV: the generated C does not check malloc of a 10**10-element temporary",
-}
+KNOWN = {}
 
 
 def _params():

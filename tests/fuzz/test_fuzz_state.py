@@ -39,16 +39,9 @@ arrays = st.builds(
     hnp.array_shapes(min_dims=1, max_dims=3, min_side=0, max_side=5), st.integers(0, 2 ** 16))
 
 #: tensor calls that fail today, and why
-KNOWN_TENSOR = {
-    "assign with a string source": "assign(ts, [..., 'abc']) raises NumPy's ValueError, not a VkmlError",
-}
+KNOWN_TENSOR = {}
 #: (graph call, samples or None for any) -> why it fails today (on both backends)
-KNOWN_GRAPH = {
-    ("launch whose kernel fails on one sample", 10000):
-        "a launch refused at run time leaves the planes written in place half-updated",
-    ("update with a string value", None):
-        "update(k=0.5, m='abc') writes k, then NumPy's ValueError on m (not a VkmlError)",
-}
+KNOWN_GRAPH = {}
 
 
 def _calls(names, table):
