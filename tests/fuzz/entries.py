@@ -185,9 +185,26 @@ def _transformed(good, name):
     return getattr(vkml, name)(fn)
 
 
+def _namespace_entries():
+    """The NumPy-shaped namespaces: ``vkml.numpy``, ``vkml.numpy.linalg``, ``vkml.scipy.special``."""
+    import vkml.numpy
+    import vkml.scipy.special
+    out = {}
+    for prefix, module in (("numpy", vkml.numpy), ("numpy.linalg", vkml.numpy.linalg),
+                           ("scipy.special", vkml.scipy.special)):
+        for name in dir(module):
+            obj = getattr(module, name)
+            if name.startswith("_") or not callable(obj) or isinstance(obj, type) or \
+                    getattr(obj, "__module__", "") == "__future__":
+                continue
+            out[f"{prefix}.{name}"] = (lambda good, obj=obj: obj)
+    return out
+
+
 def entries():
     out = _module_entries()
     out.update(_extra_entries())
+    out.update(_namespace_entries())
     return out
 
 
@@ -282,6 +299,17 @@ def _good_args(good, entry):
         "set_eager": lambda: [False], "mod": lambda: [good.ti, good.ti],
         "associative_scan": lambda: [lambda a, b: a + b, t],
         "fori_loop": lambda: [0, 3, lambda i, c: c + 1.0, t],
+        "numpy.arange": lambda: [5], "numpy.array_split": lambda: [t, 2],
+        "numpy.broadcast_to": lambda: [t, (2, 2, 3)], "numpy.concatenate": lambda: [[t, t]],
+        "numpy.einsum": lambda: ["ij,jk->ik", t, t.T], "numpy.expand_dims": lambda: [t, 0],
+        "numpy.eye": lambda: [3], "numpy.full": lambda: [(2, 3), 1.0], "numpy.hstack": lambda: [[t, t]],
+        "numpy.identity": lambda: [3], "numpy.linspace": lambda: [0.0, 1.0],
+        "numpy.moveaxis": lambda: [t, 0, 1], "numpy.ones": lambda: [(2, 3)],
+        "numpy.repeat": lambda: [t, 2], "numpy.reshape": lambda: [t, (3, 2)],
+        "numpy.roll": lambda: [t, 1], "numpy.split": lambda: [t, 2], "numpy.stack": lambda: [[t, t]],
+        "numpy.swapaxes": lambda: [t, 0, 1], "numpy.take": lambda: [t, [0]],
+        "numpy.take_along_axis": lambda: [t, vkml.tensor(np.zeros((2, 1), np.int64)), 1],
+        "numpy.tile": lambda: [t, 2], "numpy.vstack": lambda: [[t, t]], "numpy.zeros": lambda: [(2, 3)],
         "optim.SGD": lambda: [[t], 0.1], "optim.Adam": lambda: [[t]],
         "nn.Linear": lambda: [3, 2], "nn.Conv2d": lambda: [1, 2, 3],
         "nn.cross_entropy": lambda: [t, vkml.tensor([0, 1])], "nn.mse_loss": lambda: [t, t],
@@ -294,7 +322,27 @@ def _good_args(good, entry):
         return table[entry]()
     if entry in TRANSFORMS:
         return [good.fn]
+    if entry.startswith(("numpy.", "scipy.")):
+        return _namespace_good_args(good, entry)
     return None
+
+
+def _namespace_good_args(good, entry):
+    """The first of a few argument lists (a float matrix, a square one, an int one) that the
+    namespace function takes without complaint."""
+    vkml = good.vkml
+    fn = entries()[entry](good)
+    shape = _arity(entry, fn)
+    n = shape[0] if shape else 1
+    square = vkml.tensor(np.array([[2.0, 0.5, 0.0], [0.5, 3.0, 0.1], [0.0, 0.1, 1.5]]))
+    for arg in (good.t, square, good.ti, vkml.tensor([0.5, 0.25, 0.75])):
+        args = [arg] * n
+        try:
+            _finish(fn(*args))
+            return args
+        except Exception:         # noqa: BLE001 -- try the next kind of argument
+            continue
+    return [good.t] * n
 
 
 def _finish(result):
