@@ -27,5 +27,6 @@ def test_random_graphs_agree_on_numpy_and_cpu(worker, case):
     with tally.trying("graphs"):
         outcome = worker.call("graphs:run_graph_case", case, timeout=120)
     assert outcome.ok, f"{outcome.status}: {outcome.detail}\ncase: {case}"
+    assert "error" not in outcome.value["numpy"], f"a valid graph was refused: {outcome.value}"
     problems = graphs.compare(outcome.value)
     assert not problems, "\n".join(problems) + f"\ncase: {case}"
