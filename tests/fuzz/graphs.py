@@ -53,7 +53,8 @@ def run_graph_case(case) -> dict:
             x = plane(n, dtype, views["x"], fill=decode(case["x"]))
             u, y = plane(n, dtype, views["u"]), plane(n, dtype, views["y"])
             g = (vkml.Graph().add(k["square"].bind(x=x, u=u), name="square")
-                 .add(k["wave"].bind(u=u, k=case["k"], y=y), name="wave").build(record=True))
+                 .add(k["wave"].bind(u=u, k=np.asarray(case["k"], dtype), y=y), name="wave")
+                 .build(record=True))
             g.launch()
             grads = vkml.diff.reverse(g.record, {"wave.y": np.full(n, case["seed"], dtype)})
             out[backend] = {"u": encode(u), "y": encode(y), "x_bar": encode(grads["x"]),
