@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import BACKENDS
+from backends_under_test import BACKENDS
 
 import vkml
 from vkml.errors import (ArgumentError, Busy, DTypeError, ExecutionError, RecordError, RefusedError,

@@ -32,7 +32,7 @@ from hypothesis.extra import numpy as hnp
 import vkml
 import vkml.numpy as vnp
 import vkml.scipy.special as vsp
-from conftest import BACKENDS
+from backends_under_test import BACKENDS
 
 import oracle as O
 
