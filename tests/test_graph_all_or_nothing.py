@@ -452,7 +452,8 @@ def test_reverse_of_a_graph_built_without_record_is_refused():
     w = Fused(record=False)
     refused(lambda: vkml.diff.Reverse(w.graph), w.state, ArgumentError, r"built without record=True")
     refused(lambda: vkml.diff.Reverse("graph"), w.state, ArgumentError, r"expected a Graph")
-    refused(lambda: vkml.diff.reverse(None, {}), w.state, ArgumentError, r"expected a Record")
+    refused(lambda: vkml.diff.reverse(None, {}), w.state, ArgumentError,
+            r"there is no Record.*build\(record=True\)")
 
 
 # -- a graph that runs node by node: opaque, skippable, repeat_while, reduce ---------------------
