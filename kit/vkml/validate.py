@@ -104,8 +104,8 @@ def check_choice(value, choices, name: str, op: str):
     otherwise -- also for an unhashable or array value, which ``in`` could not compare."""
     if isinstance(value, (str, int, float, type(None))) and value in choices:
         return value
-    listed = ", ".join(repr(c) for c in choices)
-    raise ArgumentError(f"{op}: {name} must be one of {listed}, got {describe(value)}")
+    listed = repr(choices[0]) if len(choices) == 1 else "one of " + ", ".join(repr(c) for c in choices)
+    raise ArgumentError(f"{op}: {name} must be {listed}, got {describe(value)}")
 
 
 def check_sequence(value, name: str, op: str) -> list:

@@ -345,7 +345,7 @@ def _repeat(a, repeats, axis=None):
 
 
 def _tile(A, reps):
-    return _num.tile(A, check_shape(reps, "tile", "reps"))
+    return _num.tile(A, _ints(reps, "reps", "tile", 0, MAX_ELEMENTS))
 
 
 def _pieces(op, ary, indices_or_sections, axis):
