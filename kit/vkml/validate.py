@@ -161,7 +161,7 @@ def check_dtype(dtype, op: str, name: str = "dtype", exact: bool = False) -> np.
         dt = None
     # NumPy reads None as float64; here it is a missing dtype, which callers with a default handle
     if dt is None and not (dtype is None or _is_bool(dtype) or
-                           isinstance(dtype, (numbers.Number, tuple, list, Var))):
+                           isinstance(dtype, (numbers.Number, tuple, list))):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DeprecationWarning)  # NumPy's retired aliases

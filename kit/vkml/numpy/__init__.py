@@ -52,8 +52,7 @@ from ..ops import api as _api
 from ..ops import numeric as _num
 from ..ops import special as _special
 from ..tensor import Tensor, _GRAD_ENABLED, _apply, _needs_grad, is_eager, realize
-from ..validate import (MAX_ELEMENTS, check_bool, check_choice, check_dtype, check_int, check_real,
-                        check_sequence, check_shape, host_memory)
+from .. import validate as _valid    # (a module: its names are not vkml.numpy's)
 
 float32, float64, int32, int64, bool_ = (_np.dtype(t) for t in ("float32", "float64", "int32",
                                                                   "int64", "bool"))
@@ -140,11 +139,11 @@ def _array(obj, dtype=None):
 
 def _dtype_or(dtype, default, op):
     """``dtype`` checked, or ``default`` when it is None (as NumPy reads a missing dtype)."""
-    return default if dtype is None else check_dtype(dtype, op)
+    return default if dtype is None else _valid.check_dtype(dtype, op)
 
 
 def _filled(op, shape, fill_value, dtype):
-    shape = check_shape(shape, op)
+    shape = _valid.check_shape(shape, op)
     if isinstance(fill_value, Var):
         v = fill_value if dtype is None else _api.cast(fill_value, dtype)
         return _api.broadcast_to(v, shape)
@@ -185,9 +184,9 @@ _INT64 = _np.iinfo(_np.int64)
 
 def _scalar(value, name, op):
     """A real number; an int stays an int (``arange(3)`` is integer) and must fit an int64."""
-    real = check_real(value, name, op)
+    real = _valid.check_real(value, name, op)
     if isinstance(value, numbers.Integral):
-        return check_int(value, name, op, int(_INT64.min), int(_INT64.max))
+        return _valid.check_int(value, name, op, int(_INT64.min), int(_INT64.max))
     return real
 
 
@@ -204,16 +203,16 @@ def _arange(start, stop=None, step=None, dtype=None):
     if dtype == bool_:
         raise ArgumentError("arange: dtype bool makes no range; use int32, int64 or a float dtype")
     count = (hi - lo) / by
-    count = math.ceil(count) if math.isfinite(count) else MAX_ELEMENTS + 1    # 1e308 - -1e308
-    check_shape(builtins.max(0, count), "arange", "the number of values")
-    with host_memory("arange", "the values"):
+    count = math.ceil(count) if math.isfinite(count) else _valid.MAX_ELEMENTS + 1    # 1e308 - -1e308
+    _valid.check_shape(builtins.max(0, count), "arange", "the number of values")
+    with _valid.host_memory("arange", "the values"):
         return _api.constant(_np.arange(lo, hi, by, dtype=dtype))
 
 
 def _real_operand(value, name, op):
     """A real number, or an array (list) of them: what NumPy computes ``linspace`` from."""
     if isinstance(value, numbers.Real) and not isinstance(value, (bool, _np.bool_)):
-        return check_real(value, name, op, finite=False)
+        return _valid.check_real(value, name, op, finite=False)
     try:
         out = _np.asarray(value) if not isinstance(value, (Var, str, bytes)) else None
     except (TypeError, ValueError):
@@ -226,32 +225,32 @@ def _real_operand(value, name, op):
 
 def _linspace(start, stop, num=50, endpoint=True, dtype=None):
     start, stop = _real_operand(start, "start", "linspace"), _real_operand(stop, "stop", "linspace")
-    num = check_int(num, "num", "linspace", low=0, high=MAX_ELEMENTS)
-    endpoint = check_bool(endpoint, "endpoint", "linspace")
-    with host_memory("linspace", f"{num} values"):
+    num = _valid.check_int(num, "num", "linspace", low=0, high=_valid.MAX_ELEMENTS)
+    endpoint = _valid.check_bool(endpoint, "endpoint", "linspace")
+    with _valid.host_memory("linspace", f"{num} values"):
         return _num.linspace(start, stop, num, endpoint, _dtype_or(dtype, None, "linspace"))
 
 
 def _diagonal_offset(k, rows, cols, name, op):
     """A diagonal's offset as an int; one beyond the matrix is clamped just past its corner
     (every such offset selects the same nothing), so a huge one cannot overflow NumPy's C long."""
-    k = check_int(k, name, op)
+    k = _valid.check_int(k, name, op)
     return builtins.max(-rows - 1, builtins.min(k, cols + 1))
 
 
 def _eye(N, M=None, k=0, dtype=float64):
-    n = check_int(N, "N", "eye", low=0)
-    m = n if M is None else check_int(M, "M", "eye", low=0)
-    check_shape((n, m), "eye")
+    n = _valid.check_int(N, "N", "eye", low=0)
+    m = n if M is None else _valid.check_int(M, "M", "eye", low=0)
+    _valid.check_shape((n, m), "eye")
     k = _diagonal_offset(k, n, m, "k", "eye")
-    with host_memory("eye", f"a {n} x {m} matrix"):
+    with _valid.host_memory("eye", f"a {n} x {m} matrix"):
         return _num.eye(n, m, k, dtype=_dtype_or(dtype, float64, "eye"))
 
 
 def _identity(n, dtype=float64):
-    n = check_int(n, "n", "identity", low=0)
-    check_shape((n, n), "identity")
-    with host_memory("identity", f"a {n} x {n} matrix"):
+    n = _valid.check_int(n, "n", "identity", low=0)
+    _valid.check_shape((n, n), "identity")
+    with _valid.host_memory("identity", f"a {n} x {n} matrix"):
         return _num.eye(n, dtype=_dtype_or(dtype, float64, "identity"))
 
 
@@ -266,23 +265,23 @@ _MAX_EMPTY_PIECES = 2 ** 16
 
 
 def _round(x, decimals=0):
-    return _num.round(x, check_int(decimals, "decimals", "round", -_MAX_DECIMALS, _MAX_DECIMALS))
+    return _num.round(x, _valid.check_int(decimals, "decimals", "round", -_MAX_DECIMALS, _MAX_DECIMALS))
 
 
 def _around(x, decimals=0):
-    return _num.round(x, check_int(decimals, "decimals", "around", -_MAX_DECIMALS, _MAX_DECIMALS))
+    return _num.round(x, _valid.check_int(decimals, "decimals", "around", -_MAX_DECIMALS, _MAX_DECIMALS))
 
 
 def _var(x, axis=None, ddof=0, keepdims=False):
-    return _num.var(x, axis, check_int(ddof, "ddof", "var"), check_bool(keepdims, "keepdims", "var"))
+    return _num.var(x, axis, _valid.check_int(ddof, "ddof", "var"), _valid.check_bool(keepdims, "keepdims", "var"))
 
 
 def _std(x, axis=None, ddof=0, keepdims=False):
-    return _num.std(x, axis, check_int(ddof, "ddof", "std"), check_bool(keepdims, "keepdims", "std"))
+    return _num.std(x, axis, _valid.check_int(ddof, "ddof", "std"), _valid.check_bool(keepdims, "keepdims", "std"))
 
 
 def _prod(x, axis=None, keepdims=False):
-    return _num.prod(x, axis, check_bool(keepdims, "keepdims", "prod"))
+    return _num.prod(x, axis, _valid.check_bool(keepdims, "keepdims", "prod"))
 
 
 def _matrix_sides(x):
@@ -312,9 +311,9 @@ def _diag(v, k=0):
     v = _api.as_var(v)
     if v.ndim == 2:
         return _num.diag(v, _diagonal_offset(k, *_matrix_sides(v), "k", "diag"))
-    k = check_int(k, "k", "diag")
+    k = _valid.check_int(k, "k", "diag")
     if v.ndim == 1:          # the matrix made grows with |k|
-        check_shape((v.shape[0] + builtins.abs(k),) * 2, "diag", "the matrix")
+        _valid.check_shape((v.shape[0] + builtins.abs(k),) * 2, "diag", "the matrix")
     return _num.diag(v, k)
 
 
@@ -331,9 +330,9 @@ def _tril(m, k=0):
 def _ints(value, name, op, low=None, high=None):
     """An int, or a list of ints (``roll``'s shifts, ``repeat``'s counts, ``split``'s cuts)."""
     if isinstance(value, (list, tuple)) or isinstance(value, _np.ndarray) and value.ndim:
-        return [check_int(v, f"{name}[{i}]", op, low, high)
-                for i, v in enumerate(check_sequence(value, name, op))]
-    return check_int(value, name, op, low, high)
+        return [_valid.check_int(v, f"{name}[{i}]", op, low, high)
+                for i, v in enumerate(_valid.check_sequence(value, name, op))]
+    return _valid.check_int(value, name, op, low, high)
 
 
 def _roll(a, shift, axis=None):
@@ -341,11 +340,11 @@ def _roll(a, shift, axis=None):
 
 
 def _repeat(a, repeats, axis=None):
-    return _num.repeat(a, _ints(repeats, "repeats", "repeat", 0, MAX_ELEMENTS), axis)
+    return _num.repeat(a, _ints(repeats, "repeats", "repeat", 0, _valid.MAX_ELEMENTS), axis)
 
 
 def _tile(A, reps):
-    return _num.tile(A, _ints(reps, "reps", "tile", 0, MAX_ELEMENTS))
+    return _num.tile(A, _ints(reps, "reps", "tile", 0, _valid.MAX_ELEMENTS))
 
 
 def _pieces(op, ary, indices_or_sections, axis):
@@ -355,7 +354,7 @@ def _pieces(op, ary, indices_or_sections, axis):
         return _ints(indices_or_sections, "indices_or_sections", op)
     a = _api.as_var(ary)
     length = a.shape[_api.normalize_axis(op, a.ndim, axis)] if a.ndim else 0
-    return check_int(indices_or_sections, "indices_or_sections (the number of pieces)", op, 1,
+    return _valid.check_int(indices_or_sections, "indices_or_sections (the number of pieces)", op, 1,
                      builtins.max(length, _MAX_EMPTY_PIECES))
 
 
@@ -368,15 +367,15 @@ def _array_split(ary, indices_or_sections, axis=0):
 
 
 def _hstack(tup):
-    return _num.hstack(check_sequence(tup, "tup", "hstack"))
+    return _num.hstack(_valid.check_sequence(tup, "tup", "hstack"))
 
 
 def _vstack(tup):
-    return _num.vstack(check_sequence(tup, "tup", "vstack"))
+    return _num.vstack(_valid.check_sequence(tup, "tup", "vstack"))
 
 
 def _meshgrid(*xi, indexing="xy"):
-    return _num.meshgrid(*xi, indexing=check_choice(indexing, ("xy", "ij"), "indexing", "meshgrid"))
+    return _num.meshgrid(*xi, indexing=_valid.check_choice(indexing, ("xy", "ij"), "indexing", "meshgrid"))
 
 
 def _take(a, indices, axis=None):

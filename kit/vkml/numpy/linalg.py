@@ -13,7 +13,7 @@ import numbers
 
 from ..errors import ArgumentError
 from ..ops import numeric as _num
-from ..validate import check_bool, check_real
+from .. import validate as _valid    # (a module: its names are not vkml.numpy's)
 from . import _doc, _lifted, _lifted_many
 
 #: the norms named by a string
@@ -26,8 +26,8 @@ def _norm(x, ord=None, axis=None, keepdims=False):
             raise ArgumentError(f"linalg.norm: ord {ord!r} is not a norm; use a number, inf, -inf, "
                                 "'fro' or 'nuc'")
     elif ord is not None:
-        check_real(ord, "ord", "linalg.norm", finite=False)
-    return _num.norm(x, ord, axis, check_bool(keepdims, "keepdims", "linalg.norm"))
+        _valid.check_real(ord, "ord", "linalg.norm", finite=False)
+    return _num.norm(x, ord, axis, _valid.check_bool(keepdims, "keepdims", "linalg.norm"))
 
 
 _TABLE = [
