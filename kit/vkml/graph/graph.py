@@ -589,7 +589,8 @@ class Graph:
                        "return")
 
     def launch(self, n=1):
-        """Run the graph ``n`` times; a recording graph runs exactly once per launch and records it.
+        """Run the graph ``n`` times (at most ``MAX_LAUNCH_RUNS``, 2**31); a recording graph runs
+        exactly once per launch and records it.
         All or nothing (:func:`all_or_nothing`): a launch refused part-way leaves every plane,
         the generation and the Record as they were."""
         if not self._built:

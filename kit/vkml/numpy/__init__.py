@@ -40,7 +40,6 @@ from __future__ import annotations
 import builtins
 import inspect
 import math
-import operator
 
 import numbers
 
@@ -195,7 +194,7 @@ def _arange(start, stop=None, step=None, dtype=None):
         if start is None:
             raise ArgumentError("arange: give stop (arange(stop) or arange(start, stop))")
         start, stop = 0, start
-    lo, hi = _scalar(0 if start is None else start, "start", "arange"), _scalar(stop, "stop", "arange")
+    lo, hi = _scalar(start, "start", "arange"), _scalar(stop, "stop", "arange")
     by = 1 if step is None else _scalar(step, "step", "arange")
     if by == 0:
         raise ArgumentError("arange: step must not be 0; give a positive or negative step")
@@ -264,20 +263,26 @@ _MAX_DECIMALS = 308
 _MAX_EMPTY_PIECES = 2 ** 16
 
 
+def _decimals(decimals, op):
+    return _valid.check_int(decimals, "decimals", op, -_MAX_DECIMALS, _MAX_DECIMALS)
+
+
 def _round(x, decimals=0):
-    return _num.round(x, _valid.check_int(decimals, "decimals", "round", -_MAX_DECIMALS, _MAX_DECIMALS))
+    return _num.round(x, _decimals(decimals, "round"))
 
 
 def _around(x, decimals=0):
-    return _num.round(x, _valid.check_int(decimals, "decimals", "around", -_MAX_DECIMALS, _MAX_DECIMALS))
+    return _num.round(x, _decimals(decimals, "around"))
 
 
 def _var(x, axis=None, ddof=0, keepdims=False):
-    return _num.var(x, axis, _valid.check_int(ddof, "ddof", "var"), _valid.check_bool(keepdims, "keepdims", "var"))
+    return _num.var(x, axis, _valid.check_int(ddof, "ddof", "var"),
+                    _valid.check_bool(keepdims, "keepdims", "var"))
 
 
 def _std(x, axis=None, ddof=0, keepdims=False):
-    return _num.std(x, axis, _valid.check_int(ddof, "ddof", "std"), _valid.check_bool(keepdims, "keepdims", "std"))
+    return _num.std(x, axis, _valid.check_int(ddof, "ddof", "std"),
+                    _valid.check_bool(keepdims, "keepdims", "std"))
 
 
 def _prod(x, axis=None, keepdims=False):
@@ -286,25 +291,27 @@ def _prod(x, axis=None, keepdims=False):
 
 def _matrix_sides(x):
     """The last two sizes of ``x`` (zeros below 2-D, which the operation itself refuses)."""
-    return tuple(x.shape[-2:]) if x.ndim >= 2 else (0, 0)
+    return _sides(x, -2, -1)
 
 
-def _diagonal(x, offset=0, axis1=0, axis2=1):
-    x = _api.as_var(x)
-    sides = (x.shape[axis1], x.shape[axis2]) if x.ndim >= 2 and _is_axis(axis1, x) and \
-        _is_axis(axis2, x) else (0, 0)
-    return _num.diagonal(x, _diagonal_offset(offset, *sides, "offset", "diagonal"), axis1, axis2)
+def _sides(x, axis1, axis2):
+    """The sizes of axes (axis1, axis2) of ``x``; zeros for axes it lacks (refused later)."""
+    def size(axis):
+        ok = isinstance(axis, numbers.Integral) and -x.ndim <= axis < x.ndim
+        return x.shape[axis] if ok else 0
+    return size(axis1), size(axis2)
 
 
-def _trace(x, offset=0, axis1=0, axis2=1):
-    x = _api.as_var(x)
-    sides = (x.shape[axis1], x.shape[axis2]) if x.ndim >= 2 and _is_axis(axis1, x) and \
-        _is_axis(axis2, x) else (0, 0)
-    return _num.trace(x, _diagonal_offset(offset, *sides, "offset", "trace"), axis1, axis2)
+def _diagonal(a, offset=0, axis1=0, axis2=1):
+    a = _api.as_var(a)
+    offset = _diagonal_offset(offset, *_sides(a, axis1, axis2), "offset", "diagonal")
+    return _num.diagonal(a, offset, axis1, axis2)
 
 
-def _is_axis(axis, x):
-    return isinstance(axis, numbers.Integral) and -x.ndim <= axis < x.ndim
+def _trace(a, offset=0, axis1=0, axis2=1):
+    a = _api.as_var(a)
+    return _num.trace(a, _diagonal_offset(offset, *_sides(a, axis1, axis2), "offset", "trace"),
+                      axis1, axis2)
 
 
 def _diag(v, k=0):
@@ -354,8 +361,8 @@ def _pieces(op, ary, indices_or_sections, axis):
         return _ints(indices_or_sections, "indices_or_sections", op)
     a = _api.as_var(ary)
     length = a.shape[_api.normalize_axis(op, a.ndim, axis)] if a.ndim else 0
-    return _valid.check_int(indices_or_sections, "indices_or_sections (the number of pieces)", op, 1,
-                     builtins.max(length, _MAX_EMPTY_PIECES))
+    return _valid.check_int(indices_or_sections, "indices_or_sections (the number of pieces)", op,
+                            1, builtins.max(length, _MAX_EMPTY_PIECES))
 
 
 def _split_(ary, indices_or_sections, axis=0):
@@ -375,7 +382,8 @@ def _vstack(tup):
 
 
 def _meshgrid(*xi, indexing="xy"):
-    return _num.meshgrid(*xi, indexing=_valid.check_choice(indexing, ("xy", "ij"), "indexing", "meshgrid"))
+    indexing = _valid.check_choice(indexing, ("xy", "ij"), "indexing", "meshgrid")
+    return _num.meshgrid(*xi, indexing=indexing)
 
 
 def _take(a, indices, axis=None):
