@@ -1093,8 +1093,9 @@ def check_grads(fn, args, order=1, modes=("fwd", "rev"), eps=None, rtol=1e-4, at
 
     Along a random direction: forward mode (jvp) must match the difference
     quotient, and reverse mode must satisfy <u, J v> = <J^T u, v>.  With
-    ``order=2`` the derivative is checked too (``order`` at most ``MAX_CHECK_ORDER``, 8).  Raises GradCheckError with
-    both numbers on a mismatch; returns None when all agree.
+    ``order=2`` the derivative is checked too (``order`` is at most
+    ``MAX_CHECK_ORDER``, 8).  Raises GradCheckError with both numbers on a
+    mismatch; returns None when all agree.
     """
     rtol, atol = _check_grads_arguments(fn, args, order, modes, eps, rtol, atol, seed)
     rng = np.random.default_rng(seed)

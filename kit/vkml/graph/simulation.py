@@ -4,7 +4,8 @@
 runs ``step`` (a kernel updating its state planes in place, e.g. ``theta``
 bound as input and output) until every sample has returned
 ``terminated=True`` or ``max_steps`` steps (at most ``MAX_STEPS``, 2**40)
-have run; each sample stops at its own step (``record.steps``).  ``until_done([node, step], ...)`` also runs
+have run; each sample stops at its own step (``record.steps``).
+``until_done([node, step], ...)`` also runs
 a user model node (``vkml.graph.opaque``) before the kernel on every step.
 
 A recorded run keeps the state at the start of every ``window`` steps.  The
