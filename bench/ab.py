@@ -168,10 +168,10 @@ def main(argv=None):
                                  epilog="\n".join(__doc__.splitlines()[2:]))
     ap.add_argument("old", nargs="?", help="the old revision (a commit, branch or tag)")
     ap.add_argument("new", nargs="?", help="the new revision (default: this working tree)")
-    ap.add_argument("--quick", action="store_true", help="small sizes, 3 rounds (under a minute)")
+    ap.add_argument("--quick", action="store_true", help="small sizes, 5 rounds (under a minute)")
     ap.add_argument("--bench", default=",".join(BENCHES),
                     help=f"benches to compare, comma-separated (default {','.join(BENCHES)})")
-    ap.add_argument("--rounds", type=int, default=None, help="rounds per workload (5; 3 with --quick)")
+    ap.add_argument("--rounds", type=int, default=None, help="rounds per workload (7; 5 with --quick)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--tree", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -183,7 +183,7 @@ def main(argv=None):
     unknown = [b for b in benches if b not in BENCHES]
     if unknown:
         ap.error(f"no A/B workloads in {', '.join(unknown)}; choose from {', '.join(BENCHES)}")
-    rounds = args.rounds or (3 if args.quick else 5)
+    rounds = args.rounds or (5 if args.quick else 7)
     try:
         with contextlib.ExitStack() as stack:
             trees = {"old": stack.enter_context(checkout(args.old))}

@@ -41,7 +41,7 @@ except ImportError:  # optional peer
 
 #: sizes, rounds of the interleaving and repetitions per round; --quick takes the second
 FULL = {"rows": (10_000, 100_000), "steps": 10_000, "rounds": 7}
-QUICK = {"rows": (10_000,), "steps": 1_000, "rounds": 3}
+QUICK = {"rows": (10_000,), "steps": 1_000, "rounds": 5}
 
 
 def running_sum(lib, scan):

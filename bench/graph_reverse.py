@@ -31,7 +31,7 @@ overhead per node against the bare programs, and cProfile).  ``VKML_BACKEND=cpu`
 side on the compiled CPU tier.
 
 Run: ``python bench/graph_reverse.py`` (10-20 s on 2 cores; ``--sizes 1000,100000`` for fewer;
-``--quick``: 10^3 and 10^5 samples, 3 rounds).  eagle is optional: without it, its rows are left out.
+``--quick``: 10^3 and 10^5 samples, 5 rounds).  eagle is optional: without it, its rows are left out.
 """
 
 from __future__ import annotations
@@ -328,11 +328,11 @@ def main():
     ap.add_argument("--threads", default="1", help="threads per side (eagle OMP, VKML_THREADS)")
     ap.add_argument("--profile", action="store_true", help="also profile vkml at n=10^3 and 10^6")
     ap.add_argument("--sizes", default=None, help="sample counts, comma-separated (10^3,10^5,10^6)")
-    ap.add_argument("--quick", action="store_true", help="10^3 and 10^5 samples, 3 rounds (seconds)")
+    ap.add_argument("--quick", action="store_true", help="10^3 and 10^5 samples, 5 rounds (seconds)")
     args = ap.parse_args()
     default = (10**3, 10**5) if args.quick else SIZES
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else list(default)
-    rounds = 3 if args.quick else 7
+    rounds = 5 if args.quick else 7
 
     ok, why = peer.available()
     print(f"vkml graph reverse vs {'eagle (' + why + ')' if ok else 'eagle UNAVAILABLE: ' + why} "

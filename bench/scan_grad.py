@@ -85,7 +85,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="10^3 and 10^4 rows, fewer rounds (seconds)")
     quick = ap.parse_args().quick
-    rounds = 3 if quick else 7
+    rounds = 5 if quick else 7
     print(f"vkml {vkml.__version__}, backend {vkml.backend_info()['backend']}; {PINNED}; "
           f"{rounds} rounds\n")
     vk = vkml_scan_grad()

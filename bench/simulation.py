@@ -35,7 +35,7 @@ goes (a per-step breakdown of forward and reverse, and cProfile).  ``VKML_BACKEN
 side on the compiled CPU tier.
 
 Run: ``python bench/simulation.py`` (about a minute on 2 cores; ``--steps 400`` for the small case;
-``--quick``: T = 400 only, 3 rounds).  eagle is optional: without it, its rows are left out.
+``--quick``: T = 400 only, 5 rounds of 2).  eagle is optional: without it, its rows are left out.
 
 ``ab_workloads`` hands vkml's side alone to ``bench/ab.py`` (one revision against another).
 """
@@ -375,7 +375,7 @@ def main():
     ap.add_argument("--threads", default="1", help="threads per side (eagle OMP, VKML_THREADS)")
     ap.add_argument("--profile", action="store_true", help="also profile vkml at T=400")
     ap.add_argument("--steps", default=None, help="steps per run, comma-separated (400,4000)")
-    ap.add_argument("--quick", action="store_true", help="T = 400 only, 3 rounds (seconds)")
+    ap.add_argument("--quick", action="store_true", help="T = 400 only, 5 rounds of 2 (seconds)")
     args = ap.parse_args()
     steps_list = [int(s) for s in args.steps.split(",")] if args.steps else \
         [STEPS[0]] if args.quick else list(STEPS)
@@ -386,7 +386,7 @@ def main():
     print(describe_vkml())
     summary = []
     for steps in steps_list:
-        rounds, reps = (3, 1) if args.quick or steps > 400 else (5, 2)
+        rounds, reps = (3, 1) if steps > 400 else (5, 2)
         sides = make_sides(steps)
         print(f"\n== T = {steps} steps  ({rounds} rounds of {reps} run+reverse pair(s) per side after "
               "a warm-up round, sides interleaved, min of the round medians; lower is better)")
