@@ -135,8 +135,8 @@ def compare(bench, trees, quick, rounds):
                 if name not in sides["new"].workloads:
                     print(f"  {bench}: {name!r} only exists on the old side: skipped")
                     continue
-                best = interleave({label: (lambda s=s, n=name: s.round(n)) for label, s in sides.items()},
-                                  rounds=rounds)
+                rounds_of = {label: (lambda s=s, n=name: s.round(n)) for label, s in sides.items()}
+                best = interleave(rounds_of, rounds=rounds)
                 rows += [(bench, name, phase, old, new)
                          for phase, old, new in zip(phases, best["old"], best["new"])]
             return rows
@@ -158,8 +158,8 @@ def report(rows, trees, rounds):
                                for i, (c, w) in enumerate(zip(r, widths))))
     for bench in dict.fromkeys(r[0] for r in rows):
         ratios = [n / o for b, _, _, o, n in rows if b == bench]
-        print(f"  {bench}: geometric mean of new/old {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}"
-              f" over {len(ratios)} timings")
+        geomean = math.exp(sum(map(math.log, ratios)) / len(ratios))
+        print(f"  {bench}: geometric mean of new/old {geomean:.3f} over {len(ratios)} timings")
 
 
 def main(argv=None):

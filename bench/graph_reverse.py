@@ -26,8 +26,9 @@ from a free list shows as 0, so it only means something for the big cases).
 The gradients of all three are checked to agree (``allclose``) before anything is timed.
 
 Threads: one per side by default (``OMP_NUM_THREADS=1`` for eagle's host team, ``VKML_THREADS=1``
-for vkml's NumPy backend), the process pinned to one CPU; ``--threads N`` sets both (unpinned).  ``--profile`` also prints where vkml's time goes (graph-layer
-overhead per node against the bare programs, and cProfile).  ``VKML_BACKEND=cpu`` runs vkml's
+for vkml's NumPy backend), the process pinned to one CPU; ``--threads N`` sets both (unpinned).
+``--profile`` also prints where vkml's time goes (graph-layer overhead per node against the bare
+programs, and cProfile).  ``VKML_BACKEND=cpu`` runs vkml's
 side on the compiled CPU tier.
 
 Run: ``python bench/graph_reverse.py`` (10-20 s on 2 cores; ``--sizes 1000,100000`` for fewer;

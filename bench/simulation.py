@@ -22,17 +22,18 @@ does not stagger the samples).  Objective J = sum(theta_T) + 0.5 sum(omega_T): s
 
 Per run, the forward and the reverse are timed separately, as pairs; the sides are interleaved in
 rounds (so load from elsewhere hits them alike), each time the minimum over rounds of a round's
-median (``_timing.py`` says why), and the state planes are reset between runs, untimed.  Memory, in a separate untimed pass per side, from nothing (see the notes the
-script prints): what the Record holds, what the side holds after building and running, the peak
-one reverse call allocates, and the total peak through build and two run+reverse cycles -- by
+median (``_timing.py`` says why), and the state planes are reset between runs, untimed.
+Memory, in a separate untimed pass per side, from nothing (see the notes the script prints): what
+the Record holds, what the side holds after building and running, the peak one reverse call
+allocates, and the total peak through build and two run+reverse cycles -- by
 ``tracemalloc`` (Python and NumPy allocations; eagle's host planes are NumPy arrays, mallocs inside
 its C++ are not seen) and by the resident-set high-water mark (``VmHWM`` reset through
 ``/proc/self/clear_refs``; counts everything, at page granularity).
 
 Gradients of the three sides are checked to agree (``allclose``) before anything is timed.
-Threads: one per side by default, the process pinned to one CPU (``--threads N``: N, unpinned).  ``--profile`` also prints where vkml's time
-goes (a per-step breakdown of forward and reverse, and cProfile).  ``VKML_BACKEND=cpu`` runs vkml's
-side on the compiled CPU tier.
+Threads: one per side by default, the process pinned to one CPU (``--threads N``: N, unpinned).
+``--profile`` also prints where vkml's time goes (a per-step breakdown of forward and reverse,
+and cProfile).  ``VKML_BACKEND=cpu`` runs vkml's side on the compiled CPU tier.
 
 Run: ``python bench/simulation.py`` (about a minute on 2 cores; ``--steps 400`` for the small case;
 ``--quick``: T = 400 only, 5 rounds of 2).  eagle is optional: without it, its rows are left out.
@@ -365,7 +366,8 @@ def ab_workloads(quick):
         seeds = seeds_for()
         out[f"recorded pendulum {N:,} x {steps} steps"] = (
             ("run", "reverse"),
-            sampler(side.run, lambda side=side: side.reverse(seeds), reps=1 if steps > 400 else 2 if quick else 3,
+            sampler(side.run, lambda side=side: side.reverse(seeds),
+                    reps=1 if steps > 400 else 2 if quick else 3,
                     between=lambda side=side: (side.reset(), gc.collect())))
     return out
 
