@@ -123,7 +123,8 @@ def working_tree():
 # -- the comparison ----------------------------------------------------------------------------------
 
 def compare(bench, trees, quick, rounds):
-    """Rows (bench, workload, phase, old s, new s) of one bench, the two sides interleaved."""
+    """Rows (bench, workload, phase, old s, new s, least and most new/old of one round) of one bench,
+    the two sides interleaved."""
     with tempfile.TemporaryDirectory(prefix="vkml-ab-cache-") as caches:
         sides = {}
         try:
@@ -135,10 +136,19 @@ def compare(bench, trees, quick, rounds):
                 if name not in sides["new"].workloads:
                     print(f"  {bench}: {name!r} only exists on the old side: skipped")
                     continue
-                rounds_of = {label: (lambda s=s, n=name: s.round(n)) for label, s in sides.items()}
-                best = interleave(rounds_of, rounds=rounds)
-                rows += [(bench, name, phase, old, new)
-                         for phase, old, new in zip(phases, best["old"], best["new"])]
+                seen = {label: [] for label in sides}
+
+                def one_round(label, n=name):
+                    seen[label].append(sides[label].round(n))
+                    return seen[label][-1]
+
+                best = interleave({label: (lambda k=label: one_round(k)) for label in sides},
+                                  rounds=rounds)
+                for i, phase in enumerate(phases):
+                    # new/old of each round after the warm-up: how far one round can be off
+                    spread = [n[i] / o[i] for o, n in zip(seen["old"][1:], seen["new"][1:])]
+                    rows.append((bench, name, phase, best["old"][i], best["new"][i],
+                                 min(spread), max(spread)))
             return rows
         finally:
             for s in sides.values():
@@ -148,16 +158,17 @@ def compare(bench, trees, quick, rounds):
 def report(rows, trees, rounds):
     print(f"\nA/B  new = {trees['new'][1]}\n     old = {trees['old'][1]}")
     print(f"one thread, both sides pinned to the same CPU, {rounds} rounds alternating old/new, "
-          f"min of the round medians; new/old above 1 = the new side is slower; load average "
-          f"{os.getloadavg()[0]:.1f} now")
-    head = ("bench", "workload", "phase", "old ms", "new ms", "new/old")
-    body = [(b, w, p, f"{o * 1e3:,.3f}", f"{n * 1e3:,.3f}", f"{n / o:.2f}x") for b, w, p, o, n in rows]
+          f"min of the round medians; new/old above 1 = the new side is slower (the range of one "
+          f"round's new/old shows the noise); load average {os.getloadavg()[0]:.1f} now")
+    head = ("bench", "workload", "phase", "old ms", "new ms", "new/old", "one round's new/old")
+    body = [(b, w, p, f"{o * 1e3:,.3f}", f"{n * 1e3:,.3f}", f"{n / o:.2f}x", f"{lo:.2f}-{hi:.2f}x")
+            for b, w, p, o, n, lo, hi in rows]
     widths = [max(len(r[i]) for r in [head] + body) for i in range(len(head))]
     for r in [head] + body:
         print("  " + "  ".join(c.ljust(w) if i < 3 else c.rjust(w)
                                for i, (c, w) in enumerate(zip(r, widths))))
     for bench in dict.fromkeys(r[0] for r in rows):
-        ratios = [n / o for b, _, _, o, n in rows if b == bench]
+        ratios = [row[4] / row[3] for row in rows if row[0] == bench]
         geomean = math.exp(sum(map(math.log, ratios)) / len(ratios))
         print(f"  {bench}: geometric mean of new/old {geomean:.3f} over {len(ratios)} timings")
 
