@@ -20,6 +20,16 @@ def tree_env():
     return dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "kit"), str(ROOT / "extensions")]))
 
 
+def table_rows(out):
+    """The first word of every row of the printed tables (a name, then a time)."""
+    rows = set()
+    for line in out.splitlines():
+        words = line.split()
+        if line.startswith("  ") and len(words) > 1 and words[1].replace(",", "").replace(".", "").isdigit():
+            rows.add(words[0])
+    return rows
+
+
 def test_interleave_alternates_sides_and_keeps_the_least_median_of_each_phase():
     calls = []
     script = {"a": iter([(9.0, 9.0), (3.0, 5.0), (4.0, 1.0)]), "b": iter([(9.0,), (2.0,), (7.0,)])}
@@ -89,5 +99,16 @@ def test_a_quick_bench_runs_end_to_end_with_or_without_its_peers():
                           capture_output=True, text=True, timeout=120, env=tree_env(), cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert "one training step" in proc.stdout and "pinned to CPU" in proc.stdout
-    rows = [line.split()[0] for line in proc.stdout.splitlines() if line.startswith("  ")]
-    assert {"vkml", "numpy"} <= set(rows)
+    assert {"vkml", "numpy"} <= table_rows(proc.stdout)
+
+
+def test_a_bench_runs_its_vkml_side_and_notes_a_missing_peer():
+    # None in sys.modules makes `import eagle` fail, as on a machine without the peer
+    code = ("import runpy, sys; sys.modules.update(eagle=None, hawk=None, jax=None, torch=None); "
+            "sys.argv = ['graph_reverse.py', '--quick', '--sizes', '1000']; "
+            "runpy.run_path(sys.argv[0], run_name='__main__')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env=tree_env(), cwd=BENCH)
+    assert proc.returncode == 0, proc.stderr
+    assert "eagle unavailable" in proc.stdout
+    assert {"vkml", "numpy"} <= table_rows(proc.stdout) and "eagle" not in table_rows(proc.stdout)
