@@ -25,7 +25,8 @@ def table_rows(out):
     rows = set()
     for line in out.splitlines():
         words = line.split()
-        if line.startswith("  ") and len(words) > 1 and words[1].replace(",", "").replace(".", "").isdigit():
+        number = len(words) > 1 and words[1].replace(",", "").replace(".", "").isdigit()
+        if line.startswith("  ") and number:
             rows.add(words[0])
     return rows
 
