@@ -46,14 +46,13 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import statistics
 import sys
 import time
 import tracemalloc
 
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import pin_from_argv, print_table, sampler  # noqa: E402
+from _timing import median_seconds, pin_from_argv, print_table, sampler  # noqa: E402
 
 if __name__ == "__main__":        # before NumPy/eagle load OpenMP (libgomp reads it at load)
     PINNED = pin_from_argv()
@@ -253,14 +252,7 @@ def memory(make):
 
 
 def _med_us(fn, repeat, warmup=5):
-    for _ in range(warmup):
-        fn()
-    out = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return statistics.median(out) * 1e6
+    return median_seconds(fn, repeat=repeat, warmup=warmup) * 1e6
 
 
 def breakdown_vkml(steps):
