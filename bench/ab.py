@@ -89,8 +89,12 @@ class Side:
 
     def close(self):
         with contextlib.suppress(OSError):
-            self.proc.stdin.close()
-        self.proc.wait(timeout=60)
+            self.proc.stdin.close()       # the worker's loop ends at end of input
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
         self.log.close()
 
 
