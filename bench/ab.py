@@ -164,8 +164,8 @@ def report(rows, trees, rounds):
     print(f"one thread, both sides pinned to the same CPU, {rounds} rounds alternating old/new, "
           f"min of the round medians; new/old above 1 = the new side is slower (the range of one "
           f"round's new/old shows the noise); load average {os.getloadavg()[0]:.1f} now")
-    head = ("bench", "workload", "phase", "old ms", "new ms", "new/old", "one round's new/old")
-    body = [(b, w, p, f"{o * 1e3:,.3f}", f"{n * 1e3:,.3f}", f"{n / o:.2f}x", f"{lo:.2f}-{hi:.2f}x")
+    head = ("bench", "workload", "phase", "old us", "new us", "new/old", "one round's new/old")
+    body = [(b, w, p, f"{o * 1e6:,.1f}", f"{n * 1e6:,.1f}", f"{n / o:.2f}x", f"{lo:.2f}-{hi:.2f}x")
             for b, w, p, o, n, lo, hi in rows]
     widths = [max(len(r[i]) for r in [head] + body) for i in range(len(head))]
     for r in [head] + body:
