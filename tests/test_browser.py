@@ -8,16 +8,8 @@ it), driven by the ``playwright`` package from the test extra -- ``playwright in
 run.
 """
 
-import json
-import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
-import time
 import urllib.parse
-import urllib.request
 
 import nbformat
 import pytest
@@ -30,6 +22,8 @@ CHROMIUM = shutil.which("chromium")
 if CHROMIUM is None:
     pytest.skip("Debian's chromium is not installed (scripts/dev test installs it)",
                 allow_module_level=True)
+
+from jupyterlab_server import jupyter_env, serving  # noqa: E402  (after the skips above)
 
 CELLS = [
     "%load_ext vkml\nimport numpy as np\nimport vkml",
@@ -50,29 +44,6 @@ CELLS = [
 SECONDS = 1000  # playwright counts milliseconds
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for_server(url, token, proc, log, deadline):
-    # localhost, never through a proxy
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"jupyter lab exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            req = urllib.request.Request(url + "api/status",
-                                         headers={"Authorization": f"token {token}"})
-            with opener.open(req, timeout=5) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.25)
-    pytest.fail(f"jupyter lab did not answer in time:\n{log.read_text()[-3000:]}")
-
-
 @pytest.fixture
 def lab(tmp_path):
     """A JupyterLab server on a free localhost port with a random token, serving ``tmp_path``."""
@@ -80,45 +51,8 @@ def lab(tmp_path):
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
                                  "language": "python"}
     nbformat.write(nb, tmp_path / "explore.ipynb")
-    home = tmp_path / "jupyter"
-    dirs = {name: home / name
-            for name in ("config", "data", "runtime", "settings", "workspaces", "ipython")}
-    for d in dirs.values():
-        d.mkdir(parents=True)
-    # No announcements, update checks or PyPI lookups: the test never touches the network.
-    (dirs["config"] / "jupyter_lab_config.json").write_text(json.dumps({"LabApp": {
-        "news_url": None, "check_for_updates_class": "jupyterlab.NeverCheckForUpdate",
-        "extension_manager": "readonly"}}))
-    news = dirs["settings"] / "@jupyterlab" / "apputils-extension"
-    news.mkdir(parents=True)
-    (news / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
-    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(dirs["config"]),
-               JUPYTER_DATA_DIR=str(dirs["data"]), JUPYTER_RUNTIME_DIR=str(dirs["runtime"]),
-               JUPYTERLAB_SETTINGS_DIR=str(dirs["settings"]),
-               JUPYTERLAB_WORKSPACES_DIR=str(dirs["workspaces"]), IPYTHONDIR=str(dirs["ipython"]),
-               VKML_BACKEND="numpy", JUPYTER_PLATFORM_DIRS="1")
-    token = os.urandom(24).hex()
-    port = free_port()
-    args = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-            "--ServerApp.port_retries=0", f"--ServerApp.token={token}",
-            f"--ServerApp.root_dir={tmp_path}", "--expose-app-in-browser"]
-    if os.geteuid() == 0:  # CI containers run as root; Jupyter refuses root without this
-        args.append("--allow-root")
-    log = tmp_path / "lab.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(args, env=env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    url = f"http://127.0.0.1:{port}/"
-    try:
-        wait_for_server(url, token, proc, log, time.monotonic() + 90)
-        yield {"url": url, "token": token, "log": log}
-    finally:
-        proc.send_signal(signal.SIGINT)   # jupyter's clean stop: it shuts its kernels down
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)   # the session this test started: server, kernels
-            proc.wait(timeout=10)
+    with serving(tmp_path, jupyter_env(tmp_path / "jupyter")) as server:
+        yield server
 
 
 KERNEL_IDLE = """() => {

@@ -6,14 +6,10 @@ random token, every Jupyter folder in a temporary directory, nothing fetched fro
 Screenshots go to tests/screenshots/ (git-ignored) for a person to look at.
 """
 
-import json
-import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import time
 import urllib.parse
 from pathlib import Path
 
@@ -28,30 +24,12 @@ if CHROMIUM is None:
     pytest.skip("Debian's chromium is not installed (scripts/dev test installs it)",
                 allow_module_level=True)
 
-from test_browser import free_port, wait_for_server  # noqa: E402  (after the skips above)
+from jupyterlab_server import jupyter_env, serving  # noqa: E402  (after the skips above)
 
 ROOT = Path(__file__).resolve().parent.parent
 TUTORIAL = "02-programs-and-scan.ipynb"
 SCREENSHOTS = ROOT / "tests" / "screenshots"
 SECONDS = 1000  # playwright counts milliseconds
-
-
-def jupyter_env(home: Path) -> dict:
-    dirs = {name: home / name
-            for name in ("config", "data", "runtime", "settings", "workspaces", "ipython")}
-    for d in dirs.values():
-        d.mkdir(parents=True, exist_ok=True)
-    (dirs["config"] / "jupyter_lab_config.json").write_text(json.dumps({"LabApp": {
-        "news_url": None, "check_for_updates_class": "jupyterlab.NeverCheckForUpdate",
-        "extension_manager": "readonly"}}))
-    news = dirs["settings"] / "@jupyterlab" / "apputils-extension"
-    news.mkdir(parents=True, exist_ok=True)
-    (news / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
-    return dict(os.environ, JUPYTER_CONFIG_DIR=str(dirs["config"]),
-                JUPYTER_DATA_DIR=str(dirs["data"]), JUPYTER_RUNTIME_DIR=str(dirs["runtime"]),
-                JUPYTERLAB_SETTINGS_DIR=str(dirs["settings"]),
-                JUPYTERLAB_WORKSPACES_DIR=str(dirs["workspaces"]),
-                IPYTHONDIR=str(dirs["ipython"]), VKML_BACKEND="numpy", JUPYTER_PLATFORM_DIRS="1")
 
 
 @pytest.fixture
@@ -62,28 +40,8 @@ def tutorial_lab(tmp_path):
     jupyter = Path(sys.executable).with_name("jupyter")
     subprocess.run([str(jupyter), "trust", str(tmp_path / TUTORIAL)], env=env, check=True,
                    capture_output=True)
-    token = os.urandom(24).hex()
-    port = free_port()
-    args = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-            "--ServerApp.port_retries=0", f"--ServerApp.token={token}",
-            f"--ServerApp.root_dir={tmp_path}", "--expose-app-in-browser"]
-    if os.geteuid() == 0:  # CI containers run as root; Jupyter refuses root without this
-        args.append("--allow-root")
-    log = tmp_path / "lab.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(args, env=env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    url = f"http://127.0.0.1:{port}/"
-    try:
-        wait_for_server(url, token, proc, log, time.monotonic() + 90)
-        yield {"url": url, "token": token, "log": log}
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)   # the session this test started: server, kernels
-            proc.wait(timeout=10)
+    with serving(tmp_path, env) as server:
+        yield server
 
 
 #: Draws a rendered <img> into a canvas and reports its background (a corner pixel) and the
