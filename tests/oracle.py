@@ -180,6 +180,17 @@ def vkml_value(f_vk, args, w):
         return float(np.sum(np.asarray(out.numpy(), dtype=np.float64) * w))
 
 
+def central_diff(f, x, eps=1e-6):
+    """The gradient of a float-valued ``f`` at ``x`` by central differences (float64)."""
+    x = np.array(x, dtype=np.float64)
+    g = np.zeros_like(x)
+    for i in np.ndindex(x.shape):
+        e = np.zeros_like(x)
+        e[i] = eps
+        g[i] = (f(x + e) - f(x - e)) / (2 * eps)
+    return g
+
+
 def finite_difference_grads(f_vk, args, wrt, w, h=1e-5, max_full=32, directions=6):
     """Central differences of vkml's forward in float64.
 
