@@ -174,8 +174,8 @@ def _ends_with_semicolon(cell) -> bool:
 
 
 def _traced(t) -> bool:
-    from vkml.tensor import _is_traced
-    return _is_traced(t.ir_var)
+    from vkml.runtime import is_traced
+    return is_traced(t.ir_var)
 
 
 @magics_class
@@ -364,6 +364,8 @@ def info_text() -> str:
              f"eager mode: {'on' if vkml.is_eager() else 'off'}"]
     lines += [f"{k}: {v}" for k, v in info.items()]
     lines.append(f"counters since the last reset: {counts_text(vkml.stats())}")
+    sizes = ", ".join(f"{name} {n}" for name, n in vkml.stats().caches.items()) or "empty"
+    lines.append(f"caches (at most {vkml.cache_limit()} entries each): {sizes}")
     hint = viz.dot_available()
     lines.append("diagrams: graphviz dot found" if hint is None else f"diagrams: off {hint}")
     return "\n".join(lines)
