@@ -193,11 +193,15 @@ def set_backend(name: str) -> Backend:
     return backend
 
 
-@contextlib.contextmanager
 def use_backend(name: str):
     """``with use_backend("cpu"):`` -- this thread or asyncio task runs on ``name`` for the block;
-    other threads and tasks, and the process default, are untouched."""
-    backend = _backend_named(name, "use_backend")
+    other threads and tasks, and the process default, are untouched.  A bad name is refused at
+    the call, before the block."""
+    return _using(_backend_named(name, "use_backend"))
+
+
+@contextlib.contextmanager
+def _using(backend):
     with _CURRENT.local(backend), api.DEFAULT_DEVICE.local(backend.device):
         yield backend
 
