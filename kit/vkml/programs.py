@@ -195,6 +195,8 @@ class Jitted:
         self._entries = Cache("jit programs")
         self.traces = self.compiles = self.derivations = self.hits = 0
         functools.update_wrapper(self, fn)
+        if not hasattr(self, "__name__"):       # a callable object: named by its class
+            self.__name__ = type(fn).__name__
 
     def _lookup(self, args):
         leaves, in_tree, in_vars = _flat_args(args)
