@@ -197,6 +197,8 @@ class Jitted:
         functools.update_wrapper(self, fn)
         if not hasattr(self, "__name__"):       # a callable object: named by its class
             self.__name__ = type(fn).__name__
+        for name in (_OWN_JIT, _OWN_CALLER):    # update_wrapper copied fn's __dict__: not ours
+            self.__dict__.pop(name, None)
 
     def _lookup(self, args):
         leaves, in_tree, in_vars = _flat_args(args)
@@ -294,9 +296,7 @@ def _cached_jit(fn) -> Jitted:
     if isinstance(fn, types.FunctionType):
         jitted = fn.__dict__.get(_OWN_JIT)
         if not isinstance(jitted, Jitted) or jitted.fn is not fn:
-            jitted = Jitted(fn)
-            jitted.__dict__.pop(_OWN_JIT, None)     # update_wrapper copied the function's __dict__
-            fn.__dict__[_OWN_JIT] = jitted
+            jitted = fn.__dict__[_OWN_JIT] = Jitted(fn)
         return jitted
     try:
         ref = _JITTED.get(fn)
@@ -1188,19 +1188,26 @@ _KEYWORD_CALLERS = weakref.WeakKeyDictionary()
 def _with_keywords(fn):
     """``fn`` taking its keyword arguments as one last positional dict, so they are traced arguments
     (not differentiated), not constants baked into the program.  One per ``fn``, so jit's cache hits."""
+    own = fn.__dict__ if isinstance(fn, types.FunctionType) else None
     try:
-        caller = _KEYWORD_CALLERS.get(fn)
+        caller = own.get(_OWN_CALLER) if own is not None else _KEYWORD_CALLERS.get(fn)
     except TypeError:
         caller = None
     if caller is None:
         def caller(*args):
             return fn(*args[:-1], **args[-1])
         caller.__name__ = getattr(fn, "__name__", "f")
-        try:
-            _KEYWORD_CALLERS[fn] = caller
-        except TypeError:
-            pass
+        if own is not None:             # lives and dies with fn (a registry would keep fn alive)
+            own[_OWN_CALLER] = caller
+        else:
+            try:
+                _KEYWORD_CALLERS[fn] = caller
+            except TypeError:
+                pass
     return caller
+
+
+_OWN_CALLER = "__vkml_keyword_caller__"
 
 
 def _passing_keywords(fn, argnums, has_aux, with_value, where):

@@ -82,7 +82,7 @@ class Backend:
 
     def __init__(self):
         # bounded (vkml.set_cache_limit) and shared by threads: each key is compiled once
-        self._executables = Cache("executables")
+        self._executables = Cache(f"{self.name} executables")
 
     def executable(self, key, make_program):
         """The executable for structural ``key``; ``make_program()`` builds the Program on a miss."""
