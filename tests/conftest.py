@@ -14,9 +14,7 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "vkml"))
 
 
-#: The backends the computing tests run on: the NumPy reference and the compiled CPU tier.
-#: ``VKML_TEST_BACKENDS=numpy`` narrows a local run.
-BACKENDS = [b for b in os.environ.get("VKML_TEST_BACKENDS", "numpy,cpu").split(",") if b]
+from backends_under_test import BACKENDS  # noqa: E402
 
 #: Test modules that compute (operators, gradients, programs, graphs): each runs on every backend.
 BACKEND_MODULES = {"test_ops_forward", "test_ops_grad", "test_ops_errors", "test_indexing",

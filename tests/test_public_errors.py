@@ -24,7 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import vkml
-from conftest import BACKENDS
+from backends_under_test import BACKENDS
 from bad_inputs import leaks, memory_cap, public_callables, signature_arity, succeeds
 
 pytestmark = [pytest.mark.usefixtures("eager"),

@@ -12,6 +12,8 @@ The public API (see DESIGN.md):
 - backends and modes: ``set_backend``/``use_backend``, ``backend_info``, ``no_grad``/``eager``
   (per thread and asyncio task; see ``vkml.runtime``)
 - caches: ``clear_caches``, ``set_cache_limit``/``cache_limit``; sizes in ``stats().caches``
+- ``vkml.numpy`` (``import vkml.numpy as vnp``) and ``vkml.scipy.special``: NumPy's and
+  SciPy's names on lazy, differentiable tensors
 - ``viz``: graphviz pictures of Programs, lazy graphs, derived programs, Graphs and Records
 - ``progress``: progress bars for long work (``tqdm.auto``, quiet outside notebooks)
 - in Jupyter: ``%load_ext vkml`` (the ``%%vkml`` magic) and ``vkml.widgets`` (explorers), both
@@ -40,6 +42,7 @@ from .tensor import (Tensor, abs, add, arange, argmax, argmin, assign, avg_pool2
                      take_along_axis, tanh, tensor, transpose, var, where, zeros, zeros_like)
 
 from . import nn, optim, progress, viz
+from . import numpy, scipy  # vkml.numpy (NumPy's names, differentiable) and vkml.scipy.special
 from . import graph
 from .errors import Busy, BudgetError, RecordError, RefusedError
 from .graph import (Graph, Param, SkipGuard, diff, kernel, repeat_while, simulation, skippable,

@@ -25,7 +25,7 @@ import numpy as np
 from . import runtime
 from .errors import ArgumentError, DTypeError, GradError, ShapeError, TracingError
 from .ir import Var, dtype_name, format_shape
-from .ops import api
+from .ops import api, numeric
 from .runtime import eager, is_eager, no_grad, set_eager  # noqa: F401  (vkml.tensor's old names)
 from .validate import (MAX_ELEMENTS, check_bool, check_dtype, check_real, check_sequence,
                        check_shape, describe, host_memory)
@@ -602,20 +602,9 @@ def std(x, axis=None, ddof=0, keepdims=False):
     return sqrt(var(x, axis, ddof, keepdims))
 
 
-def mod(x, y):
-    """The remainder with the sign of ``y``, as Python's ``%`` and ``np.mod``: ``x - floor(x / y) * y``.
-
-    Integers use floor division; floats floor through a cast to int64 (exact for
-    |x / y| < 2**53), and the floor is a constant of the derivative, so d(x % y)/dx = 1."""
-    x, y = (v if isinstance(v, Tensor) or isinstance(v, (numbers.Number, np.generic)) else tensor(v)
-            for v in (x, y))
-    kinds = {v.dtype.kind if isinstance(v, Tensor) else np.asarray(v).dtype.kind for v in (x, y)}
-    if "f" not in kinds:
-        return sub(x, mul(floor_divide(x, y), y))
-    quotient = div(x, y)
-    truncated = cast(cast(quotient, np.int64), quotient.dtype)
-    floor = stop_gradient(sub(truncated, cast(greater(truncated, quotient), quotient.dtype)))
-    return sub(x, mul(floor, y))
+mod = _lift(numeric.mod)
+mod.__doc__ = """The remainder with the divisor's sign, as Python's ``%`` and ``np.mod`` (an integer
+divisor of 0 gives 0, as NumPy does); d(x % y)/dx = 1."""
 
 
 # -- realize ------------------------------------------------------------------------------------------

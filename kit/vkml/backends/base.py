@@ -14,19 +14,67 @@ import threading
 
 import numpy as np
 
-from ..errors import BackendError
+from ..errors import BackendError, ExecutionError, ShapeError
+from ..ir import dtype_name, format_shape
 from ..ops import api
 from ..stats import STATS, Stats, reset_stats, stats  # noqa: F401  (re-exported)
 from ..threadsafe import Cache, Setting
 
 
-class ExecutionFailure(Exception):
-    """Raised by an executable: equation ``index`` of its program raised ``error``."""
+class ExecutionFailure(ExecutionError):
+    """Raised by an executable: equation ``index`` of its program raised ``error``.
+
+    The caller that holds the program names the equation (``runtime.submit``); one that does not
+    still gets a clean :class:`ExecutionError`."""
 
     def __init__(self, index, error):
-        super().__init__(index, error)
+        super().__init__(f"equation {index} of the program failed: {error}")
         self.index = index
         self.error = error
+
+
+def failure_error(name, info):
+    """The exception a compiled primitive ``name`` reported, with its ``info`` words (the bad
+    value, the axis, its size): what the NumPy backend raises for the same input."""
+    bad, axis, size = (int(v) for v in info[:3])
+    if name == "pow":
+        return ValueError(f"Integers to negative integer powers are not allowed (exponent {bad})")
+    return IndexError(f"index {bad} is out of range for axis {axis} of size {size}; "
+                      f"indices must lie in [0, {size})")
+
+
+#: the most elements, and bytes, a value may have: what a signed 64-bit integer counts
+INT64_MAX = (1 << 63) - 1
+
+
+def check_sizes(program, seen=None):
+    """``program``, once refused (ShapeError) if it holds a value whose element count or byte
+    size does not fit in an int64 -- before anything is compiled or allocated: generated code
+    indexes with int64 and no allocation of it could succeed (NumPy would raise a bare
+    ValueError)."""
+    seen = set() if seen is None else seen
+    if id(program) in seen:
+        return program
+    seen.add(id(program))
+    for v in program.inputs:
+        _check_size(v, "an input")
+    for e in program.eqns:
+        for v in e.outputs:
+            _check_size(v, e.prim.name)
+        for p in e.params.values():
+            if hasattr(p, "eqns"):
+                check_sizes(p, seen)
+    return program
+
+
+def _check_size(v, what):
+    n = 1
+    for d in v.shape:
+        n *= d
+    if n * v.dtype.itemsize > INT64_MAX:
+        raise ShapeError(f"{what}: a {dtype_name(v.dtype)} value of shape {format_shape(v.shape)} "
+                         f"has {n} elements ({n * v.dtype.itemsize} bytes), more than a 64-bit "
+                         "size can count; use smaller shapes")
 
 
 class DeviceValue:
@@ -87,7 +135,7 @@ class Backend:
     def executable(self, key, make_program):
         """The executable for structural ``key``; ``make_program()`` builds the Program on a miss."""
         def make():
-            exe = self._compile(make_program())
+            exe = self._compile(check_sizes(make_program()))
             STATS.compiles += 1
             return exe
         return self._cached(key, make)

@@ -22,6 +22,15 @@ Reductions inside compiled code add sequentially in index order (NumPy adds
 pairwise), and exp/log/sin/cos/tanh/pow come from libm: both agree with the
 NumPy backend within a few ulps (tests use rtol 1e-12 in float64, 1e-5 in
 float32).  The canonical-tree sums of the graph layer are exact on both.
+
+Generated code cannot corrupt the process: value sizes are checked before
+anything is compiled (``base.check_sizes``), every temporary's allocation is
+checked (a refusal is an ExecutionError naming the equation and the bytes),
+no buffer whose size the user chooses lives on the stack, every gather and
+scatter index is checked, and integer division is defined for every input
+(NumPy's answers: ``MIN // -1`` wraps, ``x // 0`` is 0).  Where NumPy refuses
+(a negative integer power, argmax over an empty axis) this tier refuses too,
+with the same error class.
 """
 
 from __future__ import annotations
@@ -36,11 +45,11 @@ import warnings
 
 import numpy as np
 
-from ..errors import BackendError
+from ..errors import BackendError, ExecutionError
 from ..stats import STATS
 from . import disk_cache
-from .base import Backend, ExecutionFailure, register
-from .codegen.c_render import render
+from .base import Backend, ExecutionFailure, check_sizes, failure_error, register
+from .codegen.c_render import ALLOCATION_FAILED, render
 from .codegen.lower import Lowering, Unsupported
 from .numpy_backend import compile_program as compile_numpy
 
@@ -102,14 +111,31 @@ def _compile_c(cc, flags, source, folder) -> bytes:
 
 
 def c_source(program):
-    """The C source of ``program`` and its error names (raises Unsupported for what the lowering
+    """The C source of ``program`` and its lowering (whose ``errors``, ``error_sites`` and
+    ``temp_vars`` decode what the function reports; raises Unsupported for what the lowering
     cannot compile)."""
     low = Lowering()
     ins = [f"a{i}" for i in range(len(program.inputs))]
     outs = [f"o{i}" for i in range(len(program.outputs))]
     stmts = low.program(program, ins, outs)
     return render(low, stmts, len(ins), [v.dtype for v in program.inputs],
-                  len(outs), [v.dtype for v in program.outputs]), low.errors
+                  len(outs), [v.dtype for v in program.outputs]), low
+
+
+def allocation_error(what, shape, dtype):
+    """The error for an allocation that failed: NumPy's MemoryError, as the NumPy backend's
+    executables report it (wrapped in ExecutionFailure, an ExecutionError)."""
+    nbytes = int(np.prod(shape, dtype=object)) * np.dtype(dtype).itemsize
+    return MemoryError(f"could not allocate {nbytes} bytes for {what} of shape {list(shape)} "
+                       f"({np.dtype(dtype).name})")
+
+
+def _empty_result(shape, dtype, what, index):
+    """``np.empty``, with a refused allocation reported as the failure of equation ``index``."""
+    try:
+        return np.empty(shape, dtype)
+    except (MemoryError, ValueError):
+        raise ExecutionFailure(index, allocation_error(what, shape, dtype)) from None
 
 
 #: matmuls bigger than this run on NumPy (BLAS) rather than in generated loops
@@ -131,15 +157,17 @@ def _too_big(program) -> bool:
 class CompiledProgram:
     """A program's C function, called with contiguous arrays."""
 
-    def __init__(self, program, lib, source, errors):
+    def __init__(self, program, lib, source, lowering):
         self.fn = lib.vk_main
         self.fn.restype = ctypes.c_int
         self.fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         self.in_types = [v.dtype for v in program.inputs]
         self.out_types = [(v.shape, v.dtype) for v in program.outputs]
+        producer = {v: i for i, e in enumerate(program.eqns) for v in e.outputs}
+        self.out_sites = [producer.get(v, 0) for v in program.outputs]
         self.source = source
-        self.errors = errors
-        self.eqn_index = {e.prim.name: i for i, e in enumerate(program.eqns)}
+        self.errors, self.error_sites = lowering.errors, lowering.error_sites
+        self.temps = [(v.shape, v.dtype, producer.get(v, 0)) for v in lowering.temp_vars]
         self._keep = lib
 
     writes_into = True
@@ -147,7 +175,8 @@ class CompiledProgram:
     def __call__(self, args, into=None):
         """Run once; ``into`` (see ``Backend.run``): destinations the C function writes directly."""
         ins = [np.ascontiguousarray(a, dtype=t) for a, t in zip(args, self.in_types)]
-        outs = [np.empty(shape, dtype) for shape, dtype in self.out_types]
+        outs = [_empty_result(shape, dtype, "a result", site)
+                for (shape, dtype), site in zip(self.out_types, self.out_sites)]
         for i, dest in enumerate(into or ()):
             if dest is not None and dest.shape == outs[i].shape and dest.dtype == outs[i].dtype:
                 outs[i] = dest
@@ -155,12 +184,12 @@ class CompiledProgram:
         out_ptrs = (ctypes.c_void_p * max(1, len(outs)))(*[o.ctypes.data for o in outs])
         info = np.zeros(3, np.int64)
         code = self.fn(in_ptrs, out_ptrs, info.ctypes.data)
+        if code == ALLOCATION_FAILED:
+            shape, dtype, site = self.temps[int(info[0])]
+            raise ExecutionFailure(site, allocation_error("a temporary", shape, dtype))
         if code:
-            name = self.errors[code - 1] if code - 1 < len(self.errors) else "?"
-            bad, axis, size = (int(v) for v in info)
-            raise ExecutionFailure(self.eqn_index.get(name, 0), IndexError(
-                f"index {bad} is out of range for axis {axis} of size {size}; "
-                f"indices must lie in [0, {size})"))
+            raise ExecutionFailure(self.error_sites[code - 1],
+                                   failure_error(self.errors[code - 1], info))
         return outs
 
 
@@ -230,11 +259,11 @@ class CpuBackend(Backend):
     def _compile_c(self, program):
         """The program's C function, or None when the lowering does not cover it."""
         try:
-            source, errors = c_source(program)
+            source, lowering = c_source(program)
         except Unsupported:
             return None
         lib, _ = library(source)
-        return CompiledProgram(program, lib, source, errors)
+        return CompiledProgram(program, lib, source, lowering)
 
     def _numpy(self, program):
         self.fallbacks += 1
@@ -245,7 +274,7 @@ class CpuBackend(Backend):
         return self.executable(("nested", program), lambda: program)
 
     def executable(self, key, make_program):
-        return self._cached(key, lambda: self._compile(make_program()),
+        return self._cached(key, lambda: self._compile(check_sizes(make_program())),
                             from_disk=lambda exe: isinstance(exe, CompiledProgram))
 
     def sample_loops(self, step, vjp, spec):
@@ -274,34 +303,55 @@ class SampleLoops:
                  wrt, window):
         from .codegen.sample_loops import forward_source, reverse_source
         self.step, self.n_state, self.window, self.wrt = step, n_state, window, wrt
-        fwd = forward_source(step, n_state, n_fixed, n_params, out_names, state_names, term_index, window)
-        rev = reverse_source(step, vjp, n_state, n_fixed, n_params, out_names, state_names, wrt, window)
+        self.errors = {"forward": [], "reverse": []}
+        fwd = forward_source(step, n_state, n_fixed, n_params, out_names, state_names, term_index,
+                             window, errors=self.errors["forward"])
+        rev = reverse_source(step, vjp, n_state, n_fixed, n_params, out_names, state_names, wrt,
+                             window, errors=self.errors["reverse"])
         self._fwd_lib, _ = library(fwd, ["-fopenmp"])
         self._rev_lib, _ = library(rev, ["-fopenmp"])
         for fn in (self._fwd_lib.vk_fwd, self._rev_lib.vk_rev):
             fn.restype = ctypes.c_int
             fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
 
-    @staticmethod
-    def _call(fn, ins, outs, info):
+    def _call(self, direction, fn, ins, outs, n, max_steps, threads):
+        """One call of the compiled loops; a sample that failed (the lowest-numbered one) is
+        raised as an ExecutionError naming the sample."""
         ins = [np.ascontiguousarray(a) for a in ins]
         in_ptrs = (ctypes.c_void_p * max(1, len(ins)))(*[a.ctypes.data for a in ins])
         out_ptrs = (ctypes.c_void_p * max(1, len(outs)))(*[o.ctypes.data for o in outs])
-        info = np.asarray(info, dtype=np.int64)
+        info = np.array([n, max_steps, threads, 0, 0, 0, 0, 0], dtype=np.int64)
         STATS.submissions += 1
         fn(in_ptrs, out_ptrs, info.ctypes.data)
+        code, sample = int(info[3]), int(info[7])
+        if code == ALLOCATION_FAILED:
+            raise ExecutionError(f"the compiled simulation {direction}: could not allocate "
+                                 f"{int(info[4])} bytes for sample {sample}'s window of "
+                                 f"{self.window} steps; pass a smaller window=")
+        if code:
+            error = failure_error(self.errors[direction][code - 1], info[4:7])
+            raise ExecutionError(f"the compiled simulation {direction}: a step of sample {sample} "
+                                 f"failed in {self.errors[direction][code - 1]}: {error}")
+
+    def _empty(self, direction, shape, dtype):
+        """``np.empty``, with a refused allocation an ExecutionError (MemoryError from NumPy)."""
+        try:
+            return np.empty(shape, dtype)
+        except (MemoryError, ValueError):
+            raise ExecutionError(f"the compiled simulation {direction}: "
+                                 f"{allocation_error('its buffers', shape, dtype)}") from None
 
     def forward(self, states, fixed, others, params, max_steps, threads):
         """Final states, per-sample steps, the checkpoints every ``window`` steps; the last step's
-        other outputs are written into ``others`` (their planes)."""
+        other outputs are written into ``others`` (their planes), unless a sample fails."""
         n = states[0].shape[0]
         n_ck = -(-max_steps // self.window)
         finals = [np.empty_like(s) for s in states]
         steps = np.zeros(n, np.int64)
-        cks = [np.empty((n_ck,) + s.shape, s.dtype) for s in states]
+        cks = [self._empty("forward", (n_ck,) + s.shape, s.dtype) for s in states]
         extra = [np.ascontiguousarray(o).copy() for o in others]
-        self._call(self._fwd_lib.vk_fwd, list(states) + list(fixed) + list(params),
-                   finals + [steps] + cks + extra, [n, max_steps, threads])
+        self._call("forward", self._fwd_lib.vk_fwd, list(states) + list(fixed) + list(params),
+                   finals + [steps] + cks + extra, n, max_steps, threads)
         for plane, value in zip(others, extra):
             plane[...] = value
         return finals, steps, cks
@@ -310,9 +360,9 @@ class SampleLoops:
         """Per-sample cotangents of the wrt inputs (states, floating fixed planes, Params)."""
         n = steps.shape[0]
         ins = self.step.inputs
-        outs = [np.empty((n,) + ins[w].shape, ins[w].dtype) for w in self.wrt]
-        self._call(self._rev_lib.vk_rev, list(checkpoints) + [steps] + list(fixed) + list(params)
-                   + list(seeds), outs, [n, 0, threads])
+        outs = [self._empty("reverse", (n,) + ins[w].shape, ins[w].dtype) for w in self.wrt]
+        self._call("reverse", self._rev_lib.vk_rev, list(checkpoints) + [steps] + list(fixed)
+                   + list(params) + list(seeds), outs, n, 0, threads)
         return outs
 
 

@@ -99,7 +99,8 @@ import numpy as np
 from ..errors import BackendError
 from ..stats import STATS
 from . import disk_cache
-from .base import Backend, DeviceValue, ExecutionFailure, _copy_into, host_values
+from .base import (Backend, DeviceValue, ExecutionFailure, _copy_into, check_sizes, failure_error,
+                   host_values)
 from .codegen.cuda_render import NVCC_FLAGS, cuda_plan, template, tree_sum_levels
 from .codegen.lower import Unsupported
 from .numpy_backend import compile_program as compile_numpy
@@ -592,11 +593,9 @@ class CudaExecutable:
             stream.synchronize()
             code = int(self.host_status[0])
             if code:
-                bad, axis, size = (int(v) for v in self.host_status[1:].view(np.int64))
                 name = self.errors[code - 1] if code - 1 < len(self.errors) else "?"
-                raise ExecutionFailure(self.eqn_index.get(name, 0), IndexError(
-                    f"index {bad} is out of range for axis {axis} of size {size}; "
-                    f"indices must lie in [0, {size})"))
+                raise ExecutionFailure(self.eqn_index.get(name, 0),
+                                       failure_error(name, self.host_status[1:].view(np.int64)))
             if resident:
                 return results
             return [h[:int(np.prod(s))].reshape(s).copy() for h, (s, _) in
@@ -675,7 +674,8 @@ class CudaBackend(Backend):
 
     def executable(self, key, make_program):
         # a miss that ran no nvcc loaded its cubin from the disk cache
-        return self._cached(key, lambda: self._compile(make_program()), from_disk=lambda exe: True)
+        return self._cached(key, lambda: self._compile(check_sizes(make_program())),
+                            from_disk=lambda exe: True)
 
     def clear_cache(self):
         for exe in self._executables.values():

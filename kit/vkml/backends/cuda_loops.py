@@ -16,8 +16,10 @@ sin/exp/... come from libdevice (within a few ulps of libm).
 
 Each call copies its inputs to fresh device buffers, launches one kernel on
 the backend's stream (one submission), copies the outputs back and frees
-the buffers.  A failing gather inside a step stops that sample where it
-fails, silently, as in the cpu tier's loops.
+the buffers.  A failure inside a step (a gather index out of range) stops
+that sample and is written to four status words after the outputs (the
+first failure wins); the call then raises an ExecutionError, as the cpu
+tier's loops do.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ import struct
 
 import numpy as np
 
+from ..errors import ExecutionError
 from ..stats import STATS
+from .base import failure_error
 from .codegen.sample_loops import forward_source, reverse_source
 
 #: threads per block of a sample-loop kernel
@@ -41,11 +45,12 @@ class CudaSampleLoops:
     def __init__(self, gpu, step, vjp, *, n_state, n_fixed, n_params, out_names, state_names,
                  term_index, wrt, window):
         self.gpu, self.step, self.n_state, self.window, self.wrt = gpu, step, n_state, window, wrt
+        self.errors = {"forward": [], "reverse": []}
         self.sources = (
             forward_source(step, n_state, n_fixed, n_params, out_names, state_names, term_index,
-                           window, target="cuda"),
+                           window, target="cuda", errors=self.errors["forward"]),
             reverse_source(step, vjp, n_state, n_fixed, n_params, out_names, state_names, wrt,
-                           window, target="cuda"))
+                           window, target="cuda", errors=self.errors["reverse"]))
         with gpu.lock:
             gpu.enter()
             fwd, _ = gpu.module(self.sources[0])
@@ -53,10 +58,22 @@ class CudaSampleLoops:
             self._fwd, self._rev = fwd.get_function("vk_fwd"), rev.get_function("vk_rev")
         self.launches = 0
 
-    def _launch(self, fn, ins, outs, upload, n, max_steps):
+    def _launch(self, direction, fn, ins, outs, upload, n, max_steps):
         """Copy ``ins`` (and the outputs numbered in ``upload``) to fresh device buffers, run
         ``fn`` over ``n`` samples, copy the outputs back into ``outs`` (contiguous NumPy arrays)
-        and free the buffers.  Every copy and the launch go on the backend's stream."""
+        and free the buffers.  Every copy and the launch go on the backend's stream.  A failed
+        sample (the status words after the outputs) is raised as an ExecutionError."""
+        status = np.zeros(4, np.uint64)
+        outs = list(outs) + [status]
+        upload = set(upload) | {len(outs) - 1}
+        self._run(fn, ins, outs, upload, n, max_steps)
+        code = int(status[0])
+        if code:
+            name = self.errors[direction][code - 1]
+            raise ExecutionError(f"the compiled simulation {direction}: a step failed in {name}: "
+                                 f"{failure_error(name, status[1:].view(np.int64))}")
+
+    def _run(self, fn, ins, outs, upload, n, max_steps):
         gpu = self.gpu
         drv, stream = gpu.drv, gpu.stream
         held, staged = [], []
@@ -106,7 +123,7 @@ class CudaSampleLoops:
         cks = [np.empty((n_ck,) + s.shape, s.dtype) for s in ins[:self.n_state]]
         extra = [np.ascontiguousarray(o).copy() for o in others]
         first = len(finals) + 1 + len(cks)
-        self._launch(self._fwd, ins, finals + [steps] + cks + extra,
+        self._launch("forward", self._fwd, ins, finals + [steps] + cks + extra,
                      set(range(first, first + len(extra))), n, max_steps)
         for plane, value in zip(others, extra):
             plane[...] = value
@@ -122,5 +139,5 @@ class CudaSampleLoops:
         args = list(checkpoints) + [steps] + list(fixed) + list(params) + list(seeds)
         arrays = [np.ascontiguousarray(a, dtype=t) for a, t in zip(args, types)]
         outs = [np.empty((n,) + ins[w].shape, ins[w].dtype) for w in self.wrt]
-        self._launch(self._rev, arrays, outs, set(), n, 0)
+        self._launch("reverse", self._rev, arrays, outs, set(), n, 0)
         return outs

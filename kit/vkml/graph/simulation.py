@@ -34,7 +34,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..backends import ExecutionFailure
-from ..errors import ArgumentError, Busy, RecordError, RefusedError, ShapeError
+from ..errors import ArgumentError, Busy, ExecutionError, RecordError, RefusedError, ShapeError
 from .diff import Gradients, Report, _reverse_launch, check_vjps, seed_array, user_vjp_gradients, \
     wrt_names
 from .. import backends
@@ -416,6 +416,8 @@ class Simulation:
         except ExecutionFailure as failure:
             raise execution_error(failure, _eqns(loops), f"simulation step {kern.name}") \
                 from failure.error
+        except ExecutionError as error:            # the compiled loops name the sample, not the node
+            raise ExecutionError(f"simulation step {kern.name}: {error}") from None
         for plane, value in zip(planes, others):
             plane[...] = value
         for s, value in zip(self.state, finals):
@@ -447,6 +449,8 @@ class Simulation:
         except ExecutionFailure as failure:
             raise execution_error(failure, _eqns(loops), f"the vjp of simulation step {kern.name}") \
                 from failure.error
+        except ExecutionError as error:
+            raise ExecutionError(f"the vjp of simulation step {kern.name}: {error}") from None
         names = self.state + self._fixed_names + list(kern.params)
         res = {"state": {}, "fixed": {}, "params": {}}
         for pos, g in zip(loops.wrt, outs):

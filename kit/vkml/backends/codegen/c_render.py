@@ -2,7 +2,11 @@
 
 The function takes ``void** in`` and ``void** out`` (contiguous buffers the
 backend allocates) and returns 0, or an error code naming the primitive that
-failed (a gather index out of range, say).
+failed (a gather index out of range, say; its details in ``info``), or
+:data:`ALLOCATION_FAILED` when a temporary could not be allocated
+(``info[0]``: its place in ``lowering.temps``, ``info[1]``: its bytes).
+Nothing is written past a failed allocation: every temporary is allocated,
+and checked, before any statement runs.
 """
 
 from __future__ import annotations
@@ -23,6 +27,10 @@ double exp(double); double log(double); double sin(double); double cos(double); 
 double sqrt(double); double fabs(double); double pow(double, double);
 float expf(float); float logf(float); float sinf(float); float cosf(float); float tanhf(float);
 float sqrtf(float); float fabsf(float); float powf(float, float);
+double log1p(double); double expm1(double); double erf(double); double atan2(double, double);
+double fmod(double, double); double floor(double); double ceil(double); double rint(double); double trunc(double);
+float log1pf(float); float expm1f(float); float erff(float); float atan2f(float, float);
+float fmodf(float, float); float floorf(float); float ceilf(float); float rintf(float); float truncf(float);
 #define NAN (__builtin_nanf(""))
 #define INFINITY (__builtin_inff())
 
@@ -31,12 +39,13 @@ float sqrtf(float); float fabsf(float); float powf(float, float);
 
 
 def template(name: str) -> str:
-    """A file of ``kernels_cu/``: shipped in the wheel as ``vkml.kernels_cu``; read from the
-    checkout when vkml runs from source without being installed."""
-    try:
-        return importlib.resources.files("vkml.kernels_cu").joinpath(name).read_text()
-    except ModuleNotFoundError:
-        return (Path(__file__).resolve().parents[4] / "kernels_cu" / name).read_text()
+    """A file of ``kernels_cu/``: read from the checkout this module sits in when vkml runs from
+    source (so an edited template is the one used, whatever is installed), else the copy shipped
+    in the wheel as ``vkml.kernels_cu``."""
+    checkout = Path(__file__).resolve().parents[4] / "kernels_cu" / name
+    if checkout.is_file():
+        return checkout.read_text()
+    return importlib.resources.files("vkml.kernels_cu").joinpath(name).read_text()
 
 
 @functools.lru_cache(maxsize=None)
@@ -47,6 +56,8 @@ def prelude() -> str:
 
 #: temporaries of at most this many elements live on the stack
 STACK_LIMIT = 64
+#: what a generated function returns when malloc refused a temporary
+ALLOCATION_FAILED = -1
 
 
 def render(lowering, stmts, n_in, in_types, n_out, out_types, name="vk_main"):
@@ -64,7 +75,13 @@ def render(lowering, stmts, n_in, in_types, n_out, out_types, name="vk_main"):
             # them in registers (a scan's scalar carry)
             lines.append(f"    {ctype} {tname}[{count}];")
         else:
-            lines.append(f"    {ctype}* {tname} = ({ctype}*)malloc(sizeof({ctype}) * {count});")
+            lines.append(f"    {ctype}* {tname} = 0;")
+    for slot, (tname, ctype, count) in enumerate(lowering.temps):
+        if count > STACK_LIMIT:
+            nbytes = f"sizeof({ctype}) * {count}ULL"
+            lines.append(f"    {tname} = ({ctype}*)malloc({nbytes});")
+            lines.append(f"    if (!{tname}) {{ info[0] = {slot}; info[1] = (int64_t)({nbytes}); "
+                         f"err_ = {ALLOCATION_FAILED}; goto done; }}")
     _emit(stmts, lines, "    ")
     lines.append("    goto done;")
     lines.append("done:")

@@ -207,8 +207,8 @@ class CudaLowering(Lowering):
         i = self.fresh("c")
         return [Loop(i, max(1, var.size), [f"{dst}[{i}] = {src}[{i}];"])]
 
-    def store(self, shape, target, value_at):
-        return _mark(super().store(shape, target, value_at), len(shape))
+    def store(self, shape, target, value_at, checks=None):
+        return _mark(super().store(shape, target, value_at, checks), len(shape))
 
     def copy(self, var, src, dst):
         return _mark(super().copy(var, src, dst), 1)
@@ -216,10 +216,20 @@ class CudaLowering(Lowering):
     def _lower_argmax(self, e, env, targets):
         return _mark(super()._lower_argmax(e, env, targets), e.outputs[0].ndim)
 
-    def _lower_gather(self, e, env, targets):
-        return _mark(super()._lower_gather(e, env, targets), e.outputs[0].ndim)
+    def _lower_gather(self, e, env, targets, hoist=None):
+        """Every element independent (each checks its own index row), unless the picked slices
+        are empty: then each index row is checked on its own, as NumPy checks it."""
+        out, idx = e.outputs[0], e.inputs[1]
+        empty_slices = any(d == 0 for d in out.shape[idx.ndim - 1:])
+        return _mark(super()._lower_gather(e, env, targets, hoist=empty_slices), out.ndim)
 
     # scatter_add: its copy is a store (marked); the accumulation stays sequential (see module doc)
+
+    # -- the NumPy namespace's primitives: each row of a cumsum is independent (one thread per row);
+    # argsort's rows share one scratch buffer and solve/slogdet/cholesky run each matrix in turn, so
+    # those stay sequential, on one thread of a block kernel
+    def _lower_cumsum(self, e, env, targets):
+        return _mark(super()._lower_cumsum(e, env, targets), e.outputs[0].ndim - 1)
 
     def _lower_matmul(self, e, env, targets):
         out = e.outputs[0]

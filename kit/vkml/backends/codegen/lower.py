@@ -93,9 +93,13 @@ class Lowering:
 
     def __init__(self):
         self.temps = []          # (name, ctype, count)
+        self.temp_vars = []      # the Var each temporary holds (named in an allocation failure)
         self.statics = []        # static const arrays (constants the program holds)
         self.errors = []         # primitive names, by error code - 1
+        self.error_sites = []    # the top-level equation each error code belongs to
         self.counter = 0
+        self.depth = 0           # programs being lowered (1: the top-level one)
+        self.site = 0            # the top-level equation being lowered
 
     def fresh(self, prefix):
         self.counter += 1
@@ -114,11 +118,19 @@ class Lowering:
     def temp(self, var):
         name = self.fresh("t")
         self.temps.append((name, CTYPE[var.dtype], max(1, var.size)))
+        self.temp_vars.append(var)
         return name
 
     # -- a whole program ----------------------------------------------------------------------
     def program(self, prog: Program, in_ptrs, out_ptrs):
         """Statements computing ``prog`` from buffers ``in_ptrs`` into buffers ``out_ptrs``."""
+        self.depth += 1
+        try:
+            return self._program(prog, in_ptrs, out_ptrs)
+        finally:
+            self.depth -= 1
+
+    def _program(self, prog, in_ptrs, out_ptrs):
         for v in list(prog.inputs) + [o for o in prog.outputs]:
             if v.dtype not in CTYPE:
                 raise Unsupported(f"dtype {v.dtype}")
@@ -148,10 +160,12 @@ class Lowering:
         stmts = []
         env = _Env(self, buffers, consts, producer)
         depth = {}
-        for e in prog.eqns:
+        for k, e in enumerate(prog.eqns):
+            if self.depth == 1:
+                self.site = k
             inline = all(o not in outputs for o in e.outputs) and len(e.outputs) == 1 and \
                 (e.prim.elementwise or e.prim.name in _VIEWS) and uses.get(e.outputs[0], 0) == 1 and \
-                e.outputs[0] not in stored
+                e.outputs[0] not in stored and not _checks_operands(e)
             if inline:
                 # a long chain is cut into stored pieces, so one expression stays of modest size
                 d = 1 + max((depth.get(v, 0) for v in e.inputs), default=0)
@@ -177,10 +191,13 @@ class Lowering:
             stmts += self.store(v.shape, p, lambda idx, v=v: env.read(v, idx))
         return stmts
 
-    def store(self, shape, target, value_at):
-        """A loop nest over ``shape`` storing ``value_at(idx)`` into ``target``."""
+    def store(self, shape, target, value_at, checks=None):
+        """A loop nest over ``shape`` storing ``value_at(idx)`` into ``target``; ``checks(idx)``:
+        lines run before each store (that refuse an element's operands)."""
         idx = [self.fresh("i") for _ in shape]
         body = [f"{target}[{_lin(idx, shape)}] = {value_at(idx)};"]
+        if checks is not None:
+            body = [_Block(checks(idx) + body)]
         for var, extent in reversed(list(zip(idx, shape))):
             body = [Loop(var, extent, body)]
         return body
@@ -189,12 +206,27 @@ class Lowering:
     def eqn(self, e, env, targets):
         name = e.prim.name
         out = e.outputs[0]
+        if _checks_operands(e):
+            return self._lower_int_pow(e, env, targets)
         if e.prim.elementwise or name in _VIEWS:
             return self.store(out.shape, targets[0], lambda idx: env.expr(e, idx))
         method = getattr(self, f"_lower_{name}", None)
         if method is None:
             raise Unsupported(name)
         return method(e, env, targets)
+
+    def _lower_int_pow(self, e, env, targets):
+        """An integer power, refusing a negative exponent as NumPy does (the exponent is read once
+        into a local, checked, then used)."""
+        x, y = e.inputs
+        code = self.error_code(e)
+        t = CTYPE[x.dtype]
+        b = self.fresh("b")
+        checks = lambda idx: [  # noqa: E731
+            f"const {t} {b} = {env.read(y, idx)};",
+            f"if ({b} < 0) {{ *err = {code}; info[0] = {b}; info[1] = 0; info[2] = 0; goto done; }}"]
+        return self.store(e.outputs[0].shape, targets[0],
+                          lambda idx: f"vk_ipow_{t}({env.read(x, idx)}, {b})", checks)
 
     def _lower_reduce_sum(self, e, env, targets):
         return self._reduce(e, env, targets[0], "acc += {x};", "0")
@@ -235,6 +267,9 @@ class Lowering:
     def _lower_argmax(self, e, env, targets):
         x, out = e.inputs[0], e.outputs[0]
         axis = e.params["axis"]
+        if x.shape[axis] == 0 and out.size:
+            # NumPy refuses an empty axis; the backend runs the program there, for its error
+            raise Unsupported("argmax over an empty axis")
         oidx = [self.fresh("i") for _ in out.shape]
         r = self.fresh("r")
         full = list(oidx[:axis]) + [r] + list(oidx[axis:])
@@ -282,33 +317,46 @@ class Lowering:
             coords.append(c)
         return coords, lines
 
-    def _lower_gather(self, e, env, targets):
-        x, idx = e.inputs
-        out = e.outputs[0]
+    def _indexed_nest(self, env, x_shape, idx, shape, e, store, hoist=True):
+        """The loop nest of a gather or scatter over ``shape`` (index rows, then the picked
+        slice), each index row checked against ``x_shape``.  ``hoist``: the checks run once per
+        index row, outside the slice's loops (so an index into an empty slice is checked too, as
+        NumPy checks it); else in the innermost loop, every loop independent per element.
+        ``store(idx_vars, coords)`` is the line storing one element."""
         n_prefix = idx.ndim - 1
-        oidx = [self.fresh("i") for _ in out.shape]
-        coords, checks = self._coords(env, x.shape, idx, oidx[:n_prefix], e)
-        full = coords + oidx[n_prefix:]
-        body = checks + [f"{targets[0]}[{_lin(oidx, out.shape)}] = {env.read(x, full)};"]
-        for v, extent in reversed(list(zip(oidx, out.shape))):
+        ivars = [self.fresh("i") for _ in shape]
+        coords, checks = self._coords(env, x_shape, idx, ivars[:n_prefix], e)
+        body = [store(ivars, coords + ivars[n_prefix:])]
+        inner = list(zip(ivars[n_prefix:], shape[n_prefix:]))
+        outer = list(zip(ivars[:n_prefix], shape[:n_prefix]))
+        if not hoist:
+            body, inner, outer = checks + body, [], outer + inner
+        for v, extent in reversed(inner):
+            body = [Loop(v, extent, body)]
+        if hoist:
+            body = checks + body
+        for v, extent in reversed(outer):
             body = [Loop(v, extent, body)]
         return body
+
+    def _lower_gather(self, e, env, targets, hoist=True):
+        x, idx = e.inputs
+        out = e.outputs[0]
+        return self._indexed_nest(
+            env, x.shape, idx, out.shape, e,
+            lambda o, full: f"{targets[0]}[{_lin(o, out.shape)}] = {env.read(x, full)};", hoist)
 
     def _lower_scatter_add(self, e, env, targets):
         base, idx, upd = e.inputs
         copy = self.store(base.shape, targets[0], lambda i: env.read(base, i))
-        n_prefix = idx.ndim - 1
-        uidx = [self.fresh("i") for _ in upd.shape]
-        coords, checks = self._coords(env, base.shape, idx, uidx[:n_prefix], e)
-        full = coords + uidx[n_prefix:]
-        body = checks + [f"{targets[0]}[{_lin(full, base.shape)}] += {env.read(upd, uidx)};"]
-        for v, extent in reversed(list(zip(uidx, upd.shape))):
-            body = [Loop(v, extent, body)]
-        return copy + body
+        return copy + self._indexed_nest(
+            env, base.shape, idx, upd.shape, e,
+            lambda u, full: f"{targets[0]}[{_lin(full, base.shape)}] += {env.read(upd, u)};")
 
     def error_code(self, e):
         """Errors report the failing primitive back to Python as a code: 1 + its place in ``errors``."""
         self.errors.append(e.prim.name)
+        self.error_sites.append(self.site)
         return len(self.errors)
 
     def _lower_call(self, e, env, targets):
@@ -377,6 +425,172 @@ class Lowering:
         n = max(1, var.size)
         i = self.fresh("c")
         return [Loop(i, n, [f"{dst}[{i}] = {src}[{i}];"])]
+
+    # -- the NumPy namespace's primitives (vkml.ops.sorting and vkml.ops.factorizations) ------------
+    # Each is a loop over the rows (or matrices) of its operand with the row's work written out in
+    # C; the elementwise ones (vkml.ops.special) are in ``_numeric_elementwise`` below.
+
+    def _rows(self, shape, axis, body_at):
+        """Loops over every index of ``shape`` but ``axis``; ``body_at(idx)`` is the row's work,
+        ``idx`` holding ``None`` at ``axis``."""
+        idx = [None if i == axis else self.fresh("i") for i in range(len(shape))]
+        body = [_Block(body_at(idx))]
+        for var, extent in reversed([(v, d) for v, d in zip(idx, shape) if v is not None]):
+            body = [Loop(var, extent, body)]
+        return body
+
+    def _lower_cumsum(self, e, env, targets):
+        """One pass per row in order, as NumPy adds (the same bits); integers wrap around."""
+        x, out = e.inputs[0], e.outputs[0]
+        axis, n = e.params["axis"], x.shape[e.params["axis"]]
+        t = CTYPE[out.dtype]
+        add = "acc += {v};" if out.dtype.kind == "f" else \
+            f"acc = ({t})((uint64_t)acc + (uint64_t)({{v}}));"
+
+        def row(idx):
+            k = self.fresh("k")
+            at = f"({n - 1} - {k})" if e.params["reverse"] else k
+            full = [at if v is None else v for v in idx]
+            return [f"{t} acc = 0;",
+                    Loop(k, n, [add.format(v=env.read(x, full)),
+                                f"{targets[0]}[{_lin(full, out.shape)}] = acc;"])]
+        return self._rows(x.shape, axis, row)
+
+    def _lower_argsort(self, e, env, targets):
+        """A stable bottom-up merge sort of each row's indices by value, NaN last (NumPy's
+        ``kind="stable"``), in a scratch buffer of 2n indices."""
+        x, out = e.inputs[0], e.outputs[0]
+        axis, n = e.params["axis"], x.shape[e.params["axis"]]
+        scratch = self.fresh("t")
+        self.temps.append((scratch, "int64_t", max(1, 2 * n)))
+
+        def row(idx):
+            def key(j):
+                return env.read(x, [f"({j})" if v is None else v for v in idx])
+            before = f"({key('A[q]')} < {key('A[p]')})"
+            if x.dtype.kind == "f":     # q strictly before p: smaller, or p is NaN and q is not
+                before = f"({before} || ({key('A[p]')} != {key('A[p]')} && {key('A[q]')} == {key('A[q]')}))"
+            k = self.fresh("k")
+            store = [f"{targets[0]}[{_lin([k if v is None else v for v in idx], out.shape)}] = A[{k}];"]
+            return [
+                f"int64_t* A = {scratch}; int64_t* B = {scratch} + {n};",
+                f"for (int64_t i = 0; i < {n}; i++) A[i] = i;",
+                f"for (int64_t w = 1; w < {n}; w *= 2) {{",
+                f"    for (int64_t lo = 0; lo < {n}; lo += 2 * w) {{",
+                f"        int64_t mid = lo + w < {n} ? lo + w : {n};",
+                f"        int64_t hi = lo + 2 * w < {n} ? lo + 2 * w : {n};",
+                "        int64_t p = lo, q = mid, o = lo;",
+                f"        while (o < hi) {{ if (p < mid && (q >= hi || !{before})) B[o++] = A[p++]; "
+                "else B[o++] = A[q++]; }",
+                "    }",
+                "    int64_t* swap = A; A = B; B = swap;",
+                "}",
+                Loop(k, n, store)]
+        return self._rows(x.shape, axis, row)
+
+    def _matrices(self, e, env):
+        """Pointers to each operand's and output's buffer, and a batch loop variable."""
+        ins = [env.pointer(v) for v in e.inputs]
+        a = e.inputs[0]
+        n = a.shape[-1]
+        batch = math.prod(a.shape[:-2])
+        return ins, n, batch, self.fresh("b")
+
+    def _lu(self, lu, n, t, fabs, swaps):
+        """In-place LU with partial pivoting of the n x n matrix at ``lu``; ``swaps(r, c)`` is C
+        exchanging rows r and c of whatever else rides along.  Sets ``singular`` on a zero pivot."""
+        return [
+            "int singular = 0;",
+            f"for (int64_t c = 0; c < {n}; c++) {{",
+            f"    int64_t piv = c; {t} best = {fabs}({lu}[c * {n} + c]);",
+            f"    for (int64_t r = c + 1; r < {n}; r++) if ({fabs}({lu}[r * {n} + c]) > best) "
+            f"{{ best = {fabs}({lu}[r * {n} + c]); piv = r; }}",
+            "    if (!(best > 0)) { singular = 1; break; }",
+            f"    if (piv != c) {{ for (int64_t j = 0; j < {n}; j++) {{ {t} s = {lu}[c * {n} + j]; "
+            f"{lu}[c * {n} + j] = {lu}[piv * {n} + j]; {lu}[piv * {n} + j] = s; }} {swaps('piv', 'c')} }}",
+            f"    for (int64_t r = c + 1; r < {n}; r++) {{",
+            f"        {t} f = {lu}[r * {n} + c] / {lu}[c * {n} + c];",
+            f"        {lu}[r * {n} + c] = f;",
+            f"        for (int64_t j = c + 1; j < {n}; j++) {lu}[r * {n} + j] -= f * {lu}[c * {n} + j];",
+            "    }",
+            "}"]
+
+    def _lu_scratch(self, e, n):
+        lu = self.fresh("t")
+        self.temps.append((lu, CTYPE[e.inputs[0].dtype], max(1, n * n)))
+        return lu
+
+    def _lower_solve(self, e, env, targets):
+        """Gaussian elimination with partial pivoting, then back substitution; NaN if singular."""
+        (a, b), n, batch, bi = self._matrices(e, env)
+        k = e.inputs[1].shape[-1]
+        t = CTYPE[e.inputs[0].dtype]
+        fabs = "fabsf" if t == "float" else "fabs"
+        lu, x = self._lu_scratch(e, n), targets[0]
+        xm = f"({x} + {bi} * {n * k})"
+        swaps = (lambda r, c: f"for (int64_t j = 0; j < {k}; j++) {{ {t} s = {xm}[{c} * {k} + j]; "
+                 f"{xm}[{c} * {k} + j] = {xm}[{r} * {k} + j]; {xm}[{r} * {k} + j] = s; }}")
+        body = [f"for (int64_t j = 0; j < {n * n}; j++) {lu}[j] = {a}[{bi} * {n * n} + j];",
+                f"for (int64_t j = 0; j < {n * k}; j++) {xm}[j] = {b}[{bi} * {n * k} + j];"]
+        body += self._lu(lu, n, t, fabs, swaps)
+        body += [
+            "if (singular) {",
+            f"    for (int64_t j = 0; j < {n * k}; j++) {xm}[j] = NAN;",
+            "} else {",
+            f"    for (int64_t c = 0; c < {n}; c++) for (int64_t r = c + 1; r < {n}; r++) "
+            f"for (int64_t j = 0; j < {k}; j++) {xm}[r * {k} + j] -= {lu}[r * {n} + c] * {xm}[c * {k} + j];",
+            f"    for (int64_t c = {n - 1}; c >= 0; c--) for (int64_t j = 0; j < {k}; j++) {{",
+            f"        {t} s = {xm}[c * {k} + j];",
+            f"        for (int64_t m = c + 1; m < {n}; m++) s -= {lu}[c * {n} + m] * {xm}[m * {k} + j];",
+            f"        {xm}[c * {k} + j] = s / {lu}[c * {n} + c];",
+            "    }",
+            "}"]
+        return [Loop(bi, batch, [_Block(body)])]
+
+    def _lower_slogdet(self, e, env, targets):
+        """The LU's pivots: sign from the row swaps and the pivots' signs, log|det| their logs'
+        sum; (0, -inf) for a singular matrix, as NumPy gives."""
+        (a,), n, batch, bi = self._matrices(e, env)
+        t = CTYPE[e.inputs[0].dtype]
+        f32 = t == "float"
+        fabs, log = ("fabsf", "logf") if f32 else ("fabs", "log")
+        lu = self._lu_scratch(e, n)
+        sign, logabs = targets
+        body = [f"for (int64_t j = 0; j < {n * n}; j++) {lu}[j] = {a}[{bi} * {n * n} + j];",
+                f"{t} sgn = 1;"]
+        body += self._lu(lu, n, t, fabs, lambda r, c: "sgn = -sgn;")
+        body += [
+            f"if (singular) {{ {sign}[{bi}] = 0; {logabs}[{bi}] = (-INFINITY); }} else {{",
+            f"    {t} acc = 0;",
+            f"    for (int64_t c = 0; c < {n}; c++) {{ {t} d = {lu}[c * {n} + c]; "
+            f"if (d < 0) sgn = -sgn; acc += {log}({fabs}(d)); }}",
+            f"    {sign}[{bi}] = sgn; {logabs}[{bi}] = acc;",
+            "}"]
+        return [Loop(bi, batch, [_Block(body)])]
+
+    def _lower_cholesky(self, e, env, targets):
+        """Cholesky-Banachiewicz on the lower triangle; NaN if not positive definite."""
+        (a,), n, batch, bi = self._matrices(e, env)
+        t = CTYPE[e.inputs[0].dtype]
+        sqrt = "sqrtf" if t == "float" else "sqrt"
+        am, lm = f"({a} + {bi} * {n * n})", f"({targets[0]} + {bi} * {n * n})"
+        body = [
+            f"for (int64_t j = 0; j < {n * n}; j++) {lm}[j] = 0;",
+            "int bad = 0;",
+            f"for (int64_t i = 0; i < {n} && !bad; i++) for (int64_t j = 0; j <= i; j++) {{",
+            f"    {t} s = {am}[i * {n} + j];",
+            f"    for (int64_t m = 0; m < j; m++) s -= {lm}[i * {n} + m] * {lm}[j * {n} + m];",
+            f"    if (i == j) {{ if (!(s > 0)) {{ bad = 1; break; }} {lm}[i * {n} + i] = {sqrt}(s); }}",
+            f"    else {lm}[i * {n} + j] = s / {lm}[j * {n} + j];",
+            "}",
+            f"if (bad) for (int64_t j = 0; j < {n * n}; j++) {lm}[j] = NAN;"]
+        return [Loop(bi, batch, [_Block(body)])]
+
+
+def _checks_operands(e) -> bool:
+    """Whether ``e`` refuses some operands while it runs (an integer power refuses a negative
+    exponent, as NumPy does): it is never inlined, so its check sits in its own loop."""
+    return e.prim.name == "pow" and e.inputs[0].dtype.kind in "iu"
 
 
 class _Block:
@@ -539,4 +753,16 @@ def _elementwise(name, a, ins, out, p):
         if to.kind == "b":
             return f"({a[0]} != 0)"
         return f"(({CTYPE[to]}){a[0]})"
+    if name in _NUMERIC_ELEMENTWISE:
+        return _numeric_elementwise(name, a, f32, p)
     raise Unsupported(name)
+
+
+# -- the NumPy namespace's elementwise primitives (vkml.ops.special): the C library's functions ----
+
+_NUMERIC_ELEMENTWISE = {"log1p", "expm1", "erf", "atan2", "fmod", "round"}
+
+
+def _numeric_elementwise(name, a, f32, p):
+    fn = p["mode"] if name == "round" else name      # round: floor, ceil, rint or trunc
+    return f"{fn}{'f' if f32 else ''}({', '.join(a)})"

@@ -24,13 +24,24 @@ loop, a thread's state and window in local memory -- a window too large
 for it is refused, :data:`CUDA_LOCAL_LIMIT`).  Only the frame differs --
 prelude, constants, signature, the loop over samples, the return -- and it
 is written once, in the helpers below.
+
+A failure inside a step (a gather index out of range, a negative integer
+power) stops that sample and is reported, never skipped: in C through
+``info[3:8]`` (code, the three detail words, the sample; the lowest failing
+sample wins, whatever the threads), in CUDA through a status array of four
+words after the outputs (see ``kernels_cu/prelude.cuh``).  The reverse's
+window, whose size the user chooses, is on the heap in C (allocated per
+sample and checked: a refusal is reported as code
+:data:`~.c_render.ALLOCATION_FAILED` with its bytes), never on the stack;
+every other per-sample buffer is at most :data:`~.c_render.STACK_LIMIT`
+elements.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .c_render import STACK_LIMIT, _emit, prelude
+from .c_render import ALLOCATION_FAILED, STACK_LIMIT, _emit, prelude
 from .cuda_render import prelude as cuda_prelude
 from .lower import CTYPE, Lowering, Unsupported
 
@@ -39,10 +50,12 @@ def _size(v):
     return max(1, int(np.prod(v.shape, dtype=np.int64)))
 
 
-def _check_small(low):
-    for _, _, count in low.temps:
-        if count > STACK_LIMIT:
-            raise Unsupported("a per-sample temporary too large for the stack")
+def _check_small(low, *planes):
+    """Refuse (Unsupported) per-sample buffers too large for a thread's stack: the lowering's
+    temporaries and the step's own per-sample values (``planes``: lists of Vars)."""
+    sizes = [count for _, _, count in low.temps] + [_size(v) for vs in planes for v in vs]
+    if any(count > STACK_LIMIT for count in sizes):
+        raise Unsupported("a per-sample temporary too large for the stack")
 
 
 #: bytes of window buffers a GPU thread may hold in local memory (the driver reserves a kernel's
@@ -66,20 +79,49 @@ def _ptr(name, var, slot, const=False):
 
 # -- the two dialects: only the function's frame differs; the loops inside are the same text ------
 
-def _open_function(target, name, statics):
+# How a sample reports a failure, and where a window lives, in each dialect: the loops call these
+# by the same names, so their text is the same in both.
+_C_FRAME = f"""
+static void vk_sample_failed(int64_t* report, int code, const int64_t* info, int64_t s) {{
+    #pragma omp critical(vk_sample_failed)
+    if (report[0] == 0 || s < report[4]) {{
+        report[0] = code; report[1] = info[0]; report[2] = info[1]; report[3] = info[2]; report[4] = s;
+    }}
+}}
+#define VK_WINDOW(T, name, count) T* name = 0
+#define VK_WINDOW_ALLOC(T, name, count) name = (T*)malloc(sizeof(T) * (count##ULL)); \\
+    if (!name) {{ err_ = {ALLOCATION_FAILED}; info[0] = (int64_t)(sizeof(T) * (count##ULL)); \\
+                 info[1] = 0; info[2] = 0; goto done; }}
+#define VK_WINDOW_FREE(name) free(name)
+"""
+_CUDA_FRAME = """
+VK_DEV void vk_sample_failed(unsigned long long* report, int code, const int64_t* info, int64_t s) {
+    (void)s; vk_report(report, code, info);
+}
+#define VK_WINDOW(T, name, count) T name[count]
+#define VK_WINDOW_ALLOC(T, name, count) (void)0
+#define VK_WINDOW_FREE(name) (void)0
+"""
+
+
+def _open_function(target, name, statics, n_out):
     """The file up to the function body: prelude, the programs' constants, the signature, and
-    where ``n`` and ``max_steps`` come from."""
+    where ``n``, ``max_steps`` and the failure report (``vk_report_to``) come from; ``n_out``:
+    the outputs before the CUDA status words."""
     if target == "c":
-        return [prelude()] + statics + [f"int {name}(void** in, void** out, int64_t* info) {{",
-                                        "    int64_t n = info[0], max_steps = info[1];"]
+        return [prelude(), _C_FRAME] + statics + \
+            [f"int {name}(void** in, void** out, int64_t* info) {{",
+             "    int64_t n = info[0], max_steps = info[1]; int64_t* vk_report_to = info + 3;"]
     if target != "cuda":
         raise ValueError(f"sample loops are generated as 'c' or 'cuda', not {target!r}")
     # in/out are device pointer tables; n and max_steps are kernel arguments.  A zero cotangent
     # the vjp does not read (a "terminated" flag's) is declared all the same: no warning for it.
-    return [cuda_prelude(), "#ifdef __CUDACC__", "#pragma nv_diag_suppress 177", "#endif"] + \
+    return [cuda_prelude(), _CUDA_FRAME, "#ifdef __CUDACC__", "#pragma nv_diag_suppress 177",
+            "#endif"] + \
         [s.replace("static const ", "__device__ const ", 1) for s in statics] + \
         [f'extern "C" __global__ void {name}(void* const* in, void* const* out, long long n, '
-         "long long max_steps) {"]
+         f"long long max_steps) {{ unsigned long long* vk_report_to = "
+         f"(unsigned long long*)out[{n_out}];"]
 
 
 def _open_sample_loop(lines, target):
@@ -88,19 +130,22 @@ def _open_sample_loop(lines, target):
     if target == "c":
         lines.append("    #pragma omp parallel for num_threads((int)info[2]) schedule(static)")
         lines.append("    for (int64_t s = 0; s < n; s++) {")
-        lines.append("        int err_ = 0; int* err = &err_; (void)err;")
     else:
         lines.append("    for (int64_t s = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; s < n; "
                      "s += (int64_t)blockDim.x * gridDim.x) {")
-        # a failing gather writes its details to info (ignored, as in C: the sample stops there)
-        lines.append("        int err_ = 0; int* err = &err_; (void)err; "
-                     "int64_t info[3]; (void)info;")
+    # a failure writes its details to the sample's own info, reported when the sample stops
+    lines.append("        int err_ = 0; int* err = &err_; (void)err; "
+                 "int64_t info[3] = {0, 0, 0}; (void)info;")
     return "        "
 
 
-def _close_function(lines, target):
-    """The end of the sample loop and of the function."""
+def _close_function(lines, target, windows=()):
+    """The end of the sample loop (its windows freed, its failure reported) and of the
+    function."""
     lines.append("        goto done; done: (void)0;")
+    for name in windows:
+        lines.append(f"        VK_WINDOW_FREE({name});")
+    lines.append("        if (err_) vk_sample_failed(vk_report_to, err_, info, s);")
     lines.append("    }")
     lines.append("    return 0;" if target == "c" else "    return;")
     lines.append("}")
@@ -112,12 +157,14 @@ def _decl_temps(low, lines, ind):
 
 
 def forward_source(step, n_state, n_fixed, n_params, out_names, state_names, term_index, window,
-                   target="c"):
+                   target="c", errors=None):
     """``vk_fwd``: in = state planes, fixed planes, params; out = final state planes,
     steps (int64, one per sample), then one checkpoint array per state plane
     (``[ceil(max_steps / window), n, ...]``), then the last step's other outputs.
     C: ``int vk_fwd(void** in, void** out, int64_t* info)`` with ``info = [n, max_steps,
-    threads]``; CUDA: ``vk_fwd(in, out, n, max_steps)`` with device pointer tables."""
+    threads, 0, 0, 0, 0, 0]`` (the last five: the failure report); CUDA: ``vk_fwd(in, out, n,
+    max_steps)`` with device pointer tables, the status words after the outputs.  ``errors``:
+    a list the primitive names of the error codes are appended to."""
     low = Lowering()
     ins = step.inputs
     st_vars, fx_vars, pr_vars = ins[:n_state], ins[n_state:n_state + n_fixed], ins[n_state + n_fixed:]
@@ -127,9 +174,12 @@ def forward_source(step, n_state, n_fixed, n_params, out_names, state_names, ter
     in_ptrs = st_local + [f"(f{i} + s * {_size(v)})" for i, v in enumerate(fx_vars)] + \
         [f"p{i}" for i in range(n_params)]
     body = low.program(step, in_ptrs, out_tmp)
-    _check_small(low)
+    _check_small(low, st_vars, outs)
+    if errors is not None:
+        errors.extend(low.errors)
     new_of = {i: out_names.index(name) for i, name in enumerate(state_names)}
-    lines = _open_function(target, "vk_fwd", low.statics)
+    extra = [j for j in range(len(outs)) if j not in new_of.values()]
+    lines = _open_function(target, "vk_fwd", low.statics, 2 * n_state + 1 + len(extra))
     for i, v in enumerate(st_vars):
         lines.append(_ptr(f"si{i}", v, f"in[{i}]", const=True))
         lines.append(_ptr(f"so{i}", v, f"out[{i}]"))
@@ -165,7 +215,6 @@ def forward_source(step, n_state, n_fixed, n_params, out_names, state_names, ter
         k = _size(v)
         lines.append(f"{ind}for (int64_t c = 0; c < {k}; c++) so{i}[s * {k} + c] = st{i}[c];")
     # the last step's other outputs (a "terminated" flag, say), as the NumPy path leaves them
-    extra = [j for j in range(len(outs)) if j not in new_of.values()]
     for m, j in enumerate(extra):
         k = _size(outs[j])
         lines.append(f"{ind}if (t > 0) for (int64_t c = 0; c < {k}; c++) "
@@ -175,7 +224,7 @@ def forward_source(step, n_state, n_fixed, n_params, out_names, state_names, ter
 
 
 def reverse_source(step, vjp, n_state, n_fixed, n_params, out_names, state_names, wrt, window,
-                   target="c"):
+                   target="c", errors=None):
     """``vk_rev``: in = checkpoints per state plane, steps, fixed planes, params,
     seeds per state plane; out = state gradients, then gradients of the floating fixed planes and
     per-sample Param cotangents (in ``wrt`` order).  Called as ``vk_fwd`` is (``max_steps``
@@ -192,6 +241,7 @@ def reverse_source(step, vjp, n_state, n_fixed, n_params, out_names, state_names
     fwd_body = fwd_low.program(step, cur + fx_ptr + pr_ptr, nxt)
     bwd_low = Lowering()
     bwd_low.counter = 10000                   # distinct temporary names from the forward body
+    bwd_low.errors = fwd_low.errors           # one numbering of the error codes for both bodies
     state_at = [f"(buf{i} + (t - w) * {_size(v)})" for i, v in enumerate(st_vars)]
     ct_in = []
     for j, v in enumerate(outs):
@@ -202,10 +252,12 @@ def reverse_source(step, vjp, n_state, n_fixed, n_params, out_names, state_names
             ct_in.append(f"zo{j}")
     grads = [f"g{k}" for k in range(len(wrt))]
     bwd_body = bwd_low.program(vjp, state_at + fx_ptr + pr_ptr + ct_in, grads)
-    _check_small(fwd_low)
-    _check_small(bwd_low)
+    _check_small(fwd_low, st_vars, outs)
+    _check_small(bwd_low, [ins[w] for w in wrt])
+    if errors is not None:
+        errors.extend(fwd_low.errors)
     _check_local(st_vars, window, target)
-    lines = _open_function(target, "vk_rev", fwd_low.statics + bwd_low.statics)
+    lines = _open_function(target, "vk_rev", fwd_low.statics + bwd_low.statics, len(wrt))
     pos = 0
     for i, v in enumerate(st_vars):
         lines.append(_ptr(f"ck{i}", v, f"in[{pos}]", const=True))
@@ -227,7 +279,11 @@ def reverse_source(step, vjp, n_state, n_fixed, n_params, out_names, state_names
     ind = _open_sample_loop(lines, target)
     for i, v in enumerate(st_vars):
         k = _size(v)
-        lines.append(f"{ind}{CTYPE[v.dtype]} ct{i}[{k}], cur{i}[{k}], buf{i}[{window} * {k}];")
+        lines.append(f"{ind}{CTYPE[v.dtype]} ct{i}[{k}], cur{i}[{k}];")
+        lines.append(f"{ind}VK_WINDOW({CTYPE[v.dtype]}, buf{i}, {window * k});")
+    for i, v in enumerate(st_vars):
+        lines.append(f"{ind}VK_WINDOW_ALLOC({CTYPE[v.dtype]}, buf{i}, {window * _size(v)});")
+        k = _size(v)
         lines.append(f"{ind}for (int64_t c = 0; c < {k}; c++) ct{i}[c] = seed{i}[s * {k} + c];")
     for j, v in enumerate(outs):
         lines.append(f"{ind}{CTYPE[v.dtype]} nx{j}[{_size(v)}];")
@@ -272,5 +328,5 @@ def reverse_source(step, vjp, n_state, n_fixed, n_params, out_names, state_names
         size = _size(ins[w_pos])
         src = f"ct{w_pos}" if w_pos < n_state else f"acc{k}"
         lines.append(f"{ind}for (int64_t c = 0; c < {size}; c++) go{k}[s * {size} + c] = {src}[c];")
-    _close_function(lines, target)
+    _close_function(lines, target, [f"buf{i}" for i in range(n_state)])
     return "\n".join(lines) + "\n"

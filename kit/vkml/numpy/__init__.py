@@ -1,0 +1,370 @@
+"""``import vkml.numpy as vnp``: NumPy's names, on lazy differentiable Tensors.
+
+Every function takes Tensors, NumPy arrays, lists/tuples and Python numbers
+where NumPy takes arrays, returns Tensors, and is differentiable (``grad``,
+``jvp``, ``vmap``, ``backward``) wherever it has a derivative.  The math
+lives in ``vkml.ops.numeric``; this module only names it as NumPy does.
+
+Semantics follow NumPy 2:
+
+- broadcasting as NumPy's; ``axis`` may be an int, a tuple or None,
+  negative counting from the end; ``keepdims`` where NumPy has it.
+- dtype promotion as NumPy 2's, onto vkml's five dtypes (bool, int32,
+  int64, float32, float64): Python numbers are weak (``float32 * 2.0`` is
+  float32); smaller NumPy dtypes widen (int8 -> int32, float16 -> float32);
+  integer and bool operands of a transcendental function compute in
+  float64; ``sum``/``prod``/``cumsum``/``cumprod`` accumulate bool and
+  int32 in int64.  New arrays (``array``, ``zeros``, ``eye``, ...) are
+  float64 by default, as in NumPy.
+
+Deliberately not NumPy's:
+
+- ``sort``/``argsort`` are always stable (NumPy's default quicksort may
+  order equal elements differently); NaN sorts last, as in NumPy.
+- ``linalg.solve``/``inv``/``cholesky`` of a singular (or not positive
+  definite) matrix give NaN instead of raising ``LinAlgError``: the failure
+  is data, known only when the program runs, on every backend alike.
+- ``prod``/``cumprod`` multiply in another order than NumPy (a few ulps);
+  ``log2``/``log10`` are within 1 ulp (not always exact at powers of 2/10);
+  ``hypot`` is sqrt(x*x + y*y), which overflows beyond 1e154 where NumPy's
+  does not; ``sinh``/``cosh`` overflow from |x| > 709.78 (NumPy's at 710.48).
+- ``einsum`` has no ``...``; ``linalg.norm`` has no 2/-2/'nuc' matrix norms
+  (no SVD); ``where`` needs three arguments; ``concatenate`` needs an axis;
+  functions take no ``out=``/``dtype=``/``where=`` arguments.
+- ``array``/``asarray`` of a Tensor return it (Tensors are immutable, so a
+  copy would only cut the gradient); a list holding Tensors is stacked.
+"""
+
+from __future__ import annotations
+
+import builtins
+import inspect
+import math
+
+import numbers
+
+import numpy as _np
+
+from ..errors import ArgumentError
+from ..ir import Var
+from ..ops import api as _api
+from ..ops import numeric as _num
+from ..ops import special as _special
+from ..runtime import is_eager, is_grad_enabled
+from ..tensor import Tensor, _apply, _needs_grad, realize
+
+float32, float64, int32, int64, bool_ = (_np.dtype(t) for t in ("float32", "float64", "int32",
+                                                                  "int64", "bool"))
+pi, e, inf, nan, newaxis = math.pi, math.e, math.inf, math.nan, None
+
+_DOC_HEAD = ">>> import vkml.numpy as vnp\n"
+
+
+def _bind(sig, name, args, kwargs):
+    try:
+        return sig.bind(*args, **kwargs)
+    except TypeError as err:
+        raise ArgumentError(f"{name}: {err}") from None
+
+
+def _lifted(fn, name, doc):
+    """``fn`` (on IR Vars) as a function on Tensors, arrays and numbers, named and documented."""
+    sig = inspect.signature(fn)
+
+    def op(*args, **kwargs):
+        bound = _bind(sig, name, args, kwargs)
+        return _apply(fn, *bound.args, **bound.kwargs)
+
+    return _named(op, name, doc, sig)
+
+
+def _lifted_many(fn, name, doc, as_tuple=False):
+    """Like :func:`_lifted` for a function returning several Vars: a list (or tuple) of Tensors."""
+    sig = inspect.signature(fn)
+
+    def op(*args, **kwargs):
+        bound = _bind(sig, name, args, kwargs)
+        outs = []
+
+        def first(*a, **k):
+            outs.extend(fn(*a, **k))
+            return outs[0]
+
+        head = _apply(first, *bound.args, **bound.kwargs)
+        grad = is_grad_enabled() and _needs_grad(bound.args)
+        rest = [Tensor(v, grad and v.dtype.kind == "f") for v in outs[1:]]
+        if rest and is_eager() and head.ir_var.value is not None:
+            realize(rest)
+        return tuple([head] + rest) if as_tuple else [head] + rest
+
+    return _named(op, name, doc, sig)
+
+
+def _named(op, name, doc, sig):
+    op.__name__ = op.__qualname__ = name
+    op.__signature__ = sig
+    op.__doc__ = doc
+    op.__module__ = __name__
+    return op
+
+
+def _doc(summary, example, output):
+    return f"{summary}\n\n{_DOC_HEAD}>>> {example}\n{output}\n"
+
+
+# -- making arrays (on IR Vars; lifted below) ---------------------------------------------------
+
+def _holds_var(obj):
+    return isinstance(obj, Var) or isinstance(obj, (list, tuple)) and builtins.any(_holds_var(o) for o in obj)
+
+
+def _array(obj, dtype=None):
+    if isinstance(obj, Var):
+        return obj if dtype is None else _api.cast(obj, dtype)
+    if isinstance(obj, (list, tuple)) and _holds_var(obj):
+        out = _api.stack([_array(o) for o in obj])
+        return out if dtype is None else _api.cast(out, dtype)
+    if obj is None or isinstance(obj, (str, bytes, dict, set)):
+        raise ArgumentError(f"array: cannot make an array from {type(obj).__name__}; pass numbers, "
+                            "(nested) lists of numbers, a NumPy array or a Tensor")
+    try:
+        return _api.constant(obj, dtype)
+    except (TypeError, ValueError) as err:
+        if isinstance(err, ArgumentError):
+            raise
+        raise ArgumentError(f"array: cannot make an array from {type(obj).__name__} ({err}); pass "
+                            "numbers or nested lists of equal length") from None
+
+
+def _full(shape, fill_value, dtype=None):
+    shape = (int(shape),) if isinstance(shape, numbers.Integral) else tuple(int(d) for d in shape)
+    if isinstance(fill_value, Var):
+        v = fill_value if dtype is None else _api.cast(fill_value, dtype)
+        return _api.broadcast_to(v, shape)
+    return _api.full(shape, fill_value, dtype)
+
+
+def _zeros(shape, dtype=float64):
+    return _full(shape, 0, _np.dtype(dtype))
+
+
+def _ones(shape, dtype=float64):
+    return _full(shape, 1, _np.dtype(dtype))
+
+
+def _full_like(a, fill_value, dtype=None):
+    a = _api.as_var(a)
+    return _full(a.shape, fill_value, a.dtype if dtype is None else _np.dtype(dtype))
+
+
+def _zeros_like(a, dtype=None):
+    return _full_like(a, 0, dtype)
+
+
+def _ones_like(a, dtype=None):
+    return _full_like(a, 1, dtype)
+
+
+def _arange(start, stop=None, step=None, dtype=None):
+    args = [a for a in (start, stop, step) if a is not None]
+    return _api.constant(_np.arange(*args, dtype=dtype))
+
+
+def _identity(n, dtype=float64):
+    return _num.eye(n, dtype=dtype)
+
+
+def _take(a, indices, axis=None):
+    if axis is None:
+        return _api.take(_api.reshape(a, (-1,)), indices, 0)
+    return _api.take(a, indices, axis)
+
+
+def _concatenate(arrays, axis=0):
+    return _api.concatenate(arrays, axis)
+
+
+def _transpose(a, axes=None):
+    return _api.transpose(a, axes)
+
+
+def _clip(a, a_min=None, a_max=None):
+    return _api.clip(a, a_min, a_max)
+
+
+def _flip(m, axis=None):
+    return _api.flip(m, axis)
+
+
+def _swapaxes(a, axis1, axis2):
+    return _api.swapaxes(a, axis1, axis2)
+
+
+def _astype(x, dtype):
+    return _api.cast(x, dtype)
+
+
+def _floor_divide(x, y):
+    return _num.floor_divide(x, y)
+
+
+# -- the namespace: name, function on Vars, what it does, an example and what it prints ------------
+
+_TABLE = [
+    # elementwise, from the existing operations
+    ("add", _api.add, "x + y, broadcast.", "vnp.add([1.0, 2.0], 3.0)", "tensor([4., 5.], dtype=float64)"),
+    ("subtract", _api.sub, "x - y, broadcast.", "vnp.subtract([1.0, 2.0], [[1.0], [2.0]])", 'tensor([[ 0.,  1.],\n        [-1.,  0.]], dtype=float64)'),
+    ("multiply", _api.mul, "x * y, broadcast.", "vnp.multiply([1.0, 2.0], 3.0)", "tensor([3., 6.], dtype=float64)"),
+    ("divide", _api.div, "True division x / y (integers divide as floats).", "vnp.divide([1, 2], 4)", "tensor([0.25, 0.5 ], dtype=float64)"),
+    ("true_divide", _api.div, "True division x / y (``divide``).", "vnp.true_divide(1.0, [2.0, 4.0])", "tensor([0.5 , 0.25], dtype=float64)"),
+    ("floor_divide", _floor_divide, "x // y: rounded toward minus infinity; derivative zero.", "vnp.floor_divide([7.0, -7.0], 2.0)", "tensor([ 3., -4.], dtype=float64)"),
+    ("power", _api.pow, "x ** y.", "vnp.power([1.0, 2.0, 3.0], 2.0)", "tensor([1., 4., 9.], dtype=float64)"),
+    ("negative", _api.neg, "-x.", "vnp.negative([1.0, -2.0])", "tensor([-1.,  2.], dtype=float64)"),
+    ("absolute", _api.abs, "|x|; its derivative is sign(x) (0 at 0).", "vnp.absolute([-1.5, 2.0])", "tensor([1.5, 2. ], dtype=float64)"),
+    ("abs", _api.abs, "|x| (``absolute``).", "vnp.abs([-1.5, 2.0])", "tensor([1.5, 2. ], dtype=float64)"),
+    ("sign", _api.sign, "-1, 0 or 1; derivative zero.", "vnp.sign([-2.0, 0.0, 3.0])", "tensor([-1.,  0.,  1.], dtype=float64)"),
+    ("square", _api.square, "x * x.", "vnp.square([1.0, -3.0])", "tensor([1., 9.], dtype=float64)"),
+    ("sqrt", _api.sqrt, "Square root.", "vnp.sqrt([4.0, 9.0])", "tensor([2., 3.], dtype=float64)"),
+    ("exp", _api.exp, "e ** x.", "vnp.exp([0.0, 1.0])", "tensor([1.        , 2.71828183], dtype=float64)"),
+    ("log", _api.log, "Natural logarithm.", "vnp.log([1.0, 2.0])", "tensor([0.        , 0.69314718], dtype=float64)"),
+    ("sin", _api.sin, "Sine.", "vnp.sin([0.0, 1.0])", "tensor([0.        , 0.84147098], dtype=float64)"),
+    ("cos", _api.cos, "Cosine.", "vnp.cos([0.0, 1.0])", "tensor([1.        , 0.54030231], dtype=float64)"),
+    ("tanh", _api.tanh, "Hyperbolic tangent.", "vnp.tanh([0.0, 1.0])", "tensor([0.        , 0.76159416], dtype=float64)"),
+    ("maximum", _api.maximum, "Elementwise larger (NaN wins); a tie splits the derivative evenly.", "vnp.maximum([1.0, 5.0], 3.0)", "tensor([3., 5.], dtype=float64)"),
+    ("minimum", _api.minimum, "Elementwise smaller (NaN wins); a tie splits the derivative evenly.", "vnp.minimum([1.0, 5.0], 3.0)", "tensor([1., 3.], dtype=float64)"),
+    ("equal", _api.equal, "x == y (bool).", "vnp.equal([1, 2], 2)", "tensor([False,  True], dtype=bool)"),
+    ("not_equal", _api.not_equal, "x != y (bool).", "vnp.not_equal([1, 2], 2)", "tensor([ True, False], dtype=bool)"),
+    ("less", _api.less, "x < y (bool).", "vnp.less([1, 2], 2)", "tensor([ True, False], dtype=bool)"),
+    ("less_equal", _api.less_equal, "x <= y (bool).", "vnp.less_equal([1, 2], 2)", "tensor([ True,  True], dtype=bool)"),
+    ("greater", _api.greater, "x > y (bool).", "vnp.greater([1, 2], 1)", "tensor([False,  True], dtype=bool)"),
+    ("greater_equal", _api.greater_equal, "x >= y (bool).", "vnp.greater_equal([1, 2], 2)", "tensor([False,  True], dtype=bool)"),
+    ("logical_and", _api.logical_and, "x and y, elementwise (bool).", "vnp.logical_and([True, False], True)", "tensor([ True, False], dtype=bool)"),
+    ("logical_or", _api.logical_or, "x or y, elementwise (bool).", "vnp.logical_or([True, False], False)", "tensor([ True, False], dtype=bool)"),
+    ("logical_not", _api.logical_not, "not x, elementwise (bool).", "vnp.logical_not([True, False])", "tensor([False,  True], dtype=bool)"),
+    ("where", _api.where, "x where cond holds, else y (three arguments only).", "vnp.where([True, False], [1.0, 2.0], 0.0)", "tensor([1., 0.], dtype=float64)"),
+    ("clip", _clip, "x limited to [a_min, a_max] (either may be None).", "vnp.clip([-1.0, 0.5, 2.0], 0.0, 1.0)", "tensor([0. , 0.5, 1. ], dtype=float64)"),
+    # elementwise, new
+    ("tan", _num.tan, "Tangent, sin(x) / cos(x).", "vnp.tan([0.0, 1.0])", "tensor([0.        , 1.55740772], dtype=float64)"),
+    ("sinh", _num.sinh, "Hyperbolic sine, with expm1 (accurate near 0).", "vnp.sinh([0.0, 1.0])", "tensor([0.        , 1.17520119], dtype=float64)"),
+    ("cosh", _num.cosh, "Hyperbolic cosine.", "vnp.cosh([0.0, 1.0])", "tensor([1.        , 1.54308063], dtype=float64)"),
+    ("arcsin", _num.arcsin, "Inverse sine, in [-pi/2, pi/2].", "vnp.arcsin([0.0, 0.5])", "tensor([0.        , 0.52359878], dtype=float64)"),
+    ("arccos", _num.arccos, "Inverse cosine, in [0, pi].", "vnp.arccos([1.0, 0.5])", "tensor([0.        , 1.04719755], dtype=float64)"),
+    ("arctan", _num.arctan, "Inverse tangent.", "vnp.arctan([0.0, 1.0])", "tensor([0.        , 0.78539816], dtype=float64)"),
+    ("arctan2", _num.arctan2, "The angle of the point (x, y): arctan2(y, x) in [-pi, pi].", "vnp.arctan2([1.0, -1.0], [1.0, -1.0])", "tensor([ 0.78539816, -2.35619449], dtype=float64)"),
+    ("arcsinh", _num.arcsinh, "Inverse hyperbolic sine.", "vnp.arcsinh([0.0, 1.0])", "tensor([0.        , 0.88137359], dtype=float64)"),
+    ("arccosh", _num.arccosh, "Inverse hyperbolic cosine (x >= 1).", "vnp.arccosh([1.0, 2.0])", "tensor([0.       , 1.3169579], dtype=float64)"),
+    ("arctanh", _num.arctanh, "Inverse hyperbolic tangent (|x| < 1).", "vnp.arctanh([0.0, 0.5])", "tensor([0.        , 0.54930614], dtype=float64)"),
+    ("log1p", _special.log1p, "log(1 + x), accurate for tiny x.", "vnp.log1p([0.0, 1e-20])", "tensor([0.e+00, 1.e-20], dtype=float64)"),
+    ("expm1", _special.expm1, "exp(x) - 1, accurate for tiny x.", "vnp.expm1([0.0, 1e-20])", "tensor([0.e+00, 1.e-20], dtype=float64)"),
+    ("log2", _num.log2, "Base-2 logarithm.", "vnp.log2([1.0, 8.0])", "tensor([0., 3.], dtype=float64)"),
+    ("log10", _num.log10, "Base-10 logarithm.", "vnp.log10([1.0, 100.0])", "tensor([0., 2.], dtype=float64)"),
+    ("exp2", _num.exp2, "2 ** x.", "vnp.exp2([0.0, 3.0])", "tensor([1., 8.], dtype=float64)"),
+    ("floor", _num.floor, "Largest whole number <= x; derivative zero.", "vnp.floor([-1.5, 1.5])", "tensor([-2.,  1.], dtype=float64)"),
+    ("ceil", _num.ceil, "Smallest whole number >= x; derivative zero.", "vnp.ceil([-1.5, 1.5])", "tensor([-1.,  2.], dtype=float64)"),
+    ("trunc", _num.trunc, "x rounded toward zero; derivative zero.", "vnp.trunc([-1.5, 1.5])", "tensor([-1.,  1.], dtype=float64)"),
+    ("rint", _num.rint, "x rounded to the nearest whole number, halves to even; derivative zero.", "vnp.rint([0.5, 1.5, 2.5])", "tensor([0., 2., 2.], dtype=float64)"),
+    ("round", _num.round, "Round half to even at ``decimals`` places; derivative zero.", "vnp.round([0.125, 2.5], 1)", "tensor([0.1, 2.5], dtype=float64)"),
+    ("around", _num.round, "``round``.", "vnp.around([0.5, 1.5])", "tensor([0., 2.], dtype=float64)"),
+    ("mod", _num.mod, "x % y with the divisor's sign; d/dx = 1, d/dy = -floor(x / y).", "vnp.mod([5.0, -5.0], 3.0)", "tensor([2., 1.], dtype=float64)"),
+    ("remainder", _num.mod, "``mod``.", "vnp.remainder([5, -5], 3)", "tensor([2, 1], dtype=int64)"),
+    ("fmod", _special.fmod, "The C remainder, with the dividend's sign.", "vnp.fmod([5.0, -5.0], 3.0)", "tensor([ 2., -2.], dtype=float64)"),
+    ("logaddexp", _num.logaddexp, "log(exp(x) + exp(y)) without overflow.", "vnp.logaddexp([0.0, 1000.0], [0.0, 1000.0])", "tensor([6.93147181e-01, 1.00069315e+03], dtype=float64)"),
+    ("isnan", _num.isnan, "Whether x is NaN (bool).", "vnp.isnan([1.0, vnp.nan])", "tensor([False,  True], dtype=bool)"),
+    ("isinf", _num.isinf, "Whether x is +-inf (bool).", "vnp.isinf([1.0, -vnp.inf])", "tensor([False,  True], dtype=bool)"),
+    ("isfinite", _num.isfinite, "Whether x is neither NaN nor infinite (bool).", "vnp.isfinite([1.0, vnp.inf, vnp.nan])", "tensor([ True, False, False], dtype=bool)"),
+    ("nan_to_num", _num.nan_to_num, "NaN to ``nan``, infinities to ``posinf``/``neginf`` (the dtype's extremes by default).", "vnp.nan_to_num([vnp.nan, vnp.inf, 1.0], posinf=9.0)", "tensor([0., 9., 1.], dtype=float64)"),
+    ("reciprocal", _num.reciprocal, "1 / x.", "vnp.reciprocal([2.0, 4.0])", "tensor([0.5 , 0.25], dtype=float64)"),
+    ("deg2rad", _num.deg2rad, "Degrees to radians.", "vnp.deg2rad([180.0])", "tensor([3.14159265], dtype=float64)"),
+    ("rad2deg", _num.rad2deg, "Radians to degrees.", "vnp.rad2deg([vnp.pi])", "tensor([180.], dtype=float64)"),
+    ("hypot", _num.hypot, "sqrt(x**2 + y**2).", "vnp.hypot(3.0, [4.0])", "tensor([5.], dtype=float64)"),
+    # reductions
+    ("sum", _api.sum, "Sum over ``axis`` (bool and int32 sum as int64).", "vnp.sum([[1.0, 2.0], [3.0, 4.0]], axis=0)", "tensor([4., 6.], dtype=float64)"),
+    ("mean", _api.mean, "Mean over ``axis``.", "vnp.mean([[1.0, 2.0], [3.0, 4.0]], axis=1)", "tensor([1.5, 3.5], dtype=float64)"),
+    ("max", _api.max, "Maximum over ``axis``; ties share the derivative.", "vnp.max([[1.0, 5.0], [3.0, 4.0]], axis=1)", "tensor([5., 4.], dtype=float64)"),
+    ("amax", _api.max, "``max``.", "vnp.amax([1.0, 5.0])", "tensor(5., dtype=float64)"),
+    ("min", _api.min, "Minimum over ``axis``; ties share the derivative.", "vnp.min([[1.0, 5.0], [3.0, 4.0]], axis=0)", "tensor([1., 4.], dtype=float64)"),
+    ("amin", _api.min, "``min``.", "vnp.amin([1.0, 5.0])", "tensor(1., dtype=float64)"),
+    ("argmax", _api.argmax, "Index of the first maximum (flat when ``axis`` is None).", "vnp.argmax([1.0, 5.0, 3.0])", "tensor(1, dtype=int64)"),
+    ("argmin", _api.argmin, "Index of the first minimum (flat when ``axis`` is None).", "vnp.argmin([[4.0, 1.0], [0.0, 2.0]], axis=1)", "tensor([1, 0], dtype=int64)"),
+    ("prod", _num.prod, "Product over ``axis``; exact derivative where elements are zero.", "vnp.prod([[1.0, 2.0], [3.0, 4.0]], axis=1)", "tensor([ 2., 12.], dtype=float64)"),
+    ("cumsum", _num.cumsum, "Running sum along ``axis`` (flat when None).", "vnp.cumsum([1.0, 2.0, 3.0])", "tensor([1., 3., 6.], dtype=float64)"),
+    ("cumprod", _num.cumprod, "Running product along ``axis`` (flat when None).", "vnp.cumprod([1.0, 2.0, 3.0])", "tensor([1., 2., 6.], dtype=float64)"),
+    ("var", _num.var, "Variance over ``axis``, divided by n - ddof.", "vnp.var([1.0, 2.0, 3.0, 4.0])", "tensor(1.25, dtype=float64)"),
+    ("std", _num.std, "Standard deviation, sqrt(var).", "vnp.std([1.0, 2.0, 3.0, 4.0], ddof=1)", "tensor(1.29099445, dtype=float64)"),
+    ("any", _num.any, "Whether any element is nonzero (bool).", "vnp.any([[0, 1], [0, 0]], axis=1)", "tensor([ True, False], dtype=bool)"),
+    ("all", _num.all, "Whether every element is nonzero (bool).", "vnp.all([[1, 1], [0, 1]], axis=1)", "tensor([ True, False], dtype=bool)"),
+    ("ptp", _num.ptp, "max - min over ``axis``.", "vnp.ptp([1.0, 5.0, 3.0])", "tensor(4., dtype=float64)"),
+    ("count_nonzero", _num.count_nonzero, "How many elements are nonzero (int64).", "vnp.count_nonzero([0.0, 1.0, 2.0])", "tensor(2, dtype=int64)"),
+    # sorting
+    ("sort", _num.sort, "Sorted along ``axis`` (stable, NaN last); derivative: back to where each came from.", "vnp.sort([3.0, 1.0, 2.0])", "tensor([1., 2., 3.], dtype=float64)"),
+    ("argsort", _num.argsort, "Indices that sort along ``axis`` (stable, NaN last).", "vnp.argsort([3.0, 1.0, 2.0])", "tensor([1, 2, 0], dtype=int64)"),
+    # shapes and movement
+    ("reshape", _api.reshape, "Same elements, new shape (one -1 allowed).", "vnp.reshape([1.0, 2.0, 3.0, 4.0], (2, -1))", 'tensor([[1., 2.],\n        [3., 4.]], dtype=float64)'),
+    ("ravel", _num.ravel, "Flattened to 1-D.", "vnp.ravel([[1, 2], [3, 4]])", "tensor([1, 2, 3, 4], dtype=int64)"),
+    ("transpose", _transpose, "Axes permuted (reversed by default).", "vnp.transpose([[1, 2, 3]])", 'tensor([[1],\n        [2],\n        [3]], dtype=int64)'),
+    ("swapaxes", _swapaxes, "Two axes exchanged.", "vnp.swapaxes([[1, 2, 3]], 0, 1)", 'tensor([[1],\n        [2],\n        [3]], dtype=int64)'),
+    ("moveaxis", _num.moveaxis, "Axes moved to new places, the others keeping their order.", "vnp.moveaxis(vnp.zeros((2, 3, 4)), 0, -1).shape", "(3, 4, 2)"),
+    ("expand_dims", _api.expand_dims, "A new axis of length 1 at ``axis``.", "vnp.expand_dims([1, 2], 0)", "tensor([[1, 2]], dtype=int64)"),
+    ("squeeze", _api.squeeze, "Axes of length 1 removed.", "vnp.squeeze([[1, 2]])", "tensor([1, 2], dtype=int64)"),
+    ("broadcast_to", _api.broadcast_to, "Repeated to ``shape`` as broadcasting would.", "vnp.broadcast_to([1, 2], (2, 2))", 'tensor([[1, 2],\n        [1, 2]], dtype=int64)'),
+    ("concatenate", _concatenate, "Joined along an existing ``axis``.", "vnp.concatenate([[1, 2], [3]])", "tensor([1, 2, 3], dtype=int64)"),
+    ("stack", _api.stack, "Joined along a new ``axis``.", "vnp.stack([[1, 2], [3, 4]], axis=1)", 'tensor([[1, 3],\n        [2, 4]], dtype=int64)'),
+    ("hstack", _num.hstack, "Joined along axis 1 (axis 0 for 1-D).", "vnp.hstack([[1, 2], [3]])", "tensor([1, 2, 3], dtype=int64)"),
+    ("vstack", _num.vstack, "Joined as rows (1-D operands become rows).", "vnp.vstack([[1, 2], [3, 4]])", 'tensor([[1, 2],\n        [3, 4]], dtype=int64)'),
+    ("flip", _flip, "Order reversed along ``axis`` (all axes when None).", "vnp.flip([1, 2, 3])", "tensor([3, 2, 1], dtype=int64)"),
+    ("roll", _num.roll, "Elements shifted along ``axis``, wrapping around (flat when None).", "vnp.roll([1, 2, 3, 4], 1)", "tensor([4, 1, 2, 3], dtype=int64)"),
+    ("repeat", _num.repeat, "Each element repeated (``repeats``: an int or one per element).", "vnp.repeat([1, 2], 2)", "tensor([1, 1, 2, 2], dtype=int64)"),
+    ("tile", _num.tile, "The whole array repeated ``reps`` times per axis.", "vnp.tile([1, 2], 2)", "tensor([1, 2, 1, 2], dtype=int64)"),
+    ("take", _take, "Elements at ``indices`` along ``axis`` (flat when None).", "vnp.take([10.0, 20.0, 30.0], [2, 0])", "tensor([30., 10.], dtype=float64)"),
+    ("take_along_axis", _api.take_along_axis, "out[i, j] = a[i, indices[i, j]] along ``axis``.", "vnp.take_along_axis([[10.0, 20.0]], [[1, 0]], axis=1)", "tensor([[20., 10.]], dtype=float64)"),
+    ("diagonal", _num.diagonal, "The ``offset`` diagonal of axes (axis1, axis2), as a last axis.", "vnp.diagonal([[1, 2], [3, 4]])", "tensor([1, 4], dtype=int64)"),
+    ("diag", _num.diag, "A matrix's k-th diagonal, or the matrix with a vector on it.", "vnp.diag([1.0, 2.0])", 'tensor([[1., 0.],\n        [0., 2.]], dtype=float64)'),
+    ("trace", _num.trace, "Sum of the ``offset`` diagonal.", "vnp.trace([[1.0, 2.0], [3.0, 4.0]])", "tensor(5., dtype=float64)"),
+    ("triu", _num.triu, "Zero below the k-th diagonal.", "vnp.triu([[1, 2], [3, 4]])", 'tensor([[1, 2],\n        [0, 4]], dtype=int64)'),
+    ("tril", _num.tril, "Zero above the k-th diagonal.", "vnp.tril([[1, 2], [3, 4]])", 'tensor([[1, 0],\n        [3, 4]], dtype=int64)'),
+    # products
+    ("matmul", _api.matmul, "Matrix product ``a @ b`` (1-D operands and batch broadcasting).", "vnp.matmul([[1.0, 2.0]], [[3.0], [4.0]])", "tensor([[11.]], dtype=float64)"),
+    ("dot", _num.dot, "NumPy's dot: a product for scalars, matmul to 2-D, last axis of a with the second-to-last of b beyond.", "vnp.dot([1.0, 2.0], [3.0, 4.0])", "tensor(11., dtype=float64)"),
+    ("inner", _num.inner, "Sum over the last axes of a and b.", "vnp.inner([1.0, 2.0], [3.0, 4.0])", "tensor(11., dtype=float64)"),
+    ("vdot", _num.vdot, "Sum of the elementwise product of the flattened operands.", "vnp.vdot([[1.0, 2.0]], [[3.0, 4.0]])", "tensor(11., dtype=float64)"),
+    ("outer", _num.outer, "out[i, j] = a[i] * b[j] (operands flattened).", "vnp.outer([1.0, 2.0], [1.0, 10.0])", 'tensor([[ 1., 10.],\n        [ 2., 20.]], dtype=float64)'),
+    ("tensordot", _num.tensordot, "Sum over ``axes`` (an int: the last of a with the first of b; or two lists).", "vnp.tensordot(vnp.ones((2, 3)), vnp.ones((3, 4)), 1).shape", "(2, 4)"),
+    ("einsum", _num.einsum, "Einstein summation over lettered axes (no '...').", "vnp.einsum('ij,j->i', [[1.0, 2.0], [3.0, 4.0]], [1.0, 1.0])", "tensor([3., 7.], dtype=float64)"),
+    # making arrays
+    ("array", _array, "A Tensor from data; a Tensor is returned as is (cast to ``dtype`` if given), a list holding Tensors is stacked.", "vnp.array([[1, 2], [3, 4]])", 'tensor([[1, 2],\n        [3, 4]], dtype=int64)'),
+    ("asarray", _array, "``array``.", "vnp.asarray(2.5)", "tensor(2.5, dtype=float64)"),
+    ("zeros", _zeros, "Zeros of ``shape`` (float64 by default).", "vnp.zeros((2,))", "tensor([0., 0.], dtype=float64)"),
+    ("ones", _ones, "Ones of ``shape`` (float64 by default).", "vnp.ones(2, dtype=vnp.int32)", "tensor([1, 1], dtype=int32)"),
+    ("full", _full, "``fill_value`` everywhere in ``shape``.", "vnp.full((2,), 7.0)", "tensor([7., 7.], dtype=float64)"),
+    ("zeros_like", _zeros_like, "Zeros of ``a``'s shape and dtype.", "vnp.zeros_like([1.0, 2.0])", "tensor([0., 0.], dtype=float64)"),
+    ("ones_like", _ones_like, "Ones of ``a``'s shape and dtype.", "vnp.ones_like([1, 2])", "tensor([1, 1], dtype=int64)"),
+    ("full_like", _full_like, "``fill_value`` in ``a``'s shape and dtype.", "vnp.full_like([1.0, 2.0], 3.0)", "tensor([3., 3.], dtype=float64)"),
+    ("arange", _arange, "Evenly spaced values in [start, stop).", "vnp.arange(3)", "tensor([0, 1, 2], dtype=int64)"),
+    ("linspace", _num.linspace, "``num`` evenly spaced values from start to stop.", "vnp.linspace(0.0, 1.0, 3)", "tensor([0. , 0.5, 1. ], dtype=float64)"),
+    ("eye", _num.eye, "Ones on the k-th diagonal of an n x m matrix.", "vnp.eye(2)", 'tensor([[1., 0.],\n        [0., 1.]], dtype=float64)'),
+    ("identity", _identity, "The n x n identity.", "vnp.identity(2)", 'tensor([[1., 0.],\n        [0., 1.]], dtype=float64)'),
+    ("astype", _astype, "``x`` converted to ``dtype``.", "vnp.astype([1.5, 2.5], vnp.int32)", "tensor([1, 2], dtype=int32)"),
+]
+
+_MANY = [
+    ("split", _num.split, "Pieces along ``axis``: n equal sections, or cut at the given indices.", "vnp.split([1, 2, 3, 4], 2)", "[tensor([1, 2], dtype=int64), tensor([3, 4], dtype=int64)]"),
+    ("array_split", _num.array_split, "``split``, allowing sections of unequal length.", "vnp.array_split([1, 2, 3], 2)", "[tensor([1, 2], dtype=int64), tensor([3], dtype=int64)]"),
+    ("meshgrid", _num.meshgrid, "Coordinate grids from 1-D coordinates (``indexing`` 'xy' or 'ij').", "vnp.meshgrid([1, 2], [3, 4, 5])[0].shape", "(3, 2)"),
+]
+
+def _same_tensor(lifted):
+    """``array``/``asarray`` of a Tensor with no new dtype: that Tensor itself."""
+    def op(obj, dtype=None):
+        if isinstance(obj, Tensor) and dtype is None:
+            return obj
+        return lifted(obj, dtype)
+    return _named(op, lifted.__name__, lifted.__doc__, inspect.signature(lifted))
+
+
+for _name, _fn, _summary, _example, _output in _TABLE:
+    _op = _lifted(_fn, _name, _doc(_summary, _example, _output))
+    globals()[_name] = _same_tensor(_op) if _fn is _array else _op
+for _name, _fn, _summary, _example, _output in _MANY:
+    globals()[_name] = _lifted_many(_fn, _name, _doc(_summary, _example, _output))
+
+from . import linalg  # noqa: E402,F401  (vkml.numpy.linalg; after the names it uses)
