@@ -290,3 +290,26 @@ def test_threads_deriving_one_gradient_at_once_derive_and_compile_it_once(slow_c
     together = grads((11,), 8)
     assert alone.derivations > 0 and alone.compiles > 0
     assert together.derivations == alone.derivations and together.compiles == alone.compiles
+
+
+def test_a_graph_split_over_worker_threads_runs_on_the_callers_backend(monkeypatch):
+    """``VKML_THREADS`` workers run a launch's parts with the modes of the thread that launched it."""
+    @vkml.kernel
+    def double(x):
+        return {"y": x * 2.0}
+    n = 2048
+    x, y = np.linspace(0, 1, n), np.zeros(n)
+    g = vkml.Graph().add(double.bind(x=x, y=y), name="double").build()
+    monkeypatch.setenv("VKML_THREADS", "4")
+    ran_on = set()
+    for name in ("numpy", "cpu"):
+        with vkml.use_backend(name) as backend:
+            run = type(backend).run
+
+            def spy(self, *args, run=run, **kwargs):
+                ran_on.add((self.name, threading.current_thread().name.startswith("vkml")))
+                return run(self, *args, **kwargs)
+            monkeypatch.setattr(type(backend), "run", spy)
+            g.launch()
+            np.testing.assert_array_equal(y, x * 2.0)
+    assert ("cpu", True) in ran_on and ("numpy", True) in ran_on

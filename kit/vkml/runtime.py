@@ -36,8 +36,11 @@ entries (1024 unless ``VKML_CACHE_LIMIT`` or :func:`set_cache_limit` says
 otherwise), dropping the least recently used; :func:`clear_caches` empties
 them all (the next call traces and compiles again), and
 ``vkml.stats().caches`` shows their sizes.  A jitted function and its
-programs are freed with the function.  Caches are shared by all threads:
-threads that need the same executable at once wait for one compile.
+programs per key are freed with the function; what was derived and compiled
+from them is shared by program structure (another function with the same
+program reuses it), so it stays in those bounded caches until pushed out or
+cleared.  Caches are shared by all threads: threads that need the same
+executable at once wait for one compile.
 """
 
 from __future__ import annotations

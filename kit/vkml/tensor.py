@@ -26,7 +26,6 @@ from . import runtime
 from .errors import ArgumentError, DTypeError, GradError, ShapeError, TracingError
 from .ir import Var, dtype_name, format_shape
 from .ops import api, numeric
-from .runtime import eager, is_eager, no_grad, set_eager  # noqa: F401  (vkml.tensor's old names)
 from .validate import (MAX_ELEMENTS, check_bool, check_dtype, check_real, check_sequence,
                        check_shape, describe, host_memory)
 
@@ -615,15 +614,11 @@ def realize(tensors) -> None:
     Idempotent: tensors that already hold values cost nothing.
     """
     ts = [tensors] if isinstance(tensors, Tensor) else check_sequence(tensors, "tensors", "realize")
-    pending, seen = [], set()
     for t in ts:
         if not isinstance(t, Tensor):
             raise ArgumentError(f"realize: expected Tensors, got {type(t).__name__}")
-        if t.ir_var.value is None and t.ir_var not in seen:
-            seen.add(t.ir_var)
-            pending.append(t)
     # a tensor that requires grad keeps the graph behind it (a backward will go through it)
-    runtime.realize([t.ir_var for t in pending], [t.requires_grad for t in pending])
+    runtime.realize([t.ir_var for t in ts], [t.requires_grad for t in ts])
 
 
 # -- assign -------------------------------------------------------------------------------------------
