@@ -313,3 +313,26 @@ def test_a_graph_split_over_worker_threads_runs_on_the_callers_backend(monkeypat
             g.launch()
             np.testing.assert_array_equal(y, x * 2.0)
     assert ("cpu", True) in ran_on and ("numpy", True) in ran_on
+
+
+def test_mode_state_is_reached_only_through_the_runtime():
+    """Modes live in per-thread variables that only their owners touch; every other module asks
+    ``vkml.runtime`` (a module writing one directly would bypass the per-thread rules)."""
+    import pathlib
+    import re
+    root = pathlib.Path(vkml.__file__).parent
+    owners = {"runtime.py": (), "ops/core.py": ("CURRENT_SITE",),
+              "ops/api.py": ("DEFAULT_DEVICE",), "backends/base.py": ("_CURRENT", "DEFAULT_DEVICE")}
+    state = ["_GRAD_LEAVES", "_GRAD_ENABLED", "_EAGER", "CURRENT_SITE", "DEFAULT_DEVICE",
+             "_CURRENT", "_submit", "_settle", "_is_traced"]
+    files = list(root.rglob("*.py")) + list((root.parent.parent / "extensions").rglob("*.py"))
+    found = []
+    for path in files:
+        rel = path.relative_to(root).as_posix() if root in path.parents else path.name
+        if rel == "runtime.py":
+            continue
+        text = path.read_text()
+        for name in state:
+            if name not in owners.get(rel, ()) and re.search(rf"\b{name}\b", text):
+                found.append(f"{rel}: {name}")
+    assert not found, found
