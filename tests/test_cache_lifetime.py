@@ -230,3 +230,18 @@ def test_the_limit_comes_from_the_environment_and_shows_in_vkml_info():
     vkml.jit(lambda v: v * 3.0)(np.ones(2, np.float32))
     line = next(l for l in info_text().splitlines() if l.startswith("caches"))
     assert f"at most {vkml.cache_limit()} entries" in line and "numpy executables" in line
+
+
+@vkml.kernel
+def halve(x):
+    return {"y": x * 0.5}
+
+
+def test_a_kernel_launched_on_many_sample_counts_keeps_a_bounded_cache(limit):
+    for n in range(1, 3 * limit):
+        x, y = np.arange(n, dtype=np.float64), np.zeros(n)
+        halve.bind(x=x, y=y).launch()           # a launch outside a graph: batched per count
+        np.testing.assert_array_equal(y, x * 0.5)
+    assert vkml.stats().caches["kernel batches"] <= limit
+    vkml.clear_caches()
+    assert vkml.stats().caches.get("kernel batches", 0) == 0

@@ -21,9 +21,9 @@ class Stats:
     - ``traces``: functions traced into programs (jit, scan steps, kernels).
     - ``derivations``: derived programs made (jvp, vjp, transposes).
     - ``graph_launches``: CUDA graphs launched (the cuda backend: one per submission).
-    - ``caches``: not a counter but the entries each cache holds now, by name (backend
-      executables, derived programs, jit programs, backward programs); bounded by
-      ``vkml.set_cache_limit`` and emptied by ``vkml.clear_caches()``.
+    - ``caches``: not a counter but the entries each cache holds now, by name (each backend's
+      executables, derived programs, jit programs, backward programs, kernel batches); each
+      cache is bounded by ``vkml.set_cache_limit`` and all are emptied by ``vkml.clear_caches()``.
     """
 
     submissions: int = 0
