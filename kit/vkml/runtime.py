@@ -45,7 +45,6 @@ executable at once wait for one compile.
 
 from __future__ import annotations
 
-import contextvars
 import os
 import weakref
 
@@ -73,7 +72,7 @@ __all__ = ["set_eager", "is_eager", "eager", "no_grad", "enable_grad", "is_grad_
 # -- modes ------------------------------------------------------------------------------------------
 
 _EAGER = Setting("eager", os.environ.get("VKML_EAGER", "0") not in ("", "0", "false", "False"))
-_GRAD_ENABLED = contextvars.ContextVar("vkml_grad_enabled", default=True)
+_GRAD_ENABLED = Setting("grad_enabled", True)      # no global call changes it: blocks only
 
 
 def set_eager(enabled: bool) -> None:
@@ -90,8 +89,8 @@ def is_eager() -> bool:
 
 
 class _Mode:
-    """A ``with`` block that sets a per-thread mode and restores it on exit (a class rather than
-    a generator, so it costs little: tracing enters one per traced function)."""
+    """A ``with`` block that sets a mode of this thread or task and restores it on exit (a class
+    rather than a generator, so it costs little: tracing enters one per traced function)."""
 
     __slots__ = ("_var", "_value", "_tokens")
 
@@ -99,8 +98,7 @@ class _Mode:
         self._var, self._value, self._tokens = var, value, []
 
     def __enter__(self):
-        self._tokens.append(self._var.set_local(self._value) if isinstance(self._var, Setting)
-                            else self._var.set(self._value))
+        self._tokens.append(self._var.set_local(self._value))
         return self
 
     def __exit__(self, *exc):
