@@ -161,7 +161,7 @@ def test_asyncio_tasks_train_separate_models_with_the_bits_of_a_serial_run(train
 
 def test_modes_set_in_one_thread_are_never_seen_in_another():
     """Six threads, each changing or checking its own mode in lock step, many rounds."""
-    rounds = 400
+    rounds = 1000
     barrier = _barrier(6)
     seen = []
 
@@ -219,12 +219,18 @@ def test_use_backend_is_local_and_a_new_thread_starts_from_the_process_default()
         other = _in_threads(lambda i: vkml.backend_info()["backend"], 1)
         assert other == ["numpy"]           # the block is this thread's only
     assert vkml.backend_info()["backend"] == "numpy"
-    vkml.set_backend("cpu")                 # a global call: threads started later follow it
+    vkml.set_backend("cpu")                 # global calls: threads started later follow them
+    vkml.set_eager(True)
     try:
-        assert _in_threads(lambda i: (vkml.backend_info()["backend"], vkml.is_grad_enabled()),
-                           2) == [("cpu", True)] * 2
+        with vkml.no_grad():                # a block: not for the threads it starts
+            started = _in_threads(lambda i: (vkml.backend_info()["backend"], vkml.is_eager(),
+                                             vkml.is_grad_enabled()), 2)
+        assert started == [("cpu", True, True)] * 2
     finally:
+        vkml.set_eager(False)
         vkml.set_backend("numpy")
+    assert _in_threads(lambda i: (vkml.backend_info()["backend"], vkml.is_eager()), 1) == \
+        [("numpy", False)]
     with pytest.raises(vkml.BackendError, match="use_backend"):
         vkml.use_backend(3)                 # refused at the call, before any block
 
