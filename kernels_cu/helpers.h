@@ -1,14 +1,14 @@
 // vkml's scalar helpers, shared by every renderer: the C renderer defines VK_FN as
 // `static inline`, the CUDA prelude as `__device__ __forceinline__`.  One definition of the
-// semantics both backends must have: max/min propagate NaN as NumPy's maximum/minimum do, sign
-// keeps a zero's sign and NaN, integer floor division rounds toward minus infinity (0 for a zero
-// divisor), integer powers wrap around.
+// semantics both backends must have: max/min propagate NaN as NumPy's maximum/minimum do, the
+// sign of a zero is +0 and of NaN is NaN (NumPy's), integer floor division rounds toward minus
+// infinity (0 for a zero divisor), integer powers wrap around.
 VK_FN double vk_max_double(double a, double b) { return (a != a) ? a : ((b != b) ? b : (a >= b ? a : b)); }
 VK_FN float vk_max_float(float a, float b) { return (a != a) ? a : ((b != b) ? b : (a >= b ? a : b)); }
 VK_FN double vk_min_double(double a, double b) { return (a != a) ? a : ((b != b) ? b : (a <= b ? a : b)); }
 VK_FN float vk_min_float(float a, float b) { return (a != a) ? a : ((b != b) ? b : (a <= b ? a : b)); }
-VK_FN double vk_sign_double(double a) { return a > 0 ? 1.0 : (a < 0 ? -1.0 : a); }
-VK_FN float vk_sign_float(float a) { return a > 0 ? 1.0f : (a < 0 ? -1.0f : a); }
+VK_FN double vk_sign_double(double a) { return a > 0 ? 1.0 : (a < 0 ? -1.0 : (a == 0 ? 0.0 : a)); }
+VK_FN float vk_sign_float(float a) { return a > 0 ? 1.0f : (a < 0 ? -1.0f : (a == 0 ? 0.0f : a)); }
 // Integer division is defined for every input, as NumPy defines it: a zero divisor gives 0, and
 // MIN // -1 wraps around to MIN (MIN % -1 is 0) -- computed without the C operations that trap or
 // are undefined there (MIN / -1 raises SIGFPE on x86).  Powers multiply in the unsigned type, so

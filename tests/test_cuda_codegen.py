@@ -759,7 +759,7 @@ def test_selecting_cuda_without_a_gpu_is_a_clear_error():
     with pytest.raises(vkml.BackendError, match="cuda backend"):
         vkml.set_backend("cuda")
     info = vkml.backend_info()
-    assert info["backend"] == "numpy" and "cuda" in info["available"]
+    assert info["backend"] == "numpy" and "cuda" not in info["available"]   # it cannot run here
     assert "no GPU" in info["cuda"] or "pycuda" in info["cuda"].lower()
 
 

@@ -276,7 +276,7 @@ def test_a_table_read_by_index_is_not_bitwise_and_strict_refuses_it():
     np.testing.assert_allclose(y, table[i] * x, rtol=1e-15)
     seed = np.linspace(1, 2, n)
     with pytest.raises(VkmlError, match=r"strict=True.*\['look\.table'\] are scatter-adds across "
-                                        r"samples.*pass strict=False, or leave them out with wrt="):
+                                        r"samples.*pass strict=False, or leave them out by naming only the other inputs in wrt"):
         vkml.diff.reverse(g.record, {"y": seed}, strict=True)
     assert g.record.live
     only_x = vkml.diff.reverse(g.record, {"y": seed}, strict=True, wrt=["x"])   # no table: allowed

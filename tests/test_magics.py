@@ -104,8 +104,10 @@ def test_show_program_of_the_seed_jitted_function(ip):
     [prog] = diagrams(shown)
     texts = svg_texts(prog)
     assert "scan" in texts and "step of scan %2" in texts and "add(x0, x1)" in texts
-    assert prog["text/plain"] == str(ip.user_ns["f"].programs()[0])
-    assert "scan 3 rows, init (%1), xs (%0), captures ()" in prog["text/plain"]
+    # the text names the function's parameter and the user's variables
+    assert prog["text/plain"] == vkml.pp_program(ip.user_ns["f"].programs()[0], arg_names=["xs"])
+    assert "scan 3 rows, init (%1), xs (xs), captures ()" in prog["text/plain"]
+    assert "with x0 = sums, x1 = sums" in prog["text/plain"]
 
 
 def test_show_program_of_vkml_program_and_of_an_uncalled_function(ip):
@@ -131,7 +133,7 @@ def test_show_derivative_side_by_side(ip):
     for name in ("primal", "jvp", "known", "linear", "transposed"):
         assert name in texts
     assert "3 rows reversed" in texts
-    assert derived["text/plain"].startswith("primal:\nprogram (%0)")
+    assert derived["text/plain"].startswith("primal:\nprogram (xs)")
     assert ip.user_ns["g"].numpy().tolist() == [20, 18, 12]
     # without a derivative there is a note, not an error
     r, stdout, shown = run(ip, "%%vkml --show derivative\n"
@@ -285,3 +287,49 @@ def test_ipython_syntax_in_the_cell_and_a_trailing_semicolon(ip):
     assert r.success and r.result == "hi"
     r, stdout, shown = run(ip, "%%vkml\nvkml.tensor(np.ones(2)) * 2;")
     assert r.success and not shown and "Out" not in stdout
+
+
+# -- everything in one cell ------------------------------------------------------------------------
+
+def test_one_cell_shows_graph_program_derivative_record_and_stats(ip):
+    ip.run_cell(SEED)
+    cell = ("%%vkml --show graph,program,derivative,record,stats\n"
+            "@vkml.kernel\n"
+            "def double(x):\n"
+            "    return {'y': x * 2.0}\n"
+            "graph = vkml.Graph().add(double.bind(x=np.ones(3), y=np.zeros(3)), name='d')"
+            ".build(record=True)\n"
+            "graph.launch()\n"
+            "f = vkml.jit(body)\n"
+            "f(np.array([1.0, 2.0, 3.0]))\n"
+            "f(np.array([4.0, 5.0, 6.0]))\n"
+            "g = vkml.grad(f)(np.array([1.0, 2.0, 3.0]))\n"
+            "w = vkml.tensor(np.arange(3.0))\n"
+            "vkml.sin(w) * g")
+    r, stdout, shown = run(ip, cell)
+    assert r.success, r.error_in_exec
+    assert "vkml:" not in stdout, stdout                 # nothing is missing: no notes
+    graph, program, derivative, record = diagrams(shown)
+    assert "sin" in svg_texts(graph)                      # the last expression's lazy graph
+    assert "scan" in svg_texts(program) and program["text/plain"].startswith("program (xs)")
+    assert derivative["text/plain"].startswith("primal:\nprogram (xs)")
+    assert "transposed" in svg_texts(derivative)
+    assert any(t and t.startswith("Record: generation") for t in svg_texts(record))
+    [stats] = [b for b in shown if "text/html" in b]
+    # the second call and the gradient found f's program traced: jit cache hits count
+    hits = int(stats["text/plain"].split(" cache hit")[0].rsplit(", ", 1)[1])
+    assert hits >= 2
+    assert r.result is not None and r.result.numpy().shape == (3,)   # the value is still shown
+
+
+def test_cuda_without_pycuda_is_a_short_usage_line(ip):
+    from vkml.backends import cuda_unavailable
+    why = cuda_unavailable()
+    if why is None:
+        pytest.skip("this machine can run the cuda backend")
+    r, stdout, shown = run(ip, "%%vkml --backend cuda\nran = 1")
+    assert r.success and r.error_in_exec is None and "Traceback" not in stdout
+    assert f"%%vkml: backend 'cuda' cannot run here: {why}" in stdout
+    _, stdout, _ = run(ip, "%vkml info")
+    assert "not available here: cuda (missing" in stdout
+    assert "available: " in stdout and "cuda" not in stdout.split("available: ")[1].splitlines()[0]

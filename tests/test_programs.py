@@ -30,15 +30,15 @@ def value(f):
 
 SEED_PROGRAM = """\
 program (%0)
-  %1 : float64 [] at CPU = Map [float64:0x0000000000000000] at CPU
-  %2 : float64 [] at CPU, %3 : float64 [3] at CPU = scan 3 rows, init (%1), xs (%0), captures ()
+  %1 : float64 [] at CPU = Map [0.0] at CPU
+  %2 : float64 [] at CPU, sums : float64 [3] at CPU = scan 3 rows, init (%1), xs (%0), captures ()
     step
       program (%6, %7)
-        %8 : float64 [] at CPU = Map [add(x0, x1)] (x0: float64 [] at CPU) (x1: float64 [] at CPU)
+        nxt : float64 [] at CPU = Map [add(x0, x1)] (x0: float64 [] at CPU) (x1: float64 [] at CPU)
           with x0 = %6, x1 = %7
-        return %8, %8
+        return nxt, nxt
   %4 : float64 [3] at CPU = Map [mul(x0, x1)] (x0: float64 [3] at CPU) (x1: float64 [3] at CPU)
-    with x0 = %3, x1 = %3
+    with x0 = sums, x1 = sums
   %5 : float64 [] at CPU = Reduce [Sum x0] over [0] (x0: float64 [3] at CPU)
     with x0 = %4
   return %5"""
@@ -458,7 +458,7 @@ def test_python_if_on_a_traced_value():
 def test_scan_carry_that_changes_shape_or_dtype():
     with pytest.raises(vkml.ShapeError, match=r"float64 \[\].*float64 \[2\]"):
         vkml.scan(lambda c, r: (c + r, c), np.float64(0.0), np.ones((3, 2)))
-    with pytest.raises(vkml.ShapeError, match=r"int64 \[\].*float64 \[\]"):
+    with pytest.raises(vkml.DTypeError, match=r"int64 \[\].*float64 \[\]"):
         vkml.scan(lambda c, r: (c + r, c), np.int64(0), np.ones(3))
 
 

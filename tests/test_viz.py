@@ -76,7 +76,8 @@ def test_seed_scan_program_draws_the_scan_node_and_its_nested_step():
     assert "add(x0, x1)" in texts and "mul(x0, x1)" in texts    # Maps as the printer fuses them
     assert "Reduce" in texts and "Sum over [0]" in texts
     assert "%0 in 0" in texts and "%5 out 0" in texts            # input and output, as numbered
-    assert "%8 out 0, 1" in texts                               # the step returns %8 twice
+    assert "nxt out 0, 1" in texts                              # the step returns nxt twice
+    assert "sums" in texts                                      # named as the user named it
     # the text form is the printer's
     assert d.text == str(prog)
 
@@ -128,14 +129,17 @@ def test_derived_programs_side_by_side_with_the_primal():
     _, texts, groups = parse(d.pipe("svg"))
     for name in ("primal", "jvp", "known", "linear", "transposed"):
         assert name in texts
-    tops = [c for c in groups["cluster"] if c.count("_") == 1]     # one cluster per program
-    assert tops == [f"cluster_d{i}" for i in range(5)]
+    # one panel per program, stacked top to bottom in one SVG
+    assert [n for n, _ in d.panels] == ["primal", "jvp", "known", "linear", "transposed"]
     assert "3 rows reversed" in texts                     # the transposed scan runs backwards
+    tops = [c for c in parse(d.to_graphviz().pipe("svg"))[2]["cluster"] if c.count("_") == 1]
+    assert tops == [f"cluster_d{i}" for i in range(5)]     # the one-graph form: a cluster each
     derived = f.derived_programs()[0]
-    assert d.text.startswith("primal:\n" + str(f.programs()[0]))
+    # the primal's inputs are named after the function's parameters
+    assert d.text.startswith("primal:\n" + vkml.pp_program(f.programs()[0], arg_names=["xs"]))
     assert "transposed:\n" + str(derived["transposed"]) in d.text
     # the explicit form draws the same picture
-    assert viz.derived_dot(f.programs()[0], derived).source == d.source
+    assert viz.derived_dot(f.programs()[0], derived, arg_names=["xs"]).source == d.source
     assert viz.derived_dot(f).pipe("svg") == d.pipe("svg")
 
 

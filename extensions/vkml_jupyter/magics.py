@@ -37,8 +37,10 @@ usage: %%vkml [--eager] [--backend NAME] [--show WHAT[,WHAT...]] [--grad VAR] [-
                                  realized (or a vkml.Graph's nodes and planes)
                      program     the traced Program of the last expression (a jitted
                                  function, vkml.grad(f), or a Program from vkml.program)
-                     derivative  that function's derived programs beside its primal
-                     record      a Graph's latest Record (or a Record)
+                                 and of every jitted function the cell called
+                     derivative  those functions' derived programs under their primal
+                     record      a Graph's latest Record (or a Record): the last
+                                 expression's, or any the cell made
                      stats       submissions, compiles, cache hits, traces and wall time
   --grad VAR       after the cell, show VAR.grad (may be given more than once)
   --time           show the cell's wall time
@@ -99,7 +101,12 @@ def parse_cell_args(line: str) -> argparse.Namespace:
 
 
 def _check_backend(name):
-    available = vkml.backend_info()["available"]
+    info = vkml.backend_info()
+    available = info["available"]
+    why = info.get("unavailable", {}).get(name)
+    if why is not None:
+        raise BadArguments(f"backend {name!r} cannot run here: {why}; available: "
+                           f"{', '.join(available)}")
     if name not in available:
         raise BadArguments(f"unknown backend {name!r}; available: {', '.join(available)}")
 
@@ -173,6 +180,42 @@ def _ends_with_semicolon(cell) -> bool:
         return False
 
 
+def _jit_counters() -> dict:
+    """id -> (jitted function, its counters), for every function vkml.jit has made."""
+    from vkml import programs
+    out = {}
+    for j in list(programs._JITTED.values()):
+        if getattr(j.fn, "__module__", "") .startswith("vkml."):
+            continue  # the library's own helpers are not what the user called
+        out[id(j)] = (j, (j.traces, j.hits, j.derivations))
+    return out
+
+
+def _ran_between(before, after):
+    """The jitted functions whose counters moved between two :func:`_jit_counters`."""
+    return [j for key, (j, counts) in after.items()
+            if key not in before or before[key][1] != counts]
+
+
+def _records_in(ns) -> dict:
+    """id -> Record for the Records in a namespace (as values, or as a Graph's ``record``)."""
+    found = {}
+    for name, value in list(ns.items()):
+        if name.startswith("_"):
+            continue
+        rec = value if viz.is_record(value) else getattr(value, "record", None) \
+            if viz.is_graph(value) else None
+        if rec is not None and viz.is_record(rec):
+            found[id(rec)] = rec
+    return found
+
+
+def _is_picture(value) -> bool:
+    """Whether a cell's last value is what ``--show`` draws (then the drawing replaces its repr)."""
+    return (isinstance(value, vkml.Program) or _jitted_of(value) is not None
+            or viz.is_graph(value) or viz.is_record(value))
+
+
 def _traced(t) -> bool:
     from vkml.runtime import is_traced
     return is_traced(t.ir_var)
@@ -206,6 +249,7 @@ class VkmlMagics(Magics):
                 vkml.set_backend(opts.backend)
             if opts.eager:
                 vkml.set_eager(True)
+            jit_before, records_before = _jit_counters(), _records_in(self.shell.user_ns)
             before, start = vkml.stats(), time.perf_counter()
             value, has_value = self._run(cell, opts)
             tensors = _tensors_in(value) if has_value else None
@@ -213,13 +257,16 @@ class VkmlMagics(Magics):
                 vkml.realize([t for t in tensors if not _traced(t)])
             seconds = time.perf_counter() - start
             delta = vkml.stats() - before
+            ran = _ran_between(jit_before, _jit_counters())
+            made = [r for k, r in _records_in(self.shell.user_ns).items()
+                    if k not in records_before]
             drawn = "graph" in opts.show and has_value and tensors is None and viz.is_graph(value)
             if "program" in opts.show:
-                drawn |= self._show_program(value, has_value)
+                drawn |= self._show_program(value, has_value, ran)
             if "derivative" in opts.show:
-                drawn |= self._show_derivative(value, has_value)
+                drawn |= self._show_derivative(value, has_value, ran)
             if "record" in opts.show:
-                drawn |= self._show_record(value, has_value)
+                drawn |= self._show_record(value, has_value, made)
             for name in opts.grad:
                 self._show_grad(name)
             if "stats" in opts.show:
@@ -229,7 +276,8 @@ class VkmlMagics(Magics):
         finally:
             vkml.set_eager(old_eager)
             vkml.set_backend(old_backend)
-        if not has_value or (drawn and tensors is None) or _ends_with_semicolon(cell):
+        pictured = has_value and tensors is None and _is_picture(value)
+        if not has_value or (drawn and pictured) or _ends_with_semicolon(cell):
             return None
         return value
 
@@ -260,37 +308,55 @@ class VkmlMagics(Magics):
                       "or a Graph")
         return value, True
 
-    def _show_program(self, value, has_value) -> bool:
+    def _show_program(self, value, has_value, ran=()) -> bool:
+        """The last expression's program, then those of the jitted functions the cell called."""
+        shown = False
         if isinstance(value, vkml.Program):
             display(viz.program_dot(value))
-            return True
+            shown = True
         jitted = _jitted_of(value)
-        if jitted is None:
-            _note(f"--show program: the last expression is {_last(value, has_value)}; "
-                  "end the cell with a jitted function (vkml.jit(f)) or vkml.program(f, *args)")
-            return False
-        programs = jitted.programs()
-        if not programs:
-            _note(f"--show program: {jitted.__name__} has not been called yet; call it in the "
-                  "cell (its program is traced on the first call)")
-            return False
-        display(viz.program_dot(programs[-1]))
-        return True
+        others = [j for j in ran if j is not jitted and j.programs()
+                  and not (isinstance(value, vkml.Program) and value in j.programs())]
+        if jitted is not None:
+            if jitted.programs():
+                display(viz.program_dot(jitted.programs()[-1], arg_names=viz._arg_names(jitted)))
+                shown = True
+            elif not others:
+                _note(f"--show program: {jitted.__name__} has not been called yet; call it in "
+                      "the cell (its program is traced on the first call)")
+                return False
+        for j in others:
+            display(viz.program_dot(j.programs()[-1], arg_names=viz._arg_names(j)))
+            shown = True
+        if not shown:
+            _note(f"--show program: the last expression is {_last(value, has_value)} and the "
+                  "cell called no jitted function; end the cell with a jitted function "
+                  "(vkml.jit(f)) or vkml.program(f, *args), or call one in the cell")
+        return shown
 
-    def _show_derivative(self, value, has_value) -> bool:
+    def _show_derivative(self, value, has_value, ran=()) -> bool:
+        """The derived programs of the last expression's function and of those the cell called."""
         jitted = _jitted_of(value)
-        if jitted is None:
-            _note(f"--show derivative: the last expression is {_last(value, has_value)}; "
-                  "end the cell with the jitted function whose derivative it took")
-            return False
-        if not viz.derived_pairs(jitted):
+        candidates = ([jitted] if jitted is not None else []) + [j for j in ran if j is not jitted]
+        with_derivatives = [j for j in candidates if viz.derived_pairs(j)]
+        for j in with_derivatives:
+            display(viz.derived_dot(j))
+        if with_derivatives:
+            return True
+        if jitted is not None:
             _note(f"--show derivative: {jitted.__name__} has no derived programs yet; take a "
                   "derivative in the cell (vkml.grad(f)(x), vkml.jvp, vkml.vjp or vkml.linearize)")
-            return False
-        display(viz.derived_dot(jitted))
-        return True
+        elif ran:
+            _note(f"--show derivative: the cell called {', '.join(j.__name__ for j in ran)} but "
+                  "took no derivative; call vkml.grad(f)(x), vkml.jvp, vkml.vjp or "
+                  "vkml.linearize in the cell")
+        else:
+            _note(f"--show derivative: the last expression is {_last(value, has_value)}; "
+                  "end the cell with the jitted function whose derivative it took, or take "
+                  "one in the cell")
+        return False
 
-    def _show_record(self, value, has_value) -> bool:
+    def _show_record(self, value, has_value, made=()) -> bool:
         if viz.is_record(value):
             display(viz.record_dot(value))
             return True
@@ -301,8 +367,12 @@ class VkmlMagics(Magics):
                 return False
             display(viz.record_dot(value.record))
             return True
-        _note(f"--show record: the last expression is {_last(value, has_value)}; "
-              "end the cell with a Graph built with record=True, or a Record")
+        for rec in made:
+            display(viz.record_dot(rec))
+        if made:
+            return True
+        _note(f"--show record: the last expression is {_last(value, has_value)} and the cell "
+              "made no Record; end the cell with a Graph built with record=True, or a Record")
         return False
 
     def _show_grad(self, name):
@@ -359,8 +429,10 @@ def info_text() -> str:
     info = dict(vkml.backend_info())
     name, device = info.pop("backend"), info.pop("device")
     available = info.pop("available", [])
+    unavailable = info.pop("unavailable", {})
     lines = [f"vkml {vkml.__version__}",
              f"backend: {name} (device {device}); available: {', '.join(available)}",
+             *(f"not available here: {k} ({why})" for k, why in unavailable.items()),
              f"eager mode: {'on' if vkml.is_eager() else 'off'}"]
     lines += [f"{k}: {v}" for k, v in info.items()]
     lines.append(f"counters since the last reset: {counts_text(vkml.stats())}")

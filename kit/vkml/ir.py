@@ -98,10 +98,14 @@ class Eqn:
     ``params`` are the primitive's static parameters (axes, shapes, nested
     programs); they must be hashable because they are part of a program's
     structural key.  ``where`` is the user's source line that made it, used
-    to name the line in error messages.
+    to name the line in error messages.  ``origin`` is set by the transforms
+    (jvp, partial evaluation, transpose) on the equations they make:
+    ``(primal equation, role)`` with role "primal", "tangent" or "cotangent",
+    so a picture can show which user equation each derived one comes from.
+    It is never part of a structural key.
     """
 
-    __slots__ = ("prim", "inputs", "outputs", "params", "where")
+    __slots__ = ("prim", "inputs", "outputs", "params", "where", "origin")
 
     def __init__(self, prim, inputs, outputs, params, where=None):
         self.prim = prim
@@ -109,6 +113,7 @@ class Eqn:
         self.outputs = outputs
         self.params = params
         self.where = where
+        self.origin = None
 
     def describe(self) -> str:
         """A short text naming the op, its operands and the line that made it."""

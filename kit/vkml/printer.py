@@ -3,35 +3,50 @@
 ::
 
     program (%0)
-      %1 : float64 [] at CPU = Map [float64:0x0000000000000000] at CPU
-      %2 : float64 [] at CPU, %3 : float64 [3] at CPU = scan 3 rows, init (%1), xs (%0), captures ()
+      %1 : float64 [] at CPU = Map [0.0] at CPU
+      %2 : float64 [] at CPU, sums : float64 [3] at CPU = scan 3 rows, init (%1), xs (%0), captures ()
         step
           program (%6, %7)
-            %8 : float64 [] at CPU = Map [add(x0, x1)] (x0: float64 [] at CPU) (x1: float64 [] at CPU)
+            nxt : float64 [] at CPU = Map [add(x0, x1)] (x0: float64 [] at CPU) (x1: float64 [] at CPU)
               with x0 = %6, x1 = %7
-            return %8, %8
+            return nxt, nxt
       ...
       return %5
 
-Every value is numbered (%n) with its type and placement.  Chains of
-elementwise equations print as ONE fused ``Map`` with its expression, which
-is how a backend runs them; a reduction prints as ``Reduce``; a scan prints
-its nested step program.  Numbers are given to a program's own values
-first, then to nested programs, so a step's numbers follow its parent's.
+Every value is numbered (%n) with its type and placement; a value that
+leaves the user's source line that made it (``sums = ...``) is shown under
+the name it was given there (``h``, or ``h_1`` if that name is taken), and
+values of a derived program under the name of the user's line they come
+from (``dh`` for a tangent, ``ct_h`` for a cotangent).  Constants print in
+the shortest decimal form that reads back to the same number (the dtype is
+added when it is not float64, int64 or bool); ``bits=True`` prints them as
+exact bit patterns instead.  Chains of elementwise equations print as ONE
+fused ``Map`` with its expression, which is how a backend runs them; a
+reduction prints as ``Reduce``; a scan prints its nested step program.
+Numbers are given to a program's own values first, then to nested
+programs, so a step's numbers follow its parent's.
 """
 
 from __future__ import annotations
 
+import linecache
+import re
+
 import numpy as np
 
-from .ir import Program, dtype_name
+from .ir import Program, dtype_name, site_text
 
 
-def pp_program(prog: Program) -> str:
+def pp_program(prog: Program, bits: bool = False, names: bool = True, arg_names=None) -> str:
+    """``prog`` as text.  ``bits=True``: constants as exact bit patterns (``float64:0x3fb9...``);
+    ``names=False``: every value as its number ``%n``; ``arg_names``: names for the inputs (the
+    traced function's parameters)."""
     numbers = {}
     _number(prog, numbers)
+    shown = value_names(prog, numbers, arg_names) if names else \
+        {v: f"%{n}" for v, n in numbers.items()}
     lines = []
-    _print(prog, numbers, lines, indent="")
+    _print(prog, shown, lines, indent="", bits=bits)
     return "\n".join(lines)
 
 
@@ -48,30 +63,138 @@ def _number(prog, numbers):
             _number(p, numbers)
 
 
+# -- names from the user's source ------------------------------------------------------------
+
+_TARGETS = re.compile(r"\s*([A-Za-z_]\w*(?:\s*,\s*[A-Za-z_]\w*)*)\s*,?\s*"
+                      r"(?::[^=]*)?(?:[-+*/@%&|^]|//|\*\*|>>|<<)?=(?!=)")
+#: the prefix a derived equation's value gets from the role it plays
+ROLE_PREFIX = {"tangent": "d", "cotangent": "ct_"}
+
+
+def root_of(eqn):
+    """``(primal equation, role)`` an equation comes from: itself as "primal" unless a transform
+    (jvp, partial evaluation, transpose) recorded where it made it (``eqn.origin``)."""
+    origin = getattr(eqn, "origin", None)
+    return origin if origin is not None else (eqn, "primal")
+
+
+def source_line(where) -> str | None:
+    """The user's source text at a site kept as (code, line), stripped; None when unknown."""
+    if where is None or isinstance(where, str):
+        return None
+    code, line = where
+    text = linecache.getline(code.co_filename, line).strip()
+    return text or None
+
+
+def site_title(eqn) -> str | None:
+    """``file.py:12: h = vkml.tanh(w)`` for the line an equation (or its primal) comes from."""
+    root, role = root_of(eqn)
+    if root.where is None:
+        return None
+    line = source_line(root.where)
+    head = site_text(root.where) + (f": {line}" if line else "")
+    return head if role == "primal" else f"{role} of {head}"
+
+
+def _targets(where):
+    line = source_line(where)
+    if line is None:
+        return None
+    m = _TARGETS.match(line)
+    return [t.strip() for t in m.group(1).split(",")] if m else None
+
+
+def value_names(prog: Program, numbers: dict, arg_names=None) -> dict:
+    """Var -> what to call it: the user's name where the trace knows it, else ``%n``.
+
+    A value is named after its source line's assignment target when it leaves that line (it is
+    read by an equation from another line, or returned): ``h = vkml.tanh(w) * w`` names the
+    product ``h``, not the tanh inside it.  A line assigning several targets names an equation
+    with as many outputs by position (``_`` names nothing).  Names are unique: ``h``, ``h_1``.
+    """
+    shown, taken, targets = {}, set(), {}
+
+    def give(v, base):
+        name, i = base, 0
+        while name in taken:
+            i += 1
+            name = f"{base}_{i}"
+        taken.add(name)
+        shown[v] = name
+
+    def visit(p, arg_names):
+        if arg_names is not None and len(arg_names) == len(p.inputs):
+            for v, a in zip(p.inputs, arg_names):
+                if v not in shown and a:
+                    give(v, a)
+        read_by = {}
+        for e in p.eqns:
+            for v in e.inputs:
+                read_by.setdefault(v, []).append(e)
+        outs = set(p.outputs)
+        shown_eqns = {id(e) for e, _, _, _ in fused_view(p)[1]}   # a fused Map's inner values
+        for e in p.eqns:                                           # are never shown: no name
+            if id(e) not in shown_eqns:
+                continue
+            root, role = root_of(e)
+            if root.where is None:
+                continue
+            key = root.where
+            if key not in targets:
+                targets[key] = _targets(key)
+            names = targets[key]
+            if not names or (len(names) > 1 and len(names) != len(e.outputs)):
+                continue
+            for k, v in enumerate(e.outputs):
+                base = names[k] if len(names) > 1 else (names[0] if len(e.outputs) == 1 else None)
+                if not base or base == "_" or v in shown:
+                    continue
+                leaves = v in outs or any(root_of(r)[0].where != key or root_of(r)[1] != role
+                                          for r in read_by.get(v, ()))
+                if leaves:
+                    give(v, ROLE_PREFIX.get(role, "") + base)
+        for e in p.eqns:
+            for q in _nested(e):
+                visit(q, None)
+
+    visit(prog, arg_names)
+    for v, n in numbers.items():
+        if v not in shown:
+            shown[v] = f"%{n}"
+    return shown
+
+
 def _nested(eqn):
     return [v for v in eqn.params.values() if isinstance(v, Program)]
 
 
-def literal(value) -> str:
-    """A constant as its dtype and bit pattern: exact, and the same on every machine."""
+def literal(value, bits: bool = False) -> str:
+    """A constant as text: the shortest decimal that reads back to the same number (``0.1``;
+    ``float32:0.1`` when the dtype is not float64, int64 or bool), or with ``bits=True`` its
+    dtype and exact bit pattern (``float64:0x3fb999999999999a``)."""
     a = np.asarray(value)
     name = dtype_name(a.dtype)
     if a.dtype.kind == "b":
-        return f"{name}:{'true' if bool(a) else 'false'}"
+        return ("true" if bool(a) else "false") if bits else repr(bool(a))
     if a.dtype.kind == "f":
-        bits = a.view(np.uint64 if a.dtype.itemsize == 8 else np.uint32)
-        return f"{name}:0x{int(bits):0{a.dtype.itemsize * 2}x}"
-    return f"{name}:{int(a)}"
+        if bits:
+            raw = a.view(np.uint64 if a.dtype.itemsize == 8 else np.uint32)
+            return f"{name}:0x{int(raw):0{a.dtype.itemsize * 2}x}"
+        text = str(a[()])                    # NumPy's shortest round-trip form for this dtype
+        return text if name == "float64" else f"{name}:{text}"
+    return f"{name}:{int(a)}" if bits or name != "int64" else str(int(a))
 
 
-def fused_view(prog):
+def fused_view(prog, bits: bool = False, members=None):
     """What a reader sees of ``prog``: the constants shown, and its boxes.
 
     Chains of elementwise equations whose intermediate values are read once
     become ONE ``Map`` with its expression (a broadcast scalar constant read
     once appears inside as a literal), as a backend runs them.  Returns
     ``(consts, boxes)`` where a box is ``(eqn, kind, text, reads)``; the
-    printer and ``vkml.viz`` both draw from it.
+    printer and ``vkml.viz`` both draw from it.  ``members``, a dict, receives
+    for each Map box (by ``id`` of its eqn) the equations fused into it.
     """
     uses = {}
     for e in prog.eqns:
@@ -87,7 +210,7 @@ def fused_view(prog):
         if e is not None and e.prim.name == "broadcast_in_dim" and uses.get(v) == 1:
             src = e.inputs[0]
             if src.shape == () and src in const_values and uses.get(src) == 1:
-                return literal(const_values[src])
+                return literal(const_values[src], bits)
         return None
 
     absorbed = set()
@@ -106,6 +229,7 @@ def fused_view(prog):
             continue
         if e.prim.elementwise:
             reads = []
+            inside = [e]
 
             def expr(v):
                 lit = scalar_literal(v)
@@ -113,11 +237,14 @@ def fused_view(prog):
                     return lit
                 p = producer.get(v)
                 if p is not None and id(p) in absorbed and p.prim.elementwise:
+                    inside.append(p)
                     return _expr_of(p, expr)
                 reads.append(v)
                 return f"x{len(reads) - 1}"
 
             boxes.append((e, "Map", _expr_of(e, expr), reads))
+            if members is not None:
+                members[id(e)] = inside[::-1]
         elif e.prim.name in ("reduce_sum", "reduce_max"):
             op = "Sum" if e.prim.name == "reduce_sum" else "Max"
             axes = ", ".join(str(a) for a in e.params["axes"])
@@ -133,20 +260,20 @@ def fused_view(prog):
     return consts, boxes
 
 
-def _print(prog, numbers, lines, indent):
+def _print(prog, names, lines, indent, bits=False):
     def ref(v):
-        return f"%{numbers[v]}" if v in numbers else "?"
+        return names.get(v, "?")
 
     def typed(v):
         return f"{ref(v)} : {v.type_str()}"
 
     lines.append(f"{indent}program ({', '.join(ref(v) for v in prog.inputs)})")
     body = indent + "  "
-    consts, boxes = fused_view(prog)
+    consts, boxes = fused_view(prog, bits)
     for v, value in consts:
-        shown = literal(value) if np.ndim(value) == 0 else \
+        text = literal(value, bits) if np.ndim(value) == 0 else \
             f"const {dtype_name(np.asarray(value).dtype)} {list(np.shape(value))}"
-        lines.append(f"{body}{typed(v)} = Map [{shown}] at {v.device}")
+        lines.append(f"{body}{typed(v)} = Map [{text}] at {v.device}")
     for e, kind, text, reads in boxes:
         lhs = ", ".join(typed(v) for v in e.outputs)
         if kind == "Map":
@@ -166,13 +293,13 @@ def _print(prog, numbers, lines, indent):
             lines.append(f"{body}{lhs} = scan {text}, init ({_refs(init, ref)}), "
                          f"xs ({_refs(xs, ref)}), captures ({_refs(caps, ref)})")
             lines.append(f"{body}  step")
-            _print(p["program"], numbers, lines, body + "    ")
+            _print(p["program"], names, lines, body + "    ", bits)
         else:
             shown = f" [{text}]" if text else ""
             lines.append(f"{body}{lhs} = {e.prim.name}{shown} ({_refs(e.inputs, ref)})")
             for p in _nested(e):
                 lines.append(f"{body}  program")
-                _print(p, numbers, lines, body + "    ")
+                _print(p, names, lines, body + "    ", bits)
     lines.append(f"{body}return {_refs(prog.outputs, ref)}")
 
 

@@ -28,7 +28,8 @@ import weakref
 import numpy as np
 
 from . import runtime
-from .errors import ArgumentError, ExecutionError, GradError, ShapeError, VkmlError, VkmlWarning
+from .errors import (ArgumentError, DTypeError, ExecutionError, GradError, ShapeError, VkmlError,
+                     VkmlWarning)
 from .ir import Program, Var, collect, current_serial, dtype_name, format_shape, program_from_dag
 from .ops import api
 from .printer import pp_program
@@ -215,6 +216,7 @@ class Jitted:
             self.traces += 1
         else:
             self.hits += 1
+            STATS.cache_hits += 1   # a call that found its program traced (and compiled) already
         return entry, leaves, in_vars + list(entry.captures)
 
     def __call__(self, *args):
@@ -380,7 +382,7 @@ def scan(step, init, xs, length=None, reverse=False):
     c_vars = [_leaf_var(x, "scan carry") for x in c_leaves]
     for i, (a, b) in enumerate(zip(init_vars, c_vars)):
         if a.shape != b.shape or a.dtype != b.dtype:
-            raise ShapeError(f"scan: carry leaf {i} enters the step as {dtype_name(a.dtype)} "
+            raise (ShapeError if a.shape != b.shape else DTypeError)(f"scan: carry leaf {i} enters the step as {dtype_name(a.dtype)} "
                              f"{format_shape(a.shape)} and leaves it as {dtype_name(b.dtype)} "
                              f"{format_shape(b.shape)}; a carry must keep its shape and dtype "
                              "(cast or reshape it inside the step)")
@@ -918,7 +920,7 @@ def while_loop(cond_fn, body_fn, init, max_iters=None, on_max_iters="warn"):
     b_vars = [_leaf_var(x, "while_loop body") for x in b_leaves]
     for i, (a, b) in enumerate(zip(init_vars, b_vars)):
         if a.shape != b.shape or a.dtype != b.dtype:
-            raise ShapeError(f"while_loop: carry leaf {i} enters as {a.type_str()} and leaves as "
+            raise (ShapeError if a.shape != b.shape else DTypeError)(f"while_loop: carry leaf {i} enters as {a.type_str()} and leaves as "
                              f"{b.type_str()}; a carry must keep its shape and dtype")
     ccaps, bcaps = _captures_of([c_var], cph), _captures_of(b_vars, bph)
     from .transforms.control import while_p

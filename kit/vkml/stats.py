@@ -17,7 +17,8 @@ class Stats:
 
     - ``submissions``: units of work handed to a backend (one per realize).
     - ``compiles``: programs compiled into executables.
-    - ``cache_hits``: realizes that found their executable already compiled.
+    - ``cache_hits``: realizes that found their executable already compiled, and calls of a
+      jitted function that found their program already traced (``f.cache_info()["hits"]``).
     - ``traces``: functions traced into programs (jit, scan steps, kernels).
     - ``derivations``: derived programs made (jvp, vjp, transposes).
     - ``graph_launches``: CUDA graphs launched (the cuda backend: one per submission).

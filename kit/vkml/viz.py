@@ -7,16 +7,28 @@ with :meth:`Diagram.pipe`, and falls back to its text with a one-line hint
 when graphviz's ``dot`` program (or the ``graphviz`` Python package) is
 missing.
 
-- :func:`program_dot`: a Program -- its inputs, constants and values, the
-  fused ``Map``/``Reduce`` nodes the printer shows, and each ``scan`` (or
-  ``call``, ``cond``, ``while``) with its nested step drawn as a cluster.
+- :func:`program_dot`: a Program -- its inputs, constants and values (named
+  as the user named them), the fused ``Map``/``Reduce`` nodes the printer
+  shows, and each ``scan`` (or ``call``, ``cond``, ``while``) with its nested
+  step drawn as a cluster, folded when large; a block the program repeats
+  (an unrolled Python loop) is drawn once and folded.
 - :func:`tensor_dot`: the pending lazy graph behind tensors, drawn WITHOUT
   realizing anything: ops, shapes, the leaves that require grad and the
   values already realized.
-- :func:`derived_dot`: a jitted function's derived programs (``jvp``,
-  ``known``, ``linear``, ``transposed``) side by side with its primal.
+- :func:`derived_dot`: a jitted function's primal and derived programs
+  (``jvp``, ``known``, ``linear``, ``transposed``), one panel each, stacked;
+  each derived equation is marked with the colour of the user equation it
+  comes from, and the residuals the gradient keeps are ringed.
+- :func:`saved_residuals`: what a gradient keeps from its forward pass (a
+  function's residuals, a pending backward's realized values, a Record's
+  copies) as a table with dtype, shape, bytes and source line.
+- :func:`diff`: two programs, with added, removed and changed boxes marked.
 - :func:`graph_dot` and :func:`record_dot`: a graph of kernels and a
   recorded launch (see their docstrings for the attributes they read).
+
+Every picture is at most :data:`MAX_WIDTH_IN` inches (under 1,000 px) wide,
+so it fits a notebook's output area, and carries CSS that keeps it readable
+in a dark colour scheme.
 
 Output is deterministic: the same object gives the same DOT source and the
 same SVG bytes (node ids come from the printer's numbering, and the SVG's
@@ -36,14 +48,25 @@ import numpy as np
 
 from .errors import ArgumentError
 from .ir import Program, Var, collect, dtype_name, format_shape
-from .printer import _number, _param, fused_view, literal, pp_program
+from .printer import (_number, _param, fused_view, literal, pp_program, root_of, site_title,
+                      value_names)
 from .pytree import flatten
 
-__all__ = ["Diagram", "diagram", "program_dot", "tensor_dot", "derived_dot", "graph_dot",
-           "record_dot", "dot_available", "install", "is_graph", "is_record", "derived_pairs"]
+__all__ = ["Diagram", "DerivedDiagram", "diagram", "program_dot", "tensor_dot", "derived_dot",
+           "graph_dot", "record_dot", "dot_available", "install", "is_graph", "is_record",
+           "derived_pairs", "saved_residuals", "Residuals", "diff"]
 
 #: Pictures with more nodes than this show their text instead (dot would take minutes).
 MAX_NODES = 600
+#: A program picture is scaled down to this width in inches (graphviz ``size``): 10.4 in is
+#: 749 pt, just under 1,000 px, so it fits a notebook's output area without a scroll bar.
+MAX_WIDTH_IN = 10.4
+#: A nested program (a scan's step, a cond's branch) with more boxes than this is drawn folded:
+#: one box saying what it holds (``program_dot(prog, unfold=True)`` draws it all).
+FOLD_BOXES = 6
+#: Colours marking which user equation each derived equation comes from (cycled).
+PALETTE = ("#2563eb", "#dc2626", "#059669", "#d97706", "#7c3aed", "#db2777", "#0891b2",
+           "#65a30d", "#9333ea", "#ea580c")
 
 _FONT = "Helvetica,Arial,sans-serif"
 _FILL = {  # one colour per kind of box, shared by every picture
@@ -52,7 +75,25 @@ _FILL = {  # one colour per kind of box, shared by every picture
     "Map": "#fef9c3", "Reduce": "#fde68a", "scan": "#e9d5ff", "op": "#e5e7eb",
     "launch": "#e0f2fe", "skippable": "#fef3c7", "repeat_while": "#ede9fe", "opaque": "#d1d5db",
     "reduce": "#fde68a", "plane": "#ffffff", "copy": "#fee2e2", "current": "#fecaca",
+    "folded": "#f5f3ff", "saved": "#fecdd3", "added": "#bbf7d0", "removed": "#fecaca",
+    "changed": "#fef08a",
 }
+
+#: CSS put into every SVG: in a dark colour scheme the background, edges and labels drawn on it
+#: turn dark/light; boxes keep their light fills and dark text, so every text stays readable.
+#: (JupyterLab shows an SVG output as an image, so its theme variables cannot reach inside; the
+#: picture carries its own background instead.)
+SVG_STYLE = (
+    "<style>"
+    "@media (prefers-color-scheme: dark) {"
+    " g.graph > polygon:first-of-type { fill: #111827; }"
+    " g.graph > text, g.cluster > text, g.edge > text { fill: #f3f4f6; }"
+    " g.edge > path { stroke: #d1d5db; }"
+    " g.edge > polygon { fill: #d1d5db; stroke: #d1d5db; }"
+    " g.cluster > polygon, g.cluster > path { fill: #1f2937; stroke: #9ca3af; }"
+    " g.node text { fill: #111827; }"
+    "}"
+    "</style>")
 
 
 # -- rendering -------------------------------------------------------------------------------
@@ -70,6 +111,7 @@ def dot_available() -> str | None:
 
 _GENERATED_BY = re.compile(rb"<!-- Generated by graphviz[^>]*-->\s*")
 _SVG_ID = re.compile(rb'\bid="([^"]*)"')
+_SVG_OPEN = re.compile(rb"<svg\b[^>]*>")
 
 
 class Diagram:
@@ -107,7 +149,8 @@ class Diagram:
             return out
         out = _GENERATED_BY.sub(b"", out)
         prefix = b"vk" + hashlib.sha256(self.source.encode()).hexdigest()[:10].encode() + b"_"
-        return _SVG_ID.sub(lambda m: b'id="' + prefix + m.group(1) + b'"', out)
+        out = _SVG_ID.sub(lambda m: b'id="' + prefix + m.group(1) + b'"', out)
+        return _SVG_OPEN.sub(lambda m: m.group(0) + SVG_STYLE.encode(), out, count=1)
 
     def svg(self) -> str:
         """The picture as SVG text."""
@@ -140,8 +183,10 @@ class _Dot:
     def __init__(self, **graph_attrs):
         self.lines = []
         self.nodes = 0
+        self.last_node = None
         self._depth = 1
-        attrs = dict(fontname=_FONT, fontsize="10", nodesep="0.25", ranksep="0.3", compound="true")
+        attrs = dict(fontname=_FONT, fontsize="10", nodesep="0.25", ranksep="0.3", compound="true",
+                     size=f"{MAX_WIDTH_IN},1000")   # scaled down to the output width, never up
         attrs.update(graph_attrs)
         self.lines.append(f"  graph [{_attrs(attrs)}]")
         node = dict(fontname=_FONT, fontsize="10", style="filled", fillcolor="#ffffff")
@@ -153,6 +198,7 @@ class _Dot:
 
     def node(self, name, label, **attrs):
         self.nodes += 1
+        self.last_node = name
         self._put(f"{_q(name)} [{_attrs(dict(label=label, **attrs))}]")
 
     def edge(self, a, b, **attrs):
@@ -179,7 +225,8 @@ def _q(text) -> str:
 
 
 def _attrs(attrs) -> str:
-    return ", ".join(f"{k}={_q(v)}" for k, v in attrs.items())
+    return ", ".join(f"{k}=<{v}>" if isinstance(v, _Html) else f"{k}={_q(v)}"
+                     for k, v in attrs.items())
 
 
 def _type(v: Var) -> str:
@@ -204,9 +251,41 @@ def _scan_roles(eqn):
     return ["capture"] * nc + ["init"] * nk + ["xs"] * (len(eqn.inputs) - nc - nk)
 
 
-def _draw_program(d: _Dot, prog: Program, numbers: dict, scope: str):
+class _Marks:
+    """How one picture marks its boxes and values beyond their kind.
+
+    ``colour_of(eqn)``: the border colour matching a derived equation to the user's equation it
+    comes from (None: plain); ``value_fill``: Var -> a fill naming its role (``"saved"`` for a
+    residual); ``box_fill``: id(eqn) -> a fill (``"added"``, ``"removed"``, ``"changed"`` in a
+    diff); ``unfold``: draw every nested program whole.
+    """
+
+    def __init__(self, colour_of=None, value_fill=None, box_fill=None, value_note=None,
+                 unfold=False):
+        self.colour_of = colour_of or (lambda e: None)
+        self.value_fill = value_fill or {}
+        self.value_note = value_note or {}
+        self.box_fill = box_fill or {}
+        self.unfold = unfold
+
+
+def _folded_text(prog, kind, eqn) -> str:
+    """What a folded nested program says: its size, and a scan's step count."""
+    count = _count_eqns(prog)
+    steps = f"{eqn.params['length']} steps of " if kind == "scan" else ""
+    return (f"{steps}{count} equation{'s' * (count != 1)} (folded: "
+            "vkml.viz.program_dot(prog, unfold=True) shows them)")
+
+
+def _count_eqns(prog) -> int:
+    return sum(1 + sum(_count_eqns(p) for p in e.params.values() if isinstance(p, Program))
+               for e in prog.eqns)
+
+
+def _draw_program(d: _Dot, prog: Program, names: dict, scope: str, marks=None, nested=False):
     """Draw ``prog``'s values and boxes with node names under ``scope``; returns its first node."""
-    names = {}
+    marks = marks or _Marks()
+    drawn = {}
     first = []
 
     out_roles = {}
@@ -214,33 +293,83 @@ def _draw_program(d: _Dot, prog: Program, numbers: dict, scope: str):
         out_roles[v] = out_roles.get(v, " out") + ("," if v in out_roles else "") + f" {i}"
 
     def value_node(v, fill, role=""):
-        name = f"{scope}v{numbers[v]}"
-        names[v] = name
-        d.node(name, f"%{numbers[v]}{role}\n{_type(v)}", shape="ellipse", fillcolor=_FILL[fill])
+        name = f"{scope}v{names[v].lstrip('%')}"
+        drawn[v] = name
+        note = marks.value_note.get(v)
+        attrs = {"peripheries": "2", "color": "#be123c"} if v in marks.value_fill else {}
+        title = site_title(v.eqn) if v.eqn is not None else None
+        if title:
+            attrs["tooltip"] = title
+        d.node(name, f"{names[v]}{role}\n{_type(v)}" + (f"\n{note}" if note else ""),
+               shape="ellipse", fillcolor=_FILL[marks.value_fill.get(v, fill)], **attrs)
         first.append(name)
         return name
 
     def ref(v):
-        if v not in names:  # a value from an enclosing program (a capture)
+        if v not in drawn:  # a value from an enclosing program (a capture)
             value_node(v, "input", " (outer)")
-        return names[v]
+        return drawn[v]
 
     for i, v in enumerate(prog.inputs):
         value_node(v, "input", f" in {i}")
-    consts, boxes = fused_view(prog)
+    members = {}
+    consts, boxes = fused_view(prog, members=members)
     for v, value in consts:
         a = np.asarray(value)
         shown = literal(a) if a.ndim == 0 else f"const {dtype_name(a.dtype)} {list(a.shape)}"
-        name = f"{scope}v{numbers[v]}"
-        names[v] = name
-        d.node(name, f"%{numbers[v]} = {shown}", shape="note", fillcolor=_FILL["const"])
+        name = f"{scope}v{names[v].lstrip('%')}"
+        drawn[v] = name
+        d.node(name, f"{names[v]} = {shown}", shape="note", fillcolor=_FILL["const"])
         first.append(name)
 
+    folds = {} if marks.unfold else _repeats(boxes)
+    folded, fold_edges = {}, set()
     for i, (e, kind, text, reads) in enumerate(boxes):
+        if i in folded:              # inside a folded repetition: its box stands for it
+            name = folded[i]
+            for v in reads:
+                src = ref(v)
+                if src != name and (src, name) not in fold_edges:
+                    fold_edges.add((src, name))
+                    d.edge(src, name, style="dashed")
+            for o in e.outputs:
+                drawn[o] = name
+            continue
+        if i in folds:
+            period, times = folds[i]
+            name = f"{scope}fold{i}"
+            d.node(name, f"the {period} box{'es' * (period != 1)} above, {times} more "
+                   f"time{'s' * (times != 1)}\n(folded: program_dot(prog, unfold=True))",
+                   shape="box3d", fillcolor=_FILL["folded"])
+            first.append(name)
+            for k in range(i, i + period * times):
+                folded[k] = name
+            for v in reads:
+                if (ref(v), name) not in fold_edges:
+                    fold_edges.add((ref(v), name))
+                    d.edge(ref(v), name, style="dashed")
+            for o in e.outputs:
+                drawn[o] = name
+            continue
         box = f"{scope}e{i}"
         label = kind + (f"\n{_short(text, 60)}" if text else "")
+        attrs = {}
+        title = site_title(e)
+        if title:
+            attrs["tooltip"] = title
+        colour = marks.colour_of(e)
+        if colour:
+            attrs.update(color=colour, penwidth="2.5")
+            inner_colours = []
+            for m in members.get(id(e), [e]):
+                c = marks.colour_of(m)
+                if c and c not in inner_colours:
+                    inner_colours.append(c)
+            if len(inner_colours) > 1:   # a fused box made of several user equations
+                label = _html_label(label, inner_colours)
+        fill = marks.box_fill.get(id(e)) or kind
         d.node(box, label, shape="box", style="rounded,filled",
-               fillcolor=_FILL.get(kind, _FILL["op"]))
+               fillcolor=_FILL.get(fill, _FILL["op"]), **attrs)
         first.append(box)
         if kind == "scan":
             roles = _scan_roles(e)
@@ -252,53 +381,203 @@ def _draw_program(d: _Dot, prog: Program, numbers: dict, scope: str):
         for o in e.outputs:
             fill = "output" if o in out_roles else "value"
             d.edge(box, value_node(o, fill, out_roles.get(o, "")))
-        nested = [(k, p) for k, p in e.params.items() if isinstance(p, Program)]
-        for k, p in nested:
+        inner = [(k, p) for k, p in e.params.items() if isinstance(p, Program)]
+        for k, p in inner:
             sub = f"{scope}e{i}{k}_"
             title = "step" if kind == "scan" else f"{e.prim.name} {k}"
-            d.open(sub, f"{title} of {kind} %{numbers[e.outputs[0]]}" if e.outputs else title,
-                   bgcolor="#faf5ff" if kind == "scan" else "#f9fafb")
-            anchor = _draw_program(d, p, numbers, sub)
+            heading = f"{title} of {kind} {names[e.outputs[0]]}" if e.outputs else title
+            if not marks.unfold and len(fused_view(p)[1]) > FOLD_BOXES:
+                d.node(sub + "folded", f"{heading}\n{_folded_text(p, kind, e)}", shape="box3d",
+                       fillcolor=_FILL["folded"])
+                d.edge(box, sub + "folded", style="dashed", label=title)
+                continue
+            d.open(sub, heading, bgcolor="#faf5ff" if kind == "scan" else "#f9fafb")
+            anchor = _draw_program(d, p, names, sub, marks, nested=True)
             d.close()
             if anchor is not None:
                 d.edge(box, anchor, lhead="cluster_" + sub, style="dashed", label=title)
     for i, v in enumerate(prog.outputs):
-        if v not in names:  # an input or constant returned as it is
+        if v not in drawn:  # an input or constant returned as it is
             continue
         if v in prog.inputs or any(v is c for c, _ in consts):
             d.node(f"{scope}out{i}", f"out {i}", shape="plaintext", style="")
-            d.edge(names[v], f"{scope}out{i}")
+            d.edge(drawn[v], f"{scope}out{i}")
     return first[0] if first else None
 
 
-def program_dot(prog: Program) -> Diagram:
+#: A run of boxes repeated at least this many times in a row is drawn once and then folded.
+FOLD_REPEATS = 3
+
+
+def _repeats(boxes, longest=8):
+    """``{start: (period, times)}``: where a block of ``period`` boxes computing the same thing
+    (an unrolled Python loop) repeats; the first block is drawn, the next ``times`` folded."""
+    sig = [(kind, text, tuple(v.type_str() for v in reads)) for _, kind, text, reads in boxes]
+    out, i = {}, 0
+    while i < len(sig):
+        best = None
+        for p in range(1, longest + 1):
+            r = 1
+            while sig[i + r * p:i + (r + 1) * p] == sig[i:i + p] and i + (r + 1) * p <= len(sig):
+                r += 1
+            if r >= FOLD_REPEATS and (best is None or p * r > best[0] * best[1]):
+                best = (p, r)
+        if best is None:
+            i += 1
+            continue
+        p, r = best
+        out[i + p] = (p, r - 1)
+        i += p * r
+    return out
+
+
+class _Html(str):
+    """A graphviz HTML-like label: written as ``<...>``, not quoted."""
+
+
+def _html_label(text, colours) -> _Html:
+    """``text``'s lines and one coloured square per user equation fused into the box."""
+    import html
+    lines = "<BR/>".join(html.escape(line) for line in text.split("\n"))
+    dots = " ".join(f'<FONT COLOR="{c}">&#9632;</FONT>' for c in colours)
+    return _Html(f"{lines}<BR/>{dots}")
+
+
+def _names_of(prog, arg_names=None):
+    numbers = {}
+    _number(prog, numbers)
+    return value_names(prog, numbers, arg_names)
+
+
+def program_dot(prog: Program, unfold: bool = False, arg_names=None, _marks=None) -> Diagram:
     """A Program as a picture: inputs (blue), constants (notes), values, fused Map/Reduce boxes,
     outputs (green), and each scan's step (or call's program) as a cluster beside its box.
 
-    Values are numbered as ``print(prog)`` numbers them, so the picture and
-    the text can be read side by side; the text form is ``pp_program(prog)``.
+    Values are named as ``print(prog)`` names them (the user's variable, else ``%n``), so the
+    picture and the text can be read side by side; hovering a box shows the source line that
+    made it.  A nested program of more than :data:`FOLD_BOXES` boxes is drawn folded unless
+    ``unfold=True``; the picture is scaled to at most :data:`MAX_WIDTH_IN` inches wide.
+    ``arg_names`` names the inputs (a traced function's parameters).
     """
     if not isinstance(prog, Program):
         raise ArgumentError(f"program_dot: expected a vkml Program, got {type(prog).__name__}; "
                             "get one with vkml.program(f, *args) or f.programs()")
     d = _Dot()
-    numbers = {}
-    _number(prog, numbers)
-    _draw_program(d, prog, numbers, "p_")
-    return Diagram("program", d.source(), pp_program(prog), d.nodes)
+    marks = _marks or _Marks(unfold=unfold)
+    marks.unfold = marks.unfold or unfold
+    _draw_program(d, prog, _names_of(prog, arg_names), "p_", marks)
+    return Diagram("program", d.source(), pp_program(prog, arg_names=arg_names), d.nodes)
 
 
 #: The order derived programs are drawn in, after the primal (other names follow, sorted).
 DERIVED_ORDER = ("jvp", "known", "linear", "transposed")
 
 
-def derived_dot(primal, derived=None) -> Diagram:
-    """A primal Program and its derived programs side by side, one cluster each, in one picture.
+class DerivedDiagram(Diagram):
+    """A primal Program and its derived programs: one panel each, stacked top to bottom.
+
+    It draws as ONE picture (the panels stacked, scaled to the output width); ``panels`` is the
+    list of ``(name, Diagram)`` to draw one at a time, and :meth:`panel` picks one by name.
+    Each user equation has a colour; the jvp, linear and transposed equations made from it have
+    a border of the same colour, and the values the gradient saves (residuals) are ringed red.
+    """
+
+    def __init__(self, source, text, nodes, panels, residuals=None):
+        super().__init__("derived programs", source, text, nodes)
+        self.panels = panels
+        self.residuals = residuals
+
+    def pipe(self, format: str = "svg") -> bytes:
+        """SVG: the panels' own pictures stacked top to bottom in one SVG (each within the
+        output width); other formats render the panels as clusters of one graph."""
+        if format != "svg":
+            return super().pipe(format)
+        parts = [diagram_.pipe("svg") for _, diagram_ in self.panels]
+        return _stack_svgs(parts)
+
+    def panel(self, name) -> Diagram:
+        for n, diagram_ in self.panels:
+            if n == name:
+                return diagram_
+        raise ArgumentError(f"DerivedDiagram.panel: no panel {name!r}; the panels are "
+                            f"{', '.join(n for n, _ in self.panels)}")
+
+
+_SVG_SIZE = re.compile(rb'<svg width="([\d.]+)pt" height="([\d.]+)pt"')
+_SVG_BODY = re.compile(rb"<svg\b[^>]*>(.*)</svg>\s*$", re.S)
+_VIEWBOX = re.compile(rb'viewBox="([^"]*)"')
+
+
+def _stack_svgs(parts, gap=12.0) -> bytes:
+    """Several graphviz SVGs as one, top to bottom: each keeps its own size and viewBox."""
+    width = height = 0.0
+    inner = []
+    for svg in parts:
+        w, h = (float(x) for x in _SVG_SIZE.search(svg).groups())
+        box = _VIEWBOX.search(svg).group(1)
+        body = _SVG_BODY.search(svg).group(1)
+        inner.append(b'<svg x="0" y="%s" width="%spt" height="%spt" viewBox="%s">%s</svg>'
+                     % (_num(height), _num(w), _num(h), box, body))
+        width, height = max(width, w), height + h + gap
+    height -= gap if parts else 0
+    head = (b'<?xml version="1.0" encoding="UTF-8" standalone="no"?>\n'
+            b'<svg width="%spt" height="%spt" viewBox="0 0 %s %s" '
+            b'xmlns="http://www.w3.org/2000/svg" xmlns:xlink="http://www.w3.org/1999/xlink">\n'
+            % (_num(width), _num(height), _num(width * 1.0), _num(height * 1.0)))
+    return head + SVG_STYLE.encode() + b"\n".join(inner) + b"\n</svg>\n"
+
+
+def _num(x) -> bytes:
+    return (b"%d" % x) if float(x).is_integer() else (b"%.2f" % x)
+
+
+def _colours_for(primal: Program):
+    """``colour_of(eqn)``: the colour of the user equation (of ``primal``) an equation comes from.
+
+    A derived program is cached by structure, so its equations may come from an equal program
+    traced earlier: a root not found by identity is matched by source line and primitive.
+    """
+    index, by_site = {}, {}
+
+    def number(prog):
+        for e in prog.eqns:
+            i = index[id(e)] = len(index)
+            by_site.setdefault((e.where, e.prim.name), i)
+            for p in e.params.values():
+                if isinstance(p, Program):
+                    number(p)
+    number(primal)
+
+    def colour_of(e):
+        root, _ = root_of(e)
+        i = index.get(id(root))
+        if i is None:
+            i = by_site.get((root.where, root.prim.name))
+        return None if i is None else PALETTE[i % len(PALETTE)]
+    return colour_of
+
+
+def _residual_split(primal, named):
+    """``(residual outputs of known, residual inputs of linear/transposed)`` of derived programs."""
+    jvp, known, linear = named.get("jvp"), named.get("known"), named.get("linear")
+    if jvp is None or known is None or linear is None:
+        return [], []
+    n_tangent = len(jvp.inputs) - len(primal.inputs)
+    n_res = len(linear.inputs) - n_tangent
+    if n_res <= 0:
+        return [], []
+    return list(known.outputs[-n_res:]), n_res
+
+
+def derived_dot(primal, derived=None, unfold: bool = False, arg_names=None) -> DerivedDiagram:
+    """A primal Program and its derived programs, one panel each, stacked vertically.
 
     ``derived_dot(f)`` takes a jitted function (or anything with
     ``programs()`` and ``derived_programs()``) and draws its most recently
     derived key; ``derived_dot(primal, {"jvp": p1, "transposed": p2, ...})``
     draws the given programs.  Only programs named by strings are drawn.
+    Equations are coloured by the user equation they come from; the residuals
+    (what the known part saves for the backward) are ringed in red.
     """
     if derived is None:
         pairs = derived_pairs(primal)
@@ -306,6 +585,8 @@ def derived_dot(primal, derived=None) -> Diagram:
             raise ArgumentError("derived_dot: this function has no derived programs yet; take a "
                                 "derivative first (vkml.grad(f)(x), vkml.jvp, vkml.vjp or "
                                 "vkml.linearize)")
+        if arg_names is None:
+            arg_names = _arg_names(primal)
         primal, derived = pairs[-1]
     if not isinstance(primal, Program):
         raise ArgumentError(f"derived_dot: expected a Program or a jitted function, got "
@@ -313,16 +594,52 @@ def derived_dot(primal, derived=None) -> Diagram:
     named = {k: v for k, v in derived.items() if isinstance(k, str) and isinstance(v, Program)}
     order = [k for k in DERIVED_ORDER if k in named]
     order += sorted(k for k in named if k not in DERIVED_ORDER)
+    colour_of = _colours_for(primal)
+    saved, n_res = _residual_split(primal, named)
+    rows = _residual_rows(saved, named["known"], arg_names) if saved else []
     d = _Dot()
-    texts = []
+    texts, panels, anchors = [], [], []
     for i, (name, prog) in enumerate([("primal", primal)] + [(k, named[k]) for k in order]):
-        numbers = {}
-        _number(prog, numbers)
+        names = _names_of(prog, arg_names if name in ("primal", "jvp", "known") else None)
+        value_fill, value_note = {}, {}
+        if saved and name == "known":
+            for v in saved:
+                value_fill[v] = "saved"
+            for v, row in zip(saved, rows):
+                value_note[v] = f"saved: {row['bytes']:,} B"
+        elif saved and name in ("linear", "transposed"):
+            for v in prog.inputs[:n_res]:
+                value_fill[v] = "saved"
+        marks = _Marks(colour_of, value_fill, value_note=value_note, unfold=unfold)
         d.open(f"d{i}", name, bgcolor="#ffffff" if i else "#f0f9ff", fontsize="12")
-        _draw_program(d, prog, numbers, f"d{i}_")
+        anchors.append((_draw_program(d, prog, names, f"d{i}_", marks), d.last_node))
         d.close()
-        texts.append(f"{name}:\n{pp_program(prog)}")
-    return Diagram("derived programs", d.source(), "\n\n".join(texts), d.nodes)
+        one = _Dot(label=name, labelloc="t", fontsize="12")
+        _draw_program(one, prog, names, f"d{i}_", marks)
+        text = pp_program(prog, arg_names=arg_names if name in ("primal", "jvp", "known")
+                          else None)
+        panels.append((name, Diagram(f"{name} program", one.source(), text, one.nodes)))
+        texts.append(f"{name}:\n{text}")
+    for (_, last), (nxt, _) in zip(anchors, anchors[1:]):
+        if last is not None and nxt is not None:   # stack the panels top to bottom
+            d.edge(last, nxt, style="invis", weight="10")
+    residuals = Residuals("derived program", rows) if saved else None
+    if residuals is not None:
+        texts.append(residuals.text())
+    return DerivedDiagram(d.source(), "\n\n".join(texts), d.nodes, panels, residuals)
+
+
+def _arg_names(fn):
+    """The parameter names of a jitted function's Python function (None if not plain)."""
+    import inspect
+    target = getattr(fn, "fn", None)
+    try:
+        params = list(inspect.signature(target).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params):
+        return None
+    return [p.name for p in params]
 
 
 def derived_pairs(fn):
@@ -334,6 +651,210 @@ def derived_pairs(fn):
                             f"{type(fn).__name__}")
     return [(p, dv) for p, dv in zip(programs(), derived())
             if any(isinstance(k, str) and isinstance(v, Program) for k, v in dv.items())]
+
+
+# -- what the gradient keeps -----------------------------------------------------------------
+
+def _nbytes(v) -> int:
+    n = np.dtype(v.dtype).itemsize
+    for s in v.shape:
+        n *= s
+    return n
+
+
+def _made_by(v, prog=None) -> str:
+    """The source line that made a value (``file.py:3: h = vkml.tanh(w)``), or what it is."""
+    if prog is not None and v in prog.inputs:
+        return f"input {prog.inputs.index(v)} (kept as it is)"
+    if v.eqn is None:
+        return "a constant"
+    return site_title(v.eqn) or f"{v.eqn.prim.name} (no source line)"
+
+
+def _residual_rows(vars_, prog=None, arg_names=None):
+    names = _names_of(prog, arg_names) if prog is not None else {}
+    return [{"value": names.get(v, "?"), "dtype": dtype_name(v.dtype),
+             "shape": format_shape(v.shape), "bytes": _nbytes(v), "made by": _made_by(v, prog)}
+            for v in vars_]
+
+
+class Residuals:
+    """What a gradient keeps from its forward pass: one row per saved value and the total.
+
+    ``rows`` are dicts with ``value``, ``dtype``, ``shape``, ``bytes`` and ``made by`` (the
+    source line that made it); ``total`` is the sum of ``bytes``.  Shows as an HTML table in a
+    notebook and as aligned text elsewhere.
+    """
+
+    COLUMNS = ("value", "dtype", "shape", "bytes", "made by")
+
+    def __init__(self, what: str, rows):
+        self.what = what
+        self.rows = list(rows)
+        self.total = sum(r["bytes"] for r in self.rows)
+
+    def __len__(self):
+        return len(self.rows)
+
+    def text(self) -> str:
+        head = (f"what the gradient keeps ({self.what}): {len(self.rows)} value"
+                f"{'s' * (len(self.rows) != 1)}, {self.total:,} bytes")
+        cells = [list(self.COLUMNS)] + [[f"{r[c]:,}" if c == "bytes" else str(r[c])
+                                         for c in self.COLUMNS] for r in self.rows]
+        widths = [max(len(row[i]) for row in cells) for i in range(len(self.COLUMNS))]
+        lines = [head] + ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()
+                          for row in cells]
+        return "\n".join(lines)
+
+    def __repr__(self):
+        return self.text()
+
+    def _repr_html_(self):
+        import html
+        head = "".join(f"<th>{c}</th>" for c in self.COLUMNS)
+        body = "".join("<tr>" + "".join(
+            f"<td>{r[c]:,}</td>" if c == "bytes" else f"<td>{html.escape(str(r[c]))}</td>"
+            for c in self.COLUMNS) + "</tr>" for r in self.rows)
+        return (f'<table class="vkml-residuals"><caption>what the gradient keeps '
+                f"({html.escape(self.what)})</caption><tr>{head}</tr>{body}"
+                f"<tr><th>total</th><td></td><td></td><th>{self.total:,}</th><td></td></tr>"
+                "</table>")
+
+
+def saved_residuals(obj, *args) -> Residuals:
+    """What a gradient keeps from the forward pass, as a table (dtype, shape, bytes, source line).
+
+    - ``saved_residuals(f, *args)``: ``f`` a function (jitted or not); its gradient with
+      respect to every floating argument is derived (nothing runs) and the values the known
+      part hands to the backward are listed.
+    - ``saved_residuals(loss)``: a Tensor; the realized values its pending backward keeps alive.
+    - ``saved_residuals(record)``: a Record; the planes it copied before an overwrite.
+    """
+    from .tensor import Tensor
+    if is_record(obj):
+        return _record_residuals(obj)
+    if isinstance(obj, Tensor):
+        if args:
+            raise ArgumentError("saved_residuals: a Tensor takes no arguments")
+        return _lazy_residuals(obj)
+    if not callable(obj):
+        raise ArgumentError(f"saved_residuals: expected a function with its arguments, a Tensor "
+                            f"or a Record, got {type(obj).__name__}")
+    from .programs import Jitted, _vjp_parts, jit
+    fn = obj if isinstance(obj, Jitted) else jit(obj)
+    entry, _, in_vars = fn._lookup(args)
+    n_args = len(in_vars) - len(entry.captures)
+    flags = [v.dtype.kind == "f" for v in in_vars[:n_args]] + [False] * len(entry.captures)
+    if not any(flags):
+        raise ArgumentError("saved_residuals: no floating argument to differentiate")
+    known, _, _, _, n_res = _vjp_parts(fn, entry, flags, len(entry.program.outputs))
+    saved = list(known.outputs[len(known.outputs) - n_res:]) if n_res else []
+    rows = _residual_rows(saved, known, _arg_names(fn))
+    return Residuals(f"gradient of {getattr(fn, '__name__', 'f')}", rows)
+
+
+def _lazy_residuals(t) -> Residuals:
+    """The realized values in ``t``'s history: what its backward reads and keeps alive."""
+    _, eqns = collect([t.ir_var], is_leaf=lambda v: False)
+    seen, rows = set(), []
+    for e in eqns:
+        for v in e.outputs:
+            if v.value is not None and v not in seen:
+                seen.add(v)
+                rows.append({"value": f"{e.prim.name} result", "dtype": dtype_name(v.dtype),
+                             "shape": format_shape(v.shape), "bytes": _nbytes(v),
+                             "made by": _made_by(v)})
+    return Residuals("pending backward of a tensor", rows)
+
+
+def _record_saved_rows(record):
+    """One row per plane version a Record copied (read from ``record.saved`` where it has one)."""
+    rows = []
+    saved = getattr(record, "saved", None)
+    if isinstance(saved, dict) and hasattr(record, "graph") and hasattr(record, "planes"):
+        for (pid, version), a in saved.items():
+            name = record.graph.plane_name(record.planes[pid])
+            rows.append({"value": name, "dtype": dtype_name(a.dtype),
+                         "shape": format_shape(a.shape), "bytes": int(a.nbytes),
+                         "made by": f"copied before overwrite (version {version})"})
+    return rows
+
+
+def _record_residuals(record) -> Residuals:
+    rows = _record_saved_rows(record)
+    extra = int(getattr(record, "nbytes", 0)) - sum(r["bytes"] for r in rows)
+    if extra > 0:
+        rows.append({"value": "checkpoints and kept planes", "dtype": "-", "shape": "-",
+                     "bytes": extra, "made by": "repeat_while checkpoints / keep()"})
+    return Residuals(f"Record of generation {record.generation}", rows)
+
+
+# -- differences between programs ------------------------------------------------------------
+
+def _as_program(obj, what):
+    from .programs import Jitted
+    if isinstance(obj, Program):
+        return obj
+    if isinstance(obj, Jitted) and obj.programs():
+        return obj.programs()[-1]
+    raise ArgumentError(f"diff: {what} must be a Program or a jitted function that has been "
+                        f"called, got {type(obj).__name__}; get a Program with "
+                        "vkml.program(f, *args)")
+
+
+def _box_signature(box, names):
+    """What a box computes, without the names of its values: two versions of a function that
+    compute the same thing the same way have equal signatures."""
+    e, kind, text, reads = box
+    return (kind, text, tuple(v.type_str() for v in reads), tuple(v.type_str() for v in e.outputs))
+
+
+def diff(a, b, labels=("before", "after")) -> Diagram:
+    """Two programs drawn one above the other with what changed marked.
+
+    ``a`` and ``b`` are Programs or jitted functions (their latest program): two versions of a
+    function, or a program and one of its derived programs.  Boxes are matched in order by what
+    they compute; a box only in ``a`` is red (removed), only in ``b`` green (added), and a box
+    in the same place computing something else yellow (changed).  The text form is a unified
+    diff of the printed programs.
+    """
+    import difflib
+    pa, pb = _as_program(a, "the first program"), _as_program(b, "the second program")
+    na, nb = _names_of(pa), _names_of(pb)
+    boxes_a, boxes_b = fused_view(pa)[1], fused_view(pb)[1]
+    sig_a = [_box_signature(x, na) for x in boxes_a]
+    sig_b = [_box_signature(x, nb) for x in boxes_b]
+    fill_a, fill_b = {}, {}
+    counts = {"removed": 0, "added": 0, "changed": 0}
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, sig_a, sig_b,
+                                                       autojunk=False).get_opcodes():
+        if tag == "equal":
+            continue
+        paired = min(i2 - i1, j2 - j1) if tag == "replace" else 0
+        for k in range(i1, i2):
+            mark = "changed" if k - i1 < paired else "removed"
+            fill_a[id(boxes_a[k][0])] = mark
+            counts[mark] += 1
+        for k in range(j1, j2):
+            mark = "changed" if k - j1 < paired else "added"
+            fill_b[id(boxes_b[k][0])] = mark
+            counts[mark] += 0 if mark == "changed" else 1
+    summary = (f"{counts['added']} added, {counts['removed']} removed, "
+               f"{counts['changed']} changed")
+    d = _Dot(label=f"diff: {summary}", labelloc="t", fontsize="12")
+    anchors = []
+    for i, (label, prog, names, fills) in enumerate([(labels[0], pa, na, fill_a),
+                                                     (labels[1], pb, nb, fill_b)]):
+        d.open(f"diff{i}", label, bgcolor="#ffffff")
+        anchors.append((_draw_program(d, prog, names, f"diff{i}_", _Marks(box_fill=fills)),
+                        d.last_node))
+        d.close()
+    if anchors[0][1] is not None and anchors[1][0] is not None:
+        d.edge(anchors[0][1], anchors[1][0], style="invis")
+    text_a, text_b = pp_program(pa).splitlines(), pp_program(pb).splitlines()
+    lines = list(difflib.unified_diff(text_a, text_b, labels[0], labels[1], lineterm="", n=2))
+    text = f"diff: {summary}\n" + ("\n".join(lines) if lines else "(the programs print the same)")
+    return Diagram("program diff", d.source(), text, d.nodes)
 
 
 # -- lazy tensor graphs ----------------------------------------------------------------------
@@ -380,6 +901,8 @@ def _leaf_note(v) -> str:
     notes = ["realized" if v.value is not None else "traced placeholder"]
     if _requires_grad(v):
         notes.append("requires grad")
+    if v.value is not None and v.eqn is not None:   # a realized value a backward will read
+        notes.append(f"kept for backward, {_nbytes(v):,} B")
     return ", ".join(notes)
 
 
@@ -527,11 +1050,15 @@ def record_dot(record, current=None) -> Diagram:
         d.close()
     if names:
         d.edge(f"forward {len(names) - 1}", "reverse 0", label="reverse", style="dotted")
+    sizes = {}
+    for row in _record_saved_rows(record):
+        sizes[row["value"]] = sizes.get(row["value"], 0) + row["bytes"]
     if copied:
         d.open("copied", "copied before an overwrite")
         for p in copied:
             flag = "" if p not in bitwise else ("\nbitwise" if bitwise[p] else "\nnot bitwise")
-            d.node(f"copy {p}", p + flag, shape="note", fillcolor=_FILL["copy"])
+            size = f"\n{sizes[p]:,} B" if p in sizes else ""
+            d.node(f"copy {p}", p + flag + size, shape="note", fillcolor=_FILL["copy"])
         d.close()
     lines = [f"Record {_record_state(record)}",
              f"  launch order: {', '.join(names) or '-'}",
@@ -571,7 +1098,7 @@ def diagram(obj) -> Diagram:
         if not progs:
             raise ArgumentError(f"diagram: {obj!r} has not been traced yet; call it once, or draw "
                                 "vkml.program(f, *args)")
-        return program_dot(progs[-1])
+        return program_dot(progs[-1], arg_names=_arg_names(obj))
     if is_record(obj):
         return record_dot(obj)
     if is_graph(obj):

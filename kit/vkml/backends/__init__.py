@@ -21,7 +21,29 @@ def backend_info() -> dict:
     from . import cuda
     info = _backend_info()
     info["cuda"] = cuda.describe()
+    reason = cuda_unavailable()
+    if reason is not None:  # listed only where it can run; "cuda" above says what is missing
+        info["available"] = [n for n in info["available"] if n != "cuda"]
+        info["unavailable"] = {"cuda": reason}
     return info
+
+
+def cuda_unavailable():
+    """Why the cuda backend cannot run here (None when it may): PyCUDA, cuda-bindings or the
+    NVIDIA driver missing.  Found without importing PyCUDA, so ``vkml.backend_info()`` stays
+    cheap; a backend already started is available."""
+    from . import base, cuda
+    if "cuda" in base._INSTANCES:
+        return None
+    if cuda._PROBE[0] is None:
+        cuda._PROBE[0] = cuda._probe()
+    found = cuda._PROBE[0]
+    missing = [part.split(":")[0] for part in found.split("; ")
+               if part.endswith("not installed") or part.endswith("not found")]
+    missing = [m for m in missing if m != "nvcc"]   # a cubin cache can run without the compiler
+    if not missing:
+        return None
+    return f"missing {', '.join(missing)} (install vkml[cuda] on a machine with an NVIDIA GPU)"
 
 
 __all__ = ["STATS", "Backend", "ExecutionFailure", "Stats", "backend_info", "current",

@@ -53,8 +53,10 @@ from .codegen.c_render import ALLOCATION_FAILED, render
 from .codegen.lower import Lowering, Unsupported
 from .numpy_backend import compile_program as compile_numpy
 
+# -fwrapv: signed integer overflow wraps, as NumPy's integers do (without it -x of INT_MIN is
+# undefined behaviour, and the optimiser folds ``-x < 0`` to true).
 FLAGS = ["-O2", "-pipe", "-fPIC", "-shared", "-std=c99", "-ffp-contract=off", "-fno-fast-math",
-         "-fno-strict-aliasing", "-fno-math-errno"]
+         "-fno-strict-aliasing", "-fno-math-errno", "-fwrapv"]
 
 
 def compiler():

@@ -410,7 +410,7 @@ class Reverse:
                 if bad:
                     raise RefusedError(f"reverse(strict=True): the gradients of {bad} are scatter-adds "
                                        "across samples (a table read by index), which are not bitwise; "
-                                       "pass strict=False, or leave them out with wrt=")
+                                       "pass strict=False, or leave them out by naming only the other inputs in wrt")
             graph = record.graph
             with graph._lock:                  # no launch can start (or be under way) while we read
                 if graph._launching and not record.kept:
@@ -530,6 +530,10 @@ def reverse(record, seeds, *, wrt=None, vjps=None, strict=False):
                            "on a function for higher orders")
     if isinstance(record, SimulationRecord):
         return Reverse(record.simulation, vjps=vjps, strict=strict)(record, seeds, wrt=wrt)
+    if record is None:
+        raise ArgumentError("reverse: there is no Record (graph.record is None): build the graph "
+                            "with graph.build(record=True) and launch() it, then reverse "
+                            "graph.record")
     if not isinstance(record, Record):
         raise ArgumentError(f"reverse: expected a Record (graph.record after launch()), got "
                             f"{type(record).__name__}")

@@ -476,7 +476,9 @@ class Simulation:
     # -- reverse ------------------------------------------------------------------------------
     def check_reversible(self, vjps):
         if not self.record_mode:
-            raise ArgumentError("Reverse: the simulation was made without record=True")
+            raise ArgumentError("Reverse: the simulation was made without record=True, so it kept "
+                                "nothing to reverse; make it with vkml.simulation(..., "
+                                "record=True) and run it again")
         for node in self.nodes:
             fn = vjps.get(node.name)
             if fn is None:
@@ -518,7 +520,7 @@ class Simulation:
                 raise RefusedError(f"reverse(strict=True): the gradients of {bad} in "
                                    f"{self.launch.kernel.name} are scatter-adds across samples (a "
                                    "table read by index), which are not bitwise; pass strict=False, "
-                                   "or leave them out with wrt=")
+                                   "or leave them out by naming only the other inputs in wrt")
         launch = self.launch
         ct0 = {}
         for name, seed in seeds.items():

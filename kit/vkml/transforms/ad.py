@@ -18,7 +18,7 @@ run.
 from __future__ import annotations
 
 from ..errors import GradError
-from ..ir import Program, Var, program_from_dag
+from ..ir import Program, Var, current_serial, program_from_dag
 from ..stats import STATS
 from ..threadsafe import Cache
 from ..ops import Linear, api, rebind
@@ -31,6 +31,42 @@ def _placeholder(v):
 
 def _as_list(outs, prim):
     return outs if prim.multiple_results else [outs]
+
+
+def _origin(eqn, role=None):
+    """``(primal equation, role)`` for what a transform makes from ``eqn`` (see ``Eqn.origin``)."""
+    root, was = eqn.origin if eqn.origin is not None else (eqn, "primal")
+    return root, role or was
+
+
+def _tag(vars_, since, origin):
+    """Mark the equations made since serial ``since`` under ``vars_`` as coming from ``origin``.
+
+    Only new equations are walked (the walk stops at older Vars), so this costs what the
+    transform itself made; it is what pictures use to match derived equations to the user's.
+    """
+    stack = [v for v in vars_ if isinstance(v, Var)]
+    while stack:
+        v = stack.pop()
+        e = v.eqn
+        if e is None or v.serial < since or e.origin is not None:
+            continue
+        e.origin = origin
+        stack.extend(e.inputs)
+        for p in e.params.values():          # a derived scan's step: what no rule tagged
+            if isinstance(p, Program):
+                _tag_nested(p, since, origin)
+
+
+def _tag_nested(prog, since, origin):
+    """Tag the equations of a nested program made since ``since`` (a user's step, or a step
+    derived earlier and cached, is left as it is)."""
+    for e in prog.eqns:
+        if e.origin is None and e.outputs and e.outputs[0].serial >= since:
+            e.origin = origin
+        for p in e.params.values():
+            if isinstance(p, Program):
+                _tag_nested(p, since, origin)
 
 
 def jvp_program(prog: Program, has_tangent) -> Program:
@@ -49,8 +85,10 @@ def jvp_program(prog: Program, has_tangent) -> Program:
         if h:
             tenv[v] = next(it)
     for eqn in prog.eqns:
+        since = current_serial()
         ins = [env.get(v, v) for v in eqn.inputs]
         outs = _as_list(rebind(eqn, ins), eqn.prim)
+        _tag(outs, since, _origin(eqn))
         env.update(zip(eqn.outputs, outs))
         tins = [tenv.get(v) for v in eqn.inputs]
         if any(t is not None for t in tins):
@@ -58,6 +96,7 @@ def jvp_program(prog: Program, has_tangent) -> Program:
                 raise GradError(f"{eqn.prim.name} has no derivative (op {eqn.describe()}); "
                                 "wrap it in vkml.stop_gradient if its value is all you need")
             touts = eqn.prim.jvp(ins, tins, outs, **eqn.params)
+            _tag(touts, since, _origin(eqn, "tangent"))
             for o, t in zip(eqn.outputs, touts):
                 if t is not None:
                     tenv[o] = t
@@ -128,6 +167,7 @@ def partial_eval(prog: Program, unknown_inputs, instantiate=None, invariant=None
         return r
 
     for eqn in prog.eqns:
+        since = current_serial()
         flags = [v in uenv for v in eqn.inputs]
         if not any(flags):
             outs = _as_list(rebind(eqn, [kenv.get(v, v) for v in eqn.inputs]), eqn.prim)
@@ -147,6 +187,8 @@ def partial_eval(prog: Program, unknown_inputs, instantiate=None, invariant=None
             ins = [uenv[v] if f else to_unknown(kenv.get(v, v)) for v, f in zip(eqn.inputs, flags)]
             outs = _as_list(rebind(eqn, ins), eqn.prim)
             uenv.update(zip(eqn.outputs, outs))
+        _tag([kenv.get(o) for o in eqn.outputs] + [uenv.get(o) for o in eqn.outputs], since,
+             _origin(eqn))
     out_unknown = [v in uenv or inst for v, inst in zip(prog.outputs, instantiate)]
     known_outs = [kenv.get(v, v) for v, u in zip(prog.outputs, out_unknown) if not u]
     unknown_outs = [uenv[v] if v in uenv else to_unknown(kenv.get(v, v))
@@ -179,7 +221,9 @@ def transpose_program(lin: Program, linear_inputs) -> Program:
             lin_eqns.append(eqn)
             linear.update(eqn.outputs)
         else:
+            since = current_serial()
             outs = _as_list(rebind(eqn, [env.get(v, v) for v in eqn.inputs]), eqn.prim)
+            _tag(outs, since, _origin(eqn))
             env.update(zip(eqn.outputs, outs))
     # Backward: cotangents flow from the outputs to the linear inputs.
     ct = {}
@@ -199,11 +243,14 @@ def transpose_program(lin: Program, linear_inputs) -> Program:
                             f"transposed (op {eqn.describe()}); this is a bug in its JVP rule")
         cts_out = [api.zeros(o.shape, o.dtype, o.device) if c is None else c
                    for o, c in zip(eqn.outputs, cts_out)]
+        since = current_serial()
         args = [Linear(v) if v in linear else env.get(v, v) for v in eqn.inputs]
         cts = eqn.prim.transpose(cts_out, *args, **eqn.params)
         for v, c in zip(eqn.inputs, cts):
             if c is not None and v in linear:
                 accumulate(v, c)
+        _tag(list(cts_out) + [ct[v] for v in eqn.inputs if v in ct], since,
+             _origin(eqn, "cotangent"))
     outs = []
     for v, l in zip(lin.inputs, linear_inputs):
         if l:

@@ -21,5 +21,7 @@ def inline(prog, args):
         outs = rebind(eqn, [env.get(v, v) for v in eqn.inputs])
         if not eqn.prim.multiple_results:
             outs = [outs]
+        if eqn.origin is not None and outs:   # a derived equation stays matched to its primal
+            outs[0].eqn.origin = eqn.origin
         env.update(zip(eqn.outputs, outs))
     return [env.get(v, v) for v in prog.outputs]

@@ -267,8 +267,9 @@ class Lowering:
     def _lower_argmax(self, e, env, targets):
         x, out = e.inputs[0], e.outputs[0]
         axis = e.params["axis"]
-        if x.shape[axis] == 0 and out.size:
-            # NumPy refuses an empty axis; the backend runs the program there, for its error
+        if x.shape[axis] == 0:
+            # NumPy refuses an empty axis (even into an empty result); the backend runs the
+            # program there, for its error
             raise Unsupported("argmax over an empty axis")
         oidx = [self.fresh("i") for _ in out.shape]
         r = self.fresh("r")
