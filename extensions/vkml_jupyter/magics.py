@@ -184,7 +184,7 @@ def _jit_counters() -> dict:
     """id -> (jitted function, its counters), for every function vkml.jit has made."""
     from vkml import programs
     out = {}
-    for j in list(programs._JITTED.values()):
+    for j in programs.live_jitted():
         if getattr(j.fn, "__module__", "") .startswith("vkml."):
             continue  # the library's own helpers are not what the user called
         out[id(j)] = (j, (j.traces, j.hits, j.derivations))

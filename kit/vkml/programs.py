@@ -200,6 +200,7 @@ class Jitted:
             self.__name__ = type(fn).__name__
         for name in (_OWN_JIT, _OWN_CALLER):    # update_wrapper copied fn's __dict__: not ours
             self.__dict__.pop(name, None)
+        _LIVE.add(self)
 
     def _lookup(self, args):
         leaves, in_tree, in_vars = _flat_args(args)
@@ -259,6 +260,13 @@ class Jitted:
 
 #: jitted functions of callables that cannot hold their own (see _cached_jit)
 _JITTED = weakref.WeakKeyDictionary()
+#: every jitted function alive (weakly: it goes with its function)
+_LIVE = weakref.WeakSet()
+
+
+def live_jitted() -> list:
+    """Every jitted function alive now (what the ``%%vkml`` magic watches to see which ran)."""
+    return list(_LIVE)
 
 
 def jit(fn=None, static_argnums=None):
