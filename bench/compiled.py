@@ -7,23 +7,28 @@
 3. A chain of 1000 elementwise ops on a 16-element array: time per op on the cpu tier (one fused
    loop), the numpy backend and plain NumPy, against NumPy's ~0.26 us dispatch floor.
 
-All on one thread; medians after warm-up (compiles excluded).  Ratios are vkml / peer.
+One thread, the process pinned to one CPU; the sides interleaved in rounds, each side's time the
+minimum over rounds of its per-round median (``_timing.py`` says why); compiles happen before
+anything is timed.  Ratios are vkml / peer.  JAX is optional: without it its rows are left out.
+
+    python bench/compiled.py [--quick]     (--quick: 10^4 rows, 10^3 pendulum steps, fewer rounds)
+
+``ab_workloads`` hands vkml's sides alone to ``bench/ab.py`` (one revision against another).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import interleave, pin, print_table, sampler  # noqa: E402
+
+if __name__ == "__main__":        # before NumPy and JAX load their thread pools
+    PINNED = pin()
 
 import numpy as np  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(__file__))
-from _timing import median_seconds, print_table  # noqa: E402
 
 import vkml  # noqa: E402
 
@@ -31,8 +36,12 @@ try:
     import jax
     import jax.numpy as jnp
     jax.config.update("jax_enable_x64", True)
-except ImportError:  # pragma: no cover - optional peer
+except ImportError:  # optional peer
     jax = None
+
+#: sizes, rounds of the interleaving and repetitions per round; --quick takes the second
+FULL = {"rows": (10_000, 100_000), "steps": 10_000, "rounds": 7}
+QUICK = {"rows": (10_000,), "steps": 1_000, "rounds": 5}
 
 
 def running_sum(lib, scan):
@@ -70,88 +79,119 @@ def pendulum_loss(lib, scan, steps):
     return f
 
 
-def section_scan():
-    for n in (10_000, 100_000):
+def on(backend, fn, reps):
+    """A sampler of a vkml side: its backend selected (untimed) before every repetition."""
+    return sampler(fn, reps=reps, between=lambda: vkml.set_backend(backend))
+
+
+def vkml_scan(backend, xs):
+    vkml.set_backend(backend)
+    vg = vkml.value_and_grad(vkml.jit(running_sum(vkml, vkml.scan)))
+    return lambda: vg(xs)[1].numpy()
+
+
+def vkml_pendulum(steps, params, th0, om0):
+    vkml.set_backend("cpu")
+    g = vkml.grad(vkml.jit(pendulum_loss(vkml, vkml.scan, steps)), argnums=(0, 1, 2))
+    return lambda: [t.numpy() for t in g(params, th0, om0)]
+
+
+N_OPS = 1000
+
+
+def chain(lib):
+    def f(x):
+        for _ in range(N_OPS // 2):
+            x = x * 1.0001
+            x = x + 0.0001
+        return x
+    return f
+
+
+def vkml_chain(backend, x0):
+    vkml.set_backend(backend)
+    f = vkml.jit(chain(vkml))
+    t = vkml.tensor(x0)
+    return lambda: f(t).numpy()
+
+
+def pendulum_inputs(batch):
+    rng = np.random.default_rng(1)
+    return np.array([1.0, 0.1]), rng.uniform(0.2, 1.0, batch), np.zeros(batch)
+
+
+def section_scan(cfg):
+    for n in cfg["rows"]:
         xs = np.random.default_rng(0).normal(size=n)
-        rows = []
-        for backend in ("cpu", "numpy"):
-            if backend == "numpy" and n > 10_000:
-                continue
-            vkml.set_backend(backend)
-            vg = vkml.value_and_grad(vkml.jit(running_sum(vkml, vkml.scan)))
-            vg(xs)
-            rows.append((f"vkml {backend}", median_seconds(lambda: vg(xs)[1].numpy(),
-                                                           repeat=20 if backend == "cpu" else 3,
-                                                           warmup=2)))
+        sides = {"vkml cpu": on("cpu", vkml_scan("cpu", xs), reps=10)}
+        if n <= 10_000:
+            sides["vkml numpy"] = on("numpy", vkml_scan("numpy", xs), reps=2)
         if jax:
             jvg = jax.jit(jax.value_and_grad(running_sum(jnp, jax.lax.scan)))
             jxs = jnp.asarray(xs)
-            jvg(jxs)[1].block_until_ready()
-            rows.append(("jax", median_seconds(lambda: jvg(jxs)[1].block_until_ready(), repeat=50,
-                                               warmup=3)))
+            sides["jax"] = sampler(lambda: jvg(jxs)[1].block_until_ready(), reps=10)
+        rows = [(k, v[0]) for k, v in interleave(sides, rounds=cfg["rounds"]).items()]
         print_table(f"seed scan value_and_grad, {n:,} rows", rows, baselines=["jax"], unit="ms")
         print("  per row: " + ", ".join(f"{k} {s / n * 1e9:,.1f} ns" for k, s in rows) + "\n")
 
 
-def section_pendulum():
-    steps = 10_000
+def section_pendulum(cfg):
+    steps = cfg["steps"]
     for batch in (1, 1024):
-        rng = np.random.default_rng(1)
-        params = np.array([1.0, 0.1])
-        th0, om0 = rng.uniform(0.2, 1.0, batch), np.zeros(batch)
-        rows = []
-        vkml.set_backend("cpu")
-        g = vkml.grad(vkml.jit(pendulum_loss(vkml, vkml.scan, steps)), argnums=(0, 1, 2))
-        gv = [t.numpy() for t in g(params, th0, om0)]
-        rows.append(("vkml cpu", median_seconds(lambda: [t.numpy() for t in g(params, th0, om0)],
-                                                repeat=5, warmup=1)))
+        params, th0, om0 = pendulum_inputs(batch)
+        vk = vkml_pendulum(steps, params, th0, om0)
+        reps = 20 if batch == 1 else 1         # a call at batch 1024 takes seconds
+        sides = {"vkml cpu": on("cpu", vk, reps=reps)}
         if jax:
             jg = jax.jit(jax.grad(pendulum_loss(jnp, jax.lax.scan, steps), argnums=(0, 1, 2)))
             args = (jnp.asarray(params), jnp.asarray(th0), jnp.asarray(om0))
-            jgv = [np.asarray(t) for t in jg(*args)]
-            for a, b in zip(gv, jgv):
+            for a, b in zip(vk(), (np.asarray(t) for t in jg(*args))):
                 np.testing.assert_allclose(a, b, rtol=1e-8, atol=1e-12)
-            rows.append(("jax", median_seconds(lambda: [t.block_until_ready() for t in jg(*args)],
-                                               repeat=10, warmup=2)))
+            sides["jax"] = sampler(lambda: [t.block_until_ready() for t in jg(*args)], reps=reps)
+        rows = [(k, v[0]) for k, v in interleave(sides, rounds=cfg["rounds"]).items()]
         print_table(f"damped pendulum RK4, gradient over {steps:,} steps, batch {batch}", rows,
                     baselines=["jax"], unit="ms")
         print("  per step: " + ", ".join(f"{k} {s / steps * 1e6:,.2f} us" for k, s in rows) + "\n")
 
 
-def section_chain():
+def section_chain(cfg):
     x0 = np.linspace(0.1, 1.0, 16)
-    n_ops = 1000
-
-    def chain(lib):
-        def f(x):
-            for i in range(n_ops // 2):
-                x = x * 1.0001
-                x = x + 0.0001
-            return x
-        return f
-
-    rows = []
-    for backend in ("cpu", "numpy"):
-        vkml.set_backend(backend)
-        f = vkml.jit(chain(vkml))
-        t = vkml.tensor(x0)
-        f(t)
-        f(t)
-        rows.append((f"vkml {backend} (jit)", median_seconds(lambda: f(t).numpy(), repeat=30, warmup=3)))
     plain = chain(np)
-    rows.append(("numpy", median_seconds(lambda: plain(x0), repeat=30, warmup=3)))
+    sides = {f"vkml {b} (jit)": on(b, vkml_chain(b, x0), reps=20) for b in ("cpu", "numpy")}
+    sides["numpy"] = sampler(lambda: plain(x0), reps=20)
+    rows = [(k, v[0]) for k, v in interleave(sides, rounds=cfg["rounds"]).items()]
     vkml.set_backend("numpy")
-    print_table(f"a chain of {n_ops} elementwise ops on a 16-element array", rows,
+    print_table(f"a chain of {N_OPS} elementwise ops on a 16-element array", rows,
                 baselines=["numpy"], unit="us")
-    print("  per op: " + ", ".join(f"{k} {s / n_ops * 1e9:,.1f} ns" for k, s in rows)
+    print("  per op: " + ", ".join(f"{k} {s / N_OPS * 1e9:,.1f} ns" for k, s in rows)
           + "  (NumPy's dispatch floor is about 260 ns per call)\n")
 
 
+def ab_workloads(quick):
+    """vkml's sides of this bench, built and warmed: name -> (phase names, sampler)."""
+    cfg = QUICK if quick else FULL
+    x0 = np.linspace(0.1, 1.0, 16)
+    out = {f"chain {N_OPS} ops, {b}": (("jit call",), on(b, vkml_chain(b, x0), reps=20))
+           for b in ("cpu", "numpy")}
+    n = cfg["rows"][-1]
+    xs = np.random.default_rng(0).normal(size=n)
+    out[f"scan grad {n:,} rows, cpu"] = (("value_and_grad",), on("cpu", vkml_scan("cpu", xs), reps=10))
+    for batch in (1, 1024):
+        fn = vkml_pendulum(cfg["steps"], *pendulum_inputs(batch))
+        out[f"RK4 pendulum {cfg['steps']:,} steps, batch {batch}, cpu"] = (
+            ("grad",), on("cpu", fn, reps=20 if batch == 1 else 1))
+    return out
+
+
 def main():
-    print(f"vkml {vkml.__version__}; one thread; jax {'present' if jax else 'missing'}\n")
-    section_chain()
-    section_scan()
-    section_pendulum()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes and fewer rounds (seconds)")
+    cfg = QUICK if ap.parse_args().quick else FULL
+    print(f"vkml {vkml.__version__}; {PINNED}; jax {jax.__version__ if jax else 'missing (skipped)'}; "
+          f"{cfg['rounds']} rounds\n")
+    section_chain(cfg)
+    section_scan(cfg)
+    section_pendulum(cfg)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ except ImportError:                       # a checkout without `pip install -e .
     sys.path.insert(0, os.path.join(HERE, "..", "kit"))
     import vkml
 from _models import DAMPING, DT, LENGTH, VkmlMlp, pendulum  # noqa: E402
-from _timing import median_seconds, print_table  # noqa: E402
+from _timing import median_seconds, print_table, time_sides  # noqa: E402
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats")
@@ -109,8 +109,7 @@ def mlp():
 
     losses = {"vkml cuda": float(vkml_step().numpy()),
               "vkml cuda compile_step": float(vkml_compiled_step().numpy())}
-    rows = [("vkml cuda", median_seconds(vkml_step, repeat=REPEAT, warmup=WARMUP)),
-            ("vkml cuda compile_step", median_seconds(vkml_compiled_step, repeat=REPEAT, warmup=WARMUP))]
+    sides = {"vkml cuda": vkml_step, "vkml cuda compile_step": vkml_compiled_step}
     notes = {}
     for name, fn in (("vkml cuda", vkml_step), ("vkml cuda compile_step", vkml_compiled_step)):
         before = vkml.stats()
@@ -129,7 +128,9 @@ def mlp():
         for name, graphed in (("torch cuda eager", False), ("torch cuda graph", True)):
             step, loss0 = torch_step(torch, init, X, Y, graphed)
             losses[name] = loss0
-            rows.append((name, median_seconds(step, repeat=REPEAT, warmup=WARMUP)))
+            sides[name] = step
+    rounds = 1 if args.smoke else 5      # sides interleaved: a load spike hits them alike
+    rows = list(time_sides(sides, rounds=rounds, reps=max(1, REPEAT // rounds)).items())
     print_table(f"2. one MLP training step ({D_IN}-{D_HID}-{D_OUT}, batch {BATCH}, float32, Adam), "
                 "synchronized:", rows, baselines=("vkml cuda",),
                 extra=[("submissions/step", notes)])

@@ -12,8 +12,9 @@ at n = 10^3, 10^5, 10^6 samples.  Three sides:
   (``gx = 2 x k cos(k u)``, ``gk = sum(u cos(k u))``).
 
 Per launch, the forward (a recording launch) and the reverse are timed separately, in pairs (a
-recorded graph refuses a second recording launch until its Record is reversed); the sides take
-turns within every repeat, so load from elsewhere hits them alike; medians.  Memory, in separate
+recorded graph refuses a second recording launch until its Record is reversed); the sides are
+interleaved in rounds, each time the minimum over rounds of a round's median (``_timing.py`` says
+why), so load from elsewhere hits them alike.  Memory, in separate
 untimed passes: the peak one reverse call allocates above what was held when it started, and the
 footprint -- the peak from nothing through building the side and two launch+reverse cycles, which
 also counts buffers a side keeps between calls.  Both by ``tracemalloc`` (Python and NumPy
@@ -25,11 +26,13 @@ from a free list shows as 0, so it only means something for the big cases).
 The gradients of all three are checked to agree (``allclose``) before anything is timed.
 
 Threads: one per side by default (``OMP_NUM_THREADS=1`` for eagle's host team, ``VKML_THREADS=1``
-for vkml's NumPy backend); ``--threads N`` sets both.  ``--profile`` also prints where vkml's time goes (graph-layer
-overhead per node against the bare programs, and cProfile).  ``VKML_BACKEND=cpu`` runs vkml's
+for vkml's NumPy backend), the process pinned to one CPU; ``--threads N`` sets both (unpinned).
+``--profile`` also prints where vkml's time goes (graph-layer overhead per node against the bare
+programs, and cProfile).  ``VKML_BACKEND=cpu`` runs vkml's
 side on the compiled CPU tier.
 
-Run: ``python bench/graph_reverse.py`` (10-20 s on 2 cores; ``--sizes 1000,100000`` for fewer).
+Run: ``python bench/graph_reverse.py`` (10-20 s on 2 cores; ``--sizes 1000,100000`` for fewer;
+``--quick``: 10^3 and 10^5 samples, 5 rounds).  eagle is optional: without it, its rows are left out.
 """
 
 from __future__ import annotations
@@ -37,17 +40,16 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import statistics
 import sys
 import time
 import tracemalloc
 
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import pin_threads_from_argv, print_table  # noqa: E402
+from _timing import interleave, pin_from_argv, print_table, sampler, time_sides  # noqa: E402
 
 if __name__ == "__main__":        # before NumPy/eagle load OpenMP (libgomp reads it at load)
-    pin_threads_from_argv()
+    PINNED = pin_from_argv()
 
 import numpy as np  # noqa: E402
 
@@ -62,30 +64,15 @@ SIZES = (10**3, 10**5, 10**6)
 
 # -- measuring --------------------------------------------------------------------------------------
 
-def interleaved_pairs(sides, first, second, *, repeat, warmup, between=None):
-    """Median seconds of ``first(side)`` and of ``second(side)`` per side, run as pairs (a launch,
-    then its reverse).  The sides take turns within every repeat (in a rotating order), so a load
-    spike from elsewhere on the machine hits them alike.  ``between(side)`` runs untimed first."""
-    names = list(sides)
-    a = {k: [] for k in names}
-    b = {k: [] for k in names}
-    clock = time.perf_counter
-    for r in range(warmup + repeat):
-        for j in range(len(names)):
-            name = names[(r + j) % len(names)]
-            side = sides[name]
-            if between is not None:
-                between(side)
-            t0 = clock()
-            first(side)
-            t1 = clock()
-            second(side)
-            t2 = clock()
-            if r >= warmup:
-                a[name].append(t1 - t0)
-                b[name].append(t2 - t1)
-    return ({k: statistics.median(v) for k, v in a.items()},
-            {k: statistics.median(v) for k, v in b.items()})
+def interleaved_pairs(sides, first, second, *, rounds, reps, between=None):
+    """Seconds of ``first(side)`` and of ``second(side)`` per side, run as pairs (a launch, then its
+    reverse), the sides interleaved in rounds (``_timing.interleave``: the minimum over rounds of
+    each round's median).  ``between(side)`` runs untimed before every pair."""
+    samplers = {name: sampler(lambda s=s: first(s), lambda s=s: second(s), reps=reps,
+                              between=None if between is None else lambda s=s: between(s))
+                for name, s in sides.items()}
+    best = interleave(samplers, rounds=rounds)
+    return {k: v[0] for k, v in best.items()}, {k: v[1] for k, v in best.items()}
 
 
 def _rss_kib(field):
@@ -272,19 +259,6 @@ def check(x, sides):
     return "; ".join(lines)
 
 
-def _interleaved_us(fns, repeat, warmup=5):
-    """Median microseconds of each of ``fns`` (a dict), the calls taking turns in every repeat."""
-    out = {k: [] for k in fns}
-    clock = time.perf_counter
-    for r in range(warmup + repeat):
-        for key, fn in fns.items():
-            t0 = clock()
-            fn()
-            if r >= warmup:
-                out[key].append(clock() - t0)
-    return {k: statistics.median(v) * 1e6 for k, v in out.items()}
-
-
 def breakdown_vkml(n):
     """vkml's launch and reverse against the same batched programs called directly: what the
     graph layer adds per launch and per node (medians, us)."""
@@ -298,7 +272,7 @@ def breakdown_vkml(n):
     k = side.g.cells[("wave", "k")]
     f_sq, f_wv = sq.batched().executable(n)[0], wv.batched().executable(n)[0]
     v_sq, v_wv = sq.batched_vjp()[0].executable(n)[0], wv.batched_vjp()[0].executable(n)[0]
-    r = 2000 if n <= 10**3 else 200 if n <= 10**5 else 40
+    reps = 300 if n <= 10**3 else 30 if n <= 10**5 else 6
 
     def launch_only():
         side.g.launch()
@@ -314,7 +288,7 @@ def breakdown_vkml(n):
         "  np.sum alone (for scale)": lambda: np.sum(seed),
         "  one plane copy (for scale)": lambda: seed.copy(),
     }
-    rows = _interleaved_us(fns, r)
+    rows = {key: secs * 1e6 for key, secs in time_sides(fns, rounds=7, reps=reps).items()}
     print(f"\nbreakdown: vkml graph layer, n={n:,} (us, medians; the machine's load moves them)")
     w = max(len(key) for key in rows)
     for key, v in rows.items():
@@ -354,30 +328,33 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", default="1", help="threads per side (eagle OMP, VKML_THREADS)")
     ap.add_argument("--profile", action="store_true", help="also profile vkml at n=10^3 and 10^6")
-    ap.add_argument("--sizes", default=",".join(str(s) for s in SIZES))
+    ap.add_argument("--sizes", default=None, help="sample counts, comma-separated (10^3,10^5,10^6)")
+    ap.add_argument("--quick", action="store_true", help="10^3 and 10^5 samples, 5 rounds (seconds)")
     args = ap.parse_args()
-    sizes = [int(s) for s in args.sizes.split(",")]
+    default = (10**3, 10**5) if args.quick else SIZES
+    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else list(default)
+    rounds = 5 if args.quick else 7
 
     ok, why = peer.available()
     print(f"vkml graph reverse vs {'eagle (' + why + ')' if ok else 'eagle UNAVAILABLE: ' + why} "
           f"vs hand-written NumPy")
-    print(f"threads per side: {os.environ.get('OMP_NUM_THREADS')} (OMP_NUM_THREADS / VKML_THREADS); "
-          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start; NumPy {np.__version__}")
+    print(f"{PINNED}; NumPy {np.__version__}")
     print(describe_vkml())
     summary = []
     for n in sizes:
-        repeat, warmup = (2000, 100) if n <= 10**3 else (300, 20) if n <= 10**5 else (60, 5)
+        reps = (30 if args.quick else 200) if n <= 10**3 else (5 if args.quick else 30) \
+            if n <= 10**5 else 6
         x = np.linspace(0.1, 0.9, n)
         sides = make_sides(x)
-        print(f"\n== n = {n:,} samples  (median of {repeat} launch+reverse pairs per side after "
-              f"{warmup} warm-up, sides interleaved; lower is better)")
+        print(f"\n== n = {n:,} samples  ({rounds} rounds of {reps} launch+reverse pairs per side after "
+              f"a warm-up round, sides interleaved, min of the round medians; lower is better)")
         setup = ", ".join(f"{k} {s.setup_s * 1e3:,.0f} ms" for k, s in sides.items() if s.setup_s)
         print(f"  one-time setup (graph + Reverse; eagle's first includes its g++ compile or disk "
               f"cache): {setup}")
         print("  gradients: " + check(x, sides))
         seed = np.ones(n)
         fwd, rev = interleaved_pairs(sides, lambda s: s.launch(), lambda s: s.reverse(seed),
-                                     repeat=repeat, warmup=warmup)
+                                     rounds=rounds, reps=reps)
         mem_t, mem_r, foot_t, foot_r = {}, {}, {}, {}
         for name, s in sides.items():
             mem_t[name], mem_r[name] = peak_memory(s.launch, lambda s=s: s.reverse(seed))

@@ -9,12 +9,14 @@ Side by side in one run:
   a backend that runs NumPy;
 - ``torch``: PyTorch on the CPU (skipped with a note when torch is not installed).
 
-All three run on ONE thread (``OMP_NUM_THREADS``/``OPENBLAS_NUM_THREADS``/``MKL_NUM_THREADS`` are set
-before NumPy is imported, and ``torch.set_num_threads``), so the comparison is of work and overhead,
-not of thread pools.  ``--threads N`` changes that for all three.  They start from the same weights
-and batch, and the script checks that they compute the same loss.
+All run on ONE thread, the process pinned to one CPU (thread variables set before NumPy is
+imported, ``torch.set_num_threads``), so the comparison is of work and overhead, not of thread
+pools; ``--threads N`` changes that for all of them (and does not pin).  They start from the same
+weights and batch, and the script checks that they compute the same loss.  The sides are timed
+interleaved, in rounds: a side's time is the minimum over rounds of its per-round median
+(``_timing.py`` says why).
 
-    python3 bench/mlp_step.py [--repeat 200] [--threads 1] [--parts] [--profile]
+    python3 bench/mlp_step.py [--quick] [--repeat 200] [--threads 1] [--parts] [--profile]
 
 ``--parts`` splits vkml's step into building the forward graph, backward (host side: collecting the
 graph and its key; and the derived program's run), and the optimiser step (host side; and the update
@@ -26,23 +28,29 @@ import os
 import sys
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--repeat", type=int, default=200, help="timed steps per contender")
-parser.add_argument("--warmup", type=int, default=20)
+parser.add_argument("--quick", action="store_true", help="fewer steps per round (seconds)")
+parser.add_argument("--repeat", type=int, default=None,
+                    help="timed steps per contender, over all rounds (default 200; 50 with --quick)")
+parser.add_argument("--rounds", type=int, default=None, help="rounds of the interleaving (5)")
+parser.add_argument("--warmup", type=int, default=20, help="untimed steps before --parts")
 parser.add_argument("--threads", type=int, default=1, help="BLAS/OpenMP threads for all three")
 parser.add_argument("--parts", action="store_true",
                     help="also split vkml's step into host work and program runs, part by part")
 parser.add_argument("--profile", action="store_true", help="also profile vkml's step with cProfile")
 args = parser.parse_args()
+args.repeat = args.repeat or (50 if args.quick else 200)
+args.rounds = args.rounds or 5
 
-for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ[var] = str(args.threads)   # before numpy is imported, or it has no effect
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import median_seconds, pin, print_table, time_sides  # noqa: E402
+
+PINNED = pin(args.threads)   # before numpy is imported, or it has no effect
 
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "kit"))
 import vkml  # noqa: E402
 from _models import VkmlMlp  # noqa: E402
-from _timing import median_seconds, print_table  # noqa: E402
 
 BATCH, D_IN, D_HID, D_OUT = 64, 784, 256, 10
 LR, B1, B2, EPS = 1e-3, 0.9, 0.999, 1e-8
@@ -144,12 +152,11 @@ def main():
         losses["torch"] = tstep().item()
     assert all(abs(v - l_np) < 1e-4 for v in losses.values()), losses
 
-    rows = [("vkml", median_seconds(vkml_step, repeat=args.repeat, warmup=args.warmup)),
-            ("vkml compile_step", median_seconds(vkml_compiled_step, repeat=args.repeat,
-                                                 warmup=args.warmup)),
-            ("numpy", median_seconds(ref.step, repeat=args.repeat, warmup=args.warmup))]
+    sides = {"vkml": vkml_step, "vkml compile_step": vkml_compiled_step, "numpy": ref.step}
     if tstep is not None:
-        rows.append(("torch", median_seconds(tstep, repeat=args.repeat, warmup=args.warmup)))
+        sides["torch"] = tstep
+    rows = list(time_sides(sides, rounds=args.rounds,
+                           reps=max(1, args.repeat // args.rounds)).items())
     before = vkml.stats()
     n = 20
     for _ in range(n):
@@ -161,8 +168,8 @@ def main():
     delta_c = vkml.stats() - before
     per_step = {"vkml": f"{delta.submissions / n:g}", "vkml compile_step": f"{delta_c.submissions / n:g}"}
 
-    print(f"MLP {D_IN}-{D_HID}-{D_OUT}, batch {BATCH}, float32, Adam; {args.threads} thread(s) "
-          f"(OMP/OPENBLAS/MKL_NUM_THREADS={args.threads}); median of {args.repeat} steps")
+    print(f"MLP {D_IN}-{D_HID}-{D_OUT}, batch {BATCH}, float32, Adam; {PINNED}; {args.rounds} "
+          f"rounds of {max(1, args.repeat // args.rounds)} steps per side, min of the round medians")
     print(f"numpy {np.__version__}; {tnote}")
     print("first-step loss: " + ", ".join(f"{k} {v:.6f}" for k, v in losses.items()))
     print_table("one training step (forward, backward, Adam):", rows, baselines=("numpy", "torch"),

@@ -6,24 +6,26 @@
 2. Per-call overhead of a jitted tiny function (add two 4-element arrays), vkml against ``jax.jit``,
    both with their own array types as inputs (and with NumPy inputs).
 
-Run: ``scripts/dev bench`` (or ``python bench/scan_grad.py``).  Every number is a median
-after warm-up; ratios are vkml's time over the peer's (below 1 means vkml is faster).
+Run: ``scripts/dev bench`` (or ``python bench/scan_grad.py [--quick]``; ``--quick``: 10^3 and 10^4
+rows, fewer rounds).  One thread, the process pinned to one CPU; the sides interleaved in rounds,
+each side's time the minimum over rounds of its per-round median (``_timing.py`` says why).  Ratios
+are vkml's time over the peer's (below 1 means vkml is faster).  JAX and PyTorch are optional:
+a missing one is skipped with a note.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import pin, print_table, time_sides  # noqa: E402
+
+if __name__ == "__main__":        # before NumPy, JAX and torch load their thread pools
+    PINNED = pin()
 
 import numpy as np  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(__file__))
-from _timing import median_seconds, print_table  # noqa: E402
 
 import vkml  # noqa: E402
 
@@ -80,23 +82,28 @@ def optional(make):
 
 
 def main():
-    print(f"vkml {vkml.__version__}, backend {vkml.backend_info()['backend']}, one thread\n")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="10^3 and 10^4 rows, fewer rounds (seconds)")
+    quick = ap.parse_args().quick
+    rounds = 5 if quick else 7
+    print(f"vkml {vkml.__version__}, backend {vkml.backend_info()['backend']}; {PINNED}; "
+          f"{rounds} rounds\n")
     vk = vkml_scan_grad()
     jx = optional(jax_scan_grad)
     th = optional(torch_scan_grad)
-    for n in (1_000, 10_000, 100_000):
+    for n in (1_000, 10_000) if quick else (1_000, 10_000, 100_000):
         xs = np.random.default_rng(0).normal(size=n)
         want = 2 * np.cumsum(np.cumsum(xs)[::-1])[::-1]
         np.testing.assert_allclose(vk(xs), want, rtol=1e-9)
-        repeat = max(3, 3_000 // n * 10)
-        rows = [("vkml", median_seconds(lambda: vk(xs), repeat=repeat, warmup=2))]
+        sides = {"vkml": lambda: vk(xs)}
         if jx:
             jfun, jnp = jx
             jxs = jnp.asarray(xs)
             np.testing.assert_allclose(np.asarray(jfun(jxs)), want, rtol=1e-9)
-            rows.append(("jax", median_seconds(lambda: jfun(jxs), repeat=repeat * 3, warmup=3)))
+            sides["jax"] = lambda: jfun(jxs)
         if th and n <= 10_000:
-            rows.append(("torch eager", median_seconds(lambda: th(xs), repeat=3, warmup=1)))
+            sides["torch eager"] = lambda: th(xs)
+        rows = list(time_sides(sides, rounds=rounds, reps=max(3, 30_000 // n)).items())
         print_table(f"value_and_grad of the seed's running-sum scan, {n:,} rows",
                     rows, baselines=[r[0] for r in rows[1:]], unit="ms")
         per_row = {name: f"{secs / n * 1e9:,.0f} ns" for name, secs in rows}
@@ -108,16 +115,15 @@ def main():
     f = vkml.jit(lambda x, y: x + y)
     ta, tb = vkml.tensor(a), vkml.tensor(b)
     assert f(ta, tb).numpy().tolist() == [1, 2, 3, 4]
-    rows = [("vkml (Tensor args)", median_seconds(lambda: f(ta, tb), repeat=2000, warmup=100, number=10)),
-            ("vkml (NumPy args)", median_seconds(lambda: f(a, b), repeat=2000, warmup=100, number=10))]
+    sides = {"vkml (Tensor args)": lambda: f(ta, tb), "vkml (NumPy args)": lambda: f(a, b)}
     if jx:
         import jax
         g = jax.jit(lambda x, y: x + y)
         ja, jb = jax.numpy.asarray(a), jax.numpy.asarray(b)
-        rows.append(("jax.jit (jax args)", median_seconds(lambda: g(ja, jb).block_until_ready(),
-                                                          repeat=2000, warmup=100, number=10)))
-        rows.append(("jax.jit (NumPy args)", median_seconds(lambda: g(a, b).block_until_ready(),
-                                                            repeat=2000, warmup=100, number=10)))
+        g(ja, jb).block_until_ready()
+        sides["jax.jit (jax args)"] = lambda: g(ja, jb).block_until_ready()
+        sides["jax.jit (NumPy args)"] = lambda: g(a, b).block_until_ready()
+    rows = list(time_sides(sides, rounds=rounds, reps=100 if quick else 300, number=10).items())
     s0 = vkml.stats()
     f(ta, tb)
     d = vkml.stats() - s0

@@ -20,21 +20,25 @@ does not stagger the samples).  Objective J = sum(theta_T) + 0.5 sum(omega_T): s
 - ``numpy``: forward storing every state ((T+1) x n for theta and omega), then the adjoint loop
   written by hand (it does not track ``t``: every sample runs T steps).
 
-Per run, the forward and the reverse are timed separately, as pairs; the sides take turns within
-every repeat (so load from elsewhere hits them alike) and the state planes are reset between runs,
-untimed; medians.  Memory, in a separate untimed pass per side, from nothing (see the notes the
-script prints): what the Record holds, what the side holds after building and running, the peak
-one reverse call allocates, and the total peak through build and two run+reverse cycles -- by
+Per run, the forward and the reverse are timed separately, as pairs; the sides are interleaved in
+rounds (so load from elsewhere hits them alike), each time the minimum over rounds of a round's
+median (``_timing.py`` says why), and the state planes are reset between runs, untimed.
+Memory, in a separate untimed pass per side, from nothing (see the notes the script prints): what
+the Record holds, what the side holds after building and running, the peak one reverse call
+allocates, and the total peak through build and two run+reverse cycles -- by
 ``tracemalloc`` (Python and NumPy allocations; eagle's host planes are NumPy arrays, mallocs inside
 its C++ are not seen) and by the resident-set high-water mark (``VmHWM`` reset through
 ``/proc/self/clear_refs``; counts everything, at page granularity).
 
 Gradients of the three sides are checked to agree (``allclose``) before anything is timed.
-Threads: one per side by default (``--threads N``).  ``--profile`` also prints where vkml's time
-goes (a per-step breakdown of forward and reverse, and cProfile).  ``VKML_BACKEND=cpu`` runs vkml's
-side on the compiled CPU tier.
+Threads: one per side by default, the process pinned to one CPU (``--threads N``: N, unpinned).
+``--profile`` also prints where vkml's time goes (a per-step breakdown of forward and reverse,
+and cProfile).  ``VKML_BACKEND=cpu`` runs vkml's side on the compiled CPU tier.
 
-Run: ``python bench/simulation.py`` (about a minute on 2 cores; ``--steps 400`` for the small case).
+Run: ``python bench/simulation.py`` (about a minute on 2 cores; ``--steps 400`` for the small case;
+``--quick``: T = 400 only, 5 rounds of 2).  eagle is optional: without it, its rows are left out.
+
+``ab_workloads`` hands vkml's side alone to ``bench/ab.py`` (one revision against another).
 """
 
 from __future__ import annotations
@@ -42,17 +46,16 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import statistics
 import sys
 import time
 import tracemalloc
 
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import pin_threads_from_argv, print_table  # noqa: E402
+from _timing import median_seconds, pin_from_argv, print_table, sampler  # noqa: E402
 
 if __name__ == "__main__":        # before NumPy/eagle load OpenMP (libgomp reads it at load)
-    pin_threads_from_argv()
+    PINNED = pin_from_argv()
 
 import numpy as np  # noqa: E402
 
@@ -249,14 +252,7 @@ def memory(make):
 
 
 def _med_us(fn, repeat, warmup=5):
-    for _ in range(warmup):
-        fn()
-    out = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return statistics.median(out) * 1e6
+    return median_seconds(fn, repeat=repeat, warmup=warmup) * 1e6
 
 
 def breakdown_vkml(steps):
@@ -353,25 +349,41 @@ def profile_vkml(steps):
     pstats.Stats(prof).sort_stats("tottime").print_stats(25)
 
 
+def ab_workloads(quick):
+    """vkml's side of this bench, built and checked: name -> (phase names, sampler of a recorded
+    run and its reverse, the state planes reset untimed before each pair)."""
+    out = {}
+    for steps in (STEPS[0],) if quick else STEPS:
+        side = VkmlPendulum(np.linspace(0.1, 1.0, N), np.linspace(-0.5, 0.5, N), steps)
+        seeds = seeds_for()
+        out[f"recorded pendulum {N:,} x {steps} steps"] = (
+            ("run", "reverse"),
+            sampler(side.run, lambda side=side: side.reverse(seeds),
+                    reps=1 if steps > 400 else 2 if quick else 3,
+                    between=lambda side=side: (side.reset(), gc.collect())))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", default="1", help="threads per side (eagle OMP, VKML_THREADS)")
     ap.add_argument("--profile", action="store_true", help="also profile vkml at T=400")
-    ap.add_argument("--steps", default=",".join(str(s) for s in STEPS))
+    ap.add_argument("--steps", default=None, help="steps per run, comma-separated (400,4000)")
+    ap.add_argument("--quick", action="store_true", help="T = 400 only, 5 rounds of 2 (seconds)")
     args = ap.parse_args()
+    steps_list = [int(s) for s in args.steps.split(",")] if args.steps else \
+        [STEPS[0]] if args.quick else list(STEPS)
     ok, why = peer.available()
     print(f"recorded damped pendulum, n={N:,} samples: vkml vs "
           f"{'eagle (' + why + ')' if ok else 'eagle UNAVAILABLE: ' + why} vs hand-written NumPy")
-    print(f"threads per side: {os.environ.get('OMP_NUM_THREADS')} (OMP_NUM_THREADS / VKML_THREADS); "
-          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start; NumPy {np.__version__}")
+    print(f"{PINNED}; NumPy {np.__version__}")
     print(describe_vkml())
     summary = []
-    for steps in [int(s) for s in args.steps.split(",")]:
-        repeat, warmup = (9, 1) if steps <= 400 else (3, 1)
+    for steps in steps_list:
+        rounds, reps = (3, 1) if steps > 400 else (5, 2)
         sides = make_sides(steps)
-        print(f"\n== T = {steps} steps  (median of {repeat} run+reverse pairs per side after {warmup} "
-              f"warm-up, sides interleaved{'; fewer repeats for the big case' if steps > 400 else ''}; "
-              "lower is better)")
+        print(f"\n== T = {steps} steps  ({rounds} rounds of {reps} run+reverse pair(s) per side after "
+              "a warm-up round, sides interleaved, min of the round medians; lower is better)")
         setup = ", ".join(f"{k} {s.setup_s * 1e3:,.0f} ms" for k, s in sides.items() if s.setup_s)
         print(f"  one-time setup (simulation + Reverse; eagle's first includes its g++ compile or disk "
               f"cache): {setup}")
@@ -382,7 +394,7 @@ def main():
                 print(f"  {name} (window {sides[name].window}): {rep!r}")
         seeds = seeds_for()
         fwd, rev = interleaved_pairs(sides, lambda s: s.run(), lambda s: s.reverse(seeds),
-                                     repeat=repeat, warmup=warmup,
+                                     rounds=rounds, reps=reps,
                                      between=lambda s: (s.reset(), gc.collect()))
         del sides
         mem = {name: memory(make) for name, make in factories(steps, quiet=True).items()}

@@ -220,6 +220,12 @@ def test_launch_counts_that_are_not_positive_ints_are_refused(n):
                     lambda: w.graph.launch(n))
 
 
+def test_a_launch_count_beyond_reach_is_refused_not_run():
+    w = Fused(record=False)
+    _launch_refused(w, ArgumentError, r"Graph.launch: n \(runs\) must be at most 2147483648",
+                    lambda: w.graph.launch(2 ** 70))
+
+
 def test_launch_of_a_recording_graph_twice_per_call_is_refused():
     w = Fused().free()
     _launch_refused(w, RecordError, r"records one run per launch", lambda: w.graph.launch(2))
@@ -452,7 +458,8 @@ def test_reverse_of_a_graph_built_without_record_is_refused():
     w = Fused(record=False)
     refused(lambda: vkml.diff.Reverse(w.graph), w.state, ArgumentError, r"built without record=True")
     refused(lambda: vkml.diff.Reverse("graph"), w.state, ArgumentError, r"expected a Graph")
-    refused(lambda: vkml.diff.reverse(None, {}), w.state, ArgumentError, r"expected a Record")
+    refused(lambda: vkml.diff.reverse(None, {}), w.state, ArgumentError,
+            r"there is no Record.*build\(record=True\)")
 
 
 # -- a graph that runs node by node: opaque, skippable, repeat_while, reduce ---------------------
@@ -700,6 +707,7 @@ def test_a_simulation_node_vjp_returning_a_string_is_refused():
     ({"max_steps": True}, r"max_steps must be a positive int"),
     ({"max_steps": 0}, r"max_steps must be a positive int"),
     ({"max_steps": "10"}, r"max_steps must be a positive int"),
+    ({"max_steps": 2 ** 70}, r"max_steps must be at most 1099511627776"),
     ({"max_steps": 10, "record": "yes"}, r"record must be True or False"),
     ({"max_steps": 10, "record": True, "window": True}, r"window must be a positive int, 'full' or "
                                                         r"'binomial'"),

@@ -184,11 +184,58 @@ def test_lists_scalars_and_tensors_are_arrays():
     (lambda: vnp.tan(np.ones(2), bogus=1), ArgumentError),
     (lambda: vnp.add(np.ones(2), np.ones(3)), ShapeError),
     (lambda: vnp.astype(np.ones(2), "complex128"), DTypeError),
+    # found by the fuzz suite (each leaked a TypeError, ValueError or OverflowError, or hung)
+    *[(lambda f=f: f(None), ArgumentError) for f in (vnp.zeros, vnp.ones, vnp.eye, vnp.identity,
+                                                     vnp.hstack, vnp.vstack, vnp.arange)],
+    (lambda: vnp.full(None, 1.0), ArgumentError),
+    (lambda: vnp.linspace(None, 1.0), ArgumentError),
+    (lambda: vnp.linspace(0.0, 1.0, 2 ** 70), ArgumentError),
+    (lambda: vnp.arange(-(2 ** 70)), ArgumentError),
+    (lambda: vnp.arange(0, 3, 0), ArgumentError),
+    (lambda: vnp.arange(5, dtype=bool), ArgumentError),
+    (lambda: vnp.split(np.ones(4), None), ArgumentError),
+    (lambda: vnp.array_split(np.ones(4), 2 ** 70), ArgumentError),
+    (lambda: vnp.tile(np.ones(3), None), ArgumentError),
+    (lambda: vnp.roll(np.ones(3), None), ArgumentError),
+    (lambda: vnp.repeat(np.ones(2), [[1], [1, 2]]), ArgumentError),
+    *[(lambda f=f: f(np.ones(2), dtype="abc"), DTypeError)
+      for f in (vnp.zeros_like, vnp.ones_like)],
+    (lambda: vnp.full_like(np.ones(2), 1.0, dtype="abc"), DTypeError),
+    (lambda: vnp.zeros(3, dtype=np.array([True])), DTypeError),
+    (lambda: vnp.round(np.ones(2), 2 ** 70), ArgumentError),
+    (lambda: vnp.around(np.ones(2), -(2 ** 70)), ArgumentError),
+    (lambda: vnp.std(np.ones(3), ddof=None), ArgumentError),
+    (lambda: vnp.var(np.ones(3), ddof="1"), ArgumentError),
+    *[(lambda f=f: f(np.ones((2, 2)), None), ArgumentError)
+      for f in (vnp.diag, vnp.diagonal, vnp.trace, vnp.tril, vnp.triu)],
+    (lambda: vnp.diag(np.ones(2), 2 ** 70), ShapeError),
+    (lambda: vnp.linalg.norm(np.ones(2), ord=np.array(["a", "b"])), ArgumentError),
+    (lambda: vnp.linalg.norm(np.ones(2), ord="max"), ArgumentError),
+    (lambda: vnp.meshgrid([1, 2], indexing=np.array(["a", "b"])), ArgumentError),
+    (lambda: vnp.prod(np.ones(2), keepdims=np.ones(2)), ArgumentError),
 ])
 def test_bad_input_raises_a_vkml_error_naming_the_function(call, error):
     with pytest.raises(error) as info:
         call()
     assert isinstance(info.value, VkmlError)
+
+
+@pytest.mark.parametrize("call, expected", [
+    (lambda: vnp.tril(np.ones((2, 3)), 2 ** 70), np.tril(np.ones((2, 3)), 5)),
+    (lambda: vnp.triu(np.ones((2, 3)), -(2 ** 70)), np.triu(np.ones((2, 3)), -5)),
+    (lambda: vnp.diagonal(np.arange(6.0).reshape(2, 3), 2 ** 70), np.zeros(0)),
+    (lambda: vnp.eye(2, 3, k=-(2 ** 70)), np.zeros((2, 3))),
+    (lambda: vnp.arange(1, 2, 0.25), np.arange(1, 2, 0.25)),
+    (lambda: vnp.linspace([0.0, 1.0], 2.0, 3), np.linspace([0.0, 1.0], 2.0, 3)),
+    (lambda: vnp.split(np.arange(6), [2, 4])[2], np.array([4, 5])),
+    (lambda: vnp.roll(np.arange(4), [1], 0), np.roll(np.arange(4), 1)),
+    (lambda: vnp.zeros(2, dtype=None), np.zeros(2)),
+])
+def test_offsets_beyond_the_matrix_and_numpy_spellings_still_work(call, expected):
+    """A diagonal offset past the corner is clamped (NumPy's C long would overflow), not refused."""
+    got = call().numpy()
+    assert got.shape == expected.shape and got.dtype == expected.dtype
+    np.testing.assert_array_equal(got, expected)
 
 
 def test_singular_matrices_give_nan_not_an_exception():

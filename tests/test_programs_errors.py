@@ -140,6 +140,43 @@ CASES = [
      vkml.ShapeError, r"associative_scan: axis 2"),
     ("associative_scan fn structure", lambda: vkml.associative_scan(lambda a, b: (a, b), np.ones(3)),
      vkml.ShapeError, r"associative_scan: fn returns"),
+    # found by the fuzz suite: a function that is None, flags that are arrays, counts beyond reach
+    *[(f"{name} of None", call, vkml.ArgumentError, rf"{name}: the function must be callable")
+      for name, call in [("checkpoint", lambda: vkml.checkpoint(None)),
+                         ("jvp", lambda: vkml.jvp(None, (X,), (X,))),
+                         ("vjp", lambda: vkml.vjp(None, X)),
+                         ("linearize", lambda: vkml.linearize(None, X)),
+                         ("program", lambda: vkml.program(None, X)),
+                         ("hvp", lambda: vkml.hvp(None, (X,), (X,)))]],
+    *[(f"{name} has_aux array", lambda t=t: t(square_sum, has_aux=np.array(["a", "b"])),
+       vkml.ArgumentError, rf"{name}: has_aux must be True or False")
+      for name, t in [("grad", vkml.grad), ("value_and_grad", vkml.value_and_grad),
+                      ("jacfwd", vkml.jacfwd), ("jacrev", vkml.jacrev), ("hessian", vkml.hessian)]],
+    ("scan reverse dict", lambda: vkml.scan(step, 0.0, X, reverse={}), vkml.ArgumentError,
+     r"scan: reverse must be True or False"),
+    ("scan step a class", lambda: vkml.scan(float, 0.0, X), vkml.ArgumentError,
+     r"scan: the step must be a function, got the class float"),
+    ("associative_scan reverse array", lambda: vkml.associative_scan(
+        lambda a, b: a + b, np.ones(3), reverse=np.ones(2)), vkml.ArgumentError,
+     r"associative_scan: reverse must be True or False"),
+    ("hvp primals None", lambda: vkml.hvp(square_sum, None, (X,)), vkml.ArgumentError,
+     r"hvp: primals must be a list or tuple"),
+    ("jvp tangents an int", lambda: vkml.jvp(square_sum, (X,), 3), vkml.ArgumentError,
+     r"jvp: tangents must be a list or tuple"),
+    ("fori_loop bound beyond int64", lambda: vkml.fori_loop(0, 2 ** 70, lambda i, c: c, 0.0),
+     vkml.ArgumentError, r"fori_loop: upper must be at most"),
+    ("fori_loop too many iterations", lambda: vkml.fori_loop(-2 ** 62, 2 ** 62, lambda i, c: c, 0.0),
+     vkml.ArgumentError, r"fori_loop: upper - lower \(the number of iterations\) must be at most"),
+    ("check_grads order huge", lambda: vkml.check_grads(square_sum, (X,), order=2 ** 70),
+     vkml.ArgumentError, r"check_grads: order must be at most 8"),
+    ("check_grads modes None", lambda: vkml.check_grads(square_sum, (X,), modes=None),
+     vkml.ArgumentError, r"check_grads: modes must be"),
+    ("check_grads rtol str", lambda: vkml.check_grads(square_sum, (X,), rtol="a"),
+     vkml.ArgumentError, r"check_grads: rtol must be a finite number"),
+    ("check_grads seed negative", lambda: vkml.check_grads(square_sum, (X,), seed=-3),
+     vkml.ArgumentError, r"check_grads: seed must be at least 0"),
+    ("check_grads too many args", lambda: vkml.check_grads(square_sum, (X, X)),
+     vkml.ArgumentError, r"check_grads: the function cannot take the 2 argument"),
 ]
 
 

@@ -20,6 +20,7 @@ whole graph is still one submission.
 from __future__ import annotations
 
 import functools
+import inspect
 import numbers
 import types
 import warnings
@@ -41,6 +42,7 @@ from .transforms import jvp_program, partial_eval, transpose_program, vmap_progr
 from .transforms.ad import derived
 from .transforms.control import call, scan_bind
 from .transforms.interpret import inline
+from .validate import MAX_ELEMENTS, check_bool, check_int, check_real, check_sequence, host_memory
 
 __all__ = ["jit", "scan", "grad", "value_and_grad", "vjp", "jvp", "linearize", "program",
            "pp_program", "Jitted", "vmap", "jacfwd", "jacrev", "hessian", "hvp", "cond", "switch",
@@ -356,7 +358,8 @@ def scan(step, init, xs, length=None, reverse=False):
     pytrees; ``xs`` may be None with ``length`` given.  Tensors the step
     closes over become the scan's captures (they get gradients).
     """
-    _check_function(step, "scan", "the step")
+    _check_step(step, "scan", "the step")
+    reverse = check_bool(reverse, "reverse", "scan")
     if length is not None:
         length = _count(length, "scan", "length", "the number of steps")
     init_leaves, init_tree = flatten(init)
@@ -576,6 +579,7 @@ def value_and_grad(fn, argnums=0, has_aux=False):
 
 def vjp(fn, *args):
     """``out, pullback = vjp(f, *args)``; ``pullback(ct)`` returns one cotangent per argument."""
+    _check_function(fn, "vjp")
     jitted = jit(fn)
     nums = tuple(range(len(args)))
     entry, values, pb, flags = _vjp_call(jitted, args, nums, "vjp")
@@ -599,8 +603,10 @@ def vjp(fn, *args):
 
 def jvp(fn, primals, tangents):
     """``(f(primals), df(primals)[tangents])`` by forward mode, its program derived once."""
+    _check_function(fn, "jvp")
+    primals = tuple(check_sequence(primals, "primals", "jvp"))
+    tangents = tuple(check_sequence(tangents, "tangents", "jvp"))
     jitted = jit(fn)
-    primals, tangents = tuple(primals), tuple(tangents)
     p_leaves, p_tree = flatten(primals)
     t_leaves, t_tree = flatten(tangents)
     if p_tree != t_tree:
@@ -626,6 +632,7 @@ def jvp(fn, primals, tangents):
 def linearize(fn, *primals):
     """``out, f_jvp = linearize(f, *primals)``: the known part runs now, ``f_jvp(*tangents)``
     runs only the part linear in the tangents (the residuals are kept)."""
+    _check_function(fn, "linearize")
     jitted = jit(fn)
     entry, leaves, in_vars = jitted._lookup(primals)
     n_args = len(in_vars) - len(entry.captures)
@@ -657,6 +664,7 @@ def linearize(fn, *primals):
 
 def program(fn, *args) -> Program:
     """The Program ``fn`` traces to for these arguments (``print`` it to read it)."""
+    _check_function(fn, "program")
     jitted = jit(fn)
     entry, _, _ = jitted._lookup(args)
     return entry.program
@@ -841,11 +849,15 @@ def hessian(fn, argnums=0, has_aux=False):
     in ``jacfwd``."""
     _check_function(fn, "hessian")
     _check_argnums(argnums, "hessian")
+    has_aux = check_bool(has_aux, "has_aux", "hessian")
     return jacfwd(jacrev(fn, argnums, has_aux), argnums, has_aux)
 
 
 def hvp(fn, primals, tangents):
     """Hessian-vector product by forward-over-reverse: ``jvp(grad(f), primals, tangents)``."""
+    _check_function(fn, "hvp")
+    primals = check_sequence(primals, "primals", "hvp")
+    tangents = check_sequence(tangents, "tangents", "hvp")
     return jvp(grad(fn), primals, tangents)[1]
 
 
@@ -1081,6 +1093,7 @@ class custom_vjp:
 def checkpoint(fn):
     """``fn`` whose intermediates are recomputed in the backward pass instead of kept
     (memory for time: only its inputs are saved)."""
+    _check_function(fn, "checkpoint")
     jitted = jit(fn)
 
     def remat(*args):
@@ -1094,6 +1107,12 @@ def checkpoint(fn):
     return remat
 
 
+#: The highest derivative order check_grads checks: each order nests one more forward-mode
+#: derivative inside the last (and divides finite differences once more), so beyond a few the
+#: check is slow and the finite differences are noise.
+MAX_CHECK_ORDER = 8
+
+
 class GradCheckError(VkmlError, AssertionError):
     """A derivative that disagrees with finite differences."""
 
@@ -1103,10 +1122,11 @@ def check_grads(fn, args, order=1, modes=("fwd", "rev"), eps=None, rtol=1e-4, at
 
     Along a random direction: forward mode (jvp) must match the difference
     quotient, and reverse mode must satisfy <u, J v> = <J^T u, v>.  With
-    ``order=2`` the derivative is checked too.  Raises GradCheckError with
-    both numbers on a mismatch; returns None when all agree.
+    ``order=2`` the derivative is checked too (``order`` is at most
+    ``MAX_CHECK_ORDER``, 8).  Raises GradCheckError with both numbers on a
+    mismatch; returns None when all agree.
     """
-    _check_grads_arguments(fn, args, order, modes, eps)
+    rtol, atol = _check_grads_arguments(fn, args, order, modes, eps, rtol, atol, seed)
     rng = np.random.default_rng(seed)
     xs = [np.asarray(a.numpy() if isinstance(a, Tensor) else a, dtype=np.float64) for a in args]
     f = lambda *a: fn(*a)  # noqa: E731
@@ -1154,6 +1174,15 @@ def _compare(what, got, want, rtol, atol):
 def _check_function(fn, where, what="the function"):
     if not callable(fn):
         raise ArgumentError(f"{where}: {what} must be callable, got {type(fn).__name__}")
+
+
+def _check_step(fn, where, what="the function"):
+    """A function a loop calls on its carry: callable, and not a class (``float(c, x)`` is a
+    TypeError from deep inside the loop, not a step)."""
+    _check_function(fn, where, what)
+    if isinstance(fn, type):
+        raise ArgumentError(f"{where}: {what} must be a function, got the class {fn.__name__}; "
+                            "pass a def or lambda that calls it")
 
 
 def _is_int(x) -> bool:
@@ -1224,6 +1253,7 @@ def _passing_keywords(fn, argnums, has_aux, with_value, where):
     """``grad``/``value_and_grad`` of ``fn``: keyword arguments go to ``fn`` undifferentiated, as in JAX."""
     _check_function(fn, where)
     _check_argnums(argnums, where)
+    has_aux = check_bool(has_aux, "has_aux", where)
     positional = _grad_fn(fn, argnums, has_aux, with_value)
 
     def g(*args, **kwargs):
@@ -1374,6 +1404,7 @@ def _pytree_jacobian(fn, argnums, has_aux, where, one_array):
     one vector and the output leaves into another, and the matrix between them is cut into blocks."""
     _check_function(fn, where)
     _check_argnums(argnums, where)
+    has_aux = check_bool(has_aux, "has_aux", where)
     jitted = jit(fn)
     flat_fns = {}
 
@@ -1590,22 +1621,31 @@ def _cotangent_leaves(name, cts, args, in_vars):
 
 # -- check_grads' arguments ------------------------------------------------------------------------------
 
-def _check_grads_arguments(fn, args, order, modes, eps):
-    _check_function(fn, "check_grads")
+def _check_grads_arguments(fn, args, order, modes, eps, rtol, atol, seed):
+    _check_step(fn, "check_grads")
     if not isinstance(args, (tuple, list)):
         raise ArgumentError(f"check_grads: args must be a tuple of the function's arguments, got "
                             f"{type(args).__name__}; write check_grads(f, (x,))")
+    try:
+        inspect.signature(fn).bind(*args)
+    except TypeError as err:
+        raise ArgumentError(f"check_grads: the function cannot take the {len(args)} argument(s) in "
+                            f"args ({err}); pass one entry of args per parameter") from None
+    except ValueError:          # no signature to read (a builtin): the call will tell
+        pass
     for i, a in enumerate(args):
         value = a.numpy() if isinstance(a, Tensor) else np.asarray(a) if not isinstance(a, str) else None
         if value is None or value.dtype.kind not in "biuf":
             raise ArgumentError(f"check_grads: argument {i} must be an array or a number, got "
                                 f"{type(a).__name__}")
-    if not _is_int(order) or order < 1:
-        raise ArgumentError(f"check_grads: order must be an int >= 1, got {order!r}")
-    if isinstance(modes, str) or not set(modes) <= {"fwd", "rev"} or not modes:
+    check_int(order, "order", "check_grads", low=1, high=MAX_CHECK_ORDER)
+    kinds = None if isinstance(modes, str) else check_sequence(modes, "modes", "check_grads")
+    if not kinds or not all(isinstance(m, str) and m in ("fwd", "rev") for m in kinds):
         raise ArgumentError(f"check_grads: modes must be a tuple of 'fwd' and/or 'rev', got {modes!r}")
     if eps is not None and (not isinstance(eps, numbers.Real) or not 0 < eps < np.inf):
         raise ArgumentError(f"check_grads: eps must be a positive finite step, got {eps!r}")
+    check_int(seed, "seed", "check_grads", low=0)
+    return check_real(rtol, "rtol", "check_grads", low=0), check_real(atol, "atol", "check_grads", low=0)
 
 
 # -- loops JAX users expect -------------------------------------------------------------------------------
@@ -1617,13 +1657,16 @@ def fori_loop(lower, upper, body_fun, init_val):
     of differentiation, reverse too); with traced bounds a ``while_loop``
     (forward and forward mode).  ``upper <= lower`` returns ``init_val``.
     """
-    _check_function(body_fun, "fori_loop", "the body")
+    _check_step(body_fun, "fori_loop", "the body")
     lo, hi = _loop_bound(lower, "lower"), _loop_bound(upper, "upper")
     if lo is not None and hi is not None:
         if hi <= lo:
             return init_val
         dtype = np.int32 if -2**31 <= lo and hi <= 2**31 else np.int64
-        carry, _ = scan(lambda c, i: (body_fun(i, c), None), init_val, np.arange(lo, hi, dtype=dtype))
+        check_int(hi - lo, "upper - lower (the number of iterations)", "fori_loop", high=MAX_ELEMENTS)
+        with host_memory("fori_loop", f"an index for each of {hi - lo} iterations"):
+            indices = np.arange(lo, hi, dtype=dtype)
+        carry, _ = scan(lambda c, i: (body_fun(i, c), None), init_val, indices)
         return carry
     _, carry = while_loop(lambda s: s[0] < upper, lambda s: (s[0] + 1, body_fun(s[0], s[1])),
                           (lower, init_val))
@@ -1636,9 +1679,7 @@ def _loop_bound(bound, name):
         if bound.shape != () or bound.dtype.kind not in "iu":
             raise ArgumentError(f"fori_loop: {name} must be an integer scalar, got {bound.ir_var.type_str()}")
         return None if runtime.is_traced(bound.ir_var) else int(bound.item())
-    if not _is_int(bound):
-        raise ArgumentError(f"fori_loop: {name} must be an int, got {bound!r}")
-    return int(bound)
+    return check_int(bound, name, "fori_loop", low=-_INT64_MAX - 1, high=_INT64_MAX)
 
 
 def associative_scan(fn, elems, reverse=False, axis=0):
@@ -1653,7 +1694,8 @@ def associative_scan(fn, elems, reverse=False, axis=0):
     lazy and differentiable like them.
     """
     from .tensor import concatenate, flip, tensor
-    _check_function(fn, "associative_scan")
+    _check_step(fn, "associative_scan")
+    reverse = check_bool(reverse, "reverse", "associative_scan")
     leaves, tree = flatten(elems)
     if not leaves:
         raise ArgumentError("associative_scan: elems has no arrays")

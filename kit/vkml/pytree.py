@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from .errors import ArgumentError
 
 
@@ -83,11 +85,17 @@ def _static_fields(cls):
     return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("static"))
 
 
+_LEAF_TYPES = frozenset({np.ndarray, float, int, bool, np.float64, np.float32, np.int64, np.int32,
+                         np.bool_})
+
+
 def _node(tree):
     """One level of ``tree``: ``(kind, meta, children)``, or None for a leaf."""
+    cls = type(tree)
+    if cls in _LEAF_TYPES:               # the common leaves first: a call's flattening is per call
+        return None
     if tree is None:
         return "none", None, ()
-    cls = type(tree)
     if cls in _REGISTRY:
         children, aux = _REGISTRY[cls][0](tree)
         try:

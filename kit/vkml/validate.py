@@ -99,6 +99,15 @@ def check_real(value, name: str, op: str, low=None, high=None, low_open=False, h
     return out
 
 
+def check_choice(value, choices, name: str, op: str):
+    """``value`` if it is one of ``choices`` (strings, usually); an ArgumentError naming them
+    otherwise -- also for an unhashable or array value, which ``in`` could not compare."""
+    if isinstance(value, (str, int, float, type(None))) and value in choices:
+        return value
+    listed = repr(choices[0]) if len(choices) == 1 else "one of " + ", ".join(repr(c) for c in choices)
+    raise ArgumentError(f"{op}: {name} must be {listed}, got {describe(value)}")
+
+
 def check_sequence(value, name: str, op: str) -> list:
     """``value`` (a list, tuple or other iterable, not a string or mapping) as a list."""
     if isinstance(value, (str, bytes, dict, set, frozenset)) or value is None:

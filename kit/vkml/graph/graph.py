@@ -34,6 +34,11 @@ from ..errors import ArgumentError, Busy, DTypeError, ExecutionError, RecordErro
     ShapeError, VkmlError
 from .kernel import Kernel, Launch
 from .treesum import MIN_PASS, tree_sum
+from ..validate import check_choice, check_int
+
+#: The most runs one ``launch(n)`` takes (2**31): far more than any run finishes, so a larger n
+#: is a mistake, refused rather than left running for ever.
+MAX_LAUNCH_RUNS = 2 ** 31
 
 
 def threads() -> int:
@@ -208,8 +213,7 @@ class SkipGuard:
                 type(cell).__name__
             raise ArgumentError("SkipGuard: the guard must be a NumPy array cell of numbers, e.g. "
                                 f"np.array([1], dtype='uint32'); got {got}")
-        if how != "nonzero":
-            raise ArgumentError(f"SkipGuard: how must be 'nonzero', got {how!r}")
+        how = check_choice(how, ("nonzero",), "how", "SkipGuard")
         self.cell = cell
         self.how = how
 
@@ -588,13 +592,15 @@ class Graph:
                        "return")
 
     def launch(self, n=1):
-        """Run the graph ``n`` times; a recording graph runs exactly once per launch and records it.
+        """Run the graph ``n`` times (at most ``MAX_LAUNCH_RUNS``, 2**31); a recording graph runs
+        exactly once per launch and records it.
         All or nothing (:func:`all_or_nothing`): a launch refused part-way leaves every plane,
         the generation and the Record as they were."""
         if not self._built:
             raise ArgumentError("Graph.launch: call build() (or build(record=True)) first")
         if (type(n) is not int and (not isinstance(n, np.integer) or isinstance(n, np.bool_))) or n < 1:
             raise ArgumentError(f"Graph.launch: n (runs) must be a positive int, got {n!r}")
+        check_int(n, "n (runs)", "Graph.launch", high=MAX_LAUNCH_RUNS)
         with self._lock:
             self._check_free("launch")
             if self.recording:

@@ -142,8 +142,11 @@ class Launch:
         self.params = {}
         for name in kern.params:
             v = bindings[name]
-            arr = np.asarray(v.numpy() if isinstance(v, Tensor) else v)
-            if arr.dtype.kind not in "biuf":
+            try:
+                arr = np.asarray(v.numpy() if isinstance(v, Tensor) else v)
+            except (TypeError, ValueError):      # a ragged list: not an array at all
+                arr = None
+            if arr is None or arr.dtype.kind not in "biuf":
                 raise ArgumentError(f"kernel {kname}: Param {name!r} must be a number or an array "
                                     f"of numbers, got {type(v).__name__}")
             if arr.dtype.kind == "f" and arr.dtype != np.float32:

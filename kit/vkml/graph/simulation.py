@@ -3,8 +3,9 @@
 ``simulation(step, max_steps=..., record=True, window=..., memory_budget=..., **planes)``
 runs ``step`` (a kernel updating its state planes in place, e.g. ``theta``
 bound as input and output) until every sample has returned
-``terminated=True`` or ``max_steps`` steps have run; each sample stops at
-its own step (``record.steps``).  ``until_done([node, step], ...)`` also runs
+``terminated=True`` or ``max_steps`` steps (at most ``MAX_STEPS``, 2**40)
+have run; each sample stops at its own step (``record.steps``).
+``until_done([node, step], ...)`` also runs
 a user model node (``vkml.graph.opaque``) before the kernel on every step.
 
 A recorded run keeps the state at the start of every ``window`` steps.  The
@@ -46,6 +47,11 @@ from .graph import Opaque, changed_plane_message, execution_error, plane_signatu
     user_error
 from .kernel import Kernel, Launch
 from .treesum import chunk_bounds, combine, pass_size, tree_sum
+from ..validate import check_int
+
+#: The most steps a simulation takes (2**40, about 10**12): more than any run finishes, so a
+#: larger max_steps is a mistake, refused rather than left running for ever.
+MAX_STEPS = 2 ** 40
 
 
 def default_window(max_steps: int) -> int:
@@ -183,6 +189,7 @@ class Simulation:
                                "detect crossings inside the step kernel with vkml.where instead")
         if not _positive_int(max_steps):
             raise ArgumentError(f"simulation: max_steps must be a positive int, got {max_steps!r}")
+        check_int(max_steps, "max_steps", "simulation", high=MAX_STEPS)
         _check_options(record, memory_budget, snapshots, steps_per_launch, progress)
         if not record and (window is not None or memory_budget is not None):
             raise ArgumentError("simulation: window= and memory_budget= apply to a recorded run; "

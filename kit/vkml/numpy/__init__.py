@@ -52,6 +52,7 @@ from ..ops import numeric as _num
 from ..ops import special as _special
 from ..runtime import is_eager, is_grad_enabled
 from ..tensor import Tensor, _apply, _needs_grad, realize
+from .. import validate as _valid    # (a module: its names are not vkml.numpy's)
 
 float32, float64, int32, int64, bool_ = (_np.dtype(t) for t in ("float32", "float64", "int32",
                                                                   "int64", "bool"))
@@ -136,42 +137,254 @@ def _array(obj, dtype=None):
                             "numbers or nested lists of equal length") from None
 
 
-def _full(shape, fill_value, dtype=None):
-    shape = (int(shape),) if isinstance(shape, numbers.Integral) else tuple(int(d) for d in shape)
+def _dtype_or(dtype, default, op):
+    """``dtype`` checked, or ``default`` when it is None (as NumPy reads a missing dtype)."""
+    return default if dtype is None else _valid.check_dtype(dtype, op)
+
+
+def _filled(op, shape, fill_value, dtype):
+    shape = _valid.check_shape(shape, op)
     if isinstance(fill_value, Var):
         v = fill_value if dtype is None else _api.cast(fill_value, dtype)
         return _api.broadcast_to(v, shape)
     return _api.full(shape, fill_value, dtype)
 
 
+def _full(shape, fill_value, dtype=None):
+    return _filled("full", shape, fill_value, _dtype_or(dtype, None, "full"))
+
+
 def _zeros(shape, dtype=float64):
-    return _full(shape, 0, _np.dtype(dtype))
+    return _filled("zeros", shape, 0, _dtype_or(dtype, float64, "zeros"))
 
 
 def _ones(shape, dtype=float64):
-    return _full(shape, 1, _np.dtype(dtype))
+    return _filled("ones", shape, 1, _dtype_or(dtype, float64, "ones"))
+
+
+def _like(op, a, fill_value, dtype):
+    a = _api.as_var(a)
+    return _filled(op, a.shape, fill_value, _dtype_or(dtype, a.dtype, op))
 
 
 def _full_like(a, fill_value, dtype=None):
-    a = _api.as_var(a)
-    return _full(a.shape, fill_value, a.dtype if dtype is None else _np.dtype(dtype))
+    return _like("full_like", a, fill_value, dtype)
 
 
 def _zeros_like(a, dtype=None):
-    return _full_like(a, 0, dtype)
+    return _like("zeros_like", a, 0, dtype)
 
 
 def _ones_like(a, dtype=None):
-    return _full_like(a, 1, dtype)
+    return _like("ones_like", a, 1, dtype)
+
+
+_INT64 = _np.iinfo(_np.int64)
+
+
+def _scalar(value, name, op):
+    """A real number; an int stays an int (``arange(3)`` is integer) and must fit an int64."""
+    real = _valid.check_real(value, name, op)
+    if isinstance(value, numbers.Integral):
+        return _valid.check_int(value, name, op, int(_INT64.min), int(_INT64.max))
+    return real
 
 
 def _arange(start, stop=None, step=None, dtype=None):
-    args = [a for a in (start, stop, step) if a is not None]
-    return _api.constant(_np.arange(*args, dtype=dtype))
+    if stop is None:
+        if start is None:
+            raise ArgumentError("arange: give stop (arange(stop) or arange(start, stop))")
+        start, stop = 0, start
+    lo, hi = _scalar(start, "start", "arange"), _scalar(stop, "stop", "arange")
+    by = 1 if step is None else _scalar(step, "step", "arange")
+    if by == 0:
+        raise ArgumentError("arange: step must not be 0; give a positive or negative step")
+    dtype = _dtype_or(dtype, None, "arange")
+    if dtype == bool_:
+        raise ArgumentError("arange: dtype bool makes no range; use int32, int64 or a float dtype")
+    count = (hi - lo) / by
+    count = math.ceil(count) if math.isfinite(count) else _valid.MAX_ELEMENTS + 1    # 1e308 - -1e308
+    _valid.check_shape(builtins.max(0, count), "arange", "the number of values")
+    with _valid.host_memory("arange", "the values"):
+        return _api.constant(_np.arange(lo, hi, by, dtype=dtype))
+
+
+def _real_operand(value, name, op):
+    """A real number, or an array (list) of them: what NumPy computes ``linspace`` from."""
+    if isinstance(value, numbers.Real) and not isinstance(value, (bool, _np.bool_)):
+        return _valid.check_real(value, name, op, finite=False)
+    try:
+        out = _np.asarray(value) if not isinstance(value, (Var, str, bytes)) else None
+    except (TypeError, ValueError):
+        out = None
+    if out is None or out.dtype.kind not in "biuf":
+        raise ArgumentError(f"{op}: {name} must be a real number or an array of them, got "
+                            f"{type(value).__name__}")
+    return out
+
+
+def _linspace(start, stop, num=50, endpoint=True, dtype=None):
+    start, stop = _real_operand(start, "start", "linspace"), _real_operand(stop, "stop", "linspace")
+    num = _valid.check_int(num, "num", "linspace", low=0, high=_valid.MAX_ELEMENTS)
+    endpoint = _valid.check_bool(endpoint, "endpoint", "linspace")
+    with _valid.host_memory("linspace", f"{num} values"):
+        return _num.linspace(start, stop, num, endpoint, _dtype_or(dtype, None, "linspace"))
+
+
+def _diagonal_offset(k, rows, cols, name, op):
+    """A diagonal's offset as an int; one beyond the matrix is clamped just past its corner
+    (every such offset selects the same nothing), so a huge one cannot overflow NumPy's C long."""
+    k = _valid.check_int(k, name, op)
+    return builtins.max(-rows - 1, builtins.min(k, cols + 1))
+
+
+def _eye(N, M=None, k=0, dtype=float64):
+    n = _valid.check_int(N, "N", "eye", low=0)
+    m = n if M is None else _valid.check_int(M, "M", "eye", low=0)
+    _valid.check_shape((n, m), "eye")
+    k = _diagonal_offset(k, n, m, "k", "eye")
+    with _valid.host_memory("eye", f"a {n} x {m} matrix"):
+        return _num.eye(n, m, k, dtype=_dtype_or(dtype, float64, "eye"))
 
 
 def _identity(n, dtype=float64):
-    return _num.eye(n, dtype=dtype)
+    n = _valid.check_int(n, "n", "identity", low=0)
+    _valid.check_shape((n, n), "identity")
+    with _valid.host_memory("identity", f"a {n} x {n} matrix"):
+        return _num.eye(n, dtype=_dtype_or(dtype, float64, "identity"))
+
+
+# -- functions whose non-array arguments are checked here before the math sees them ----------------
+
+#: |decimals| at most this: 10.0 ** 308 is the largest power of ten a float64 holds
+_MAX_DECIMALS = 308
+
+#: ``split``/``array_split`` make at most this many pieces more than the axis has elements (each
+#: piece is a Tensor; a million empty ones is a mistake, not a split)
+_MAX_EMPTY_PIECES = 2 ** 16
+
+
+def _decimals(decimals, op):
+    return _valid.check_int(decimals, "decimals", op, -_MAX_DECIMALS, _MAX_DECIMALS)
+
+
+def _round(x, decimals=0):
+    return _num.round(x, _decimals(decimals, "round"))
+
+
+def _around(x, decimals=0):
+    return _num.round(x, _decimals(decimals, "around"))
+
+
+def _var(x, axis=None, ddof=0, keepdims=False):
+    return _num.var(x, axis, _valid.check_int(ddof, "ddof", "var"),
+                    _valid.check_bool(keepdims, "keepdims", "var"))
+
+
+def _std(x, axis=None, ddof=0, keepdims=False):
+    return _num.std(x, axis, _valid.check_int(ddof, "ddof", "std"),
+                    _valid.check_bool(keepdims, "keepdims", "std"))
+
+
+def _prod(x, axis=None, keepdims=False):
+    return _num.prod(x, axis, _valid.check_bool(keepdims, "keepdims", "prod"))
+
+
+def _matrix_sides(x):
+    """The last two sizes of ``x`` (zeros below 2-D, which the operation itself refuses)."""
+    return _sides(x, -2, -1)
+
+
+def _sides(x, axis1, axis2):
+    """The sizes of axes (axis1, axis2) of ``x``; zeros for axes it lacks (refused later)."""
+    def size(axis):
+        ok = isinstance(axis, numbers.Integral) and -x.ndim <= axis < x.ndim
+        return x.shape[axis] if ok else 0
+    return size(axis1), size(axis2)
+
+
+def _diagonal(a, offset=0, axis1=0, axis2=1):
+    a = _api.as_var(a)
+    offset = _diagonal_offset(offset, *_sides(a, axis1, axis2), "offset", "diagonal")
+    return _num.diagonal(a, offset, axis1, axis2)
+
+
+def _trace(a, offset=0, axis1=0, axis2=1):
+    a = _api.as_var(a)
+    return _num.trace(a, _diagonal_offset(offset, *_sides(a, axis1, axis2), "offset", "trace"),
+                      axis1, axis2)
+
+
+def _diag(v, k=0):
+    v = _api.as_var(v)
+    if v.ndim == 2:
+        return _num.diag(v, _diagonal_offset(k, *_matrix_sides(v), "k", "diag"))
+    k = _valid.check_int(k, "k", "diag")
+    if v.ndim == 1:          # the matrix made grows with |k|
+        _valid.check_shape((v.shape[0] + builtins.abs(k),) * 2, "diag", "the matrix")
+    return _num.diag(v, k)
+
+
+def _triu(m, k=0):
+    m = _api.as_var(m)
+    return _num.triu(m, _diagonal_offset(k, *_matrix_sides(m), "k", "triu"))
+
+
+def _tril(m, k=0):
+    m = _api.as_var(m)
+    return _num.tril(m, _diagonal_offset(k, *_matrix_sides(m), "k", "tril"))
+
+
+def _ints(value, name, op, low=None, high=None):
+    """An int, or a list of ints (``roll``'s shifts, ``repeat``'s counts, ``split``'s cuts)."""
+    if isinstance(value, (list, tuple)) or isinstance(value, _np.ndarray) and value.ndim:
+        return [_valid.check_int(v, f"{name}[{i}]", op, low, high)
+                for i, v in enumerate(_valid.check_sequence(value, name, op))]
+    return _valid.check_int(value, name, op, low, high)
+
+
+def _roll(a, shift, axis=None):
+    return _num.roll(a, _ints(shift, "shift", "roll"), axis)
+
+
+def _repeat(a, repeats, axis=None):
+    return _num.repeat(a, _ints(repeats, "repeats", "repeat", 0, _valid.MAX_ELEMENTS), axis)
+
+
+def _tile(A, reps):
+    return _num.tile(A, _ints(reps, "reps", "tile", 0, _valid.MAX_ELEMENTS))
+
+
+def _pieces(op, ary, indices_or_sections, axis):
+    """``indices_or_sections`` as cut points (a list) or a number of pieces, bounded."""
+    if isinstance(indices_or_sections, (list, tuple)) or \
+            isinstance(indices_or_sections, _np.ndarray) and indices_or_sections.ndim:
+        return _ints(indices_or_sections, "indices_or_sections", op)
+    a = _api.as_var(ary)
+    length = a.shape[_api.normalize_axis(op, a.ndim, axis)] if a.ndim else 0
+    return _valid.check_int(indices_or_sections, "indices_or_sections (the number of pieces)", op,
+                            1, builtins.max(length, _MAX_EMPTY_PIECES))
+
+
+def _split_(ary, indices_or_sections, axis=0):
+    return _num.split(ary, _pieces("split", ary, indices_or_sections, axis), axis)
+
+
+def _array_split(ary, indices_or_sections, axis=0):
+    return _num.array_split(ary, _pieces("array_split", ary, indices_or_sections, axis), axis)
+
+
+def _hstack(tup):
+    return _num.hstack(_valid.check_sequence(tup, "tup", "hstack"))
+
+
+def _vstack(tup):
+    return _num.vstack(_valid.check_sequence(tup, "tup", "vstack"))
+
+
+def _meshgrid(*xi, indexing="xy"):
+    indexing = _valid.check_choice(indexing, ("xy", "ij"), "indexing", "meshgrid")
+    return _num.meshgrid(*xi, indexing=indexing)
 
 
 def _take(a, indices, axis=None):
@@ -263,8 +476,8 @@ _TABLE = [
     ("ceil", _num.ceil, "Smallest whole number >= x; derivative zero.", "vnp.ceil([-1.5, 1.5])", "tensor([-1.,  2.], dtype=float64)"),
     ("trunc", _num.trunc, "x rounded toward zero; derivative zero.", "vnp.trunc([-1.5, 1.5])", "tensor([-1.,  1.], dtype=float64)"),
     ("rint", _num.rint, "x rounded to the nearest whole number, halves to even; derivative zero.", "vnp.rint([0.5, 1.5, 2.5])", "tensor([0., 2., 2.], dtype=float64)"),
-    ("round", _num.round, "Round half to even at ``decimals`` places; derivative zero.", "vnp.round([0.125, 2.5], 1)", "tensor([0.1, 2.5], dtype=float64)"),
-    ("around", _num.round, "``round``.", "vnp.around([0.5, 1.5])", "tensor([0., 2.], dtype=float64)"),
+    ("round", _round, "Round half to even at ``decimals`` places; derivative zero.", "vnp.round([0.125, 2.5], 1)", "tensor([0.1, 2.5], dtype=float64)"),
+    ("around", _around, "``round``.", "vnp.around([0.5, 1.5])", "tensor([0., 2.], dtype=float64)"),
     ("mod", _num.mod, "x % y with the divisor's sign; d/dx = 1, d/dy = -floor(x / y).", "vnp.mod([5.0, -5.0], 3.0)", "tensor([2., 1.], dtype=float64)"),
     ("remainder", _num.mod, "``mod``.", "vnp.remainder([5, -5], 3)", "tensor([2, 1], dtype=int64)"),
     ("fmod", _special.fmod, "The C remainder, with the dividend's sign.", "vnp.fmod([5.0, -5.0], 3.0)", "tensor([ 2., -2.], dtype=float64)"),
@@ -286,11 +499,11 @@ _TABLE = [
     ("amin", _api.min, "``min``.", "vnp.amin([1.0, 5.0])", "tensor(1., dtype=float64)"),
     ("argmax", _api.argmax, "Index of the first maximum (flat when ``axis`` is None).", "vnp.argmax([1.0, 5.0, 3.0])", "tensor(1, dtype=int64)"),
     ("argmin", _api.argmin, "Index of the first minimum (flat when ``axis`` is None).", "vnp.argmin([[4.0, 1.0], [0.0, 2.0]], axis=1)", "tensor([1, 0], dtype=int64)"),
-    ("prod", _num.prod, "Product over ``axis``; exact derivative where elements are zero.", "vnp.prod([[1.0, 2.0], [3.0, 4.0]], axis=1)", "tensor([ 2., 12.], dtype=float64)"),
+    ("prod", _prod, "Product over ``axis``; exact derivative where elements are zero.", "vnp.prod([[1.0, 2.0], [3.0, 4.0]], axis=1)", "tensor([ 2., 12.], dtype=float64)"),
     ("cumsum", _num.cumsum, "Running sum along ``axis`` (flat when None).", "vnp.cumsum([1.0, 2.0, 3.0])", "tensor([1., 3., 6.], dtype=float64)"),
     ("cumprod", _num.cumprod, "Running product along ``axis`` (flat when None).", "vnp.cumprod([1.0, 2.0, 3.0])", "tensor([1., 2., 6.], dtype=float64)"),
-    ("var", _num.var, "Variance over ``axis``, divided by n - ddof.", "vnp.var([1.0, 2.0, 3.0, 4.0])", "tensor(1.25, dtype=float64)"),
-    ("std", _num.std, "Standard deviation, sqrt(var).", "vnp.std([1.0, 2.0, 3.0, 4.0], ddof=1)", "tensor(1.29099445, dtype=float64)"),
+    ("var", _var, "Variance over ``axis``, divided by n - ddof.", "vnp.var([1.0, 2.0, 3.0, 4.0])", "tensor(1.25, dtype=float64)"),
+    ("std", _std, "Standard deviation, sqrt(var).", "vnp.std([1.0, 2.0, 3.0, 4.0], ddof=1)", "tensor(1.29099445, dtype=float64)"),
     ("any", _num.any, "Whether any element is nonzero (bool).", "vnp.any([[0, 1], [0, 0]], axis=1)", "tensor([ True, False], dtype=bool)"),
     ("all", _num.all, "Whether every element is nonzero (bool).", "vnp.all([[1, 1], [0, 1]], axis=1)", "tensor([ True, False], dtype=bool)"),
     ("ptp", _num.ptp, "max - min over ``axis``.", "vnp.ptp([1.0, 5.0, 3.0])", "tensor(4., dtype=float64)"),
@@ -309,19 +522,19 @@ _TABLE = [
     ("broadcast_to", _api.broadcast_to, "Repeated to ``shape`` as broadcasting would.", "vnp.broadcast_to([1, 2], (2, 2))", 'tensor([[1, 2],\n        [1, 2]], dtype=int64)'),
     ("concatenate", _concatenate, "Joined along an existing ``axis``.", "vnp.concatenate([[1, 2], [3]])", "tensor([1, 2, 3], dtype=int64)"),
     ("stack", _api.stack, "Joined along a new ``axis``.", "vnp.stack([[1, 2], [3, 4]], axis=1)", 'tensor([[1, 3],\n        [2, 4]], dtype=int64)'),
-    ("hstack", _num.hstack, "Joined along axis 1 (axis 0 for 1-D).", "vnp.hstack([[1, 2], [3]])", "tensor([1, 2, 3], dtype=int64)"),
-    ("vstack", _num.vstack, "Joined as rows (1-D operands become rows).", "vnp.vstack([[1, 2], [3, 4]])", 'tensor([[1, 2],\n        [3, 4]], dtype=int64)'),
+    ("hstack", _hstack, "Joined along axis 1 (axis 0 for 1-D).", "vnp.hstack([[1, 2], [3]])", "tensor([1, 2, 3], dtype=int64)"),
+    ("vstack", _vstack, "Joined as rows (1-D operands become rows).", "vnp.vstack([[1, 2], [3, 4]])", 'tensor([[1, 2],\n        [3, 4]], dtype=int64)'),
     ("flip", _flip, "Order reversed along ``axis`` (all axes when None).", "vnp.flip([1, 2, 3])", "tensor([3, 2, 1], dtype=int64)"),
-    ("roll", _num.roll, "Elements shifted along ``axis``, wrapping around (flat when None).", "vnp.roll([1, 2, 3, 4], 1)", "tensor([4, 1, 2, 3], dtype=int64)"),
-    ("repeat", _num.repeat, "Each element repeated (``repeats``: an int or one per element).", "vnp.repeat([1, 2], 2)", "tensor([1, 1, 2, 2], dtype=int64)"),
-    ("tile", _num.tile, "The whole array repeated ``reps`` times per axis.", "vnp.tile([1, 2], 2)", "tensor([1, 2, 1, 2], dtype=int64)"),
+    ("roll", _roll, "Elements shifted along ``axis``, wrapping around (flat when None).", "vnp.roll([1, 2, 3, 4], 1)", "tensor([4, 1, 2, 3], dtype=int64)"),
+    ("repeat", _repeat, "Each element repeated (``repeats``: an int or one per element).", "vnp.repeat([1, 2], 2)", "tensor([1, 1, 2, 2], dtype=int64)"),
+    ("tile", _tile, "The whole array repeated ``reps`` times per axis.", "vnp.tile([1, 2], 2)", "tensor([1, 2, 1, 2], dtype=int64)"),
     ("take", _take, "Elements at ``indices`` along ``axis`` (flat when None).", "vnp.take([10.0, 20.0, 30.0], [2, 0])", "tensor([30., 10.], dtype=float64)"),
     ("take_along_axis", _api.take_along_axis, "out[i, j] = a[i, indices[i, j]] along ``axis``.", "vnp.take_along_axis([[10.0, 20.0]], [[1, 0]], axis=1)", "tensor([[20., 10.]], dtype=float64)"),
-    ("diagonal", _num.diagonal, "The ``offset`` diagonal of axes (axis1, axis2), as a last axis.", "vnp.diagonal([[1, 2], [3, 4]])", "tensor([1, 4], dtype=int64)"),
-    ("diag", _num.diag, "A matrix's k-th diagonal, or the matrix with a vector on it.", "vnp.diag([1.0, 2.0])", 'tensor([[1., 0.],\n        [0., 2.]], dtype=float64)'),
-    ("trace", _num.trace, "Sum of the ``offset`` diagonal.", "vnp.trace([[1.0, 2.0], [3.0, 4.0]])", "tensor(5., dtype=float64)"),
-    ("triu", _num.triu, "Zero below the k-th diagonal.", "vnp.triu([[1, 2], [3, 4]])", 'tensor([[1, 2],\n        [0, 4]], dtype=int64)'),
-    ("tril", _num.tril, "Zero above the k-th diagonal.", "vnp.tril([[1, 2], [3, 4]])", 'tensor([[1, 0],\n        [3, 4]], dtype=int64)'),
+    ("diagonal", _diagonal, "The ``offset`` diagonal of axes (axis1, axis2), as a last axis.", "vnp.diagonal([[1, 2], [3, 4]])", "tensor([1, 4], dtype=int64)"),
+    ("diag", _diag, "A matrix's k-th diagonal, or the matrix with a vector on it.", "vnp.diag([1.0, 2.0])", 'tensor([[1., 0.],\n        [0., 2.]], dtype=float64)'),
+    ("trace", _trace, "Sum of the ``offset`` diagonal.", "vnp.trace([[1.0, 2.0], [3.0, 4.0]])", "tensor(5., dtype=float64)"),
+    ("triu", _triu, "Zero below the k-th diagonal.", "vnp.triu([[1, 2], [3, 4]])", 'tensor([[1, 2],\n        [0, 4]], dtype=int64)'),
+    ("tril", _tril, "Zero above the k-th diagonal.", "vnp.tril([[1, 2], [3, 4]])", 'tensor([[1, 0],\n        [3, 4]], dtype=int64)'),
     # products
     ("matmul", _api.matmul, "Matrix product ``a @ b`` (1-D operands and batch broadcasting).", "vnp.matmul([[1.0, 2.0]], [[3.0], [4.0]])", "tensor([[11.]], dtype=float64)"),
     ("dot", _num.dot, "NumPy's dot: a product for scalars, matmul to 2-D, last axis of a with the second-to-last of b beyond.", "vnp.dot([1.0, 2.0], [3.0, 4.0])", "tensor(11., dtype=float64)"),
@@ -340,16 +553,16 @@ _TABLE = [
     ("ones_like", _ones_like, "Ones of ``a``'s shape and dtype.", "vnp.ones_like([1, 2])", "tensor([1, 1], dtype=int64)"),
     ("full_like", _full_like, "``fill_value`` in ``a``'s shape and dtype.", "vnp.full_like([1.0, 2.0], 3.0)", "tensor([3., 3.], dtype=float64)"),
     ("arange", _arange, "Evenly spaced values in [start, stop).", "vnp.arange(3)", "tensor([0, 1, 2], dtype=int64)"),
-    ("linspace", _num.linspace, "``num`` evenly spaced values from start to stop.", "vnp.linspace(0.0, 1.0, 3)", "tensor([0. , 0.5, 1. ], dtype=float64)"),
-    ("eye", _num.eye, "Ones on the k-th diagonal of an n x m matrix.", "vnp.eye(2)", 'tensor([[1., 0.],\n        [0., 1.]], dtype=float64)'),
+    ("linspace", _linspace, "``num`` evenly spaced values from start to stop.", "vnp.linspace(0.0, 1.0, 3)", "tensor([0. , 0.5, 1. ], dtype=float64)"),
+    ("eye", _eye, "Ones on the k-th diagonal of an n x m matrix.", "vnp.eye(2)", 'tensor([[1., 0.],\n        [0., 1.]], dtype=float64)'),
     ("identity", _identity, "The n x n identity.", "vnp.identity(2)", 'tensor([[1., 0.],\n        [0., 1.]], dtype=float64)'),
     ("astype", _astype, "``x`` converted to ``dtype``.", "vnp.astype([1.5, 2.5], vnp.int32)", "tensor([1, 2], dtype=int32)"),
 ]
 
 _MANY = [
-    ("split", _num.split, "Pieces along ``axis``: n equal sections, or cut at the given indices.", "vnp.split([1, 2, 3, 4], 2)", "[tensor([1, 2], dtype=int64), tensor([3, 4], dtype=int64)]"),
-    ("array_split", _num.array_split, "``split``, allowing sections of unequal length.", "vnp.array_split([1, 2, 3], 2)", "[tensor([1, 2], dtype=int64), tensor([3], dtype=int64)]"),
-    ("meshgrid", _num.meshgrid, "Coordinate grids from 1-D coordinates (``indexing`` 'xy' or 'ij').", "vnp.meshgrid([1, 2], [3, 4, 5])[0].shape", "(3, 2)"),
+    ("split", _split_, "Pieces along ``axis``: n equal sections, or cut at the given indices.", "vnp.split([1, 2, 3, 4], 2)", "[tensor([1, 2], dtype=int64), tensor([3, 4], dtype=int64)]"),
+    ("array_split", _array_split, "``split``, allowing sections of unequal length.", "vnp.array_split([1, 2, 3], 2)", "[tensor([1, 2], dtype=int64), tensor([3], dtype=int64)]"),
+    ("meshgrid", _meshgrid, "Coordinate grids from 1-D coordinates (``indexing`` 'xy' or 'ij').", "vnp.meshgrid([1, 2], [3, 4, 5])[0].shape", "(3, 2)"),
 ]
 
 def _same_tensor(lifted):

@@ -31,7 +31,7 @@ import numpy as np
 from ..errors import ArgumentError, DTypeError, IndexOutOfRangeError, ShapeError
 from ..ir import Var, dtype_name
 from ..threadsafe import Setting
-from ..validate import (canonical_dtype, check_bool, check_dtype, check_int, check_sequence,
+from ..validate import (DTYPES, canonical_dtype, check_bool, check_dtype, check_int, check_sequence,
                         check_shape, describe, host_memory)
 from .core import Linear, bind
 from .elementwise import (abs_p, add_p, cast_p, cos_p, div_p, equal_p, exp_p, greater_equal_p,
@@ -60,6 +60,15 @@ _INT64_MAX = np.iinfo(np.int64).max
 
 def constant(value, dtype=None, device=None) -> Var:
     """A leaf Var holding ``value`` (copied, so later changes to it are not seen)."""
+    if dtype is None and type(value) is np.ndarray and value.dtype in DTYPES:
+        # the common call (an array argument of one of vkml's dtypes): nothing to check or cast
+        try:
+            arr = value.copy()
+        except MemoryError:
+            raise ShapeError(f"tensor: a copy of an array of shape {value.shape} needs more memory "
+                             "than this process can allocate; use a smaller shape") from None
+        arr.flags.writeable = False
+        return Var(arr.shape, arr.dtype, device or default_device(), value=arr)
     if dtype is not None:
         dtype = check_dtype(dtype, "tensor")
     if isinstance(value, (str, bytes, dict, set)) or value is None:
