@@ -184,7 +184,7 @@ def _jit_counters() -> dict:
     """id -> (jitted function, its counters), for every function vkml.jit has made."""
     from vkml import programs
     out = {}
-    for j in list(programs._JITTED.values()):
+    for j in programs.live_jitted():
         if getattr(j.fn, "__module__", "") .startswith("vkml."):
             continue  # the library's own helpers are not what the user called
         out[id(j)] = (j, (j.traces, j.hits, j.derivations))
@@ -217,8 +217,8 @@ def _is_picture(value) -> bool:
 
 
 def _traced(t) -> bool:
-    from vkml.tensor import _is_traced
-    return _is_traced(t.ir_var)
+    from vkml.runtime import is_traced
+    return is_traced(t.ir_var)
 
 
 @magics_class
@@ -436,6 +436,8 @@ def info_text() -> str:
              f"eager mode: {'on' if vkml.is_eager() else 'off'}"]
     lines += [f"{k}: {v}" for k, v in info.items()]
     lines.append(f"counters since the last reset: {counts_text(vkml.stats())}")
+    sizes = ", ".join(f"{name} {n}" for name, n in vkml.stats().caches.items()) or "empty"
+    lines.append(f"caches (at most {vkml.cache_limit()} entries each): {sizes}")
     hint = viz.dot_available()
     lines.append("diagrams: graphviz dot found" if hint is None else f"diagrams: off {hint}")
     return "\n".join(lines)

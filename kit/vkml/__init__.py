@@ -9,7 +9,9 @@ The public API (see DESIGN.md):
   ``fori_loop``, ``while_loop``, ``associative_scan``, ``cond``/``switch``, ``custom_vjp``, over
   pytrees (tuples, lists, dicts, namedtuples, dataclasses, ``pytree.register``-ed classes)
 - ``nn`` and ``optim``: layers, losses, SGD and Adam
-- backends: ``set_backend``, ``backend_info``
+- backends and modes: ``set_backend``/``use_backend``, ``backend_info``, ``no_grad``/``eager``
+  (per thread and asyncio task; see ``vkml.runtime``)
+- caches: ``clear_caches``, ``set_cache_limit``/``cache_limit``; sizes in ``stats().caches``
 - ``vkml.numpy`` (``import vkml.numpy as vnp``) and ``vkml.scipy.special``: NumPy's and
   SciPy's names on lazy, differentiable tensors
 - ``viz``: graphviz pictures of Programs, lazy graphs, derived programs, Graphs and Records
@@ -18,8 +20,10 @@ The public API (see DESIGN.md):
   from the separate ``vkml_jupyter`` package, imported only when asked for
 """
 
-from . import errors, ir, ops, pytree
-from .backends import backend_info, reset_stats, set_backend, stats
+from . import errors, ir, ops, pytree, runtime
+from .backends import backend_info, reset_stats, stats
+from .runtime import (cache_limit, clear_caches, eager, enable_grad, is_eager, is_grad_enabled,
+                      no_grad, set_backend, set_cache_limit, set_eager, use_backend)
 from .errors import (ArgumentError, BackendError, DTypeError, ExecutionError, GradError, ShapeError,
                      TracingError, VkmlError, VkmlWarning)
 from .ir import Program, Var
@@ -28,12 +32,12 @@ from .programs import (GradCheckError, Jitted, associative_scan, check_grads, ch
                        custom_jvp, custom_vjp, fori_loop, grad, hessian, hvp, jacfwd, jacrev, jit, jvp,
                        linearize, program, scan, switch, value_and_grad, vjp, vmap, while_loop)
 from .tensor import (Tensor, abs, add, arange, argmax, argmin, assign, avg_pool2d, backward,
-                     broadcast_to, cast, clip, concatenate, conv2d, cos, div, dot, eager, equal,
+                     broadcast_to, cast, clip, concatenate, conv2d, cos, div, dot, equal,
                      exp, expand_dims, flatten, flip, floor_divide, full, gather, greater,
-                     greater_equal, is_eager, less, less_equal, log, log_softmax, logical_and,
+                     greater_equal, less, less_equal, log, log_softmax, logical_and,
                      logical_not, logical_or, logsumexp, matmul, max, max_pool2d, maximum, mean,
-                     min, minimum, mod, mul, neg, no_grad, not_equal, ones, ones_like, pad, permute,
-                     pow, realize, relu, reshape, scatter_add, set_eager, sigmoid, sign, sin, softmax,
+                     min, minimum, mod, mul, neg, not_equal, ones, ones_like, pad, permute,
+                     pow, realize, relu, reshape, scatter_add, sigmoid, sign, sin, softmax,
                      sqrt, square, squeeze, stack, std, stop_gradient, sub, sum, swapaxes, take,
                      take_along_axis, tanh, tensor, transpose, var, where, zeros, zeros_like)
 

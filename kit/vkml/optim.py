@@ -32,7 +32,8 @@ import math
 from .errors import ArgumentError, DTypeError, ShapeError
 from .ir import dtype_name
 from .programs import jit, value_and_grad
-from .tensor import Tensor, assign, no_grad, sqrt, zeros_like
+from .runtime import no_grad
+from .tensor import Tensor, assign, sqrt, zeros_like
 from .validate import check_callable, check_real, check_sequence, describe
 
 __all__ = ["Optimizer", "SGD", "Adam", "CompiledStep"]

@@ -22,12 +22,13 @@ from __future__ import annotations
 import functools
 import inspect
 import numbers
+import types
 import warnings
 import weakref
 
 import numpy as np
 
-from . import backends
+from . import runtime
 from .errors import (ArgumentError, DTypeError, ExecutionError, GradError, ShapeError, VkmlError,
                      VkmlWarning)
 from .ir import Program, Var, collect, current_serial, dtype_name, format_shape, program_from_dag
@@ -35,7 +36,8 @@ from .ops import api
 from .printer import pp_program
 from .pytree import broadcast_prefix, flatten, unflatten
 from .stats import STATS
-from .tensor import Tensor, _GRAD_ENABLED, _submit
+from .tensor import Tensor
+from .threadsafe import Cache
 from .transforms import jvp_program, partial_eval, transpose_program, vmap_program
 from .transforms.ad import derived
 from .transforms.control import call, scan_bind
@@ -127,15 +129,9 @@ def _trace(fn, in_tree, in_vars, where):
     return program_from_dag(fresh, inline(inner, fresh)), out_tree, captures
 
 
-class _grad_disabled:
+def _grad_disabled():
     """Inside a trace, requires_grad bookkeeping is the derivation's job, not the tape's."""
-
-    def __enter__(self):
-        self.old = _GRAD_ENABLED[0]
-        _GRAD_ENABLED[0] = False
-
-    def __exit__(self, *exc):
-        _GRAD_ENABLED[0] = self.old
+    return runtime.no_grad()
 
 
 #: placeholders of traces that have finished: a value made from one can never be computed
@@ -185,10 +181,7 @@ def _realize_captures(outs, placeholders, start):
     traced = set(outer)
     pending = [v for v in leaves if v not in inputs and v.value is None and v.eqn is not None
                and v not in traced]
-    if pending:
-        from .tensor import _run, _settle
-        for v, value in zip(pending, _run(pending)):
-            _settle(v, value, keep_history=True)
+    runtime.realize(pending, keep_history=True)
     return outer
 
 
@@ -201,9 +194,15 @@ class Jitted:
         if not callable(fn):
             raise ArgumentError(f"jit: expected a function, got {type(fn).__name__}")
         self.fn = fn
-        self._entries = {}
+        # one program per key, the least recently used dropped past vkml.set_cache_limit
+        self._entries = Cache("jit programs")
         self.traces = self.compiles = self.derivations = self.hits = 0
         functools.update_wrapper(self, fn)
+        if not hasattr(self, "__name__"):       # a callable object: named by its class
+            self.__name__ = type(fn).__name__
+        for name in (_OWN_JIT, _OWN_CALLER):    # update_wrapper copied fn's __dict__: not ours
+            self.__dict__.pop(name, None)
+        _LIVE.add(self)
 
     def _lookup(self, args):
         leaves, in_tree, in_vars = _flat_args(args)
@@ -214,8 +213,9 @@ class Jitted:
             entry = _Entry(program, out_tree, captures)
             if not captures:
                 # a closure over an enclosing trace's values is traced again on the next call,
-                # which closes over other values; its derivations are still cached by structure
-                self._entries[key] = entry
+                # which closes over other values; its derivations are still cached by structure.
+                # Two threads tracing one key at once both use the program stored first.
+                entry = self._entries.put_first(key, entry)
             self.traces += 1
         else:
             self.hits += 1
@@ -260,7 +260,15 @@ class Jitted:
         return f"<vkml.jit of {getattr(self.fn, '__qualname__', self.fn)!r}>"
 
 
+#: jitted functions of callables that cannot hold their own (see _cached_jit)
 _JITTED = weakref.WeakKeyDictionary()
+#: every jitted function alive (weakly: it goes with its function)
+_LIVE = weakref.WeakSet()
+
+
+def live_jitted() -> list:
+    """Every jitted function alive now (what the ``%%vkml`` magic watches to see which ran)."""
+    return list(_LIVE)
 
 
 def jit(fn=None, static_argnums=None):
@@ -285,20 +293,42 @@ def jit(fn=None, static_argnums=None):
         return _StaticJitted(fn, static_argnums)
     if isinstance(fn, Jitted):
         return fn
+    return _cached_jit(fn)
+
+
+def _cached_jit(fn) -> Jitted:
+    """The one Jitted of ``fn`` while either lives, freed with them.
+
+    A plain function keeps its Jitted in its own ``__dict__`` (a cycle the
+    collector frees once the user drops both); a registry holding the Jitted
+    would keep the function alive through it forever.  Other callables
+    (bound methods, callable objects) are found through a weak registry that
+    holds a weak reference to their Jitted, so the Jitted lives as long as the
+    caller keeps it."""
+    if isinstance(fn, types.FunctionType):
+        jitted = fn.__dict__.get(_OWN_JIT)
+        if not isinstance(jitted, Jitted) or jitted.fn is not fn:
+            jitted = fn.__dict__[_OWN_JIT] = Jitted(fn)
+        return jitted
     try:
-        jitted = _JITTED.get(fn)
+        ref = _JITTED.get(fn)
     except TypeError:
         return Jitted(fn)
+    jitted = ref() if ref is not None else None
     if jitted is None:
-        jitted = _JITTED[fn] = Jitted(fn)
+        jitted = Jitted(fn)
+        _JITTED[fn] = weakref.ref(jitted)
     return jitted
+
+
+_OWN_JIT = "__vkml_jitted__"
 
 
 def _apply_program(owner, entry, variant_tag, prog, in_vars, requires_grad):
     """Run ``prog`` on ``in_vars``: at once if all are concrete, else as one lazy ``call``."""
     values = [v.value for v in in_vars]
     if not requires_grad and all([x is not None for x in values]):
-        backend = backends.current()
+        backend = runtime.current_backend()
         # the variant: backend and the argument layout it compiles for; compiled once each
         variant = (id(prog), variant_tag, backend.name, backend.layout(values))
         exe = entry.executables.get(variant) if entry is not None else None
@@ -310,11 +340,11 @@ def _apply_program(owner, entry, variant_tag, prog, in_vars, requires_grad):
             owner.compiles += len(made)
             if entry is not None:
                 entry.executables[variant] = exe
-        outs = _submit(backend, exe, values, prog.eqns, resident=True)
+        outs = runtime.submit(backend, exe, values, prog.eqns, resident=True)
         return [Tensor(Var(o.shape, o.dtype, o.device, value=val))
                 for o, val in zip(prog.outputs, outs)]
     outs = call(prog, *in_vars) if prog.eqns or prog.outputs else []
-    grad = requires_grad and _GRAD_ENABLED[0]
+    grad = requires_grad and runtime.is_grad_enabled()
     return [Tensor(o, grad and o.dtype.kind == "f") for o in outs]
 
 
@@ -401,20 +431,19 @@ def _captures_of(outs, placeholders):
 
 def _wrap(vars_, operands):
     """Tensors for a construct's results; they require grad if an operand's graph does."""
-    requires = _GRAD_ENABLED[0] and _needs_grad_vars(operands)
+    requires = runtime.is_grad_enabled() and _needs_grad_vars(operands)
     tensors = [Tensor(v, requires and v.dtype.kind == "f") for v in vars_]
-    from .tensor import _EAGER, _is_traced, realize
-    if _EAGER[0] and tensors and not _is_traced(tensors[0].ir_var):
+    if runtime.is_eager() and tensors and not runtime.is_traced(tensors[0].ir_var):
+        from .tensor import realize
         realize(tensors)
     return tensors
 
 
 def _needs_grad_vars(vars_):
-    from .tensor import _GRAD_LEAVES
     if not vars_:
         return False
     leaves, _ = collect(list(vars_), is_leaf=lambda v: False)
-    return any(v in _GRAD_LEAVES for v in leaves)
+    return any(runtime.is_grad_leaf(v) for v in leaves)
 
 
 # -- derivatives ------------------------------------------------------------------------------------
@@ -1198,19 +1227,26 @@ _KEYWORD_CALLERS = weakref.WeakKeyDictionary()
 def _with_keywords(fn):
     """``fn`` taking its keyword arguments as one last positional dict, so they are traced arguments
     (not differentiated), not constants baked into the program.  One per ``fn``, so jit's cache hits."""
+    own = fn.__dict__ if isinstance(fn, types.FunctionType) else None
     try:
-        caller = _KEYWORD_CALLERS.get(fn)
+        caller = own.get(_OWN_CALLER) if own is not None else _KEYWORD_CALLERS.get(fn)
     except TypeError:
         caller = None
     if caller is None:
         def caller(*args):
             return fn(*args[:-1], **args[-1])
         caller.__name__ = getattr(fn, "__name__", "f")
-        try:
-            _KEYWORD_CALLERS[fn] = caller
-        except TypeError:
-            pass
+        if own is not None:             # lives and dies with fn (a registry would keep fn alive)
+            own[_OWN_CALLER] = caller
+        else:
+            try:
+                _KEYWORD_CALLERS[fn] = caller
+            except TypeError:
+                pass
     return caller
+
+
+_OWN_CALLER = "__vkml_keyword_caller__"
 
 
 def _passing_keywords(fn, argnums, has_aux, with_value, where):
@@ -1246,7 +1282,7 @@ class _StaticJitted:
             raise ArgumentError(f"jit: static_argnums must be an int or a tuple of ints (positions of "
                                 f"arguments baked into the program), got {static_argnums!r}")
         self.fn, self.static_argnums = fn, nums
-        self._jitted = {}
+        self._jitted = Cache("jit static values")      # bounded, like every per-key cache
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args):
@@ -1263,7 +1299,8 @@ class _StaticJitted:
                                 "argument") from None
         jitted = self._jitted.get(statics)
         if jitted is None:
-            jitted = self._jitted[statics] = Jitted(_with_statics(self.fn, dict(statics), len(args)))
+            made = Jitted(_with_statics(self.fn, dict(statics), len(args)))
+            jitted = self._jitted.put_first(statics, made)
         return jitted(*[a for i, a in enumerate(args) if i not in dict(statics)])
 
     def cache_info(self) -> dict:
@@ -1499,8 +1536,8 @@ def _report_cut(final, cut, max_iters, on_max_iters):
 
     The flag is realized together with the result (one submission); inside a trace there is no
     value to read, so nothing is checked there."""
-    from .tensor import _is_traced, realize
-    if on_max_iters == "ignore" or _is_traced(cut.ir_var):
+    from .tensor import realize
+    if on_max_iters == "ignore" or runtime.is_traced(cut.ir_var):
         return
     leaves = [x for x in flatten(final)[0] if isinstance(x, Tensor)]
     realize([cut] + leaves)
@@ -1639,10 +1676,9 @@ def fori_loop(lower, upper, body_fun, init_val):
 def _loop_bound(bound, name):
     """A concrete int bound as a Python int, None for a traced one; anything else is refused."""
     if isinstance(bound, Tensor):
-        from .tensor import _is_traced
         if bound.shape != () or bound.dtype.kind not in "iu":
             raise ArgumentError(f"fori_loop: {name} must be an integer scalar, got {bound.ir_var.type_str()}")
-        return None if _is_traced(bound.ir_var) else int(bound.item())
+        return None if runtime.is_traced(bound.ir_var) else int(bound.item())
     return check_int(bound, name, "fori_loop", low=-_INT64_MAX - 1, high=_INT64_MAX)
 
 

@@ -6,7 +6,9 @@ bottom of the package so every layer can count what it does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
+
+from .threadsafe import cache_sizes
 
 
 @dataclass
@@ -20,6 +22,9 @@ class Stats:
     - ``traces``: functions traced into programs (jit, scan steps, kernels).
     - ``derivations``: derived programs made (jvp, vjp, transposes).
     - ``graph_launches``: CUDA graphs launched (the cuda backend: one per submission).
+    - ``caches``: not a counter but the entries each cache holds now, by name (each backend's
+      executables, derived programs, jit programs, backward programs, kernel batches); each
+      cache is bounded by ``vkml.set_cache_limit`` and all are emptied by ``vkml.clear_caches()``.
     """
 
     submissions: int = 0
@@ -28,12 +33,14 @@ class Stats:
     traces: int = 0
     derivations: int = 0
     graph_launches: int = 0
+    caches: dict = field(default_factory=dict, compare=False)
 
     def snapshot(self) -> "Stats":
-        return Stats(**{f.name: getattr(self, f.name) for f in fields(self)})
+        return Stats(**{name: getattr(self, name) for name in _counters()}, caches=cache_sizes())
 
     def __sub__(self, other: "Stats") -> "Stats":
-        return Stats(**{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(self)})
+        return Stats(**{name: getattr(self, name) - getattr(other, name) for name in _counters()},
+                     caches=self.caches)
 
     def __getitem__(self, name):
         return getattr(self, name)
@@ -47,6 +54,10 @@ def stats() -> Stats:
     return STATS.snapshot()
 
 
+def _counters():
+    return [f.name for f in fields(Stats) if f.name != "caches"]
+
+
 def reset_stats() -> None:
-    for f in fields(STATS):
-        setattr(STATS, f.name, 0)
+    for name in _counters():
+        setattr(STATS, name, 0)

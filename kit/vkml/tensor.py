@@ -1,11 +1,13 @@
-"""The lazy Tensor, realize, assign, eager mode and backward.
+"""The lazy Tensor handle, and realize, assign and backward on Tensors.
 
 A Tensor is a thin handle on an IR Var: its methods build equations through
 ``vkml.ops.api`` and no math lives here.  Nothing runs until a value is
 observed (``.numpy()``, ``.item()``, ``realize``, printing, the end of
-``backward``); then the pending DAG becomes a Program, looked up in the
-backend's cache by structure, and run as ONE submission.  A training step
-that builds the same graph every time therefore compiles once.
+``backward``); then :mod:`vkml.runtime` turns the pending DAG into a
+Program, looks it up in the backend's cache by structure, and runs it as ONE
+submission.  A training step that builds the same graph every time therefore
+compiles once.  Modes (eager, no_grad), the backend and the grad-leaf
+registry are the runtime's too.
 
 Values are never written in place: ``assign_`` points the tensor at a new
 buffer.  A graph still pending on the old value keeps reading the old value,
@@ -15,61 +17,17 @@ submission.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import numbers
-import os
-import weakref
 
 import numpy as np
 
-from . import backends
-from .backends import ExecutionFailure
-from .errors import ArgumentError, DTypeError, ExecutionError, GradError, ShapeError, TracingError
-from .ir import Program, Var, collect, collect_keyed, dtype_name, format_shape
+from . import runtime
+from .errors import ArgumentError, DTypeError, GradError, ShapeError, TracingError
+from .ir import Var, dtype_name, format_shape
 from .ops import api, numeric
-from .ops.core import CURRENT_SITE, user_site
-from .transforms import vjp_program
 from .validate import (MAX_ELEMENTS, check_bool, check_dtype, check_real, check_sequence,
                        check_shape, describe, host_memory)
-
-_EAGER = [os.environ.get("VKML_EAGER", "0") not in ("", "0", "false", "False")]
-_GRAD_ENABLED = [True]
-
-#: leaf Var -> weakref to the Tensor whose ``.grad`` receives its gradient.
-_GRAD_LEAVES: "weakref.WeakKeyDictionary[Var, weakref.ref]" = weakref.WeakKeyDictionary()
-
-
-def set_eager(enabled: bool) -> None:
-    """Run every operation at once (debugging: an error names the line that caused it)."""
-    _EAGER[0] = check_bool(enabled, "enabled", "set_eager")
-
-
-def is_eager() -> bool:
-    return _EAGER[0]
-
-
-@contextlib.contextmanager
-def eager(enabled: bool = True):
-    """``with vkml.eager():`` -- eager mode for a block, restored afterwards (also on error)."""
-    enabled = check_bool(enabled, "enabled", "eager")
-    old = _EAGER[0]
-    _EAGER[0] = enabled
-    try:
-        yield
-    finally:
-        _EAGER[0] = old
-
-
-@contextlib.contextmanager
-def no_grad():
-    """Operations in this block do not record gradients (optimizer updates, evaluation)."""
-    old = _GRAD_ENABLED[0]
-    _GRAD_ENABLED[0] = False
-    try:
-        yield
-    finally:
-        _GRAD_ENABLED[0] = old
 
 
 class Tensor:
@@ -89,7 +47,7 @@ class Tensor:
     def _register_leaf(self):
         """Make this tensor the one whose ``.grad`` receives its leaf Var's gradient."""
         if self.requires_grad:
-            _GRAD_LEAVES[self.ir_var] = weakref.ref(self)
+            runtime.register_grad_leaf(self.ir_var, self)
 
     # -- what it is -------------------------------------------------------------------
     shape = property(lambda self: self.ir_var.shape)
@@ -130,7 +88,7 @@ class Tensor:
         return self.numpy().tolist()
 
     def _concrete(self, what):
-        if _is_traced(self.ir_var):
+        if runtime.is_traced(self.ir_var):
             raise TracingError(
                 f"{what} of a traced value ({self.ir_var.type_str()}) has no value while tracing; "
                 "use vkml.where for a choice made per element, or vkml.scan / vkml.cond for "
@@ -155,7 +113,7 @@ class Tensor:
         return int(self._concrete("an index"))
 
     def __repr__(self):
-        if _is_traced(self.ir_var):
+        if runtime.is_traced(self.ir_var):
             return f"Tensor({self.ir_var.type_str()}, traced)"
         body = np.array2string(self.numpy(), separator=", ", prefix="tensor(")
         grad = ", requires_grad=True" if self.requires_grad else ""
@@ -536,16 +494,12 @@ def _needs_grad(args, depth=0):
 
 def _apply(fn, *args, **kwargs):
     """Run an ``api`` function on the Vars of tensor arguments and wrap the result."""
-    outer = CURRENT_SITE[0]
-    if outer is None:
-        CURRENT_SITE[0] = user_site()
-    try:
+    with runtime.user_line():
         out = fn(*[_unwrap(a) for a in args], **{k: _unwrap(v) for k, v in kwargs.items()})
-    finally:
-        CURRENT_SITE[0] = outer
-    requires = _GRAD_ENABLED[0] and out.dtype.kind == "f" and _needs_grad(args + tuple(kwargs.values()))
+    requires = runtime.is_grad_enabled() and out.dtype.kind == "f" and \
+        _needs_grad(args + tuple(kwargs.values()))
     t = Tensor(out, requires)
-    if _EAGER[0] and not _is_traced(out):
+    if runtime.is_eager() and not runtime.is_traced(out):
         realize(t)
     return t
 
@@ -654,66 +608,17 @@ divisor of 0 gives 0, as NumPy does); d(x % y)/dx = 1."""
 
 # -- realize ------------------------------------------------------------------------------------------
 
-def _is_traced(var) -> bool:
-    """Whether ``var`` depends on a placeholder of a trace (so it has no value to compute)."""
-    if var.value is not None:
-        return False
-    if var.eqn is None:
-        return True
-    leaves, _ = collect([var])
-    return any(l.value is None for l in leaves)
-
-
-def _run(out_vars):
-    """Compute ``out_vars`` (none holding a value yet) in ONE submission; return their values."""
-    leaves, eqns, key = collect_keyed(out_vars)
-    for leaf in leaves:
-        if leaf.value is None:
-            raise TracingError(
-                f"cannot compute a value that depends on a traced placeholder ({leaf.type_str()}); "
-                "return it from the traced function instead")
-    backend = backends.current()
-    exe = backend.executable(key, lambda: Program(leaves, eqns, out_vars))
-    return _submit(backend, exe, [l.value for l in leaves], eqns, resident=True)
-
-
-def _submit(backend, exe, args, eqns, resident=False, into=None):
-    """One submission; a failing equation is named. ``resident``: the values become tensors', so a
-    GPU backend may keep them in device memory; ``into``: destinations (see ``Backend.run``)."""
-    try:
-        return backend.run(exe, args, resident, into)
-    except ExecutionFailure as failure:
-        eqn = eqns[failure.index]
-        raise ExecutionError(f"{eqn.describe()} failed: {failure.error}") from failure.error
-    except MemoryError:
-        raise ExecutionError(f"a program of {len(eqns)} operations needs more memory than this "
-                             "process can allocate; use smaller shapes") from None
-
-
 def realize(tensors) -> None:
     """Compute every pending tensor in ``tensors`` (one or a list) in ONE submission.
 
     Idempotent: tensors that already hold values cost nothing.
     """
     ts = [tensors] if isinstance(tensors, Tensor) else check_sequence(tensors, "tensors", "realize")
-    pending, seen = [], set()
     for t in ts:
         if not isinstance(t, Tensor):
             raise ArgumentError(f"realize: expected Tensors, got {type(t).__name__}")
-        if t.ir_var.value is None and t.ir_var not in seen:
-            seen.add(t.ir_var)
-            pending.append(t)
-    if not pending:
-        return
-    values = _run([t.ir_var for t in pending])
-    for t, value in zip(pending, values):
-        _settle(t.ir_var, value, keep_history=t.requires_grad)
-
-
-def _settle(var, value, keep_history):
-    var.value = value
-    if not keep_history:
-        var.eqn = None  # frees the graph behind it; a backward through it is not needed
+    # a tensor that requires grad keeps the graph behind it (a backward will go through it)
+    runtime.realize([t.ir_var for t in ts], [t.requires_grad for t in ts])
 
 
 # -- assign -------------------------------------------------------------------------------------------
@@ -747,20 +652,13 @@ def assign(destinations, sources) -> None:
             raise DTypeError(f"assign: source {i} is {dtype_name(v.dtype)} but destination is "
                              f"{dtype_name(d.dtype)}; cast the source with .astype()")
         src_vars.append(v)
-    pending = list({id(v): v for v in src_vars if v.value is None}.values())
-    if pending:
-        values = _run(pending)
-        for v, value in zip(pending, values):
-            _settle(v, value, keep_history=False)
+    runtime.realize(src_vars, keep_history=False)
     for d, v in zip(dsts, src_vars):
         d.ir_var = Var(*v.aval, value=v.value)
         d._register_leaf()
 
 
 # -- backward -----------------------------------------------------------------------------------------
-
-_BACKWARD_PROGRAMS = {}
-
 
 def backward(root) -> None:
     """Accumulate d(root)/d(leaf) into ``leaf.grad`` for every leaf that requires grad.
@@ -778,40 +676,5 @@ def backward(root) -> None:
     if not root.requires_grad:
         raise GradError("backward: the root does not require grad; create its inputs with "
                         "vkml.tensor(..., requires_grad=True)")
-    leaves, eqns, graph_key = collect_keyed([root.ir_var], is_leaf=_never)
-    targets = []
-    for i, leaf in enumerate(leaves):
-        ref = _GRAD_LEAVES.get(leaf)
-        t = ref() if ref is not None else None
-        if t is not None and t.requires_grad and t.ir_var is leaf:
-            targets.append((i, t))
-        if leaf.value is None:
-            raise TracingError("backward: the graph depends on a traced placeholder; "
-                               "use vkml.grad inside traced functions")
-    if not targets:
-        raise GradError("backward: no leaf of this graph requires grad")
-    olds = [t.grad for _, t in targets if t.grad is not None]
-    realize(olds)
-    has_old = tuple(t.grad is not None for _, t in targets)
-    wrt = tuple(i for i, _ in targets)
-    key = (graph_key, wrt, has_old)
-    backend = backends.current()
-
-    def derive():
-        backends.STATS.derivations += 1
-        return vjp_program(Program(leaves, eqns, [root.ir_var]), wrt, has_old)
-
-    program = _BACKWARD_PROGRAMS.get(key)
-    if program is None:
-        program = _BACKWARD_PROGRAMS[key] = derive()
-    exe = backend.executable(("backward",) + key, lambda: program)
-    seed = np.ones((), dtype=root.dtype)
-    args = [l.value for l in leaves] + [seed] + [g.ir_var.value for g in olds]
-    outs = _submit(backend, exe, args, program.eqns, resident=True)
-    root.ir_var.value = outs[0]
-    for (_, t), g in zip(targets, outs[1:]):
+    for t, g in runtime.backward(root.ir_var):
         t.grad = Tensor(Var(*t.ir_var.aval, value=g))
-
-
-def _never(var):
-    return False

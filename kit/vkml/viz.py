@@ -875,9 +875,8 @@ def _tensor_vars(tensors):
 
 
 def _requires_grad(var) -> bool:
-    from .tensor import _GRAD_LEAVES
-    ref = _GRAD_LEAVES.get(var)
-    t = ref() if ref is not None else None
+    from .runtime import grad_leaf
+    t = grad_leaf(var)
     return t is not None and t.requires_grad and t.ir_var is var
 
 
@@ -1116,8 +1115,8 @@ def _program_mimebundle(self, include=None, exclude=None):
 
 
 def _tensor_mimebundle(self, include=None, exclude=None):
-    from .tensor import _is_traced
-    if self.ir_var.value is not None or _is_traced(self.ir_var):
+    from .runtime import is_traced
+    if self.ir_var.value is not None or is_traced(self.ir_var):
         return {"text/plain": repr(self)}
     return tensor_dot(self)._repr_mimebundle_(include, exclude)
 

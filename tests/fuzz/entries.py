@@ -297,6 +297,7 @@ def _good_args(good, entry):
         "Tensor.__floordiv__": lambda: [good.ti], "backward": lambda: [good.fn(t)],
         "matmul": lambda: [t, t.T], "dot": lambda: [t, t.T], "floor_divide": lambda: [good.ti, good.ti],
         "set_eager": lambda: [False], "mod": lambda: [good.ti, good.ti],
+        "set_cache_limit": lambda: [vkml.cache_limit()], "use_backend": lambda: ["numpy"],
         "associative_scan": lambda: [lambda a, b: a + b, t],
         "fori_loop": lambda: [0, 3, lambda i, c: c + 1.0, t],
         "numpy.arange": lambda: [5], "numpy.array_split": lambda: [t, 2],

@@ -2,7 +2,7 @@
 
 from . import cpu, numpy_backend  # noqa: F401  (register "cpu" and "numpy")
 from .base import (STATS, Backend, ExecutionFailure, Stats, current, register, reset_stats,
-                   set_backend, stats)
+                   set_backend, stats, use_backend)
 from .base import backend_info as _backend_info
 
 
@@ -47,4 +47,4 @@ def cuda_unavailable():
 
 
 __all__ = ["STATS", "Backend", "ExecutionFailure", "Stats", "backend_info", "current",
-           "reset_stats", "set_backend", "stats"]
+           "reset_stats", "set_backend", "stats", "use_backend"]

@@ -8,19 +8,23 @@ in ``vkml.stats()``, and so are compiles and executable-cache hits.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 
 import numpy as np
 
 from ..errors import BackendError, ExecutionError, ShapeError
 from ..ir import dtype_name, format_shape
+from ..ops import api
 from ..stats import STATS, Stats, reset_stats, stats  # noqa: F401  (re-exported)
+from ..threadsafe import Cache, Setting
 
 
 class ExecutionFailure(ExecutionError):
     """Raised by an executable: equation ``index`` of its program raised ``error``.
 
-    The caller that holds the program names the equation (``tensor._submit``); one that does not
+    The caller that holds the program names the equation (``runtime.submit``); one that does not
     still gets a clean :class:`ExecutionError`."""
 
     def __init__(self, index, error):
@@ -125,7 +129,8 @@ class Backend:
     device = "?"
 
     def __init__(self):
-        self._executables = {}
+        # bounded (vkml.set_cache_limit) and shared by threads: each key is compiled once
+        self._executables = Cache(f"{self.name} executables")
 
     def executable(self, key, make_program):
         """The executable for structural ``key``; ``make_program()`` builds the Program on a miss."""
@@ -138,14 +143,18 @@ class Backend:
     def _cached(self, key, make, from_disk=lambda made: False):
         """What ``make()`` made for ``key``, made once.  Every later lookup is a cache hit in
         ``vkml.stats()``; so is a miss that ran no compiler when ``from_disk(made)`` says its code
-        came from a compiled tier's disk cache."""
-        made = self._executables.get(key)
-        if made is None:
+        came from a compiled tier's disk cache.  Threads asking for one key at the same time
+        wait for the first to make it: a key is never compiled twice."""
+        compiled = []
+
+        def counted():
             before = STATS.compiles
-            made = self._executables[key] = make()
-            if STATS.compiles == before and from_disk(made):
-                STATS.cache_hits += 1
-        else:
+            made = make()
+            compiled.append(STATS.compiles != before)
+            return made
+
+        made, fresh = self._executables.get_or_make(key, counted)
+        if not fresh or not compiled[0] and from_disk(made):
             STATS.cache_hits += 1
         return made
 
@@ -201,7 +210,9 @@ class Backend:
 
 
 _FACTORIES = {}
-_CURRENT = [None]
+#: the backend of this thread or task, falling back to the process default (None: not chosen yet,
+#: ``VKML_BACKEND`` or numpy on first use); ``vkml.runtime`` documents who sees which
+_CURRENT = Setting("backend", None)
 
 
 def register(name, factory):
@@ -209,28 +220,57 @@ def register(name, factory):
 
 
 def current() -> Backend:
-    if _CURRENT[0] is None:
-        set_backend(os.environ.get("VKML_BACKEND", "numpy"))
-    return _CURRENT[0]
+    """The backend work of this thread or asyncio task runs on."""
+    backend = _CURRENT.get()
+    if backend is None:
+        backend = set_backend(os.environ.get("VKML_BACKEND", "numpy"))
+    return backend
 
 
 _INSTANCES = {}
+_INSTANCES_LOCK = threading.Lock()
 
 
 def set_backend(name: str) -> Backend:
-    """Select the backend new work runs on: ``"numpy"`` (default, always present)."""
+    """Select the backend new work runs on, for the whole process: ``"numpy"`` (default, always
+    present), ``"cpu"`` or ``"cuda"``.  It becomes this thread's (or task's) backend and the one
+    every thread and task follows that has not chosen its own with :func:`use_backend`."""
+    backend = _backend_named(name, "set_backend")
+    _CURRENT.set_global(backend)
+    api.DEFAULT_DEVICE.set_global(backend.device)
+    return backend
+
+
+def use_backend(name: str):
+    """``with use_backend("cpu"):`` -- this thread or asyncio task runs on ``name`` for the block;
+    other threads and tasks, and the process default, are untouched.  A bad name is refused at
+    the call, before the block."""
+    return _using(_backend_named(name, "use_backend"))
+
+
+@contextlib.contextmanager
+def _using(backend):
+    with _CURRENT.local(backend), api.DEFAULT_DEVICE.local(backend.device):
+        yield backend
+
+
+def _backend_named(name, where) -> Backend:
+    """The one instance of backend ``name``, made on first use (one per process, for every thread)."""
     if not isinstance(name, str):
-        raise BackendError(f"set_backend: the backend is named by a string, got "
+        raise BackendError(f"{where}: the backend is named by a string, got "
                            f"{type(name).__name__}; available: {', '.join(sorted(_FACTORIES))}")
     if name not in _FACTORIES:
         raise BackendError(f"unknown backend {name!r}; available: {', '.join(sorted(_FACTORIES))}")
-    if name not in _INSTANCES:
-        _INSTANCES[name] = _FACTORIES[name]()
-    backend = _INSTANCES[name]
-    from ..ops import api
-    api.DEFAULT_DEVICE[0] = backend.device
-    _CURRENT[0] = backend
-    return backend
+    with _INSTANCES_LOCK:
+        if name not in _INSTANCES:
+            _INSTANCES[name] = _FACTORIES[name]()
+        return _INSTANCES[name]
+
+
+def instances() -> list:
+    """The backends made so far (each is made on first use, once per process)."""
+    with _INSTANCES_LOCK:
+        return list(_INSTANCES.values())
 
 
 def backend_info() -> dict:

@@ -17,8 +17,6 @@ import numpy as np
 
 from .base import Backend, DeviceValue, ExecutionFailure, register
 
-_COUNTER = itertools.count()
-
 
 def _callable(eqn, compile_nested):
     lower = _LOWERINGS.get(eqn.prim.name)
@@ -257,8 +255,9 @@ def compile_program(program, compile_nested=None):
               f"{',' if program.inputs else ''} = args" if program.inputs else "    pass"]
     ret = "    return [" + ", ".join(f"_asarray({names[v]})" for v in program.outputs) + "]"
     source = "\n".join(header + lines + [ret]) + "\n"
-    filename = f"<vkml program {next(_COUNTER)}>"
-    exec(compile(source, filename, "exec"), namespace)
+    # one file name for all: CPython keeps every distinct code file name for good, and a
+    # failing equation's frame is found by its code object below
+    exec(compile(source, "<vkml program>", "exec"), namespace)
     fn = namespace["_run"]
     first_line = len(header) + 1
 
@@ -272,7 +271,7 @@ def compile_program(program, compile_nested=None):
             return fn(args, into)
         except Exception as error:  # find which equation raised
             tb = sys.exc_info()[2]
-            while tb is not None and tb.tb_frame.f_code.co_filename != filename:
+            while tb is not None and tb.tb_frame.f_code is not fn.__code__:
                 tb = tb.tb_next
             if tb is None:
                 raise

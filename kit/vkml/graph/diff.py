@@ -24,7 +24,7 @@ from ..backends import ExecutionFailure
 from ..errors import ArgumentError, Busy, RefusedError, ShapeError, VkmlError
 from ..ir import Program
 from .. import backends
-from ..tensor import _submit
+from ..runtime import submit
 from .graph import Graph, Opaque, Reduce, RepeatWhile, per_sample_values, run_named, threads, user_error
 from .kernel import Kernel, Launch
 from .record import LoopEntry, OtherEntry, Record, SkipEntry, Step
@@ -692,7 +692,7 @@ def _fused_sweep(record, seeds):
         plans[key] = plan
     args = [record.value(k) for k in plan["in_keys"]] + [record.cells[k] for k in plan["cell_keys"]] + \
         [seeds[k] for k in seed_keys]
-    values = _submit(plan["backend"], plan["exe"], args, plan["eqns"])
+    values = submit(plan["backend"], plan["exe"], args, plan["eqns"])
     n_g = len(plan["grad_keys"])
     param_parts = {}
     for (name, order), ct in zip(plan["params"], values[n_g:]):

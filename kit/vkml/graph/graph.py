@@ -19,6 +19,7 @@ those cells, and neither the forward nor the reverse is rebuilt.
 
 from __future__ import annotations
 
+import contextvars
 import math
 import operator
 import os
@@ -186,7 +187,9 @@ def run_batched(batch, n, args, batched_flags):
         s, e = b
         return batch.run(e - s, [a[s:e] if f else a for a, f in zip(args, batched_flags)])
 
-    parts = list(_pool(workers).map(part, bounds))
+    # each part runs with the caller's modes (its backend: one chosen with use_backend too)
+    contexts = [contextvars.copy_context() for _ in bounds]
+    parts = list(_pool(workers).map(lambda c, b: c.run(part, b), contexts, bounds))
     return [np.concatenate([p[i] for p in parts]) for i in range(len(parts[0]))]
 
 

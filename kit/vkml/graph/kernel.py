@@ -26,6 +26,7 @@ from ..ir import Var, dtype_name, format_shape, program_from_dag
 from ..ops import api
 from ..stats import STATS
 from ..tensor import Tensor
+from ..threadsafe import Cache
 from ..transforms import vjp_program, vmap_program
 from ..transforms.ad import derived
 
@@ -307,7 +308,7 @@ class _SizedBatch:
 
     def __init__(self, prog, flags):
         self.prog, self.flags = prog, flags
-        self._by_size = {}
+        self._by_size = Cache("kernel batches")       # one per sample count: bounded
 
     def program(self, n):
         """The batched Program for ``n`` samples (derived once)."""
@@ -320,7 +321,7 @@ class _SizedBatch:
         hit = self._by_size.get(key)
         if hit is None:
             bp = self.program(n)
-            hit = self._by_size[key] = (backend.executable(("graph", bp), lambda: bp), bp)
+            hit = self._by_size.put_first(key, (backend.executable(("graph", bp), lambda: bp), bp))
         return hit
 
     def run(self, n, args):

@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import backends
 from ..errors import ExecutionError, RecordError
-from ..tensor import _submit
+from ..runtime import submit
 from .graph import Launch, Opaque, Reduce, RepeatWhile, Skippable, all_or_nothing, run_named, threads, \
     user_error
 
@@ -192,7 +192,7 @@ def _run_fused(graph, recording):
     if plan is None:
         plan = plans[key] = _fused_plan(graph, recording)
     args = plan["in_planes"] + [graph.cells[k] for k in plan["cells"]]
-    values = _submit(plan["backend"], plan["exe"], args, plan["eqns"], into=plan["into"])
+    values = submit(plan["backend"], plan["exe"], args, plan["eqns"], into=plan["into"])
     inputs, held = plan["inputs"], plan["held"]
     run = _Run(recording)
     for key_, value in zip(plan["saved"], values[len(plan["written"]):]):

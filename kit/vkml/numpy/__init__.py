@@ -50,7 +50,8 @@ from ..ir import Var
 from ..ops import api as _api
 from ..ops import numeric as _num
 from ..ops import special as _special
-from ..tensor import Tensor, _GRAD_ENABLED, _apply, _needs_grad, is_eager, realize
+from ..runtime import is_eager, is_grad_enabled
+from ..tensor import Tensor, _apply, _needs_grad, realize
 from .. import validate as _valid    # (a module: its names are not vkml.numpy's)
 
 float32, float64, int32, int64, bool_ = (_np.dtype(t) for t in ("float32", "float64", "int32",
@@ -91,7 +92,7 @@ def _lifted_many(fn, name, doc, as_tuple=False):
             return outs[0]
 
         head = _apply(first, *bound.args, **bound.kwargs)
-        grad = _GRAD_ENABLED[0] and _needs_grad(bound.args)
+        grad = is_grad_enabled() and _needs_grad(bound.args)
         rest = [Tensor(v, grad and v.dtype.kind == "f") for v in outs[1:]]
         if rest and is_eager() and head.ir_var.value is not None:
             realize(rest)

@@ -30,6 +30,7 @@ import numpy as np
 
 from ..errors import ArgumentError, DTypeError, IndexOutOfRangeError, ShapeError
 from ..ir import Var, dtype_name
+from ..threadsafe import Setting
 from ..validate import (DTYPES, canonical_dtype, check_bool, check_dtype, check_int, check_sequence,
                         check_shape, describe, host_memory)
 from .core import Linear, bind
@@ -42,8 +43,14 @@ from .movement import (broadcast_in_dim_p, concatenate_p, flip_p, gather_p, pad_
                        scatter_add_p, slice_p, transpose_p)
 from .reductions import argmax_p, reduce_max_p, reduce_sum_p
 
-#: The device new constants are placed on (the current backend's).
-DEFAULT_DEVICE = ["CPU"]
+#: The device new constants are placed on: the current backend's, per thread and asyncio task
+#: (``vkml.runtime`` sets it with the backend; read it with ``default_device()``).
+DEFAULT_DEVICE = Setting("device", "CPU")
+
+
+def default_device() -> str:
+    """Where new constants are placed in this thread or task (the current backend's device)."""
+    return DEFAULT_DEVICE.get()
 
 _SCALARS = (bool, int, float, np.bool_, np.number)
 _INT64_MAX = np.iinfo(np.int64).max
@@ -61,7 +68,7 @@ def constant(value, dtype=None, device=None) -> Var:
             raise ShapeError(f"tensor: a copy of an array of shape {value.shape} needs more memory "
                              "than this process can allocate; use a smaller shape") from None
         arr.flags.writeable = False
-        return Var(arr.shape, arr.dtype, device or DEFAULT_DEVICE[0], value=arr)
+        return Var(arr.shape, arr.dtype, device or default_device(), value=arr)
     if dtype is not None:
         dtype = check_dtype(dtype, "tensor")
     if isinstance(value, (str, bytes, dict, set)) or value is None:
@@ -83,7 +90,7 @@ def constant(value, dtype=None, device=None) -> Var:
                              "(dtype=float64)")
         arr = arr.astype(dtype if dtype is not None else canonical_dtype(arr.dtype))  # a copy
     arr.flags.writeable = False
-    return Var(arr.shape, arr.dtype, device or DEFAULT_DEVICE[0], value=arr)
+    return Var(arr.shape, arr.dtype, device or default_device(), value=arr)
 
 
 def as_var(x) -> Var:
@@ -133,7 +140,7 @@ def promote(*xs):
     weak = [_weak_example(x) for x, w in zip(xs, weak_flags) if w]
     if not strong:
         dtype = canonical_dtype(np.result_type(*[x.dtype if isinstance(x, Var) else x for x in xs]))
-        device = next((x.device for x in xs if isinstance(x, Var)), DEFAULT_DEVICE[0])
+        device = next((x.device for x in xs if isinstance(x, Var)), default_device())
     else:
         dtypes = [v.dtype for v in strong]
         dtype = canonical_dtype(np.result_type(*dtypes, *weak) if weak else np.result_type(*dtypes))
@@ -390,7 +397,7 @@ def full(shape, value, dtype=None, device=None):
     if isinstance(value, Var) or not isinstance(value, _SCALARS):
         raise ArgumentError(f"full: the fill value must be a number, got {describe(value)}")
     dtype = check_dtype(dtype, "full") if dtype is not None else canonical_dtype(np.array(value).dtype)
-    return broadcast_in_dim(_scalar_var(value, dtype, device or DEFAULT_DEVICE[0]), shape, ())
+    return broadcast_in_dim(_scalar_var(value, dtype, device or default_device()), shape, ())
 
 
 def zeros(shape, dtype=np.float32, device=None):

@@ -9,6 +9,7 @@ transpose", so no primitive needs a hand-written backward kernel.
 
 from __future__ import annotations
 
+import contextvars
 import os
 import sys
 
@@ -115,14 +116,15 @@ def bind_at(where, prim: Primitive, args, params):
     return outs if prim.multiple_results else outs[0]
 
 
-#: the user's line for the binds of the op being built (set by the tensor layer once per op, so a
-#: composite op of many primitives walks the stack once); None: find it per bind
-CURRENT_SITE = [None]
+#: the user's line for the binds of the op being built (set through ``vkml.runtime.source_site``
+#: once per op, so a composite op of many primitives walks the stack once); None: find it per
+#: bind.  One per thread and asyncio task: another thread's op never borrows this one's line.
+CURRENT_SITE = contextvars.ContextVar("vkml_source_site", default=None)
 
 
 def bind(prim: Primitive, *args, **params):
     """Bind ``prim`` at the user's current line (the line error messages will name)."""
-    return bind_at(CURRENT_SITE[0] or user_site(), prim, args, params)
+    return bind_at(CURRENT_SITE.get() or user_site(), prim, args, params)
 
 
 def rebind(eqn: Eqn, args, **overrides):

@@ -20,6 +20,7 @@ from __future__ import annotations
 from ..errors import GradError
 from ..ir import Program, Var, current_serial, program_from_dag
 from ..stats import STATS
+from ..threadsafe import Cache
 from ..ops import Linear, api, rebind
 from .interpret import inline
 
@@ -291,7 +292,8 @@ def vjp_program(prog: Program, wrt, accumulate=None) -> Program:
     return program_from_dag(primals + cts + olds, values + grads)
 
 
-_DERIVED = {}
+#: bounded (vkml.set_cache_limit), shared by threads: one derivation is made once
+_DERIVED = Cache("derived programs")
 
 
 def derived(kind: str, prog: Program, flags, make):
@@ -302,9 +304,8 @@ def derived(kind: str, prog: Program, flags, make):
     carry tangents or are linear -- so a second gradient of the same function
     derives nothing.
     """
-    key = (kind, prog, tuple(flags))
-    out = _DERIVED.get(key)
-    if out is None:
+    def counted():
         STATS.derivations += 1
-        out = _DERIVED[key] = make()
-    return out
+        return make()
+
+    return _DERIVED.get_or_make((kind, prog, tuple(flags)), counted)[0]

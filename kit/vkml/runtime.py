@@ -1,0 +1,301 @@
+"""The runtime: modes, the current backend, submission, realize, the grad-leaf registry, caches.
+
+Everything that decides *how* work runs lives here; ``Tensor`` (in
+``tensor.py``) only builds nodes and calls these functions, and the other
+layers (programs, graphs, optimizers, pictures) use the public names below,
+never another module's private state.
+
+Modes belong to their thread
+----------------------------
+Each thread and each asyncio task has its own modes, so an optimizer step
+under ``no_grad`` in one thread never stops another thread's model from
+recording gradients, and a thread on the NumPy backend never runs on another
+thread's ``cpu`` backend.  There are two kinds of calls:
+
+- **Blocks, local to the thread or task**: ``with vkml.no_grad():``,
+  ``with vkml.eager():``, ``with vkml.use_backend("cpu"):``.  They change
+  only the current thread or task, for the block, and restore on exit (also
+  on an error).  An asyncio task starts with a copy of its creator's modes.
+- **Global calls**: ``vkml.set_backend(name)`` and ``vkml.set_eager(flag)``
+  set the *process default* -- what every thread and task follows that has
+  not chosen its own, including threads started later -- and the caller's
+  own setting (so another thread's later global call does not change it
+  under the caller).  Call them at the top of a script or notebook.
+
+A new thread starts from the process defaults: the backend named by
+``VKML_BACKEND`` (``numpy`` if unset) or the last ``set_backend``; eager mode
+from ``VKML_EAGER`` (off if unset) or the last ``set_eager``; gradients
+recorded; the device is the backend's.  Gradient recording has no global
+switch: ``no_grad`` is always a block.
+
+Caches have a lifetime
+----------------------
+Programs are cached per key, executables per variant, derived programs per
+derivation.  Every one of these caches keeps at most ``cache_limit()``
+entries (1024 unless ``VKML_CACHE_LIMIT`` or :func:`set_cache_limit` says
+otherwise), dropping the least recently used; :func:`clear_caches` empties
+them all (the next call traces and compiles again), and
+``vkml.stats().caches`` shows their sizes.  A jitted function and its
+programs per key are freed with the function; what was derived and compiled
+from them is shared by program structure (another function with the same
+program reuses it), so it stays in those bounded caches until pushed out or
+cleared.  Caches are shared by all threads: threads that need the same
+executable at once wait for one compile.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+
+import numpy as np
+
+from . import threadsafe
+from .backends import ExecutionFailure, current, set_backend, use_backend  # noqa: F401 (public)
+from .backends.base import instances
+from .errors import ArgumentError, ExecutionError, GradError, TracingError
+from .ir import Program, collect, collect_keyed
+from .ops.api import default_device
+from .ops.core import CURRENT_SITE, user_site
+from .stats import STATS
+from .threadsafe import Cache, Setting, cache_limit, cache_sizes  # noqa: F401 (public)
+from .transforms import vjp_program
+from .validate import check_bool, check_int
+
+__all__ = ["set_eager", "is_eager", "eager", "no_grad", "enable_grad", "is_grad_enabled",
+           "set_backend", "use_backend", "current_backend", "current_device", "user_line",
+           "submit", "compute", "realize", "is_traced", "register_grad_leaf", "grad_leaf",
+           "is_grad_leaf", "backward", "set_cache_limit", "cache_limit", "cache_sizes",
+           "clear_caches"]
+
+
+# -- modes ------------------------------------------------------------------------------------------
+
+_EAGER = Setting("eager", os.environ.get("VKML_EAGER", "0") not in ("", "0", "false", "False"))
+_GRAD_ENABLED = Setting("grad_enabled", True)      # no global call changes it: blocks only
+
+
+def set_eager(enabled: bool) -> None:
+    """Run every operation at once (debugging: an error names the line that caused it).
+
+    A global call: the process default and this thread's own (see the module docstring);
+    ``with vkml.eager():`` changes only this thread or task."""
+    _EAGER.set_global(check_bool(enabled, "enabled", "set_eager"))
+
+
+def is_eager() -> bool:
+    """Whether operations of this thread or task run at once."""
+    return _EAGER.get()
+
+
+class _Mode:
+    """A ``with`` block that sets a mode of this thread or task and restores it on exit (a class
+    rather than a generator, so it costs little: tracing enters one per traced function)."""
+
+    __slots__ = ("_var", "_value", "_tokens")
+
+    def __init__(self, var, value):
+        self._var, self._value, self._tokens = var, value, []
+
+    def __enter__(self):
+        self._tokens.append(self._var.set_local(self._value))
+        return self
+
+    def __exit__(self, *exc):
+        self._var.reset(self._tokens.pop())
+
+
+def eager(enabled: bool = True) -> _Mode:
+    """``with vkml.eager():`` -- eager mode in this thread or task for the block, restored after."""
+    return _Mode(_EAGER, check_bool(enabled, "enabled", "eager"))
+
+
+def no_grad() -> _Mode:
+    """``with vkml.no_grad():`` -- operations of this thread or task in the block record no
+    gradients (optimizer updates, evaluation); other threads keep recording theirs."""
+    return _Mode(_GRAD_ENABLED, False)
+
+
+def enable_grad() -> _Mode:
+    """``with vkml.enable_grad():`` -- record gradients again inside a ``no_grad`` block."""
+    return _Mode(_GRAD_ENABLED, True)
+
+
+def is_grad_enabled() -> bool:
+    """Whether new operations of this thread or task record gradients."""
+    return _GRAD_ENABLED.get()
+
+
+def current_backend():
+    """The backend this thread's or task's work runs on (``set_backend`` / ``use_backend``)."""
+    return current()
+
+
+def current_device() -> str:
+    """Where this thread's or task's new constants are placed: the current backend's device."""
+    current()               # the first use picks the backend (and so the device)
+    return default_device()
+
+
+class user_line:
+    """``with user_line():`` -- every bind in the block names the user's line, found once.
+
+    A composite op (``softmax``: several primitives) walks the stack once instead of per bind;
+    an op already inside one keeps the outer line.  Per thread and task, like the modes."""
+
+    __slots__ = ("_token",)
+
+    def __enter__(self):
+        self._token = CURRENT_SITE.set(user_site()) if CURRENT_SITE.get() is None else None
+        return self
+
+    def __exit__(self, *exc):
+        if self._token is not None:
+            CURRENT_SITE.reset(self._token)
+
+
+# -- the grad-leaf registry -----------------------------------------------------------------------
+
+#: leaf Var -> weakref to the Tensor whose ``.grad`` receives its gradient.
+_GRAD_LEAVES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def register_grad_leaf(var, tensor) -> None:
+    """Make ``tensor`` the one whose ``.grad`` receives the gradient of leaf ``var``."""
+    _GRAD_LEAVES[var] = weakref.ref(tensor)
+
+
+def grad_leaf(var):
+    """The tensor registered for leaf ``var`` (None if none, or if it was dropped)."""
+    ref = _GRAD_LEAVES.get(var)
+    return ref() if ref is not None else None
+
+
+def is_grad_leaf(var) -> bool:
+    """Whether a tensor that requires grad was made on ``var``."""
+    return var in _GRAD_LEAVES
+
+
+# -- submission and realize -----------------------------------------------------------------------
+
+def is_traced(var) -> bool:
+    """Whether ``var`` depends on a placeholder of a trace (so it has no value to compute)."""
+    if var.value is not None:
+        return False
+    if var.eqn is None:
+        return True
+    leaves, _ = collect([var])
+    return any(l.value is None for l in leaves)
+
+
+def submit(backend, exe, args, eqns, resident=False, into=None):
+    """One submission of ``exe`` (compiled from a program whose equations are ``eqns``) on
+    ``args``; a failing equation is named.  ``resident``: the values become tensors', so a GPU
+    backend may keep them in device memory; ``into``: destinations (see ``Backend.run``)."""
+    try:
+        return backend.run(exe, args, resident, into)
+    except ExecutionFailure as failure:
+        eqn = eqns[failure.index]
+        raise ExecutionError(f"{eqn.describe()} failed: {failure.error}") from failure.error
+    except MemoryError:
+        raise ExecutionError(f"a program of {len(eqns)} operations needs more memory than this "
+                             "process can allocate; use smaller shapes") from None
+
+
+def compute(out_vars) -> list:
+    """The values of ``out_vars`` (none holding one yet), computed in ONE submission on the
+    current backend; the pending graph is compiled once per structure."""
+    leaves, eqns, key = collect_keyed(out_vars)
+    for leaf in leaves:
+        if leaf.value is None:
+            raise TracingError(
+                f"cannot compute a value that depends on a traced placeholder ({leaf.type_str()}); "
+                "return it from the traced function instead")
+    backend = current()
+    exe = backend.executable(key, lambda: Program(leaves, eqns, out_vars))
+    return submit(backend, exe, [l.value for l in leaves], eqns, resident=True)
+
+
+def realize(vars_, keep_history=False) -> None:
+    """Give every pending Var in ``vars_`` its value, all in ONE submission (nothing to do: no
+    submission).  ``keep_history`` (one flag, or one per Var): keep the graph behind a Var (a
+    backward will go through it); otherwise it is dropped, freeing what it held."""
+    keep = keep_history if isinstance(keep_history, (list, tuple)) else [keep_history] * len(vars_)
+    pending, flags, seen = [], [], set()
+    for v, k in zip(vars_, keep):
+        if v.value is None and v not in seen:
+            seen.add(v)
+            pending.append(v)
+            flags.append(k)
+    if not pending:
+        return
+    for v, value, k in zip(pending, compute(pending), flags):
+        v.value = value
+        if not k:
+            v.eqn = None
+
+
+# -- backward ---------------------------------------------------------------------------------------
+
+#: (forward graph structure, which leaves get gradients, which accumulate) -> backward Program
+_BACKWARD_PROGRAMS = Cache("backward programs")
+
+
+def backward(root) -> list:
+    """The gradients of 0-d ``root`` (a Var) for every registered leaf of its graph that still
+    requires grad, added to that tensor's current ``.grad``: ``[(tensor, value), ...]``, from ONE
+    submission.  The caller (``Tensor.backward``) has checked ``root`` and stores the values.
+
+    The backward program is derived from the forward one by linearize + transpose and cached by
+    the forward graph's structure, so a training loop derives and compiles it once."""
+    leaves, eqns, graph_key = collect_keyed([root], is_leaf=lambda v: False)
+    targets = []
+    for i, leaf in enumerate(leaves):
+        t = grad_leaf(leaf)
+        if t is not None and t.requires_grad and t.ir_var is leaf:
+            targets.append((i, t))
+        if leaf.value is None:
+            raise TracingError("backward: the graph depends on a traced placeholder; "
+                               "use vkml.grad inside traced functions")
+    if not targets:
+        raise GradError("backward: no leaf of this graph requires grad")
+    olds = [t.grad for _, t in targets if t.grad is not None]
+    realize([g.ir_var for g in olds], [g.requires_grad for g in olds])
+    has_old = tuple(t.grad is not None for _, t in targets)
+    wrt = tuple(i for i, _ in targets)
+    key = (graph_key, wrt, has_old)
+
+    def derive():
+        STATS.derivations += 1
+        return vjp_program(Program(leaves, eqns, [root]), wrt, has_old)
+
+    program, _ = _BACKWARD_PROGRAMS.get_or_make(key, derive)
+    backend = current()
+    exe = backend.executable(("backward",) + key, lambda: program)
+    seed = np.ones((), dtype=root.dtype)
+    args = [l.value for l in leaves] + [seed] + [g.ir_var.value for g in olds]
+    outs = submit(backend, exe, args, program.eqns, resident=True)
+    root.value = outs[0]
+    return [(t, g) for (_, t), g in zip(targets, outs[1:])]
+
+
+# -- caches -----------------------------------------------------------------------------------------
+
+def set_cache_limit(n: int) -> None:
+    """Keep at most ``n`` entries in each cache (programs per key, executables per variant,
+    derived programs, backward programs); the least recently used go first, now and later.
+    Also ``VKML_CACHE_LIMIT=n`` in the environment.  The default is 1024."""
+    n = check_int(n, "n", "set_cache_limit")
+    if n < 1:
+        raise ArgumentError(f"set_cache_limit: the limit must be at least 1, got {n}; use "
+                            "vkml.clear_caches() to empty the caches")
+    threadsafe.set_cache_limit(n)
+
+
+def clear_caches() -> None:
+    """Empty every cache: programs of jitted functions, derived programs, backward programs and
+    every backend's executables.  The next call traces and compiles again (``vkml.stats()``
+    counts it); a compiled tier may load its code from its disk cache instead of compiling."""
+    for backend in instances():
+        backend.clear_cache()         # a device backend frees what its executables hold
+    threadsafe.clear_caches()

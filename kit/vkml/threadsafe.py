@@ -1,0 +1,200 @@
+"""Two building blocks the layers share across threads: settings and bounded caches.
+
+They sit at the bottom of the package (like ``stats``) because the layers
+that read them are below the runtime that changes them: ``ops`` reads the
+current device, ``backends`` the current backend and its executable cache,
+``transforms`` its derived-program cache.  Only :mod:`vkml.runtime` (and the
+backends' own ``set_backend``) changes a setting; see its docstring for what
+the user sees.
+
+- :class:`Setting` -- a value per thread and per asyncio task (a
+  ``contextvars.ContextVar``) that falls back to a process-wide default.
+  ``set_global`` changes the default (what threads and tasks that did not
+  choose their own follow) and the caller's own value; ``local`` changes the
+  caller's own value for a ``with`` block and nobody else's.
+- :class:`Cache` -- a least-recently-used map, bounded by one limit shared by
+  every cache (:func:`set_cache_limit`, ``VKML_CACHE_LIMIT``), that makes each
+  key once even when threads ask for it at the same time (the others wait
+  for the one making it), so a program is never compiled twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+import threading
+import weakref
+from collections import OrderedDict
+
+_UNSET = object()
+
+
+class Setting:
+    """A value per thread and asyncio task, falling back to a process-wide default."""
+
+    def __init__(self, name: str, default):
+        self.name = name
+        self._default = default
+        self._own = contextvars.ContextVar(f"vkml_{name}", default=_UNSET)
+
+    def get(self):
+        value = self._own.get()
+        return self._default if value is _UNSET else value
+
+    def set_global(self, value) -> None:
+        """The process default, and the caller's own value (so another thread's later global
+        call does not change it under the caller)."""
+        self._default = value
+        self._own.set(value)
+
+    def set_local(self, value) -> contextvars.Token:
+        """The caller's own value only; undo with :meth:`reset`."""
+        return self._own.set(value)
+
+    def reset(self, token) -> None:
+        self._own.reset(token)
+
+    @contextlib.contextmanager
+    def local(self, value):
+        """``with setting.local(v):`` -- ``v`` in this thread or task for the block, restored after."""
+        token = self._own.set(value)
+        try:
+            yield value
+        finally:
+            self._own.reset(token)
+
+
+# -- bounded caches ---------------------------------------------------------------------------------
+
+def _limit_from_env() -> int:
+    text = os.environ.get("VKML_CACHE_LIMIT", "")
+    try:
+        value = int(text)
+    except ValueError:
+        return DEFAULT_CACHE_LIMIT
+    return value if value > 0 else DEFAULT_CACHE_LIMIT
+
+
+#: entries per cache unless ``VKML_CACHE_LIMIT`` or ``vkml.set_cache_limit`` says otherwise: a
+#: training loop uses a handful of keys; a sweep over thousands of shapes stays within this many
+DEFAULT_CACHE_LIMIT = 1024
+_LIMIT = [_limit_from_env()]
+
+#: every live cache, so one call can clear or measure them all
+_CACHES: "weakref.WeakSet[Cache]" = weakref.WeakSet()
+_CACHES_LOCK = threading.Lock()
+
+
+class Cache:
+    """A least-recently-used map that makes each key once (see the module docstring).
+
+    ``name`` groups caches in :func:`cache_sizes` (every jitted function has its own
+    ``"jit programs"`` cache).  Values are never None.
+    """
+
+    def __init__(self, name: str):
+        self.name = name
+        self._data = OrderedDict()
+        self._lock = threading.Lock()
+        self._making = {}           # key -> the lock its maker holds while making it
+        with _CACHES_LOCK:
+            _CACHES.add(self)
+
+    def __len__(self):
+        return len(self._data)
+
+    def get(self, key, default=None):
+        with self._lock:
+            value = self._data.get(key, _UNSET)
+            if value is _UNSET:
+                return default
+            self._data.move_to_end(key)
+            return value
+
+    def put(self, key, value) -> None:
+        with self._lock:
+            self._data[key] = value
+            self._data.move_to_end(key)
+            self._trim()
+
+    def put_first(self, key, value):
+        """Store ``value`` unless another thread stored one for ``key`` first; return the stored one."""
+        with self._lock:
+            stored = self._data.setdefault(key, value)
+            self._data.move_to_end(key)
+            self._trim()
+            return stored
+
+    def get_or_make(self, key, make):
+        """``(value, made)``: the value for ``key``, made by ``make()`` once even under
+        concurrency; ``made`` says whether this call made it."""
+        while True:
+            with self._lock:
+                value = self._data.get(key, _UNSET)
+                if value is not _UNSET:
+                    self._data.move_to_end(key)
+                    return value, False
+                gate = self._making.get(key)
+                mine = gate is None
+                if mine:
+                    gate = self._making[key] = threading.Lock()
+                    gate.acquire()
+            if mine:
+                break
+            with gate:              # another thread is making it: wait, then look again
+                pass
+        try:
+            value = make()
+            self.put(key, value)
+        finally:
+            with self._lock:
+                del self._making[key]
+            gate.release()
+        return value, True
+
+    def values(self) -> list:
+        with self._lock:
+            return list(self._data.values())
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+
+    def _trim(self):
+        while len(self._data) > _LIMIT[0]:
+            self._data.popitem(last=False)
+
+    def trim(self) -> None:
+        with self._lock:
+            self._trim()
+
+
+def cache_limit() -> int:
+    """How many entries each cache keeps (the least recently used go first)."""
+    return _LIMIT[0]
+
+
+def set_cache_limit(n: int) -> None:
+    """Keep at most ``n`` entries in every cache (``n`` checked by the caller); trims them now."""
+    _LIMIT[0] = n
+    for cache in _all():
+        cache.trim()
+
+
+def clear_caches() -> None:
+    for cache in _all():
+        cache.clear()
+
+
+def cache_sizes() -> dict:
+    """Entries held, summed per cache name."""
+    sizes = {}
+    for cache in _all():
+        sizes[cache.name] = sizes.get(cache.name, 0) + len(cache)
+    return dict(sorted(sizes.items()))
+
+
+def _all():
+    with _CACHES_LOCK:
+        return list(_CACHES)
