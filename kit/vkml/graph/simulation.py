@@ -607,30 +607,42 @@ class Simulation:
                 prm_acc[p] = g if prm_acc[p] is None else prm_acc[p] + g
 
         stored = record.states_all if self.window == "full" else record.checkpoints
-        held = {t: {s: c[s][sl] for s in self.state} for t, c in stored.items()}
-        self._follow_plan(self.schedule.plan(self.max_steps, T), held, T, fixed, steps, back_step, stats)
+        self._follow_plan(self.schedule.plan(self.max_steps, T), stored, sl, T, fixed, steps, back_step,
+                          stats)
         params = {p: (prm_acc[p] if prm_acc[p] is not None else
                       np.zeros((m,) + np.shape(record.cells[p]), np.float64))
                   for p in kern.params}
         return {"state": ct_state, "fixed": fixed_acc, "params": params}
 
-    def _follow_plan(self, plan, held, last, fixed, steps, back_step, stats):
-        """Carry out a schedule's reverse plan on ``held`` (step -> state): recompute states from
-        held ones, reverse each step on its held state and free it (see graph/schedules.py)."""
-        peak = len(held)
+    def _follow_plan(self, plan, stored, sl, last, fixed, steps, back_step, stats):
+        """Carry out a schedule's reverse plan (see graph/schedules.py): recompute states from the
+        Record's ``stored`` ones or from recomputed ones, reverse each step on its state, and free
+        a recomputed state once its step is reversed.  Counts the states it needs at once the way
+        the schedule predicts them: a stored state until its step is reversed."""
+        made = {}
+        alive = sum(1 for t in stored if t < last)
+
+        def state(t):
+            return made[t] if t in made else {s: stored[t][s][sl] for s in self.state}
+
+        peak = alive
         bar = _progress(self.progress, last, "reverse steps")
         for action in plan:
             if action[0] == "recompute":
                 _, c, t = action
-                peak = max(peak, len(held) + 1)
-                cur = held[c]
+                peak = max(peak, alive + len(made) + 1)
+                cur = state(c)
                 for u in range(c, t):
                     cur = self._advance(cur, fixed, steps, u)
                     stats["recomputed"] += 1
-                held[t] = cur
+                made[t] = cur
             else:
                 t = action[1]
-                cur = held.pop(t)
+                if t in made:
+                    cur = made.pop(t)
+                else:
+                    cur = state(t)
+                    alive -= t in stored
                 back_step(t, cur, self._node_values(cur, fixed))
                 bar.update(1)
         bar.close()
