@@ -13,9 +13,13 @@ reverse works one window at a time from the last: it recomputes the
 window's states from its checkpoint and steps the adjoint back through
 them, so a sample holds about ``ceil(max_steps / window) + window`` states
 (default window ``clamp(ceil(sqrt(max_steps)), 16, 1024)``; ``"full"`` keeps
-every state and recomputes nothing; ``"binomial"`` places checkpoints by
-Griewank's binomial rule (Revolve), recomputing fewer steps for the same
-number of held states).
+every state and recomputes nothing; ``"binomial"`` keeps the initial state, the
+state before the last step and ``snapshots`` checkpoints placed by Griewank's
+binomial rule (Revolve), recomputing the fewest steps any schedule holding
+those states can).  Each choice is a schedule object (``sim.schedule``, see
+``graph/schedules.py``) that says which states the run stores, how the reverse
+rebuilds the others, and predicts the reverse's ``recomputed_steps`` and
+``peak_states``.
 
 ``memory_budget`` (bytes; default half the available host RAM, and on a
 GPU backend at most half its free device memory) caps what
