@@ -30,7 +30,8 @@ from functools import lru_cache
 class Schedule:
     """The interface every checkpoint schedule has (see the module docstring)."""
 
-    def stored_steps(self, max_steps: int) -> list:
+    def stored_steps(self, max_steps: int):
+        """The steps whose state the forward run stores, ascending (a range or a list)."""
         raise NotImplementedError
 
     def plan(self, max_steps: int, last: int | None = None):
@@ -69,7 +70,7 @@ class Window(Schedule):
         return f"Window({self.n})"
 
     def stored_steps(self, max_steps):
-        return list(range(0, max_steps, self.n))
+        return range(0, max_steps, self.n)
 
     def plan(self, max_steps, last=None):
         last = max_steps if last is None else min(last, max_steps)
@@ -100,7 +101,7 @@ class Full(Schedule):
         return "Full()"
 
     def stored_steps(self, max_steps):
-        return list(range(max_steps))
+        return range(max_steps)
 
     def plan(self, max_steps, last=None):
         last = max_steps if last is None else min(last, max_steps)

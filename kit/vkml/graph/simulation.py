@@ -49,7 +49,7 @@ from ..transforms.control import reorder_inputs
 from .graph import Opaque, changed_plane_message, execution_error, plane_signature, run_named, threads, \
     user_error
 from .kernel import Kernel, Launch
-from .schedules import Binomial, Full, Window, binomial_cost, first_sweep  # noqa: F401 (re-exported)
+from .schedules import Binomial, Full, Window, binomial_cost  # noqa: F401 (binomial_cost re-exported)
 from .treesum import chunk_bounds, combine, pass_size, tree_sum
 from ..validate import check_int
 
@@ -297,7 +297,8 @@ class Simulation:
         active = np.ones(n, dtype=bool)
         steps = np.zeros(n, dtype=np.int64)
         checkpoints, states_all = {}, {}
-        stored = set(self.schedule.stored_steps(self.max_steps)) if self.record_mode else ()
+        stored = self.schedule.stored_steps(self.max_steps) if self.record_mode else ()
+        stored = stored if isinstance(stored, range) else set(stored)      # O(1) membership
         bar = _progress(self.progress, self.max_steps, "simulation")
         last_outs = None
         for t in range(self.max_steps):
