@@ -14,11 +14,12 @@ step ``t`` needs ``x_t``.  A schedule answers, with one interface:
   from ``c`` to ``t`` counts ``t - c``) when every sample runs all ``max_steps`` steps;
 - ``predicted_peak_states(max_steps)``: the most states the reverse needs at once: the stored
   and recomputed states whose step it has not reversed yet (a step is reversed on its own held
-  state), plus, while it recomputes, the copy it advances (which it then holds).  (The stored states themselves stay in the Record, which
-  may be reversed again; ``record.nbytes`` counts them.)
+  state), plus, while it recomputes, the copy it advances (which it then holds).  The stored
+  states themselves stay in the Record, which may be reversed again; ``record.nbytes`` counts
+  them.
 
-The simulation steps; the schedule only says which states to keep.  The same objects can be
-drawn: the plan is a list of plain tuples.
+The simulation steps; the schedule only says which states to keep.  A plan is a sequence of
+plain tuples, so the same objects can be listed, counted (``walk``) or drawn.
 """
 
 from __future__ import annotations
@@ -119,12 +120,16 @@ class Binomial(Schedule):
     """Griewank and Walther's binomial checkpointing (Revolve), with the fewest recomputed steps
     for the states it holds.
 
-    The forward run stores the initial state ``x_0``, the state before the last step
-    ``x_{max_steps-1}`` (where the reverse starts) and ``snapshots`` checkpoints, placed where
-    the optimal schedule's first sweep would take them.  The reverse reuses the checkpoint slots
-    as their steps are reversed.  No schedule holding those states recomputes fewer steps:
+    The states held: the forward run stores the initial state ``x_0``, the state before the
+    last step ``x_{max_steps-1}`` (the one the reverse starts on, which Revolve has in hand after
+    its first sweep) and ``snapshots`` checkpoints, placed where the optimal schedule's first
+    sweep would take them; the reverse holds at most ``snapshots`` states besides ``x_0`` at
+    any time (a checkpoint's slot is reused once its step is reversed) and advances one working
+    copy.  A recomputed step is one step the reverse takes forward again to rebuild a state it
+    does not hold.  No schedule holding those states recomputes fewer:
     ``predicted_recomputed_steps`` is the optimum, ``cost(max_steps, snapshots) - (max_steps - 1)``
-    (the classic count includes the forward sweep, which the run has already done).
+    (Griewank's count includes the first sweep's ``max_steps - 1`` steps, which the recorded run
+    has already taken).
     """
 
     def __init__(self, snapshots: int):
