@@ -65,10 +65,11 @@ def test_the_issues_numbers_old_and_optimal():
 def test_binomial_reaches_the_optimum(steps):
     for snapshots in range(0, 7):
         schedule = Binomial(snapshots)
-        planned, _ = walk(schedule, steps)
+        planned, peak = walk(schedule, steps)
         assert planned == schedule.predicted_recomputed_steps(steps) == optimum(steps, snapshots), \
             (steps, snapshots)
         assert len(schedule.stored_steps(steps)) <= snapshots + 2
+        assert peak <= snapshots + 2, (steps, snapshots, peak)
 
 
 def check_plan(schedule, steps, last):

@@ -123,9 +123,9 @@ class Binomial(Schedule):
     The states held: the forward run stores the initial state ``x_0``, the state before the
     last step ``x_{max_steps-1}`` (the one the reverse starts on, which Revolve has in hand after
     its first sweep) and ``snapshots`` checkpoints, placed where the optimal schedule's first
-    sweep would take them; the reverse holds at most ``snapshots`` states besides ``x_0`` at
-    any time (a checkpoint's slot is reused once its step is reversed) and advances one working
-    copy.  A recomputed step is one step the reverse takes forward again to rebuild a state it
+    sweep would take them.  The reverse reuses a checkpoint's slot once its step is reversed, so
+    it never needs more than ``snapshots + 2`` states at once (``predicted_peak_states``), the
+    same as the run stores.  A recomputed step is one step the reverse takes forward again to rebuild a state it
     does not hold.  No schedule holding those states recomputes fewer:
     ``predicted_recomputed_steps`` is the optimum, ``cost(max_steps, snapshots) - (max_steps - 1)``
     (Griewank's count includes the first sweep's ``max_steps - 1`` steps, which the recorded run
