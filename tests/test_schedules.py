@@ -12,7 +12,6 @@ schedule against ``window="full"`` (which recomputes nothing) bit for bit.
 
 from __future__ import annotations
 
-import sys
 from functools import lru_cache
 
 import numpy as np
@@ -22,35 +21,38 @@ import vkml
 from backends_under_test import BACKENDS
 from vkml.graph.schedules import Binomial, Full, Window, walk
 
-sys.setrecursionlimit(max(sys.getrecursionlimit(), 5000))
+MOST_STEPS, MOST_SNAPSHOTS = 130, 7
 
 
 @lru_cache(maxsize=None)
-def reverse_only(steps, free):
-    """Fewest recomputed steps to reverse ``steps`` steps holding only their start state, with
-    ``free`` slots for more states: each step's state rebuilt from the start (free = 0), or the
-    best first checkpoint m (m steps to reach it, its right part with one slot fewer, then the
-    left part with the slot back)."""
-    if steps <= 1:
-        return 0
-    best = steps * (steps - 1) // 2
-    if free:
-        best = min([best] + [m + reverse_only(steps - m, free - 1) + reverse_only(m, free)
-                             for m in range(1, steps)])
-    return best
+def tables():
+    """Bottom-up over (steps, snapshots), each entry a brute-force minimum over every first
+    checkpoint m:
+
+    ``reverse_only[l][s]``: fewest recomputed steps to reverse l steps holding only their start
+    state, with s slots for more (each state rebuilt from the start when s = 0; else m steps to
+    the first checkpoint, its right part with one slot fewer, then the left part with the slot
+    back);
+
+    ``recorded[l][s]``: the same for a recorded run, which also holds the state before the last
+    step and placed its s checkpoints for free on its way."""
+    reverse_only = [[0] * MOST_SNAPSHOTS for _ in range(MOST_STEPS + 1)]
+    recorded = [[0] * MOST_SNAPSHOTS for _ in range(MOST_STEPS + 1)]
+    for steps in range(2, MOST_STEPS + 1):
+        for snaps in range(MOST_SNAPSHOTS):
+            best = steps * (steps - 1) // 2
+            end = (steps - 1) * (steps - 2) // 2       # every state but the last from the start
+            if snaps:
+                best = min([best] + [m + reverse_only[steps - m][snaps - 1] + reverse_only[m][snaps]
+                                     for m in range(1, steps)])
+                end = min([end] + [reverse_only[m][snaps] + recorded[steps - m][snaps - 1]
+                                   for m in range(1, steps)])
+            reverse_only[steps][snaps], recorded[steps][snaps] = best, end
+    return recorded
 
 
-@lru_cache(maxsize=None)
 def optimum(steps, snapshots):
-    """Fewest recomputed steps for a recorded run holding the start, the state before the last
-    step and ``snapshots`` checkpoints the forward run placed for free."""
-    if steps <= 1:
-        return 0
-    best = (steps - 1) * (steps - 2) // 2          # every state but the last rebuilt from the start
-    if snapshots:
-        best = min([best] + [reverse_only(m, snapshots) + optimum(steps - m, snapshots - 1)
-                             for m in range(1, steps)])
-    return best
+    return tables()[steps][snapshots]
 
 
 def test_the_issues_numbers_old_and_optimal():
@@ -61,7 +63,7 @@ def test_the_issues_numbers_old_and_optimal():
     assert Binomial(3).predicted_recomputed_steps(100) == 275
 
 
-@pytest.mark.parametrize("steps", list(range(1, 61)) + [77, 100, 128])
+@pytest.mark.parametrize("steps", list(range(1, 61)) + [77, 100, 128, MOST_STEPS])
 def test_binomial_reaches_the_optimum(steps):
     for snapshots in range(0, 7):
         schedule = Binomial(snapshots)
