@@ -296,11 +296,13 @@ class Reverse:
             raise RefusedError("Reverse: a reverse of a reverse (second order) is not supported; "
                                "differentiate the forward graph once, or use vkml.grad/jacfwd on a "
                                "function for higher orders")
-        from .simulation import Simulation
         vjps = check_vjps(vjps, strict)
-        if isinstance(forward, Simulation):
+        # a forward that reverses its own records (a simulation steps its checkpointed reverse
+        # itself) says so with check_reversible; this module need not know its class
+        own_reverse = getattr(forward, "check_reversible", None)
+        if own_reverse is not None:
+            own_reverse(vjps)
             self.simulation = forward
-            forward.check_reversible(vjps)
             self.graph = None
         elif isinstance(forward, Graph):
             self.simulation = None
@@ -523,12 +525,11 @@ def reverse(record, seeds, *, wrt=None, vjps=None, strict=False):
     seed per sample; outputs not named are seeded with zero.  Returns
     :class:`Gradients` keyed by input plane and Param names.
     """
-    from .simulation import SimulationRecord
     if isinstance(record, (Gradients, Reverse)):
         raise RefusedError("reverse: a reverse of a reverse (second order) is not supported; pass "
                            "the Record of a forward launch (graph.record), or use vkml.grad/jacfwd "
                            "on a function for higher orders")
-    if isinstance(record, SimulationRecord):
+    if getattr(record, "simulation", None) is not None:      # a simulation's Record
         return Reverse(record.simulation, vjps=vjps, strict=strict)(record, seeds, wrt=wrt)
     if record is None:
         raise ArgumentError("reverse: there is no Record (graph.record is None): build the graph "

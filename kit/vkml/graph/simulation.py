@@ -13,9 +13,13 @@ reverse works one window at a time from the last: it recomputes the
 window's states from its checkpoint and steps the adjoint back through
 them, so a sample holds about ``ceil(max_steps / window) + window`` states
 (default window ``clamp(ceil(sqrt(max_steps)), 16, 1024)``; ``"full"`` keeps
-every state and recomputes nothing; ``"binomial"`` places checkpoints by
-Griewank's binomial rule (Revolve), recomputing fewer steps for the same
-number of held states).
+every state and recomputes nothing; ``"binomial"`` keeps the initial state, the
+state before the last step and ``snapshots`` checkpoints placed by Griewank's
+binomial rule (Revolve), recomputing the fewest steps any schedule holding
+those states can).  Each choice is a schedule object (``sim.schedule``, see
+``graph/schedules.py``) that says which states the run stores, how the reverse
+rebuilds the others, and predicts the reverse's ``recomputed_steps`` and
+``peak_states``.
 
 ``memory_budget`` (bytes; default half the available host RAM, and on a
 GPU backend at most half its free device memory) caps what
@@ -30,7 +34,6 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Mapping
-from functools import lru_cache
 
 import numpy as np
 
@@ -46,6 +49,7 @@ from ..transforms.control import reorder_inputs
 from .graph import Opaque, changed_plane_message, execution_error, plane_signature, run_named, threads, \
     user_error
 from .kernel import Kernel, Launch
+from .schedules import Binomial, Full, Window, binomial_cost  # noqa: F401 (binomial_cost re-exported)
 from .treesum import chunk_bounds, combine, pass_size, tree_sum
 from ..validate import check_int
 
@@ -72,56 +76,6 @@ def available_memory() -> int:
         pass
     device = getattr(backends.current(), "free_memory", None)
     return min(host, device()) // 2 if device is not None else host // 2
-
-
-# -- binomial checkpointing (Revolve) -----------------------------------------------------------
-
-def _beta(s, t):
-    return math.comb(s + t, s)
-
-
-@lru_cache(maxsize=None)
-def binomial_cost(steps: int, snaps: int) -> int:
-    """The fewest forward steps recomputed to reverse ``steps`` steps holding ``snaps`` snapshots
-    besides the start (Griewank's closed form: t*l - beta(s+1, t-1) for the least t with
-    beta(s, t) >= l)."""
-    if steps <= 1:
-        return 0
-    if snaps == 0:
-        return steps * (steps - 1) // 2
-    t = 0
-    while _beta(snaps, t) < steps:
-        t += 1
-    return t * steps - _beta(snaps + 1, t - 1)
-
-
-def first_sweep(steps: int, snaps: int):
-    """The snapshot positions Revolve takes on its first forward sweep (the forward run takes them)."""
-    positions, a = [], 0
-    while snaps > 0 and steps - a > 1:
-        a += binomial_split(steps - a, snaps)
-        positions.append(a)
-        snaps -= 1
-    return positions
-
-
-@lru_cache(maxsize=None)
-def binomial_split(steps: int, snaps: int) -> int:
-    """Where to place the next snapshot: an offset m achieving the optimal cost
-    m + cost(m, s) + cost(l - m, s - 1)."""
-    best = binomial_cost(steps, snaps)
-    t = 0
-    while _beta(snaps, t) < steps:
-        t += 1
-    lo = max(1, steps - _beta(snaps - 1, t))
-    hi = min(steps - 1, _beta(snaps, t - 1))
-    for m in range(max(1, min(lo, hi)), max(lo, hi) + 1):
-        if m + binomial_cost(m, snaps) + binomial_cost(steps - m, snaps - 1) == best:
-            return m
-    for m in range(1, steps):
-        if m + binomial_cost(m, snaps) + binomial_cost(steps - m, snaps - 1) == best:
-            return m
-    return steps // 2
 
 
 # -- the simulation ---------------------------------------------------------------------------
@@ -251,14 +205,19 @@ class Simulation:
         state_bytes = sum(launch.reads[s][0:1].nbytes for s in self.state) + \
             sum(p[0:1].nbytes for node in nodes for p in node.writes.values())
         self.state_bytes = state_bytes
+        # what the memory budget plans for per sample: the stored states and the reverse's
+        # (a bound that costs nothing to compute; schedule.predicted_peak_states is the exact count)
         if window == "full":
+            self.schedule = Full()
             held = max_steps + 1
         elif window == "binomial":
             snapshots = snapshots if snapshots is not None else \
                 (math.ceil(max_steps / default_window(max_steps)) + default_window(max_steps) - 1)
             self.snapshots = int(snapshots)
+            self.schedule = Binomial(self.snapshots)
             held = self.snapshots + 2
         else:
+            self.schedule = Window(window)
             held = math.ceil(max_steps / window) + window
         self.per_sample_bytes = held * state_bytes
         self.memory_budget = memory_budget if memory_budget is not None else available_memory()
@@ -338,21 +297,16 @@ class Simulation:
         active = np.ones(n, dtype=bool)
         steps = np.zeros(n, dtype=np.int64)
         checkpoints, states_all = {}, {}
-        window = self.window if isinstance(self.window, int) else None
-        sweep = set(first_sweep(self.max_steps, self.snapshots)) if self.window == "binomial" else ()
+        stored = self.schedule.stored_steps(self.max_steps) if self.record_mode else ()
+        stored = stored if isinstance(stored, range) else set(stored)      # O(1) membership
         bar = _progress(self.progress, self.max_steps, "simulation")
         last_outs = None
         for t in range(self.max_steps):
             if not active.any():
                 break
-            if self.record_mode:
-                if self.window == "full":
-                    states_all[t] = {s: v.copy() for s, v in state.items()}
-                elif self.window == "binomial":
-                    if t == 0 or t in sweep:
-                        checkpoints[t] = {s: v.copy() for s, v in state.items()}
-                elif t % window == 0:
-                    checkpoints[t] = {s: v.copy() for s, v in state.items()}
+            if t in stored:
+                (states_all if self.window == "full" else checkpoints)[t] = \
+                    {s: v.copy() for s, v in state.items()}
             state, done, last_outs, extra = self._step(state, fixed, active)
             steps += active
             active = active & ~done
@@ -469,11 +423,10 @@ class Simulation:
             res["state"].setdefault(s, np.zeros_like(record.initial[s][sl]))
         for p in kern.params:
             res["params"].setdefault(p, np.zeros((m,) + np.shape(record.cells[p]), np.float64))
+        # the compiled loops follow the window schedule for the steps the samples took
         T = int(steps.max(initial=0))
-        w = self.window
-        starts = list(range(0, T, w))
-        stats["recomputed"] += sum(min(c + w, T) - c - 1 for c in starts)
-        stats["peak"] = max(stats["peak"], len(starts) + min(w, T))
+        stats["recomputed"] += self.schedule.predicted_recomputed_steps(T)
+        stats["peak"] = max(stats["peak"], self.schedule.predicted_peak_states(T))
         return res
 
     def _readers_busy(self):
@@ -629,18 +582,6 @@ class Simulation:
         fixed_acc = {}
         float_fixed = [nm for nm in kern.inputs if nm not in self.state and fixed[nm].dtype.kind == "f"]
 
-        def states_from(t0, start_state, t1):
-            """Recompute states t0..t1-1 (list) from ``start_state`` at t0 on private copies."""
-            out = []
-            cur = {s: v.copy() for s, v in start_state.items()}
-            for t in range(t0, t1):
-                extra = self._node_values(cur, fixed)
-                out.append((cur, extra))
-                if t < t1 - 1:
-                    cur = self._advance(cur, fixed, steps, t)
-                    stats["recomputed"] += 1
-            return out
-
         def back_step(t, cur, extra):
             active = t < steps
             ins = [cur[nm] if nm in self.state else extra.get(nm, fixed.get(nm)) for nm in kern.inputs]
@@ -670,73 +611,47 @@ class Simulation:
                 g = np.where(_col(active, g), g, 0)
                 prm_acc[p] = g if prm_acc[p] is None else prm_acc[p] + g
 
-        window = self.window
-        if window == "full":
-            held = 0
-            for t in reversed(range(T)):
-                saved = {s: record.states_all[t][s][sl] for s in self.state}
-                back_step(t, saved, self._node_values(saved, fixed))
-                held = T
-            stats["peak"] = max(stats["peak"], held)
-        elif window == "binomial":
-            # the schedule is for max_steps; steps past the last sample's end cost nothing
-            stored = {t: {s: c[s][sl] for s in self.state} for t, c in record.checkpoints.items()}
-            peak = [0]
-            self._revolve(stored[0], 0, self.max_steps, self.snapshots, steps, fixed, back_step,
-                          stats, peak, 1, stored, T)
-            stats["peak"] = max(stats["peak"], peak[0])
-        else:
-            starts = [c for c in sorted(record.checkpoints) if c < T]
-            bar = _progress(self.progress, len(starts), "reverse windows")
-            for c in reversed(starts):
-                bar.update(1)
-                end = min(c + window, T)
-                start = {s: record.checkpoints[c][s][sl] for s in self.state}
-                seq = states_from(c, start, end)
-                stats["peak"] = max(stats["peak"], len(starts) + len(seq))
-                for t in reversed(range(c, end)):
-                    # pop: a state is freed once its step is reversed, so this window's
-                    # states are gone before the next window's are recomputed (holding
-                    # both doubled the window term of ceil(max_steps/window) + window)
-                    cur, extra = seq.pop()
-                    back_step(t, cur, extra)
-                cur = extra = None
-            bar.close()
+        stored = record.states_all if self.window == "full" else record.checkpoints
+        self._follow_plan(self.schedule.plan(self.max_steps, T), stored, sl, T, fixed, steps, back_step,
+                          stats)
         params = {p: (prm_acc[p] if prm_acc[p] is not None else
                       np.zeros((m,) + np.shape(record.cells[p]), np.float64))
                   for p in kern.params}
         return {"state": ct_state, "fixed": fixed_acc, "params": params}
 
-    def _revolve(self, start, a, b, snaps, steps, fixed, back_step, stats, peak, held, stored, T):
-        """Reverse steps a..b-1 from the state at a with ``snaps`` free snapshot slots (Revolve).
+    def _follow_plan(self, plan, stored, sl, last, fixed, steps, back_step, stats):
+        """Carry out a schedule's reverse plan (see graph/schedules.py): recompute states from the
+        Record's ``stored`` ones or from recomputed ones, reverse each step on its state, and free
+        a recomputed state once its step is reversed.  Counts the states it needs at once the way
+        the schedule predicts them: a stored state until its step is reversed."""
+        made = {}
+        alive = sum(1 for t in stored if t < last)
 
-        ``stored`` holds the snapshots the forward run took on the schedule's
-        first sweep; steps at or past ``T`` (every sample has stopped) are no-ops."""
-        peak[0] = max(peak[0], held + 1)
-        if b - a <= 0 or a >= T:
-            return
-        if b - a == 1:
-            back_step(a, start, self._node_values(start, fixed))
-            return
-        if snaps == 0:
-            for t in reversed(range(a, min(b, T))):
-                cur = {s: v.copy() for s, v in start.items()}
-                for u in range(a, t):
+        def state(t):
+            return made[t] if t in made else {s: stored[t][s][sl] for s in self.state}
+
+        peak = alive
+        bar = _progress(self.progress, last, "reverse steps")
+        for action in plan:
+            if action[0] == "recompute":
+                _, c, t = action
+                peak = max(peak, alive + len(made) + 1)
+                cur = state(c)
+                for u in range(c, t):
                     cur = self._advance(cur, fixed, steps, u)
                     stats["recomputed"] += 1
+                made[t] = cur
+            else:
+                t = action[1]
+                if t in made:
+                    cur = made.pop(t)
+                else:
+                    cur = state(t)
+                    alive -= t in stored
                 back_step(t, cur, self._node_values(cur, fixed))
-            return
-        m = binomial_split(b - a, snaps)
-        if a + m in stored:
-            cur = stored[a + m]
-        else:
-            cur = {s: v.copy() for s, v in start.items()}
-            for u in range(a, min(a + m, T)):
-                cur = self._advance(cur, fixed, steps, u)
-                stats["recomputed"] += 1
-        self._revolve(cur, a + m, b, snaps - 1, steps, fixed, back_step, stats, peak, held + 1,
-                      stored, T)
-        self._revolve(start, a, a + m, snaps, steps, fixed, back_step, stats, peak, held, stored, T)
+                bar.update(1)
+        bar.close()
+        stats["peak"] = max(stats["peak"], peak)
 
     def _advance(self, cur, fixed, steps, t):
         active = t < steps
