@@ -11,8 +11,8 @@ A host compile costs far more than running a chain, so :func:`run_batch`
 runs SEVERAL chains as one program: every chain the NumPy backend runs
 without an error is realized in one submission (one source, one compile),
 and once more as one jitted function called twice (its second call replays
-the captured graph).  Chains NumPy refuses are run one by one, so each
-refusal is matched to its own chain; if a batch fails although NumPy ran
+the captured graph).  Chains NumPy refuses are run one by one (lazily and
+jitted), so each refusal is matched to its own chain; if a batch fails although NumPy ran
 every chain of it, its chains are run one by one to find the culprit.
 """
 
@@ -120,6 +120,16 @@ def _jit(cases, calls=2) -> list:
     return [{"values": [encode(run[i].numpy()) for run in runs]} for i in range(len(cases))]
 
 
+def _jit_one_by_one(cases) -> list:
+    out = []
+    for case in cases:
+        try:
+            out.extend(_jit([case]))
+        except Exception as err:     # noqa: BLE001
+            out.append(chains._outcome_of_error(err))
+    return out
+
+
 def run_batch(args) -> dict:
     """Run ``args["cases"]`` on NumPy and on the emulated cuda backend (see the module docstring):
     per case the results as ``chains.compare`` reads them (labels "cuda" and "cuda-jit"), plus
@@ -142,17 +152,14 @@ def run_batch(args) -> dict:
         for i, g in zip(clean, got):
             lazy[i] = g
         for i, g in zip(refused, _realize_one_by_one([cases[i] for i in refused])):
-            lazy[i] = jitted[i] = g      # a refused chain: the lazy run's error is the one compared
+            lazy[i] = g
+        for i, g in zip(refused, _jit_one_by_one([cases[i] for i in refused])):
+            jitted[i] = g
         jit_cases = [i for i in clean if "error" not in lazy[i]]
         try:
             got = _jit([cases[i] for i in jit_cases]) if jit_cases else []
         except Exception:            # noqa: BLE001 -- found case by case below
-            got = []
-            for i in jit_cases:
-                try:
-                    got.extend(_jit([cases[i]]))
-                except Exception as err:     # noqa: BLE001
-                    got.append(chains._outcome_of_error(err))
+            got = _jit_one_by_one([cases[i] for i in jit_cases])
         for i, g in zip(jit_cases, got):
             jitted[i] = g
         for i in clean:
