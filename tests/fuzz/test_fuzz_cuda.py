@@ -95,7 +95,7 @@ def check_batch(worker, cases):
 
 # -- random chains ----------------------------------------------------------------------------------
 
-@settings(FUZZ, max_examples=max(2, EXAMPLES // 3))
+@settings(FUZZ, max_examples=max(2, EXAMPLES // 2))
 @given(cases=st.lists(chains.cases(), min_size=BATCH, max_size=BATCH))
 def test_random_chains_agree_on_numpy_and_cuda(cuda_worker, cases):
     check_batch(cuda_worker, cases)
