@@ -120,7 +120,16 @@ def test_integer_overflow_and_python_scalars_at_the_edge(cuda_worker):
         ("int32", "sub", 2 ** 31), ("int32", "add", 2 ** 31 - 1), ("int64", "mul", 2 ** 62),
         ("float32", "add", 2 ** 200), ("bool", "add", 1), ("int32", "maximum", -(2 ** 31)),
         ("float64", "pow", -0.5), ("int64", "sub", -(2 ** 63))]]
+    cases += [_tiled_matmul_case(d) for d in ("int32", "int64")]
     check_batch(cuda_worker, cases)
+
+
+def _tiled_matmul_case(dtype):
+    """``x @ x.T`` for ``x`` two rows of the dtype's edge values: the tiled kernel's integer sums
+    and products overflow, and must wrap as NumPy's do."""
+    case = unary_case(dtype, "broadcast")
+    case["ops"].append({"op": "matmul", "args": [{"v": 1}], "params": {}})
+    return case
 
 
 def _broadcast_case(shape_a, shape_b, dtype, ops):
