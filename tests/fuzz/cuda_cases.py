@@ -76,9 +76,9 @@ def _numpy_reference(case) -> dict:
 
 def _trace(case):
     """The chain's (lazy, unrealized) result on the current backend, or the error tracing gave."""
+    import vkml
     try:
-        return chains._run_ops(case["ops"], [__import__("vkml").tensor(a)
-                                             for a in chains._arrays(case)])[0], None
+        return chains._run_ops(case["ops"], [vkml.tensor(a) for a in chains._arrays(case)])[0], None
     except Exception as err:     # noqa: BLE001
         return None, chains._outcome_of_error(err)
 
@@ -140,7 +140,7 @@ def run_batch(args) -> dict:
     refs = [_numpy_reference(c) for c in cases]
     clean = [i for i, r in enumerate(refs) if "error" not in r]
     refused = [i for i, r in enumerate(refs) if "error" in r]
-    first_source, first_fallbacks = len(state.sources), None
+    first_source = len(state.sources)
     lazy, jitted = [None] * len(cases), [None] * len(cases)
     vkml.set_backend("cuda")
     try:
