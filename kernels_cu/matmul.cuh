@@ -8,6 +8,19 @@
 // Launch: blockDim (VK_TILE, VK_TILE), grid (ceil(N / VK_TILE), ceil(M / VK_TILE), min(batch, 65535)).
 #define VK_TILE 16
 
+// acc + x * y; integers wrap around as NumPy's do (through unsigned arithmetic: signed overflow is
+// undefined in device code, which has no -fwrapv)
+template <typename T>
+__device__ __forceinline__ T vk_mul_add(T acc, T x, T y) { return acc + x * y; }
+template <>
+__device__ __forceinline__ int32_t vk_mul_add(int32_t acc, int32_t x, int32_t y) {
+    return (int32_t)((uint32_t)acc + (uint32_t)x * (uint32_t)y);
+}
+template <>
+__device__ __forceinline__ int64_t vk_mul_add(int64_t acc, int64_t x, int64_t y) {
+    return (int64_t)((uint64_t)acc + (uint64_t)x * (uint64_t)y);
+}
+
 template <typename T>
 __device__ void vk_matmul_tiled(const T* a, const T* b, T* c, long long batch, long long M,
                                 long long N, long long K) {
@@ -25,7 +38,7 @@ __device__ void vk_matmul_tiled(const T* a, const T* b, T* c, long long batch, l
             bs[ty][tx] = (k0 + ty < K && j < N) ? bz[(k0 + ty) * N + j] : (T)0;
             __syncthreads();
             const long long kn = (K - k0) < VK_TILE ? (K - k0) : VK_TILE;
-            for (int kk = 0; kk < kn; kk++) acc += as[ty][kk] * bs[kk][tx];
+            for (int kk = 0; kk < kn; kk++) acc = vk_mul_add(acc, as[ty][kk], bs[kk][tx]);
             __syncthreads();
         }
         if (i < M && j < N) c[z * M * N + i * N + j] = acc;

@@ -11,6 +11,9 @@ compiled cpu tier, each risky call in a worker process so a crash or hang fails 
 - ``test_fuzz_huge``: sizes far beyond memory are refused, never allocated.
 - ``test_fuzz_graphs``: graphs over random (and non-contiguous) planes, launched and reversed.
 - ``test_fuzz_runner``: the worker reports crashes, hangs and the memory limit.
+- ``test_fuzz_cuda``: the random chains and edge tables on the cuda backend, run on the host
+  emulation of the driver (several chains per generated source), each source also through
+  ``nvcc --ptx``: NumPy backend vs cuda.
 
 ``VKML_FUZZ_EXAMPLES=600 pytest tests/fuzz`` searches longer (default 60 per test).  The run
 ends with one line per area (inputs tried, seconds), also written to ``tests/fuzz/.out/``.

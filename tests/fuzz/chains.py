@@ -399,14 +399,14 @@ def _close(a, b, tag, scale) -> bool:
     return bool(np.all(np.abs(fa - fb) <= tol))
 
 
-def compare(case, results) -> list:
-    """The disagreements between the NumPy reference and the cpu tier's runs, and any error that
-    is not a ``vkml.VkmlError`` (empty: all is well)."""
+def compare(case, results, labels=("cpu", "cpu-jit")) -> list:
+    """The disagreements between the NumPy reference and the runs ``labels`` name (the cpu tier's,
+    by default), and any error that is not a ``vkml.VkmlError`` (empty: all is well)."""
     ref = results["numpy"]
     problems = [f"{label} raised {r['error']}, not a vkml.VkmlError: {r['message'][:200]}"
-                for label, r in ((k, results[k]) for k in ("numpy", "cpu", "cpu-jit"))
+                for label, r in ((k, results[k]) for k in ("numpy",) + tuple(labels))
                 if "error" in r and not r["vkml"]]
-    for label in ("cpu", "cpu-jit"):
+    for label in labels:
         got = results[label]
         if "error" in ref or "error" in got:
             if ref.get("error") != got.get("error"):

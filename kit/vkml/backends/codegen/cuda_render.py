@@ -433,16 +433,22 @@ def _nest(loop):
             return vars_, extents, s.body
 
 
-def _decode(vars_, extents, flat):
+def _decode(vars_, extents, flat, body):
+    """The loop indices ``vars_`` of a nest, from its flattened index ``flat``; only those the
+    ``body`` lines read are declared (nvcc warns of an unused one: a broadcast axis, say)."""
+    text = "\n".join(body)
     lines, stride = [], 1
     strides = []
-    for e in reversed(extents):
+    # an empty nest (a zero extent) never runs its body: its decode divides by 1, not by 0
+    extents_ = [max(1, e) for e in extents]
+    for e in reversed(extents_):
         strides.append(stride)
         stride *= e
     strides.reverse()
-    for i, (v, e, s) in enumerate(zip(vars_, extents, strides)):
+    for i, (v, e, s) in enumerate(zip(vars_, extents_, strides)):
         q = flat if s == 1 else f"({flat} / {s})"
-        lines.append(f"const int64_t {v} = {q if i == 0 else f'{q} % {e}'};")
+        if re.search(rf"\b{v}\b", text):
+            lines.append(f"const int64_t {v} = {q if i == 0 else f'{q} % {e}'};")
     return lines, math.prod(extents)
 
 
@@ -535,8 +541,8 @@ class _Renderer:
         if isinstance(s, Loop) and s.parallel:
             vars_, extents, body = _nest(s)
             f = self.fresh("f")
-            decode, total = _decode(vars_, extents, f)
             inner, label, jumps = self._seq_exiting(body, ind + "        ")
+            decode, total = _decode(vars_, extents, f, inner)
             lines.append(f"{ind}for (int64_t {f} = threadIdx.x; {f} < {total}; {f} += blockDim.x) {{")
             lines += [ind + "    " + d for d in decode]
             lines.append(ind + "    {")
@@ -672,9 +678,9 @@ class _Renderer:
 
     def _grid(self, name, loop):
         vars_, extents, body = _nest(loop)
-        decode, total = _decode(vars_, extents, "vk_f")
         inner = []
         self.seq(body, inner, "            ")
+        decode, total = _decode(vars_, extents, "vk_f", inner)
         return KernelSpec(name, "grid", total=total), _grid_stride("vk_f", total, decode, inner)
 
     def _sample(self, name, loop):

@@ -699,6 +699,10 @@ class _Env:
         return _elementwise(name, args, ins, out, p)
 
 
+#: the unsigned type of an integer's width: integer arithmetic that may overflow is done in it
+_UNSIGNED = {1: "uint8_t", 2: "uint16_t", 4: "uint32_t", 8: "uint64_t"}
+
+
 def _elementwise(name, a, ins, out, p):
     dt = ins[0].dtype if ins else out.dtype
     f32 = dt == np.float32
@@ -714,10 +718,12 @@ def _elementwise(name, a, ins, out, p):
             return f"({a[0]} / {a[1]})"
         return f"vk_floordiv_{CTYPE[dt]}({a[0]}, {a[1]})"
     if name == "neg":
+        if dt.kind in "iu":   # -INT_MIN wraps as NumPy's does (device code has no -fwrapv)
+            return f"({CTYPE[dt]})(0 - ({_UNSIGNED[dt.itemsize]}){a[0]})"
         return f"(-{a[0]})"
     if name in _FLOAT_FN:
         if name == "abs" and not isf:
-            return f"({a[0]} < 0 ? -{a[0]} : {a[0]})"
+            return f"({a[0]} < 0 ? ({CTYPE[dt]})(0 - ({_UNSIGNED[dt.itemsize]}){a[0]}) : {a[0]})"
         fn = _FLOAT_FN[name] + ("f" if f32 else "")
         return f"{fn}({a[0]})"
     if name == "pow":
