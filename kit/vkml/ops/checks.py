@@ -29,6 +29,7 @@ import os
 import sys
 import threading
 import warnings
+from dataclasses import dataclass
 
 from ..errors import ArgumentError, DTypeError, ExecutionError, ShapeError, VkmlWarning
 from .core import Linear, Primitive, bind
@@ -38,51 +39,64 @@ F = None  # vkml.ops.api, bound by vkml/ops/__init__.py
 MODES = ("warn", "raise")
 
 
-def _checked_rule(x, flag, *, message, mode):
+@dataclass(frozen=True)
+class Check:
+    """What a ``checked`` equation does when its flag is true: ``mode`` ("warn" or "raise") with
+    ``message``.  One hashable parameter; it prints as its mode, so a failure names the op
+    without repeating the message it fails with."""
+
+    message: str
+    mode: str = "warn"
+
+    def __str__(self):
+        return self.mode
+
+
+def _checked_rule(x, flag, *, check):
     if flag.shape != () or flag.dtype.kind != "b":
         raise (ShapeError if flag.shape != () else DTypeError)(
             f"checked: the flag must be a bool scalar, got {flag.type_str()}; reduce it with .any()")
-    if mode not in MODES:
-        raise ArgumentError(f"checked: mode must be 'warn' or 'raise', got {mode!r}")
+    if not isinstance(check, Check) or check.mode not in MODES:
+        raise ArgumentError(f"checked: the check must be a Check whose mode is 'warn' or 'raise', "
+                            f"got {check!r}")
     return [(x.shape, x.dtype)]
 
 
-def _checked_impl(x, flag, *, message, mode):
+def _checked_impl(x, flag, *, check):
     if bool(flag):
-        if mode == "raise":
-            raise ExecutionError(message)
-        report(message)
+        if check.mode == "raise":
+            raise ExecutionError(check.message)
+        report(check.message)
     return x
 
 
-def _checked_batch(vals, dims, size, *, message, mode):
+def _checked_batch(vals, dims, size, *, check):
     """One check for the whole batch: the flag of any sample (an empty batch raises nothing)."""
     x, flag = vals
     if dims[1] is not None:
         flag = F.max(flag) if size else F.constant(False)
-    return [bind(checked_p, x, flag, message=message, mode=mode)], [dims[0]]
+    return [bind(checked_p, x, flag, check=check)], [dims[0]]
 
 
-checked_p = Primitive("checked", doc="``x``; warns or fails the run with ``message`` when the bool "
+checked_p = Primitive("checked", doc="``x``; warns or fails the run with a message when the bool "
                                      "scalar flag is true (see ``vkml.ops.checks``).")
 checked_p.abstract = _checked_rule
 checked_p.impl = _checked_impl
-checked_p.jvp = lambda p, t, o, *, message, mode: [t[0]]
-checked_p.transpose = lambda ct, x, flag, *, message, mode: [ct[0] if isinstance(x, Linear) else None,
-                                                             None]
+checked_p.jvp = lambda p, t, o, *, check: [t[0]]
+checked_p.transpose = lambda ct, x, flag, *, check: [ct[0] if isinstance(x, Linear) else None, None]
 checked_p.batch = _checked_batch
 
 
 def checked(x, flag, message, mode="warn"):
     """``x``, checked at run time: warn (``mode="warn"``) or fail the run (``"raise"``) with
     ``message`` when ``flag`` (a bool scalar) is true."""
-    return bind(checked_p, F.as_var(x), F.as_var(flag), message=str(message), mode=mode)
+    return bind(checked_p, F.as_var(x), F.as_var(flag), check=Check(str(message), mode))
 
 
 def holds_checks(program, mode=None) -> bool:
     """Whether ``program`` (or a program nested in it) holds a ``checked`` equation (of ``mode``)."""
     for e in program.eqns:
-        if e.prim is checked_p and (mode is None or e.params["mode"] == mode):
+        if e.prim is checked_p and (mode is None or e.params["check"].mode == mode):
             return True
         if any(hasattr(p, "eqns") and holds_checks(p, mode) for p in e.params.values()):
             return True
@@ -134,4 +148,4 @@ def warn_at_user(message):
     warnings.warn(message, VkmlWarning, stacklevel=level if frame is not None else 2)
 
 
-__all__ = ["checked", "checked_p", "collecting_warnings", "holds_checks", "report", "warn_at_user"]
+__all__ = ["Check", "checked", "checked_p", "collecting_warnings", "holds_checks", "report", "warn_at_user"]
