@@ -17,9 +17,12 @@ import pytest
 
 import vkml
 from backends_under_test import BACKENDS
+from cuda_emulation import CXX, emulate, fake_driver, host_library
+from vkml.backends.codegen.cuda_render import cuda_plan
 from vkml.ops.checks import checked
 
-pytestmark = pytest.mark.parametrize("vk_backend", BACKENDS, indirect=True)
+#: the tests that compute run on the NumPy backend and the compiled CPU tier
+on_backends = pytest.mark.parametrize("vk_backend", BACKENDS, indirect=True)
 
 MESSAGE = "while_loop: the condition still held after max_iters=3 iterations"
 
@@ -55,6 +58,7 @@ def assert_compiled(vk_backend):
 
 # -- eager and concrete ---------------------------------------------------------------------------------
 
+@on_backends
 @pytest.mark.parametrize("eager_mode", [False, True])
 def test_a_concrete_loop_cut_short_warns_once_at_the_users_line(vk_backend, eager_mode):
     vkml.set_eager(eager_mode)
@@ -65,6 +69,7 @@ def test_a_concrete_loop_cut_short_warns_once_at_the_users_line(vk_backend, eage
     assert rec.vkml[0].filename == __file__
 
 
+@on_backends
 @pytest.mark.parametrize("eager_mode", [False, True])
 def test_a_concrete_loop_cut_short_raises_or_is_ignored_by_flag(vk_backend, eager_mode):
     vkml.set_eager(eager_mode)
@@ -78,6 +83,7 @@ def test_a_concrete_loop_cut_short_raises_or_is_ignored_by_flag(vk_backend, eage
 
 # -- jit ------------------------------------------------------------------------------------------------
 
+@on_backends
 def test_jit_warns_once_per_call_that_is_cut_short(vk_backend):
     f = vkml.jit(doubling)
     with Recorded() as rec:
@@ -91,6 +97,7 @@ def test_jit_warns_once_per_call_that_is_cut_short(vk_backend):
     assert_compiled(vk_backend)
 
 
+@on_backends
 def test_jit_raises_or_ignores_by_flag(vk_backend):
     raising = vkml.jit(lambda a: doubling(a, on_max_iters="raise"))
     with pytest.raises(vkml.ExecutionError, match=MESSAGE):
@@ -103,6 +110,7 @@ def test_jit_raises_or_ignores_by_flag(vk_backend):
     assert_compiled(vk_backend)
 
 
+@on_backends
 def test_a_carry_of_several_leaves_warns_once(vk_backend):
     def f(a):
         x, n = vkml.while_loop(lambda c: c[0] < 100.0, lambda c: (c[0] * a, c[1] + 1), (a, 0),
@@ -118,6 +126,7 @@ def test_a_carry_of_several_leaves_warns_once(vk_backend):
 
 # -- grad: the derivative is computed, and the cut is reported ---------------------------------------
 
+@on_backends
 def test_grad_of_a_loop_cut_short_warns_and_still_differentiates(vk_backend):
     with Recorded() as rec:
         g = vkml.grad(doubling)(np.float64(2.0)).item()
@@ -150,6 +159,7 @@ def _ends_in_time_np(a, x):
     return anp.sum(anp.tanh(c) * c)
 
 
+@on_backends
 def test_gradient_of_a_loop_that_ends_in_time_matches_finite_differences_and_autograd(vk_backend):
     a, x = 1.3, np.array([0.7, -0.4, 1.1])
     with Recorded() as rec:
@@ -169,6 +179,7 @@ def test_gradient_of_a_loop_that_ends_in_time_matches_finite_differences_and_aut
 
 # -- vmap: one warning for the batch -----------------------------------------------------------------
 
+@on_backends
 def test_vmap_warns_once_when_one_sample_is_cut_short(vk_backend):
     f = vkml.vmap(doubling)
     with Recorded() as rec:
@@ -183,6 +194,7 @@ def test_vmap_warns_once_when_one_sample_is_cut_short(vk_backend):
     assert_compiled(vk_backend)
 
 
+@on_backends
 def test_vmap_of_grad_warns_once(vk_backend):
     with Recorded() as rec:
         g = vkml.vmap(vkml.grad(doubling))(np.array([2.0, 20.0, 3.0])).numpy()
@@ -198,6 +210,7 @@ def _scan_of_loops(on_max_iters):
     return lambda xs: vkml.scan(step, np.float64(0.0), xs)[0]
 
 
+@on_backends
 def test_a_loop_inside_scan_warns_once_per_call(vk_backend):
     f = vkml.jit(_scan_of_loops("warn"))
     xs = np.array([2.0, 20.0, 3.0, 1.5])                  # three of four rows cut short
@@ -221,6 +234,7 @@ def test_a_loop_inside_scan_warns_once_per_call(vk_backend):
 
 # -- the primitive ---------------------------------------------------------------------------------------
 
+@on_backends
 def test_checked_refuses_a_flag_that_is_not_a_bool_scalar(vk_backend):
     x = vkml.tensor(np.ones(3)).ir_var
     with pytest.raises(vkml.ShapeError, match="checked: the flag must be a bool scalar"):
@@ -231,9 +245,68 @@ def test_checked_refuses_a_flag_that_is_not_a_bool_scalar(vk_backend):
         checked(x, np.bool_(True), "m", mode="loud")
 
 
+@on_backends
 def test_a_result_never_used_is_never_checked(vk_backend):
     """The check is an identity on the loop's result: it runs exactly when the result is used."""
     f = vkml.jit(lambda a: (doubling(a), a * 2.0)[1])
     with Recorded() as rec:
         assert f(np.float64(2.0)).item() == 4.0
     assert rec.vkml == []
+
+
+# -- the CUDA backend's generated kernels, on the host emulation and the emulated driver ------------
+
+def _emulated(plan, args, avals, tmp_path, name):
+    if CXX is None:
+        pytest.skip("no C++ compiler")
+    return emulate(host_library(plan.source, str(tmp_path), name), plan, args, avals)
+
+
+def test_cuda_kernels_set_a_warning_word_once_the_loop_is_cut_short(tmp_path):
+    plan = cuda_plan(vkml.program(vkml.vmap(doubling), np.zeros(3)))
+    assert plan.warnings == [plan.warnings[0]] and MESSAGE in plan.warnings[0]
+    assert plan.status_words == 5
+    (out,), status = _emulated(plan, [np.array([20.0, 2.0, 50.0])], [((3,), np.float64)],
+                               tmp_path, "warn")
+    np.testing.assert_array_equal(out, [400.0, 16.0, 2500.0])
+    assert list(status) == [0, 0, 0, 0, 1]                 # no failure; the warning's word set
+    (out,), status = _emulated(plan, [np.array([20.0, 50.0, 30.0])], [((3,), np.float64)],
+                               tmp_path, "quiet")
+    assert list(status) == [0, 0, 0, 0, 0]
+
+
+def test_cuda_kernels_fail_with_the_checks_message(tmp_path):
+    prog = vkml.program(lambda a: doubling(a, on_max_iters="raise") * 2.0, np.float64(0.0))
+    plan = cuda_plan(prog)
+    (out,), status = _emulated(plan, [np.array(2.0)], [((), np.float64)], tmp_path, "raise")
+    code = int(status[0])
+    assert code and plan.errors[code - 1] == "checked" and MESSAGE in plan.messages[code]
+    (out,), status = _emulated(plan, [np.array(20.0)], [((), np.float64)], tmp_path, "fine")
+    assert status[0] == 0 and out == 800.0
+
+
+def test_the_cuda_backend_warns_once_per_run_and_raises_on_an_emulated_driver():
+    """(The raise also checks that a block kernel failing on thread 0 right after a barrier stops
+    every thread: it used to leave thread 0 waiting at the next barrier.)"""
+    if CXX is None:
+        pytest.skip("no C++ compiler")
+    with fake_driver():
+        backend = vkml.set_backend("cuda")
+        try:
+            f = vkml.jit(vkml.vmap(doubling))
+            with Recorded() as rec:
+                np.testing.assert_array_equal(f(np.array([20.0, 2.0])).numpy(), [400.0, 16.0])
+                assert len(rec.vkml) == 1 and rec.vkml[0].filename == __file__
+                np.testing.assert_array_equal(f(np.array([20.0, 50.0])).numpy(), [400.0, 2500.0])
+                assert len(rec.vkml) == 1
+            quiet = vkml.jit(vkml.vmap(lambda a: doubling(a, on_max_iters="ignore")))
+            with Recorded() as rec:
+                np.testing.assert_array_equal(quiet(np.array([20.0, 2.0])).numpy(), [400.0, 16.0])
+            assert rec.vkml == []
+            raising = vkml.jit(lambda a: doubling(a, on_max_iters="raise"))
+            with pytest.raises(vkml.ExecutionError, match=MESSAGE):
+                raising(np.float64(2.0)).numpy()
+            assert raising(np.float64(20.0)).item() == 400.0
+            assert backend.fallbacks == 0
+        finally:
+            vkml.set_backend("numpy")

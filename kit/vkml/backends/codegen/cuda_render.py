@@ -403,7 +403,12 @@ def cuda_plan(program: Program, prefix="vk_") -> CudaPlan:
 # -- rendering ------------------------------------------------------------------------------------
 
 _NAME = re.compile(r"[A-Za-z_]\w*")
-_SYNC = "__syncthreads(); if (vk_failed(vk_status)) return;"
+#: a barrier after which every thread stops if the submission failed: the status is read between
+#: two barriers, so no thread can report a failure of the next phase before all have read it (with
+#: one barrier, a fast thread 0 failing right after it let the others return while it waited at the
+#: next barrier for them: a hang)
+_SYNC = ("{ __syncthreads(); const bool vk_stop = vk_failed(vk_status); __syncthreads(); "
+         "if (vk_stop) return; }")
 
 
 def _has_par(s) -> bool:
