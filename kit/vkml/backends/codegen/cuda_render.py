@@ -51,7 +51,8 @@ vk_status)``: ``vk_bufs`` is a device table of the program's buffers
 (inputs, outputs, temporaries, in :attr:`CudaPlan.buffers` order), so every
 launch has the same two arguments and a captured CUDA graph needs no
 parameter updates; ``vk_status`` holds the first failure (see
-``kernels_cu/prelude.cuh``).
+``kernels_cu/prelude.cuh``), then one word per warning check of the program
+(``vkml.ops.checks``), set when it fired.
 
 Floating point: compile with :data:`NVCC_FLAGS` (``-fmad=false``, IEEE
 division and square root, no flush-to-zero): +, -, *, / and sqrt give the
