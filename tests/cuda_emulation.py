@@ -146,7 +146,7 @@ def emulate(lib, plan, args, out_avals):
             a.view(np.uint8)[:] = 0xFF            # garbage: reading before writing shows
         bufs.append(a)
     table = (ctypes.c_void_p * len(bufs))(*[b.ctypes.data for b in bufs])
-    status = np.zeros(4, np.uint64)
+    status = np.zeros(plan.status_words, np.uint64)
     for k in plan.kernels:
         fn = ctypes.cast(getattr(lib, k.name), ctypes.c_void_p)
         if k.kind == "grid":

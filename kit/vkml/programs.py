@@ -23,14 +23,12 @@ import functools
 import inspect
 import numbers
 import types
-import warnings
 import weakref
 
 import numpy as np
 
 from . import runtime
-from .errors import (ArgumentError, DTypeError, ExecutionError, GradError, ShapeError, VkmlError,
-                     VkmlWarning)
+from .errors import ArgumentError, DTypeError, GradError, ShapeError, VkmlError
 from .ir import Program, Var, collect, current_serial, dtype_name, format_shape, program_from_dag
 from .ops import api
 from .printer import pp_program
@@ -911,9 +909,10 @@ def while_loop(cond_fn, body_fn, init, max_iters=None, on_max_iters="warn"):
     so reverse mode works too (the steps after the condition fails keep the
     carry unchanged).  A loop whose condition still holds after ``max_iters``
     steps is cut short: ``on_max_iters`` says what then happens -- "warn" (a
-    ``VkmlWarning``), "raise" (ExecutionError) or "ignore".  The check reads
-    the condition's value, so it runs where the loop's result is concrete
-    (not inside a function being traced by jit/grad/vmap).
+    ``VkmlWarning``), "raise" (ExecutionError) or "ignore".  The check is part
+    of the program (``vkml.ops.checks``), so it runs inside jit, grad, vmap
+    and scan too, once per run, wherever the loop's result is used; a loop on
+    concrete values is run (and checked) at once.
     """
     _check_function(cond_fn, "while_loop", "the condition")
     _check_function(body_fn, "while_loop", "the body")
@@ -923,8 +922,7 @@ def while_loop(cond_fn, body_fn, init, max_iters=None, on_max_iters="warn"):
                                 f"got {on_max_iters!r}")
         max_iters = _count(max_iters, "while_loop", "max_iters", "a bound on the iterations", 1)
         final, cut = _bounded_while(cond_fn, body_fn, init, max_iters)
-        _report_cut(final, cut, max_iters, on_max_iters)
-        return final
+        return _checked_cut(final, cut, max_iters, on_max_iters)
     leaves, tree = flatten(init)
     init_vars = [_leaf_var(x, "while_loop init") for x in leaves]
     cph = _placeholders_like(init_vars)
@@ -1531,24 +1529,24 @@ def _truth(pred):
     return Tensor(p) if p.dtype.kind == "b" else Tensor(api.not_equal(p, 0))
 
 
-def _report_cut(final, cut, max_iters, on_max_iters):
-    """Warn about (or refuse) a bounded while_loop whose condition still held after ``max_iters``.
-
-    The flag is realized together with the result (one submission); inside a trace there is no
-    value to read, so nothing is checked there."""
+def _checked_cut(final, cut, max_iters, on_max_iters):
+    """The loop's result with each leaf checked against ``cut`` (the condition still held after
+    ``max_iters`` steps): it warns or raises where the result is computed -- inside a traced
+    program too -- once per run however many leaves are used.  A loop on concrete values is
+    realized at once (one submission), so the warning names the line of the while_loop."""
+    if on_max_iters == "ignore":
+        return final
+    from .ops.checks import checked
     from .tensor import realize
-    if on_max_iters == "ignore" or runtime.is_traced(cut.ir_var):
-        return
-    leaves = [x for x in flatten(final)[0] if isinstance(x, Tensor)]
-    realize([cut] + leaves)
-    if not bool(cut.item()):
-        return
     message = (f"while_loop: the condition still held after max_iters={max_iters} iterations, so the "
                "result is cut short; raise max_iters, or pass on_max_iters='ignore' if a bounded "
                "result is what you want")
-    if on_max_iters == "raise":
-        raise ExecutionError(message)
-    warnings.warn(message, VkmlWarning, stacklevel=3)
+    leaves, tree = flatten(final)
+    out = [Tensor(checked(x.ir_var, cut.ir_var, message, on_max_iters), x.requires_grad)
+           for x in leaves]
+    if not runtime.is_traced(cut.ir_var):
+        realize(out)
+    return unflatten(tree, out)
 
 
 # -- custom_vjp: nondiff_argnums and the shapes of fwd's and bwd's results -----------------------------------

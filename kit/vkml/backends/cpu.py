@@ -46,6 +46,7 @@ import warnings
 import numpy as np
 
 from ..errors import BackendError, ExecutionError
+from ..ops.checks import warn_at_user
 from ..stats import STATS
 from . import disk_cache
 from .base import Backend, ExecutionFailure, check_sizes, failure_error, register
@@ -117,6 +118,7 @@ def c_source(program):
     ``temp_vars`` decode what the function reports; raises Unsupported for what the lowering
     cannot compile)."""
     low = Lowering()
+    low.checks = True
     ins = [f"a{i}" for i in range(len(program.inputs))]
     outs = [f"o{i}" for i in range(len(program.outputs))]
     stmts = low.program(program, ins, outs)
@@ -169,6 +171,7 @@ class CompiledProgram:
         self.out_sites = [producer.get(v, 0) for v in program.outputs]
         self.source = source
         self.errors, self.error_sites = lowering.errors, lowering.error_sites
+        self.messages, self.warnings = lowering.messages, lowering.warnings
         self.temps = [(v.shape, v.dtype, producer.get(v, 0)) for v in lowering.temp_vars]
         self._keep = lib
 
@@ -184,13 +187,18 @@ class CompiledProgram:
                 outs[i] = dest
         in_ptrs = (ctypes.c_void_p * max(1, len(ins)))(*[a.ctypes.data for a in ins])
         out_ptrs = (ctypes.c_void_p * max(1, len(outs)))(*[o.ctypes.data for o in outs])
-        info = np.zeros(3, np.int64)
+        info = np.zeros(3 + len(self.warnings), np.int64)
         code = self.fn(in_ptrs, out_ptrs, info.ctypes.data)
+        for message, hit in zip(self.warnings, info[3:]):
+            if hit:                         # a warning check that fired: once per call
+                warn_at_user(message)
         if code == ALLOCATION_FAILED:
             shape, dtype, site = self.temps[int(info[0])]
             raise ExecutionFailure(site, allocation_error("a temporary", shape, dtype))
         if code:
+            message = self.messages.get(code)
             raise ExecutionFailure(self.error_sites[code - 1],
+                                   ExecutionError(message) if message is not None else
                                    failure_error(self.errors[code - 1], info))
         return outs
 

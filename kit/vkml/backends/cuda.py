@@ -96,12 +96,14 @@ import threading
 
 import numpy as np
 
-from ..errors import BackendError
+from ..errors import BackendError, ExecutionError
+from ..ops.checks import warn_at_user
 from ..stats import STATS
 from . import disk_cache
 from .base import (Backend, DeviceValue, ExecutionFailure, _copy_into, check_sizes, failure_error,
                    host_values)
-from .codegen.cuda_render import NVCC_FLAGS, cuda_plan, template, tree_sum_levels
+from .codegen.cuda_render import (NVCC_FLAGS, STATUS_WORDS, cuda_plan, template,
+                                  tree_sum_levels)
 from .codegen.lower import Unsupported
 from .numpy_backend import compile_program as compile_numpy
 
@@ -497,9 +499,10 @@ class CudaExecutable:
         self.host_table[:] = self.own
         self.table = drv.mem_alloc(self.host_table.nbytes)
         self.in_sizes = [v.size for v in program.inputs]
-        self.status = drv.mem_alloc(32)
-        drv.memset_d32(self.status, 0, 8)
-        self.host_status = drv.pagelocked_zeros(4, np.uint64)
+        self.status_words = plan.status_words          # a failure's four, then one per warning
+        self.status = drv.mem_alloc(8 * self.status_words)
+        drv.memset_d32(self.status, 0, 2 * self.status_words)
+        self.host_status = drv.pagelocked_zeros(self.status_words, np.uint64)
         self.host_in = [
             self.small_host[offsets[i]:offsets[i] + nbytes[i]].view(v.dtype) if i in offsets else
             drv.pagelocked_empty(max(1, int(np.prod(v.shape))), v.dtype)
@@ -515,7 +518,7 @@ class CudaExecutable:
         drv.memcpy_htod_async(self.table, self.host_table, stream)
         if self.small_dev is not None:
             drv.memcpy_htod_async(self.small_dev, self.small_host, stream)
-        drv.memset_d32_async(self.status, 0, 8, stream)
+        drv.memset_d32_async(self.status, 0, 2 * self.status_words, stream)
         for spec, fn, grid, block, use_blas in self.launches:
             if use_blas:
                 self.gpu.cublas.gemm(self.own, spec)
@@ -592,10 +595,15 @@ class CudaExecutable:
                     drv.memcpy_dtod_async(out.ptr, self.bufs[k], out.nbytes, stream)
             stream.synchronize()
             code = int(self.host_status[0])
+            for message, hit in zip(self.plan.warnings, self.host_status[STATUS_WORDS:]):
+                if hit:                 # a warning check that fired: once per run
+                    warn_at_user(message)
             if code:
                 name = self.errors[code - 1] if code - 1 < len(self.errors) else "?"
+                message = self.plan.messages.get(code)
                 raise ExecutionFailure(self.eqn_index.get(name, 0),
-                                       failure_error(name, self.host_status[1:].view(np.int64)))
+                                       ExecutionError(message) if message is not None else
+                                       failure_error(name, self.host_status[1:4].view(np.int64)))
             if resident:
                 return results
             return [h[:int(np.prod(s))].reshape(s).copy() for h, (s, _) in

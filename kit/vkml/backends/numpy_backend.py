@@ -15,6 +15,7 @@ import sys
 
 import numpy as np
 
+from ..ops.checks import collecting_warnings, holds_checks
 from .base import Backend, DeviceValue, ExecutionFailure, register
 
 
@@ -281,7 +282,19 @@ def compile_program(program, compile_nested=None):
 
     run.source = source
     run.writes_into = True
-    return run
+    return _collecting(run) if holds_checks(program, "warn") else run
+
+
+def _collecting(run):
+    """``run`` issuing the warnings of its checks once per run (a scan's steps, several checked
+    results and nested programs share one), after the run -- only for programs holding checks."""
+    def checked_run(args, into=None):
+        with collecting_warnings():
+            return run(args, into)
+
+    checked_run.source = run.source
+    checked_run.writes_into = True
+    return checked_run
 
 
 class NumpyBackend(Backend):

@@ -51,7 +51,8 @@ vk_status)``: ``vk_bufs`` is a device table of the program's buffers
 (inputs, outputs, temporaries, in :attr:`CudaPlan.buffers` order), so every
 launch has the same two arguments and a captured CUDA graph needs no
 parameter updates; ``vk_status`` holds the first failure (see
-``kernels_cu/prelude.cuh``).
+``kernels_cu/prelude.cuh``), then one word per warning check of the program
+(``vkml.ops.checks``), set when it fired.
 
 Floating point: compile with :data:`NVCC_FLAGS` (``-fmad=false``, IEEE
 division and square root, no flush-to-zero): +, -, *, / and sqrt give the
@@ -91,6 +92,8 @@ SPLIT_MIN_ELEMENTS = 2048
 SPLIT_MAX_OUTPUTS = 4096
 #: the tiled matmul's tile (kernels_cu/matmul.cuh)
 TILE = 16
+#: status words of a failure (code, three detail words; ``kernels_cu/prelude.cuh``)
+STATUS_WORDS = 4
 
 #: nvcc options for generated code: no FMA contraction, IEEE division and sqrt, no flush-to-zero
 NVCC_FLAGS = ["-fmad=false", "-prec-div=true", "-prec-sqrt=true", "-ftz=false"]
@@ -140,6 +143,11 @@ class CudaLowering(Lowering):
     def __init__(self):
         super().__init__()
         self.inside = 0           # > 0 while lowering the body of a loop or a branch
+        self.checks = True        # failed checks report through the status words
+
+    def warning_flag(self, slot):
+        """A warning check that fired sets its own status word, after the four of a failure."""
+        return f"vk_status[{STATUS_WORDS + slot}] = 1ULL;"
 
     def _nested(self, lower, *args):
         self.inside += 1
@@ -336,7 +344,10 @@ class CudaPlan:
     ``buffers``: ``(name, ctype, count)`` for every entry of the device
     buffer table -- the program's inputs (``a0``...), outputs (``o0``...),
     then the temporaries that outlive a kernel; ``errors``: primitive names
-    by error code - 1, as the CPU tier reports them.
+    by error code - 1, as the CPU tier reports them; ``messages``: error code
+    -> the message of a failed check; ``warnings``: the messages of warning
+    checks, each with a status word after the first :data:`STATUS_WORDS`
+    (set when it fired: one warning per run).
     """
 
     body: str
@@ -347,6 +358,13 @@ class CudaPlan:
     errors: list
     uses_matmul: bool = False
     statics: list = field(default_factory=list)
+    messages: dict = field(default_factory=dict)
+    warnings: list = field(default_factory=list)
+
+    @property
+    def status_words(self) -> int:
+        """How many 64-bit status words a run needs: a failure's four, then one per warning."""
+        return STATUS_WORDS + len(self.warnings)
 
     @property
     def source(self) -> str:
@@ -386,7 +404,12 @@ def cuda_plan(program: Program, prefix="vk_") -> CudaPlan:
 # -- rendering ------------------------------------------------------------------------------------
 
 _NAME = re.compile(r"[A-Za-z_]\w*")
-_SYNC = "__syncthreads(); if (vk_failed(vk_status)) return;"
+#: a barrier after which every thread stops if the submission failed: the status is read between
+#: two barriers, so no thread can report a failure of the next phase before all have read it (with
+#: one barrier, a fast thread 0 failing right after it let the others return while it waited at the
+#: next barrier for them: a hang)
+_SYNC = ("{ __syncthreads(); const bool vk_stop = vk_failed(vk_status); __syncthreads(); "
+         "if (vk_stop) return; }")
 
 
 def _has_par(s) -> bool:
@@ -674,7 +697,8 @@ class _Renderer:
             out.append("")
             specs.append(spec)
         return CudaPlan("\n".join(out) + "\n", specs, self.table, n_in, n_out, list(self.low.errors),
-                        self.uses_matmul, list(self.low.statics))
+                        self.uses_matmul, list(self.low.statics), dict(self.low.messages),
+                        list(self.low.warnings))
 
     def _grid(self, name, loop):
         vars_, extents, body = _nest(loop)

@@ -97,6 +97,9 @@ class Lowering:
         self.statics = []        # static const arrays (constants the program holds)
         self.errors = []         # primitive names, by error code - 1
         self.error_sites = []    # the top-level equation each error code belongs to
+        self.messages = {}       # error code -> the message of a failed check (``checked``)
+        self.warnings = []       # the messages of warning checks, by warning slot
+        self.checks = False      # whether the renderer reports checks (else they run on NumPy)
         self.counter = 0
         self.depth = 0           # programs being lowered (1: the top-level one)
         self.site = 0            # the top-level equation being lowered
@@ -359,6 +362,31 @@ class Lowering:
         self.errors.append(e.prim.name)
         self.error_sites.append(self.site)
         return len(self.errors)
+
+    def _lower_checked(self, e, env, targets):
+        """``x`` copied through, after its flag is tested once: a "raise" check fails the run
+        (its error code carries the message), a "warn" check sets its warning slot (see
+        :meth:`warning_flag`), which the backend turns into one warning after the call.  A
+        renderer that has no such channel (``checks`` unset) leaves the program to NumPy."""
+        if not self.checks:
+            raise Unsupported("a run-time check")
+        x, flag = e.inputs
+        message = e.params["check"].message
+        if e.params["check"].mode == "raise":
+            code = self.error_code(e)
+            self.messages[code] = message
+            report = f"*err = {code}; info[0] = 0; info[1] = 0; info[2] = 0; goto done;"
+        else:
+            if message not in self.warnings:
+                self.warnings.append(message)
+            report = self.warning_flag(self.warnings.index(message))
+        test = [f"if ({env.read(flag, [])}) {{ {report} }}"]
+        return test + self.store(x.shape, targets[0], lambda idx: env.read(x, idx))
+
+    def warning_flag(self, slot):
+        """The statement that records warning ``slot`` (the CPU tier: a word of ``info`` after
+        the three of an error's details)."""
+        return f"info[{3 + slot}] = 1;"
 
     def _lower_call(self, e, env, targets):
         return self.program(e.params["program"], [env.pointer(v) for v in e.inputs], targets)
