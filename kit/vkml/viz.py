@@ -819,6 +819,10 @@ def diff(a, b, labels=("before", "after")) -> Diagram:
     diff of the printed programs.
     """
     import difflib
+    if not (isinstance(labels, (tuple, list)) and len(labels) == 2 and
+            all(isinstance(x, str) for x in labels)):
+        raise ArgumentError(f"diff: labels must be two strings (the names of a and b), got "
+                            f"{labels!r:.80}; for example labels=('before', 'after')")
     pa, pb = _as_program(a, "the first program"), _as_program(b, "the second program")
     na, nb = _names_of(pa), _names_of(pb)
     boxes_a, boxes_b = fused_view(pa)[1], fused_view(pb)[1]

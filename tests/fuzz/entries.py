@@ -139,7 +139,7 @@ def _extra_entries():
     out = {f"Tensor.{m}": method(m) for m in (
         "reshape", "__getitem__", "astype", "sum", "max", "transpose", "assign_",
         "requires_grad_", "__add__", "__matmul__", "__pow__", "__floordiv__", "clip", "softmax",
-        "expand_dims", "squeeze", "flatten", "broadcast_to")}
+        "expand_dims", "squeeze", "flatten", "broadcast_to", "var", "std", "__mod__")}
     out.update({f"{t}(fn)": (lambda good, t=t: _transformed(good, t)) for t in TRANSFORMS
                 if t not in ("custom_jvp", "custom_vjp")})
     out.update({
@@ -159,7 +159,13 @@ def _extra_entries():
         "nn.cross_entropy": lambda good: good.vkml.nn.cross_entropy,
         "nn.mse_loss": lambda good: good.vkml.nn.mse_loss,
         "graph.opaque": lambda good: good.vkml.graph.opaque,
+        "pytree.register": lambda good: good.vkml.pytree.register,
+        "viz.diff": lambda good: good.vkml.viz.diff,
+        "viz.saved_residuals": lambda good: good.vkml.viz.saved_residuals,
     })
+    out.update({f"nn.{name}": (lambda good, name=name: getattr(good.vkml.nn, name))
+                for name in ("Tanh", "Sigmoid", "GELU", "Softmax", "Dropout", "LayerNorm",
+                             "Embedding")})
     return out
 
 
@@ -315,6 +321,14 @@ def _good_args(good, entry):
         "nn.Linear": lambda: [3, 2], "nn.Conv2d": lambda: [1, 2, 3],
         "nn.cross_entropy": lambda: [t, vkml.tensor([0, 1])], "nn.mse_loss": lambda: [t, t],
         "graph.opaque": lambda: [lambda **kw: {"y": kw["x"]}, {"x": np.ones(4)}, {"y": np.zeros(4)}],
+        "nn.Tanh": lambda: [], "nn.Sigmoid": lambda: [], "nn.GELU": lambda: [],
+        "nn.Softmax": lambda: [-1], "nn.Dropout": lambda: [0.5], "nn.LayerNorm": lambda: [3],
+        "nn.Embedding": lambda: [4, 2],
+        "pytree.register": lambda: [type("Pair", (), {}), lambda p: ((), None),
+                                    lambda aux, children: None],
+        "viz.diff": lambda: [vkml.program(good.fn, t), vkml.program(lambda x: good.fn(x) * 2.0, t)],
+        "viz.saved_residuals": lambda: [good.fn, t],
+        "Tensor.var": lambda: [1], "Tensor.std": lambda: [0], "Tensor.__mod__": lambda: [2.0],
         "Tensor.reshape": lambda: [(3, 2)], "Tensor.__getitem__": lambda: [0],
         "Tensor.astype": lambda: ["float64"], "Tensor.assign_": lambda: [t * 2.0],
         "Tensor.broadcast_to": lambda: [(2, 2, 3)], "Tensor.expand_dims": lambda: [0],

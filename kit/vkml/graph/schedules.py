@@ -24,22 +24,25 @@ plain tuples, so the same objects can be listed, counted (``walk``) or drawn.
 
 from __future__ import annotations
 
+import abc
 import math
 from functools import lru_cache
 
 
-class Schedule:
+class Schedule(abc.ABC):
     """The interface every checkpoint schedule has (see the module docstring)."""
 
+    @abc.abstractmethod
     def stored_steps(self, max_steps: int):
         """The steps whose state the forward run stores, ascending (a range or a list)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def plan(self, max_steps: int, last: int | None = None):
-        raise NotImplementedError
+        """The reverse's actions, in order: ``("recompute", c, t)`` and ``("reverse", t)``."""
 
+    @abc.abstractmethod
     def predicted_recomputed_steps(self, max_steps: int) -> int:
-        raise NotImplementedError
+        """How many steps the reverse takes forward again (without running anything)."""
 
     def predicted_peak_states(self, max_steps: int) -> int:
         return walk(self, max_steps)[1]
