@@ -38,7 +38,7 @@ from .tensor import Tensor
 from .threadsafe import Cache
 from .transforms import jvp_program, partial_eval, transpose_program, vmap_program
 from .transforms.ad import derived
-from .transforms.control import call, scan_bind
+from .transforms.control import call, depends_on, scan_bind
 from .transforms.interpret import inline
 from .validate import MAX_ELEMENTS, check_bool, check_int, check_real, check_sequence, host_memory
 
@@ -728,7 +728,7 @@ def vmap(fn, in_axes=0, out_axes=0):
         rg = any(isinstance(x, Tensor) and x.requires_grad for a in args for x in flatten(a)[0])
         outs = _apply_program(jitted, entry, ("vmap", size), bprog, in_vars, rg)
         axes_out = _out_axes(out_axes, entry.out_tree, outs)
-        outs = _unbatched_where_asked(outs, axes_out, _batched_outputs(prog, flags))
+        outs = _unbatched_where_asked(outs, axes_out, depends_on(prog, flags))
         outs = [o if ax in (0, None) else _wrap_like(o, _move_axis(o.ir_var, 0, ax))
                 for o, ax in zip(outs, axes_out)]
         return unflatten(entry.out_tree, outs)
@@ -1353,15 +1353,6 @@ def _in_axes_per_leaf(in_axes, args):
                                     f"(not mapped), got {x!r}")
         out.append(axes)
     return out
-
-
-def _batched_outputs(prog, flags):
-    """Which outputs of ``prog`` depend on an input flagged as mapped."""
-    batched = {v for v, f in zip(prog.inputs, flags) if f}
-    for eqn in prog.eqns:
-        if any(v in batched for v in eqn.inputs):
-            batched.update(eqn.outputs)
-    return [v in batched for v in prog.outputs]
 
 
 def _unbatched_where_asked(outs, axes, batched):

@@ -130,7 +130,7 @@ def _scan_partial_eval(eqn, args, unknown, to_unknown):
     carry_u = unknown[nc:nc + nk]
     while True:
         flags = unknown[:nc] + carry_u + unknown[nc + nk:]
-        out_dep = _unknown_flow(program, flags)
+        out_dep = depends_on(program, flags)
         new = [a or b for a, b in zip(carry_u, out_dep[:nk])]
         if new == carry_u:
             break
@@ -196,7 +196,9 @@ def _scan_partial_eval(eqn, args, unknown, to_unknown):
     return kouts, uouts
 
 
-def _unknown_flow(prog, flags):
+def depends_on(prog, flags):
+    """Which outputs of ``prog`` depend on an input flagged in ``flags`` (unknown in partial
+    evaluation, batched under vmap)."""
     dep = {v for v, f in zip(prog.inputs, flags) if f}
     for e in prog.eqns:
         if any(v in dep for v in e.inputs):
@@ -381,7 +383,7 @@ def _cond_partial_eval(eqn, args, unknown, to_unknown):
                    branches=branches)
         return [None] * len(res), res
     flags = list(unknown[1:])
-    out_u = [any(col) for col in zip(*[_unknown_flow(b, flags) for b in branches])]
+    out_u = [any(col) for col in zip(*[depends_on(b, flags) for b in branches])]
     splits = [derived("pe", b, flags + out_u, lambda b=b: partial_eval(b, flags, out_u))
               for b in branches]
     n_known = sum(1 for u in out_u if not u)
