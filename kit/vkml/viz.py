@@ -257,16 +257,19 @@ class _Marks:
     ``colour_of(eqn)``: the border colour matching a derived equation to the user's equation it
     comes from (None: plain); ``value_fill``: Var -> a fill naming its role (``"saved"`` for a
     residual); ``box_fill``: id(eqn) -> a fill (``"added"``, ``"removed"``, ``"changed"`` in a
-    diff); ``unfold``: draw every nested program whole.
+    diff); ``unfold``: draw every nested program whole; ``fused=False``: one box per equation
+    (nothing fused into a Map); ``box_class(eqn)``: an SVG class for a box (None: none).
     """
 
     def __init__(self, colour_of=None, value_fill=None, box_fill=None, value_note=None,
-                 unfold=False):
+                 unfold=False, fused=True, box_class=None):
         self.colour_of = colour_of or (lambda e: None)
         self.value_fill = value_fill or {}
         self.value_note = value_note or {}
         self.box_fill = box_fill or {}
         self.unfold = unfold
+        self.fused = fused
+        self.box_class = box_class or (lambda e: None)
 
 
 def _folded_text(prog, kind, eqn) -> str:
@@ -313,7 +316,7 @@ def _draw_program(d: _Dot, prog: Program, names: dict, scope: str, marks=None, n
     for i, v in enumerate(prog.inputs):
         value_node(v, "input", f" in {i}")
     members = {}
-    consts, boxes = fused_view(prog, members=members)
+    consts, boxes = fused_view(prog, members=members) if marks.fused else _plain_view(prog)
     for v, value in consts:
         a = np.asarray(value)
         shown = literal(a) if a.ndim == 0 else f"const {dtype_name(a.dtype)} {list(a.shape)}"
@@ -357,6 +360,8 @@ def _draw_program(d: _Dot, prog: Program, names: dict, scope: str, marks=None, n
         title = site_title(e)
         if title:
             attrs["tooltip"] = title
+        if marks.box_class(e):
+            attrs["class"] = marks.box_class(e)
         colour = marks.colour_of(e)
         if colour:
             attrs.update(color=colour, penwidth="2.5")
@@ -403,6 +408,16 @@ def _draw_program(d: _Dot, prog: Program, names: dict, scope: str, marks=None, n
             d.node(f"{scope}out{i}", f"out {i}", shape="plaintext", style="")
             d.edge(drawn[v], f"{scope}out{i}")
     return first[0] if first else None
+
+
+def _plain_view(prog):
+    """``fused_view``'s ``(consts, boxes)`` with nothing fused: one box per equation."""
+    boxes = []
+    for e in prog.eqns:
+        scan = e.prim.name == "scan"
+        text = f"{e.params['length']} rows" if scan else _params_text(e.params)
+        boxes.append((e, e.prim.name, text, list(e.inputs)))
+    return list(prog.consts), boxes
 
 
 #: A run of boxes repeated at least this many times in a row is drawn once and then folded.
@@ -569,7 +584,8 @@ def _residual_split(primal, named):
     return list(known.outputs[-n_res:]), n_res
 
 
-def derived_dot(primal, derived=None, unfold: bool = False, arg_names=None) -> DerivedDiagram:
+def derived_dot(primal, derived=None, unfold: bool = False, arg_names=None, *, fused=True,
+                box_class=None) -> DerivedDiagram:
     """A primal Program and its derived programs, one panel each, stacked vertically.
 
     ``derived_dot(f)`` takes a jitted function (or anything with
@@ -577,7 +593,9 @@ def derived_dot(primal, derived=None, unfold: bool = False, arg_names=None) -> D
     derived key; ``derived_dot(primal, {"jvp": p1, "transposed": p2, ...})``
     draws the given programs.  Only programs named by strings are drawn.
     Equations are coloured by the user equation they come from; the residuals
-    (what the known part saves for the backward) are ringed in red.
+    (what the known part saves for the backward) are ringed in red.  ``fused=False`` draws one
+    box per equation; ``box_class(eqn)`` gives a box an SVG class (the program explorer finds
+    its boxes by it).
     """
     if derived is None:
         pairs = derived_pairs(primal)
@@ -610,7 +628,8 @@ def derived_dot(primal, derived=None, unfold: bool = False, arg_names=None) -> D
         elif saved and name in ("linear", "transposed"):
             for v in prog.inputs[:n_res]:
                 value_fill[v] = "saved"
-        marks = _Marks(colour_of, value_fill, value_note=value_note, unfold=unfold)
+        marks = _Marks(colour_of, value_fill, value_note=value_note, unfold=unfold, fused=fused,
+                       box_class=box_class)
         d.open(f"d{i}", name, bgcolor="#ffffff" if i else "#f0f9ff", fontsize="12")
         anchors.append((_draw_program(d, prog, names, f"d{i}_", marks), d.last_node))
         d.close()
