@@ -531,7 +531,8 @@ def _stack_svgs(parts, gap=12.0) -> bytes:
         w, h = (float(x) for x in _SVG_SIZE.search(svg).groups())
         box = _VIEWBOX.search(svg).group(1)
         body = _SVG_BODY.search(svg).group(1)
-        inner.append(b'<svg x="0" y="%s" width="%spt" height="%spt" viewBox="%s">%s</svg>'
+        # inside the outer picture one user unit is already 1 pt: sizes without units
+        inner.append(b'<svg x="0" y="%s" width="%s" height="%s" viewBox="%s">%s</svg>'
                      % (_num(height), _num(w), _num(h), box, body))
         width, height = max(width, w), height + h + gap
     height -= gap if parts else 0
