@@ -226,13 +226,10 @@ def _run(derivation, f, args):
 
 
 def _realized(result):
-    """Every leaf of ``result`` computed (so its submissions are counted); their types."""
-    leaves, _ = flatten(result)
-    types = []
-    for t in leaves:
-        a = np.asarray(t.numpy() if hasattr(t, "numpy") else t)
-        types.append(f"{dtype_name(a.dtype)} {format_shape(a.shape)}")
-    return types
+    """Every leaf of ``result`` computed as an array (so its submissions are counted)."""
+    leaves, structure = flatten(result)
+    return unflatten(structure, [np.asarray(t.numpy() if hasattr(t, "numpy") else t)
+                                 for t in leaves])
 
 
 _BOX_CLASS = re.compile(r'class="node vkml_eqn p_(\w+) i_(\d+) r_(-?\d+) o_(\w+)"')
@@ -246,14 +243,15 @@ def _data_attributes(svg: str) -> str:
 
 class DerivationView:
     """One derivation of a primal program: its panels, which equations came from which primal
-    equation, the picture, the sizes, and what running it cost.
+    equation, the picture, the sizes, what running it cost (``stats``) and gave (``result``:
+    the derivation's value as NumPy arrays, e.g. the gradient).
 
     ``panels`` is ``[(name, Program)]``, the primal first; ``roots[name]`` lists, for each
     equation of that panel (in :func:`_walk` order), the index of the primal equation it comes
     from (-1 for none) and ``roles[name]`` its role (primal, tangent, cotangent).
     """
 
-    def __init__(self, name, primal, derived, arg_names, stats=None, result_types=()):
+    def __init__(self, name, primal, derived, arg_names, stats=None, result=None):
         self.name = name
         self.panels = [("primal", primal)] + [(k, derived[k]) for k in self._order(derived)]
         index = {id(e): i for i, e in enumerate(_walk(primal))}
@@ -265,17 +263,19 @@ class DerivationView:
                 root, role = root_of(e)
                 self.roots[panel].append(index.get(id(root), -1))
                 self.roles[panel].append(role)
-                where[id(e)] = (panel, i)
+                where[panel, id(e)] = i
         self.eqns = {panel: list(_walk(prog)) for panel, prog in self.panels}
 
-        def box_class(e):
-            panel, i = where[id(e)]
+        def box_class(panel, e):
+            i = where[panel, id(e)]
             return f"vkml_eqn p_{panel} i_{i} r_{self.roots[panel][i]} o_{self.roles[panel][i]}"
 
         self.diagram = viz.derived_dot(primal, derived, unfold=True, arg_names=arg_names,
                                        fused=False, box_class=box_class)
         self.stats = stats
-        self.result_types = list(result_types)
+        self.result = result
+        self.result_types = [f"{dtype_name(a.dtype)} {format_shape(a.shape)}"
+                             for a in flatten(result)[0]]
         self._svg = None
 
     @staticmethod
@@ -431,12 +431,12 @@ class ProgramExplorer(widgets.VBox):
             raise ArgumentError(f"explore_program: {name} of {self.name} has no floating "
                                 "argument to differentiate")
         before = vkml.stats()
-        types = _realized(_run(name, self.f, self.args))
+        result = _realized(_run(name, self.f, self.args))
         cost = vkml.stats() - before
         panels = _hessian_panels if name == "hessian" else (
             (lambda p, fl: {"jvp": jvp_program(p, fl)}) if name == "jvp" else _vjp_panels)
         view = DerivationView(name, self.primal, panels(self.primal, flags), self._arg_names,
-                              cost, types)
+                              cost, result)
         self._views[name] = view
         return view
 

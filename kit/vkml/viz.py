@@ -595,8 +595,8 @@ def derived_dot(primal, derived=None, unfold: bool = False, arg_names=None, *, f
     draws the given programs.  Only programs named by strings are drawn.
     Equations are coloured by the user equation they come from; the residuals
     (what the known part saves for the backward) are ringed in red.  ``fused=False`` draws one
-    box per equation; ``box_class(eqn)`` gives a box an SVG class (the program explorer finds
-    its boxes by it).
+    box per equation; ``box_class(panel, eqn)`` gives a box an SVG class (the program explorer
+    finds its boxes by it; a nested step may be the same equation in two panels).
     """
     if derived is None:
         pairs = derived_pairs(primal)
@@ -629,8 +629,9 @@ def derived_dot(primal, derived=None, unfold: bool = False, arg_names=None, *, f
         elif saved and name in ("linear", "transposed"):
             for v in prog.inputs[:n_res]:
                 value_fill[v] = "saved"
+        classes = box_class and (lambda e, name=name: box_class(name, e))
         marks = _Marks(colour_of, value_fill, value_note=value_note, unfold=unfold, fused=fused,
-                       box_class=box_class)
+                       box_class=classes)
         d.open(f"d{i}", name, bgcolor="#ffffff" if i else "#f0f9ff", fontsize="12")
         anchors.append((_draw_program(d, prog, names, f"d{i}_", marks), d.last_node))
         d.close()
