@@ -128,7 +128,8 @@ export default { render };
 
 # JupyterLab's variables (with light fallbacks elsewhere): the page's background and text
 # colours reach inside an inline SVG, so the picture follows the theme; boxes keep their light
-# fills and dark text.
+# fills and dark text.  A box's shapes sit inside the link graphviz makes for its tooltip, hence
+# descendant (not child) selectors for the highlight.
 _CSS = """
 .vkml-explorer { color: var(--jp-ui-font-color1, #111827);
   font-family: var(--jp-ui-font-family, Helvetica, Arial, sans-serif); }
@@ -148,9 +149,9 @@ _CSS = """
   stroke: var(--jp-ui-font-color2, #4b5563); }
 .vkml-explorer g.node text { fill: #111827; }
 .vkml-explorer g.vkml-eqn { cursor: pointer; }
-.vkml-explorer g.vkml-selected > path, .vkml-explorer g.vkml-selected > polygon {
+.vkml-explorer g.vkml-selected path, .vkml-explorer g.vkml-selected polygon {
   stroke: #f59e0b; stroke-width: 6px; }
-.vkml-explorer g.vkml-counterpart > path, .vkml-explorer g.vkml-counterpart > polygon {
+.vkml-explorer g.vkml-counterpart path, .vkml-explorer g.vkml-counterpart polygon {
   stroke: #f59e0b; stroke-width: 5px; stroke-dasharray: 8 3; }
 .vkml-explorer.vkml-has-selection g.vkml-eqn:not(.vkml-selected):not(.vkml-counterpart) {
   opacity: 0.35; }
