@@ -273,3 +273,19 @@ def test_a_derivation_that_does_not_apply_is_refused_by_the_control_and_nothing_
     assert "must return a floating scalar" in ex.sizes.value and ex.sizes.value != sizes
     with pytest.raises(VkmlError, match="floating scalar"):
         vw.explore_program(lambda x: vkml.sin(x) * x, W, derivation="grad")
+
+
+def test_the_stacked_panels_are_sized_in_the_outer_pictures_units():
+    """Each panel is a nested <svg> in a picture whose user unit is already 1 pt: a size written in
+    pt there would be scaled by 4/3 again and the panel clipped by the next one."""
+    ex = vw.explore_program(tanh_loss, W)
+    root = ET.fromstring(ex.svg)
+    outer_height = float(root.get("viewBox").split()[3])
+    panels = [s for s in root if s.tag == SVG + "svg"]
+    assert len(panels) == len(ex.view.panels)
+    bottom = 0.0
+    for s in panels:
+        assert re.fullmatch(r"[\d.]+", s.get("width")) and re.fullmatch(r"[\d.]+", s.get("height"))
+        assert float(s.get("y")) >= bottom                     # panels never overlap
+        bottom = float(s.get("y")) + float(s.get("height"))
+    assert bottom == pytest.approx(outer_height)

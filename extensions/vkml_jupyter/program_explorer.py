@@ -448,7 +448,7 @@ class ProgramExplorer(widgets.VBox):
             self.derivation.unobserve(self._on_derivation, names="value")
             self.derivation.value = change["old"]
             self.derivation.observe(self._on_derivation, names="value")
-            self._show(self.view, problem=f"{change['new']}: {err}")
+            self._show(self.view, problem=f"{change['new']} does not apply here: {err}")
             return
         self._show(view)
 
