@@ -55,7 +55,8 @@ from vkml.printer import root_of, site_title
 from vkml.pytree import flatten, unflatten
 from vkml.transforms import jvp_program, partial_eval, transpose_program, vjp_program
 
-__all__ = ["explore_program", "ProgramExplorer", "ProgramPicture", "DERIVATIONS"]
+__all__ = ["explore_program", "ProgramExplorer", "ProgramPicture", "DerivationView",
+           "DERIVATIONS"]
 
 #: The derivations the explorer can show, in the control's order.
 DERIVATIONS = ("grad", "jvp", "vjp", "hessian")
@@ -255,17 +256,14 @@ class DerivationView:
     def __init__(self, name, primal, derived, arg_names, stats=None, result=None):
         self.name = name
         self.panels = [("primal", primal)] + [(k, derived[k]) for k in self._order(derived)]
-        index = {id(e): i for i, e in enumerate(_walk(primal))}
-        self.roots, self.roles, where = {}, {}, {}
-        for panel, prog in self.panels:
-            eqns = list(_walk(prog))
-            self.roots[panel], self.roles[panel] = [], []
-            for i, e in enumerate(eqns):
-                root, role = root_of(e)
-                self.roots[panel].append(index.get(id(root), -1))
-                self.roles[panel].append(role)
-                where[panel, id(e)] = i
         self.eqns = {panel: list(_walk(prog)) for panel, prog in self.panels}
+        self._index = {id(e): i for i, e in enumerate(self.eqns["primal"])}
+        self.roots, self.roles, where = {}, {}, {}
+        for panel, eqns in self.eqns.items():
+            origins = [root_of(e) for e in eqns]
+            self.roots[panel] = [self._index.get(id(root), -1) for root, _ in origins]
+            self.roles[panel] = [role for _, role in origins]
+            where.update({(panel, id(e)): i for i, e in enumerate(eqns)})
 
         def box_class(panel, e):
             i = where[panel, id(e)]
@@ -308,9 +306,8 @@ class DerivationView:
         residuals = self.diagram.residuals
         if known is None or residuals is None or not len(residuals):
             return 0, 0
-        index = {id(e): k for k, e in enumerate(_walk(self.panels[0][1]))}
         saved = [v for v in known.outputs[len(known.outputs) - len(residuals):]
-                 if v.eqn is not None and index.get(id(root_of(v.eqn)[0])) == i]
+                 if v.eqn is not None and self._index.get(id(root_of(v.eqn)[0])) == i]
         return len(saved), sum(_nbytes(v) for v in saved)
 
     def readout(self, i) -> str:
