@@ -360,8 +360,9 @@ def _draw_program(d: _Dot, prog: Program, names: dict, scope: str, marks=None, n
         title = site_title(e)
         if title:
             attrs["tooltip"] = title
-        if marks.box_class(e):
-            attrs["class"] = marks.box_class(e)
+        css_class = marks.box_class(e)
+        if css_class:
+            attrs["class"] = css_class
         colour = marks.colour_of(e)
         if colour:
             attrs.update(color=colour, penwidth="2.5")
