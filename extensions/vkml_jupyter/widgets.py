@@ -29,7 +29,10 @@ import vkml
 from vkml import viz
 from vkml.errors import ArgumentError
 
-__all__ = ["explore_gradient", "explore_record", "GradientExplorer", "RecordExplorer"]
+from .program_explorer import ProgramExplorer, explore_program  # noqa: E402  (its own module)
+
+__all__ = ["explore_gradient", "explore_record", "explore_program", "GradientExplorer",
+           "RecordExplorer", "ProgramExplorer"]
 
 #: A finite-difference check passes when |fd - exact| <= FD_RTOL * max(1, |exact|).
 FD_RTOL = 1e-5

@@ -257,16 +257,19 @@ class _Marks:
     ``colour_of(eqn)``: the border colour matching a derived equation to the user's equation it
     comes from (None: plain); ``value_fill``: Var -> a fill naming its role (``"saved"`` for a
     residual); ``box_fill``: id(eqn) -> a fill (``"added"``, ``"removed"``, ``"changed"`` in a
-    diff); ``unfold``: draw every nested program whole.
+    diff); ``unfold``: draw every nested program whole; ``fused=False``: one box per equation
+    (nothing fused into a Map); ``box_class(eqn)``: an SVG class for a box (None: none).
     """
 
     def __init__(self, colour_of=None, value_fill=None, box_fill=None, value_note=None,
-                 unfold=False):
+                 unfold=False, fused=True, box_class=None):
         self.colour_of = colour_of or (lambda e: None)
         self.value_fill = value_fill or {}
         self.value_note = value_note or {}
         self.box_fill = box_fill or {}
         self.unfold = unfold
+        self.fused = fused
+        self.box_class = box_class or (lambda e: None)
 
 
 def _folded_text(prog, kind, eqn) -> str:
@@ -313,7 +316,7 @@ def _draw_program(d: _Dot, prog: Program, names: dict, scope: str, marks=None, n
     for i, v in enumerate(prog.inputs):
         value_node(v, "input", f" in {i}")
     members = {}
-    consts, boxes = fused_view(prog, members=members)
+    consts, boxes = fused_view(prog, members=members) if marks.fused else _plain_view(prog)
     for v, value in consts:
         a = np.asarray(value)
         shown = literal(a) if a.ndim == 0 else f"const {dtype_name(a.dtype)} {list(a.shape)}"
@@ -357,6 +360,9 @@ def _draw_program(d: _Dot, prog: Program, names: dict, scope: str, marks=None, n
         title = site_title(e)
         if title:
             attrs["tooltip"] = title
+        css_class = marks.box_class(e)
+        if css_class:
+            attrs["class"] = css_class
         colour = marks.colour_of(e)
         if colour:
             attrs.update(color=colour, penwidth="2.5")
@@ -403,6 +409,16 @@ def _draw_program(d: _Dot, prog: Program, names: dict, scope: str, marks=None, n
             d.node(f"{scope}out{i}", f"out {i}", shape="plaintext", style="")
             d.edge(drawn[v], f"{scope}out{i}")
     return first[0] if first else None
+
+
+def _plain_view(prog):
+    """``fused_view``'s ``(consts, boxes)`` with nothing fused: one box per equation."""
+    boxes = []
+    for e in prog.eqns:
+        scan = e.prim.name == "scan"
+        text = f"{e.params['length']} rows" if scan else _params_text(e.params)
+        boxes.append((e, e.prim.name, text, list(e.inputs)))
+    return list(prog.consts), boxes
 
 
 #: A run of boxes repeated at least this many times in a row is drawn once and then folded.
@@ -516,7 +532,8 @@ def _stack_svgs(parts, gap=12.0) -> bytes:
         w, h = (float(x) for x in _SVG_SIZE.search(svg).groups())
         box = _VIEWBOX.search(svg).group(1)
         body = _SVG_BODY.search(svg).group(1)
-        inner.append(b'<svg x="0" y="%s" width="%spt" height="%spt" viewBox="%s">%s</svg>'
+        # inside the outer picture one user unit is already 1 pt: sizes without units
+        inner.append(b'<svg x="0" y="%s" width="%s" height="%s" viewBox="%s">%s</svg>'
                      % (_num(height), _num(w), _num(h), box, body))
         width, height = max(width, w), height + h + gap
     height -= gap if parts else 0
@@ -569,7 +586,8 @@ def _residual_split(primal, named):
     return list(known.outputs[-n_res:]), n_res
 
 
-def derived_dot(primal, derived=None, unfold: bool = False, arg_names=None) -> DerivedDiagram:
+def derived_dot(primal, derived=None, unfold: bool = False, arg_names=None, *, fused=True,
+                box_class=None) -> DerivedDiagram:
     """A primal Program and its derived programs, one panel each, stacked vertically.
 
     ``derived_dot(f)`` takes a jitted function (or anything with
@@ -577,7 +595,9 @@ def derived_dot(primal, derived=None, unfold: bool = False, arg_names=None) -> D
     derived key; ``derived_dot(primal, {"jvp": p1, "transposed": p2, ...})``
     draws the given programs.  Only programs named by strings are drawn.
     Equations are coloured by the user equation they come from; the residuals
-    (what the known part saves for the backward) are ringed in red.
+    (what the known part saves for the backward) are ringed in red.  ``fused=False`` draws one
+    box per equation; ``box_class(panel, eqn)`` gives a box an SVG class (the program explorer
+    finds its boxes by it; a nested step may be the same equation in two panels).
     """
     if derived is None:
         pairs = derived_pairs(primal)
@@ -610,7 +630,9 @@ def derived_dot(primal, derived=None, unfold: bool = False, arg_names=None) -> D
         elif saved and name in ("linear", "transposed"):
             for v in prog.inputs[:n_res]:
                 value_fill[v] = "saved"
-        marks = _Marks(colour_of, value_fill, value_note=value_note, unfold=unfold)
+        classes = box_class and (lambda e, name=name: box_class(name, e))
+        marks = _Marks(colour_of, value_fill, value_note=value_note, unfold=unfold, fused=fused,
+                       box_class=classes)
         d.open(f"d{i}", name, bgcolor="#ffffff" if i else "#f0f9ff", fontsize="12")
         anchors.append((_draw_program(d, prog, names, f"d{i}_", marks), d.last_node))
         d.close()
