@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -104,10 +105,7 @@ def _outputs_by_name(tape):
 def _per_graph(fn):
     """``fn(graph)`` computed once per build of the graph (its nodes and planes are fixed then)."""
     def cached(graph):
-        memo = graph.__dict__.setdefault("_names", {})
-        if fn not in memo:
-            memo[fn] = fn(graph)
-        return memo[fn]
+        return graph._caches.structure.get_or_make(fn.__name__, lambda: fn(graph))[0]
     cached.__doc__ = fn.__doc__
     return cached
 
@@ -602,7 +600,29 @@ def _fusable(record, vjps):
         all(type(e) is Step and e.node.name not in vjps for e in record.tape)
 
 
-def _fused_reverse_plan(record, seed_keys):
+@dataclass(frozen=True, eq=False)
+class ReversePlan:
+    """The whole reverse sweep of a plain-launch tape as ONE program, for one set of seeded plane
+    versions (made by :func:`_fused_reverse_plan`, cached in the graph's ``reverse_plans``)."""
+
+    #: the compiled program and the backend it runs on
+    exe: object
+    backend: object
+    #: its inputs: these plane versions (``record.value``), the Param cells under these keys,
+    #: then the seeds (sorted by plane version)
+    in_keys: list
+    cell_keys: list
+    #: its outputs: the adjoints of these version-0 reads (graph inputs), then one per-sample
+    #: Param cotangent per ``((node, Param), order)`` in ``params``
+    grad_keys: list
+    params: list
+    #: what the Gradients hold, by structure (``_gradient_layout``)
+    layout: tuple
+    #: the program's equations (to name a failing one)
+    eqns: list
+
+
+def _fused_reverse_plan(record, seed_keys) -> ReversePlan:
     """The whole reverse sweep of a plain-launch tape as one Program, for one set of seeded keys.
 
     Inputs: the plane versions the launches read, the Param cells, the seeds.  Outputs: the
@@ -667,9 +687,9 @@ def _fused_reverse_plan(record, seed_keys):
     program = program_from_dag(inputs, outputs)
     backend = backends.current()
     exe = backend.executable(("graph-reverse", program), lambda: program)
-    return {"exe": exe, "backend": backend, "in_keys": in_keys, "cell_keys": cell_keys,
-            "grad_keys": grad_keys, "params": [(k, order) for k, order, _ in param_outs],
-            "eqns": program.eqns}
+    return ReversePlan(exe=exe, backend=backend, in_keys=in_keys, cell_keys=cell_keys,
+                       grad_keys=grad_keys, params=[(k, order) for k, order, _ in param_outs],
+                       layout=_gradient_layout(record), eqns=program.eqns)
 
 
 class _Computed:
@@ -684,21 +704,17 @@ class _Computed:
 
 def _fused_sweep(record, seeds):
     seed_keys = tuple(sorted(seeds))
-    plans = record.graph.__dict__.setdefault("_fused_reverse", {})
     key = (seed_keys, id(backends.current()), tuple(e.index for e in record.tape))
-    plan = plans.get(key)
-    if plan is None:
-        plan = _fused_reverse_plan(record, seed_keys)
-        plan["layout"] = _gradient_layout(record)
-        plans[key] = plan
-    args = [record.value(k) for k in plan["in_keys"]] + [record.cells[k] for k in plan["cell_keys"]] + \
+    plan, _ = record.graph._caches.reverse_plans.get_or_make(
+        key, lambda: _fused_reverse_plan(record, seed_keys))
+    args = [record.value(k) for k in plan.in_keys] + [record.cells[k] for k in plan.cell_keys] + \
         [seeds[k] for k in seed_keys]
-    values = submit(plan["backend"], plan["exe"], args, plan["eqns"])
-    n_g = len(plan["grad_keys"])
+    values = submit(plan.backend, plan.exe, args, plan.eqns)
+    n_g = len(plan.grad_keys)
     param_parts = {}
-    for (name, order), ct in zip(plan["params"], values[n_g:]):
+    for (name, order), ct in zip(plan.params, values[n_g:]):
         param_parts.setdefault(name, []).append((order, tree_sum(ct)))
-    return _Computed(dict(zip(plan["grad_keys"], values[:n_g]))), param_parts, plan["layout"]
+    return _Computed(dict(zip(plan.grad_keys, values[:n_g]))), param_parts, plan.layout
 
 
 def _sweep(record, seeds, vjps):
