@@ -34,6 +34,7 @@ from ..errors import ArgumentError, Busy, DTypeError, ExecutionError, RecordErro
     ShapeError, VkmlError
 from .kernel import Kernel, Launch
 from ..threadsafe import Cache
+from .reversible import Reversible
 from .treesum import MIN_PASS, tree_sum
 from ..validate import check_choice, check_int
 
@@ -455,7 +456,7 @@ class GraphCaches:
         self.structure = Cache("graph structure")
 
 
-class Graph:
+class Graph(Reversible):
     """Per-sample kernels bound to planes, run in the order added (see the module docstring)."""
 
     def __init__(self):
@@ -691,6 +692,19 @@ class Graph:
         for cell, arr in plan:                      # every value checked before any is written
             cell[...] = arr.reshape(cell.shape)
         return self
+
+    # -- reversing (what vkml.diff.Reverse calls; see reversible.py) ----------------------------
+    def check_reversible(self, vjps):
+        from .diff import check_graph_reversible
+        check_graph_reversible(self, vjps)
+
+    def bitwise(self):
+        from .diff import graph_bitwise
+        return graph_bitwise(self)
+
+    def reverse(self, record, seeds, wrt=None, vjps=None, strict=False, lock=None):
+        from .diff import reverse_graph
+        return reverse_graph(self, record, seeds, wrt=wrt, vjps=vjps, strict=strict, lock=lock)
 
     def __repr__(self):
         return f"<vkml.Graph: {' -> '.join(n.name for n in self.nodes) or 'empty'}>"

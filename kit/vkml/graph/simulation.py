@@ -46,6 +46,7 @@ from ..transforms.control import reorder_inputs
 from .graph import Opaque, changed_plane_message, execution_error, plane_signature, run_named, threads, \
     user_error
 from .kernel import Launch
+from .reversible import Reversible
 from .schedules import Binomial, Full, Window, binomial_cost, default_window, schedule_for  # noqa: F401
 from .simulation_checks import MAX_STEPS, check_arguments, check_seeds, check_wrt, seed_cotangents  # noqa: F401
 from .treesum import chunk_bounds, combine, pass_size, tree_sum
@@ -131,7 +132,7 @@ class SimulationRecord:
                 f"steps at most, {len(self.checkpoints)} checkpoints, {self.nbytes:,} bytes>")
 
 
-class Simulation:
+class Simulation(Reversible):
     """A step kernel run per sample until it terminates (see the module docstring)."""
 
     def __init__(self, step, *, max_steps, record=False, window=None, memory_budget=None,
