@@ -5,27 +5,31 @@ plane versions; checkpointed states) and reverse them in different ways (one swe
 tape; windows recomputed from checkpoints), but a ``Reverse`` treats them alike: it asks the
 forward once whether it can be reversed with the given vjps, and then has it reverse each
 Record.  So ``diff.py`` needs to know neither class.
+
+A plain base class rather than an ``abc.ABC``: the metaclass would show in messages that name a
+class passed by mistake (``Reverse(vkml.Graph)`` names ``type``).
 """
 
 from __future__ import annotations
 
-import abc
 
+class Reversible:
+    """Something whose recorded runs ``vkml.diff.Reverse`` reverses; each method is the
+    subclass's to give."""
 
-class Reversible(abc.ABC):
-    """Something whose recorded runs ``vkml.diff.Reverse`` reverses."""
+    __slots__ = ()
 
-    @abc.abstractmethod
     def check_reversible(self, vjps: dict) -> None:
         """Refuse, before any Record exists, what no reverse could do: a forward that records
         nothing, a node whose derivative vkml cannot know and ``vjps`` does not give."""
+        raise NotImplementedError
 
-    @abc.abstractmethod
     def bitwise(self) -> dict:
         """Per gradient name, whether its bits are the same on every backend and thread count."""
+        raise NotImplementedError
 
-    @abc.abstractmethod
     def reverse(self, record, seeds, wrt=None, vjps=None, strict=False, lock=None):
         """Every gradient of ``record`` (a Record of this forward's) seeded with ``seeds``, as
         :class:`vkml.diff.Gradients`; ``lock``: the calling Reverse's own, refused (``Busy``)
         when another thread holds it."""
+        raise NotImplementedError
