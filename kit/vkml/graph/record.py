@@ -2,7 +2,8 @@
 
 The run keeps a *tape*: one entry per node executed, naming the plane
 versions each launch read and wrote.  A version that some launch read is
-copied just before it is overwritten; nothing else is copied.  The Record
+copied just before it is overwritten; nothing else is copied (the rule, and
+every path that follows it: ``versions.py``).  The Record
 is the tape, those copies, references to the live planes, and a one-value
 copy of each Param cell as the launch used it: a reverse reads it and never
 writes it.

@@ -47,8 +47,10 @@ from .graph import Opaque, changed_plane_message, execution_error, plane_signatu
     user_error
 from .kernel import Launch
 from .reversible import Reversible
+# (the schedules, binomial_cost, default_window and MAX_STEPS are re-exported from here)
 from .schedules import Binomial, Full, Window, binomial_cost, default_window, schedule_for  # noqa: F401
-from .simulation_checks import MAX_STEPS, check_arguments, check_seeds, check_wrt, seed_cotangents  # noqa: F401
+from .simulation_checks import MAX_STEPS, check_arguments, check_seeds, check_wrt, \
+    seed_cotangents  # noqa: F401
 from .treesum import chunk_bounds, combine, pass_size, tree_sum
 
 
