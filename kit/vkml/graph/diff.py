@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -25,8 +26,9 @@ from ..errors import ArgumentError, Busy, RefusedError, ShapeError, VkmlError
 from ..ir import Program
 from .. import backends
 from ..runtime import submit
-from .graph import Graph, Opaque, Reduce, RepeatWhile, per_sample_values, run_named, threads, user_error
+from .graph import Opaque, Reduce, RepeatWhile, per_sample_values, run_named, threads, user_error
 from .kernel import Kernel, Launch
+from .reversible import Reversible
 from .record import LoopEntry, OtherEntry, Record, SkipEntry, Step
 from .treesum import tree_sum
 
@@ -104,10 +106,7 @@ def _outputs_by_name(tape):
 def _per_graph(fn):
     """``fn(graph)`` computed once per build of the graph (its nodes and planes are fixed then)."""
     def cached(graph):
-        memo = graph.__dict__.setdefault("_names", {})
-        if fn not in memo:
-            memo[fn] = fn(graph)
-        return memo[fn]
+        return graph._caches.structure.get_or_make(fn.__name__, lambda: fn(graph))[0]
     cached.__doc__ = fn.__doc__
     return cached
 
@@ -282,7 +281,9 @@ def _prims(prog):
 
 
 class Reverse:
-    """A reverse built once from a Graph (``rev(record, seeds)`` per launch).
+    """A reverse built once from a Graph or a simulation (``rev(record, seeds)`` per launch):
+    anything :class:`~vkml.graph.reversible.Reversible`, which checks and reverses its own
+    Records.
 
     ``vjps={"node": fn}`` gives the derivative of a node vkml cannot see
     (an opaque model node: ``fn(primals, cotangents) -> {name: gradient}``)
@@ -297,143 +298,150 @@ class Reverse:
                                "differentiate the forward graph once, or use vkml.grad/jacfwd on a "
                                "function for higher orders")
         vjps = check_vjps(vjps, strict)
-        # a forward that reverses its own records (a simulation steps its checkpointed reverse
-        # itself) says so with check_reversible; this module need not know its class
-        own_reverse = getattr(forward, "check_reversible", None)
-        if own_reverse is not None:
-            own_reverse(vjps)
-            self.simulation = forward
-            self.graph = None
-        elif isinstance(forward, Graph):
-            self.simulation = None
-            self.graph = forward
-            if not forward._built:
-                raise ArgumentError("Reverse: build the graph first (graph.build(record=True))")
-            if not forward.recording:
-                raise ArgumentError("Reverse: the graph was built without record=True; build it with "
-                                    "build(record=True) so launches keep what the reverse needs")
-        else:
+        if not isinstance(forward, Reversible):
             raise ArgumentError(f"Reverse: expected a Graph or a simulation, got {type(forward).__name__}")
+        forward.check_reversible(vjps)
+        #: the Graph or simulation whose Records this reverses (see ``reversible.py``)
+        self.forward = forward
         self.vjps = vjps
         self.strict = bool(strict)
         self._lock = threading.Lock()
-        if self.graph is not None:
-            self._prepare()
-
-    def _prepare(self):
-        for name, fn in self.vjps.items():
-            try:
-                node = self.graph.node(name)
-            except ArgumentError:
-                raise ArgumentError(f"Reverse: vjps names {name!r}, but the graph has no such node; "
-                                    f"nodes: {[n.name for n in self.graph.nodes]}") from None
-            if isinstance(fn, (Launch,)) or hasattr(fn, "kind") and not isinstance(fn, Kernel):
-                raise RefusedError(f"Reverse: the vjp of node {name!r} is a graph node; pass a function "
-                                   "or a vjp kernel (vkml.kernel(vjp_of=...)), not a Node")
-            if isinstance(fn, Kernel):
-                launches = node.launches()
-                if not launches or fn.vjp_of is not launches[0].kernel:
-                    want = launches[0].kernel.name if launches else node.kind
-                    raise RefusedError(f"Reverse: {fn.name} is not the vjp of node {name!r}'s kernel "
-                                       f"{want} (it is marked vjp_of="
-                                       f"{fn.vjp_of.name if fn.vjp_of else None}); pass the vjp of {want}")
-                _check_vjp_kernel(fn, launches[0], name)
-        for node in self.graph.nodes:
-            op = node.op
-            if isinstance(op, Opaque) and node.name not in self.vjps:
-                raise RefusedError(f"reverse: node {node.name!r} is an opaque node; vkml cannot know "
-                                   "its derivative -- pass its vjp: vjps={" + repr(node.name) + ": fn}")
-            if isinstance(op, Reduce) and op.op != "sum":
-                raise RefusedError(f"reverse: node {node.name!r} is a {op.op!r} reduction; a tie has no "
-                                   "single derivative -- use a 'sum' reduction, or take the node out "
-                                   "of what you differentiate")
-            if isinstance(op, RepeatWhile) and not isinstance(op.member, Launch):
-                raise RefusedError(f"reverse: the member of repeat_while {node.name!r} is not a kernel "
-                                   "launch; make it one kernel.bind(...) launch")
-            for launch in node.launches():
-                if node.name in self.vjps:
-                    continue
-                try:
-                    batch, _ = launch.batched_vjp()
-                    batch.executable(launch.n)
-                except VkmlError as err:      # whatever stops the derivation (a GradError, or an
-                    # op's transpose refusing its operands) is a kernel without a vjp
-                    raise RefusedError(f"reverse: node {node.name!r} ({launch.kernel.name}) has no vjp "
-                                       f"({err}); pass one with vjps={{{node.name!r}: vjp_kernel}}") from err
 
     def bitwise(self):
-        """Per gradient name, whether it is bitwise (computed once per graph structure)."""
-        key = tuple(id(n.op) for n in self.graph.nodes)
-        if getattr(self, "_bitwise_key", None) != key:
-            self._bitwise_key, self._bitwise = key, self._scan_bitwise()
-        return self._bitwise
-
-    def _scan_bitwise(self):
-        flags = {}
-        for node in self.graph.nodes:
-            for launch in node.launches():
-                prog = launch.program
-                k = len(launch.kernel.inputs)
-                for j, p in enumerate(launch.kernel.params):
-                    ok = not _uses_table(prog, k + j)
-                    flags[f"{node.name}.{p}"] = ok
-                    flags[p] = flags.get(p, True) and ok
-                for name in launch.kernel.inputs:
-                    flags.setdefault(name, True)
-                    flags.setdefault(f"{node.name}.{name}", True)
-        return flags
+        """Per gradient name, whether it is bitwise (computed once per structure)."""
+        return self.forward.bitwise()
 
     def __call__(self, record, seeds, wrt=None):
-        if self.simulation is not None:
-            return self.simulation.reverse(record, seeds, wrt=wrt, vjps=self.vjps, strict=self.strict,
-                                           lock=self._lock)
-        if not isinstance(record, Record):
-            raise ArgumentError(f"reverse: expected a Record (graph.record), got {type(record).__name__}")
-        if record.graph is not self.graph:
-            raise ArgumentError("reverse: this Record belongs to another graph than this Reverse's")
-        if not self._lock.acquire(blocking=False):
-            raise Busy("Reverse: another thread is running this Reverse; give each thread its own "
-                       "Reverse(graph)")
+        return self.forward.reverse(record, seeds, wrt=wrt, vjps=self.vjps, strict=self.strict,
+                                    lock=self._lock)
+
+
+# -- a Graph's side of the Reversible interface (its methods call these) ---------------------------
+
+def check_graph_reversible(graph, vjps):
+    """``Graph.check_reversible``: built to record, every node's derivative known (derived, or
+    given in ``vjps`` and checked)."""
+    if not graph._built:
+        raise ArgumentError("Reverse: build the graph first (graph.build(record=True))")
+    if not graph.recording:
+        raise ArgumentError("Reverse: the graph was built without record=True; build it with "
+                            "build(record=True) so launches keep what the reverse needs")
+    for name, fn in vjps.items():
         try:
-            record.check_current()
-            if not record.kept:                 # the reverse reads the planes themselves
-                self.graph.check_planes("reverse")
-            key_seeds = resolve_seeds(record, seeds)
-            flags = self.bitwise()
-            wrt = wrt_names(wrt)
-            if wrt is not None:
-                unknown = [w for w in wrt if w not in flags]
-                if unknown:
-                    raise ArgumentError(f"reverse: wrt names {unknown} are not inputs or Params; "
-                                        f"choose from {sorted(flags)}")
-            if self.strict:
-                bad = [k for k, ok in flags.items() if not ok and "." in k and (wrt is None or k in wrt
-                                                                              or k.split(".")[1] in wrt)]
-                if bad:
-                    raise RefusedError(f"reverse(strict=True): the gradients of {bad} are scatter-adds "
-                                       "across samples (a table read by index), which are not bitwise; "
-                                       "pass strict=False, or leave them out by naming only the other inputs in wrt")
-            graph = record.graph
-            with graph._lock:                  # no launch can start (or be under way) while we read
-                if graph._launching and not record.kept:
-                    raise Busy(f"reverse: the graph is running launch {graph.generation + 1}, which "
-                               "overwrites the planes this Record reads; reverse after launch() "
-                               "returns (or keep() the Record first)")
-                record.check_current()
-                record._readers += 1
+            node = graph.node(name)
+        except ArgumentError:
+            raise ArgumentError(f"Reverse: vjps names {name!r}, but the graph has no such node; "
+                                f"nodes: {[n.name for n in graph.nodes]}") from None
+        if isinstance(fn, (Launch,)) or hasattr(fn, "kind") and not isinstance(fn, Kernel):
+            raise RefusedError(f"Reverse: the vjp of node {name!r} is a graph node; pass a function "
+                               "or a vjp kernel (vkml.kernel(vjp_of=...)), not a Node")
+        if isinstance(fn, Kernel):
+            launches = node.launches()
+            if not launches or fn.vjp_of is not launches[0].kernel:
+                want = launches[0].kernel.name if launches else node.kind
+                raise RefusedError(f"Reverse: {fn.name} is not the vjp of node {name!r}'s kernel "
+                                   f"{want} (it is marked vjp_of="
+                                   f"{fn.vjp_of.name if fn.vjp_of else None}); pass the vjp of {want}")
+            _check_vjp_kernel(fn, launches[0], name)
+    for node in graph.nodes:
+        op = node.op
+        if isinstance(op, Opaque) and node.name not in vjps:
+            raise RefusedError(f"reverse: node {node.name!r} is an opaque node; vkml cannot know "
+                               "its derivative -- pass its vjp: vjps={" + repr(node.name) + ": fn}")
+        if isinstance(op, Reduce) and op.op != "sum":
+            raise RefusedError(f"reverse: node {node.name!r} is a {op.op!r} reduction; a tie has no "
+                               "single derivative -- use a 'sum' reduction, or take the node out "
+                               "of what you differentiate")
+        if isinstance(op, RepeatWhile) and not isinstance(op.member, Launch):
+            raise RefusedError(f"reverse: the member of repeat_while {node.name!r} is not a kernel "
+                               "launch; make it one kernel.bind(...) launch")
+        for launch in node.launches():
+            if node.name in vjps:
+                continue
             try:
-                values = _sweep(record, key_seeds, self.vjps)
-            finally:
-                with graph._lock:
-                    record._readers -= 1
-            record.reversed = True
-            if wrt is not None:
-                values = {k: v for k, v in values.items() if k in wrt or k.split(".")[-1] in wrt
-                          and "." in k}
-            return Gradients(values, Report(record.generation,
-                                            {k: v for k, v in flags.items() if k in values}))
+                batch, _ = launch.batched_vjp()
+                batch.executable(launch.n)
+            except VkmlError as err:      # whatever stops the derivation (a GradError, or an
+                # op's transpose refusing its operands) is a kernel without a vjp
+                raise RefusedError(f"reverse: node {node.name!r} ({launch.kernel.name}) has no vjp "
+                                   f"({err}); pass one with vjps={{{node.name!r}: vjp_kernel}}") from err
+
+
+def graph_bitwise(graph):
+    """``Graph.bitwise``: found once per build of the graph."""
+    return graph._caches.structure.get_or_make("bitwise", lambda: _scan_bitwise(graph))[0]
+
+
+def _scan_bitwise(graph):
+    flags = {}
+    for node in graph.nodes:
+        for launch in node.launches():
+            prog = launch.program
+            k = len(launch.kernel.inputs)
+            for j, p in enumerate(launch.kernel.params):
+                ok = not _uses_table(prog, k + j)
+                flags[f"{node.name}.{p}"] = ok
+                flags[p] = flags.get(p, True) and ok
+            for name in launch.kernel.inputs:
+                flags.setdefault(name, True)
+                flags.setdefault(f"{node.name}.{name}", True)
+    return flags
+
+
+def reverse_graph(graph, record, seeds, wrt=None, vjps=None, strict=False, lock=None):
+    """``Graph.reverse``: every gradient of one of its Records, in one sweep of the tape.
+    ``lock``: the calling Reverse's; called without one, it goes through a Reverse of its own,
+    which checks ``vjps`` first."""
+    if lock is None:
+        return Reverse(graph, vjps=vjps, strict=strict)(record, seeds, wrt=wrt)
+    if not isinstance(record, Record):
+        raise ArgumentError(f"reverse: expected a Record (graph.record), got {type(record).__name__}")
+    if record.graph is not graph:
+        raise ArgumentError("reverse: this Record belongs to another graph than this Reverse's")
+    if not lock.acquire(blocking=False):
+        raise Busy("Reverse: another thread is running this Reverse; give each thread its own "
+                   "Reverse(graph)")
+    try:
+        record.check_current()
+        if not record.kept:                 # the reverse reads the planes themselves
+            graph.check_planes("reverse")
+        key_seeds = resolve_seeds(record, seeds)
+        flags = graph_bitwise(graph)
+        wrt = wrt_names(wrt)
+        if wrt is not None:
+            unknown = [w for w in wrt if w not in flags]
+            if unknown:
+                raise ArgumentError(f"reverse: wrt names {unknown} are not inputs or Params; "
+                                    f"choose from {sorted(flags)}")
+        if strict:
+            bad = [k for k, ok in flags.items() if not ok and "." in k and (wrt is None or k in wrt
+                                                                          or k.split(".")[1] in wrt)]
+            if bad:
+                raise RefusedError(f"reverse(strict=True): the gradients of {bad} are scatter-adds "
+                                   "across samples (a table read by index), which are not bitwise; "
+                                   "pass strict=False, or leave them out by naming only the other inputs in wrt")
+        with graph._lock:                  # no launch can start (or be under way) while we read
+            if graph._launching and not record.kept:
+                raise Busy(f"reverse: the graph is running launch {graph.generation + 1}, which "
+                           "overwrites the planes this Record reads; reverse after launch() "
+                           "returns (or keep() the Record first)")
+            record.check_current()
+            record._readers += 1
+        try:
+            values = _sweep(record, key_seeds, vjps)
         finally:
-            self._lock.release()
+            with graph._lock:
+                record._readers -= 1
+        record.reversed = True
+        if wrt is not None:
+            values = {k: v for k, v in values.items() if k in wrt or k.split(".")[-1] in wrt
+                      and "." in k}
+        return Gradients(values, Report(record.generation,
+                                        {k: v for k, v in flags.items() if k in values}))
+    finally:
+        lock.release()
+
+
 
 
 def _check_vjp_kernel(vjp_kernel, launch, node_name):
@@ -602,7 +610,29 @@ def _fusable(record, vjps):
         all(type(e) is Step and e.node.name not in vjps for e in record.tape)
 
 
-def _fused_reverse_plan(record, seed_keys):
+@dataclass(frozen=True, eq=False)
+class ReversePlan:
+    """The whole reverse sweep of a plain-launch tape as ONE program, for one set of seeded plane
+    versions (made by :func:`_fused_reverse_plan`, cached in the graph's ``reverse_plans``)."""
+
+    #: the compiled program and the backend it runs on
+    exe: object
+    backend: object
+    #: its inputs: these plane versions (``record.value``), the Param cells under these keys,
+    #: then the seeds (sorted by plane version)
+    in_keys: list
+    cell_keys: list
+    #: its outputs: the adjoints of these version-0 reads (graph inputs), then one per-sample
+    #: Param cotangent per ``((node, Param), order)`` in ``params``
+    grad_keys: list
+    params: list
+    #: what the Gradients hold, by structure (``_gradient_layout``)
+    layout: tuple
+    #: the program's equations (to name a failing one)
+    eqns: list
+
+
+def _fused_reverse_plan(record, seed_keys) -> ReversePlan:
     """The whole reverse sweep of a plain-launch tape as one Program, for one set of seeded keys.
 
     Inputs: the plane versions the launches read, the Param cells, the seeds.  Outputs: the
@@ -667,9 +697,9 @@ def _fused_reverse_plan(record, seed_keys):
     program = program_from_dag(inputs, outputs)
     backend = backends.current()
     exe = backend.executable(("graph-reverse", program), lambda: program)
-    return {"exe": exe, "backend": backend, "in_keys": in_keys, "cell_keys": cell_keys,
-            "grad_keys": grad_keys, "params": [(k, order) for k, order, _ in param_outs],
-            "eqns": program.eqns}
+    return ReversePlan(exe=exe, backend=backend, in_keys=in_keys, cell_keys=cell_keys,
+                       grad_keys=grad_keys, params=[(k, order) for k, order, _ in param_outs],
+                       layout=_gradient_layout(record), eqns=program.eqns)
 
 
 class _Computed:
@@ -684,21 +714,17 @@ class _Computed:
 
 def _fused_sweep(record, seeds):
     seed_keys = tuple(sorted(seeds))
-    plans = record.graph.__dict__.setdefault("_fused_reverse", {})
     key = (seed_keys, id(backends.current()), tuple(e.index for e in record.tape))
-    plan = plans.get(key)
-    if plan is None:
-        plan = _fused_reverse_plan(record, seed_keys)
-        plan["layout"] = _gradient_layout(record)
-        plans[key] = plan
-    args = [record.value(k) for k in plan["in_keys"]] + [record.cells[k] for k in plan["cell_keys"]] + \
+    plan, _ = record.graph._caches.reverse_plans.get_or_make(
+        key, lambda: _fused_reverse_plan(record, seed_keys))
+    args = [record.value(k) for k in plan.in_keys] + [record.cells[k] for k in plan.cell_keys] + \
         [seeds[k] for k in seed_keys]
-    values = submit(plan["backend"], plan["exe"], args, plan["eqns"])
-    n_g = len(plan["grad_keys"])
+    values = submit(plan.backend, plan.exe, args, plan.eqns)
+    n_g = len(plan.grad_keys)
     param_parts = {}
-    for (name, order), ct in zip(plan["params"], values[n_g:]):
+    for (name, order), ct in zip(plan.params, values[n_g:]):
         param_parts.setdefault(name, []).append((order, tree_sum(ct)))
-    return _Computed(dict(zip(plan["grad_keys"], values[:n_g]))), param_parts, plan["layout"]
+    return _Computed(dict(zip(plan.grad_keys, values[:n_g]))), param_parts, plan.layout
 
 
 def _sweep(record, seeds, vjps):

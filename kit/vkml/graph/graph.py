@@ -33,6 +33,8 @@ from ..backends import ExecutionFailure
 from ..errors import ArgumentError, Busy, DTypeError, ExecutionError, RecordError, RefusedError, \
     ShapeError, VkmlError
 from .kernel import Kernel, Launch
+from ..threadsafe import Cache
+from .reversible import Reversible
 from .treesum import MIN_PASS, tree_sum
 from ..validate import check_choice, check_int
 
@@ -430,7 +432,31 @@ class Node:
         return f"<node {self.name} ({self.kind})>"
 
 
-class Graph:
+class GraphCaches:
+    """What a graph derives from its nodes once and reuses every launch and reverse.
+
+    Owned by the graph (``graph._caches``) and made anew whenever its nodes change (``add``)
+    or it is built (``build``), so nothing derived from an older structure survives; emptied by
+    ``vkml.clear_caches()`` and bounded like every vkml cache: each keeps at most
+    ``vkml.cache_limit()`` entries (default 1024), the least recently used going first.
+
+    - ``launch_plans``: the fused launch's program and tape (``record.LaunchPlan``), one per
+      recording mode and backend;
+    - ``reverse_plans``: the fused reverse's program (``diff.ReversePlan``), one per set of
+      seeded outputs, backend and shape of the tape (which members a launch skipped);
+    - ``structure``: facts about the nodes found once (the name tables a reverse resolves seeds
+      with, whether a launch can fail part-way, which gradients are bitwise): a handful.
+    """
+
+    __slots__ = ("launch_plans", "reverse_plans", "structure")
+
+    def __init__(self):
+        self.launch_plans = Cache("graph launch plans")
+        self.reverse_plans = Cache("graph reverse plans")
+        self.structure = Cache("graph structure")
+
+
+class Graph(Reversible):
     """Per-sample kernels bound to planes, run in the order added (see the module docstring)."""
 
     def __init__(self):
@@ -444,6 +470,7 @@ class Graph:
         #: registers as a reader, under this lock, so neither can start inside the other
         self._lock = threading.Lock()
         self._launching = False
+        self._caches = GraphCaches()
 
     def add(self, bound, name=None) -> "Graph":
         """Add a launch node (``kernel.bind(...)``), a skippable/repeat_while, an opaque or reduce node."""
@@ -468,6 +495,7 @@ class Graph:
             raise ArgumentError(f"Graph.add: there is already a node named {name!r}; pass name=...")
         self.nodes.append(Node(name, op, len(self.nodes), self))
         self._built = False
+        self._caches = GraphCaches()
         return self
 
     def plane_name(self, plane) -> str:
@@ -563,8 +591,7 @@ class Graph:
                 for p, value in launch.params.items():
                     cells[(node.name, p)] = np.array(value, copy=True).reshape(value.shape)
         self.cells = cells
-        for cache in ("_fused", "_fused_reverse", "_names", "_can_fail"):   # made anew when built
-            self.__dict__.pop(cache, None)                      # (record.py, diff.py)
+        self._caches = GraphCaches()                            # made anew when built
         self._bound = self._bound_planes()
         _, self._bound_dicts, self._bound_names, self._bound_arrays = \
             (list(column) for column in zip(*self._bound)) if self._bound else ([],) * 4
@@ -665,6 +692,19 @@ class Graph:
         for cell, arr in plan:                      # every value checked before any is written
             cell[...] = arr.reshape(cell.shape)
         return self
+
+    # -- reversing (what vkml.diff.Reverse calls; see reversible.py) ----------------------------
+    def check_reversible(self, vjps):
+        from .diff import check_graph_reversible
+        check_graph_reversible(self, vjps)
+
+    def bitwise(self):
+        from .diff import graph_bitwise
+        return graph_bitwise(self)
+
+    def reverse(self, record, seeds, wrt=None, vjps=None, strict=False, lock=None):
+        from .diff import reverse_graph
+        return reverse_graph(self, record, seeds, wrt=wrt, vjps=vjps, strict=strict, lock=lock)
 
     def __repr__(self):
         return f"<vkml.Graph: {' -> '.join(n.name for n in self.nodes) or 'empty'}>"

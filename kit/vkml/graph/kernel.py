@@ -126,6 +126,9 @@ class Launch:
     """
 
     kind = "launch"
+    #: the hand-written vjp kernels batched for this launch (``batched_user_vjp``): made on first
+    #: use, bounded and cleared like every vkml cache
+    _user_vjps = None
 
     def __init__(self, kern: Kernel, bindings):
         self.kernel = kern
@@ -269,10 +272,11 @@ class Launch:
         ``<input>_bar`` / ``<Param>_bar`` per sample.  Returns the batch, the
         names of its per-sample arguments and of its Params, and its output
         names (traced and batched once per launch)."""
-        cache = self.__dict__.setdefault("_user_vjps", {})
-        hit = cache.get(id(vjp_kernel))
-        if hit is not None:
-            return hit
+        if self._user_vjps is None:
+            self._user_vjps = Cache("vjp kernel batches")
+        hit = self._user_vjps.get(id(vjp_kernel))
+        if hit is not None and hit[0] is vjp_kernel:       # (not another kernel at a reused id)
+            return hit[1]
         var_out = dict(zip(self.out_names, self.program.outputs))
         in_types = []
         for name in vjp_kernel.inputs:
@@ -292,8 +296,8 @@ class Launch:
         param_types = [(self.params[p].shape, self.params[p].dtype) for p in vjp_kernel.params]
         prog, names = vjp_kernel.trace(in_types, param_types)
         flags = [True] * len(vjp_kernel.inputs) + [False] * len(vjp_kernel.params)
-        hit = cache[id(vjp_kernel)] = (_vmap_any(prog, flags), list(vjp_kernel.inputs),
-                                       list(vjp_kernel.params), names)
+        hit = (_vmap_any(prog, flags), list(vjp_kernel.inputs), list(vjp_kernel.params), names)
+        self._user_vjps.put(id(vjp_kernel), (vjp_kernel, hit))
         return hit
 
 

@@ -2,7 +2,8 @@
 
 The run keeps a *tape*: one entry per node executed, naming the plane
 versions each launch read and wrote.  A version that some launch read is
-copied just before it is overwritten; nothing else is copied.  The Record
+copied just before it is overwritten; nothing else is copied (the rule, and
+every path that follows it: ``versions.py``).  The Record
 is the tape, those copies, references to the live planes, and a one-value
 copy of each Param cell as the launch used it: a reverse reads it and never
 writes it.
@@ -18,12 +19,14 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from dataclasses import dataclass
 
 import numpy as np
 
 from .. import backends
 from ..errors import ExecutionError, RecordError
 from ..runtime import submit
+from .versions import PlaneVersions
 from .graph import Launch, Opaque, Reduce, RepeatWhile, Skippable, all_or_nothing, run_named, threads, \
     user_error
 
@@ -38,44 +41,37 @@ class Step:
 
 
 class _Run:
-    """Plane versions during one run of a graph, and what must be copied."""
+    """One run of a graph: its tape, the plane versions (and the copy rule, ``versions.py``) and
+    the Record's copies."""
 
     def __init__(self, recording):
         self.recording = recording
-        self.version = {}
-        self.read = set()
+        self.versions = PlaneVersions(recording)
         self.saved = {}
         self.planes = {}
         self.tape = []
-        self.suppress_copies = False
 
     def cur(self, plane):
         self.planes[id(plane)] = plane
-        return self.version.get(id(plane), 0)
+        return self.versions.current(id(plane))
 
     def note_read(self, plane):
-        v = self.cur(plane)
-        self.read.add((id(plane), v))
-        return (id(plane), v)
+        self.planes[id(plane)] = plane
+        return self.versions.note_read(id(plane))
 
-    def write(self, plane, value):
-        v = self.cur(plane)
-        key = (id(plane), v)
-        if self.recording and key in self.read and key not in self.saved and not self.suppress_copies:
+    def write(self, plane, value, copies=True):
+        """Write ``value`` into ``plane``, copying the version it overwrites first where the rule
+        says so; ``copies=False``: a loop's later iteration, whose versions the loop rebuilds
+        from its own checkpoints."""
+        self.planes[id(plane)] = plane
+        key = self.versions.copy_before_write(id(plane)) if copies else None
+        if key is not None:
             self.saved[key] = plane.copy()            # just before the overwrite
         plane[...] = value
-        self.version[id(plane)] = v + 1
-        return (id(plane), v + 1)
-
-    def save(self, plane):
-        """Keep the current version (a loop keeps its own checkpoints)."""
-        key = (id(plane), self.cur(plane))
-        if key not in self.saved:
-            self.saved[key] = plane.copy()
-        return key
+        return self.versions.wrote(id(plane))
 
 
-def _run_launch(run, node, launch, cells):
+def _run_launch(run, node, launch, cells, copies=True):
     kern = launch.kernel
     args = [launch.reads[n] for n in kern.inputs] + [cells[(node.name, p)] for p in kern.params]
     flags = [True] * len(kern.inputs) + [False] * len(kern.params)
@@ -83,7 +79,7 @@ def _run_launch(run, node, launch, cells):
     outs = run_named(launch.batched(), launch.n, args, flags, f"node {node.name!r} ({kern.name})")
     writes = {}
     for name, value in zip(launch.out_names, outs):
-        writes[name] = run.write(launch.writes[name], value)
+        writes[name] = run.write(launch.writes[name], value, copies)
     step = Step(node, launch, reads, writes, len(run.tape))
     run.tape.append(step)
     return step
@@ -120,18 +116,48 @@ class OtherEntry:
         self.node, self.reads, self.writes, self.index = node, reads, writes, index
 
 
-def _fused_plan(graph, recording):
-    """The whole launch of a graph of plain kernel launches as ONE Program (one submission).
+@dataclass(frozen=True, eq=False)
+class LaunchPlan:
+    """The whole launch of a graph of plain kernel launches as ONE program (one submission),
+    made by :func:`_fused_plan` once per graph build, recording mode and backend."""
 
-    Its inputs are the plane versions read before any write, then the Param
-    cells; its outputs are the final version of every written plane, then
-    (recording) the versions that are read and later overwritten -- the
-    Record's copies.  Built once per graph build; the tape it makes is the
-    same every launch, so it is made once too.
+    #: the compiled program and the backend it runs on
+    exe: object
+    backend: object
+    #: its inputs: the planes read before any write (version 0), then these Param cells (keys
+    #: of ``graph.cells``)
+    in_planes: list
+    cells: list
+    #: its outputs: the final version of each of these planes, then the Record's copies: the
+    #: versions in ``saved`` (the copy rule, ``versions.py``), in that order
+    written: list
+    saved: list
+    #: per written plane, the plane the backend computes it straight into, or None where it
+    #: cannot (the plane is read by the launch, or the program can fail part-way): copied in after
+    into: list
+    #: ids of the planes the program reads, and of every plane it reads or writes (a result that
+    #: is one of them is copied, never aliased)
+    inputs: frozenset
+    held: frozenset
+    #: the tape, the same every launch: (node, launch, reads, writes) per node
+    template: list
+    #: the plane versions after the launch, and every plane by id
+    version: dict
+    planes: dict
+    #: the program's equations (to name a failing one)
+    eqns: list
+
+
+def _fused_plan(graph, recording) -> LaunchPlan:
+    """The plan of the fused launch (see :class:`LaunchPlan`).
+
+    Each launch is inlined into one program on the values it reads; a write asks the copy rule
+    (``versions.py``) first, and a version it says to copy becomes an output of the program.
     """
     from ..ir import Var, program_from_dag
     from ..transforms import inline
-    cur, version, read = {}, {}, set()
+    cur = {}
+    versions = PlaneVersions(recording)
     inputs, in_planes, saved, template = [], [], [], []
     cell_vars = {k: Var(c.shape, c.dtype) for k, c in graph.cells.items()}
     for node in graph.nodes:
@@ -143,26 +169,23 @@ def _fused_plan(graph, recording):
             pid = id(plane)
             if pid not in cur:
                 cur[pid] = Var(plane.shape, plane.dtype)
-                version[pid] = 0
                 inputs.append(cur[pid])
                 in_planes.append(plane)
             args.append(cur[pid])
-            reads[nm] = (pid, version[pid])
-            read.add(reads[nm])
+            reads[nm] = versions.note_read(pid)
         args += [cell_vars[(node.name, p)] for p in kern.params]
         _, program = launch.batched().executable(launch.n)
         outs = inline(program, args)
         writes = {}
         for nm, var in zip(launch.out_names, outs):
-            plane = launch.writes[nm]
-            pid = id(plane)
-            before = (pid, version.get(pid, 0))
-            if recording and before in read and pid in cur:
+            pid = id(launch.writes[nm])
+            before = versions.copy_before_write(pid)
+            if before is not None:
                 saved.append((before, cur[pid]))
             cur[pid] = var
-            version[pid] = version.get(pid, 0) + 1
-            writes[nm] = (pid, version[pid])
+            writes[nm] = versions.wrote(pid)
         template.append((node, launch, reads, writes))
+    version = versions.version
     written = [pid for pid in version if version[pid] > 0]
     planes = {id(p): p for node in graph.nodes for p in
               list(node.op.reads.values()) + list(node.op.writes.values())}
@@ -173,37 +196,33 @@ def _fused_plan(graph, recording):
     # written planes the launch does not read are the results' destinations: computed straight
     # into them where the backend can (Backend.run checks overlaps), copied in otherwise; a plane
     # it reads is written last, after the Record has copied the version it read
-    read_ids = {id(a) for a in in_planes}
+    read_ids = frozenset(id(a) for a in in_planes)
     written = [planes[pid] for pid in written]
     # a program that can fail part-way (an index out of range) computes into buffers of its own,
     # copied into the planes once it has succeeded: a refused launch writes nothing
     private = _may_fail(program)
     into = [None if id(p) in read_ids or private else p for p in written] + [None] * len(saved)
-    return {"exe": exe, "backend": backend, "in_planes": in_planes, "cells": list(cell_vars),
-            "into": into, "inputs": read_ids, "held": read_ids | {id(p) for p in written},
-            "written": written, "saved": [k for k, _ in saved],
-            "template": template, "version": dict(version), "planes": planes, "eqns": program.eqns}
+    return LaunchPlan(exe=exe, backend=backend, in_planes=in_planes, cells=list(cell_vars),
+                      written=written, saved=[k for k, _ in saved], into=into, inputs=read_ids,
+                      held=read_ids | {id(p) for p in written}, template=template,
+                      version=dict(version), planes=planes, eqns=program.eqns)
 
 
 def _run_fused(graph, recording):
     key = (recording, id(backends.current()))
-    plans = graph.__dict__.setdefault("_fused", {})
-    plan = plans.get(key)
-    if plan is None:
-        plan = plans[key] = _fused_plan(graph, recording)
-    args = plan["in_planes"] + [graph.cells[k] for k in plan["cells"]]
-    values = submit(plan["backend"], plan["exe"], args, plan["eqns"], into=plan["into"])
-    inputs, held = plan["inputs"], plan["held"]
+    plan, _ = graph._caches.launch_plans.get_or_make(key, lambda: _fused_plan(graph, recording))
+    args = plan.in_planes + [graph.cells[k] for k in plan.cells]
+    values = submit(plan.backend, plan.exe, args, plan.eqns, into=plan.into)
     run = _Run(recording)
-    for key_, value in zip(plan["saved"], values[len(plan["written"]):]):
-        run.saved[key_] = value.copy() if id(value) in held else value
-    for plane, dest, value in zip(plan["written"], plan["into"], values):
+    for key_, value in zip(plan.saved, values[len(plan.written):]):
+        run.saved[key_] = value.copy() if id(value) in plan.held else value
+    for plane, dest, value in zip(plan.written, plan.into, values):
         if dest is None:
-            plane[...] = value.copy() if id(value) in inputs else value
-    run.version = dict(plan["version"])
-    run.planes = dict(plan["planes"])
+            plane[...] = value.copy() if id(value) in plan.inputs else value
+    run.versions.version = dict(plan.version)
+    run.planes = dict(plan.planes)
     run.tape = [Step(node, launch, reads, writes, i)
-                for i, (node, launch, reads, writes) in enumerate(plan["template"])]
+                for i, (node, launch, reads, writes) in enumerate(plan.template)]
     return run
 
 
@@ -237,10 +256,9 @@ def launch_backup(graph, runs, fused):
     ``all_or_nothing``): nothing for one fused run (it computes into private buffers where it
     can fail) nor for plain kernel launches that cannot fail (no index read or written);
     otherwise every plane the graph writes."""
-    can_fail = graph.__dict__.get("_can_fail")
-    if can_fail is None:
-        can_fail = graph.__dict__["_can_fail"] = not all(type(node.op) is Launch for node in graph.nodes) \
-            or any(_may_fail(node.op.program) for node in graph.nodes)
+    can_fail, _ = graph._caches.structure.get_or_make("can fail", lambda: not all(
+        type(node.op) is Launch for node in graph.nodes) or any(_may_fail(node.op.program)
+                                                                for node in graph.nodes))
     return graph.written_planes() if can_fail and not (fused and runs == 1) else []
 
 
@@ -320,17 +338,10 @@ def _run_repeat(run, node, op, cells):
     while it < op.max_iters and _guard(node, op.guard):
         if run.recording and it % op.window == 0:
             entry.checkpoints[it] = {n: launch.reads[n].copy() for n in state}
-        if run.recording and it == 0:
-            for n in launch.kernel.inputs:        # versions others may have read: saved like any overwrite
-                run.note_read(launch.reads[n])
-            for n in launch.writes:
-                key = (id(launch.writes[n]), run.cur(launch.writes[n]))
-                if key in run.read and key not in run.saved:
-                    run.saved[key] = launch.writes[n].copy()
-        run.suppress_copies = True
-        _run_launch(run, node, launch, cells)
+        # the first iteration overwrites versions others may have read: the copy rule applies;
+        # the later ones overwrite only the loop's own, rebuilt from its checkpoints
+        _run_launch(run, node, launch, cells, copies=it == 0)
         run.tape.pop()
-        run.suppress_copies = False
         it += 1
     entry.iterations = it
     entry.end_writes = {n: (id(p), run.cur(p)) for n, p in launch.writes.items()}
@@ -345,7 +356,7 @@ class Record:
         self.generation = graph.generation
         self.tape = run.tape
         self.saved = run.saved
-        self.final = dict(run.version)
+        self.final = dict(run.versions.version)
         self.planes = dict(run.planes)
         # the Param values this launch used: a one-value copy per Param, so that an
         # update() after this Record was reversed cannot leak into a later reverse of it

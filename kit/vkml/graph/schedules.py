@@ -18,8 +18,19 @@ step ``t`` needs ``x_t``.  A schedule answers, with one interface:
   states themselves stay in the Record, which may be reversed again; ``record.nbytes`` counts
   them.
 
+Two more answers the simulation plans with, before it runs anything:
+
+- ``budget_states(max_steps)``: a bound on the states a sample holds (stored and the
+  reverse's), that costs nothing to compute: what the memory budget plans passes with;
+- ``loop_window``: the window of the compiled tier's per-sample loops that follow this schedule,
+  or None where they cannot (they store a state every ``window`` steps);
+
+and ``keeps_every_state`` says the run stores every state (its Record calls them
+``states_all`` rather than ``checkpoints``).
+
 The simulation steps; the schedule only says which states to keep.  A plan is a sequence of
 plain tuples, so the same objects can be listed, counted (``walk``) or drawn.
+:func:`schedule_for` turns a simulation's ``window=`` (and ``snapshots=``) into its schedule.
 """
 
 from __future__ import annotations
@@ -31,6 +42,12 @@ from functools import lru_cache
 
 class Schedule(abc.ABC):
     """The interface every checkpoint schedule has (see the module docstring)."""
+
+    #: the run stores every state (nothing is recomputed)
+    keeps_every_state = False
+    #: the compiled per-sample loops store a state every this many steps; None: they cannot
+    #: follow this schedule (the simulation steps it in Python)
+    loop_window = None
 
     @abc.abstractmethod
     def stored_steps(self, max_steps: int):
@@ -46,6 +63,11 @@ class Schedule(abc.ABC):
 
     def predicted_peak_states(self, max_steps: int) -> int:
         return walk(self, max_steps)[1]
+
+    def budget_states(self, max_steps: int) -> int:
+        """A bound on the states a sample holds, stored and the reverse's, that costs nothing to
+        compute (``predicted_peak_states`` is the exact count of the reverse's)."""
+        return self.predicted_peak_states(max_steps)
 
 
 def walk(schedule, max_steps, last=None):
@@ -69,9 +91,13 @@ class Window(Schedule):
 
     def __init__(self, n: int):
         self.n = int(n)
+        self.loop_window = self.n
 
     def __repr__(self):
         return f"Window({self.n})"
+
+    def budget_states(self, max_steps):
+        return math.ceil(max_steps / self.n) + self.n
 
     def stored_steps(self, max_steps):
         return range(0, max_steps, self.n)
@@ -101,8 +127,13 @@ class Window(Schedule):
 class Full(Schedule):
     """Every state: nothing is recomputed."""
 
+    keeps_every_state = True
+
     def __repr__(self):
         return "Full()"
+
+    def budget_states(self, max_steps):
+        return max_steps + 1
 
     def stored_steps(self, max_steps):
         return range(max_steps)
@@ -140,6 +171,9 @@ class Binomial(Schedule):
 
     def __repr__(self):
         return f"Binomial({self.snapshots})"
+
+    def budget_states(self, max_steps):
+        return self.snapshots + 2
 
     def stored_steps(self, max_steps):
         return sorted({0, max_steps - 1, *first_sweep(max_steps, self.snapshots)})
@@ -188,6 +222,28 @@ def _again(a, b, snaps, last):
         yield ("recompute", a, a + m)
         yield from _again(a + m, b, snaps - 1, last)
     yield from _again(a, a + m, snaps, last)
+
+
+# -- a simulation's window= ----------------------------------------------------------------------
+
+def default_window(max_steps: int) -> int:
+    """A simulation's window when none is given: ``clamp(ceil(sqrt(max_steps)), 16, 1024)``."""
+    return min(1024, max(16, math.isqrt(max(max_steps, 1) - 1) + 1))
+
+
+#: the named schedules a simulation's ``window=`` may choose, besides a whole number of steps
+NAMED = {"full": lambda max_steps, snapshots: Full(),
+         "binomial": lambda max_steps, snapshots: Binomial(
+             snapshots if snapshots is not None else
+             math.ceil(max_steps / default_window(max_steps)) + default_window(max_steps) - 1)}
+
+
+def schedule_for(window, max_steps: int, snapshots=None) -> Schedule:
+    """The schedule of a simulation's ``window=`` (checked by the caller): ``"full"``,
+    ``"binomial"`` (with ``snapshots`` checkpoints, by default about as many states as the default
+    window holds) or a whole number of steps."""
+    make = NAMED.get(window) if isinstance(window, str) else None
+    return make(max_steps, snapshots) if make is not None else Window(window)
 
 
 # -- Griewank's binomial counts ---------------------------------------------------------------

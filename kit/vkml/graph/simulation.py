@@ -31,16 +31,13 @@ one-pass tree, so the bits do not depend on the budget.
 
 from __future__ import annotations
 
-import math
 import threading
-from collections.abc import Mapping
 
 import numpy as np
 
 from ..backends import ExecutionFailure
 from ..errors import ArgumentError, Busy, ExecutionError, RecordError, RefusedError, ShapeError
-from .diff import Gradients, Report, _reverse_launch, check_vjps, seed_array, user_vjp_gradients, \
-    wrt_names
+from .diff import Gradients, Report, _reverse_launch, check_vjps, user_vjp_gradients, wrt_names
 from .. import backends
 from ..ir import program_from_dag
 from ..transforms import vjp_program
@@ -48,18 +45,13 @@ from ..transforms.ad import derived
 from ..transforms.control import reorder_inputs
 from .graph import Opaque, changed_plane_message, execution_error, plane_signature, run_named, threads, \
     user_error
-from .kernel import Kernel, Launch
-from .schedules import Binomial, Full, Window, binomial_cost  # noqa: F401 (binomial_cost re-exported)
+from .kernel import Launch
+from .reversible import Reversible
+# (the schedules, binomial_cost, default_window and MAX_STEPS are re-exported from here)
+from .schedules import Binomial, Full, Window, binomial_cost, default_window, schedule_for  # noqa: F401
+from .simulation_checks import MAX_STEPS, check_arguments, check_seeds, check_wrt, \
+    seed_cotangents  # noqa: F401
 from .treesum import chunk_bounds, combine, pass_size, tree_sum
-from ..validate import check_int
-
-#: The most steps a simulation takes (2**40, about 10**12): more than any run finishes, so a
-#: larger max_steps is a mistake, refused rather than left running for ever.
-MAX_STEPS = 2 ** 40
-
-
-def default_window(max_steps: int) -> int:
-    return min(1024, max(16, math.isqrt(max(max_steps, 1) - 1) + 1))
 
 
 def available_memory() -> int:
@@ -81,18 +73,20 @@ def available_memory() -> int:
 # -- the simulation ---------------------------------------------------------------------------
 
 class SimulationRecord:
-    """What a recorded simulation run keeps: checkpoints, per-sample ``steps``, Param cells."""
+    """What a recorded simulation run keeps: the states its schedule stores, per-sample
+    ``steps``, Param cells."""
 
-    def __init__(self, sim, generation, steps, checkpoints, initial, fixed, cells, states_all):
+    def __init__(self, sim, generation, steps, stored, initial, fixed, cells):
         self.simulation = sim
         self.graph = None
         self.generation = generation
         self.steps = steps
-        self.checkpoints = checkpoints
+        #: step -> {state plane name: the state at the start of that step}, for the steps the
+        #: schedule stores (``schedule.stored_steps``)
+        self.stored = stored
         self.initial = initial
         self.fixed = fixed
         self.cells = cells
-        self.states_all = states_all
         #: the compiled tier's checkpoints, one [windows, n, ...] array per state plane
         self.checkpoint_arrays = None
         self.reversed = False
@@ -108,11 +102,18 @@ class SimulationRecord:
         return False
 
     @property
+    def checkpoints(self):
+        """The stored states by step, where the schedule recomputes the others (else empty)."""
+        return {} if self.simulation.schedule.keeps_every_state else self.stored
+
+    @property
+    def states_all(self):
+        """Every state by step, where the schedule stores them all (else empty)."""
+        return self.stored if self.simulation.schedule.keeps_every_state else {}
+
+    @property
     def nbytes(self) -> int:
-        total = sum(a.nbytes for c in self.checkpoints.values() for a in c.values())
-        if self.states_all:
-            total += sum(a.nbytes for c in self.states_all.values() for a in c.values())
-        return total + self.steps.nbytes
+        return sum(a.nbytes for c in self.stored.values() for a in c.values()) + self.steps.nbytes
 
     def keep(self):
         """Copy the per-sample input planes the reverse reads (the rest already is the Record's
@@ -133,93 +134,26 @@ class SimulationRecord:
                 f"steps at most, {len(self.checkpoints)} checkpoints, {self.nbytes:,} bytes>")
 
 
-class Simulation:
+class Simulation(Reversible):
     """A step kernel run per sample until it terminates (see the module docstring)."""
 
     def __init__(self, step, *, max_steps, record=False, window=None, memory_budget=None,
                  snapshots=None, steps_per_launch=1, events=None, progress=None, **bindings):
-        if events is not None:
-            raise RefusedError("simulation: events= (event refinement) is not supported by vkml; "
-                               "detect crossings inside the step kernel with vkml.where instead")
-        if not _positive_int(max_steps):
-            raise ArgumentError(f"simulation: max_steps must be a positive int, got {max_steps!r}")
-        check_int(max_steps, "max_steps", "simulation", high=MAX_STEPS)
-        _check_options(record, memory_budget, snapshots, steps_per_launch, progress)
-        if not record and (window is not None or memory_budget is not None):
-            raise ArgumentError("simulation: window= and memory_budget= apply to a recorded run; "
-                                "pass record=True (or leave them out)")
-        parts = list(step) if isinstance(step, (list, tuple)) else [step]
-        kernels = [p for p in parts if isinstance(p, (Kernel, Launch))]
-        nodes = [p for p in parts if isinstance(p, Opaque)]
-        others = [p for p in parts if not isinstance(p, (Kernel, Launch, Opaque))]
-        if others:
-            raise ArgumentError(f"simulation: a step is kernels and opaque nodes, got "
-                                f"{type(others[0]).__name__}")
-        if len(kernels) != 1:
-            if record:
-                names = [(k.kernel if isinstance(k, Launch) else k).name for k in kernels]
-                raise RefusedError(f"simulation: a record=True run of a step made of {len(kernels)} "
-                                   f"kernels {names} cannot be reversed; record one kernel per step "
-                                   "(fuse them into one kernel)")
-            raise ArgumentError("simulation: give exactly one step kernel")
-        if steps_per_launch != 1 and record:
-            raise RefusedError("simulation: a record=True run of a kernel taking several steps per "
-                               "launch cannot be reversed; record one kernel step per launch "
-                               "(steps_per_launch=1)")
-        if record and parts and isinstance(parts[-1], Opaque):
-            raise RefusedError(f"simulation: node {parts[-1].name!r} comes after the kernel; a recorded "
-                               "step runs its nodes before the kernel: put the node first")
-        self.nodes = nodes
-        if record:
-            written = set()
-            for node in nodes:
-                if any(id(p) in written for p in node.reads.values()):
-                    raise RefusedError(f"simulation: node {node.name!r} reads a plane another node writes; "
-                                       "in a recorded step each node reads only the kernel's planes")
-                written.update(id(p) for p in node.writes.values())
-        k = kernels[0]
-        self.launch = k if isinstance(k, Launch) else k.bind(**bindings)
-        if isinstance(k, Launch) and bindings:
-            raise ArgumentError("simulation: the kernel is already bound; do not pass planes again")
-        launch = self.launch
-        if record:
-            for node in nodes:
-                if any(name in launch.params for name in node.reads):
-                    raise RefusedError(f"simulation: node {node.name!r} reads a Param; a recorded "
-                                       "node reads planes only")
-        self.state = [n for n in launch.kernel.inputs if n in launch.writes and
-                      launch.reads[n] is launch.writes[n]]
-        if not self.state:
-            raise ArgumentError(f"simulation: {launch.kernel.name} updates no state plane in place; bind "
-                                "a plane as both an input and an output of the same name (theta=theta)")
+        launch, nodes, state, window = check_arguments(
+            step, max_steps=max_steps, record=record, window=window, memory_budget=memory_budget,
+            snapshots=snapshots, steps_per_launch=steps_per_launch, events=events, progress=progress,
+            bindings=bindings)
+        self.launch, self.nodes, self.state, self.window = launch, nodes, state, window
         self.terminates = "terminated" in launch.out_names
         self.max_steps = max_steps
         self.record_mode = bool(record)
         self.n = launch.n
-        if window is None:
-            window = default_window(max_steps)
-        if not (isinstance(window, str) and window in ("full", "binomial")) and not _positive_int(window):
-            raise ArgumentError(f"simulation: window must be a positive int, 'full' or 'binomial', got "
-                                f"{window!r}")
-        self.window = window
-        state_bytes = sum(launch.reads[s][0:1].nbytes for s in self.state) + \
+        self.state_bytes = sum(launch.reads[s][0:1].nbytes for s in self.state) + \
             sum(p[0:1].nbytes for node in nodes for p in node.writes.values())
-        self.state_bytes = state_bytes
+        #: which states the run stores and how the reverse rebuilds the others
+        self.schedule = schedule_for(window, max_steps, snapshots)
         # what the memory budget plans for per sample: the stored states and the reverse's
-        # (a bound that costs nothing to compute; schedule.predicted_peak_states is the exact count)
-        if window == "full":
-            self.schedule = Full()
-            held = max_steps + 1
-        elif window == "binomial":
-            snapshots = snapshots if snapshots is not None else \
-                (math.ceil(max_steps / default_window(max_steps)) + default_window(max_steps) - 1)
-            self.snapshots = int(snapshots)
-            self.schedule = Binomial(self.snapshots)
-            held = self.snapshots + 2
-        else:
-            self.schedule = Window(window)
-            held = math.ceil(max_steps / window) + window
-        self.per_sample_bytes = held * state_bytes
+        self.per_sample_bytes = self.schedule.budget_states(max_steps) * self.state_bytes
         self.memory_budget = memory_budget if memory_budget is not None else available_memory()
         if record:
             self.pass_size = pass_size(self.n, self.per_sample_bytes, self.memory_budget, "simulation")
@@ -296,17 +230,16 @@ class Simulation:
             return self._run_compiled(loops, fixed)
         active = np.ones(n, dtype=bool)
         steps = np.zeros(n, dtype=np.int64)
-        checkpoints, states_all = {}, {}
-        stored = self.schedule.stored_steps(self.max_steps) if self.record_mode else ()
-        stored = stored if isinstance(stored, range) else set(stored)      # O(1) membership
+        stored = {}
+        store_at = self.schedule.stored_steps(self.max_steps) if self.record_mode else ()
+        store_at = store_at if isinstance(store_at, range) else set(store_at)      # O(1) membership
         bar = _progress(self.progress, self.max_steps, "simulation")
         last_outs = None
         for t in range(self.max_steps):
             if not active.any():
                 break
-            if t in stored:
-                (states_all if self.window == "full" else checkpoints)[t] = \
-                    {s: v.copy() for s, v in state.items()}
+            if t in store_at:
+                stored[t] = {s: v.copy() for s, v in state.items()}
             state, done, last_outs, extra = self._step(state, fixed, active)
             steps += active
             active = active & ~done
@@ -323,17 +256,14 @@ class Simulation:
         self.generation += 1
         if self.record_mode:
             self._record = SimulationRecord(
-                self, self.generation, steps, checkpoints,
+                self, self.generation, steps, stored,
                 {s: launch.reads[s] for s in self.state}, fixed,
-                {p: np.array(launch.params[p], copy=True) for p in launch.kernel.params},
-                states_all)
+                {p: np.array(launch.params[p], copy=True) for p in launch.kernel.params})
         return self
 
     # -- the compiled path: every step of every sample in one call --------------------------------
     def _loop_window(self):
-        if not self.record_mode:
-            return self.max_steps
-        return self.window if isinstance(self.window, int) else None
+        return self.schedule.loop_window if self.record_mode else self.max_steps
 
     def _compiled_loops(self):
         """The backend's compiled per-sample loops for this kernel, when it has them (the cpu tier)
@@ -385,7 +315,7 @@ class Simulation:
             launch.writes[s][...] = value
         self.generation += 1
         if self.record_mode:
-            window = self.window
+            window = self.schedule.loop_window
             last = int(steps.max(initial=0))
             checkpoints = {c * window: {s: ck[c] for s, ck in zip(self.state, cks)}
                            for c in range(cks[0].shape[0]) if c * window < max(last, 1)}
@@ -393,7 +323,7 @@ class Simulation:
                 self, self.generation, steps, checkpoints,
                 {s: launch.reads[s] for s in self.state},
                 {nm: fixed[nm] for nm in fixed},
-                {p: np.array(launch.params[p], copy=True) for p in kern.params}, {})
+                {p: np.array(launch.params[p], copy=True) for p in kern.params})
             self._record.checkpoint_arrays = dict(zip(self.state, cks))
         return self
 
@@ -458,9 +388,7 @@ class Simulation:
         self.check_reversible(vjps)
         if not isinstance(record, SimulationRecord) or record.simulation is not self:
             raise ArgumentError("reverse: this Record belongs to another simulation")
-        if not isinstance(seeds, Mapping):
-            raise ArgumentError(f"seeds must be a dict of state plane name -> per-sample seed, got "
-                                f"{type(seeds).__name__}")
+        check_seeds(seeds)
         if record.generation != self.generation and not record.kept:
             raise RecordError(f"reverse: this Record is of generation {record.generation}, but the "
                               f"simulation has run since and is at generation {self.generation}; "
@@ -469,37 +397,8 @@ class Simulation:
             self.check_planes("reverse", [nm for nm in record.fixed if nm in self._planes])
         bitwise = self.bitwise()
         wrt = wrt_names(wrt)
-        if wrt is not None:
-            unknown = [w for w in wrt if w not in bitwise and w not in self.state]
-            if unknown:
-                raise ArgumentError(f"reverse: wrt names {unknown} are not inputs or Params of "
-                                    f"{self.launch.kernel.name}; choose from {sorted(bitwise)}")
-        if strict:
-            bad = [k for k, ok in bitwise.items() if not ok and (wrt is None or k in wrt)]
-            if bad:
-                raise RefusedError(f"reverse(strict=True): the gradients of {bad} in "
-                                   f"{self.launch.kernel.name} are scatter-adds across samples (a "
-                                   "table read by index), which are not bitwise; pass strict=False, "
-                                   "or leave them out by naming only the other inputs in wrt")
-        launch = self.launch
-        ct0 = {}
-        for name, seed in seeds.items():
-            if not isinstance(name, str):
-                raise ArgumentError(f"seed names are state plane names (strings), got {name!r}")
-            by_node = [node.name for node in self.nodes if name in node.writes]
-            if by_node:
-                raise ArgumentError(f"seed {name!r}: node {by_node[0]!r} writes that plane on every "
-                                    f"step; only the final state {self.state} can be seeded")
-            if name in self.state or name in launch.out_names:
-                plane = launch.writes.get(name)
-            elif name in launch.reads or name in launch.params:
-                raise ArgumentError(f"seed {name!r}: that is an input of the simulation, not part of its "
-                                    f"final state; its gradient is grads[{name!r}]")
-            else:
-                raise ArgumentError(f"seed {name!r}: the simulation's state planes are {self.state}")
-            if name not in self.state:
-                raise ArgumentError(f"seed {name!r}: only the final state {self.state} can be seeded")
-            ct0[name] = seed_array(name, seed, plane).astype(plane.dtype)
+        check_wrt(self, wrt, bitwise, strict)
+        ct0 = seed_cotangents(self, seeds)
         if lock is not None and not lock.acquire(blocking=False):
             raise Busy("Reverse: another thread is running this Reverse; give each thread its own")
         try:
@@ -611,9 +510,8 @@ class Simulation:
                 g = np.where(_col(active, g), g, 0)
                 prm_acc[p] = g if prm_acc[p] is None else prm_acc[p] + g
 
-        stored = record.states_all if self.window == "full" else record.checkpoints
-        self._follow_plan(self.schedule.plan(self.max_steps, T), stored, sl, T, fixed, steps, back_step,
-                          stats)
+        self._follow_plan(self.schedule.plan(self.max_steps, T), record.stored, sl, T, fixed, steps,
+                          back_step, stats)
         params = {p: (prm_acc[p] if prm_acc[p] is not None else
                       np.zeros((m,) + np.shape(record.cells[p]), np.float64))
                   for p in kern.params}
@@ -707,30 +605,6 @@ def _progress(flag, total, desc):
 def _eqns(loops):
     """The equations of the step program compiled loops run (to name a failing one)."""
     return getattr(getattr(loops, "step", None), "eqns", [])
-
-
-def _positive_int(value) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) and value >= 1
-
-
-def _check_options(record, memory_budget, snapshots, steps_per_launch, progress):
-    """The simulation's keyword options, each of the right kind and range."""
-    if not isinstance(record, (bool, np.bool_)):
-        raise ArgumentError(f"simulation: record must be True or False, got {record!r}")
-    if memory_budget is not None and (not isinstance(memory_budget, (int, float, np.integer, np.floating))
-                                      or isinstance(memory_budget, (bool, np.bool_))
-                                      or not math.isfinite(memory_budget) or memory_budget <= 0):
-        raise ArgumentError(f"simulation: memory_budget must be a positive number of bytes, got "
-                            f"{memory_budget!r}")
-    if snapshots is not None and (not isinstance(snapshots, (int, np.integer)) or
-                                  isinstance(snapshots, (bool, np.bool_)) or snapshots < 0):
-        raise ArgumentError(f"simulation: snapshots must be a whole number >= 0 (with "
-                            f"window='binomial'), got {snapshots!r}")
-    if not _positive_int(steps_per_launch):
-        raise ArgumentError(f"simulation: steps_per_launch must be a positive int, got "
-                            f"{steps_per_launch!r}")
-    if progress is not None and not isinstance(progress, (bool, np.bool_)):
-        raise ArgumentError(f"simulation: progress must be True, False or None, got {progress!r}")
 
 
 def simulation(step, *, max_steps, record=False, window=None, memory_budget=None, **kwargs):
