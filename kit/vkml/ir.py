@@ -197,7 +197,7 @@ class Program:
         return tuple(v.aval for v in self.outputs)
 
     def __str__(self):
-        from .printer import pp_program
+        from .printer import pp_program  # local: cycle (the printer imports this module)
         return pp_program(self)
 
     def __repr__(self):

@@ -28,17 +28,20 @@ import weakref
 import numpy as np
 
 from . import runtime
-from .errors import ArgumentError, DTypeError, GradError, ShapeError, VkmlError
+from .errors import ArgumentError, DTypeError, GradError, ShapeError, TracingError, VkmlError
 from .ir import Program, Var, collect, current_serial, dtype_name, format_shape, program_from_dag
-from .ops import api
+from .ops import api, bind
+from .ops.checks import checked
 from .printer import pp_program
 from .pytree import broadcast_prefix, flatten, unflatten
 from .stats import STATS
-from .tensor import Tensor
+from .tensor import (Tensor, cast, concatenate, flip, logical_and, realize, reshape, tensor,
+                     where)
 from .threadsafe import Cache
 from .transforms import jvp_program, partial_eval, transpose_program, vmap_program
 from .transforms.ad import derived
-from .transforms.control import call, depends_on, scan_bind
+from .transforms.control import (call, cond_p, custom_jvp_p, custom_vjp_p, depends_on, remat_p,
+                                 scan_bind, while_p)
 from .transforms.interpret import inline
 from .validate import MAX_ELEMENTS, check_bool, check_int, check_real, check_sequence, host_memory
 
@@ -161,7 +164,6 @@ def _of_open_trace(var) -> bool:
     unknown = [v for v in leaves if v.value is None]
     for v in unknown:
         if v in _FINISHED:
-            from .errors import TracingError
             raise TracingError(
                 f"a traced value ({v.type_str()}) from another trace was used here, and that trace "
                 "has finished (was the value kept after its function returned?); pass it as an "
@@ -432,7 +434,6 @@ def _wrap(vars_, operands):
     requires = runtime.is_grad_enabled() and _needs_grad_vars(operands)
     tensors = [Tensor(v, requires and v.dtype.kind == "f") for v in vars_]
     if runtime.is_eager() and tensors and not runtime.is_traced(tensors[0].ir_var):
-        from .tensor import realize
         realize(tensors)
     return tensors
 
@@ -483,6 +484,20 @@ def _vjp_parts(jitted, entry, flags, n_out_ct):
     entry.derived.setdefault("linear", linear)
     entry.derived.setdefault("transposed", transposed)
     return known, linear, transposed, out_u, n_res
+
+
+def gradient_residuals(fn, args):
+    """``(known, saved)`` for ``fn``'s gradient with respect to every floating argument of
+    ``args``: the known part of its derivative and the values that part hands to the backward,
+    derived (and cached) without running anything; None when no argument is floating.
+    ``vkml.viz.saved_residuals`` lists them."""
+    entry, _, in_vars = fn._lookup(args)
+    n_args = len(in_vars) - len(entry.captures)
+    flags = [v.dtype.kind == "f" for v in in_vars[:n_args]] + [False] * len(entry.captures)
+    if not any(flags):
+        return None
+    known, _, _, _, n_res = _vjp_parts(fn, entry, flags, len(entry.program.outputs))
+    return known, list(known.outputs[len(known.outputs) - n_res:]) if n_res else []
 
 
 def _float_check(v, where, i):
@@ -890,8 +905,6 @@ def switch(index, branches, *operands):
         traced.append((ph, outs))
     programs = tuple(program_from_dag(all_caps + ph, outs) for ph, outs in traced)
     idx = _branch_index(index, len(branches))
-    from .transforms.control import cond_p
-    from .ops import bind
     res = bind(cond_p, idx, *all_caps, *op_vars, branches=programs)
     return unflatten(ref_tree, _wrap(res, all_caps + op_vars))
 
@@ -941,8 +954,6 @@ def while_loop(cond_fn, body_fn, init, max_iters=None, on_max_iters="warn"):
             raise (ShapeError if a.shape != b.shape else DTypeError)(f"while_loop: carry leaf {i} enters as {a.type_str()} and leaves as "
                              f"{b.type_str()}; a carry must keep its shape and dtype")
     ccaps, bcaps = _captures_of([c_var], cph), _captures_of(b_vars, bph)
-    from .transforms.control import while_p
-    from .ops import bind
     res = bind(while_p, *ccaps, *bcaps, *init_vars, cond=program_from_dag(ccaps + cph, [c_var]),
                body=program_from_dag(bcaps + bph, b_vars), num_cond_consts=len(ccaps),
                num_body_consts=len(bcaps))
@@ -950,7 +961,6 @@ def while_loop(cond_fn, body_fn, init, max_iters=None, on_max_iters="warn"):
 
 
 def _bounded_while(cond_fn, body_fn, init, max_iters):
-    from .tensor import logical_and, where
 
     def step(carry, _):
         state, active = carry
@@ -972,7 +982,6 @@ def _bounded_while(cond_fn, body_fn, init, max_iters):
 def _refuse_captures(entry, kind, name):
     """A custom rule sees only the function's arguments, so it cannot close over traced values."""
     if entry.captures:
-        from .errors import TracingError
         raise TracingError(f"{kind} {name}: the function closes over {len(entry.captures)} traced "
                            "value(s) of an enclosing transformation (grad, vmap, scan, ...); its "
                            "rule only sees the arguments, so pass those values as arguments")
@@ -1004,8 +1013,6 @@ class custom_jvp:
         ex = _example(in_vars)
         rule = jit(_rule_as_function(self.rule, len(in_vars)))
         rentry, _, _ = rule._lookup(tuple(ex) + tuple(_example(in_vars)))
-        from .transforms.control import custom_jvp_p
-        from .ops import bind
         res = bind(custom_jvp_p, *in_vars, program=entry.program, jvp=rentry.program)
         return unflatten(entry.out_tree, _wrap(res, in_vars))
 
@@ -1081,8 +1088,6 @@ class custom_vjp:
             self._flat[key] = jit(bwd_flat)
         bentry, _, _ = self._flat[key]._lookup(
             tuple(_example(res_vars)) + tuple(_example(entry.program.outputs)))
-        from .transforms.control import custom_vjp_p
-        from .ops import bind
         res = bind(custom_vjp_p, *in_vars, program=entry.program, fwd=fwd_flat, bwd=bentry.program,
                    num_res=len(res_vars))
         return unflatten(entry.out_tree, _wrap(res, in_vars))
@@ -1096,8 +1101,6 @@ def checkpoint(fn):
 
     def remat(*args):
         entry, leaves, in_vars = jitted._lookup(args)
-        from .transforms.control import remat_p
-        from .ops import bind
         res = bind(remat_p, *in_vars, program=entry.program)
         return unflatten(entry.out_tree, _wrap(res, in_vars))
 
@@ -1443,14 +1446,12 @@ def _main_and_aux(jitted, entry, args, has_aux, where):
 
 
 def _ravel(leaves, dtype):
-    from .tensor import cast, concatenate, reshape
     return concatenate([reshape(cast(x, dtype), (-1,)) for x in leaves])
 
 
 def _raveled(fn, nums, nargs, in_tree, in_vars, has_aux, dtype):
     """``fn`` as a function of one vector (the differentiated leaves, raveled) and the other
     arguments, returning its (main) result leaves raveled into one vector."""
-    from .tensor import cast, reshape
     specs = [(v.shape, v.dtype, v.size) for v in in_vars]
 
     def flat_fn(flat, *rest):
@@ -1471,7 +1472,6 @@ def _raveled(fn, nums, nargs, in_tree, in_vars, has_aux, dtype):
 
 def _blocks(matrix, out_vars, in_vars, in_tree, one_argnum):
     """Cut the (outputs x inputs) matrix into one block per (output leaf, input leaf)."""
-    from .tensor import cast, reshape
     blocks, row = [], 0
     for o in out_vars:
         col, per_input = 0, []
@@ -1527,8 +1527,6 @@ def _checked_cut(final, cut, max_iters, on_max_iters):
     realized at once (one submission), so the warning names the line of the while_loop."""
     if on_max_iters == "ignore":
         return final
-    from .ops.checks import checked
-    from .tensor import realize
     message = (f"while_loop: the condition still held after max_iters={max_iters} iterations, so the "
                "result is cut short; raise max_iters, or pass on_max_iters='ignore' if a bounded "
                "result is what you want")
@@ -1682,7 +1680,6 @@ def associative_scan(fn, elems, reverse=False, axis=0):
     (Hillis and Steele's scan), built from ordinary operations, so it is
     lazy and differentiable like them.
     """
-    from .tensor import concatenate, flip, tensor
     _check_step(fn, "associative_scan")
     reverse = check_bool(reverse, "reverse", "associative_scan")
     leaves, tree = flatten(elems)

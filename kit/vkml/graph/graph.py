@@ -485,10 +485,6 @@ class Graph:
                     taken[label] = id(p)
         return labels.get(id(plane), "?")
 
-    def _repr_mimebundle_(self, include=None, exclude=None):
-        from ..viz import graph_dot
-        return graph_dot(self)._repr_mimebundle_(include, exclude)
-
     def add_node(self, node, name=None) -> "Graph":
         """Add a skippable, repeat_while, opaque or reduce node (``add`` takes them too)."""
         return self.add(node, name)
@@ -614,7 +610,7 @@ class Graph:
             self.check_planes("launch")
             workers = threads()                # a bad VKML_THREADS is refused before anything runs
             self._launching = True
-        from .record import run_launches
+        from .record import run_launches  # local: cycle (record imports this module)
         try:
             run_launches(self, n, workers)
         finally:

@@ -23,7 +23,9 @@ import numpy as np
 
 from .. import backends
 from ..errors import ExecutionError, RecordError
+from ..ir import Var, program_from_dag
 from ..runtime import submit
+from ..transforms import inline
 from .graph import Launch, Opaque, Reduce, RepeatWhile, Skippable, all_or_nothing, run_named, threads, \
     user_error
 
@@ -129,8 +131,6 @@ def _fused_plan(graph, recording):
     Record's copies.  Built once per graph build; the tape it makes is the
     same every launch, so it is made once too.
     """
-    from ..ir import Var, program_from_dag
-    from ..transforms import inline
     cur, version, read = {}, {}, set()
     inputs, in_planes, saved, template = [], [], [], []
     cell_vars = {k: Var(c.shape, c.dtype) for k, c in graph.cells.items()}
@@ -209,8 +209,8 @@ def _run_fused(graph, recording):
 
 def _may_fail(program) -> bool:
     """Whether a program can fail part-way through: it reads or writes by index."""
-    from .diff import _prims
-    return any(prim.name in ("gather", "scatter_add") for prim in _prims(program))
+    from .diff import primitives_of  # local: cycle (diff imports this module)
+    return any(prim.name in ("gather", "scatter_add") for prim in primitives_of(program))
 
 
 #: a launch with nothing to put back: one fused run changes no plane, generation or Record
@@ -387,10 +387,6 @@ class Record:
             if name not in names:
                 names.append(name)
         return names
-
-    def _repr_mimebundle_(self, include=None, exclude=None):
-        from ..viz import record_dot
-        return record_dot(self)._repr_mimebundle_(include, exclude)
 
     @property
     def iterations(self):

@@ -8,7 +8,7 @@ the maximum.
 
 from __future__ import annotations
 
-from ..numpy import _doc, _lifted
+from ..numpy._lift import doc as _doc, lifted as _lifted
 from ..ops import api as _api
 from ..ops import special as _special
 
@@ -44,5 +44,5 @@ _TABLE = [
 ]
 
 for _name, _fn, _summary, _example, _output in _TABLE:
-    globals()[_name] = _lifted(_fn, _name, _doc(_summary, _example, _output).replace(
-        ">>> import vkml.numpy as vnp", ">>> import vkml.scipy.special"))
+    globals()[_name] = _lifted(_fn, _name, _doc(_summary, _example, _output,
+                                                head=">>> import vkml.scipy.special\n"))
