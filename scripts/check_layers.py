@@ -130,10 +130,10 @@ def find_modules(root: Path) -> dict:
     return modules
 
 
-def layer_of(module: str) -> int | None:
-    """The index in ``LAYERS`` of the layer holding ``module`` (longest matching name wins)."""
+def layer_of(module: str, layers=LAYERS) -> int | None:
+    """The index in ``layers`` of the layer holding ``module`` (longest matching name wins)."""
     best, best_len = None, -1
-    for i, layer in enumerate(LAYERS):
+    for i, layer in enumerate(layers):
         for owned in layer.modules:
             covers = module == owned or (owned != "vkml" and module.startswith(owned + "."))
             if covers and len(owned) > best_len:
@@ -295,51 +295,89 @@ def find_cycle(edges: dict) -> list | None:
     return None
 
 
-def check(root: Path) -> list:
+@dataclass(frozen=True)
+class Rules:
+    """What :func:`check` enforces; the defaults are this project's, tests pass their own."""
+    layers: tuple = LAYERS
+    private_allowed: frozenset = frozenset(PRIVATE_ALLOWED)
+    late_edges: frozenset = frozenset(LATE_EDGES)
+    doors: frozenset = frozenset(JUPYTER_DOORS)
+
+
+def check(root: Path, rules: Rules = Rules()) -> list:
     """Every offence in the checkout at ``root``, as readable lines."""
-    modules = find_modules(Path(root))
-    offences = []
-    edges = {}
+    root = Path(root)
+    modules = find_modules(root)
+    offences, edges, allowed_used = [], {}, set()
     for module in modules.values():
         where = module.path.relative_to(root)
-        imports = imports_of(module, modules)
-        mine = layer_of(module.name)
+        mine = layer_of(module.name, rules.layers)
         if mine is None:
             offences.append(f"{where}: {module.name} is in no layer; add it to LAYERS")
             continue
+        imports = imports_of(module, modules)
+        offences += _layer_offences(where, module, mine, imports, rules)
+        offences += _late_edge_offences(where, module, imports, rules)
         for imp in imports:
-            theirs = layer_of(imp.target)
-            if theirs is None:
-                continue
-            if (module.name, imp.target) in JUPYTER_DOORS:
-                continue
-            if theirs > mine or LAYERS[theirs].name in LAYERS[mine].skips:
-                offences.append(
-                    f"{where}:{imp.line}: layer '{LAYERS[mine].name}' ({module.name}) imports "
-                    f"{imp.target} from layer '{LAYERS[theirs].name}'"
-                    + (", which it skips" if theirs < mine else ", above it"))
-            if not imp.local and imp.target != module.name:
-                if (module.name, imp.target) in LATE_EDGES:
-                    local_name = imp.bound.split("=")[0] if imp.bound else imp.name
-                    for line in _late_name_used_at_import_time(module, local_name):
-                        offences.append(f"{where}:{line}: {local_name} ({imp.target}) is used while "
-                                        f"{module.name} loads; its import is a late edge, so use it "
-                                        "only inside functions")
-                else:
-                    edges.setdefault(module.name, set()).add(imp.target)
-        for line, owner, name in private_uses(module, imports, modules):
-            if (module.name, owner, name) not in PRIVATE_ALLOWED:
+            if not imp.local and imp.target != module.name \
+                    and (module.name, imp.target) not in rules.late_edges:
+                edges.setdefault(module.name, set()).add(imp.target)
+        for line, owner, name in sorted(set(private_uses(module, imports, modules))):
+            if (module.name, owner, name) in rules.private_allowed:
+                allowed_used.add((module.name, owner, name))
+            else:
                 offences.append(f"{where}:{line}: {module.name} uses {owner}.{name}, a private "
                                 "name of another module; make it public where it is owned")
-        for line, end in all_function_imports(module):
-            if not _marked_local(module.lines, line, end):
-                offences.append(f"{where}:{line}: import inside a function without a "
-                                f"'{LOCAL_MARK} <why>' comment; move it to the top of the module "
-                                "unless it dodges an import cycle or an optional dependency")
+        offences += [f"{where}:{line}: import inside a function without a '{LOCAL_MARK} <why>' "
+                     "comment; move it to the top of the module unless it dodges an import cycle "
+                     "or an optional dependency"
+                     for line, end in all_function_imports(module)
+                     if not _marked_local(module.lines, line, end)]
+    offences += _stale_rule_offences(modules, rules, allowed_used)
     cycle = find_cycle(edges)
     if cycle:
         offences.append("module-level import cycle: " + " -> ".join(cycle))
     return offences
+
+
+def _layer_offences(where, module, mine, imports, rules) -> list:
+    """Imports reaching a layer above ``module``'s, or one its layer skips."""
+    layers, found = rules.layers, []
+    for imp in imports:
+        theirs = layer_of(imp.target, layers)
+        if theirs is None or (module.name, imp.target) in rules.doors:
+            continue
+        if theirs > mine or layers[theirs].name in layers[mine].skips:
+            found.append(f"{where}:{imp.line}: layer '{layers[mine].name}' ({module.name}) imports "
+                         f"{imp.target} from layer '{layers[theirs].name}'"
+                         + (", which it skips" if theirs < mine else ", above it"))
+    return found
+
+
+def _late_edge_offences(where, module, imports, rules) -> list:
+    """Names imported over a late edge but used while the module loads (still half made then)."""
+    found = []
+    for imp in imports:
+        if imp.local or (module.name, imp.target) not in rules.late_edges:
+            continue
+        local_name = imp.bound.split("=")[0] if imp.bound else imp.name
+        found += [f"{where}:{line}: {local_name} ({imp.target}) is used while {module.name} loads; "
+                  "it is imported over a late edge (see LATE_EDGES), so use it only inside functions"
+                  for line in _late_name_used_at_import_time(module, local_name)]
+    return found
+
+
+def _stale_rule_offences(modules, rules, allowed_used) -> list:
+    """Entries of the rules that no longer match the code: they would hide a future offence."""
+    found = [f"LAYERS names {name}, which is no module here; remove it"
+             for layer in rules.layers for name in layer.modules if name not in modules]
+    found += [f"PRIVATE_ALLOWED lists {owner}.{name} for {user}, which no longer uses it; remove it"
+              for user, owner, name in sorted(rules.private_allowed - allowed_used)]
+    imported = {(m.name, imp.target) for m in modules.values() for imp in imports_of(m, modules)
+                if not imp.local}
+    found += [f"LATE_EDGES lists {a} -> {b}, which is no module-level import; remove it"
+              for a, b in sorted(rules.late_edges - imported)]
+    return found
 
 
 def main(argv) -> int:
