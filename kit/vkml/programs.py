@@ -464,7 +464,7 @@ def _wrt_flags(args, nums):
     return flags
 
 
-def _vjp_parts(jitted, entry, flags, n_out_ct):
+def _vjp_parts(jitted, entry, flags):
     """jvp -> (known, linear) -> transposed, each derived once per derivation."""
     prog = entry.program
     name = tuple(flags)
@@ -496,7 +496,7 @@ def gradient_residuals(fn, args):
     flags = [v.dtype.kind == "f" for v in in_vars[:n_args]] + [False] * len(entry.captures)
     if not any(flags):
         return None
-    known, _, _, _, n_res = _vjp_parts(fn, entry, flags, len(entry.program.outputs))
+    known, _, _, _, n_res = _vjp_parts(fn, entry, flags)
     return known, list(known.outputs[len(known.outputs) - n_res:]) if n_res else []
 
 
@@ -514,7 +514,7 @@ def _vjp_call(jitted, args, nums, where):
         if f:
             _float_check(v, where, i)
     prog = entry.program
-    known, linear, transposed, out_u, n_res = _vjp_parts(jitted, entry, flags, len(prog.outputs))
+    known, linear, transposed, out_u, n_res = _vjp_parts(jitted, entry, flags)
     n_out = len(prog.outputs)
     rg = any(isinstance(x, Tensor) and x.requires_grad for x in leaves)
     known_out = _apply_program(jitted, entry, ("known",), known, in_vars, rg)
@@ -620,7 +620,7 @@ def jvp(fn, primals, tangents):
     primals = tuple(check_sequence(primals, "primals", "jvp"))
     tangents = tuple(check_sequence(tangents, "tangents", "jvp"))
     jitted = jit(fn)
-    p_leaves, p_tree = flatten(primals)
+    _, p_tree = flatten(primals)
     t_leaves, t_tree = flatten(tangents)
     if p_tree != t_tree:
         raise ArgumentError(f"jvp: tangents {t_tree} must have the primals' structure {p_tree}")
@@ -650,7 +650,7 @@ def linearize(fn, *primals):
     entry, leaves, in_vars = jitted._lookup(primals)
     n_args = len(in_vars) - len(entry.captures)
     flags = [v.dtype.kind == "f" for v in in_vars[:n_args]] + [False] * len(entry.captures)
-    known, linear, transposed, out_u, n_res = _vjp_parts(jitted, entry, flags, len(entry.program.outputs))
+    known, linear, transposed, out_u, n_res = _vjp_parts(jitted, entry, flags)
     rg = any(isinstance(x, Tensor) and x.requires_grad for x in leaves)
     known_out = _apply_program(jitted, entry, ("known",), known, in_vars, rg)
     n_out = len(entry.program.outputs)
@@ -837,7 +837,7 @@ def _jacrev_array(fn, argnums=0):
     def jac(*args):
         entry, leaves, in_vars, flags, i = _jacobian_call(jitted, args, argnums, "jacrev")
         prog = entry.program
-        known, linear, transposed, out_u, n_res = _vjp_parts(jitted, entry, flags, 1)
+        known, linear, transposed, out_u, n_res = _vjp_parts(jitted, entry, flags)
         rg = any(isinstance(t, Tensor) and t.requires_grad for t in leaves)
         known_out = _apply_program(jitted, entry, ("known",), known, in_vars, rg)
         n_known = len(known.outputs) - n_res

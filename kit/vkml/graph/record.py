@@ -432,13 +432,3 @@ class Record:
         state = "kept" if self.kept else "reversed" if self.reversed else "live"
         return (f"<vkml Record generation {self.generation} ({state}): {len(self.tape)} steps, "
                 f"{self.nbytes:,} bytes copied>")
-
-
-def _launches_of(entry):
-    if isinstance(entry, Step):
-        return [entry.launch]
-    if isinstance(entry, SkipEntry):
-        return [entry.step.launch] if entry.step else []
-    if isinstance(entry, LoopEntry):
-        return [entry.launch]
-    return []
