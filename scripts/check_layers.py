@@ -18,6 +18,7 @@ the source with ``ast`` -- nothing is imported -- it checks that:
    its line, or above it among the imports it is grouped with) saying what it dodges: an import cycle or an
    optional dependency.  Anything else belongs at the top of the module.
 
+``importlib.import_module("vkml.x")`` counts as an import of ``vkml.x``.
 Imports inside functions count for rules 1, 2 and 4, but not for rule 3: they
 run when the function is called, long after every module has loaded, so
 they cannot take part in an import-time cycle -- which is exactly why a
@@ -185,7 +186,20 @@ def imports_of(module: Module, modules: dict) -> list:
                                         bound=f"{alias.asname or alias.name}={sub}"))
                 else:
                     found.append(Import(module.name, base, alias.name, node.lineno, local))
+        elif _dynamic_import(node):
+            found.append(Import(module.name, node.args[0].value, None, node.lineno, local))
     return found
+
+
+def _dynamic_import(node) -> bool:
+    """``importlib.import_module("vkml...")`` or ``__import__("vkml...")``: an import all the same."""
+    if not (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)):
+        return False
+    name = node.args[0].value
+    func = node.func
+    called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    return called in ("import_module", "__import__") and isinstance(name, str) \
+        and name.split(".")[0] in ("vkml", "vkml_jupyter")
 
 
 def all_function_imports(module: Module) -> list:

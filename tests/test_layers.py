@@ -200,3 +200,10 @@ def test_a_module_outside_every_layer_and_a_stale_layer_are_named(tmp_path):
                   doors=frozenset())
     assert _offences(tmp_path, {}, rules) == [
         "LAYERS names vkml.gone, which is no module here; remove it"]
+
+
+def test_a_dynamic_import_counts_as_an_import(tmp_path):
+    source = "import importlib\n\n\ndef f():\n    return importlib.import_module('vkml.tensor')\n"
+    got = _offences(tmp_path, {"vkml/ops/core.py": source})
+    assert got == ["kit/vkml/ops/core.py:5: layer 'ops' (vkml.ops.core) imports vkml.tensor from "
+                   "layer 'tensor', above it"]

@@ -35,8 +35,8 @@ from .ops.checks import checked
 from .printer import pp_program
 from .pytree import broadcast_prefix, flatten, unflatten
 from .stats import STATS
-from .tensor import (Tensor, cast, concatenate, flip, logical_and, realize, reshape, tensor,
-                     where)
+from .tensor import (Tensor, cast, concatenate, flip, logical_and, needs_grad, realize, reshape,
+                     tensor, where)
 from .threadsafe import Cache
 from .transforms import jvp_program, partial_eval, transpose_program, vmap_program
 from .transforms.ad import derived
@@ -464,12 +464,18 @@ def _wrt_flags(args, nums):
     return flags
 
 
+def _jvp_of(jitted, entry, flags):
+    """``entry``'s forward-mode program for the tangents ``flags`` marks, derived once."""
+    prog = entry.program
+    return jitted._derive(entry, ("jvp", tuple(flags)),
+                          lambda: derived("jvp", prog, flags, lambda: jvp_program(prog, flags)))
+
+
 def _vjp_parts(jitted, entry, flags):
     """jvp -> (known, linear) -> transposed, each derived once per derivation."""
     prog = entry.program
     name = tuple(flags)
-    jp = jitted._derive(entry, ("jvp", name), lambda: derived("jvp", prog, flags,
-                                                               lambda: jvp_program(prog, flags)))
+    jp = _jvp_of(jitted, entry, flags)
     n_in, n_t = len(prog.inputs), sum(flags)
 
     def split():
@@ -516,7 +522,7 @@ def _vjp_call(jitted, args, nums, where):
     prog = entry.program
     known, linear, transposed, out_u, n_res = _vjp_parts(jitted, entry, flags)
     n_out = len(prog.outputs)
-    rg = any(isinstance(x, Tensor) and x.requires_grad for x in leaves)
+    rg = needs_grad(leaves)
     known_out = _apply_program(jitted, entry, ("known",), known, in_vars, rg)
     n_known = len(known.outputs) - n_res
     values = known_out[:n_out]
@@ -631,14 +637,12 @@ def jvp(fn, primals, tangents):
             raise ShapeError(f"jvp: tangent {i} has shape {format_shape(t.shape)}, its primal "
                              f"{format_shape(p.shape)}")
     flags = [v.dtype.kind == "f" for v in in_vars[:len(t_vars)]] + [False] * len(entry.captures)
-    prog = entry.program
-    jp = jitted._derive(entry, ("jvp", tuple(flags)),
-                        lambda: derived("jvp", prog, flags, lambda: jvp_program(prog, flags)))
+    jp = _jvp_of(jitted, entry, flags)
     entry.derived.setdefault("jvp", jp)
     ins = in_vars + [api.cast(t, p.dtype) for t, p, f in zip(t_vars, in_vars, flags) if f]
-    rg = any(isinstance(x, Tensor) and x.requires_grad for x in leaves + t_leaves)
+    rg = needs_grad(leaves + t_leaves)
     outs = _apply_program(jitted, entry, ("jvp",), jp, ins, rg)
-    n = len(prog.outputs)
+    n = len(entry.program.outputs)
     return unflatten(entry.out_tree, outs[:n]), unflatten(entry.out_tree, outs[n:])
 
 
@@ -651,7 +655,7 @@ def linearize(fn, *primals):
     n_args = len(in_vars) - len(entry.captures)
     flags = [v.dtype.kind == "f" for v in in_vars[:n_args]] + [False] * len(entry.captures)
     known, linear, transposed, out_u, n_res = _vjp_parts(jitted, entry, flags)
-    rg = any(isinstance(x, Tensor) and x.requires_grad for x in leaves)
+    rg = needs_grad(leaves)
     known_out = _apply_program(jitted, entry, ("known",), known, in_vars, rg)
     n_out = len(entry.program.outputs)
     n_known = len(known.outputs) - n_res
@@ -740,7 +744,7 @@ def vmap(fn, in_axes=0, out_axes=0):
         prog = entry.program
         bprog = jitted._derive(entry, ("vmap", tuple(flags), size), lambda: derived(
             "vmap", prog, flags + [size], lambda: vmap_program(prog, flags, size)))
-        rg = any(isinstance(x, Tensor) and x.requires_grad for a in args for x in flatten(a)[0])
+        rg = needs_grad(flatten(args)[0])
         outs = _apply_program(jitted, entry, ("vmap", size), bprog, in_vars, rg)
         axes_out = _out_axes(out_axes, entry.out_tree, outs)
         outs = _unbatched_where_asked(outs, axes_out, depends_on(prog, flags))
@@ -810,15 +814,14 @@ def _jacfwd_array(fn, argnums=0):
     def jac(*args):
         entry, leaves, in_vars, flags, i = _jacobian_call(jitted, args, argnums, "jacfwd")
         prog = entry.program
-        jp = jitted._derive(entry, ("jvp", tuple(flags)),
-                            lambda: derived("jvp", prog, flags, lambda: jvp_program(prog, flags)))
+        jp = _jvp_of(jitted, entry, flags)
         x = in_vars[i]
         n = x.size
         bflags = [False] * len(prog.inputs) + [True]
         bj = jitted._derive(entry, ("jacfwd", tuple(flags)), lambda: derived(
             "vmap", jp, bflags + [n], lambda: vmap_program(jp, bflags, n)))
         basis = api.constant(np.eye(n, dtype=x.dtype).reshape((n,) + x.shape))
-        rg = any(isinstance(t, Tensor) and t.requires_grad for t in leaves)
+        rg = needs_grad(leaves)
         outs = _apply_program(jitted, entry, ("jacfwd",), bj, in_vars + [basis], rg)
         t = outs[1].ir_var                                  # (n, *out)
         out_shape = t.shape[1:]
@@ -838,7 +841,7 @@ def _jacrev_array(fn, argnums=0):
         entry, leaves, in_vars, flags, i = _jacobian_call(jitted, args, argnums, "jacrev")
         prog = entry.program
         known, linear, transposed, out_u, n_res = _vjp_parts(jitted, entry, flags)
-        rg = any(isinstance(t, Tensor) and t.requires_grad for t in leaves)
+        rg = needs_grad(leaves)
         known_out = _apply_program(jitted, entry, ("known",), known, in_vars, rg)
         n_known = len(known.outputs) - n_res
         residuals = [r.ir_var for r in known_out[n_known:]]

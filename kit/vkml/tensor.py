@@ -400,7 +400,8 @@ def tensor(data, dtype=None, requires_grad: bool = False) -> Tensor:
     return t
 
 
-def _as_tensor(x) -> Tensor:
+def as_tensor(x) -> Tensor:
+    """``x`` itself if it is a Tensor, else a new one holding it (NumPy's protocols use it too)."""
     return x if isinstance(x, Tensor) else tensor(x)
 
 
@@ -451,12 +452,12 @@ def arange(*args, dtype=None):
 
 
 def zeros_like(t, requires_grad=False):
-    t = _as_tensor(t)
+    t = as_tensor(t)
     return zeros(t.shape, t.dtype, requires_grad)
 
 
 def ones_like(t, requires_grad=False):
-    t = _as_tensor(t)
+    t = as_tensor(t)
     return ones(t.shape, t.dtype, requires_grad)
 
 
@@ -587,7 +588,7 @@ def var(x, axis=None, ddof=0, keepdims=False):
     """The variance, as ``np.var``: the summed squared deviation from the mean over ``axis``,
     divided by ``n - ddof`` (``ddof=1`` for the unbiased estimate).  Built from mean, sub, mul and
     sum, so it is lazy and has a gradient; integer input gives float64, as in NumPy."""
-    x = _as_tensor(x)
+    x = as_tensor(x)
     if not isinstance(ddof, numbers.Real) or isinstance(ddof, bool):
         raise ArgumentError(f"var: ddof must be a number (0 for the population variance, 1 for "
                             f"the sample variance), got {type(ddof).__name__}")

@@ -14,9 +14,7 @@ from ..ops import special as _special
 
 
 def _logit(p):
-    p = _api.as_var(p)
-    if p.dtype.kind != "f":
-        p = _api.cast(p, "float64")
+    p = _api.as_floating(p)
     return _api.sub(_api.log(p), _special.log1p(_api.neg(p)))
 
 
