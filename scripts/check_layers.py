@@ -14,35 +14,41 @@ the source with ``ast`` -- nothing is imported -- it checks that:
    (``PRIVATE_ALLOWED`` lists temporary exceptions, with the reason);
 3. the module-level import graph has no cycle (``LATE_EDGES`` are the one
    declared exception, each checked to be used only inside functions);
-4. every import inside a function carries a ``# local: <why>`` comment (on
-   its line, or above it among the imports it is grouped with) saying what it dodges: an import cycle or an
-   optional dependency.  Anything else belongs at the top of the module.
+4. the library never imports the Jupyter stack (``JUPYTER_STACK``): only
+   ``vkml_jupyter`` does;
+5. every import inside a function carries a ``# local: <why>`` comment (on
+   its line, or above it among the imports it is grouped with) saying what
+   it dodges: an import cycle or an optional dependency.  Anything else
+   belongs at the top of the module.
 
 ``importlib.import_module("vkml.x")`` counts as an import of ``vkml.x``.
-Imports inside functions count for rules 1, 2 and 4, but not for rule 3: they
-run when the function is called, long after every module has loaded, so
-they cannot take part in an import-time cycle -- which is exactly why a
-``# local: cycle`` import is the way to reach a module that imports this one.
+Imports inside functions count for every rule but the third: they run when
+the function is called, long after every module has loaded, so they cannot
+take part in an import-time cycle -- which is exactly why a ``# local: cycle``
+import is the way to reach a module that imports this one.
 """
 
 from __future__ import annotations
 
 import ast
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 
 @dataclass(frozen=True)
 class Layer:
+    """One layer: the modules it holds and what they are for."""
     name: str
     modules: tuple      # module names; a package name covers everything inside it
     owns: str           # what lives here, in a few words
     skips: tuple = ()   # lower layers this one must not import even so
 
 
-#: The layers, lowest first.  A module may import from its own layer and the
-#: layers before it (except the ones its layer ``skips``).
+#: The layers, lowest first.  A module may import from its own layer and the layers before it,
+#: except the ones its layer ``skips``: transforms and backends stand side by side (a backend
+#: runs any Program, whoever made it), so backends skips transforms.  A new module goes into
+#: the lowest layer that holds everything it imports; the check names a module in no layer.
 LAYERS = (
     Layer("base", ("vkml.errors", "vkml.threadsafe", "vkml.stats", "vkml.pytree", "vkml.progress"),
           "leaves every layer shares: errors, per-thread settings, counters, pytrees, progress bars"),
@@ -65,6 +71,10 @@ LAYERS = (
 
 #: The only places the library reaches into the Jupyter layer above it, on first use.
 JUPYTER_DOORS = {("vkml", "vkml_jupyter"), ("vkml", "vkml_jupyter.widgets")}
+
+#: What only the Jupyter layer may import: ``import vkml`` works without a notebook.
+JUPYTER_STACK = ("IPython", "ipywidgets", "ipykernel", "anywidget", "jupyter", "jupyter_client",
+                 "jupyterlab", "nbformat")
 
 #: Temporary, for ``backends/codegen`` only: the lowering's statement classes and the C
 #: renderer's statement writer are shared by the renderers while the lowering becomes one
@@ -102,17 +112,18 @@ class Import:
     target: str
     name: str | None
     line: int
-    local: bool
-    bound: str | None = None       # the local name it is bound to
+    local: bool                 # inside a function
+    binds: tuple | None = None  # (local name, the module it names), when it binds a module
 
 
 @dataclass
 class Module:
+    """A source file of the library or the Jupyter layer, parsed."""
     name: str
     path: Path
     is_package: bool
-    tree: ast.Module = None
-    lines: list = field(default_factory=list)
+    tree: ast.Module
+    lines: list
 
 
 def find_modules(root: Path) -> dict:
@@ -171,10 +182,10 @@ def imports_of(module: Module, modules: dict) -> list:
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name.split(".")[0] in ("vkml", "vkml_jupyter"):
-                    bound = alias.asname or alias.name.split(".")[0]
-                    target = alias.name if alias.asname else bound
+                    local_name = alias.asname or alias.name.split(".")[0]
+                    named = alias.name if alias.asname else local_name
                     found.append(Import(module.name, alias.name, None, node.lineno, local,
-                                        bound=f"{bound}={target}"))
+                                        binds=(local_name, named)))
         elif isinstance(node, ast.ImportFrom):
             base = _absolute(module, node.level, node.module) if node.level else node.module
             if base is None or base.split(".")[0] not in ("vkml", "vkml_jupyter"):
@@ -183,7 +194,7 @@ def imports_of(module: Module, modules: dict) -> list:
                 sub = f"{base}.{alias.name}"
                 if sub in modules:      # ``from . import api``: the submodule itself
                     found.append(Import(module.name, sub, None, node.lineno, local,
-                                        bound=f"{alias.asname or alias.name}={sub}"))
+                                        binds=(alias.asname or alias.name, sub)))
                 else:
                     found.append(Import(module.name, base, alias.name, node.lineno, local))
         elif _dynamic_import(node):
@@ -215,12 +226,7 @@ def _is_private(name: str) -> bool:
 
 def _module_names(imports: list) -> dict:
     """Local name -> module, for the names a module binds to project modules."""
-    bound = {}
-    for imp in imports:
-        if imp.bound:
-            local, target = imp.bound.split("=")
-            bound[local] = target
-    return bound
+    return dict(imp.binds for imp in imports if imp.binds)
 
 
 def _attribute_chain(node):
@@ -332,6 +338,9 @@ def check(root: Path, rules: Rules = Rules()) -> list:
         imports = imports_of(module, modules)
         offences += _layer_offences(where, module, mine, imports, rules)
         offences += _late_edge_offences(where, module, imports, rules)
+        if module.name.split(".")[0] == "vkml":
+            offences += [f"{where}:{line}: {module.name} imports {name}; only the Jupyter layer "
+                         "(extensions/vkml_jupyter) may" for line, name in _jupyter_imports(module)]
         for imp in imports:
             if not imp.local and imp.target != module.name \
                     and (module.name, imp.target) not in rules.late_edges:
@@ -368,13 +377,27 @@ def _layer_offences(where, module, mine, imports, rules) -> list:
     return found
 
 
+def _jupyter_imports(module: Module) -> list:
+    """``(line, package)`` for each import of the Jupyter stack in ``module``."""
+    found = []
+    for node in ast.walk(module.tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            continue
+        found += [(node.lineno, name) for name in names if name.split(".")[0] in JUPYTER_STACK]
+    return found
+
+
 def _late_edge_offences(where, module, imports, rules) -> list:
     """Names imported over a late edge but used while the module loads (still half made then)."""
     found = []
     for imp in imports:
         if imp.local or (module.name, imp.target) not in rules.late_edges:
             continue
-        local_name = imp.bound.split("=")[0] if imp.bound else imp.name
+        local_name = imp.binds[0] if imp.binds else imp.name
         found += [f"{where}:{line}: {local_name} ({imp.target}) is used while {module.name} loads; "
                   "it is imported over a late edge (see LATE_EDGES), so use it only inside functions"
                   for line in _late_name_used_at_import_time(module, local_name)]

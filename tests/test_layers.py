@@ -207,3 +207,10 @@ def test_a_dynamic_import_counts_as_an_import(tmp_path):
     got = _offences(tmp_path, {"vkml/ops/core.py": source})
     assert got == ["kit/vkml/ops/core.py:5: layer 'ops' (vkml.ops.core) imports vkml.tensor from "
                    "layer 'tensor', above it"]
+
+
+def test_the_library_never_imports_the_jupyter_stack(tmp_path):
+    source = "def show():\n    from IPython.display import display  # local: optional dependency\n"
+    got = _offences(tmp_path, {"vkml/tensor.py": source})
+    assert got == ["kit/vkml/tensor.py:2: vkml.tensor imports IPython.display; only the Jupyter "
+                   "layer (extensions/vkml_jupyter) may"]
