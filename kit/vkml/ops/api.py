@@ -210,7 +210,7 @@ def bind_elementwise(prim, *xs):
 
 def as_floating(x):
     """``x`` as a Var, cast to float64 unless already floating, as NumPy's float functions
-    do with integers (shared by ``ops.numeric`` and ``ops.special``)."""
+    do with integers (``ops.numeric``, ``ops.special`` and ``vkml.scipy`` use it too)."""
     x = as_var(x)
     if x.dtype.kind != "f":
         return cast(x, np.float64)
