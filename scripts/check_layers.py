@@ -47,7 +47,8 @@ class Layer:
 
 #: The layers, lowest first.  A module may import from its own layer and the layers before it,
 #: except the ones its layer ``skips``: transforms and backends stand side by side (a backend
-#: runs any Program, whoever made it), so backends skips transforms.  A new module goes into
+#: runs any Program, whoever made it), so backends skips transforms; layers and optimizers
+#: are written with tensors and ``jit`` alone.  A new module goes into
 #: the lowest layer that holds everything it imports; the check names a module in no layer.
 LAYERS = (
     Layer("base", ("vkml.errors", "vkml.threadsafe", "vkml.stats", "vkml.pytree", "vkml.progress"),
@@ -63,7 +64,8 @@ LAYERS = (
     Layer("programs", ("vkml.programs",), "jit, grad, vmap, scan and friends on Python functions"),
     Layer("numpy", ("vkml.numpy", "vkml.scipy"), "NumPy's and SciPy's names on lazy tensors"),
     Layer("graph", ("vkml.graph",), "kernels, Graph, Record, diff, simulation, checkpoint schedules"),
-    Layer("nn", ("vkml.nn", "vkml.optim"), "layers, losses, optimizers"),
+    Layer("nn", ("vkml.nn", "vkml.optim"), "layers, losses, optimizers (on tensors and jit)",
+          skips=("numpy", "graph")),
     Layer("viz", ("vkml.viz",), "graphviz pictures of everything below (no Jupyter import)"),
     Layer("package", ("vkml",), "the package itself: re-exports the public names"),
     Layer("jupyter", ("vkml_jupyter",), "the IPython magics and widgets (extensions/)"),
