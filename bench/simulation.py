@@ -286,7 +286,7 @@ def breakdown_vkml(steps):
     # one reverse with its two inner calls timed in place: the rest is back_step's own bookkeeping
     vsim = sys.modules["vkml.graph.simulation"]     # (the package attribute is the function)
     spent = {"vjp": [], "advance": [], "total": []}
-    inner_vjp, inner_adv = vsim._reverse_launch, vsim.Simulation._advance
+    inner_vjp, inner_adv = vsim.reverse_launch, vsim.Simulation._advance
 
     def timed(key, fn):
         def wrapper(*a, **k):
@@ -297,7 +297,7 @@ def breakdown_vkml(steps):
                 spent[key][-1] += time.perf_counter() - t0
         return wrapper
 
-    vsim._reverse_launch = timed("vjp", inner_vjp)
+    vsim.reverse_launch = timed("vjp", inner_vjp)
     vsim.Simulation._advance = timed("advance", inner_adv)
     try:
         for _ in range(7):
@@ -307,12 +307,12 @@ def breakdown_vkml(steps):
             side.reverse(seeds)
             spent["total"][-1] = time.perf_counter() - t0
     finally:
-        vsim._reverse_launch, vsim.Simulation._advance = inner_vjp, inner_adv
+        vsim.reverse_launch, vsim.Simulation._advance = inner_vjp, inner_adv
     i = int(np.argsort(spent["total"])[len(spent["total"]) // 2])     # the median run, split
     per = {k: v[i] / steps * 1e6 for k, v in spent.items()}
     rows["reverse, per step (all of it; median of 7)"] = per["total"]
     rows["  recomputing windows (Simulation._advance)"] = per["advance"]
-    rows["  the vjp launch (_reverse_launch: run_batched of the vjp program)"] = per["vjp"]
+    rows["  the vjp launch (reverse_launch: run_batched of the vjp program)"] = per["vjp"]
     rows["  rest: back_step bookkeeping (np.where on cts/states/params, zeros, accumulation)"] = \
         per["total"] - per["advance"] - per["vjp"]
     hand = NumpyPendulum(theta, omega, steps)

@@ -18,12 +18,14 @@ import re
 import shlex
 import time
 
+from IPython.core.displayhook import DisplayHook
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import display
 
 import vkml
-from vkml import viz
+from vkml import programs, viz
 from vkml.pytree import flatten
+from vkml.runtime import is_traced
 
 USAGE = """\
 usage: %%vkml [--eager] [--backend NAME] [--show WHAT[,WHAT...]] [--grad VAR] [--time]
@@ -173,7 +175,6 @@ def _jitted_of(value):
 
 def _ends_with_semicolon(cell) -> bool:
     """A cell ending in ``;`` shows no result, as in any IPython cell."""
-    from IPython.core.displayhook import DisplayHook
     try:
         return DisplayHook.semicolon_at_end_of_expression(cell)
     except Exception:  # tokenize errors on IPython-only syntax: then it is not a plain ';'
@@ -182,7 +183,6 @@ def _ends_with_semicolon(cell) -> bool:
 
 def _jit_counters() -> dict:
     """id -> (jitted function, its counters), for every function vkml.jit has made."""
-    from vkml import programs
     out = {}
     for j in programs.live_jitted():
         if getattr(j.fn, "__module__", "") .startswith("vkml."):
@@ -217,7 +217,6 @@ def _is_picture(value) -> bool:
 
 
 def _traced(t) -> bool:
-    from vkml.runtime import is_traced
     return is_traced(t.ir_var)
 
 
@@ -319,14 +318,14 @@ class VkmlMagics(Magics):
                   and not (isinstance(value, vkml.Program) and value in j.programs())]
         if jitted is not None:
             if jitted.programs():
-                display(viz.program_dot(jitted.programs()[-1], arg_names=viz._arg_names(jitted)))
+                display(viz.program_dot(jitted.programs()[-1], arg_names=viz.parameter_names(jitted)))
                 shown = True
             elif not others:
                 _note(f"--show program: {jitted.__name__} has not been called yet; call it in "
                       "the cell (its program is traced on the first call)")
                 return False
         for j in others:
-            display(viz.program_dot(j.programs()[-1], arg_names=viz._arg_names(j)))
+            display(viz.program_dot(j.programs()[-1], arg_names=viz.parameter_names(j)))
             shown = True
         if not shown:
             _note(f"--show program: the last expression is {_last(value, has_value)} and the "

@@ -196,6 +196,7 @@ class GradientExplorer(widgets.VBox):
         self.readout.value = "<div class='vkml-readout'>" + "<br>".join(rows) + "</div>"
 
     def _render_plot(self, along):
+        # local: matplotlib, an optional dependency, loaded for the first plot
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
 

@@ -62,13 +62,13 @@ def load_ipython_extension(ipython):
     The Jupyter layer lives in its own package and is imported only here, so
     ``import vkml`` never imports IPython.
     """
-    import vkml_jupyter
+    import vkml_jupyter  # local: the Jupyter layer (and IPython), only when asked for
     vkml_jupyter.load_ipython_extension(ipython)
 
 
 def __getattr__(name):
     # ``vkml.widgets`` is the Jupyter layer's widgets module, imported on first use.
     if name == "widgets":
-        import importlib
-        return importlib.import_module("vkml_jupyter.widgets")
+        from vkml_jupyter import widgets  # local: the Jupyter layer (and ipywidgets), on first use
+        return widgets
     raise AttributeError(f"module 'vkml' has no attribute {name!r}")

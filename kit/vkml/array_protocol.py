@@ -16,17 +16,17 @@ Functions that answer a question about the values (``np.allclose``,
 
 from __future__ import annotations
 
-import importlib
+import sys
 
 import numpy as np
 
 from .errors import ArgumentError, VkmlError
-from .tensor import (Tensor, abs, add, argmax, argmin, broadcast_to, clip, concatenate, cos,
+from .tensor import (Tensor, abs, add, argmax, argmin, as_tensor, broadcast_to, clip, concatenate, cos,
                      div, equal, exp, expand_dims, flip, floor_divide, greater, greater_equal,
                      less, less_equal, log, logical_and, logical_not, logical_or, matmul, max,
                      maximum, mean, min, minimum, mod, mul, neg, not_equal, pow, reshape, sign,
                      sin, sqrt, square, squeeze, stack, std, sub, sum, swapaxes, take,
-                     take_along_axis, tanh, tensor, transpose, var, where, ones, zeros)
+                     take_along_axis, tanh, transpose, var, where, ones, zeros)
 
 # -- vkml's own operations under NumPy's names and parameter names ------------------------------------
 
@@ -40,10 +40,6 @@ UFUNCS = {
     "exp": exp, "log": log, "sin": sin, "cos": cos, "tanh": tanh, "sqrt": sqrt,
     "absolute": abs, "sign": sign, "square": square, "matmul": matmul,
 }
-
-
-def _as_tensor(a):
-    return a if isinstance(a, Tensor) else tensor(a)
 
 
 def _transpose(a, axes=None):
@@ -99,9 +95,9 @@ FUNCTIONS = {
     "concatenate": lambda arrays, axis=0: concatenate(list(arrays), axis),
     "stack": lambda arrays, axis=0: stack(list(arrays), axis),
     "where": lambda condition, x, y: where(condition, x, y),
-    "all": lambda a, axis=None: _as_tensor(a).all(axis), "any": lambda a, axis=None: _as_tensor(a).any(axis),
-    "zeros_like": lambda a, dtype=None: zeros(np.shape(a), dtype or _as_tensor(a).dtype),
-    "ones_like": lambda a, dtype=None: ones(np.shape(a), dtype or _as_tensor(a).dtype),
+    "all": lambda a, axis=None: as_tensor(a).all(axis), "any": lambda a, axis=None: as_tensor(a).any(axis),
+    "zeros_like": lambda a, dtype=None: zeros(np.shape(a), dtype or as_tensor(a).dtype),
+    "ones_like": lambda a, dtype=None: ones(np.shape(a), dtype or as_tensor(a).dtype),
     "clip": _clip, "dot": lambda a, b: matmul(a, b), "take": _take, "flip": _flip,
     "take_along_axis": lambda arr, indices, axis: take_along_axis(arr, indices, axis),
 }
@@ -116,13 +112,9 @@ _ALIASES = {"absolute": "abs", "remainder": "mod", "true_divide": "divide", "ama
 
 
 def _from_vkml_numpy(path):
-    """``vkml.numpy.<path>`` if that namespace (still growing) has it, else None."""
-    try:
-        obj = importlib.import_module("vkml.numpy")
-    except ModuleNotFoundError as err:
-        if err.name not in ("vkml.numpy",):
-            raise
-        return None
+    """``vkml.numpy.<path>`` if that namespace has it, else None.  Looked up, not imported: the
+    namespace is built on Tensors, a layer above this one, and ``import vkml`` loads it."""
+    obj = sys.modules.get("vkml.numpy")
     for part in path:
         obj = getattr(obj, part, None)
         if obj is None:

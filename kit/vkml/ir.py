@@ -20,7 +20,7 @@ import os
 
 import numpy as np
 
-from .errors import ArgumentError, TracingError
+from .errors import TracingError
 
 #: The dtypes every primitive understands.
 DTYPES = tuple(np.dtype(d) for d in ("bool", "int32", "int64", "float32", "float64"))
@@ -28,10 +28,6 @@ DTYPES = tuple(np.dtype(d) for d in ("bool", "int32", "int64", "float32", "float
 
 def dtype_name(dtype) -> str:
     return np.dtype(dtype).name
-
-
-def is_float(dtype) -> bool:
-    return np.dtype(dtype).kind == "f"
 
 
 _NEXT_SERIAL = [0]
@@ -188,16 +184,8 @@ class Program:
     def __eq__(self, other):
         return self is other or (isinstance(other, Program) and self.key == other.key)
 
-    @property
-    def in_avals(self):
-        return tuple(v.aval for v in self.inputs)
-
-    @property
-    def out_avals(self):
-        return tuple(v.aval for v in self.outputs)
-
     def __str__(self):
-        from .printer import pp_program
+        from .printer import pp_program  # local: cycle (the printer imports this module)
         return pp_program(self)
 
     def __repr__(self):
@@ -316,9 +304,3 @@ def program_from_dag(inputs, outputs) -> Program:
                 "pass it as an argument of the function instead of capturing it")
         consts.append((v, v.value))
     return Program(inputs, eqns, outputs, consts)
-
-
-def check_var(x, what="argument") -> Var:
-    if not isinstance(x, Var):
-        raise ArgumentError(f"{what} must be an IR Var, got {type(x).__name__}")
-    return x

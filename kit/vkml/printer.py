@@ -41,13 +41,20 @@ def pp_program(prog: Program, bits: bool = False, names: bool = True, arg_names=
     """``prog`` as text.  ``bits=True``: constants as exact bit patterns (``float64:0x3fb9...``);
     ``names=False``: every value as its number ``%n``; ``arg_names``: names for the inputs (the
     traced function's parameters)."""
-    numbers = {}
-    _number(prog, numbers)
+    numbers = number_values(prog)
     shown = value_names(prog, numbers, arg_names) if names else \
         {v: f"%{n}" for v, n in numbers.items()}
     lines = []
     _print(prog, shown, lines, indent="", bits=bits)
     return "\n".join(lines)
+
+
+def number_values(prog: Program) -> dict:
+    """Each value of ``prog`` and its nested programs -> its number (the ``n`` of ``%n``), in
+    printing order; the pictures number values the same way, so text and picture agree."""
+    numbers = {}
+    _number(prog, numbers)
+    return numbers
 
 
 def _number(prog, numbers):
@@ -255,7 +262,7 @@ def fused_view(prog, bits: bool = False, members=None):
             boxes.append((e, "scan", text, list(e.inputs)))
         else:
             params = {k: v for k, v in e.params.items() if not isinstance(v, Program)}
-            text = ", ".join(f"{k}={_param(v)}" for k, v in params.items())
+            text = ", ".join(f"{k}={format_param(v)}" for k, v in params.items())
             boxes.append((e, e.prim.name, text, list(e.inputs)))
     return consts, boxes
 
@@ -314,7 +321,8 @@ def _refs(vs, ref):
     return ", ".join(ref(v) for v in vs)
 
 
-def _param(v):
+def format_param(v):
+    """A primitive's parameter as the text shows it (the pictures' boxes show it alike)."""
     if isinstance(v, np.dtype):
         return v.name
     if isinstance(v, tuple):

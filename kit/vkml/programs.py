@@ -28,17 +28,20 @@ import weakref
 import numpy as np
 
 from . import runtime
-from .errors import ArgumentError, DTypeError, GradError, ShapeError, VkmlError
+from .errors import ArgumentError, DTypeError, GradError, ShapeError, TracingError, VkmlError
 from .ir import Program, Var, collect, current_serial, dtype_name, format_shape, program_from_dag
-from .ops import api
+from .ops import api, bind
+from .ops.checks import checked
 from .printer import pp_program
 from .pytree import broadcast_prefix, flatten, unflatten
 from .stats import STATS
-from .tensor import Tensor
+from .tensor import (Tensor, cast, concatenate, flip, logical_and, needs_grad, realize, reshape,
+                     tensor, where)
 from .threadsafe import Cache
 from .transforms import jvp_program, partial_eval, transpose_program, vmap_program
 from .transforms.ad import derived
-from .transforms.control import call, depends_on, scan_bind
+from .transforms.control import (call, cond_p, custom_jvp_p, custom_vjp_p, depends_on, remat_p,
+                                 scan_bind, while_p)
 from .transforms.interpret import inline
 from .validate import MAX_ELEMENTS, check_bool, check_int, check_real, check_sequence, host_memory
 
@@ -161,7 +164,6 @@ def _of_open_trace(var) -> bool:
     unknown = [v for v in leaves if v.value is None]
     for v in unknown:
         if v in _FINISHED:
-            from .errors import TracingError
             raise TracingError(
                 f"a traced value ({v.type_str()}) from another trace was used here, and that trace "
                 "has finished (was the value kept after its function returned?); pass it as an "
@@ -432,7 +434,6 @@ def _wrap(vars_, operands):
     requires = runtime.is_grad_enabled() and _needs_grad_vars(operands)
     tensors = [Tensor(v, requires and v.dtype.kind == "f") for v in vars_]
     if runtime.is_eager() and tensors and not runtime.is_traced(tensors[0].ir_var):
-        from .tensor import realize
         realize(tensors)
     return tensors
 
@@ -463,12 +464,18 @@ def _wrt_flags(args, nums):
     return flags
 
 
-def _vjp_parts(jitted, entry, flags, n_out_ct):
+def _jvp_of(jitted, entry, flags):
+    """``entry``'s forward-mode program for the tangents ``flags`` marks, derived once."""
+    prog = entry.program
+    return jitted._derive(entry, ("jvp", tuple(flags)),
+                          lambda: derived("jvp", prog, flags, lambda: jvp_program(prog, flags)))
+
+
+def _vjp_parts(jitted, entry, flags):
     """jvp -> (known, linear) -> transposed, each derived once per derivation."""
     prog = entry.program
     name = tuple(flags)
-    jp = jitted._derive(entry, ("jvp", name), lambda: derived("jvp", prog, flags,
-                                                               lambda: jvp_program(prog, flags)))
+    jp = _jvp_of(jitted, entry, flags)
     n_in, n_t = len(prog.inputs), sum(flags)
 
     def split():
@@ -485,6 +492,20 @@ def _vjp_parts(jitted, entry, flags, n_out_ct):
     return known, linear, transposed, out_u, n_res
 
 
+def gradient_residuals(fn, args):
+    """``(known, saved)`` for ``fn``'s gradient with respect to every floating argument of
+    ``args``: the known part of its derivative and the values that part hands to the backward,
+    derived (and cached) without running anything; None when no argument is floating.
+    ``vkml.viz.saved_residuals`` lists them."""
+    entry, _, in_vars = fn._lookup(args)
+    n_args = len(in_vars) - len(entry.captures)
+    flags = [v.dtype.kind == "f" for v in in_vars[:n_args]] + [False] * len(entry.captures)
+    if not any(flags):
+        return None
+    known, _, _, _, n_res = _vjp_parts(fn, entry, flags)
+    return known, list(known.outputs[len(known.outputs) - n_res:]) if n_res else []
+
+
 def _float_check(v, where, i):
     if v.dtype.kind != "f":
         raise GradError(f"{where}: argument leaf {i} is {dtype_name(v.dtype)}; only floating "
@@ -499,9 +520,9 @@ def _vjp_call(jitted, args, nums, where):
         if f:
             _float_check(v, where, i)
     prog = entry.program
-    known, linear, transposed, out_u, n_res = _vjp_parts(jitted, entry, flags, len(prog.outputs))
+    known, linear, transposed, out_u, n_res = _vjp_parts(jitted, entry, flags)
     n_out = len(prog.outputs)
-    rg = any(isinstance(x, Tensor) and x.requires_grad for x in leaves)
+    rg = needs_grad(leaves)
     known_out = _apply_program(jitted, entry, ("known",), known, in_vars, rg)
     n_known = len(known.outputs) - n_res
     values = known_out[:n_out]
@@ -605,7 +626,7 @@ def jvp(fn, primals, tangents):
     primals = tuple(check_sequence(primals, "primals", "jvp"))
     tangents = tuple(check_sequence(tangents, "tangents", "jvp"))
     jitted = jit(fn)
-    p_leaves, p_tree = flatten(primals)
+    _, p_tree = flatten(primals)
     t_leaves, t_tree = flatten(tangents)
     if p_tree != t_tree:
         raise ArgumentError(f"jvp: tangents {t_tree} must have the primals' structure {p_tree}")
@@ -616,14 +637,12 @@ def jvp(fn, primals, tangents):
             raise ShapeError(f"jvp: tangent {i} has shape {format_shape(t.shape)}, its primal "
                              f"{format_shape(p.shape)}")
     flags = [v.dtype.kind == "f" for v in in_vars[:len(t_vars)]] + [False] * len(entry.captures)
-    prog = entry.program
-    jp = jitted._derive(entry, ("jvp", tuple(flags)),
-                        lambda: derived("jvp", prog, flags, lambda: jvp_program(prog, flags)))
+    jp = _jvp_of(jitted, entry, flags)
     entry.derived.setdefault("jvp", jp)
     ins = in_vars + [api.cast(t, p.dtype) for t, p, f in zip(t_vars, in_vars, flags) if f]
-    rg = any(isinstance(x, Tensor) and x.requires_grad for x in leaves + t_leaves)
+    rg = needs_grad(leaves + t_leaves)
     outs = _apply_program(jitted, entry, ("jvp",), jp, ins, rg)
-    n = len(prog.outputs)
+    n = len(entry.program.outputs)
     return unflatten(entry.out_tree, outs[:n]), unflatten(entry.out_tree, outs[n:])
 
 
@@ -635,8 +654,8 @@ def linearize(fn, *primals):
     entry, leaves, in_vars = jitted._lookup(primals)
     n_args = len(in_vars) - len(entry.captures)
     flags = [v.dtype.kind == "f" for v in in_vars[:n_args]] + [False] * len(entry.captures)
-    known, linear, transposed, out_u, n_res = _vjp_parts(jitted, entry, flags, len(entry.program.outputs))
-    rg = any(isinstance(x, Tensor) and x.requires_grad for x in leaves)
+    known, linear, transposed, out_u, n_res = _vjp_parts(jitted, entry, flags)
+    rg = needs_grad(leaves)
     known_out = _apply_program(jitted, entry, ("known",), known, in_vars, rg)
     n_out = len(entry.program.outputs)
     n_known = len(known.outputs) - n_res
@@ -725,7 +744,7 @@ def vmap(fn, in_axes=0, out_axes=0):
         prog = entry.program
         bprog = jitted._derive(entry, ("vmap", tuple(flags), size), lambda: derived(
             "vmap", prog, flags + [size], lambda: vmap_program(prog, flags, size)))
-        rg = any(isinstance(x, Tensor) and x.requires_grad for a in args for x in flatten(a)[0])
+        rg = needs_grad(flatten(args)[0])
         outs = _apply_program(jitted, entry, ("vmap", size), bprog, in_vars, rg)
         axes_out = _out_axes(out_axes, entry.out_tree, outs)
         outs = _unbatched_where_asked(outs, axes_out, depends_on(prog, flags))
@@ -795,15 +814,14 @@ def _jacfwd_array(fn, argnums=0):
     def jac(*args):
         entry, leaves, in_vars, flags, i = _jacobian_call(jitted, args, argnums, "jacfwd")
         prog = entry.program
-        jp = jitted._derive(entry, ("jvp", tuple(flags)),
-                            lambda: derived("jvp", prog, flags, lambda: jvp_program(prog, flags)))
+        jp = _jvp_of(jitted, entry, flags)
         x = in_vars[i]
         n = x.size
         bflags = [False] * len(prog.inputs) + [True]
         bj = jitted._derive(entry, ("jacfwd", tuple(flags)), lambda: derived(
             "vmap", jp, bflags + [n], lambda: vmap_program(jp, bflags, n)))
         basis = api.constant(np.eye(n, dtype=x.dtype).reshape((n,) + x.shape))
-        rg = any(isinstance(t, Tensor) and t.requires_grad for t in leaves)
+        rg = needs_grad(leaves)
         outs = _apply_program(jitted, entry, ("jacfwd",), bj, in_vars + [basis], rg)
         t = outs[1].ir_var                                  # (n, *out)
         out_shape = t.shape[1:]
@@ -822,8 +840,8 @@ def _jacrev_array(fn, argnums=0):
     def jac(*args):
         entry, leaves, in_vars, flags, i = _jacobian_call(jitted, args, argnums, "jacrev")
         prog = entry.program
-        known, linear, transposed, out_u, n_res = _vjp_parts(jitted, entry, flags, 1)
-        rg = any(isinstance(t, Tensor) and t.requires_grad for t in leaves)
+        known, linear, transposed, out_u, n_res = _vjp_parts(jitted, entry, flags)
+        rg = needs_grad(leaves)
         known_out = _apply_program(jitted, entry, ("known",), known, in_vars, rg)
         n_known = len(known.outputs) - n_res
         residuals = [r.ir_var for r in known_out[n_known:]]
@@ -890,8 +908,6 @@ def switch(index, branches, *operands):
         traced.append((ph, outs))
     programs = tuple(program_from_dag(all_caps + ph, outs) for ph, outs in traced)
     idx = _branch_index(index, len(branches))
-    from .transforms.control import cond_p
-    from .ops import bind
     res = bind(cond_p, idx, *all_caps, *op_vars, branches=programs)
     return unflatten(ref_tree, _wrap(res, all_caps + op_vars))
 
@@ -941,8 +957,6 @@ def while_loop(cond_fn, body_fn, init, max_iters=None, on_max_iters="warn"):
             raise (ShapeError if a.shape != b.shape else DTypeError)(f"while_loop: carry leaf {i} enters as {a.type_str()} and leaves as "
                              f"{b.type_str()}; a carry must keep its shape and dtype")
     ccaps, bcaps = _captures_of([c_var], cph), _captures_of(b_vars, bph)
-    from .transforms.control import while_p
-    from .ops import bind
     res = bind(while_p, *ccaps, *bcaps, *init_vars, cond=program_from_dag(ccaps + cph, [c_var]),
                body=program_from_dag(bcaps + bph, b_vars), num_cond_consts=len(ccaps),
                num_body_consts=len(bcaps))
@@ -950,7 +964,6 @@ def while_loop(cond_fn, body_fn, init, max_iters=None, on_max_iters="warn"):
 
 
 def _bounded_while(cond_fn, body_fn, init, max_iters):
-    from .tensor import logical_and, where
 
     def step(carry, _):
         state, active = carry
@@ -972,7 +985,6 @@ def _bounded_while(cond_fn, body_fn, init, max_iters):
 def _refuse_captures(entry, kind, name):
     """A custom rule sees only the function's arguments, so it cannot close over traced values."""
     if entry.captures:
-        from .errors import TracingError
         raise TracingError(f"{kind} {name}: the function closes over {len(entry.captures)} traced "
                            "value(s) of an enclosing transformation (grad, vmap, scan, ...); its "
                            "rule only sees the arguments, so pass those values as arguments")
@@ -1004,8 +1016,6 @@ class custom_jvp:
         ex = _example(in_vars)
         rule = jit(_rule_as_function(self.rule, len(in_vars)))
         rentry, _, _ = rule._lookup(tuple(ex) + tuple(_example(in_vars)))
-        from .transforms.control import custom_jvp_p
-        from .ops import bind
         res = bind(custom_jvp_p, *in_vars, program=entry.program, jvp=rentry.program)
         return unflatten(entry.out_tree, _wrap(res, in_vars))
 
@@ -1081,8 +1091,6 @@ class custom_vjp:
             self._flat[key] = jit(bwd_flat)
         bentry, _, _ = self._flat[key]._lookup(
             tuple(_example(res_vars)) + tuple(_example(entry.program.outputs)))
-        from .transforms.control import custom_vjp_p
-        from .ops import bind
         res = bind(custom_vjp_p, *in_vars, program=entry.program, fwd=fwd_flat, bwd=bentry.program,
                    num_res=len(res_vars))
         return unflatten(entry.out_tree, _wrap(res, in_vars))
@@ -1096,8 +1104,6 @@ def checkpoint(fn):
 
     def remat(*args):
         entry, leaves, in_vars = jitted._lookup(args)
-        from .transforms.control import remat_p
-        from .ops import bind
         res = bind(remat_p, *in_vars, program=entry.program)
         return unflatten(entry.out_tree, _wrap(res, in_vars))
 
@@ -1443,14 +1449,12 @@ def _main_and_aux(jitted, entry, args, has_aux, where):
 
 
 def _ravel(leaves, dtype):
-    from .tensor import cast, concatenate, reshape
     return concatenate([reshape(cast(x, dtype), (-1,)) for x in leaves])
 
 
 def _raveled(fn, nums, nargs, in_tree, in_vars, has_aux, dtype):
     """``fn`` as a function of one vector (the differentiated leaves, raveled) and the other
     arguments, returning its (main) result leaves raveled into one vector."""
-    from .tensor import cast, reshape
     specs = [(v.shape, v.dtype, v.size) for v in in_vars]
 
     def flat_fn(flat, *rest):
@@ -1471,7 +1475,6 @@ def _raveled(fn, nums, nargs, in_tree, in_vars, has_aux, dtype):
 
 def _blocks(matrix, out_vars, in_vars, in_tree, one_argnum):
     """Cut the (outputs x inputs) matrix into one block per (output leaf, input leaf)."""
-    from .tensor import cast, reshape
     blocks, row = [], 0
     for o in out_vars:
         col, per_input = 0, []
@@ -1527,8 +1530,6 @@ def _checked_cut(final, cut, max_iters, on_max_iters):
     realized at once (one submission), so the warning names the line of the while_loop."""
     if on_max_iters == "ignore":
         return final
-    from .ops.checks import checked
-    from .tensor import realize
     message = (f"while_loop: the condition still held after max_iters={max_iters} iterations, so the "
                "result is cut short; raise max_iters, or pass on_max_iters='ignore' if a bounded "
                "result is what you want")
@@ -1682,7 +1683,6 @@ def associative_scan(fn, elems, reverse=False, axis=0):
     (Hillis and Steele's scan), built from ordinary operations, so it is
     lazy and differentiable like them.
     """
-    from .tensor import concatenate, flip, tensor
     _check_step(fn, "associative_scan")
     reverse = check_bool(reverse, "reverse", "associative_scan")
     leaves, tree = flatten(elems)

@@ -82,7 +82,7 @@ def progress(iterable=None, *, total=None, desc=None, enabled=None, **tqdm_kwarg
     show = progress_enabled() if enabled is None else bool(enabled)
     if show:
         try:
-            from tqdm.auto import tqdm
+            from tqdm.auto import tqdm  # local: optional dependency
         except ImportError:
             show = False
     if not show:

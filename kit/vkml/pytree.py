@@ -178,11 +178,6 @@ def _build(kind, meta, children):
     return _REGISTRY[cls][1](aux, children)
 
 
-def tree_map(fn, tree):
-    leaves, td = flatten(tree)
-    return unflatten(td, [fn(x) for x in leaves])
-
-
 def broadcast_prefix(prefix, tree, is_leaf, where):
     """One entry of ``prefix`` per leaf of ``tree``: ``prefix`` is ``tree`` cut short, each of its
     leaves (where ``is_leaf`` holds, e.g. an int or None for vmap's ``in_axes``) standing for

@@ -150,7 +150,7 @@ class Tensor:
 
     # -- methods delegate to the functional forms -----------------------------------------------
     def __getitem__(self, index):
-        return _apply(api.getitem, self, _unwrap_index(index))
+        return apply_api(api.getitem, self, _unwrap_index(index))
 
     def __setitem__(self, index, value):
         raise ArgumentError("Tensor: values are not written in place (a pending graph may still read "
@@ -366,11 +366,11 @@ class Tensor:
 
     # NumPy's protocols: np.exp(t), np.sum(t, axis=0), ... run vkml's own (lazy, differentiable) ops
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
-        from .array_protocol import array_ufunc
+        from .array_protocol import array_ufunc  # local: cycle (it imports this module)
         return array_ufunc(ufunc, method, inputs, kwargs)
 
     def __array_function__(self, func, types, args, kwargs):
-        from .array_protocol import array_function
+        from .array_protocol import array_function  # local: cycle (it imports this module)
         return array_function(func, types, args, kwargs)
 
     __hash__ = object.__hash__
@@ -400,7 +400,8 @@ def tensor(data, dtype=None, requires_grad: bool = False) -> Tensor:
     return t
 
 
-def _as_tensor(x) -> Tensor:
+def as_tensor(x) -> Tensor:
+    """``x`` itself if it is a Tensor, else a new one holding it (NumPy's protocols use it too)."""
     return x if isinstance(x, Tensor) else tensor(x)
 
 
@@ -451,12 +452,12 @@ def arange(*args, dtype=None):
 
 
 def zeros_like(t, requires_grad=False):
-    t = _as_tensor(t)
+    t = as_tensor(t)
     return zeros(t.shape, t.dtype, requires_grad)
 
 
 def ones_like(t, requires_grad=False):
-    t = _as_tensor(t)
+    t = as_tensor(t)
     return ones(t.shape, t.dtype, requires_grad)
 
 
@@ -482,22 +483,25 @@ def _unwrap_index(index):
     return _unwrap(index)
 
 
-def _needs_grad(args, depth=0):
+def needs_grad(args, depth=0):
+    """Whether a Tensor among ``args`` (or in lists and tuples among them) requires grad."""
     for a in args:
         if isinstance(a, Tensor):
             if a.requires_grad:
                 return True
-        elif isinstance(a, (list, tuple)) and depth < _MAX_NESTING and _needs_grad(a, depth + 1):
+        elif isinstance(a, (list, tuple)) and depth < _MAX_NESTING and needs_grad(a, depth + 1):
             return True
     return False
 
 
-def _apply(fn, *args, **kwargs):
-    """Run an ``api`` function on the Vars of tensor arguments and wrap the result."""
+def apply_api(fn, *args, **kwargs):
+    """Run an ``api`` function on the Vars of tensor arguments and wrap the result.
+
+    Every function on Tensors is one of these calls: vkml's own and ``vkml.numpy``'s."""
     with runtime.user_line():
         out = fn(*[_unwrap(a) for a in args], **{k: _unwrap(v) for k, v in kwargs.items()})
     requires = runtime.is_grad_enabled() and out.dtype.kind == "f" and \
-        _needs_grad(args + tuple(kwargs.values()))
+        needs_grad(args + tuple(kwargs.values()))
     t = Tensor(out, requires)
     if runtime.is_eager() and not runtime.is_traced(out):
         realize(t)
@@ -506,7 +510,7 @@ def _apply(fn, *args, **kwargs):
 
 def _lift(fn, name=None):
     def op(*args, **kwargs):
-        return _apply(fn, *args, **kwargs)
+        return apply_api(fn, *args, **kwargs)
     op.__name__ = name or fn.__name__
     op.__qualname__ = op.__name__
     op.__doc__ = fn.__doc__
@@ -584,7 +588,7 @@ def var(x, axis=None, ddof=0, keepdims=False):
     """The variance, as ``np.var``: the summed squared deviation from the mean over ``axis``,
     divided by ``n - ddof`` (``ddof=1`` for the unbiased estimate).  Built from mean, sub, mul and
     sum, so it is lazy and has a gradient; integer input gives float64, as in NumPy."""
-    x = _as_tensor(x)
+    x = as_tensor(x)
     if not isinstance(ddof, numbers.Real) or isinstance(ddof, bool):
         raise ArgumentError(f"var: ddof must be a number (0 for the population variance, 1 for "
                             f"the sample variance), got {type(ddof).__name__}")

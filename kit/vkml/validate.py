@@ -23,10 +23,7 @@ import warnings
 import numpy as np
 
 from .errors import ArgumentError, DTypeError, ShapeError
-from .ir import Var
-
-#: The dtypes a tensor can have.
-DTYPES = tuple(np.dtype(t) for t in (bool, np.int32, np.int64, np.float32, np.float64))
+from .ir import DTYPES, Var  # DTYPES: the dtypes a tensor can have
 
 #: The usual ways to name them, looked up without asking NumPy.
 _SPELLINGS = {spelling: np.dtype(spelling) for spelling in

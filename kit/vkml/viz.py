@@ -39,8 +39,11 @@ diagrams can be checked by nbval.  Nothing here imports Jupyter; the
 
 from __future__ import annotations
 
+import difflib
 import hashlib
+import html
 import importlib.util
+import inspect
 import re
 import shutil
 
@@ -48,13 +51,18 @@ import numpy as np
 
 from .errors import ArgumentError
 from .ir import Program, Var, collect, dtype_name, format_shape
-from .printer import (_number, _param, fused_view, literal, pp_program, root_of, site_title,
-                      value_names)
+from .graph.graph import Graph
+from .graph.record import Record
+from .printer import (format_param, fused_view, literal, number_values, pp_program, root_of,
+                      site_title, value_names)
+from .programs import Jitted, gradient_residuals, jit
 from .pytree import flatten
+from .runtime import grad_leaf, is_traced
+from .tensor import Tensor
 
 __all__ = ["Diagram", "DerivedDiagram", "diagram", "program_dot", "tensor_dot", "derived_dot",
            "graph_dot", "record_dot", "dot_available", "install", "is_graph", "is_record",
-           "derived_pairs", "saved_residuals", "Residuals", "diff"]
+           "derived_pairs", "saved_residuals", "Residuals", "diff", "parameter_names"]
 
 #: Pictures with more nodes than this show their text instead (dot would take minutes).
 MAX_NODES = 600
@@ -131,7 +139,7 @@ class Diagram:
 
     def to_graphviz(self):
         """The picture as a ``graphviz.Source`` (needs the graphviz package)."""
-        import graphviz
+        import graphviz  # local: optional dependency
         return graphviz.Source(self.source)
 
     def pipe(self, format: str = "svg") -> bytes:
@@ -239,7 +247,7 @@ def _short(text, limit=48) -> str:
 
 
 def _params_text(params) -> str:
-    shown = [f"{k}={_param(v)}" for k, v in params.items() if not isinstance(v, Program)]
+    shown = [f"{k}={format_param(v)}" for k, v in params.items() if not isinstance(v, Program)]
     return _short(", ".join(shown)) if shown else ""
 
 
@@ -453,16 +461,13 @@ class _Html(str):
 
 def _html_label(text, colours) -> _Html:
     """``text``'s lines and one coloured square per user equation fused into the box."""
-    import html
     lines = "<BR/>".join(html.escape(line) for line in text.split("\n"))
     dots = " ".join(f'<FONT COLOR="{c}">&#9632;</FONT>' for c in colours)
     return _Html(f"{lines}<BR/>{dots}")
 
 
 def _names_of(prog, arg_names=None):
-    numbers = {}
-    _number(prog, numbers)
-    return value_names(prog, numbers, arg_names)
+    return value_names(prog, number_values(prog), arg_names)
 
 
 def program_dot(prog: Program, unfold: bool = False, arg_names=None, _marks=None) -> Diagram:
@@ -606,7 +611,7 @@ def derived_dot(primal, derived=None, unfold: bool = False, arg_names=None, *, f
                                 "derivative first (vkml.grad(f)(x), vkml.jvp, vkml.vjp or "
                                 "vkml.linearize)")
         if arg_names is None:
-            arg_names = _arg_names(primal)
+            arg_names = parameter_names(primal)
         primal, derived = pairs[-1]
     if not isinstance(primal, Program):
         raise ArgumentError(f"derived_dot: expected a Program or a jitted function, got "
@@ -651,9 +656,9 @@ def derived_dot(primal, derived=None, unfold: bool = False, arg_names=None, *, f
     return DerivedDiagram(d.source(), "\n\n".join(texts), d.nodes, panels, residuals)
 
 
-def _arg_names(fn):
-    """The parameter names of a jitted function's Python function (None if not plain)."""
-    import inspect
+def parameter_names(fn):
+    """The parameter names of a jitted function's Python function (None if not plain): what
+    its pictures name the program's inputs (the notebook magic names them so too)."""
     target = getattr(fn, "fn", None)
     try:
         params = list(inspect.signature(target).parameters.values())
@@ -732,7 +737,6 @@ class Residuals:
         return self.text()
 
     def _repr_html_(self):
-        import html
         head = "".join(f"<th>{c}</th>" for c in self.COLUMNS)
         body = "".join("<tr>" + "".join(
             f"<td>{r[c]:,}</td>" if c == "bytes" else f"<td>{html.escape(str(r[c]))}</td>"
@@ -752,7 +756,6 @@ def saved_residuals(obj, *args) -> Residuals:
     - ``saved_residuals(loss)``: a Tensor; the realized values its pending backward keeps alive.
     - ``saved_residuals(record)``: a Record; the planes it copied before an overwrite.
     """
-    from .tensor import Tensor
     if is_record(obj):
         return _record_residuals(obj)
     if isinstance(obj, Tensor):
@@ -762,16 +765,12 @@ def saved_residuals(obj, *args) -> Residuals:
     if not callable(obj):
         raise ArgumentError(f"saved_residuals: expected a function with its arguments, a Tensor "
                             f"or a Record, got {type(obj).__name__}")
-    from .programs import Jitted, _vjp_parts, jit
     fn = obj if isinstance(obj, Jitted) else jit(obj)
-    entry, _, in_vars = fn._lookup(args)
-    n_args = len(in_vars) - len(entry.captures)
-    flags = [v.dtype.kind == "f" for v in in_vars[:n_args]] + [False] * len(entry.captures)
-    if not any(flags):
+    parts = gradient_residuals(fn, args)
+    if parts is None:
         raise ArgumentError("saved_residuals: no floating argument to differentiate")
-    known, _, _, _, n_res = _vjp_parts(fn, entry, flags, len(entry.program.outputs))
-    saved = list(known.outputs[len(known.outputs) - n_res:]) if n_res else []
-    rows = _residual_rows(saved, known, _arg_names(fn))
+    known, saved = parts
+    rows = _residual_rows(saved, known, parameter_names(fn))
     return Residuals(f"gradient of {getattr(fn, '__name__', 'f')}", rows)
 
 
@@ -814,7 +813,6 @@ def _record_residuals(record) -> Residuals:
 # -- differences between programs ------------------------------------------------------------
 
 def _as_program(obj, what):
-    from .programs import Jitted
     if isinstance(obj, Program):
         return obj
     if isinstance(obj, Jitted) and obj.programs():
@@ -840,7 +838,6 @@ def diff(a, b, labels=("before", "after")) -> Diagram:
     in the same place computing something else yellow (changed).  The text form is a unified
     diff of the printed programs.
     """
-    import difflib
     if not (isinstance(labels, (tuple, list)) and len(labels) == 2 and
             all(isinstance(x, str) for x in labels)):
         raise ArgumentError(f"diff: labels must be two strings (the names of a and b), got "
@@ -886,7 +883,6 @@ def diff(a, b, labels=("before", "after")) -> Diagram:
 # -- lazy tensor graphs ----------------------------------------------------------------------
 
 def _tensor_vars(tensors):
-    from .tensor import Tensor
     leaves, _ = flatten(tensors)
     out = []
     for t in leaves:
@@ -901,7 +897,6 @@ def _tensor_vars(tensors):
 
 
 def _requires_grad(var) -> bool:
-    from .runtime import grad_leaf
     t = grad_leaf(var)
     return t is not None and t.requires_grad and t.ir_var is var
 
@@ -1113,8 +1108,6 @@ def is_record(obj) -> bool:
 def diagram(obj) -> Diagram:
     """The picture of anything vkml draws: a Program, Tensors (their lazy graph), a jitted function
     (its most recent program), a graph of kernels or a Record."""
-    from .programs import Jitted
-    from .tensor import Tensor
     if isinstance(obj, Diagram):
         return obj
     if isinstance(obj, Program):
@@ -1124,7 +1117,7 @@ def diagram(obj) -> Diagram:
         if not progs:
             raise ArgumentError(f"diagram: {obj!r} has not been traced yet; call it once, or draw "
                                 "vkml.program(f, *args)")
-        return program_dot(progs[-1], arg_names=_arg_names(obj))
+        return program_dot(progs[-1], arg_names=parameter_names(obj))
     if is_record(obj):
         return record_dot(obj)
     if is_graph(obj):
@@ -1141,19 +1134,28 @@ def _program_mimebundle(self, include=None, exclude=None):
 
 
 def _tensor_mimebundle(self, include=None, exclude=None):
-    from .runtime import is_traced
     if self.ir_var.value is not None or is_traced(self.ir_var):
         return {"text/plain": repr(self)}
     return tensor_dot(self)._repr_mimebundle_(include, exclude)
 
 
+def _graph_mimebundle(self, include=None, exclude=None):
+    return graph_dot(self)._repr_mimebundle_(include, exclude)
+
+
+def _record_mimebundle(self, include=None, exclude=None):
+    return record_dot(self)._repr_mimebundle_(include, exclude)
+
+
 def install() -> None:
-    """Give Program and Tensor a ``_repr_mimebundle_``, so they draw themselves in a notebook.
+    """Give Program, Tensor, Graph and Record a ``_repr_mimebundle_``, so they draw themselves
+    in a notebook (installed from here: the classes live in layers below the pictures).
 
     A Program shows its picture (and its printed text).  A pending Tensor
     shows its lazy graph and stays pending; a realized one shows its values.
     ``import vkml`` calls this.
     """
-    from .tensor import Tensor
     Program._repr_mimebundle_ = _program_mimebundle
     Tensor._repr_mimebundle_ = _tensor_mimebundle
+    Graph._repr_mimebundle_ = _graph_mimebundle
+    Record._repr_mimebundle_ = _record_mimebundle

@@ -2,13 +2,12 @@
 
 from . import cpu, numpy_backend  # noqa: F401  (register "cpu" and "numpy")
 from .base import (STATS, Backend, ExecutionFailure, Stats, current, register, reset_stats,
-                   set_backend, stats, use_backend)
+                   set_backend, started, stats, use_backend)
 from .base import backend_info as _backend_info
 
 
 def _cuda():
-    # imported on first use: `import vkml` never imports the CUDA backend or PyCUDA
-    from .cuda import CudaBackend
+    from .cuda import CudaBackend  # local: `import vkml` never imports the CUDA backend or PyCUDA
     return CudaBackend()
 
 
@@ -18,7 +17,7 @@ register("cuda", _cuda)
 def backend_info() -> dict:
     """What the current backend is, which backends this machine has, and what the cuda backend
     found (``info["cuda"]``: the GPU, or what is missing)."""
-    from . import cuda
+    from . import cuda  # local: loaded only when asked about (see _cuda)
     info = _backend_info()
     info["cuda"] = cuda.describe()
     reason = cuda_unavailable()
@@ -32,12 +31,10 @@ def cuda_unavailable():
     """Why the cuda backend cannot run here (None when it may): PyCUDA, cuda-bindings or the
     NVIDIA driver missing.  Found without importing PyCUDA, so ``vkml.backend_info()`` stays
     cheap; a backend already started is available."""
-    from . import base, cuda
-    if "cuda" in base._INSTANCES:
+    from . import cuda  # local: loaded only when asked about (see _cuda)
+    if started("cuda"):
         return None
-    if cuda._PROBE[0] is None:
-        cuda._PROBE[0] = cuda._probe()
-    found = cuda._PROBE[0]
+    found = cuda.probe()
     missing = [part.split(":")[0] for part in found.split("; ")
                if part.endswith("not installed") or part.endswith("not found")]
     missing = [m for m in missing if m != "nvcc"]   # a cubin cache can run without the compiler

@@ -108,8 +108,11 @@ def _writable_into(dest, args, into) -> bool:
     return not any(np.may_share_memory(dest, a) for a in others)
 
 
-def _copy_into(outs, into):
-    """The results with each destination holding its value (copied where not written directly)."""
+def copy_into(outs, into):
+    """The results with each destination holding its value (copied where not written directly).
+
+    Shared by every backend's ``run``: the NumPy and compiled tiers here, the cuda backend's own.
+    """
     outs = list(outs)
     for i, dest in enumerate(into):
         if dest is not None and outs[i] is not dest:
@@ -184,7 +187,7 @@ class Backend:
             if not any(d is not None for d in direct):
                 direct = None
         outs = exe(args) if direct is None else exe(args, into=direct)
-        return _copy_into(outs, into)
+        return copy_into(outs, into)
 
     def layout(self, values) -> tuple:
         """What of the arguments' memory layout a compiled executable depends on.
@@ -265,6 +268,12 @@ def _backend_named(name, where) -> Backend:
         if name not in _INSTANCES:
             _INSTANCES[name] = _FACTORIES[name]()
         return _INSTANCES[name]
+
+
+def started(name: str) -> bool:
+    """Whether backend ``name`` has been made in this process (one that started can run)."""
+    with _INSTANCES_LOCK:
+        return name in _INSTANCES
 
 
 def instances() -> list:

@@ -52,6 +52,7 @@ from . import disk_cache
 from .base import Backend, ExecutionFailure, check_sizes, failure_error, register
 from .codegen.c_render import ALLOCATION_FAILED, render
 from .codegen.lower import Lowering, Unsupported
+from .codegen.sample_loops import forward_source, reverse_source
 from .numpy_backend import compile_program as compile_numpy
 
 # -fwrapv: signed integer overflow wraps, as NumPy's integers do (without it -x of INT_MIN is
@@ -311,7 +312,6 @@ class SampleLoops:
 
     def __init__(self, step, vjp, *, n_state, n_fixed, n_params, out_names, state_names, term_index,
                  wrt, window):
-        from .codegen.sample_loops import forward_source, reverse_source
         self.step, self.n_state, self.window, self.wrt = step, n_state, window, wrt
         self.errors = {"forward": [], "reverse": []}
         fwd = forward_source(step, n_state, n_fixed, n_params, out_names, state_names, term_index,

@@ -100,11 +100,12 @@ from ..errors import BackendError, ExecutionError
 from ..ops.checks import warn_at_user
 from ..stats import STATS
 from . import disk_cache
-from .base import (Backend, DeviceValue, ExecutionFailure, _copy_into, check_sizes, failure_error,
+from .base import (Backend, DeviceValue, ExecutionFailure, check_sizes, copy_into, failure_error,
                    host_values)
 from .codegen.cuda_render import (NVCC_FLAGS, STATUS_WORDS, cuda_plan, template,
                                   tree_sum_levels)
 from .codegen.lower import Unsupported
+from .cuda_loops import CudaSampleLoops
 from .numpy_backend import compile_program as compile_numpy
 
 #: what the last attempt to make the backend found (shown by vkml.backend_info()["cuda"])
@@ -117,6 +118,12 @@ def describe() -> str:
     """What this machine offers the cuda backend, without importing PyCUDA."""
     if _FOUND[0] is not None:
         return _FOUND[0]
+    return probe()
+
+
+def probe() -> str:
+    """What this machine has for the cuda backend (PyCUDA, cuda-bindings, nvcc, the driver),
+    found once without importing PyCUDA; ``vkml.backends.cuda_unavailable`` reads it too."""
     if _PROBE[0] is None:
         _PROBE[0] = _probe()
     return _PROBE[0]
@@ -143,17 +150,17 @@ def cache_dir() -> str:
 def _driver_modules():
     """``(pycuda.driver, cuda-bindings' driver module)``, or BackendError saying what is missing."""
     try:
-        import pycuda.driver as drv
+        import pycuda.driver as drv  # local: optional dependency
     except (ImportError, OSError) as e:
         raise BackendError(
             f"the cuda backend needs PyCUDA and an NVIDIA driver: importing pycuda.driver failed "
             f"({e}). Install the extra on a machine with a GPU, nvcc and the driver "
             "(pip install 'vkml[cuda]'), or use set_backend('numpy') or set_backend('cpu')") from e
     try:
-        from cuda.bindings import driver as cu
+        from cuda.bindings import driver as cu  # local: optional dependency
     except ImportError:
         try:
-            from cuda import cuda as cu          # cuda-python before 12.6
+            from cuda import cuda as cu  # local: optional dependency (cuda-python before 12.6)
         except ImportError as e:
             raise BackendError(
                 "the cuda backend needs NVIDIA's cuda-bindings for CUDA graphs (stream capture): "
@@ -225,7 +232,7 @@ class _Gpu:
             self._tls.pushed = False
 
     def nvcc_version(self) -> str:
-        from pycuda.compiler import get_nvcc_version
+        from pycuda.compiler import get_nvcc_version  # local: optional dependency
         return get_nvcc_version("nvcc")
 
     def module(self, source: str):
@@ -242,7 +249,7 @@ class _Gpu:
 
     def _nvcc(self, source: str) -> bytes:
         """The cubin nvcc makes of ``source`` (counted as a compile)."""
-        from pycuda.compiler import compile as nvcc_compile
+        from pycuda.compiler import compile as nvcc_compile  # local: optional dependency
         try:
             cubin = nvcc_compile(source, options=list(NVCC_FLAGS), no_extern_c=True,
                                  arch=self.arch, cache_dir=False)
@@ -675,7 +682,7 @@ class CudaBackend(Backend):
             outs = exe(args, resident=resident and into is None)
         else:
             outs = exe(host_values(args))
-        return outs if into is None else _copy_into(outs, into)
+        return outs if into is None else copy_into(outs, into)
 
     def _compile_nested(self, program):
         return self.executable(("nested", program), lambda: program)
@@ -734,7 +741,6 @@ class CudaBackend(Backend):
     def sample_loops(self, step, vjp, spec):
         """A simulation's loops as two kernels, one thread per sample (see ``cuda_loops``), or None
         when the lowering does not cover its step."""
-        from .cuda_loops import CudaSampleLoops
 
         def make():
             try:

@@ -23,9 +23,11 @@ import numpy as np
 
 from ..backends import ExecutionFailure
 from ..errors import ArgumentError, Busy, RefusedError, ShapeError, VkmlError
-from ..ir import Program
+from ..ir import Program, Var, program_from_dag
 from .. import backends
+from ..ops import api
 from ..runtime import submit
+from ..transforms import inline
 from .graph import Opaque, Reduce, RepeatWhile, per_sample_values, run_named, threads, user_error
 from .kernel import Kernel, Launch
 from .reversible import Reversible
@@ -257,8 +259,10 @@ def user_vjp_gradients(node, got, reads, like):
 
 # -- refusals and preparation -----------------------------------------------------------------
 
-def _uses_table(prog, param_index):
-    """Whether a Param reaches a gather operand: its gradient is a scatter-add across samples."""
+def uses_table(prog, param_index):
+    """Whether a Param reaches a gather operand: its gradient is a scatter-add across samples.
+
+    Shared with a simulation's reverse, whose gradients follow the same rule."""
     dep = {prog.inputs[param_index]}
     for e in prog.eqns:
         if e.prim.name == "gather" and e.inputs[0] in dep:
@@ -267,17 +271,19 @@ def _uses_table(prog, param_index):
             dep.update(e.outputs)
     for e in prog.eqns:
         for p in e.params.values():
-            if isinstance(p, Program) and any(q.name == "gather" for q in _prims(p)):
+            if isinstance(p, Program) and any(q.name == "gather" for q in primitives_of(p)):
                 return True
     return False
 
 
-def _prims(prog):
+def primitives_of(prog):
+    """Every primitive ``prog`` binds, its nested programs' too (a Record asks it whether a
+    launch can fail part-way)."""
     for e in prog.eqns:
         yield e.prim
         for p in e.params.values():
             if isinstance(p, Program):
-                yield from _prims(p)
+                yield from primitives_of(p)
 
 
 class Reverse:
@@ -379,7 +385,7 @@ def _scan_bitwise(graph):
             prog = launch.program
             k = len(launch.kernel.inputs)
             for j, p in enumerate(launch.kernel.params):
-                ok = not _uses_table(prog, k + j)
+                ok = not uses_table(prog, k + j)
                 flags[f"{node.name}.{p}"] = ok
                 flags[p] = flags.get(p, True) and ok
             for name in launch.kernel.inputs:
@@ -573,10 +579,11 @@ def _zeros(n, var):
     return np.zeros((n,) + var.shape, var.dtype)
 
 
-def _reverse_launch(launch, node, inputs, cells, cts, n, vjp=None):
+def reverse_launch(launch, node, inputs, cells, cts, n, vjp=None):
     """One launch's vjp over all samples: input cotangents and per-sample Param cotangents.
     ``vjp``: a hand-written vjp kernel passed as ``vjps={node: kernel}``, used instead of the
-    derived one (an input or Param it returns no ``_bar`` for gets none)."""
+    derived one (an input or Param it returns no ``_bar`` for gets none).  Shared with a
+    simulation's reverse, which steps back one launch at a time too."""
     kern = launch.kernel
     params = [cells[(node.name, p)] for p in kern.params]
     if isinstance(vjp, Kernel):
@@ -640,9 +647,6 @@ def _fused_reverse_plan(record, seed_keys) -> ReversePlan:
     cotangents.  Adjoints meet in the same fixed order as the step-by-step sweep (seed first,
     then the readers in the order they ran), so the bits are the same.
     """
-    from ..ir import Var, program_from_dag
-    from ..ops import api
-    from ..transforms import inline
     n = record.graph.n
     placeholders, in_keys = {}, []
 
@@ -746,7 +750,7 @@ def _sweep(record, seeds, vjps):
         if not live:
             return
         inputs = [record.value(step.reads[nm]) for nm in launch.kernel.inputs]
-        ins, prm = _reverse_launch(launch, step.node, inputs, cells, cts, n,
+        ins, prm = reverse_launch(launch, step.node, inputs, cells, cts, n,
                                    vjps.get(step.node.name))
         for nm, ct in ins.items():
             adj.add(step.reads[nm], order, ct)
@@ -916,7 +920,7 @@ def _reverse_loop(entry, record, adj, param_parts, n, vjp=None):
                     cts.append(out_cts[name])
                 else:
                     cts.append(_zeros(n, var_of[name]))
-            ins_ct, prm = _reverse_launch(launch, node, ins, cells, cts, n, vjp)
+            ins_ct, prm = reverse_launch(launch, node, ins, cells, cts, n, vjp)
             for s in state:
                 ct_state[s] = ins_ct.get(s, _zeros(n, var_of[s]))
             for nm, ct in ins_ct.items():

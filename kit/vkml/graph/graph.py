@@ -513,10 +513,6 @@ class Graph(Reversible):
                     taken[label] = id(p)
         return labels.get(id(plane), "?")
 
-    def _repr_mimebundle_(self, include=None, exclude=None):
-        from ..viz import graph_dot
-        return graph_dot(self)._repr_mimebundle_(include, exclude)
-
     def add_node(self, node, name=None) -> "Graph":
         """Add a skippable, repeat_while, opaque or reduce node (``add`` takes them too)."""
         return self.add(node, name)
@@ -641,7 +637,7 @@ class Graph(Reversible):
             self.check_planes("launch")
             workers = threads()                # a bad VKML_THREADS is refused before anything runs
             self._launching = True
-        from .record import run_launches
+        from .record import run_launches  # local: cycle (record imports this module)
         try:
             run_launches(self, n, workers)
         finally:
@@ -695,15 +691,15 @@ class Graph(Reversible):
 
     # -- reversing (what vkml.diff.Reverse calls; see reversible.py) ----------------------------
     def check_reversible(self, vjps):
-        from .diff import check_graph_reversible
+        from .diff import check_graph_reversible  # local: diff imports graph (a module-level cycle)
         check_graph_reversible(self, vjps)
 
     def bitwise(self):
-        from .diff import graph_bitwise
+        from .diff import graph_bitwise  # local: diff imports graph (a module-level cycle)
         return graph_bitwise(self)
 
     def reverse(self, record, seeds, wrt=None, vjps=None, strict=False, lock=None):
-        from .diff import reverse_graph
+        from .diff import reverse_graph  # local: diff imports graph (a module-level cycle)
         return reverse_graph(self, record, seeds, wrt=wrt, vjps=vjps, strict=strict, lock=lock)
 
     def __repr__(self):

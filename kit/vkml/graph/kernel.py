@@ -212,7 +212,7 @@ class Launch:
         Also the seed's spelling of a conditional's member:
         ``vkml.skippable(k.bind(...).launch, guard)`` passes this bound method,
         and the conditional takes the Launch it belongs to."""
-        from .graph import run_named
+        from .graph import run_named  # local: cycle (graph imports this module)
         kern = self.kernel
         self._check_planes()
         args = [self.reads[n] for n in kern.inputs] + [self.params[p] for p in kern.params]

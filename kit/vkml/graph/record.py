@@ -25,7 +25,9 @@ import numpy as np
 
 from .. import backends
 from ..errors import ExecutionError, RecordError
+from ..ir import Var, program_from_dag
 from ..runtime import submit
+from ..transforms import inline
 from .versions import PlaneVersions
 from .graph import Launch, Opaque, Reduce, RepeatWhile, Skippable, all_or_nothing, run_named, threads, \
     user_error
@@ -154,8 +156,6 @@ def _fused_plan(graph, recording) -> LaunchPlan:
     Each launch is inlined into one program on the values it reads; a write asks the copy rule
     (``versions.py``) first, and a version it says to copy becomes an output of the program.
     """
-    from ..ir import Var, program_from_dag
-    from ..transforms import inline
     cur = {}
     versions = PlaneVersions(recording)
     inputs, in_planes, saved, template = [], [], [], []
@@ -228,8 +228,8 @@ def _run_fused(graph, recording):
 
 def _may_fail(program) -> bool:
     """Whether a program can fail part-way through: it reads or writes by index."""
-    from .diff import _prims
-    return any(prim.name in ("gather", "scatter_add") for prim in _prims(program))
+    from .diff import primitives_of  # local: cycle (diff imports this module)
+    return any(prim.name in ("gather", "scatter_add") for prim in primitives_of(program))
 
 
 #: a launch with nothing to put back: one fused run changes no plane, generation or Record
@@ -399,10 +399,6 @@ class Record:
                 names.append(name)
         return names
 
-    def _repr_mimebundle_(self, include=None, exclude=None):
-        from ..viz import record_dot
-        return record_dot(self)._repr_mimebundle_(include, exclude)
-
     @property
     def iterations(self):
         """How many times each repeat_while member ran in this launch (what its reverse unrolls)."""
@@ -447,13 +443,3 @@ class Record:
         state = "kept" if self.kept else "reversed" if self.reversed else "live"
         return (f"<vkml Record generation {self.generation} ({state}): {len(self.tape)} steps, "
                 f"{self.nbytes:,} bytes copied>")
-
-
-def _launches_of(entry):
-    if isinstance(entry, Step):
-        return [entry.launch]
-    if isinstance(entry, SkipEntry):
-        return [entry.step.launch] if entry.step else []
-    if isinstance(entry, LoopEntry):
-        return [entry.launch]
-    return []

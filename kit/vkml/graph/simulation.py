@@ -37,9 +37,11 @@ import numpy as np
 
 from ..backends import ExecutionFailure
 from ..errors import ArgumentError, Busy, ExecutionError, RecordError, RefusedError, ShapeError
-from .diff import Gradients, Report, _reverse_launch, check_vjps, user_vjp_gradients, wrt_names
+from .diff import Gradients, Report, check_vjps, reverse_launch, user_vjp_gradients, uses_table, \
+    wrt_names
 from .. import backends
 from ..ir import program_from_dag
+from ..progress import progress as progress_bar
 from ..transforms import vjp_program
 from ..transforms.ad import derived
 from ..transforms.control import reorder_inputs
@@ -422,12 +424,11 @@ class Simulation(Reversible):
     def bitwise(self):
         """Per Param: False where it reaches a gather (a table read by index), whose gradient is
         a scatter-add across samples (the same rule as a Graph's reverse)."""
-        from .diff import _uses_table
         kern = self.launch.kernel
         k = len(kern.inputs)
         flags = {nm: True for nm in kern.inputs}
         for j, p in enumerate(kern.params):
-            flags[p] = not _uses_table(self.launch.program, k + j)
+            flags[p] = not uses_table(self.launch.program, k + j)
         return flags
 
     def _reverse_passes(self, record, ct0, vjps):
@@ -490,7 +491,7 @@ class Simulation(Reversible):
                     cts.append(np.where(_col(active, ct_state[name]), ct_state[name], 0))
                 else:
                     cts.append(np.zeros((m,) + var.shape, var.dtype))
-            ins_ct, prm = _reverse_launch(launch, node, ins, cells, cts, m)
+            ins_ct, prm = reverse_launch(launch, node, ins, cells, cts, m)
             for s in self.state:
                 g = ins_ct.get(s)
                 if g is not None:
@@ -598,8 +599,7 @@ def _col(mask, like):
 def _progress(flag, total, desc):
     """A progress bar for a long loop: shown in a notebook (or when ``progress=True``), silent
     elsewhere and when ``progress=False``."""
-    from ..progress import progress
-    return progress(total=total, desc=desc, enabled=flag)
+    return progress_bar(total=total, desc=desc, enabled=flag)
 
 
 def _eqns(loops):

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import BudgetError
+
 #: the smallest pass a chunked reverse may use (bitwise parameter sums need aligned subtrees)
 MIN_PASS = 256
 
@@ -102,7 +104,6 @@ def pass_size(n: int, per_sample_bytes: int, budget: int, what: str):
     """The largest pass of ``256 * 2**q`` samples whose state fits ``budget`` bytes.
 
     Returns the pass size (``n`` itself when everything fits in one pass)."""
-    from ..errors import BudgetError
     need = n * per_sample_bytes
     if need <= budget:
         return n

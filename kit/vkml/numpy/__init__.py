@@ -50,68 +50,14 @@ from ..ir import Var
 from ..ops import api as _api
 from ..ops import numeric as _num
 from ..ops import special as _special
-from ..runtime import is_eager, is_grad_enabled
-from ..tensor import Tensor, _apply, _needs_grad, realize
+from ..tensor import Tensor
 from .. import validate as _valid    # (a module: its names are not vkml.numpy's)
+from . import linalg  # noqa: F401  (vkml.numpy.linalg)
+from ._lift import doc as _doc, lifted as _lifted, lifted_many as _lifted_many, named as _named
 
 float32, float64, int32, int64, bool_ = (_np.dtype(t) for t in ("float32", "float64", "int32",
                                                                   "int64", "bool"))
 pi, e, inf, nan, newaxis = math.pi, math.e, math.inf, math.nan, None
-
-_DOC_HEAD = ">>> import vkml.numpy as vnp\n"
-
-
-def _bind(sig, name, args, kwargs):
-    try:
-        return sig.bind(*args, **kwargs)
-    except TypeError as err:
-        raise ArgumentError(f"{name}: {err}") from None
-
-
-def _lifted(fn, name, doc):
-    """``fn`` (on IR Vars) as a function on Tensors, arrays and numbers, named and documented."""
-    sig = inspect.signature(fn)
-
-    def op(*args, **kwargs):
-        bound = _bind(sig, name, args, kwargs)
-        return _apply(fn, *bound.args, **bound.kwargs)
-
-    return _named(op, name, doc, sig)
-
-
-def _lifted_many(fn, name, doc, as_tuple=False):
-    """Like :func:`_lifted` for a function returning several Vars: a list (or tuple) of Tensors."""
-    sig = inspect.signature(fn)
-
-    def op(*args, **kwargs):
-        bound = _bind(sig, name, args, kwargs)
-        outs = []
-
-        def first(*a, **k):
-            outs.extend(fn(*a, **k))
-            return outs[0]
-
-        head = _apply(first, *bound.args, **bound.kwargs)
-        grad = is_grad_enabled() and _needs_grad(bound.args)
-        rest = [Tensor(v, grad and v.dtype.kind == "f") for v in outs[1:]]
-        if rest and is_eager() and head.ir_var.value is not None:
-            realize(rest)
-        return tuple([head] + rest) if as_tuple else [head] + rest
-
-    return _named(op, name, doc, sig)
-
-
-def _named(op, name, doc, sig):
-    op.__name__ = op.__qualname__ = name
-    op.__signature__ = sig
-    op.__doc__ = doc
-    op.__module__ = __name__
-    return op
-
-
-def _doc(summary, example, output):
-    return f"{summary}\n\n{_DOC_HEAD}>>> {example}\n{output}\n"
-
 
 # -- making arrays (on IR Vars; lifted below) ---------------------------------------------------
 
@@ -579,5 +525,3 @@ for _name, _fn, _summary, _example, _output in _TABLE:
     globals()[_name] = _same_tensor(_op) if _fn is _array else _op
 for _name, _fn, _summary, _example, _output in _MANY:
     globals()[_name] = _lifted_many(_fn, _name, _doc(_summary, _example, _output))
-
-from . import linalg  # noqa: E402,F401  (vkml.numpy.linalg; after the names it uses)

@@ -9,12 +9,10 @@ not ``LinAlgError`` (see ``vkml.numpy``).
 
 from __future__ import annotations
 
-import numbers
-
 from ..errors import ArgumentError
 from ..ops import numeric as _num
 from .. import validate as _valid    # (a module: its names are not vkml.numpy's)
-from . import _doc, _lifted, _lifted_many
+from ._lift import doc as _doc, lifted as _lifted, lifted_many as _lifted_many
 
 #: the norms named by a string
 _NAMED_ORDERS = ("fro", "nuc")

@@ -6,18 +6,15 @@ atan2, fmod, round), ``sorting`` (argsort, cumsum) and ``factorizations``
 (solve, slogdet, cholesky), and ``checks`` (a run-time check inside programs:
 what warns when a bounded ``while_loop`` is cut short); ``numeric`` composes NumPy's functions from all
 of them; ``core`` says what a primitive is; ``api`` is what users and
-rules call.  Each primitive's rules are written with ``api`` functions, so
-the family modules get ``api`` bound as ``F`` once everything is defined.
+rules call.  Each primitive's rules are written with ``api`` functions (each
+family module imports it as ``F``), and ``api`` is built on the primitives:
+so ``api`` is imported first here, and the families it imports find it, still
+loading, in ``sys.modules`` -- they call it only inside their rules.
 """
 
-from . import api, elementwise, linalg, movement, reductions
-from . import checks, factorizations, sorting, special
+from . import api  # first: see above
+from . import checks, elementwise, factorizations, linalg, movement, reductions, sorting, special
+from . import numeric  # NumPy's functions, composed
 from .core import PRIMITIVES, Linear, Primitive, bind, bind_at, rebind
-
-for _family in (elementwise, reductions, movement, linalg, special, sorting, factorizations,
-                checks):
-    _family.F = api
-
-from . import numeric  # noqa: E402  (NumPy's functions, composed; after F is bound)
 
 __all__ = ["PRIMITIVES", "Linear", "Primitive", "api", "bind", "bind_at", "rebind"]

@@ -183,7 +183,11 @@ def broadcast_to(x, shape):
     return broadcast_in_dim(x, shape, tuple(range(lead, len(shape))))
 
 
-def _elementwise(prim, *xs):
+def bind_elementwise(prim, *xs):
+    """Bind an elementwise primitive after NumPy's promotion and broadcasting of ``xs``.
+
+    The one way every elementwise operation meets its operands (``ops.special``'s too).
+    """
     vs = None
     if len(xs) == 2:                        # the common cases, without the general promotion
         x, y = xs
@@ -204,7 +208,9 @@ def _elementwise(prim, *xs):
     return bind(prim, *vs)
 
 
-def _floating(x):
+def as_floating(x):
+    """``x`` as a Var, cast to float64 unless already floating, as NumPy's float functions
+    do with integers (``ops.numeric``, ``ops.special`` and ``vkml.scipy`` use it too)."""
     x = as_var(x)
     if x.dtype.kind != "f":
         return cast(x, np.float64)
@@ -233,15 +239,15 @@ def batch_coordinate(idx):
 # -- elementwise -------------------------------------------------------------------
 
 def add(x, y):
-    return _elementwise(add_p, x, y)
+    return bind_elementwise(add_p, x, y)
 
 
 def sub(x, y):
-    return _elementwise(sub_p, x, y)
+    return bind_elementwise(sub_p, x, y)
 
 
 def mul(x, y):
-    return _elementwise(mul_p, x, y)
+    return bind_elementwise(mul_p, x, y)
 
 
 def div(x, y):
@@ -249,7 +255,7 @@ def div(x, y):
     x, y = promote(x, y)
     if x.dtype.kind != "f":
         x, y = cast(x, np.float64), cast(y, np.float64)
-    return _elementwise(div_p, x, y)
+    return bind_elementwise(div_p, x, y)
 
 
 def floor_divide(x, y):
@@ -257,51 +263,51 @@ def floor_divide(x, y):
     if x.dtype.kind == "f":
         raise DTypeError("floor_divide: needs integer operands, got "
                          f"{dtype_name(x.dtype)}; cast them with .astype(np.int64) first")
-    return _elementwise(div_p, x, y)
+    return bind_elementwise(div_p, x, y)
 
 
 def pow(x, y):
-    return _elementwise(pow_p, x, y)
+    return bind_elementwise(pow_p, x, y)
 
 
 def maximum(x, y):
-    return _elementwise(maximum_p, x, y)
+    return bind_elementwise(maximum_p, x, y)
 
 
 def minimum(x, y):
-    return _elementwise(minimum_p, x, y)
+    return bind_elementwise(minimum_p, x, y)
 
 
 def equal(x, y):
-    return _elementwise(equal_p, x, y)
+    return bind_elementwise(equal_p, x, y)
 
 
 def not_equal(x, y):
-    return _elementwise(not_equal_p, x, y)
+    return bind_elementwise(not_equal_p, x, y)
 
 
 def less(x, y):
-    return _elementwise(less_p, x, y)
+    return bind_elementwise(less_p, x, y)
 
 
 def less_equal(x, y):
-    return _elementwise(less_equal_p, x, y)
+    return bind_elementwise(less_equal_p, x, y)
 
 
 def greater(x, y):
-    return _elementwise(greater_p, x, y)
+    return bind_elementwise(greater_p, x, y)
 
 
 def greater_equal(x, y):
-    return _elementwise(greater_equal_p, x, y)
+    return bind_elementwise(greater_equal_p, x, y)
 
 
 def logical_and(x, y):
-    return _elementwise(logical_and_p, cast(as_var(x), bool), cast(as_var(y), bool))
+    return bind_elementwise(logical_and_p, cast(as_var(x), bool), cast(as_var(y), bool))
 
 
 def logical_or(x, y):
-    return _elementwise(logical_or_p, cast(as_var(x), bool), cast(as_var(y), bool))
+    return bind_elementwise(logical_or_p, cast(as_var(x), bool), cast(as_var(y), bool))
 
 
 def logical_not(x):
@@ -313,27 +319,27 @@ def neg(x):
 
 
 def exp(x):
-    return bind(exp_p, _floating(x))
+    return bind(exp_p, as_floating(x))
 
 
 def log(x):
-    return bind(log_p, _floating(x))
+    return bind(log_p, as_floating(x))
 
 
 def sin(x):
-    return bind(sin_p, _floating(x))
+    return bind(sin_p, as_floating(x))
 
 
 def cos(x):
-    return bind(cos_p, _floating(x))
+    return bind(cos_p, as_floating(x))
 
 
 def tanh(x):
-    return bind(tanh_p, _floating(x))
+    return bind(tanh_p, as_floating(x))
 
 
 def sqrt(x):
-    return bind(sqrt_p, _floating(x))
+    return bind(sqrt_p, as_floating(x))
 
 
 def abs(x):
@@ -372,7 +378,7 @@ def relu(x):
 
 def sigmoid(x):
     """1 / (1 + e**-x), written with tanh so it never overflows."""
-    x = _floating(x)
+    x = as_floating(x)
     return mul(0.5, add(tanh(mul(0.5, x)), 1.0))
 
 
@@ -479,7 +485,7 @@ def sum(x, axis=None, keepdims=False):
 
 
 def mean(x, axis=None, keepdims=False):
-    x = _floating(x)
+    x = as_floating(x)
     keepdims = check_bool(keepdims, "keepdims", "mean")
     axes = normalize_axes("mean", x.ndim, axis)
     count = math.prod(x.shape[a] for a in axes)
@@ -528,7 +534,7 @@ def argmin(x, axis=None):
 
 
 def logsumexp(x, axis=-1, keepdims=False):
-    x = _floating(x)
+    x = as_floating(x)
     keepdims = check_bool(keepdims, "keepdims", "logsumexp")
     axes = normalize_axes("logsumexp", x.ndim, axis)
     m = max(x, axes, keepdims=True)
@@ -538,7 +544,7 @@ def logsumexp(x, axis=-1, keepdims=False):
 
 
 def log_softmax(x, axis=-1):
-    x = _floating(x)
+    x = as_floating(x)
     return sub(x, logsumexp(x, axis, keepdims=True))
 
 
@@ -1025,4 +1031,4 @@ def max_pool2d(x, kernel_size, stride=None):
 
 
 def avg_pool2d(x, kernel_size, stride=None):
-    return _pool(_floating(x), kernel_size, stride, lambda v, axes: mean(v, axes))
+    return _pool(as_floating(x), kernel_size, stride, lambda v, axes: mean(v, axes))

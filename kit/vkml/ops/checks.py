@@ -32,9 +32,8 @@ import warnings
 from dataclasses import dataclass
 
 from ..errors import ArgumentError, DTypeError, ExecutionError, ShapeError, VkmlWarning
+from . import api as F
 from .core import Linear, Primitive, bind
-
-F = None  # vkml.ops.api, bound by vkml/ops/__init__.py
 
 MODES = ("warn", "raise")
 

@@ -16,9 +16,8 @@ import numpy as np
 
 from ..errors import DTypeError, ShapeError
 from ..ir import dtype_name
+from . import api as F  # api imports this module too: F is used only inside the rules
 from .core import Linear, Primitive, bind
-
-F = None  # vkml.ops.api, bound at the end of vkml/ops/__init__.py (it imports this module)
 
 
 # -- shape/dtype rules ------------------------------------------------------
@@ -35,7 +34,8 @@ def _same_type(name, *xs):
     return x0
 
 
-def _unary_float(name):
+def unary_float_rule(name):
+    """The shape/dtype rule of a one-operand float function (``ops.special`` uses it too)."""
     def rule(x):
         if x.dtype.kind != "f":
             raise DTypeError(f"{name}: needs a floating operand, got {dtype_name(x.dtype)}; "
@@ -61,7 +61,8 @@ def _binary_numeric(name):
     return rule
 
 
-def _binary_float(name):
+def binary_float_rule(name):
+    """The shape/dtype rule of a two-operand float function (``ops.special`` uses it too)."""
     def rule(x, y):
         _same_type(name, x, y)
         if x.dtype.kind != "f":
@@ -78,7 +79,11 @@ def _compare(name):
     return rule
 
 
-def _define(name, abstract, impl, doc, jvp=None, transpose=None):
+def elementwise_primitive(name, abstract, impl, doc, jvp=None, transpose=None):
+    """A primitive applied element by element, batched by vmap on its leading axis.
+
+    Shared with ``ops.special``, whose NumPy-only functions are elementwise primitives too.
+    """
     p = Primitive(name, elementwise=True, doc=doc)
     p.abstract = abstract
     p.impl = impl
@@ -99,8 +104,8 @@ def _zero_jvp(primals, tangents, outs, **params):
     return [None]
 
 
-def _sum_tangents(*ts):
-    """Add the tangents that are not symbolic zeros (None)."""
+def sum_tangents(*ts):
+    """Add the tangents that are not symbolic zeros (None); ``ops.special``'s rules use it too."""
     live = [t for t in ts if t is not None]
     if not live:
         return None
@@ -112,40 +117,40 @@ def _sum_tangents(*ts):
 
 # -- unary -------------------------------------------------------------------
 
-neg_p = _define(
+neg_p = elementwise_primitive(
     "neg", _unary_numeric("neg"), np.negative, "-x; linear.",
     jvp=lambda p, t, o: [F.neg(t[0])],
     transpose=lambda ct, x: [F.neg(ct[0])])
 
-exp_p = _define(
-    "exp", _unary_float("exp"), np.exp, "e**x.",
+exp_p = elementwise_primitive(
+    "exp", unary_float_rule("exp"), np.exp, "e**x.",
     jvp=lambda p, t, o: [F.mul(t[0], o[0])])
 
-log_p = _define(
-    "log", _unary_float("log"), np.log, "Natural logarithm.",
+log_p = elementwise_primitive(
+    "log", unary_float_rule("log"), np.log, "Natural logarithm.",
     jvp=lambda p, t, o: [F.div(t[0], p[0])])
 
-sin_p = _define(
-    "sin", _unary_float("sin"), np.sin, "Sine.",
+sin_p = elementwise_primitive(
+    "sin", unary_float_rule("sin"), np.sin, "Sine.",
     jvp=lambda p, t, o: [F.mul(t[0], F.cos(p[0]))])
 
-cos_p = _define(
-    "cos", _unary_float("cos"), np.cos, "Cosine.",
+cos_p = elementwise_primitive(
+    "cos", unary_float_rule("cos"), np.cos, "Cosine.",
     jvp=lambda p, t, o: [F.neg(F.mul(t[0], F.sin(p[0])))])
 
-tanh_p = _define(
-    "tanh", _unary_float("tanh"), np.tanh, "Hyperbolic tangent; also gives sigmoid without overflow.",
+tanh_p = elementwise_primitive(
+    "tanh", unary_float_rule("tanh"), np.tanh, "Hyperbolic tangent; also gives sigmoid without overflow.",
     jvp=lambda p, t, o: [F.mul(t[0], F.sub(1.0, F.mul(o[0], o[0])))])
 
-sqrt_p = _define(
-    "sqrt", _unary_float("sqrt"), np.sqrt, "Square root.",
+sqrt_p = elementwise_primitive(
+    "sqrt", unary_float_rule("sqrt"), np.sqrt, "Square root.",
     jvp=lambda p, t, o: [F.div(t[0], F.mul(2.0, o[0]))])
 
-abs_p = _define(
+abs_p = elementwise_primitive(
     "abs", _unary_numeric("abs"), np.abs, "|x|; its derivative is sign(x) (0 at 0, as autograd).",
     jvp=lambda p, t, o: [F.mul(t[0], F.sign(p[0]))])
 
-sign_p = _define(
+sign_p = elementwise_primitive(
     "sign", _unary_numeric("sign"), np.sign,
     "-1, 0 or 1. A primitive because abs's derivative needs it; its own derivative is zero.",
     jvp=_zero_jvp)
@@ -155,7 +160,7 @@ def _stop_gradient_impl(x):
     return x
 
 
-stop_gradient_p = _define(
+stop_gradient_p = elementwise_primitive(
     "stop_gradient", lambda x: [(x.shape, x.dtype)], _stop_gradient_impl,
     "Identity whose derivative is zero: what ``detach`` means inside a traced program.",
     jvp=_zero_jvp)
@@ -168,7 +173,7 @@ def _logical_not_rule(x):
     return [(x.shape, x.dtype)]
 
 
-logical_not_p = _define("logical_not", _logical_not_rule, np.logical_not, "~x for bool.",
+logical_not_p = elementwise_primitive("logical_not", _logical_not_rule, np.logical_not, "~x for bool.",
                         jvp=_zero_jvp)
 
 
@@ -178,14 +183,14 @@ def _add_transpose(ct, x, y):
     return [ct[0], ct[0]]
 
 
-add_p = _define(
+add_p = elementwise_primitive(
     "add", _binary_numeric("add"), np.add, "x + y; linear in both.",
-    jvp=lambda p, t, o: [_sum_tangents(t[0], t[1])],
+    jvp=lambda p, t, o: [sum_tangents(t[0], t[1])],
     transpose=_add_transpose)
 
-sub_p = _define(
+sub_p = elementwise_primitive(
     "sub", _binary_numeric("sub"), np.subtract, "x - y; linear in both.",
-    jvp=lambda p, t, o: [_sum_tangents(t[0], None if t[1] is None else F.neg(t[1]))],
+    jvp=lambda p, t, o: [sum_tangents(t[0], None if t[1] is None else F.neg(t[1]))],
     transpose=lambda ct, x, y: [ct[0], F.neg(ct[0])])
 
 
@@ -196,16 +201,16 @@ def _mul_transpose(ct, x, y):
     return [None, F.mul(x, ct[0])]
 
 
-mul_p = _define(
+mul_p = elementwise_primitive(
     "mul", _binary_numeric("mul"), np.multiply, "x * y; linear in each operand separately.",
-    jvp=lambda p, t, o: [_sum_tangents(None if t[0] is None else F.mul(t[0], p[1]),
+    jvp=lambda p, t, o: [sum_tangents(None if t[0] is None else F.mul(t[0], p[1]),
                                        None if t[1] is None else F.mul(p[0], t[1]))],
     transpose=_mul_transpose)
 
 
 def _div_jvp(p, t, o):
     # d(x/y) = (dx - (x/y) dy) / y
-    num = _sum_tangents(t[0], None if t[1] is None else F.neg(F.mul(o[0], t[1])))
+    num = sum_tangents(t[0], None if t[1] is None else F.neg(F.mul(o[0], t[1])))
     return [F.div(num, p[1])]
 
 
@@ -215,7 +220,7 @@ def _div_impl(x, y):
     return np.divide(x, y)
 
 
-div_p = _define(
+div_p = elementwise_primitive(
     "div", _binary_numeric("div"), _div_impl,
     "x / y (floor division for integers, as NumPy's //); linear in x.",
     jvp=_div_jvp,
@@ -233,10 +238,10 @@ def _pow_jvp(p, t, o):
     if t[1] is not None:
         safe_x = F.where(F.equal(x, 0), F.ones_like(x), x)
         ty = F.mul(t[1], F.mul(F.log(safe_x), o[0]))
-    return [_sum_tangents(tx, ty)]
+    return [sum_tangents(tx, ty)]
 
 
-pow_p = _define("pow", _binary_numeric("pow"), np.power, "x ** y.", jvp=_pow_jvp)
+pow_p = elementwise_primitive("pow", _binary_numeric("pow"), np.power, "x ** y.", jvp=_pow_jvp)
 
 
 def _balanced_select(x, y, tx, ty, x_wins):
@@ -250,20 +255,20 @@ def _balanced_select(x, y, tx, ty, x_wins):
     return F.add(F.mul(tx, wx), F.mul(ty, wy))
 
 
-maximum_p = _define(
+maximum_p = elementwise_primitive(
     "max", _binary_numeric("max"), np.maximum, "Elementwise larger of x and y.",
     jvp=lambda p, t, o: [_balanced_select(p[0], p[1], t[0], t[1], F.greater(p[0], p[1]))])
 
-minimum_p = _define(
+minimum_p = elementwise_primitive(
     "min", _binary_numeric("min"), np.minimum, "Elementwise smaller of x and y.",
     jvp=lambda p, t, o: [_balanced_select(p[0], p[1], t[0], t[1], F.less(p[0], p[1]))])
 
-equal_p = _define("eq", _compare("eq"), np.equal, "x == y.", jvp=_zero_jvp)
-not_equal_p = _define("ne", _compare("ne"), np.not_equal, "x != y.", jvp=_zero_jvp)
-less_p = _define("lt", _compare("lt"), np.less, "x < y.", jvp=_zero_jvp)
-less_equal_p = _define("le", _compare("le"), np.less_equal, "x <= y.", jvp=_zero_jvp)
-greater_p = _define("gt", _compare("gt"), np.greater, "x > y.", jvp=_zero_jvp)
-greater_equal_p = _define("ge", _compare("ge"), np.greater_equal, "x >= y.", jvp=_zero_jvp)
+equal_p = elementwise_primitive("eq", _compare("eq"), np.equal, "x == y.", jvp=_zero_jvp)
+not_equal_p = elementwise_primitive("ne", _compare("ne"), np.not_equal, "x != y.", jvp=_zero_jvp)
+less_p = elementwise_primitive("lt", _compare("lt"), np.less, "x < y.", jvp=_zero_jvp)
+less_equal_p = elementwise_primitive("le", _compare("le"), np.less_equal, "x <= y.", jvp=_zero_jvp)
+greater_p = elementwise_primitive("gt", _compare("gt"), np.greater, "x > y.", jvp=_zero_jvp)
+greater_equal_p = elementwise_primitive("ge", _compare("ge"), np.greater_equal, "x >= y.", jvp=_zero_jvp)
 
 
 def _logical_rule(name):
@@ -275,9 +280,9 @@ def _logical_rule(name):
     return rule
 
 
-logical_and_p = _define("logical_and", _logical_rule("logical_and"), np.logical_and,
+logical_and_p = elementwise_primitive("logical_and", _logical_rule("logical_and"), np.logical_and,
                         "x & y for bool.", jvp=_zero_jvp)
-logical_or_p = _define("logical_or", _logical_rule("logical_or"), np.logical_or,
+logical_or_p = elementwise_primitive("logical_or", _logical_rule("logical_or"), np.logical_or,
                        "x | y for bool.", jvp=_zero_jvp)
 
 
@@ -328,7 +333,7 @@ def _where_impl(c, x, y):
     return out.view(x.dtype)
 
 
-where_p = _define("where", _where_rule, _where_impl,
+where_p = elementwise_primitive("where", _where_rule, _where_impl,
                   "c ? x : y elementwise; linear in x and y.", jvp=_where_jvp,
                   transpose=_where_transpose)
 
@@ -347,7 +352,7 @@ def _cast_jvp(p, t, o, *, dtype):
     return [F.cast(t[0], dtype)]
 
 
-cast_p = _define("cast", _cast_rule, _cast_impl,
+cast_p = elementwise_primitive("cast", _cast_rule, _cast_impl,
                  "Convert to another dtype; linear between floating dtypes.",
                  jvp=_cast_jvp,
                  transpose=lambda ct, x, *, dtype: [F.cast(ct[0], x.dtype)])

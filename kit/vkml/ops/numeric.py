@@ -40,11 +40,6 @@ _LN2 = math.log(2.0)
 _LN10 = math.log(10.0)
 
 
-def _floating(x):
-    x = F.as_var(x)
-    return x if x.dtype.kind == "f" else F.cast(x, np.float64)
-
-
 def _sign_split(x):
     """(s, |x|) with s = -1 where x < 0 and 1 elsewhere (a constant: no derivative), so an odd
     function is ``s * f(s * x)`` and f only ever sees x >= 0 (x = 0 takes the positive side)."""
@@ -55,17 +50,17 @@ def _sign_split(x):
 # -- elementwise ---------------------------------------------------------------------------------
 
 def tan(x):
-    x = _floating(x)
+    x = F.as_floating(x)
     return F.div(F.sin(x), F.cos(x))
 
 
 def sinh(x):
-    x = _floating(x)
+    x = F.as_floating(x)
     return F.mul(F.sub(expm1(x), expm1(F.neg(x))), 0.5)
 
 
 def cosh(x):
-    x = _floating(x)
+    x = F.as_floating(x)
     return F.mul(F.add(F.exp(x), F.exp(F.neg(x))), 0.5)
 
 
@@ -75,17 +70,17 @@ def _one_minus_square(x):
 
 
 def arcsin(x):
-    x = _floating(x)
+    x = F.as_floating(x)
     return atan2(x, F.sqrt(_one_minus_square(x)))
 
 
 def arccos(x):
-    x = _floating(x)
+    x = F.as_floating(x)
     return atan2(F.sqrt(_one_minus_square(x)), x)
 
 
 def arctan(x):
-    x = _floating(x)
+    x = F.as_floating(x)
     return atan2(x, F.ones_like(x))
 
 
@@ -104,7 +99,7 @@ def _clamped(x, hi):
 
 def arcsinh(x):
     """log1p(t + t^2 / (1 + sqrt(1 + t^2))) for t = |x|, log(2t) beyond 2**28; sign put back."""
-    x = _floating(x)
+    x = F.as_floating(x)
     s, t = _sign_split(x)
     small = _clamped(t, _BIG)
     root = F.sqrt(F.add(1.0, F.mul(small, small)))
@@ -115,7 +110,7 @@ def arcsinh(x):
 
 def arccosh(x):
     """log1p(u + sqrt(u (u + 2))) for u = x - 1 (exact for x in [1, 2]), log(2x) beyond 2**28."""
-    x = _floating(x)
+    x = F.as_floating(x)
     u = F.sub(_clamped(x, _BIG), 1.0)
     near = log1p(F.add(u, F.sqrt(F.mul(u, F.add(u, 2.0)))))
     far = F.add(F.log(F.maximum(x, _BIG)), _LN2)
@@ -123,21 +118,21 @@ def arccosh(x):
 
 
 def arctanh(x):
-    x = _floating(x)
+    x = F.as_floating(x)
     s, t = _sign_split(x)
     return F.mul(s, F.mul(log1p(F.div(F.mul(t, 2.0), F.sub(1.0, t))), 0.5))
 
 
 def log2(x):
-    return F.div(F.log(_floating(x)), _LN2)
+    return F.div(F.log(F.as_floating(x)), _LN2)
 
 
 def log10(x):
-    return F.div(F.log(_floating(x)), _LN10)
+    return F.div(F.log(F.as_floating(x)), _LN10)
 
 
 def exp2(x):
-    x = _floating(x)
+    x = F.as_floating(x)
     return F.pow(F.full((), 2.0, x.dtype), x)
 
 
@@ -216,7 +211,7 @@ def logaddexp(x, y):
     Written as a choice between two smooth formulas (x + log1p(exp(y - x)) where x >= y, and
     its mirror) rather than with max and abs, so derivatives of every order are right at a tie.
     """
-    x, y = F.promote(_floating(x), _floating(y))
+    x, y = F.promote(F.as_floating(x), F.as_floating(y))
     same_inf = F.logical_and(F.equal(x, y), F.equal(F.abs(x), np.inf))
     d = F.where(same_inf, F.zeros_like(x), F.sub(y, x))         # no inf - inf below
     x_wins = F.greater_equal(x, y)
@@ -256,19 +251,19 @@ def nan_to_num(x, nan=0.0, posinf=None, neginf=None):
 
 
 def reciprocal(x):
-    return F.div(1.0, _floating(x))
+    return F.div(1.0, F.as_floating(x))
 
 
 def deg2rad(x):
-    return F.mul(_floating(x), math.pi / 180.0)
+    return F.mul(F.as_floating(x), math.pi / 180.0)
 
 
 def rad2deg(x):
-    return F.mul(_floating(x), 180.0 / math.pi)
+    return F.mul(F.as_floating(x), 180.0 / math.pi)
 
 
 def hypot(x, y):
-    x, y = F.promote(_floating(x), _floating(y))
+    x, y = F.promote(F.as_floating(x), F.as_floating(y))
     return F.sqrt(F.add(F.mul(x, x), F.mul(y, y)))
 
 
@@ -335,7 +330,7 @@ def cumprod(x, axis=None):
 
 
 def var(x, axis=None, ddof=0, keepdims=False):
-    x = _floating(x)
+    x = F.as_floating(x)
     axes = F.normalize_axes("var", x.ndim, axis)
     n = math.prod(x.shape[a] for a in axes)
     if n - ddof <= 0:
@@ -719,7 +714,7 @@ def linspace(start, stop, num=50, endpoint=True, dtype=None):
 # -- linear algebra ------------------------------------------------------------------------------
 
 def _matrices(name, a):
-    a = _floating(a)
+    a = F.as_floating(a)
     if a.ndim < 2 or a.shape[-1] != a.shape[-2]:
         raise ShapeError(f"linalg.{name}: needs square matrices (..., n, n), got shape {a.shape}")
     return a
@@ -728,7 +723,7 @@ def _matrices(name, a):
 def solve(a, b):
     """NumPy 2's solve: ``b`` is one vector (..., n) only when it is 1-D; else (..., n, k)."""
     a = _matrices("solve", a)
-    a, b = F.promote(a, _floating(b))
+    a, b = F.promote(a, F.as_floating(b))
     vector = b.ndim == 1
     if vector:
         b = F.reshape(b, b.shape + (1,))
@@ -762,7 +757,7 @@ def cholesky(a):
 def norm(x, ord=None, axis=None, keepdims=False):
     """NumPy's norm: vector norms (2 by default, any p, inf, -inf, 0) and matrix norms
     ('fro', 1, -1, inf, -inf; the spectral and nuclear norms need an SVD vkml lacks)."""
-    x = _floating(x)
+    x = F.as_floating(x)
     if axis is None and ord is None:
         out = F.sqrt(F.sum(F.mul(x, x)))
         return F.reshape(out, (1,) * x.ndim) if keepdims else out

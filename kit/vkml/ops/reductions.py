@@ -6,9 +6,8 @@ import numpy as np
 
 from ..errors import DTypeError, ShapeError
 from ..ir import dtype_name
+from . import api as F  # api imports this module too: F is used only inside the rules
 from .core import Primitive, bind
-
-F = None  # vkml.ops.api, bound by vkml/ops/__init__.py
 
 
 def _check_axes(name, x, axes):

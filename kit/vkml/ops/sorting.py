@@ -20,9 +20,8 @@ import numpy as np
 
 from ..errors import DTypeError, ShapeError
 from ..ir import dtype_name
+from . import api as F
 from .core import Primitive, bind
-
-F = None  # vkml.ops.api, bound by vkml/ops/__init__.py
 
 
 def _check_axis(name, x, axis):

@@ -30,20 +30,19 @@ import numpy as np
 
 from ..errors import ArgumentError, DTypeError
 from ..ir import dtype_name
+from . import api as F
 from .core import bind
-from .elementwise import _binary_float, _define, _sum_tangents, _unary_float
-
-F = None  # vkml.ops.api, bound by vkml/ops/__init__.py
+from .elementwise import binary_float_rule, elementwise_primitive, sum_tangents, unary_float_rule
 
 
 _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
 
-log1p_p = _define(
-    "log1p", _unary_float("log1p"), np.log1p, "log(1 + x), accurate for tiny x.",
+log1p_p = elementwise_primitive(
+    "log1p", unary_float_rule("log1p"), np.log1p, "log(1 + x), accurate for tiny x.",
     jvp=lambda p, t, o: [F.div(t[0], F.add(p[0], 1.0))])
 
-expm1_p = _define(
-    "expm1", _unary_float("expm1"), np.expm1, "exp(x) - 1, accurate for tiny x.",
+expm1_p = elementwise_primitive(
+    "expm1", unary_float_rule("expm1"), np.expm1, "exp(x) - 1, accurate for tiny x.",
     jvp=lambda p, t, o: [F.mul(t[0], F.add(o[0], 1.0))])
 
 
@@ -54,8 +53,8 @@ def _erf_impl(x):
     return flat.reshape(x.shape).astype(x.dtype, copy=False)
 
 
-erf_p = _define(
-    "erf", _unary_float("erf"), _erf_impl, "The error function (2/sqrt(pi)) int_0^x exp(-t^2) dt.",
+erf_p = elementwise_primitive(
+    "erf", unary_float_rule("erf"), _erf_impl, "The error function (2/sqrt(pi)) int_0^x exp(-t^2) dt.",
     jvp=lambda p, t, o: [F.mul(t[0], F.mul(_TWO_OVER_SQRT_PI, F.exp(F.neg(F.mul(p[0], p[0])))))])
 
 
@@ -65,11 +64,11 @@ def _atan2_jvp(p, t, o):
     r2 = F.add(F.mul(x, x), F.mul(y, y))
     ty = None if t[0] is None else F.mul(t[0], F.div(x, r2))
     tx = None if t[1] is None else F.mul(t[1], F.div(F.neg(y), r2))
-    return [_sum_tangents(ty, tx)]
+    return [sum_tangents(ty, tx)]
 
 
-atan2_p = _define(
-    "atan2", _binary_float("atan2"), np.arctan2,
+atan2_p = elementwise_primitive(
+    "atan2", binary_float_rule("atan2"), np.arctan2,
     "The angle of the point (x, y): atan2(y, x) in [-pi, pi].", jvp=_atan2_jvp)
 
 
@@ -78,11 +77,11 @@ def _fmod_jvp(p, t, o):
     x, y = p
     tx = t[0]
     ty = None if t[1] is None else F.mul(F.neg(t[1]), round_(F.div(x, y), "trunc"))
-    return [_sum_tangents(tx, ty)]
+    return [sum_tangents(tx, ty)]
 
 
-fmod_p = _define(
-    "fmod", _binary_float("fmod"), np.fmod,
+fmod_p = elementwise_primitive(
+    "fmod", binary_float_rule("fmod"), np.fmod,
     "The C remainder x - trunc(x / y) * y, computed exactly; NaN for y = 0.", jvp=_fmod_jvp)
 
 
@@ -96,7 +95,7 @@ def _round_rule(x, *, mode):
     return [(x.shape, x.dtype)]
 
 
-round_p = _define(
+round_p = elementwise_primitive(
     "round", _round_rule, lambda x, *, mode: ROUNDING[mode](x),
     "x rounded to a whole number: mode floor, ceil, rint (half to even) or trunc; derivative zero.",
     jvp=lambda p, t, o, *, mode: [None])
@@ -104,21 +103,16 @@ round_p = _define(
 
 # -- the operations, as ``api`` writes them (floating results for integer operands) ------------
 
-def _floating(x):
-    x = F.as_var(x)
-    return x if x.dtype.kind == "f" else F.cast(x, np.float64)
-
-
 def log1p(x):
-    return bind(log1p_p, _floating(x))
+    return bind(log1p_p, F.as_floating(x))
 
 
 def expm1(x):
-    return bind(expm1_p, _floating(x))
+    return bind(expm1_p, F.as_floating(x))
 
 
 def erf(x):
-    return bind(erf_p, _floating(x))
+    return bind(erf_p, F.as_floating(x))
 
 
 def _binary_floating(prim, x, y):
@@ -126,7 +120,7 @@ def _binary_floating(prim, x, y):
     x, y = F.promote(x, y)
     if x.dtype.kind != "f":
         x, y = F.cast(x, np.float64), F.cast(y, np.float64)
-    return F._elementwise(prim, x, y)
+    return F.bind_elementwise(prim, x, y)
 
 
 def atan2(y, x):

@@ -8,15 +8,13 @@ the maximum.
 
 from __future__ import annotations
 
-from ..numpy import _doc, _lifted
+from ..numpy._lift import doc as _doc, lifted as _lifted
 from ..ops import api as _api
 from ..ops import special as _special
 
 
 def _logit(p):
-    p = _api.as_var(p)
-    if p.dtype.kind != "f":
-        p = _api.cast(p, "float64")
+    p = _api.as_floating(p)
     return _api.sub(_api.log(p), _special.log1p(_api.neg(p)))
 
 
@@ -44,5 +42,5 @@ _TABLE = [
 ]
 
 for _name, _fn, _summary, _example, _output in _TABLE:
-    globals()[_name] = _lifted(_fn, _name, _doc(_summary, _example, _output).replace(
-        ">>> import vkml.numpy as vnp", ">>> import vkml.scipy.special"))
+    globals()[_name] = _lifted(_fn, _name, _doc(_summary, _example, _output,
+                                                head=">>> import vkml.scipy.special\n"))

@@ -273,11 +273,17 @@ def _call_abstract(*args, program):
     return [(v.shape, v.dtype) for v in program.outputs]
 
 
-def _call_jvp(primals, tangents, outs, *, program):
+def _program_jvp(prim, primals, tangents, program):
+    """The JVP of a primitive that runs one ``program`` on its operands (call, remat): the same
+    primitive running the program's derivative, fed the live floating tangents."""
     flags = [t is not None and v.dtype.kind == "f" for t, v in zip(tangents, program.inputs)]
     jp = derived("jvp", program, flags, lambda: jvp_program(program, flags))
-    res = bind(call_p, *primals, *[t for t, f in zip(tangents, flags) if f], program=jp)
+    res = bind(prim, *primals, *[t for t, f in zip(tangents, flags) if f], program=jp)
     return res[len(program.outputs):]
+
+
+def _call_jvp(primals, tangents, outs, *, program):
+    return _program_jvp(call_p, primals, tangents, program)
 
 
 def _call_partial_eval(eqn, args, unknown, to_unknown):
@@ -654,10 +660,7 @@ remat_p = Primitive("checkpoint", multiple_results=True,
 
 
 def _remat_jvp(primals, tangents, outs, *, program):
-    flags = [t is not None and p.dtype.kind == "f" for t, p in zip(tangents, primals)]
-    jp = derived("jvp", program, flags, lambda: jvp_program(program, flags))
-    res = bind(remat_p, *primals, *[t for t, f in zip(tangents, flags) if f], program=jp)
-    return res[len(program.outputs):]
+    return _program_jvp(remat_p, primals, tangents, program)
 
 
 def _remat_partial_eval(eqn, args, unknown, to_unknown):
