@@ -51,6 +51,7 @@ from .ir import Program, Var, collect, dtype_name, format_shape
 from .printer import (_number, _param, fused_view, literal, pp_program, root_of, site_title,
                       value_names)
 from .pytree import flatten
+from .viz_schedule import checkpoint_schedule  # noqa: F401  (a checkpoint schedule, drawn)
 
 __all__ = ["Diagram", "DerivedDiagram", "diagram", "program_dot", "tensor_dot", "derived_dot",
            "graph_dot", "record_dot", "dot_available", "install", "is_graph", "is_record",
