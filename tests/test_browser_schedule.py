@@ -141,3 +141,45 @@ def test_the_budget_slider_redraws_the_schedule_in_a_real_browser(notebook_lab):
             raise
         finally:
             browser.close()
+
+
+def test_the_stored_schedule_pictures_stay_readable_in_the_dark_theme(notebook_lab):
+    from test_browser_pictures import CONTRAST, PAGE_BACKGROUND, luminance
+    SCREENSHOTS.mkdir(exist_ok=True)
+    lab = notebook_lab
+    token = urllib.parse.quote(lab["token"])
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
+            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--no-proxy-server"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000}, color_scheme="dark")
+            page.goto(f"{lab['url']}lab/tree/{NOTEBOOK}?token={token}", timeout=90 * SECONDS)
+            page.wait_for_selector(".jp-RenderedSVG img", timeout=90 * SECONDS)
+            page.evaluate("window.jupyterapp.commands.execute('apputils:change-theme',"
+                          " {theme: 'JupyterLab Dark'})")
+            page.wait_for_function(
+                "document.body.getAttribute('data-jp-theme-light') === 'false'",
+                timeout=60 * SECONDS)
+            assert luminance(page.evaluate(PAGE_BACKGROUND)) < 0.1      # the theme is dark
+            imgs = page.locator(".jp-RenderedSVG img")
+            seen_any = 0
+            for i in range(imgs.count()):
+                img = imgs.nth(i)
+                if "vkml-schedule" not in urllib.parse.unquote(img.get_attribute("src")):
+                    continue
+                img.scroll_into_view_if_needed()
+                page.wait_for_function("img => img.complete && img.naturalWidth > 0",
+                                       arg=img.element_handle(), timeout=30 * SECONDS)
+                seen = img.evaluate(CONTRAST)
+                # its own opaque background, dark in a dark colour scheme, and text that stands out
+                assert seen["alpha"] == 255 and seen["background"] < 0.1, seen
+                assert seen["contrast"] >= 7, seen
+                seen_any += 1
+                page.screenshot(path=str(SCREENSHOTS / f"schedule-dark-{seen_any}.png"))
+            assert seen_any == 3
+        except Exception:
+            print(lab["log"].read_text()[-4000:])
+            raise
+        finally:
+            browser.close()
