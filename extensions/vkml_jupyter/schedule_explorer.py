@@ -134,7 +134,8 @@ class ScheduleExplorer(widgets.VBox):
         self.measured = self.predicted_run = self.report = None
         if sim.nodes:
             self.run_button.disabled = True
-            self.run_button.tooltip = "a step with opaque nodes needs their vjps; reverse it yourself"
+            self.run_button.tooltip = ("a step with opaque nodes needs their vjps; "
+                                       "reverse it yourself")
         self.run_button.on_click(self._on_click)
         for w in (self.kind, self.budget):
             w.observe(lambda _: self.update(), names="value")
@@ -165,10 +166,11 @@ class ScheduleExplorer(widgets.VBox):
         r, p = self.predicted
         self.readout.value = (
             "<div class='vkml-readout vkml-schedule-readout'>"
-            f"budget {self.budget.value} states per sample: <b>{html.escape(describe(self.schedule))}"
-            f"</b> ({fit})<br>predicted: <span class='vkml-predicted-recomputed'>{r:,} "
-            f"recomputed steps</span>, peak <span class='vkml-predicted-peak'>{p:,} states"
-            f"</span> ({p * sim.state_bytes:,} B per sample, {p * sim.state_bytes * sim.n:,} B "
+            f"budget {self.budget.value} states per sample: "
+            f"<b>{html.escape(describe(self.schedule))}</b> ({fit})<br>predicted: "
+            f"<span class='vkml-predicted-recomputed'>{r:,} recomputed steps</span>, peak "
+            f"<span class='vkml-predicted-peak'>{p:,} states</span> "
+            f"({p * sim.state_bytes:,} B per sample, {p * sim.state_bytes * sim.n:,} B "
             f"for {sim.n:,} samples); nothing ran</div>")
         self.picture.value = self.drawing.svg()
         self.result.value = ("<div class='vkml-readout vkml-schedule-result'>press run to run "
