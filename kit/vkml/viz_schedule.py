@@ -308,8 +308,12 @@ class SchedulePicture:
         if self.last:
             split = x_of(self.last)
             out.append(f'<path class="grid" d="M{_f(split)} {plot_y0}V{bottom}"/>')
-            out.append(_text(split - 4, plot_y0 - 6, "recorded run \u2190", "end", "muted"))
-            out.append(_text(split + 4, plot_y0 - 6, "\u2192 reverse pass", cls="muted"))
+            if split - _LEFT >= 100:
+                out.append(_text(split - 4, plot_y0 - 6, "recorded run \u2190", "end", "muted"))
+                out.append(_text(split + 4, plot_y0 - 6, "\u2192 reverse pass", cls="muted"))
+            else:                  # a short run beside a long reverse: both words on the right
+                out.append(_text(split + 4, plot_y0 - 6, "\u2190 recorded run | reverse pass "
+                                 "\u2192", cls="muted"))
         out += [_text(_LEFT - 6, bottom + 4, "0", "end", "muted"),
                 _text(_LEFT - 6, plot_y0 + 8, f"{self.last:,}", "end", "muted"),
                 _text(_LEFT - 40, plot_y0 + _PLOT_H / 2, "step", "middle", "muted"),
