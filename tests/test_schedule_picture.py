@@ -294,3 +294,15 @@ def test_a_failing_run_is_shown_under_the_button_and_changes_nothing():
     with pytest.raises(VkmlError):
         ex.run()
     assert sim.generation == 0
+
+
+def test_a_step_with_an_opaque_node_is_explored_but_not_run_on_request():
+    from vkml.errors import RefusedError
+    from test_simulation import Model, _until_done
+    runner, _ = _until_done(Model(0.7), np.linspace(-0.9, 0.9, 8), 1.3, window=8, max_steps=30)
+    ex = vkml.widgets.explore_schedule(runner, budget=4)
+    assert ex.run_button.disabled and ex.predicted == walk(Binomial(2), 30)
+    with pytest.raises(RefusedError, match="opaque nodes"):
+        ex.run()
+    ex.run_button.click()
+    assert "RefusedError" in ex.result.value and ex.measured is None

@@ -297,6 +297,7 @@ class SchedulePicture:
 
         out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="vkml-schedule" width="{WIDTH}" '
                f'height="{height}" viewBox="0 0 {WIDTH} {height}" role="img" '
+               'style="max-width: 100%; height: auto" '
                f'aria-label="{html.escape(self.title + ". " + self.caption)}">',
                STYLE,
                f'<rect class="bg" x="0" y="0" width="{WIDTH}" height="{height}"/>',
