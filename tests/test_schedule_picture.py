@@ -133,6 +133,22 @@ def test_same_object_same_bytes_and_a_dark_scheme():
     assert " id=" not in picture.svg()            # nothing that two pictures on a page could share
 
 
+def test_the_same_bytes_in_another_process():
+    """Nothing in the picture depends on set order or hashing: another interpreter with another
+    hash seed draws the same bytes."""
+    import hashlib
+    import os
+    import subprocess
+    import sys
+    code = ("import hashlib; from vkml import viz; from vkml.graph.schedules import Binomial; "
+            "print(hashlib.sha256(viz.checkpoint_schedule(Binomial(3), 500).pipe()).hexdigest())")
+    here = hashlib.sha256(viz.checkpoint_schedule(Binomial(3), 500).pipe()).hexdigest()
+    for seed in ("1", "2"):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             check=True, env=dict(os.environ, PYTHONHASHSEED=seed))
+        assert out.stdout.strip() == here
+
+
 DT = 0.01
 
 

@@ -190,7 +190,7 @@ def _merge_rows(snapshots, x_of, y_of):
     """Snapshot lines merged per pixel row (overlapping lines on one row drawn once)."""
     rows = {}
     for step, t0, t1 in snapshots:
-        rows.setdefault(round(y_of(step + 0.5) * 2) / 2, []).append((x_of(t0), x_of(t1)))
+        rows.setdefault(round(y_of(step) * 2) / 2, []).append((x_of(t0), x_of(t1)))
     parts = []
     for y in sorted(rows):
         spans = sorted(rows[y])
@@ -322,7 +322,7 @@ class SchedulePicture:
                 _text(right, bottom + 16, f"{tl.duration:,}", "end", "muted"),
                 _text(_LEFT + _PLOT_W / 2, bottom + 16,
                       "time: steps taken (run, recomputed, reversed)", "middle", "muted")]
-        snaps = _merge_rows(tl.snapshots, x_of, lambda s: y_of(s - 0.5))
+        snaps = _merge_rows(tl.snapshots, x_of, y_of)
         if snaps:
             out.append(f'<path class="snapshot" d="{snaps}" stroke="{COLOURS["snapshot"]}" '
                        'stroke-width="1.5" stroke-opacity="0.55" fill="none"/>')
