@@ -66,7 +66,7 @@ LAYERS = (
     Layer("graph", ("vkml.graph",), "kernels, Graph, Record, diff, simulation, checkpoint schedules"),
     Layer("nn", ("vkml.nn", "vkml.optim"), "layers, losses, optimizers (on tensors and jit)",
           skips=("numpy", "graph")),
-    Layer("viz", ("vkml.viz",), "graphviz pictures of everything below (no Jupyter import)"),
+    Layer("viz", ("vkml.viz", "vkml.viz_schedule"), "graphviz pictures of everything below (no Jupyter import)"),
     Layer("package", ("vkml",), "the package itself: re-exports the public names"),
     Layer("jupyter", ("vkml_jupyter",), "the IPython magics and widgets (extensions/)"),
 )

@@ -28,6 +28,7 @@ import numpy as np
 import vkml
 from vkml import viz
 from vkml.errors import ArgumentError
+from .schedule_explorer import ScheduleExplorer, explore_schedule  # noqa: F401  (budget slider)
 
 from .program_explorer import ProgramExplorer, explore_program  # noqa: E402  (its own module)
 

@@ -59,6 +59,7 @@ from .programs import Jitted, gradient_residuals, jit
 from .pytree import flatten
 from .runtime import grad_leaf, is_traced
 from .tensor import Tensor
+from .viz_schedule import checkpoint_schedule  # noqa: F401  (a checkpoint schedule, drawn)
 
 __all__ = ["Diagram", "DerivedDiagram", "diagram", "program_dot", "tensor_dot", "derived_dot",
            "graph_dot", "record_dot", "dot_available", "install", "is_graph", "is_record",
