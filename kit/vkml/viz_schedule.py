@@ -22,7 +22,10 @@ from __future__ import annotations
 import html
 import math
 
+import numpy as np
+
 from .errors import ArgumentError
+from .graph.simulation import Simulation
 from .graph.schedules import Binomial, Full, Schedule, Window, walk
 
 __all__ = ["checkpoint_schedule", "SchedulePicture", "describe", "WIDTH", "MAX_DRAWN_STEPS"]
@@ -397,7 +400,6 @@ def checkpoint_schedule(sim_or_schedule, max_steps=None, *, last=None, state_byt
     all stopped by that step; ``state_bytes`` and ``samples`` turn states into bytes in the caption
     (a simulation gives them).
     """
-    from .graph.simulation import Simulation
     if isinstance(sim_or_schedule, Simulation):
         sim = sim_or_schedule
         schedule = sim.schedule
@@ -442,6 +444,5 @@ def _check_schedule(schedule):
 
 
 def _whole(value) -> bool:
-    import numpy as np
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) \
         and value >= 0
