@@ -163,3 +163,10 @@ def test_binomial_recomputes_fewer_steps_than_before_on_a_real_run():
     sim, grads = reverse_with("binomial", {"snapshots": 1}, 10, np.full(5, 1e9))
     assert grads.report.recomputed_steps == 11
     assert sim.record.steps.min() == 10
+
+
+@pytest.mark.parametrize("make", [lambda: Binomial(-1), lambda: Window(0), lambda: Window(-3),
+                                  lambda: Window(2.5), lambda: Binomial("3")])
+def test_a_schedule_with_a_bad_size_is_refused_by_name(make):
+    with pytest.raises(vkml.ArgumentError, match="Window|Binomial"):
+        make()

@@ -421,7 +421,6 @@ def checkpoint_schedule(sim_or_schedule, max_steps=None, *, last=None, state_byt
         raise ArgumentError(f"checkpoint_schedule: expected a simulation (vkml.simulation) or a "
                             f"schedule (Window, Full, Binomial), got "
                             f"{type(sim_or_schedule).__name__}")
-    _check_schedule(schedule)
     max_steps = _steps_arg(max_steps, "max_steps")
     if last is not None:
         last = _steps_arg(last, "last")
@@ -430,17 +429,6 @@ def checkpoint_schedule(sim_or_schedule, max_steps=None, *, last=None, state_byt
             raise ArgumentError(f"checkpoint_schedule: {name} must be a whole number >= 0, got "
                                 f"{value!r}")
     return SchedulePicture(schedule, max_steps, last, state_bytes, samples)
-
-
-def _check_schedule(schedule):
-    """A window of at least one step, a whole number of snapshots: what the simulation checks
-    before it makes one (a schedule object made by hand is not checked when made)."""
-    if isinstance(schedule, Window) and not (_whole(schedule.n) and schedule.n >= 1):
-        raise ArgumentError(f"checkpoint_schedule: {schedule!r}: a window is a whole number of "
-                            "steps >= 1")
-    if isinstance(schedule, Binomial) and not _whole(schedule.snapshots):
-        raise ArgumentError(f"checkpoint_schedule: {schedule!r}: snapshots is a whole number "
-                            ">= 0")
 
 
 def _whole(value) -> bool:

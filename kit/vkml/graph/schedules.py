@@ -39,6 +39,8 @@ import abc
 import math
 from functools import lru_cache
 
+from ..validate import check_int
+
 
 class Schedule(abc.ABC):
     """The interface every checkpoint schedule has (see the module docstring)."""
@@ -90,7 +92,7 @@ class Window(Schedule):
     from the last, holding that window's states."""
 
     def __init__(self, n: int):
-        self.n = int(n)
+        self.n = check_int(n, "n", "Window", low=1)
         self.loop_window = self.n
 
     def __repr__(self):
@@ -167,7 +169,7 @@ class Binomial(Schedule):
     """
 
     def __init__(self, snapshots: int):
-        self.snapshots = int(snapshots)
+        self.snapshots = check_int(snapshots, "snapshots", "Binomial", low=0)
 
     def __repr__(self):
         return f"Binomial({self.snapshots})"
