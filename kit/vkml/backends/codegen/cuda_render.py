@@ -117,12 +117,14 @@ def _mark(stmts, depth):
 class CudaLowering(Lowering):
     """The shared lowering, with loops marked parallel where each element is independent.
 
-    Only primitives known here are marked: a lowering added later runs
-    correctly (sequentially, in a block kernel) until it is marked too.
-    A top-level scan whose step is a vmapped program (``vmap_of``: its rows
-    never interact) becomes a :class:`~.statements.SampleLoop`: one thread per sample,
-    looping over the rows with its carry in registers, as eagle runs
-    per-sample loops, instead of one block stepping all samples together.
+    Its table is :data:`CUDA_RULES`: the C rules, with the methods below for
+    the primitives whose loops it marks.  Only primitives known here are
+    marked: a rule added later runs correctly (sequentially, in a block
+    kernel) until it is marked too.  A top-level scan whose step is a
+    vmapped program (``vmap_of``: its rows never interact) becomes a
+    :class:`~.statements.SampleLoop`: one thread per sample, looping over the
+    rows with its carry in registers, as eagle runs per-sample loops,
+    instead of one block stepping all samples together.
     """
 
     def __init__(self):
@@ -235,7 +237,7 @@ class CudaLowering(Lowering):
             return loops
         batch = math.prod(out.shape[:-2])
         return [Matmul(loops, pa, pb, targets[0], batch, a.shape[-2], b.shape[-1], a.shape[-1],
-                        out.dtype)]
+                       out.dtype)]
 
     def _reduce(self, e, env, target, step, init, first=None):
         x, out = e.inputs[0], e.outputs[0]
@@ -275,7 +277,7 @@ class CudaLowering(Lowering):
             body.append(step.format(x=val))
         pshape = tuple(out.shape) + (parts,)
         stage1 = [Block([f"{acc_t} acc = {init if init is not None else 0};", Loop(q, per, body),
-                          f"{part}[{_lin(oidx + [c], pshape)}] = acc;"])]
+                         f"{part}[{_lin(oidx + [c], pshape)}] = acc;"])]
         for v, extent in reversed(list(zip(oidx + [c], pshape))):
             stage1 = [Loop(v, extent, stage1)]
         _mark(stage1, len(pshape))
@@ -285,7 +287,7 @@ class CudaLowering(Lowering):
         inner = [f"if ({c2} == 0) {{ {first.format(x=pval)} }} else {{ {step.format(x=pval)} }}"
                  if first is not None else step.format(x=pval)]
         stage2 = [Block([f"{acc_t} acc = {init if init is not None else 0};", Loop(c2, parts, inner),
-                          f"{target}[{_lin(oidx2, out.shape)}] = acc;"])]
+                         f"{target}[{_lin(oidx2, out.shape)}] = acc;"])]
         for v, extent in reversed(list(zip(oidx2, out.shape))):
             stage2 = [Loop(v, extent, stage2)]
         _mark(stage2, out.ndim)

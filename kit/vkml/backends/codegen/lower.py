@@ -269,9 +269,9 @@ class Lowering:
         t = CTYPE[x.dtype]
         nan_check = f" || ({val} != {val})" if x.dtype.kind == "f" else ""
         body = [Block([f"{t} best = 0; int64_t arg = -1;",
-                        Loop(r, x.shape[axis], [f"if (arg < 0 || {val} > best{nan_check}) "
-                                                f"{{ if (arg < 0 || !(best != best)) {{ best = {val}; arg = {r}; }} }}"]),
-                        f"{targets[0]}[{_lin(oidx, out.shape)}] = arg;"])]
+                       Loop(r, x.shape[axis], [f"if (arg < 0 || {val} > best{nan_check}) "
+                                               f"{{ if (arg < 0 || !(best != best)) {{ best = {val}; arg = {r}; }} }}"]),
+                       f"{targets[0]}[{_lin(oidx, out.shape)}] = arg;"])]
         for v, extent in reversed(list(zip(oidx, out.shape))):
             body = [Loop(v, extent, body)]
         return body
@@ -286,8 +286,8 @@ class Lowering:
         bi = batch + [k, idx[-1]]
         t = CTYPE[out.dtype]
         body = [Block([f"{t} acc = 0;",
-                        Loop(k, a.shape[-1], [f"acc += {env.read(a, ai)} * {env.read(b, bi)};"]),
-                        f"{targets[0]}[{_lin(idx, out.shape)}] = acc;"])]
+                       Loop(k, a.shape[-1], [f"acc += {env.read(a, ai)} * {env.read(b, bi)};"]),
+                       f"{targets[0]}[{_lin(idx, out.shape)}] = acc;"])]
         for v, extent in reversed(list(zip(idx, out.shape))):
             body = [Loop(v, extent, body)]
         return body
@@ -409,7 +409,7 @@ class Lowering:
         for k, b in enumerate(branches):
             test = f"({index}) <= {k}" if k < len(branches) - 1 else "1"
             stmts.append(If(test if k == 0 else f"else if ({test})" if k < len(branches) - 1 else "else",
-                             self.program(b, args, targets), first=(k == 0)))
+                            self.program(b, args, targets), first=(k == 0)))
         return stmts
 
     def _lower_while(self, e, env, targets):
