@@ -11,6 +11,11 @@ Every primitive the compiled tiers run has one entry, of one of three kinds:
   solve): a function ``(lowering, eqn, env, targets) -> statements``, usually a ``_lower_*``
   method of :class:`~.lower.Lowering`.
 
+Each rule answers the three questions the lowering asks of an equation: may its result be
+inlined into its reader (``fusible``), must its operands be in buffers (``stores_operands``),
+and which statements compute it (``lower``); expression rules also give the expression
+itself at an index (``expression``).
+
 A renderer whose lowering differs takes this table and replaces only the entries that differ
 (``cuda_render.CUDA_RULES``: the loops it marks parallel, the scans and matmuls it launches its
 own way).  A primitive with no entry (:data:`UNSUPPORTED`, with the reason) makes the lowering
