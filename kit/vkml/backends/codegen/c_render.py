@@ -15,7 +15,8 @@ import functools
 import importlib.resources
 from pathlib import Path
 
-from .lower import CTYPE, Loop, _Block, _If, _While
+from .lower import CTYPE
+from .statements import Block, If, Loop, While
 
 # No #include: parsing system headers is most of a small compile's time, so the few
 # declarations generated code needs are written out here.
@@ -101,16 +102,16 @@ def _emit(stmts, lines, ind):
             lines.append(f"{ind}for (int64_t {s.var} = 0; {s.var} < {s.extent}; {s.var}++) {{")
             _emit(s.body, lines, ind + "    ")
             lines.append(ind + "}")
-        elif isinstance(s, _Block):
+        elif isinstance(s, Block):
             lines.append(ind + "{")
             _emit(s.body, lines, ind + "    ")
             lines.append(ind + "}")
-        elif isinstance(s, _If):
+        elif isinstance(s, If):
             head = f"if ({s.test}) {{" if s.first else (f"{s.test} {{")
             lines.append(ind + head)
             _emit(s.body, lines, ind + "    ")
             lines.append(ind + "}")
-        elif isinstance(s, _While):
+        elif isinstance(s, While):
             lines.append(f"{ind}while ({s.test}) {{")
             _emit(s.body, lines, ind + "    ")
             lines.append(ind + "}")

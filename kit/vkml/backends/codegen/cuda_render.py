@@ -76,7 +76,9 @@ from dataclasses import dataclass, field
 
 from ...ir import Program
 from .c_render import template
-from .lower import CTYPE, Loop, Lowering, Unsupported, _Block, _If, _lin, _While
+from .lower import CTYPE, Lowering, Unsupported, _lin
+from .rules import C_RULES, Statement
+from .statements import Block, If, Loop, Matmul, SampleLoop, While
 
 #: threads of a block kernel that has parallel nests inside (one block)
 COOP_THREADS = 256
@@ -112,36 +114,22 @@ def _mark(stmts, depth):
     return stmts
 
 
-class _Matmul:
-    """A top-level matrix product: its loops, and what a tiled kernel or cuBLAS needs."""
-
-    def __init__(self, loops, a, b, c, batch, m, n, k, dtype):
-        self.loops, self.a, self.b, self.c = loops, a, b, c
-        self.batch, self.m, self.n, self.k, self.dtype = batch, m, n, k, dtype
-
-
-class _SampleLoop:
-    """A top-level vmapped scan as a loop over samples, each running every row of its own scan
-    (rendered as a grid kernel: one thread per sample).  ``temps`` are per-sample temporaries,
-    declared inside the loop (each thread its own)."""
-
-    def __init__(self, var, extent, body, temps):
-        self.var, self.extent, self.body, self.temps = var, extent, body, temps
-
-
 class CudaLowering(Lowering):
     """The shared lowering, with loops marked parallel where each element is independent.
 
-    Only primitives known here are marked: a lowering added later runs
-    correctly (sequentially, in a block kernel) until it is marked too.
-    A top-level scan whose step is a vmapped program (``vmap_of``: its rows
-    never interact) becomes a :class:`_SampleLoop`: one thread per sample,
-    looping over the rows with its carry in registers, as eagle runs
-    per-sample loops, instead of one block stepping all samples together.
+    Its table is :data:`CUDA_RULES`: the C rules, with the methods below for
+    the primitives whose loops it marks.  Only primitives known here are
+    marked: a rule added later runs correctly (sequentially, in a block
+    kernel) until it is marked too.  A top-level scan whose step is a
+    vmapped program (``vmap_of``: its rows never interact) becomes a
+    :class:`~.statements.SampleLoop`: one thread per sample, looping over the
+    rows with its carry in registers, as eagle runs per-sample loops,
+    instead of one block stepping all samples together.
     """
 
     def __init__(self):
         super().__init__()
+        self.rules = CUDA_RULES
         self.inside = 0           # > 0 while lowering the body of a loop or a branch
         self.checks = True        # failed checks report through the status words
 
@@ -208,7 +196,7 @@ class CudaLowering(Lowering):
         del self.temps[mark:]
         if any(count > LOCAL_LIMIT for _, _, count in temps):
             raise Unsupported("a per-sample temporary too large for a thread")
-        return _SampleLoop(b, size, body, temps)
+        return SampleLoop(b, size, body, temps)
 
     def _slice_copy(self, var, src, dst):
         """A plain element-by-element copy (unmarked: it runs inside one sample's thread)."""
@@ -248,8 +236,8 @@ class CudaLowering(Lowering):
         except Unsupported:
             return loops
         batch = math.prod(out.shape[:-2])
-        return [_Matmul(loops, pa, pb, targets[0], batch, a.shape[-2], b.shape[-1], a.shape[-1],
-                        out.dtype)]
+        return [Matmul(loops, pa, pb, targets[0], batch, a.shape[-2], b.shape[-1], a.shape[-1],
+                       out.dtype)]
 
     def _reduce(self, e, env, target, step, init, first=None):
         x, out = e.inputs[0], e.outputs[0]
@@ -288,8 +276,8 @@ class CudaLowering(Lowering):
         else:
             body.append(step.format(x=val))
         pshape = tuple(out.shape) + (parts,)
-        stage1 = [_Block([f"{acc_t} acc = {init if init is not None else 0};", Loop(q, per, body),
-                          f"{part}[{_lin(oidx + [c], pshape)}] = acc;"])]
+        stage1 = [Block([f"{acc_t} acc = {init if init is not None else 0};", Loop(q, per, body),
+                         f"{part}[{_lin(oidx + [c], pshape)}] = acc;"])]
         for v, extent in reversed(list(zip(oidx + [c], pshape))):
             stage1 = [Loop(v, extent, stage1)]
         _mark(stage1, len(pshape))
@@ -298,12 +286,28 @@ class CudaLowering(Lowering):
         pval = f"{part}[{_lin(oidx2 + [c2], pshape)}]"
         inner = [f"if ({c2} == 0) {{ {first.format(x=pval)} }} else {{ {step.format(x=pval)} }}"
                  if first is not None else step.format(x=pval)]
-        stage2 = [_Block([f"{acc_t} acc = {init if init is not None else 0};", Loop(c2, parts, inner),
-                          f"{target}[{_lin(oidx2, out.shape)}] = acc;"])]
+        stage2 = [Block([f"{acc_t} acc = {init if init is not None else 0};", Loop(c2, parts, inner),
+                         f"{target}[{_lin(oidx2, out.shape)}] = acc;"])]
         for v, extent in reversed(list(zip(oidx2, out.shape))):
             stage2 = [Loop(v, extent, stage2)]
         _mark(stage2, out.ndim)
         return stage1 + stage2
+
+
+#: the C rules, and what differs on CUDA: loops marked parallel where each element is
+#: independent, the bodies of loops and branches counted (``inside``), a top-level vmapped scan
+#: as one thread per sample, a top-level matrix product tagged for the tiled kernel.  (Stores,
+#: copies and reductions -- split in two stages when large -- differ through the methods of
+#: :class:`CudaLowering` the C rules call.)
+CUDA_RULES = C_RULES | {
+    "argmax": Statement(CudaLowering._lower_argmax),
+    "gather": Statement(CudaLowering._lower_gather),
+    "cumsum": Statement(CudaLowering._lower_cumsum),
+    "matmul": Statement(CudaLowering._lower_matmul),
+    "scan": Statement(CudaLowering._lower_scan),
+    "while": Statement(CudaLowering._lower_while),
+    "cond": Statement(CudaLowering._lower_cond),
+}
 
 
 # -- the plan ---------------------------------------------------------------------------------------
@@ -415,9 +419,9 @@ _SYNC = ("{ __syncthreads(); const bool vk_stop = vk_failed(vk_status); __syncth
 def _has_par(s) -> bool:
     if isinstance(s, Loop):
         return s.parallel or any(_has_par(b) for b in s.body)
-    if isinstance(s, _Matmul):
+    if isinstance(s, Matmul):
         return True
-    if isinstance(s, (_Block, _While)):
+    if isinstance(s, (Block, While)):
         return any(_has_par(b) for b in s.body)
     if isinstance(s, _Chain):
         return any(_has_par(b) for i in s.ifs for b in i.body)
@@ -434,9 +438,9 @@ class _Chain:
 def _chains(stmts):
     out = []
     for s in stmts:
-        if isinstance(s, _If) and not s.first and out and isinstance(out[-1], _Chain):
+        if isinstance(s, If) and not s.first and out and isinstance(out[-1], _Chain):
             out[-1].ifs.append(s)
-        elif isinstance(s, _If):
+        elif isinstance(s, If):
             out.append(_Chain([s]))
         else:
             out.append(s)
@@ -495,19 +499,19 @@ class _Renderer:
                 lines.append(f"{ind}for (int64_t {s.var} = 0; {s.var} < {s.extent}; {s.var}++) {{")
                 self.seq(s.body, lines, ind + "    ")
                 lines.append(ind + "}")
-            elif isinstance(s, _Matmul):
+            elif isinstance(s, Matmul):
                 self.seq(s.loops, lines, ind)
-            elif isinstance(s, _Block):
+            elif isinstance(s, Block):
                 lines.append(ind + "{")
                 self.seq(s.body, lines, ind + "    ")
                 lines.append(ind + "}")
-            elif isinstance(s, _If):
+            elif isinstance(s, If):
                 lines.append(ind + (f"if ({s.test}) {{" if s.first else f"{s.test} {{"))
                 self.seq(s.body, lines, ind + "    ")
                 lines.append(ind + "}")
             elif isinstance(s, _Chain):
                 self.seq(s.ifs, lines, ind)
-            elif isinstance(s, _While):
+            elif isinstance(s, While):
                 lines.append(f"{ind}while ({s.test}) {{")
                 self.seq(s.body, lines, ind + "    ")
                 lines.append(ind + "}")
@@ -554,7 +558,7 @@ class _Renderer:
         lines.append(ind + _SYNC)
 
     def _coop_one(self, s, lines, ind):
-        if isinstance(s, _Matmul):
+        if isinstance(s, Matmul):
             for loop in s.loops:
                 if _has_par(loop):
                     self._coop_one(loop, lines, ind)
@@ -582,11 +586,11 @@ class _Renderer:
             lines.append(f"{ind}for (int64_t {s.var} = 0; {s.var} < {s.extent}; {s.var}++) {{")
             self.coop(s.body, lines, ind + "    ")
             lines.append(ind + "}")
-        elif isinstance(s, _Block):
+        elif isinstance(s, Block):
             lines.append(ind + "{")
             self.coop(s.body, lines, ind + "    ")
             lines.append(ind + "}")
-        elif isinstance(s, _While):
+        elif isinstance(s, While):
             go = self.fresh("go")
             lines.append(ind + "while (1) {")
             lines.append(ind + "    __syncthreads();")
@@ -616,13 +620,13 @@ class _Renderer:
         units = []          # (kind, payload)
         pending = []
         for s in self.stmts:
-            par = (isinstance(s, Loop) and s.parallel) or isinstance(s, (_Matmul, _SampleLoop))
+            par = (isinstance(s, Loop) and s.parallel) or isinstance(s, (Matmul, SampleLoop))
             if par:
                 if pending:
                     units.append(("block", pending))
                     pending = []
-                units.append(("matmul" if isinstance(s, _Matmul) else
-                              "sample" if isinstance(s, _SampleLoop) else "grid", s))
+                units.append(("matmul" if isinstance(s, Matmul) else
+                              "sample" if isinstance(s, SampleLoop) else "grid", s))
             else:
                 pending.append(s)
         if pending:

@@ -6,6 +6,11 @@ computed inline, and turns each equation into a loop nest whose body is one
 store of an expression.  Renderers only decide how a loop nest becomes code
 (a host loop, a ``#pragma omp`` loop over samples, a CUDA kernel).
 
+What each primitive becomes is its entry in the table of ``rules.py``
+(a C expression, or the ``_lower_*`` method below that writes its loops);
+the lowering only walks the program and dispatches on that table.  The
+statements it produces are the classes of ``statements.py``.
+
 Fusion: a value read once, made by an elementwise primitive or a movement
 primitive, is not stored -- its expression is inlined where it is read
 (so a chain of 1000 elementwise ops is one loop).  Values read several
@@ -24,6 +29,7 @@ import math
 import numpy as np
 
 from ...ir import Program
+from .statements import Block, If, Loop, While
 
 CTYPE = {np.dtype(np.float64): "double", np.dtype(np.float32): "float",
          np.dtype(np.int32): "int32_t", np.dtype(np.int64): "int64_t",
@@ -36,15 +42,6 @@ MAX_INLINE_DEPTH = 32
 
 class Unsupported(Exception):
     """A program this lowering cannot compile; the backend runs it on NumPy instead."""
-
-
-# -- statements ----------------------------------------------------------------------------
-
-class Loop:
-    __slots__ = ("var", "extent", "body", "parallel")
-
-    def __init__(self, var, extent, body, parallel=False):
-        self.var, self.extent, self.body, self.parallel = var, extent, body, parallel
 
 
 def _c_literal(value, dtype):
@@ -81,17 +78,16 @@ def _lin(idx, shape):
     return " + ".join(terms) if terms else "0"
 
 
-_FLOAT_FN = {"exp": "exp", "log": "log", "sin": "sin", "cos": "cos", "tanh": "tanh", "sqrt": "sqrt",
-             "abs": "fabs"}
-_ELEMENTWISE_EXPAND = {"broadcast_in_dim"}
-_VIEWS = {"broadcast_in_dim", "transpose", "slice", "flip", "reshape", "pad"}
-_MANY_READS = {"matmul", "gather", "scatter_add", "concatenate"}
-
-
 class Lowering:
-    """Lower one Program (and the programs nested in it) to statements."""
+    """Lower one Program (and the programs nested in it) to statements.
+
+    ``rules``: what each primitive becomes, by name (``rules.C_RULES``; a renderer whose
+    lowering differs sets its own table).
+    """
 
     def __init__(self):
+        from .rules import C_RULES   # the table names this class's methods: read once it exists
+        self.rules = C_RULES
         self.temps = []          # (name, ctype, count)
         self.temp_vars = []      # the Var each temporary holds (named in an allocation failure)
         self.statics = []        # static const arrays (constants the program holds)
@@ -147,13 +143,9 @@ class Lowering:
             outputs.setdefault(v, p)
         stored = set()
         for e in prog.eqns:
-            name = e.prim.name
-            if name in _MANY_READS or not (e.prim.elementwise or name in _VIEWS):
+            rule = self.rules.get(e.prim.name)
+            if rule is None or rule.stores_operands(e):
                 stored.update(e.inputs)
-            if name == "broadcast_in_dim":
-                x = e.inputs[0]
-                if x.size != e.outputs[0].size:
-                    stored.add(x)
         buffers = {}
         consts = {}
         for v, p in zip(prog.inputs, in_ptrs):
@@ -166,9 +158,10 @@ class Lowering:
         for k, e in enumerate(prog.eqns):
             if self.depth == 1:
                 self.site = k
+            rule = self.rules.get(e.prim.name)
             inline = all(o not in outputs for o in e.outputs) and len(e.outputs) == 1 and \
-                (e.prim.elementwise or e.prim.name in _VIEWS) and uses.get(e.outputs[0], 0) == 1 and \
-                e.outputs[0] not in stored and not _checks_operands(e)
+                rule is not None and rule.fusible(e) and uses.get(e.outputs[0], 0) == 1 and \
+                e.outputs[0] not in stored
             if inline:
                 # a long chain is cut into stored pieces, so one expression stays of modest size
                 d = 1 + max((depth.get(v, 0) for v in e.inputs), default=0)
@@ -200,23 +193,18 @@ class Lowering:
         idx = [self.fresh("i") for _ in shape]
         body = [f"{target}[{_lin(idx, shape)}] = {value_at(idx)};"]
         if checks is not None:
-            body = [_Block(checks(idx) + body)]
+            body = [Block(checks(idx) + body)]
         for var, extent in reversed(list(zip(idx, shape))):
             body = [Loop(var, extent, body)]
         return body
 
     # -- one equation ---------------------------------------------------------------------------
     def eqn(self, e, env, targets):
-        name = e.prim.name
-        out = e.outputs[0]
-        if _checks_operands(e):
-            return self._lower_int_pow(e, env, targets)
-        if e.prim.elementwise or name in _VIEWS:
-            return self.store(out.shape, targets[0], lambda idx: env.expr(e, idx))
-        method = getattr(self, f"_lower_{name}", None)
-        if method is None:
-            raise Unsupported(name)
-        return method(e, env, targets)
+        """Statements storing ``e``'s results into ``targets``: its rule's."""
+        rule = self.rules.get(e.prim.name)
+        if rule is None:
+            raise Unsupported(e.prim.name)
+        return rule.lower(self, e, env, targets)
 
     def _lower_int_pow(self, e, env, targets):
         """An integer power, refusing a negative exponent as NumPy does (the exponent is read once
@@ -262,7 +250,7 @@ class Lowering:
             inner = [Loop(v, x.shape[a], inner)]
         body = [f"{acc_t} acc = {init if init is not None else 0};"] + inner + \
             [f"{target}[{_lin(oidx, out.shape)}] = acc;"]
-        body = [_Block(body)]
+        body = [Block(body)]
         for v, extent in reversed(list(zip(oidx, out.shape))):
             body = [Loop(v, extent, body)]
         return body
@@ -280,10 +268,10 @@ class Lowering:
         val = env.read(x, full)
         t = CTYPE[x.dtype]
         nan_check = f" || ({val} != {val})" if x.dtype.kind == "f" else ""
-        body = [_Block([f"{t} best = 0; int64_t arg = -1;",
-                        Loop(r, x.shape[axis], [f"if (arg < 0 || {val} > best{nan_check}) "
-                                                f"{{ if (arg < 0 || !(best != best)) {{ best = {val}; arg = {r}; }} }}"]),
-                        f"{targets[0]}[{_lin(oidx, out.shape)}] = arg;"])]
+        body = [Block([f"{t} best = 0; int64_t arg = -1;",
+                       Loop(r, x.shape[axis], [f"if (arg < 0 || {val} > best{nan_check}) "
+                                               f"{{ if (arg < 0 || !(best != best)) {{ best = {val}; arg = {r}; }} }}"]),
+                       f"{targets[0]}[{_lin(oidx, out.shape)}] = arg;"])]
         for v, extent in reversed(list(zip(oidx, out.shape))):
             body = [Loop(v, extent, body)]
         return body
@@ -297,15 +285,12 @@ class Lowering:
         ai = batch + [idx[-2], k]
         bi = batch + [k, idx[-1]]
         t = CTYPE[out.dtype]
-        body = [_Block([f"{t} acc = 0;",
-                        Loop(k, a.shape[-1], [f"acc += {env.read(a, ai)} * {env.read(b, bi)};"]),
-                        f"{targets[0]}[{_lin(idx, out.shape)}] = acc;"])]
+        body = [Block([f"{t} acc = 0;",
+                       Loop(k, a.shape[-1], [f"acc += {env.read(a, ai)} * {env.read(b, bi)};"]),
+                       f"{targets[0]}[{_lin(idx, out.shape)}] = acc;"])]
         for v, extent in reversed(list(zip(idx, out.shape))):
             body = [Loop(v, extent, body)]
         return body
-
-    def _lower_concatenate(self, e, env, targets):
-        return self.store(e.outputs[0].shape, targets[0], lambda idx: env.expr(e, idx))
 
     def _coords(self, env, x_shape, idx_var, prefix, e):
         """Index coordinates as C variables, each checked against its axis (the error names the
@@ -391,10 +376,6 @@ class Lowering:
     def _lower_call(self, e, env, targets):
         return self.program(e.params["program"], [env.pointer(v) for v in e.inputs], targets)
 
-    _lower_checkpoint = _lower_call
-    _lower_custom_jvp_call = _lower_call
-    _lower_custom_vjp_call = _lower_call
-
     def _lower_scan(self, e, env, targets):
         p = e.params
         step, nc, nk, length, reverse = p["program"], p["num_consts"], p["num_carry"], p["length"], \
@@ -427,8 +408,8 @@ class Lowering:
         stmts = []
         for k, b in enumerate(branches):
             test = f"({index}) <= {k}" if k < len(branches) - 1 else "1"
-            stmts.append(_If(test if k == 0 else f"else if ({test})" if k < len(branches) - 1 else "else",
-                             self.program(b, args, targets), first=(k == 0)))
+            stmts.append(If(test if k == 0 else f"else if ({test})" if k < len(branches) - 1 else "else",
+                            self.program(b, args, targets), first=(k == 0)))
         return stmts
 
     def _lower_while(self, e, env, targets):
@@ -447,7 +428,7 @@ class Lowering:
             body += self.copy(v, src, dst)
         test = self.program(p["cond"], cc + targets, [flag])
         stmts += test
-        stmts.append(_While(f"{flag}[0]", body + test))
+        stmts.append(While(f"{flag}[0]", body + test))
         return stmts
 
     def copy(self, var, src, dst):
@@ -457,13 +438,13 @@ class Lowering:
 
     # -- the NumPy namespace's primitives (vkml.ops.sorting and vkml.ops.factorizations) ------------
     # Each is a loop over the rows (or matrices) of its operand with the row's work written out in
-    # C; the elementwise ones (vkml.ops.special) are in ``_numeric_elementwise`` below.
+    # C; the elementwise ones (vkml.ops.special) are C library calls (``rules.libm``).
 
     def _rows(self, shape, axis, body_at):
         """Loops over every index of ``shape`` but ``axis``; ``body_at(idx)`` is the row's work,
         ``idx`` holding ``None`` at ``axis``."""
         idx = [None if i == axis else self.fresh("i") for i in range(len(shape))]
-        body = [_Block(body_at(idx))]
+        body = [Block(body_at(idx))]
         for var, extent in reversed([(v, d) for v, d in zip(idx, shape) if v is not None]):
             body = [Loop(var, extent, body)]
         return body
@@ -574,7 +555,7 @@ class Lowering:
             f"        {xm}[c * {k} + j] = s / {lu}[c * {n} + c];",
             "    }",
             "}"]
-        return [Loop(bi, batch, [_Block(body)])]
+        return [Loop(bi, batch, [Block(body)])]
 
     def _lower_slogdet(self, e, env, targets):
         """The LU's pivots: sign from the row swaps and the pivots' signs, log|det| their logs'
@@ -595,7 +576,7 @@ class Lowering:
             f"if (d < 0) sgn = -sgn; acc += {log}({fabs}(d)); }}",
             f"    {sign}[{bi}] = sgn; {logabs}[{bi}] = acc;",
             "}"]
-        return [Loop(bi, batch, [_Block(body)])]
+        return [Loop(bi, batch, [Block(body)])]
 
     def _lower_cholesky(self, e, env, targets):
         """Cholesky-Banachiewicz on the lower triangle; NaN if not positive definite."""
@@ -613,30 +594,7 @@ class Lowering:
             f"    else {lm}[i * {n} + j] = s / {lm}[j * {n} + j];",
             "}",
             f"if (bad) for (int64_t j = 0; j < {n * n}; j++) {lm}[j] = NAN;"]
-        return [Loop(bi, batch, [_Block(body)])]
-
-
-def _checks_operands(e) -> bool:
-    """Whether ``e`` refuses some operands while it runs (an integer power refuses a negative
-    exponent, as NumPy does): it is never inlined, so its check sits in its own loop."""
-    return e.prim.name == "pow" and e.inputs[0].dtype.kind in "iu"
-
-
-class _Block:
-    """Statements in their own C scope (a reduction's accumulator)."""
-
-    def __init__(self, body):
-        self.body = body
-
-
-class _If:
-    def __init__(self, test, body, first):
-        self.test, self.body, self.first = test, body, first
-
-
-class _While:
-    def __init__(self, test, body):
-        self.test, self.body = test, body
+        return [Loop(bi, batch, [Block(body)])]
 
 
 class _Env:
@@ -671,133 +629,6 @@ class _Env:
         raise Unsupported("a value read before it is computed")
 
     def expr(self, e, idx):
-        """The expression of elementwise/movement equation ``e`` at output index ``idx``."""
-        name = e.prim.name
-        ins = e.inputs
-        out = e.outputs[0]
-        p = e.params
-        if name == "broadcast_in_dim":
-            x = ins[0]
-            sub = [("0" if x.shape[i] == 1 and p["shape"][d] != 1 else idx[d])
-                   for i, d in enumerate(p["dims"])]
-            return self.read(x, sub)
-        if name == "transpose":
-            sub = [None] * len(idx)
-            for i, q in enumerate(p["perm"]):
-                sub[q] = idx[i]
-            return self.read(ins[0], sub)
-        if name == "slice":
-            sub = [f"({s} + ({i})*{st})" if st != 1 else (f"({s} + {i})" if s else i)
-                   for i, s, st in zip(idx, p["starts"], p["strides"])]
-            return self.read(ins[0], sub)
-        if name == "flip":
-            sub = [f"({out.shape[a] - 1} - {i})" if a in p["axes"] else i for a, i in enumerate(idx)]
-            return self.read(ins[0], sub)
-        if name == "reshape":
-            x = ins[0]
-            lin = _lin(idx, out.shape)
-            sub = []
-            for d, s in zip(x.shape, _strides(x.shape)):
-                sub.append(f"((({lin}) / {s}) % {d})" if d > 1 else "0")
-            return self.read(x, sub)
-        if name == "pad":
-            x = ins[0]
-            conds, sub = [], []
-            for i, lo, it, n in zip(idx, p["lo"], p["interior"], x.shape):
-                step = it + 1
-                off = f"(({i}) - {lo})"
-                conds.append(f"{off} >= 0 && {off} < {max(0, (n - 1) * step + 1)}"
-                             + (f" && {off} % {step} == 0" if step > 1 else ""))
-                sub.append(f"({off} / {step})" if step > 1 else off)
-            cond = " && ".join(conds) or "1"
-            return f"(({cond}) ? {self.read(x, sub)} : ({CTYPE[out.dtype]})0)"
-        if name == "concatenate":
-            axis = p["axis"]
-            parts, offset = [], 0
-            for x in ins:
-                n = x.shape[axis]
-                sub = [f"({i} - {offset})" if a == axis else i for a, i in enumerate(idx)]
-                parts.append((offset + n, self.read(x, sub)))
-                offset += n
-            text = parts[-1][1]
-            for limit, value in reversed(parts[:-1]):
-                text = f"(({idx[axis]}) < {limit} ? {value} : {text})"
-            return text
-        args = [self.read(v, idx) for v in ins]
-        return _elementwise(name, args, ins, out, p)
-
-
-#: the unsigned type of an integer's width: integer arithmetic that may overflow is done in it
-_UNSIGNED = {1: "uint8_t", 2: "uint16_t", 4: "uint32_t", 8: "uint64_t"}
-
-
-def _elementwise(name, a, ins, out, p):
-    dt = ins[0].dtype if ins else out.dtype
-    f32 = dt == np.float32
-    isf = dt.kind == "f"
-    if name in ("add", "sub", "mul"):
-        op = {"add": "+", "sub": "-", "mul": "*"}[name]
-        if dt.kind in "iu":   # wrap around as NumPy does, without C's signed-overflow UB
-            u = "uint64_t" if dt.itemsize == 8 else "uint32_t"
-            return f"({CTYPE[dt]})(({u}){a[0]} {op} ({u}){a[1]})"
-        return f"({a[0]} {op} {a[1]})"
-    if name == "div":
-        if isf:
-            return f"({a[0]} / {a[1]})"
-        return f"vk_floordiv_{CTYPE[dt]}({a[0]}, {a[1]})"
-    if name == "neg":
-        if dt.kind in "iu":   # -INT_MIN wraps as NumPy's does (device code has no -fwrapv)
-            return f"({CTYPE[dt]})(0 - ({_UNSIGNED[dt.itemsize]}){a[0]})"
-        return f"(-{a[0]})"
-    if name in _FLOAT_FN:
-        if name == "abs" and not isf:
-            return f"({a[0]} < 0 ? ({CTYPE[dt]})(0 - ({_UNSIGNED[dt.itemsize]}){a[0]}) : {a[0]})"
-        fn = _FLOAT_FN[name] + ("f" if f32 else "")
-        return f"{fn}({a[0]})"
-    if name == "pow":
-        if isf:
-            return f"{'powf' if f32 else 'pow'}({a[0]}, {a[1]})"
-        return f"vk_ipow_{CTYPE[dt]}({a[0]}, {a[1]})"
-    if name == "max":
-        if isf:
-            return f"vk_max_{CTYPE[dt]}({a[0]}, {a[1]})"
-        return f"({a[0]} >= {a[1]} ? {a[0]} : {a[1]})"
-    if name == "min":
-        if isf:
-            return f"vk_min_{CTYPE[dt]}({a[0]}, {a[1]})"
-        return f"({a[0]} <= {a[1]} ? {a[0]} : {a[1]})"
-    if name == "sign":
-        if isf:
-            return f"vk_sign_{CTYPE[dt]}({a[0]})"
-        return f"(({a[0]} > 0) - ({a[0]} < 0))"
-    if name == "stop_gradient":
-        return a[0]
-    if name == "logical_not":
-        return f"(!{a[0]})"
-    if name in ("eq", "ne", "lt", "le", "gt", "ge"):
-        op = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}[name]
-        return f"({a[0]} {op} {a[1]})"
-    if name == "logical_and":
-        return f"({a[0]} && {a[1]})"
-    if name == "logical_or":
-        return f"({a[0]} || {a[1]})"
-    if name == "where":
-        return f"({a[0]} ? {a[1]} : {a[2]})"
-    if name == "cast":
-        to = p["dtype"]
-        if to.kind == "b":
-            return f"({a[0]} != 0)"
-        return f"(({CTYPE[to]}){a[0]})"
-    if name in _NUMERIC_ELEMENTWISE:
-        return _numeric_elementwise(name, a, f32, p)
-    raise Unsupported(name)
-
-
-# -- the NumPy namespace's elementwise primitives (vkml.ops.special): the C library's functions ----
-
-_NUMERIC_ELEMENTWISE = {"log1p", "expm1", "erf", "atan2", "fmod", "round"}
-
-
-def _numeric_elementwise(name, a, f32, p):
-    fn = p["mode"] if name == "round" else name      # round: floor, ceil, rint or trunc
-    return f"{fn}{'f' if f32 else ''}({', '.join(a)})"
+        """The expression of elementwise/movement equation ``e`` at output index ``idx``: its
+        rule's."""
+        return self.lowering.rules[e.prim.name].expression(self, e, idx)

@@ -1,0 +1,331 @@
+"""What each primitive becomes in C: one table, :data:`C_RULES`, that the lowering dispatches on.
+
+Every primitive the compiled tiers run has one entry, of one of three kinds:
+
+- :class:`Elementwise` -- a C expression of its operands' expressions at one index
+  (``"({0} + {1})"``, or a small function of them and their dtype).  It fuses into the loop of
+  whatever reads it.
+- :class:`View` -- a movement (transpose, slice, pad...): a C expression reading its operands
+  at other indices.  It fuses too.
+- :class:`Statement` -- a primitive that needs loops of its own (a reduction, a scan, a
+  solve): a function ``(lowering, eqn, env, targets) -> statements``, usually a ``_lower_*``
+  method of :class:`~.lower.Lowering`.
+
+Each rule answers the three questions the lowering asks of an equation: may its result be
+inlined into its reader (``fusible``), must its operands be in buffers (``stores_operands``),
+and which statements compute it (``lower``); expression rules also give the expression
+itself at an index (``expression``).
+
+A renderer whose lowering differs takes this table and replaces only the entries that differ
+(``cuda_render.CUDA_RULES``: the loops it marks parallel, the scans and matmuls it launches its
+own way).  A primitive with no entry (:data:`UNSUPPORTED`, with the reason) makes the lowering
+raise :class:`~.lower.Unsupported`: the backend then runs that program on NumPy.
+
+Adding a primitive is one ``Primitive`` in ``vkml.ops`` and one entry here.  For a new
+elementwise function of the C library, say ``hypot``::
+
+    # vkml/ops/special.py: its shape rule, NumPy implementation and derivative
+    hypot_p = _define("hypot", _binary_float("hypot"), np.hypot, "sqrt(x*x + y*y).",
+                      jvp=_hypot_jvp)
+    # here, in C_RULES: hypot(x, y), hypotf for float32
+    "hypot": Elementwise(libm("hypot")),
+
+(and its declaration in ``c_render.HELPERS``, as the other libm functions have).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .lower import CTYPE, Lowering, _lin, _strides
+
+#: the unsigned type of an integer's width: integer arithmetic that may overflow is done in it
+_UNSIGNED = {1: "uint8_t", 2: "uint16_t", 4: "uint32_t", 8: "uint64_t"}
+
+
+# -- the three kinds of rules --------------------------------------------------------------------
+
+class Elementwise:
+    """An operation on the elements at one index.
+
+    ``expr`` is a format string over the operands' C expressions (``"({0} < {1})"``) or a
+    function ``expr(args, dtype, eqn)`` of them, of the dtype the operation computes in (its
+    first operand's) and of the equation (for its params).  ``refuses(eqn)``: whether the
+    operation refuses some operands as it runs (an integer power, a negative exponent); it is
+    then lowered by the statement rule ``checked`` instead, with its check, and never fused.
+    """
+
+    def __init__(self, expr, refuses=None, checked=None):
+        self.expr, self.refuses, self.checked = expr, refuses, checked
+
+    def expression(self, env, e, idx):
+        args = [env.read(v, idx) for v in e.inputs]
+        if isinstance(self.expr, str):
+            return self.expr.format(*args)
+        dtype = e.inputs[0].dtype if e.inputs else e.outputs[0].dtype
+        return self.expr(args, dtype, e)
+
+    def fusible(self, e):
+        return self.refuses is None or not self.refuses(e)
+
+    def stores_operands(self, e):
+        return False
+
+    def lower(self, low, e, env, targets):
+        if not self.fusible(e):
+            return self.checked(low, e, env, targets)
+        return low.store(e.outputs[0].shape, targets[0], lambda idx: env.expr(e, idx))
+
+
+class View:
+    """A movement: ``expr(read, eqn, idx)`` is the output's element at index ``idx`` (C
+    expressions, one per axis), reading operand ``v`` at index ``sub`` with ``read(v, sub)``.
+
+    ``stores_operands(eqn)``: whether an operand's elements are read more than once (a
+    broadcast that repeats them), so they are computed once into a buffer rather than inlined;
+    ``fusible``: whether the view itself may be inlined into its reader.
+    """
+
+    def __init__(self, expr, stores_operands=lambda e: False, fusible=True):
+        self.expr, self._stores, self._fusible = expr, stores_operands, fusible
+
+    def expression(self, env, e, idx):
+        return self.expr(env.read, e, idx)
+
+    def fusible(self, e):
+        return self._fusible
+
+    def stores_operands(self, e):
+        return self._stores(e)
+
+    def lower(self, low, e, env, targets):
+        return low.store(e.outputs[0].shape, targets[0], lambda idx: env.expr(e, idx))
+
+
+class Statement:
+    """A primitive lowered to statements of its own: ``lower(lowering, eqn, env, targets)``
+    returns them (see :mod:`.statements`), storing the results into the buffers ``targets``.
+    Its operands are always in buffers (it may read them in any order, many times)."""
+
+    def __init__(self, lower):
+        self.lower = lower
+
+    def fusible(self, e):
+        return False
+
+    def stores_operands(self, e):
+        return True
+
+
+# -- elementwise expressions ---------------------------------------------------------------------
+
+def libm(name):
+    """The C library's function ``name`` (``namef`` for float32), as CUDA's libdevice spells it
+    too."""
+    def expr(a, dt, e):
+        return f"{name}{'f' if dt == np.float32 else ''}({', '.join(a)})"
+    return expr
+
+
+def _wrapping(op):
+    """``+``, ``-`` or ``*``: integers wrap around as NumPy's do, without C's signed-overflow
+    undefined behaviour (done in the unsigned type of their width)."""
+    def expr(a, dt, e):
+        if dt.kind in "iu":
+            u = "uint64_t" if dt.itemsize == 8 else "uint32_t"
+            return f"({CTYPE[dt]})(({u}){a[0]} {op} ({u}){a[1]})"
+        return f"({a[0]} {op} {a[1]})"
+    return expr
+
+
+def _div(a, dt, e):
+    if dt.kind == "f":
+        return f"({a[0]} / {a[1]})"
+    return f"vk_floordiv_{CTYPE[dt]}({a[0]}, {a[1]})"
+
+
+def _neg(a, dt, e):
+    if dt.kind in "iu":   # -INT_MIN wraps as NumPy's does (device code has no -fwrapv)
+        return f"({CTYPE[dt]})(0 - ({_UNSIGNED[dt.itemsize]}){a[0]})"
+    return f"(-{a[0]})"
+
+
+def _abs(a, dt, e):
+    if dt.kind != "f":
+        return f"({a[0]} < 0 ? ({CTYPE[dt]})(0 - ({_UNSIGNED[dt.itemsize]}){a[0]}) : {a[0]})"
+    return libm("fabs")(a, dt, e)
+
+
+def _pow(a, dt, e):
+    if dt.kind == "f":
+        return libm("pow")(a, dt, e)
+    return f"vk_ipow_{CTYPE[dt]}({a[0]}, {a[1]})"
+
+
+def _int_exponent(e):
+    """An integer power refuses a negative exponent, as NumPy does."""
+    return e.inputs[0].dtype.kind in "iu"
+
+
+def _extremum(helper, op):
+    """``max``/``min``: floats through the helper that keeps NumPy's NaN rule, others compared."""
+    def expr(a, dt, e):
+        if dt.kind == "f":
+            return f"vk_{helper}_{CTYPE[dt]}({a[0]}, {a[1]})"
+        return f"({a[0]} {op} {a[1]} ? {a[0]} : {a[1]})"
+    return expr
+
+
+def _sign(a, dt, e):
+    if dt.kind == "f":
+        return f"vk_sign_{CTYPE[dt]}({a[0]})"
+    return f"(({a[0]} > 0) - ({a[0]} < 0))"
+
+
+def _cast(a, dt, e):
+    to = e.params["dtype"]
+    if to.kind == "b":
+        return f"({a[0]} != 0)"
+    return f"(({CTYPE[to]}){a[0]})"
+
+
+def _round(a, dt, e):
+    """floor, ceil, rint or trunc (the ``mode``), each a C library function."""
+    return libm(e.params["mode"])(a, dt, e)
+
+
+# -- movement expressions ------------------------------------------------------------------------
+
+def _broadcast_in_dim(read, e, idx):
+    x, p = e.inputs[0], e.params
+    return read(x, [("0" if x.shape[i] == 1 and p["shape"][d] != 1 else idx[d])
+                    for i, d in enumerate(p["dims"])])
+
+
+def _broadcast_repeats(e):
+    """A broadcast that reads its operand's elements several times stores the operand."""
+    return e.inputs[0].size != e.outputs[0].size
+
+
+def _transpose(read, e, idx):
+    sub = [None] * len(idx)
+    for i, q in enumerate(e.params["perm"]):
+        sub[q] = idx[i]
+    return read(e.inputs[0], sub)
+
+
+def _slice(read, e, idx):
+    p = e.params
+    return read(e.inputs[0], [f"({s} + ({i})*{st})" if st != 1 else (f"({s} + {i})" if s else i)
+                              for i, s, st in zip(idx, p["starts"], p["strides"])])
+
+
+def _flip(read, e, idx):
+    out = e.outputs[0]
+    return read(e.inputs[0], [f"({out.shape[a] - 1} - {i})" if a in e.params["axes"] else i
+                              for a, i in enumerate(idx)])
+
+
+def _reshape(read, e, idx):
+    x = e.inputs[0]
+    lin = _lin(idx, e.outputs[0].shape)
+    return read(x, [f"((({lin}) / {s}) % {d})" if d > 1 else "0"
+                    for d, s in zip(x.shape, _strides(x.shape))])
+
+
+def _pad(read, e, idx):
+    x, p = e.inputs[0], e.params
+    conds, sub = [], []
+    for i, lo, it, n in zip(idx, p["lo"], p["interior"], x.shape):
+        step = it + 1
+        off = f"(({i}) - {lo})"
+        conds.append(f"{off} >= 0 && {off} < {max(0, (n - 1) * step + 1)}"
+                     + (f" && {off} % {step} == 0" if step > 1 else ""))
+        sub.append(f"({off} / {step})" if step > 1 else off)
+    cond = " && ".join(conds) or "1"
+    return f"(({cond}) ? {read(x, sub)} : ({CTYPE[e.outputs[0].dtype]})0)"
+
+
+def _concatenate(read, e, idx):
+    """A chain of selects on the concatenated axis, each operand read at its own offset."""
+    axis = e.params["axis"]
+    parts, offset = [], 0
+    for x in e.inputs:
+        n = x.shape[axis]
+        sub = [f"({i} - {offset})" if a == axis else i for a, i in enumerate(idx)]
+        parts.append((offset + n, read(x, sub)))
+        offset += n
+    text = parts[-1][1]
+    for limit, value in reversed(parts[:-1]):
+        text = f"(({idx[axis]}) < {limit} ? {value} : {text})"
+    return text
+
+
+# -- the table -----------------------------------------------------------------------------------
+
+#: every primitive the compiled tiers lower, by name: what it becomes in C
+C_RULES = {
+    # arithmetic (+, -, *, / and sqrt are IEEE operations: NumPy's bits)
+    "add": Elementwise(_wrapping("+")),
+    "sub": Elementwise(_wrapping("-")),
+    "mul": Elementwise(_wrapping("*")),
+    "div": Elementwise(_div),
+    "neg": Elementwise(_neg),
+    "abs": Elementwise(_abs),
+    "sign": Elementwise(_sign),
+    "max": Elementwise(_extremum("max", ">=")),
+    "min": Elementwise(_extremum("min", "<=")),
+    "pow": Elementwise(_pow, refuses=_int_exponent, checked=Lowering._lower_int_pow),
+    "stop_gradient": Elementwise("{0}"),
+    "cast": Elementwise(_cast),
+    # the C library's functions (vkml.ops.special's among them)
+    **{name: Elementwise(libm(name)) for name in
+       ("exp", "log", "sin", "cos", "tanh", "sqrt", "log1p", "expm1", "erf", "atan2", "fmod")},
+    "round": Elementwise(_round),
+    # comparisons and logic (booleans are 0 or 1)
+    "eq": Elementwise("({0} == {1})"),
+    "ne": Elementwise("({0} != {1})"),
+    "lt": Elementwise("({0} < {1})"),
+    "le": Elementwise("({0} <= {1})"),
+    "gt": Elementwise("({0} > {1})"),
+    "ge": Elementwise("({0} >= {1})"),
+    "logical_not": Elementwise("(!{0})"),
+    "logical_and": Elementwise("({0} && {1})"),
+    "logical_or": Elementwise("({0} || {1})"),
+    "where": Elementwise("({0} ? {1} : {2})"),
+    # movement
+    "broadcast_in_dim": View(_broadcast_in_dim, stores_operands=_broadcast_repeats),
+    "transpose": View(_transpose),
+    "slice": View(_slice),
+    "flip": View(_flip),
+    "reshape": View(_reshape),
+    "pad": View(_pad),
+    "concatenate": View(_concatenate, stores_operands=lambda e: True, fusible=False),
+    # loops of their own
+    "reduce_sum": Statement(Lowering._lower_reduce_sum),
+    "reduce_max": Statement(Lowering._lower_reduce_max),
+    "argmax": Statement(Lowering._lower_argmax),
+    "matmul": Statement(Lowering._lower_matmul),
+    "gather": Statement(Lowering._lower_gather),
+    "scatter_add": Statement(Lowering._lower_scatter_add),
+    "checked": Statement(Lowering._lower_checked),
+    "cumsum": Statement(Lowering._lower_cumsum),
+    "argsort": Statement(Lowering._lower_argsort),
+    "solve": Statement(Lowering._lower_solve),
+    "slogdet": Statement(Lowering._lower_slogdet),
+    "cholesky": Statement(Lowering._lower_cholesky),
+    # programs inside programs
+    "call": Statement(Lowering._lower_call),
+    "checkpoint": Statement(Lowering._lower_call),
+    "custom_jvp_call": Statement(Lowering._lower_call),
+    "custom_vjp_call": Statement(Lowering._lower_call),
+    "scan": Statement(Lowering._lower_scan),
+    "cond": Statement(Lowering._lower_cond),
+    "while": Statement(Lowering._lower_while),
+}
+
+#: the primitives deliberately left to NumPy, with the reason
+UNSUPPORTED = {
+    "custom_lin": "the linear part of a custom_vjp function exists only to be transposed into "
+                  "the user's backward program; run forward it only raises its error (on NumPy)",
+}
