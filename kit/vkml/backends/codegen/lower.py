@@ -416,7 +416,7 @@ class Lowering:
         made gcc keep a scalar carry in memory, and a scan of scalar adds 2.4 times slower."""
         if not self.interrupt_poll:
             return [Loop(r, length, body)]
-        chunk, i = self.fresh("chunk"), self.fresh("i")
+        chunk, i = self.fresh("row_chunk"), self.fresh("i")
         rest = f"{length} - {chunk} * {every}"
         rows = Loop(i, f"({rest} < {every} ? {rest} : {every})",
                     [f"int64_t {r} = {chunk} * {every} + {i};"] + body)

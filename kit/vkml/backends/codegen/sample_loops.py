@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .c_render import ALLOCATION_FAILED, POLL, STACK_LIMIT, _emit, prelude
+from .c_render import ALLOCATION_FAILED, INTERRUPTED, STACK_LIMIT, _emit, prelude
 from .cuda_render import prelude as cuda_prelude
 from .lower import CTYPE, Lowering, Unsupported
 
@@ -101,6 +101,7 @@ static void vk_sample_failed(int64_t* report, int code, const int64_t* info, int
     if (!name) {{ err_ = {ALLOCATION_FAILED}; info[0] = (int64_t)(sizeof(T) * (count##ULL)); \\
                  info[1] = 0; info[2] = 0; goto done; }}
 #define VK_WINDOW_FREE(name) free(name)
+#define VK_POLL_INTERRUPT if (*vk_stop) {{ err_ = {INTERRUPTED}; goto done; }} else (void)0
 """
 _CUDA_FRAME = """
 VK_DEV void vk_sample_failed(unsigned long long* report, int code, const int64_t* info, int64_t s) {
@@ -109,6 +110,7 @@ VK_DEV void vk_sample_failed(unsigned long long* report, int code, const int64_t
 #define VK_WINDOW(T, name, count) T name[count]
 #define VK_WINDOW_ALLOC(T, name, count) (void)0
 #define VK_WINDOW_FREE(name) (void)0
+#define VK_POLL_INTERRUPT (void)0
 """
 
 
@@ -159,18 +161,15 @@ def _close_function(lines, target, windows=()):
     lines.append("}")
 
 
-def _lowering(target):
-    """A lowering for ``target``: in C its scans and while loops poll the interrupt flag."""
+#: the interrupt poll, before a step and inside a step's scans and while loops: the same text in
+#: both dialects, a poll of the flag in C and nothing in CUDA (a kernel has no flag to poll)
+_POLL = "VK_POLL_INTERRUPT;"
+
+
+def _lowering():
     low = Lowering()
-    if target == "c":
-        low.interrupt_poll = POLL
+    low.interrupt_poll = _POLL
     return low
-
-
-def _poll(lines, target, ind):
-    """The interrupt poll before a step (C; a CUDA kernel has no flag to poll)."""
-    if target == "c":
-        lines.append(ind + POLL)
 
 
 def _decl_temps(low, lines, ind):
@@ -188,7 +187,7 @@ def forward_source(step, n_state, n_fixed, n_params, out_names, state_names, ter
     the interrupt flag; CUDA: ``vk_fwd(in, out, n, max_steps)`` with device pointer tables, the
     status words after the outputs.  ``errors``: a list the primitive names of the error codes
     are appended to."""
-    low = _lowering(target)
+    low = _lowering()
     ins = step.inputs
     st_vars, fx_vars, pr_vars = ins[:n_state], ins[n_state:n_state + n_fixed], ins[n_state + n_fixed:]
     outs = step.outputs
@@ -222,7 +221,7 @@ def forward_source(step, n_state, n_fixed, n_params, out_names, state_names, ter
     _decl_temps(low, lines, ind)
     lines.append(f"{ind}int64_t t = 0;")
     lines.append(f"{ind}for (; t < max_steps; t++) {{")
-    _poll(lines, target, ind + "    ")
+    lines.append(ind + "    " + _POLL)
     for i, v in enumerate(st_vars):
         k = _size(v)
         lines.append(f"{ind}    if (t % {window} == 0) for (int64_t c = 0; c < {k}; c++) "
@@ -257,13 +256,13 @@ def reverse_source(step, vjp, n_state, n_fixed, n_params, out_names, state_names
     st_vars, fx_vars, pr_vars = ins[:n_state], ins[n_state:n_state + n_fixed], ins[n_state + n_fixed:]
     outs = step.outputs
     new_of = {i: out_names.index(name) for i, name in enumerate(state_names)}
-    fwd_low = _lowering(target)
+    fwd_low = _lowering()
     cur = [f"cur{i}" for i in range(n_state)]
     nxt = [f"nx{i}" for i in range(len(outs))]
     fx_ptr = [f"(f{i} + s * {_size(v)})" for i, v in enumerate(fx_vars)]
     pr_ptr = [f"p{i}" for i in range(n_params)]
     fwd_body = fwd_low.program(step, cur + fx_ptr + pr_ptr, nxt)
-    bwd_low = _lowering(target)
+    bwd_low = _lowering()
     bwd_low.counter = 10000                   # distinct temporary names from the forward body
     bwd_low.errors = fwd_low.errors           # one numbering of the error codes for both bodies
     state_at = [f"(buf{i} + (t - w) * {_size(v)})" for i, v in enumerate(st_vars)]
@@ -333,14 +332,14 @@ def reverse_source(step, vjp, n_state, n_fixed, n_params, out_names, state_names
         k = _size(v)
         lines.append(f"{ind}        for (int64_t c = 0; c < {k}; c++) buf{i}[(t - w) * {k} + c] = cur{i}[c];")
     lines.append(f"{ind}        if (t == end - 1) break;")
-    _poll(lines, target, ind + "        ")
+    lines.append(ind + "        " + _POLL)
     _emit(fwd_body, lines, ind + "        ")
     for i, v in enumerate(st_vars):
         k = _size(v)
         lines.append(f"{ind}        for (int64_t c = 0; c < {k}; c++) cur{i}[c] = nx{new_of[i]}[c];")
     lines.append(f"{ind}    }}")
     lines.append(f"{ind}    for (int64_t t = end - 1; t >= w; t--) {{")
-    _poll(lines, target, ind + "        ")
+    lines.append(ind + "        " + _POLL)
     _emit(bwd_body, lines, ind + "        ")
     for k, w_pos in enumerate(wrt):
         size = _size(ins[w_pos])
