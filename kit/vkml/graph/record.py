@@ -208,9 +208,10 @@ def _run_fused(graph, recording):
 
 
 def _may_fail(program) -> bool:
-    """Whether a program can fail part-way through: it reads or writes by index."""
+    """Whether a program can fail part-way through: it reads or writes by index, or it loops
+    (Ctrl-C stops a long scan or while loop part-way, compiled or not)."""
     from .diff import _prims
-    return any(prim.name in ("gather", "scatter_add") for prim in _prims(program))
+    return any(prim.name in ("gather", "scatter_add", "scan", "while") for prim in _prims(program))
 
 
 #: a launch with nothing to put back: one fused run changes no plane, generation or Record
