@@ -33,7 +33,7 @@ pytestmark = pytest.mark.skipif(os.name != "posix", reason="SIGINT to a child pr
 #: the requirement: control returns within this many seconds of Ctrl-C
 BOUND = 0.5
 #: how long the parent waits after the child's SIGNAL ME (the call is under way by then)
-WAIT = 0.4
+WAIT = 0.25
 
 PRELUDE = '''
 import json, os, signal, sys, threading, time
@@ -261,26 +261,26 @@ def check_report(result, calls):
         assert latency < BOUND, f"{call}: control came back {latency:.3f} s after Ctrl-C ({numbers})"
         # the call had far more than BOUND left when it was interrupted: the bound is not met by
         # the call ending anyway
-        assert numbers[reference] > WAIT + BOUND + 0.3, (call, numbers)
+        assert numbers[reference] > WAIT + BOUND + 0.25, (call, numbers)
 
 
 def test_a_compiled_simulation_and_its_reverse_stop_at_ctrl_c_and_change_nothing():
     """The cpu tier's per-sample loops, split over two OpenMP threads (each polls, both stop)."""
-    result = run_child("simulation_scenario(256, 2.5)", "cpu", {"VKML_THREADS": "2"})
+    result = run_child("simulation_scenario(256, 2.0)", "cpu", {"VKML_THREADS": "2"})
     check_report(result, {"run": "run_s", "reverse": "reverse_s"})
 
 
 def test_compiled_programs_with_long_loops_stop_at_ctrl_c():
     """A compiled scan's gradient, a compiled while loop, and a graph whose kernel holds a loop
     (its launch and its compiled reverse)."""
-    result = run_child("programs_scenario(2.5)\ngraph_scenario(64, 2.0)", "cpu")
+    result = run_child("programs_scenario(1.5)\ngraph_scenario(8192, 1.3)", "cpu")
     check_report(result, {"scan_grad": "scan_grad_s", "while": "while_s", "launch": "launch_s",
                           "graph_reverse": "graph_reverse_s"})
 
 
 def test_numpy_backend_runs_stop_between_rows_and_change_nothing():
     """On NumPy the loops are Python's: the interrupt comes between two rows or steps."""
-    result = run_child("simulation_scenario(64, 2.0)\nprograms_scenario(2.0)\ngraph_scenario(16, 1.5)",
+    result = run_child("simulation_scenario(64, 1.3)\nprograms_scenario(1.5)\ngraph_scenario(16, 1.3)",
                        "numpy")
     check_report(result, {"run": "run_s", "reverse": "reverse_s", "scan_grad": "scan_grad_s",
                           "while": "while_s", "launch": "launch_s",

@@ -31,6 +31,18 @@ scatter index is checked, and integer division is defined for every input
 (NumPy's answers: ``MIN // -1`` wraps, ``x // 0`` is 0).  Where NumPy refuses
 (a negative integer power, argmax over an empty axis) this tier refuses too,
 with the same error class.
+
+Ctrl-C stops a long call within a step (``interrupts``): a program holding a
+scan or while loop, and a simulation's per-sample loops, are called with
+vkml's SIGINT handler armed (on the main thread, while Python's default
+handler is in place); it sets a flag that the generated C polls every few
+scan rows or while iterations and before every step of every sample (every
+OpenMP thread polls), and hands the signal on to Python's handler.  The C
+function then frees its temporaries and returns
+:data:`~.codegen.c_render.INTERRUPTED`; nothing it computed is committed --
+such a program computes into arrays of its own, never straight into the
+caller's -- and the caller gets the KeyboardInterrupt, everything as before
+the call.  Loop-free programs are short and never armed.
 """
 
 from __future__ import annotations
@@ -51,8 +63,8 @@ from ..stats import STATS
 from . import disk_cache
 from .base import Backend, ExecutionFailure, check_sizes, failure_error, register
 from .codegen.c_render import ALLOCATION_FAILED, INTERRUPTED, POLL, render
-from .interrupts import NEVER, Armed, interrupted
 from .codegen.lower import Lowering, Unsupported
+from .interrupts import NEVER, Armed, interrupted
 from .numpy_backend import compile_program as compile_numpy
 
 # -fwrapv: signed integer overflow wraps, as NumPy's integers do (without it -x of INT_MIN is
