@@ -68,16 +68,16 @@ def interrupted(call):
 
 def calibrated(make, small, target):
     """The size whose call takes about ``target`` seconds on this machine now: ``make(size)`` is
-    a call, timed warm at sizes growing from ``small`` until it takes a tenth of a second, and
-    scaled from there."""
+    a call, timed warm at sizes growing from ``small`` until it takes a quarter of a second,
+    and scaled from there."""
     size = small
     while True:
         call = make(size)
         call()
         _, seconds = timed(call)
-        if seconds >= 0.1:
+        if seconds >= 0.25:
             return int(size * target / seconds)
-        size *= int(min(100, max(2, 0.2 / max(seconds, 1e-6))))
+        size *= int(min(100, max(2, 0.5 / max(seconds, 1e-6))))
 
 
 def same(a, b):
@@ -177,6 +177,28 @@ def graph_scenario(n, target):
     checks["graph reverse: the Reverse is free (not Busy)"] = not rev._lock.locked()
     checks["graph reverse: the next reverse gives the reference bits"] = \\
         same(dict(rev(second, {"y": np.ones(n)})), want)
+
+
+def runs_scenario(n, target):
+    """``launch(runs)`` of a graph of one plain kernel: Ctrl-C comes between two runs."""
+    @vkml.kernel
+    def nudge(s, k: vkml.Param):
+        return {"s": s * k + 1e-9}
+
+    start = np.linspace(0.0, 1.0, n)
+    s = start.copy()
+    g = vkml.Graph().add(nudge.bind(s=s, k=0.9999999), name="nudge").build()
+    runs = calibrated(lambda runs: lambda: g.launch(runs), 10, target)
+    s[...] = start
+    generation = g.generation
+    _, numbers["runs_s"] = timed(lambda: g.launch(runs))
+    want = s.copy()
+    s[...] = start
+    numbers["runs_latency"] = interrupted(lambda: g.launch(runs))
+    checks["launch(runs): planes and generation put back"] = same(s, start) and \\
+        g.generation == generation + runs and not g._launching
+    g.launch(runs)
+    checks["launch(runs): the next launch gives the reference bits"] = same(s, want)
 '''
 
 PROGRAMS = '''
@@ -271,20 +293,22 @@ def test_a_compiled_simulation_and_its_reverse_stop_at_ctrl_c_and_change_nothing
 
 
 def test_compiled_programs_with_long_loops_stop_at_ctrl_c():
-    """A compiled scan's gradient, a compiled while loop, and a graph whose kernel holds a loop
-    (its launch and its compiled reverse)."""
-    result = run_child("programs_scenario(1.5)\ngraph_scenario(8192, 1.3)", "cpu")
+    """A compiled scan's gradient, a compiled while loop, a graph whose kernel holds a loop (its
+    launch and its compiled reverse), and ``launch(runs)`` of a plain graph (stopped between
+    two runs: every plane is put back)."""
+    result = run_child("programs_scenario(1.5)\ngraph_scenario(8192, 1.3)\nruns_scenario(64, 1.5)",
+                       "cpu")
     check_report(result, {"scan_grad": "scan_grad_s", "while": "while_s", "launch": "launch_s",
-                          "graph_reverse": "graph_reverse_s"})
+                          "graph_reverse": "graph_reverse_s", "runs": "runs_s"})
 
 
 def test_numpy_backend_runs_stop_between_rows_and_change_nothing():
     """On NumPy the loops are Python's: the interrupt comes between two rows or steps."""
-    result = run_child("simulation_scenario(64, 1.3)\nprograms_scenario(1.5)\ngraph_scenario(16, 1.3)",
-                       "numpy")
+    result = run_child("simulation_scenario(64, 1.3)\nprograms_scenario(1.5)\ngraph_scenario(16, 1.3)\n"
+                       "runs_scenario(64, 1.5)", "numpy")
     check_report(result, {"run": "run_s", "reverse": "reverse_s", "scan_grad": "scan_grad_s",
                           "while": "while_s", "launch": "launch_s",
-                          "graph_reverse": "graph_reverse_s"})
+                          "graph_reverse": "graph_reverse_s", "runs": "runs_s"})
 
 
 def test_outside_a_call_sigint_is_python_s_and_a_handler_of_yours_still_runs():

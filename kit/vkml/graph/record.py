@@ -236,13 +236,14 @@ def run_launches(graph, runs, workers):
 def launch_backup(graph, runs, fused):
     """What a launch of ``runs`` runs must copy first to put back if it fails part-way (see
     ``all_or_nothing``): nothing for one fused run (it computes into private buffers where it
-    can fail) nor for plain kernel launches that cannot fail (no index read or written);
-    otherwise every plane the graph writes."""
+    can fail) nor for one run of plain kernel launches that cannot fail (no index read or
+    written, no loop); otherwise -- several runs can always be stopped between two of them by
+    Ctrl-C -- every plane the graph writes (one copy for all the runs)."""
     can_fail = graph.__dict__.get("_can_fail")
     if can_fail is None:
         can_fail = graph.__dict__["_can_fail"] = not all(type(node.op) is Launch for node in graph.nodes) \
             or any(_may_fail(node.op.program) for node in graph.nodes)
-    return graph.written_planes() if can_fail and not (fused and runs == 1) else []
+    return graph.written_planes() if runs > 1 or can_fail and not fused else []
 
 
 def fused_launch(graph, workers=None) -> bool:
