@@ -13,14 +13,17 @@ so Python still raises KeyboardInterrupt once the call returns);
 ``vk_disarm`` puts the previous action back exactly as it was.  A call
 that can be long (a program holding a scan or while loop, a simulation's
 per-sample loops) is *armed* around the C call and passes the flag's
-address to the generated function, which polls it once per iteration of
-its outer loops (each scan row, each while iteration, each step of every
-sample -- every OpenMP thread polls, so all of them stop) and returns
+address to the generated function, which polls it in its outer loops
+(every few scan rows or while iterations -- at most 256, fewer the more an
+iteration computes -- and before each step of every sample: every OpenMP
+thread polls, so all of them stop) and returns
 :data:`~.codegen.c_render.INTERRUPTED` after freeing its temporaries.  The
 caller then raises KeyboardInterrupt without committing any output, so
-everything is as it was before the call.  A poll is one load and one
-well-predicted branch; arming is two ``sigaction`` calls (about a
-microsecond), which is why loop-free programs are never armed.
+everything is as it was before the call (measured: control is back within
+a millisecond of the signal).  A poll costs nothing measurable (a scan of
+scalar adds, the fastest loop there is, runs at the same speed); arming is
+two ``sigaction`` calls (about a microsecond), which is why loop-free
+programs are never armed.
 
 When a call is NOT armed -- it runs as it always did, the interrupt taking
 effect when it returns:

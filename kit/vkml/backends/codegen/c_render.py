@@ -9,9 +9,10 @@ Nothing is written past a failed allocation: every temporary is allocated,
 and checked, before any statement runs.
 
 A fourth argument, ``const volatile int* vk_stop``, is the interrupt flag
-(``backends.interrupts``): each scan row and while iteration polls it
-(:data:`POLL`) and, once it is set, the function frees its temporaries and
-returns :data:`INTERRUPTED`; the caller commits nothing of such a call.
+(``backends.interrupts``): scans and while loops poll it every few
+iterations (:data:`POLL`, placed by the lowering) and, once it is set, the
+function frees its temporaries and returns :data:`INTERRUPTED`; the caller
+commits nothing of such a call.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ STACK_LIMIT = 64
 ALLOCATION_FAILED = -1
 #: what a generated function returns when it stopped at an interrupt (its outputs half-written)
 INTERRUPTED = -2
-#: the poll of the interrupt flag at the top of every iteration of a long loop (one load and a
+#: the poll of the interrupt flag before every few iterations of a long loop (one load and a
 #: branch that is never taken until Ctrl-C), leaving through the function's clean-up
 POLL = f"if (*vk_stop) {{ *err = {INTERRUPTED}; goto done; }}"
 
