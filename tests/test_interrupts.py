@@ -28,7 +28,8 @@ import pytest
 
 import vkml
 
-pytestmark = pytest.mark.skipif(os.name != "posix", reason="SIGINT to a child process: POSIX only")
+pytestmark = [pytest.mark.skipif(os.name != "posix", reason="SIGINT to a child process: POSIX only"),
+              pytest.mark.slow]
 
 #: the requirement: control returns within this many seconds of Ctrl-C
 BOUND = 0.5
@@ -69,12 +70,13 @@ def interrupted(call):
 def calibrated(make, small, target):
     """The size whose call takes about ``target`` seconds on this machine now: ``make(size)`` is
     a call, timed warm at sizes growing from ``small`` until it takes a quarter of a second,
-    and scaled from there."""
+    and scaled from there (the faster of two timings: a burst of load on a shared machine must
+    not make the call too short to be interrupted)."""
     size = small
     while True:
         call = make(size)
         call()
-        _, seconds = timed(call)
+        seconds = min(timed(call)[1] for _ in range(2))
         if seconds >= 0.25:
             return int(size * target / seconds)
         size *= int(min(100, max(2, 0.5 / max(seconds, 1e-6))))
@@ -281,14 +283,14 @@ def check_report(result, calls):
         latency = numbers[f"{call}_latency"]
         assert latency is not None, f"{call} ended before the interrupt came: make it longer ({numbers})"
         assert latency < BOUND, f"{call}: control came back {latency:.3f} s after Ctrl-C ({numbers})"
-        # the call had far more than BOUND left when it was interrupted: the bound is not met by
-        # the call ending anyway
-        assert numbers[reference] > WAIT + BOUND + 0.25, (call, numbers)
+        # the call had more than BOUND left when it was interrupted: the bound is not met by the
+        # call ending anyway
+        assert numbers[reference] > WAIT + BOUND + 0.1, (call, numbers)
 
 
 def test_a_compiled_simulation_and_its_reverse_stop_at_ctrl_c_and_change_nothing():
     """The cpu tier's per-sample loops, split over two OpenMP threads (each polls, both stop)."""
-    result = run_child("simulation_scenario(256, 2.0)", "cpu", {"VKML_THREADS": "2"})
+    result = run_child("simulation_scenario(256, 1.8)", "cpu", {"VKML_THREADS": "2"})
     check_report(result, {"run": "run_s", "reverse": "reverse_s"})
 
 
@@ -296,7 +298,7 @@ def test_compiled_programs_with_long_loops_stop_at_ctrl_c():
     """A compiled scan's gradient, a compiled while loop, a graph whose kernel holds a loop (its
     launch and its compiled reverse), and ``launch(runs)`` of a plain graph (stopped between
     two runs: every plane is put back)."""
-    result = run_child("programs_scenario(1.5)\ngraph_scenario(8192, 1.3)\nruns_scenario(64, 1.5)",
+    result = run_child("programs_scenario(1.8)\ngraph_scenario(8192, 1.5)\nruns_scenario(64, 1.8)",
                        "cpu")
     check_report(result, {"scan_grad": "scan_grad_s", "while": "while_s", "launch": "launch_s",
                           "graph_reverse": "graph_reverse_s", "runs": "runs_s"})
@@ -304,8 +306,8 @@ def test_compiled_programs_with_long_loops_stop_at_ctrl_c():
 
 def test_numpy_backend_runs_stop_between_rows_and_change_nothing():
     """On NumPy the loops are Python's: the interrupt comes between two rows or steps."""
-    result = run_child("simulation_scenario(64, 1.3)\nprograms_scenario(1.5)\ngraph_scenario(16, 1.3)\n"
-                       "runs_scenario(64, 1.5)", "numpy")
+    result = run_child("simulation_scenario(64, 1.5)\nprograms_scenario(1.8)\ngraph_scenario(16, 1.5)\n"
+                       "runs_scenario(64, 1.8)", "numpy")
     check_report(result, {"run": "run_s", "reverse": "reverse_s", "scan_grad": "scan_grad_s",
                           "while": "while_s", "launch": "launch_s",
                           "graph_reverse": "graph_reverse_s", "runs": "runs_s"})
@@ -319,7 +321,7 @@ def test_outside_a_call_sigint_is_python_s_and_a_handler_of_yours_still_runs():
     never stopped by an interrupt meant for the main thread."""
     result = run_child('''
         from vkml.backends import interrupts
-        loop, want = long_loop(2.5)
+        loop, want = long_loop(1.8)
         numbers["while_latency"] = interrupted(lambda: loop(np.float64(0.5)).numpy())
         checks["Python's handler is back after the calls"] = \\
             signal.getsignal(signal.SIGINT) is signal.default_int_handler
