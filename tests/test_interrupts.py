@@ -318,7 +318,8 @@ def test_outside_a_call_sigint_is_python_s_and_a_handler_of_yours_still_runs():
     raises KeyboardInterrupt as without vkml (and vkml's flag does not see it).  A SIGINT
     handler you installed decides what Ctrl-C means: a long compiled call is then not stopped,
     your handler runs (once), and the result is whole.  A compiled call on another thread is
-    never stopped by an interrupt meant for the main thread."""
+    never stopped by an interrupt meant for the main thread.  Arming twice (a disarm missed)
+    neither loses Python's handler nor makes vkml's call itself."""
     result = run_child('''
         from vkml.backends import interrupts
         loop, want = long_loop(1.8)
@@ -330,6 +331,18 @@ def test_outside_a_call_sigint_is_python_s_and_a_handler_of_yours_still_runs():
         numbers["sleep_s"] = 30.0
         checks["vkml's handler did not see the signal during sleep"] = \\
             interrupts._library().flag.value == 0
+
+        lib = interrupts._library()
+        lib.vk_arm()
+        lib.vk_arm()                      # a disarm missed: arming again must not chain to itself
+        numbers["armed_sleep_latency"] = interrupted(lambda: time.sleep(30))
+        numbers["armed_sleep_s"] = 30.0
+        checks["armed twice: vkml's handler saw the signal and handed it on"] = lib.flag.value == 1
+        lib.vk_disarm()
+        lib.flag.value = 0
+        numbers["disarmed_sleep_latency"] = interrupted(lambda: time.sleep(30))
+        numbers["disarmed_sleep_s"] = 30.0
+        checks["disarmed once: vkml's handler is gone"] = lib.flag.value == 0
 
         calls = []
         signal.signal(signal.SIGINT, lambda sig, frame: calls.append(sig))
@@ -351,4 +364,5 @@ def test_outside_a_call_sigint_is_python_s_and_a_handler_of_yours_still_runs():
         worker.join()
         checks["a call on another thread is not stopped"] = len(got) == 2 and same(got[1], want)
     ''', "cpu")
-    check_report(result, {"while": "while_s", "sleep": "sleep_s", "main_sleep": "main_sleep_s"})
+    check_report(result, {"while": "while_s", "sleep": "sleep_s", "armed_sleep": "armed_sleep_s",
+                          "disarmed_sleep": "disarmed_sleep_s", "main_sleep": "main_sleep_s"})

@@ -60,6 +60,7 @@ typedef char vk_flag_is_an_int[sizeof(sig_atomic_t) == sizeof(int) ? 1 : -1];
 
 volatile sig_atomic_t vk_interrupted = 0;
 static struct sigaction vk_previous;
+static int vk_armed = 0;
 
 static void vk_on_interrupt(int sig, siginfo_t* si, void* context) {
     int saved = errno;
@@ -72,20 +73,30 @@ static void vk_on_interrupt(int sig, siginfo_t* si, void* context) {
     errno = saved;
 }
 
-/* 0 when armed; the previous action is read (and kept) before ours is installed, so the
-   handler never runs with a half-written copy of it */
+/* 0 when armed.  The previous action is read (and kept) before ours is installed, so the
+   handler never runs with a half-written copy of it; ours is never kept as "previous" (a
+   handler calling itself), should a disarm have been missed. */
 int vk_arm(void) {
-    struct sigaction ours;
-    if (sigaction(SIGINT, 0, &vk_previous) != 0) return -1;
+    struct sigaction ours, now;
+    vk_interrupted = 0;
+    if (sigaction(SIGINT, 0, &now) != 0) return -1;
+    if ((now.sa_flags & SA_SIGINFO) && now.sa_sigaction == vk_on_interrupt) {
+        vk_armed = 1;
+        return 0;
+    }
+    vk_previous = now;
     memset(&ours, 0, sizeof ours);
     ours.sa_sigaction = vk_on_interrupt;
-    ours.sa_mask = vk_previous.sa_mask;
-    ours.sa_flags = SA_SIGINFO | (vk_previous.sa_flags & (SA_ONSTACK | SA_RESTART));
-    vk_interrupted = 0;
-    return sigaction(SIGINT, &ours, 0);
+    ours.sa_mask = now.sa_mask;
+    ours.sa_flags = SA_SIGINFO | (now.sa_flags & (SA_ONSTACK | SA_RESTART));
+    if (sigaction(SIGINT, &ours, 0) != 0) return -1;
+    vk_armed = 1;
+    return 0;
 }
 
 int vk_disarm(void) {
+    if (!vk_armed) return 0;
+    vk_armed = 0;
     return sigaction(SIGINT, &vk_previous, 0);
 }
 """
@@ -137,10 +148,16 @@ class Armed:
                 signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
             return NEVER
         lib = _library()
-        if lib is None or lib.vk_arm() != 0:
+        if lib is None:
             return NEVER
-        self.lib = lib
-        return ctypes.addressof(lib.flag)
+        try:
+            if lib.vk_arm() != 0:
+                return NEVER
+            self.lib = lib
+            return ctypes.addressof(lib.flag)
+        except BaseException:          # a Ctrl-C landing right after vk_arm: not left armed
+            lib.vk_disarm()
+            raise
 
     def __exit__(self, *exc):
         if self.lib is not None:
