@@ -16,8 +16,9 @@ graph layer sums them with the canonical tree.
 
 Two dialects of the same loops: ``target="c"`` for the cpu tier
 (``cpu.SampleLoops``; ``int vk_fwd(void** in, void** out, int64_t* info,
-const volatile int* vk_stop)``, the samples split over OpenMP threads) and ``target="cuda"`` for the CUDA
-backend (``cuda_loops.CudaSampleLoops``; ``extern "C" __global__ void
+const volatile int* vk_stop)``, the samples split over OpenMP threads) and
+``target="cuda"`` for the CUDA backend (``cuda_loops.CudaSampleLoops``;
+``extern "C" __global__ void
 vk_fwd(void* const* in, void* const* out, long long n, long long max_steps)``
 with device pointer tables, one GPU thread per sample in a grid-stride
 loop, a thread's state and window in local memory -- a window too large
@@ -167,6 +168,7 @@ _POLL = "VK_POLL_INTERRUPT;"
 
 
 def _lowering():
+    """A lowering of a step whose scans and while loops poll the interrupt flag."""
     low = Lowering()
     low.interrupt_poll = _POLL
     return low
