@@ -31,6 +31,18 @@ scatter index is checked, and integer division is defined for every input
 (NumPy's answers: ``MIN // -1`` wraps, ``x // 0`` is 0).  Where NumPy refuses
 (a negative integer power, argmax over an empty axis) this tier refuses too,
 with the same error class.
+
+Ctrl-C stops a long call within a step (``interrupts``): a program holding a
+scan or while loop, and a simulation's per-sample loops, are called with
+vkml's SIGINT handler armed (on the main thread, while Python's default
+handler is in place); it sets a flag that the generated C polls every few
+scan rows or while iterations and before every step of every sample (every
+OpenMP thread polls), and hands the signal on to Python's handler.  The C
+function then frees its temporaries and returns
+:data:`~.codegen.c_render.INTERRUPTED`; nothing it computed is committed --
+such a program computes into arrays of its own, never straight into the
+caller's -- and the caller gets the KeyboardInterrupt, everything as before
+the call.  Loop-free programs are short and never armed.
 """
 
 from __future__ import annotations
@@ -50,9 +62,10 @@ from ..ops.checks import warn_at_user
 from ..stats import STATS
 from . import disk_cache
 from .base import Backend, ExecutionFailure, check_sizes, failure_error, register
-from .codegen.c_render import ALLOCATION_FAILED, render
+from .codegen.c_render import ALLOCATION_FAILED, INTERRUPTED, POLL, render
 from .codegen.lower import Lowering, Unsupported
 from .codegen.sample_loops import forward_source, reverse_source
+from .interrupts import NEVER, Armed, interrupted
 from .numpy_backend import compile_program as compile_numpy
 
 # -fwrapv: signed integer overflow wraps, as NumPy's integers do (without it -x of INT_MIN is
@@ -120,6 +133,7 @@ def c_source(program):
     cannot compile)."""
     low = Lowering()
     low.checks = True
+    low.interrupt_poll = POLL
     ins = [f"a{i}" for i in range(len(program.inputs))]
     outs = [f"o{i}" for i in range(len(program.outputs))]
     stmts = low.program(program, ins, outs)
@@ -160,12 +174,18 @@ def _too_big(program) -> bool:
 
 
 class CompiledProgram:
-    """A program's C function, called with contiguous arrays."""
+    """A program's C function, called with contiguous arrays.
+
+    A program holding a loop may run long, so its call is interruptible (armed, see the module
+    docstring) and computes into arrays of its own, never into ``into``: a call stopped
+    half-way then leaves the caller's arrays as they were (``Backend.run`` copies the results
+    in once the call has succeeded)."""
 
     def __init__(self, program, lib, source, lowering):
         self.fn = lib.vk_main
         self.fn.restype = ctypes.c_int
-        self.fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        self.fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        self.interruptible = _has_loop(program)
         self.in_types = [v.dtype for v in program.inputs]
         self.out_types = [(v.shape, v.dtype) for v in program.outputs]
         producer = {v: i for i, e in enumerate(program.eqns) for v in e.outputs}
@@ -183,13 +203,19 @@ class CompiledProgram:
         ins = [np.ascontiguousarray(a, dtype=t) for a, t in zip(args, self.in_types)]
         outs = [_empty_result(shape, dtype, "a result", site)
                 for (shape, dtype), site in zip(self.out_types, self.out_sites)]
-        for i, dest in enumerate(into or ()):
+        for i, dest in enumerate(() if self.interruptible else into or ()):
             if dest is not None and dest.shape == outs[i].shape and dest.dtype == outs[i].dtype:
                 outs[i] = dest
         in_ptrs = (ctypes.c_void_p * max(1, len(ins)))(*[a.ctypes.data for a in ins])
         out_ptrs = (ctypes.c_void_p * max(1, len(outs)))(*[o.ctypes.data for o in outs])
         info = np.zeros(3 + len(self.warnings), np.int64)
-        code = self.fn(in_ptrs, out_ptrs, info.ctypes.data)
+        if self.interruptible:
+            with Armed() as stop:
+                code = self.fn(in_ptrs, out_ptrs, info.ctypes.data, stop)
+            if code == INTERRUPTED:
+                interrupted()
+        else:
+            code = self.fn(in_ptrs, out_ptrs, info.ctypes.data, NEVER)
         for message, hit in zip(self.warnings, info[3:]):
             if hit:                         # a warning check that fired: once per call
                 warn_at_user(message)
@@ -322,18 +348,21 @@ class SampleLoops:
         self._rev_lib, _ = library(rev, ["-fopenmp"])
         for fn in (self._fwd_lib.vk_fwd, self._rev_lib.vk_rev):
             fn.restype = ctypes.c_int
-            fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
 
     def _call(self, direction, fn, ins, outs, n, max_steps, threads):
-        """One call of the compiled loops; a sample that failed (the lowest-numbered one) is
-        raised as an ExecutionError naming the sample."""
+        """One call of the compiled loops, interruptible (see the module docstring); a sample that
+        failed (the lowest-numbered one) is raised as an ExecutionError naming the sample."""
         ins = [np.ascontiguousarray(a) for a in ins]
         in_ptrs = (ctypes.c_void_p * max(1, len(ins)))(*[a.ctypes.data for a in ins])
         out_ptrs = (ctypes.c_void_p * max(1, len(outs)))(*[o.ctypes.data for o in outs])
         info = np.array([n, max_steps, threads, 0, 0, 0, 0, 0], dtype=np.int64)
         STATS.submissions += 1
-        fn(in_ptrs, out_ptrs, info.ctypes.data)
+        with Armed() as stop:
+            fn(in_ptrs, out_ptrs, info.ctypes.data, stop)
         code, sample = int(info[3]), int(info[7])
+        if code == INTERRUPTED:
+            interrupted()
         if code == ALLOCATION_FAILED:
             raise ExecutionError(f"the compiled simulation {direction}: could not allocate "
                                  f"{int(info[4])} bytes for sample {sample}'s window of "

@@ -61,6 +61,10 @@ How a Program runs:
 6. **Errors**: a gather index out of range stops the submission (later
    kernels return at once) and is raised as on the CPU tier, naming the
    index, the axis and its size.
+7. **Ctrl-C**: a submission is one graph launch, which the host cannot stop;
+   the KeyboardInterrupt comes once it has finished (the run always waits
+   for the device, interrupted or not, before its buffers are used again).
+   Loops of submissions (the graph layer's steps) stop between two of them.
 
 What was verified without a GPU (``tests/test_cuda_codegen.py``): the
 generated CUDA compiles with ``nvcc --ptx``; the launch plans compute the
@@ -586,21 +590,25 @@ class CudaExecutable:
                 self.host_table[k] = out.ptr if out is not None and k not in self.fixed else self.own[k]
                 results.append(out)
             use_graphs = gpu.use_graphs if graphs is None else graphs
-            if use_graphs:
-                if self.graph is None:
-                    self.capture()
-                _check(gpu.cu, gpu.cu.cuGraphLaunch(self.graph, gpu.cu_stream), "cuGraphLaunch")
-                STATS.graph_launches += 1
-            else:
-                self.enqueue()
-                gpu.kernel_launches += self.kernel_launches
-            for j, out in enumerate(results):
-                k = n_in + j
-                if out is None:
-                    drv.memcpy_dtoh_async(self.host_out[j], self.bufs[k], stream)
-                elif k in self.fixed and out.size:
-                    drv.memcpy_dtod_async(out.ptr, self.bufs[k], out.nbytes, stream)
-            stream.synchronize()
+            try:
+                if use_graphs:
+                    if self.graph is None:
+                        self.capture()
+                    _check(gpu.cu, gpu.cu.cuGraphLaunch(self.graph, gpu.cu_stream), "cuGraphLaunch")
+                    STATS.graph_launches += 1
+                else:
+                    self.enqueue()
+                    gpu.kernel_launches += self.kernel_launches
+                for j, out in enumerate(results):
+                    k = n_in + j
+                    if out is None:
+                        drv.memcpy_dtoh_async(self.host_out[j], self.bufs[k], stream)
+                    elif k in self.fixed and out.size:
+                        drv.memcpy_dtod_async(out.ptr, self.bufs[k], out.nbytes, stream)
+            finally:
+                # a Ctrl-C landing between these calls still waits for the device: the next run
+                # must not write the staging buffers and the table while the device reads them
+                stream.synchronize()
             code = int(self.host_status[0])
             for message, hit in zip(self.plan.warnings, self.host_status[STATUS_WORDS:]):
                 if hit:                 # a warning check that fired: once per run

@@ -20,6 +20,11 @@ the buffers.  A failure inside a step (a gather index out of range) stops
 that sample and is written to four status words after the outputs (the
 first failure wins); the call then raises an ExecutionError, as the cpu
 tier's loops do.
+
+Ctrl-C: a running kernel cannot be stopped from the host (it has no flag to
+poll, unlike the cpu tier's loops), so the KeyboardInterrupt comes when the
+kernel ends; the device buffers are freed on the way out and nothing is
+committed (``forward`` writes its planes only after the launch succeeded).
 """
 
 from __future__ import annotations
@@ -104,8 +109,8 @@ class CudaSampleLoops:
                 for o, buf in zip(outs, d_out):
                     if o.nbytes:
                         drv.memcpy_dtoh_async(o, buf, stream)
-                stream.synchronize()
             finally:
+                stream.synchronize()               # even after a Ctrl-C: the device is done
                 for buf in held:                   # PyCUDA frees on .free(); stand-ins may not
                     free = getattr(buf, "free", None)
                     if free is not None:

@@ -65,10 +65,12 @@ class all_or_nothing:          # noqa: N801 - used as a ``with`` statement, like
     A call checks what it can before it writes anything.  What can only fail part-way (an index
     out of range inside a kernel, a user's opaque node or guard raising) runs inside this
     block: it copies ``planes`` (the arrays the call may write) and remembers ``restore``
-    (``(object, attribute)`` pairs: generations, Records), and if anything raises, puts every
-    one of them back before the error leaves -- so no plane, Record, generation or cache is
-    left half-updated.  An error that is not a :class:`vkml.VkmlError` (a user's function raised
-    it) leaves as an :class:`vkml.ExecutionError` naming it, with the original as its cause."""
+    (``(object, attribute)`` pairs: generations, Records), and if anything raises -- a
+    KeyboardInterrupt too (Ctrl-C stops a long compiled call part-way) -- puts every one of
+    them back before the error leaves, so no plane, Record, generation or cache is left
+    half-updated.  An error that is not a :class:`vkml.VkmlError` (a user's function raised
+    it) leaves as an :class:`vkml.ExecutionError` naming it, with the original as its cause; a
+    KeyboardInterrupt (any BaseException that is not an Exception) leaves as it is."""
 
     __slots__ = ("backups", "attrs")
 

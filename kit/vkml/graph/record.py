@@ -227,9 +227,10 @@ def _run_fused(graph, recording):
 
 
 def _may_fail(program) -> bool:
-    """Whether a program can fail part-way through: it reads or writes by index."""
+    """Whether a program can fail part-way through: it reads or writes by index, or it loops
+    (Ctrl-C stops a long scan or while loop part-way, compiled or not)."""
     from .diff import primitives_of  # local: cycle (diff imports this module)
-    return any(prim.name in ("gather", "scatter_add") for prim in primitives_of(program))
+    return any(prim.name in ("gather", "scatter_add", "scan", "while") for prim in primitives_of(program))
 
 
 #: a launch with nothing to put back: one fused run changes no plane, generation or Record
@@ -254,12 +255,13 @@ def run_launches(graph, runs, workers):
 def launch_backup(graph, runs, fused):
     """What a launch of ``runs`` runs must copy first to put back if it fails part-way (see
     ``all_or_nothing``): nothing for one fused run (it computes into private buffers where it
-    can fail) nor for plain kernel launches that cannot fail (no index read or written);
-    otherwise every plane the graph writes."""
+    can fail) nor for one run of plain kernel launches that cannot fail (no index read or
+    written, no loop); otherwise -- several runs can always be stopped between two of them by
+    Ctrl-C -- every plane the graph writes (one copy for all the runs)."""
     can_fail, _ = graph._caches.structure.get_or_make("can fail", lambda: not all(
         type(node.op) is Launch for node in graph.nodes) or any(_may_fail(node.op.program)
                                                                 for node in graph.nodes))
-    return graph.written_planes() if can_fail and not (fused and runs == 1) else []
+    return graph.written_planes() if runs > 1 or can_fail and not fused else []
 
 
 def fused_launch(graph, workers=None) -> bool:

@@ -235,20 +235,18 @@ class Simulation(Reversible):
         stored = {}
         store_at = self.schedule.stored_steps(self.max_steps) if self.record_mode else ()
         store_at = store_at if isinstance(store_at, range) else set(store_at)      # O(1) membership
-        bar = _progress(self.progress, self.max_steps, "simulation")
         last_outs = None
-        for t in range(self.max_steps):
-            if not active.any():
-                break
-            if t in store_at:
-                stored[t] = {s: v.copy() for s, v in state.items()}
-            state, done, last_outs, extra = self._step(state, fixed, active)
-            steps += active
-            active = active & ~done
-            if bar is not None:
+        # closed however the loop ends (a Ctrl-C between two steps too): nothing has been written
+        with _progress(self.progress, self.max_steps, "simulation") as bar:
+            for t in range(self.max_steps):
+                if not active.any():
+                    break
+                if t in store_at:
+                    stored[t] = {s: v.copy() for s, v in state.items()}
+                state, done, last_outs, extra = self._step(state, fixed, active)
+                steps += active
+                active = active & ~done
                 bar.update(1)
-        if bar is not None:
-            bar.close()
         for s in self.state:
             launch.writes[s][...] = state[s]
         if last_outs is not None:
@@ -530,26 +528,25 @@ class Simulation(Reversible):
             return made[t] if t in made else {s: stored[t][s][sl] for s in self.state}
 
         peak = alive
-        bar = _progress(self.progress, last, "reverse steps")
-        for action in plan:
-            if action[0] == "recompute":
-                _, c, t = action
-                peak = max(peak, alive + len(made) + 1)
-                cur = state(c)
-                for u in range(c, t):
-                    cur = self._advance(cur, fixed, steps, u)
-                    stats["recomputed"] += 1
-                made[t] = cur
-            else:
-                t = action[1]
-                if t in made:
-                    cur = made.pop(t)
+        with _progress(self.progress, last, "reverse steps") as bar:      # closed by a Ctrl-C too
+            for action in plan:
+                if action[0] == "recompute":
+                    _, c, t = action
+                    peak = max(peak, alive + len(made) + 1)
+                    cur = state(c)
+                    for u in range(c, t):
+                        cur = self._advance(cur, fixed, steps, u)
+                        stats["recomputed"] += 1
+                    made[t] = cur
                 else:
-                    cur = state(t)
-                    alive -= t in stored
-                back_step(t, cur, self._node_values(cur, fixed))
-                bar.update(1)
-        bar.close()
+                    t = action[1]
+                    if t in made:
+                        cur = made.pop(t)
+                    else:
+                        cur = state(t)
+                        alive -= t in stored
+                    back_step(t, cur, self._node_values(cur, fixed))
+                    bar.update(1)
         stats["peak"] = max(stats["peak"], peak)
 
     def _advance(self, cur, fixed, steps, t):

@@ -7,6 +7,12 @@ failed (a gather index out of range, say; its details in ``info``), or
 (``info[0]``: its place in ``lowering.temps``, ``info[1]``: its bytes).
 Nothing is written past a failed allocation: every temporary is allocated,
 and checked, before any statement runs.
+
+A fourth argument, ``const volatile int* vk_stop``, is the interrupt flag
+(``backends.interrupts``): scans and while loops poll it every few
+iterations (:data:`POLL`, placed by the lowering) and, once it is set, the
+function frees its temporaries and returns :data:`INTERRUPTED`; the caller
+commits nothing of such a call.
 """
 
 from __future__ import annotations
@@ -59,13 +65,18 @@ def prelude() -> str:
 STACK_LIMIT = 64
 #: what a generated function returns when malloc refused a temporary
 ALLOCATION_FAILED = -1
+#: what a generated function returns when it stopped at an interrupt (its outputs half-written)
+INTERRUPTED = -2
+#: the poll of the interrupt flag before every few iterations of a long loop (one load and a
+#: branch that is never taken until Ctrl-C), leaving through the function's clean-up
+POLL = f"if (*vk_stop) {{ *err = {INTERRUPTED}; goto done; }}"
 
 
 def render(lowering, stmts, n_in, in_types, n_out, out_types, name="vk_main"):
     lines = [prelude()]
     lines += lowering.statics
-    lines.append(f"int {name}(void** in, void** out, int64_t* info) {{")
-    lines.append("    int err_ = 0; int* err = &err_; (void)err; (void)info;")
+    lines.append(f"int {name}(void** in, void** out, int64_t* info, const volatile int* vk_stop) {{")
+    lines.append("    int err_ = 0; int* err = &err_; (void)err; (void)info; (void)vk_stop;")
     for i, t in enumerate(in_types):
         lines.append(f"    {CTYPE[t]}* a{i} = ({CTYPE[t]}*)in[{i}];")
     for i, t in enumerate(out_types):

@@ -376,6 +376,34 @@ class Lowering:
     def _lower_call(self, e, env, targets):
         return self.program(e.params["program"], [env.pointer(v) for v in e.inputs], targets)
 
+    #: the statement a renderer wants before every few scan rows or while iterations (the C
+    #: renderers: a poll of the interrupt flag, ``c_render.POLL``); None: nothing
+    interrupt_poll = None
+
+    def _poll_every(self, *programs) -> int:
+        """Iterations between two interrupt polls: 256 for a scalar step, fewer the more
+        elements an iteration computes (one poll per iteration from 4096 on): polls come every
+        few microseconds of work and cost nothing measurable.  (One iteration is never cut:
+        a step that itself takes seconds answers Ctrl-C after it.)"""
+        work = sum(max(1, v.size) for prog in programs for e in prog.eqns for v in e.outputs)
+        every = 256
+        while every > 1 and every * work > 4096:
+            every //= 2
+        return every
+
+    def _polled_rows(self, r, length, body, every):
+        """``for r in range(length): body``, polling the interrupt flag (where the renderer asks
+        for it) before every ``every`` rows.  The poll sits in an outer loop over chunks of
+        rows, not in the loop of rows itself: a flag read inside it (even every 256th row)
+        made gcc keep a scalar carry in memory, and a scan of scalar adds 2.4 times slower."""
+        if not self.interrupt_poll:
+            return [Loop(r, length, body)]
+        chunk, i = self.fresh("row_chunk"), self.fresh("i")
+        rest = f"{length} - {chunk} * {every}"
+        rows = Loop(i, f"({rest} < {every} ? {rest} : {every})",
+                    [f"int64_t {r} = {chunk} * {every} + {i};"] + body)
+        return [Loop(chunk, -(-length // every), [self.interrupt_poll, rows])]
+
     def _lower_scan(self, e, env, targets):
         p = e.params
         step, nc, nk, length, reverse = p["program"], p["num_consts"], p["num_carry"], p["length"], \
@@ -397,7 +425,7 @@ class Lowering:
         body = self.program(step, consts + carry + x_rows, new + y_rows)
         for v, src, dst in zip(carry_vars, new, carry):
             body += self.copy(v, src, dst)
-        stmts.append(Loop(r, length, body))
+        stmts += self._polled_rows(r, length, body, self._poll_every(step))
         del ys_vars
         return stmts
 
@@ -428,7 +456,12 @@ class Lowering:
             body += self.copy(v, src, dst)
         test = self.program(p["cond"], cc + targets, [flag])
         stmts += test
-        stmts.append(While(f"{flag}[0]", body + test))
+        if self.interrupt_poll:          # polled before every few iterations (see _polled_rows)
+            turns = Loop(self.fresh("i"), self._poll_every(p["body"], p["cond"]),
+                         body + test + [f"if (!{flag}[0]) break;"])
+            stmts.append(While(f"{flag}[0]", [self.interrupt_poll, turns]))
+        else:
+            stmts.append(While(f"{flag}[0]", body + test))
         return stmts
 
     def copy(self, var, src, dst):

@@ -15,9 +15,10 @@ OpenMP) changes no bit.  Per-sample Param cotangents are returned, and the
 graph layer sums them with the canonical tree.
 
 Two dialects of the same loops: ``target="c"`` for the cpu tier
-(``cpu.SampleLoops``; ``int vk_fwd(void** in, void** out, int64_t* info)``,
-the samples split over OpenMP threads) and ``target="cuda"`` for the CUDA
-backend (``cuda_loops.CudaSampleLoops``; ``extern "C" __global__ void
+(``cpu.SampleLoops``; ``int vk_fwd(void** in, void** out, int64_t* info,
+const volatile int* vk_stop)``, the samples split over OpenMP threads) and
+``target="cuda"`` for the CUDA backend (``cuda_loops.CudaSampleLoops``;
+``extern "C" __global__ void
 vk_fwd(void* const* in, void* const* out, long long n, long long max_steps)``
 with device pointer tables, one GPU thread per sample in a grid-stride
 loop, a thread's state and window in local memory -- a window too large
@@ -35,13 +36,21 @@ sample and checked: a refusal is reported as code
 :data:`~.c_render.ALLOCATION_FAILED` with its bytes), never on the stack;
 every other per-sample buffer is at most :data:`~.c_render.STACK_LIMIT`
 elements.
+
+Interrupts (C only): the function's fourth argument is the interrupt flag
+(``backends.interrupts``), polled before every step a sample takes, forward,
+recomputed or reversed (and in every scan row or while iteration inside a
+step).  Once it is set, every thread's samples stop at their next poll,
+free their windows and report :data:`~.c_render.INTERRUPTED`, so the call
+returns within a step of the interrupt; the caller commits nothing of it.
+A CUDA kernel cannot be stopped from the host: it runs to its end.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .c_render import ALLOCATION_FAILED, STACK_LIMIT, _emit, prelude
+from .c_render import ALLOCATION_FAILED, INTERRUPTED, STACK_LIMIT, _emit, prelude
 from .cuda_render import prelude as cuda_prelude
 from .lower import CTYPE, Lowering, Unsupported
 
@@ -93,6 +102,7 @@ static void vk_sample_failed(int64_t* report, int code, const int64_t* info, int
     if (!name) {{ err_ = {ALLOCATION_FAILED}; info[0] = (int64_t)(sizeof(T) * (count##ULL)); \\
                  info[1] = 0; info[2] = 0; goto done; }}
 #define VK_WINDOW_FREE(name) free(name)
+#define VK_POLL_INTERRUPT if (*vk_stop) {{ err_ = {INTERRUPTED}; goto done; }} else (void)0
 """
 _CUDA_FRAME = """
 VK_DEV void vk_sample_failed(unsigned long long* report, int code, const int64_t* info, int64_t s) {
@@ -101,6 +111,7 @@ VK_DEV void vk_sample_failed(unsigned long long* report, int code, const int64_t
 #define VK_WINDOW(T, name, count) T name[count]
 #define VK_WINDOW_ALLOC(T, name, count) (void)0
 #define VK_WINDOW_FREE(name) (void)0
+#define VK_POLL_INTERRUPT (void)0
 """
 
 
@@ -110,7 +121,7 @@ def _open_function(target, name, statics, n_out):
     the outputs before the CUDA status words."""
     if target == "c":
         return [prelude(), _C_FRAME] + statics + \
-            [f"int {name}(void** in, void** out, int64_t* info) {{",
+            [f"int {name}(void** in, void** out, int64_t* info, const volatile int* vk_stop) {{",
              "    int64_t n = info[0], max_steps = info[1]; int64_t* vk_report_to = info + 3;"]
     if target != "cuda":
         raise ValueError(f"sample loops are generated as 'c' or 'cuda', not {target!r}")
@@ -151,6 +162,18 @@ def _close_function(lines, target, windows=()):
     lines.append("}")
 
 
+#: the interrupt poll, before a step and inside a step's scans and while loops: the same text in
+#: both dialects, a poll of the flag in C and nothing in CUDA (a kernel has no flag to poll)
+_POLL = "VK_POLL_INTERRUPT;"
+
+
+def _lowering():
+    """A lowering of a step whose scans and while loops poll the interrupt flag."""
+    low = Lowering()
+    low.interrupt_poll = _POLL
+    return low
+
+
 def _decl_temps(low, lines, ind):
     for name, ctype, count in low.temps:
         lines.append(f"{ind}{ctype} {name}[{count}];")
@@ -161,11 +184,12 @@ def forward_source(step, n_state, n_fixed, n_params, out_names, state_names, ter
     """``vk_fwd``: in = state planes, fixed planes, params; out = final state planes,
     steps (int64, one per sample), then one checkpoint array per state plane
     (``[ceil(max_steps / window), n, ...]``), then the last step's other outputs.
-    C: ``int vk_fwd(void** in, void** out, int64_t* info)`` with ``info = [n, max_steps,
-    threads, 0, 0, 0, 0, 0]`` (the last five: the failure report); CUDA: ``vk_fwd(in, out, n,
-    max_steps)`` with device pointer tables, the status words after the outputs.  ``errors``:
-    a list the primitive names of the error codes are appended to."""
-    low = Lowering()
+    C: ``int vk_fwd(void** in, void** out, int64_t* info, const volatile int* vk_stop)`` with
+    ``info = [n, max_steps, threads, 0, 0, 0, 0, 0]`` (the last five: the failure report) and
+    the interrupt flag; CUDA: ``vk_fwd(in, out, n, max_steps)`` with device pointer tables, the
+    status words after the outputs.  ``errors``: a list the primitive names of the error codes
+    are appended to."""
+    low = _lowering()
     ins = step.inputs
     st_vars, fx_vars, pr_vars = ins[:n_state], ins[n_state:n_state + n_fixed], ins[n_state + n_fixed:]
     outs = step.outputs
@@ -199,6 +223,7 @@ def forward_source(step, n_state, n_fixed, n_params, out_names, state_names, ter
     _decl_temps(low, lines, ind)
     lines.append(f"{ind}int64_t t = 0;")
     lines.append(f"{ind}for (; t < max_steps; t++) {{")
+    lines.append(ind + "    " + _POLL)
     for i, v in enumerate(st_vars):
         k = _size(v)
         lines.append(f"{ind}    if (t % {window} == 0) for (int64_t c = 0; c < {k}; c++) "
@@ -233,13 +258,13 @@ def reverse_source(step, vjp, n_state, n_fixed, n_params, out_names, state_names
     st_vars, fx_vars, pr_vars = ins[:n_state], ins[n_state:n_state + n_fixed], ins[n_state + n_fixed:]
     outs = step.outputs
     new_of = {i: out_names.index(name) for i, name in enumerate(state_names)}
-    fwd_low = Lowering()
+    fwd_low = _lowering()
     cur = [f"cur{i}" for i in range(n_state)]
     nxt = [f"nx{i}" for i in range(len(outs))]
     fx_ptr = [f"(f{i} + s * {_size(v)})" for i, v in enumerate(fx_vars)]
     pr_ptr = [f"p{i}" for i in range(n_params)]
     fwd_body = fwd_low.program(step, cur + fx_ptr + pr_ptr, nxt)
-    bwd_low = Lowering()
+    bwd_low = _lowering()
     bwd_low.counter = 10000                   # distinct temporary names from the forward body
     bwd_low.errors = fwd_low.errors           # one numbering of the error codes for both bodies
     state_at = [f"(buf{i} + (t - w) * {_size(v)})" for i, v in enumerate(st_vars)]
@@ -309,12 +334,14 @@ def reverse_source(step, vjp, n_state, n_fixed, n_params, out_names, state_names
         k = _size(v)
         lines.append(f"{ind}        for (int64_t c = 0; c < {k}; c++) buf{i}[(t - w) * {k} + c] = cur{i}[c];")
     lines.append(f"{ind}        if (t == end - 1) break;")
+    lines.append(ind + "        " + _POLL)
     _emit(fwd_body, lines, ind + "        ")
     for i, v in enumerate(st_vars):
         k = _size(v)
         lines.append(f"{ind}        for (int64_t c = 0; c < {k}; c++) cur{i}[c] = nx{new_of[i]}[c];")
     lines.append(f"{ind}    }}")
     lines.append(f"{ind}    for (int64_t t = end - 1; t >= w; t--) {{")
+    lines.append(ind + "        " + _POLL)
     _emit(bwd_body, lines, ind + "        ")
     for k, w_pos in enumerate(wrt):
         size = _size(ins[w_pos])
