@@ -162,6 +162,8 @@ def _extra_entries():
         "pytree.register": lambda good: good.vkml.pytree.register,
         "viz.diff": lambda good: good.vkml.viz.diff,
         "viz.saved_residuals": lambda good: good.vkml.viz.saved_residuals,
+        "viz.checkpoint_schedule": lambda good: good.vkml.viz.checkpoint_schedule,
+        "widgets.explore_program": lambda good: good.vkml.widgets.explore_program,
     })
     out.update({f"nn.{name}": (lambda good, name=name: getattr(good.vkml.nn, name))
                 for name in ("Tanh", "Sigmoid", "GELU", "Softmax", "Dropout", "LayerNorm",
@@ -328,6 +330,8 @@ def _good_args(good, entry):
                                     lambda aux, children: None],
         "viz.diff": lambda: [vkml.program(good.fn, t), vkml.program(lambda x: good.fn(x) * 2.0, t)],
         "viz.saved_residuals": lambda: [good.fn, t],
+        "viz.checkpoint_schedule": lambda: [vkml.graph.schedules.Binomial(2), 10],
+        "widgets.explore_program": lambda: [good.fn, t],
         "Tensor.var": lambda: [1], "Tensor.std": lambda: [0], "Tensor.__mod__": lambda: [2.0],
         "Tensor.reshape": lambda: [(3, 2)], "Tensor.__getitem__": lambda: [0],
         "Tensor.astype": lambda: ["float64"], "Tensor.assign_": lambda: [t * 2.0],
