@@ -234,7 +234,11 @@ _INSTANCES_LOCK = threading.Lock()
 def set_backend(name: str) -> Backend:
     """Select the backend new work runs on, for the whole process: ``"numpy"`` (default, always
     present), ``"cpu"`` or ``"cuda"``.  It becomes this thread's (or task's) backend and the one
-    every thread and task follows that has not chosen its own with :func:`use_backend`."""
+    every thread and task follows that has not chosen its own with :func:`use_backend`.
+
+    >>> vkml.set_backend("numpy").name
+    'numpy'
+    """
     backend = _backend_named(name, "set_backend")
     _CURRENT.set_global(backend)
     api.DEFAULT_DEVICE.set_global(backend.device)
@@ -244,7 +248,13 @@ def set_backend(name: str) -> Backend:
 def use_backend(name: str):
     """``with use_backend("cpu"):`` -- this thread or asyncio task runs on ``name`` for the block;
     other threads and tasks, and the process default, are untouched.  A bad name is refused at
-    the call, before the block."""
+    the call, before the block.
+
+    >>> with vkml.use_backend("numpy"):
+    ...     print(vkml.backend_info()["backend"])
+    ...
+    numpy
+    """
     return _using(_backend_named(name, "use_backend"))
 
 
