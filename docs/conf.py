@@ -70,3 +70,15 @@ except ImportError:  # the docs extra installs furo; a bare Sphinx still builds
     html_theme = "alabaster"
 html_title = "vkml"
 html_static_path = []
+
+
+def _usage_as_text(app, what, name, obj, options, lines):
+    """The ``%vkml`` magic's docstring is the usage text it prints (columns of options, not
+    reStructuredText): show it as it prints."""
+    if name.endswith("VkmlMagics.vkml") and lines:
+        lines[:] = ["The ``%%vkml`` cell magic and the ``%vkml`` line magic::", ""] + \
+            ["    " + line for line in lines]
+
+
+def setup(app):
+    app.connect("autodoc-process-docstring", _usage_as_text)

@@ -44,7 +44,7 @@ def explore_gradient(f, x0, params=None, *, ranges=None, span=1.0, points=41, ep
     ``params`` maps names to starting scalar values (each gets a slider, and
     its partial derivative is shown).  ``ranges`` maps a slider's name
     (``"x"`` or ``"x[i]"``, or a parameter's name) to its ``(low, high)``;
-    by default a slider spans its start +- 2 max(1, |start|).  The plot shows
+    by default a slider spans its start +- ``2 max(1, |start|)``.  The plot shows
     ``t -> f(x + t d)`` for ``t`` in ``[-span, span]`` on ``points`` points,
     with the tangent ``f(x) + t (grad f . d)``; ``eps`` is the
     finite-difference step.

@@ -1,6 +1,6 @@
 """vkml: differentiable programs -- lazy tensors with autograd, traced programs, graphs of kernels.
 
-The public API (see DESIGN.md):
+The public API:
 
 - tensors: ``tensor``, ``realize``, ``assign``, ``backward``, ``set_eager``/``is_eager``,
   ``stats``/``reset_stats``, and the operations (``add``, ``mul``, ``sum``, ``matmul``, ...);

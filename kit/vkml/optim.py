@@ -2,8 +2,8 @@
 
 A step updates every parameter and its state (momentum buffers, Adam's
 moments).  Done one ``assign_`` at a time that is one submission per tensor,
-and a submission is the unit of cost (the seed measured 40-105 us of host
-time each).  So ``step`` computes every new value in one program and writes
+and a submission is the unit of cost (each one costs tens of microseconds
+of host time on a GPU, 40-105 us as measured when vkml was designed).  So ``step`` computes every new value in one program and writes
 them all with one ``vkml.assign(destinations, sources)``: one submission
 whatever the parameter count.
 

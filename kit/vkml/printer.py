@@ -1,4 +1,4 @@
-"""Programs as text, in the style of rune's ``pp_program``.
+"""Programs as text: one line per equation, each value with its type, nested programs indented.
 
 ::
 

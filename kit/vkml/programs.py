@@ -1,6 +1,6 @@
 """Traced programs: ``jit``, ``scan`` and the derivative transformations, on Tensors.
 
-This follows rune's "one call" (the seed ``002``): ``jit(body)`` keeps one
+How one call of a jitted function works: ``jit(body)`` keeps one
 Program per *key* -- the pytree structure of the arguments with each leaf's
 dtype, shape and device (and which leaves are the same array) -- tracing the
 body once per key; each program compiles once per *variant* (backend and

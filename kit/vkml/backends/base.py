@@ -1,8 +1,8 @@
 """What a backend is and which one is current.
 
 A backend compiles Programs into executables and runs them.  One ``run`` is
-one *submission*: the unit of cost that laziness exists to save (the seed
-measured 40-105 us of host time per submission on a GPU), so it is counted
+one *submission*: the unit of cost that laziness exists to save (40-105 us
+of host time per submission on a GPU, as measured when vkml was designed), so it is counted
 in ``vkml.stats()``, and so are compiles and executable-cache hits.
 """
 

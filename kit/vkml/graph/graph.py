@@ -249,7 +249,7 @@ class SkipGuard:
 
 
 def _as_launch(member, what):
-    """A Launch from a Launch or its bound ``.launch`` method (the seed's spelling)."""
+    """A Launch from a Launch or its bound ``.launch`` method (both spellings are accepted)."""
     if isinstance(member, Launch):
         return member
     owner = getattr(member, "__self__", None)

@@ -267,7 +267,7 @@ class Launch:
     def launch(self) -> "Launch":
         """Run this launch once on its planes, outside any graph.
 
-        Also the seed's spelling of a conditional's member:
+        Also a way to write a conditional's member:
         ``vkml.skippable(k.bind(...).launch, guard)`` passes this bound method,
         and the conditional takes the Launch it belongs to.
 

@@ -7,7 +7,7 @@ is the tape, those copies, references to the live planes, and a one-value
 copy of each Param cell as the launch used it: a reverse reads it and never
 writes it.
 
-Rules (seed 003): one recorded run per ``launch()``; while a Record is live
+Rules: one recorded run per ``launch()``; while a Record is live
 (neither reversed nor kept) the next recording launch and ``update`` are
 refused; a Record whose launch is no longer the newest is refused with both
 generations named; ``keep()`` copies everything the reverse reads and
