@@ -155,7 +155,8 @@ def doc_state():
 @pytest.mark.usefixtures("doc_state")
 @pytest.mark.parametrize("name, text", _examples())
 def test_the_docstring_example_runs(name, text):
-    globs = {"vkml": vkml, "np": np, "vnp": vkml.numpy}
+    # a module's namespace, as in a script or notebook (functions defined there get a __module__)
+    globs = {"__name__": "__main__", "vkml": vkml, "np": np, "vnp": vkml.numpy}
     test = doctest.DocTestParser().get_doctest(text, globs, name, None, 0)
     assert test.examples, name
     out = []
