@@ -101,7 +101,8 @@ SVG_STYLE = (
 def dot_available() -> str | None:
     """None when diagrams can be rendered, else a one-line hint saying what to install.
 
-    >>> vkml.viz.dot_available() is None or isinstance(vkml.viz.dot_available(), str)
+    >>> hint = vkml.viz.dot_available()
+    >>> hint is None or "graphviz" in hint
     True
     """
     if shutil.which("dot") is None:

@@ -317,9 +317,9 @@ class Launch:
         ...     return {"y": vkml.sin(k * x)}
         ...
         >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
-        >>> batch = wave.bind(x=x, k=2.0, y=y).batched()
-        >>> type(batch).__name__
-        '_SizedBatch'
+        >>> prog = wave.bind(x=x, k=2.0, y=y).batched().program(3)
+        >>> [v.shape for v in prog.inputs], [v.shape for v in prog.outputs]
+        ([(3,), ()], [(3,)])
         """
         flags = [True] * len(self.kernel.inputs) + [False] * len(self.kernel.params)
         prog = self.program
@@ -334,9 +334,10 @@ class Launch:
         ...     return {"y": vkml.sin(k * x)}
         ...
         >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
-        >>> batch = wave.bind(x=x, k=2.0, y=y).batched_vjp()
-        >>> type(batch).__name__
-        'tuple'
+        >>> batch, wrt = wave.bind(x=x, k=2.0, y=y).batched_vjp()
+        >>> prog = batch.program(3)
+        >>> wrt, [v.shape for v in prog.inputs], [v.shape for v in prog.outputs]
+        ([0, 1], [(3,), (), (3,)], [(3,), (3,)])
         """
         prog = self.program
         wrt = [i for i, v in enumerate(prog.inputs) if v.dtype.kind == "f"]
@@ -371,9 +372,9 @@ class Launch:
         ... def wave_vjp(x, k: vkml.Param, y_bar):
         ...     return {"x_bar": y_bar * k * vkml.cos(k * x), "k_bar": y_bar * x * vkml.cos(k * x)}
         ...
-        >>> batch = wave.bind(x=x, k=2.0, y=y).batched_user_vjp(wave_vjp)
-        >>> len(batch)
-        4
+        >>> batch, args, params, outs = wave.bind(x=x, k=2.0, y=y).batched_user_vjp(wave_vjp)
+        >>> args, params, outs
+        (['x', 'y_bar'], ['k'], ['x_bar', 'k_bar'])
         """
         cache = self.__dict__.setdefault("_user_vjps", {})
         hit = cache.get(id(vjp_kernel))
