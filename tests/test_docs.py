@@ -180,7 +180,7 @@ def test_the_docstring_example_runs(name, text):
 def test_the_user_guide_code_runs():
     """Every ``code-block:: python`` of the user guide runs as written (after the imports it
     names), top to bottom in one namespace, as a reader would paste it."""
-    ns = {"np": np, "vkml": vkml}
+    ns = {"__name__": "__main__", "np": np, "vkml": vkml}
     pages = sorted((ROOT / "docs" / "guide").glob("*.rst"))
     assert pages
     for page in pages:

@@ -19,9 +19,8 @@ __all__ = ["USAGE", "VkmlMagics", "load_ipython_extension"]
 def load_ipython_extension(ipython):
     """Register the ``%%vkml`` cell magic and the ``%vkml`` line magic with ``ipython``.
 
-    >>> from IPython import get_ipython
-    >>> from IPython.testing.globalipapp import start_ipython
-    >>> ip = start_ipython() or get_ipython()
+    >>> from IPython.core.interactiveshell import InteractiveShell
+    >>> ip = InteractiveShell()    # a shell of its own (a notebook has one already)
     >>> _ = ip.extension_manager.load_extension("vkml")
     >>> "vkml" in ip.magics_manager.magics["cell"]
     True

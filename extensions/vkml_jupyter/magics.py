@@ -225,9 +225,8 @@ def _traced(t) -> bool:
 class VkmlMagics(Magics):
     """``%%vkml`` and ``%vkml`` (see :data:`USAGE`).
 
-    >>> from IPython import get_ipython
-    >>> from IPython.testing.globalipapp import start_ipython
-    >>> ip = start_ipython() or get_ipython()
+    >>> from IPython.core.interactiveshell import InteractiveShell
+    >>> ip = InteractiveShell()    # a shell of its own (a notebook has one already)
     >>> _ = ip.extension_manager.load_extension("vkml")
     >>> ip.user_ns["vkml"] = vkml
     >>> ip.run_cell("%%vkml --eager --show stats\\ny = vkml.tensor([1.0, 2.0]) * 3").success

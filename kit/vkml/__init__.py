@@ -62,9 +62,8 @@ def load_ipython_extension(ipython):
     The Jupyter layer lives in its own package and is imported only here, so
     ``import vkml`` never imports IPython.
 
-    >>> from IPython import get_ipython
-    >>> from IPython.testing.globalipapp import start_ipython
-    >>> ip = start_ipython() or get_ipython()
+    >>> from IPython.core.interactiveshell import InteractiveShell
+    >>> ip = InteractiveShell()    # a shell of its own (a notebook has one already)
     >>> _ = ip.extension_manager.load_extension("vkml")
     >>> "vkml" in ip.magics_manager.magics["line"]
     True
