@@ -102,7 +102,7 @@ class BackendError(VkmlError, RuntimeError):
     >>> vkml.set_backend("tpu")
     Traceback (most recent call last):
         ...
-    vkml.errors.BackendError: unknown backend 'tpu'; available: cpu, cuda, numpy
+    vkml.errors.BackendError: unknown backend 'tpu'; available: cpu, cuda, ...numpy
     """
 
 
