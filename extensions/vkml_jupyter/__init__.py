@@ -17,5 +17,12 @@ __all__ = ["USAGE", "VkmlMagics", "load_ipython_extension"]
 
 
 def load_ipython_extension(ipython):
-    """Register the ``%%vkml`` cell magic and the ``%vkml`` line magic with ``ipython``."""
+    """Register the ``%%vkml`` cell magic and the ``%vkml`` line magic with ``ipython``.
+
+    >>> from IPython.core.interactiveshell import InteractiveShell
+    >>> ip = InteractiveShell()    # a shell of its own (a notebook has one already)
+    >>> _ = ip.extension_manager.load_extension("vkml")
+    >>> "vkml" in ip.magics_manager.magics["cell"]
+    True
+    """
     ipython.register_magics(VkmlMagics)

@@ -222,7 +222,18 @@ def _traced(t) -> bool:
 
 @magics_class
 class VkmlMagics(Magics):
-    """``%%vkml`` and ``%vkml`` (see :data:`USAGE`)."""
+    """``%%vkml`` and ``%vkml`` (see :data:`USAGE`).
+
+    >>> from IPython.core.interactiveshell import InteractiveShell
+    >>> ip = InteractiveShell()    # a shell of its own (a notebook has one already)
+    >>> _ = ip.extension_manager.load_extension("vkml")
+    >>> ip.user_ns["vkml"] = vkml
+    >>> ip.run_cell("%%vkml --eager --show stats\\ny = vkml.tensor([1.0, 2.0]) * 3").success
+    vkml: 1 submission, ... wall time ... ms
+    True
+    >>> ip.user_ns["y"]
+    tensor([3., 6.], dtype=float64)
+    """
 
     @line_cell_magic
     def vkml(self, line, cell=None):

@@ -48,13 +48,22 @@ def explore_gradient(f, x0, params=None, *, ranges=None, span=1.0, points=41, ep
     ``params`` maps names to starting scalar values (each gets a slider, and
     its partial derivative is shown).  ``ranges`` maps a slider's name
     (``"x"`` or ``"x[i]"``, or a parameter's name) to its ``(low, high)``;
-    by default a slider spans its start +- 2 max(1, |start|).  The plot shows
+    by default a slider spans its start +- ``2 max(1, |start|)``.  The plot shows
     ``t -> f(x + t d)`` for ``t`` in ``[-span, span]`` on ``points`` points,
     with the tangent ``f(x) + t (grad f . d)``; ``eps`` is the
     finite-difference step.
 
     Returns a :class:`GradientExplorer` (an ipywidgets ``VBox``): display
     it, or drive it from Python through ``explorer.sliders[name].value``.
+
+    >>> def wave(x, k):
+    ...     return vkml.sum(vkml.sin(k * x))
+    ...
+    >>> ex = vkml.widgets.explore_gradient(wave, np.array([0.5, -1.0]), {"k": 1.5})
+    >>> round(float(ex.value), 6), ex.fd_ok
+    (-0.315856, True)
+    >>> sorted(ex.sliders)
+    ['k', 'x[0]', 'x[1]']
     """
     return GradientExplorer(f, x0, params, ranges=ranges, span=span, points=points, eps=eps)
 
@@ -80,6 +89,14 @@ class GradientExplorer(widgets.VBox):
     ``value``, ``gradient`` (array like x), ``param_gradient`` (name ->
     float), ``slope`` (grad . d), ``finite_difference``, ``submissions``
     (of the latest update) and ``updates``.
+
+    >>> def wave(x, k):
+    ...     return vkml.sum(vkml.sin(k * x))
+    ...
+    >>> ex = vkml.widgets.explore_gradient(wave, np.array([0.5, -1.0]), {"k": 1.5})
+    >>> ex.sliders["k"].value = 1.0
+    >>> ex.program.cache_info()["traces"], round(float(ex.value), 6)
+    (1, -0.362045)
     """
 
     def __init__(self, f, x0, params=None, *, ranges=None, span=1.0, points=41, eps=1e-5):
@@ -149,7 +166,16 @@ class GradientExplorer(widgets.VBox):
         return x, p, d.reshape(self._shape)
 
     def update(self):
-        """Recompute everything at the sliders' values: one call of the cached program."""
+        """Recompute everything at the sliders' values: one call of the cached program.
+
+        >>> def wave(x, k):
+        ...     return vkml.sum(vkml.sin(k * x))
+        ...
+        >>> ex = vkml.widgets.explore_gradient(wave, np.array([0.5, -1.0]), {"k": 1.5})
+        >>> ex.update()
+        >>> ex.fd_ok
+        True
+        """
         x, p, d = self._point()
         before = vkml.stats()
         value, grads, along = self.program(x, p, d, self._ts)
@@ -168,7 +194,15 @@ class GradientExplorer(widgets.VBox):
 
     @property
     def fd_ok(self) -> bool:
-        """Whether the finite difference agrees with the gradient along the plotted direction."""
+        """Whether the finite difference agrees with the gradient along the plotted direction.
+
+        >>> def wave(x, k):
+        ...     return vkml.sum(vkml.sin(k * x))
+        ...
+        >>> ex = vkml.widgets.explore_gradient(wave, np.array([0.5, -1.0]), {"k": 1.5})
+        >>> ex.fd_ok
+        True
+        """
         return abs(self.finite_difference - self.slope) <= FD_RTOL * max(1.0, abs(self.slope))
 
     def _direction_name(self):
@@ -237,13 +271,39 @@ def explore_record(record, graph=None):
     slider (or the ``prev``/``next`` buttons) moves through the
     ``2 * len(record.nodes)`` steps, numbered from 1 as the readout counts them;
     ``prev`` is disabled on the first step and ``next`` on the last.
+
+    >>> @vkml.kernel
+    ... def square(x):
+    ...     return {"u": x * x}
+    ...
+    >>> g = vkml.Graph().add(square.bind(x=np.ones(3), u=np.zeros(3)), name="square").build(record=True)
+    >>> g.launch()
+    <vkml.Graph: square>
+    >>> ex = vkml.widgets.explore_record(g.record, g)
+    >>> ex.current
+    ('forward', 0, 'square')
+    >>> ex.step.value = ex.step.max
+    >>> ex.current
+    ('reverse', 0, 'square')
     """
     return RecordExplorer(record, graph)
 
 
 class RecordExplorer(widgets.VBox):
     """The widget :func:`explore_record` returns (``step``, ``prev``, ``next``, ``readout``,
-    ``picture``; ``current`` is the step as ``(sweep, index, node name)``)."""
+    ``picture``; ``current`` is the step as ``(sweep, index, node name)``).
+
+    >>> @vkml.kernel
+    ... def square(x):
+    ...     return {"u": x * x}
+    ...
+    >>> g = vkml.Graph().add(square.bind(x=np.ones(3), u=np.zeros(3)), name="square").build(record=True)
+    >>> g.launch()
+    <vkml.Graph: square>
+    >>> ex = vkml.widgets.explore_record(g.record)
+    >>> ex
+    RecordExplorer(generation 1, forward step 0: square)
+    """
 
     def __init__(self, record, graph=None):
         if not viz.is_record(record):
@@ -274,13 +334,38 @@ class RecordExplorer(widgets.VBox):
 
     @property
     def current(self):
+        """The step shown, as ``(sweep, index, node name)``: sweep ``"forward"`` (launch order) or ``"reverse"``.
+
+        >>> @vkml.kernel
+        ... def square(x):
+        ...     return {"u": x * x}
+        ...
+        >>> g = vkml.Graph().add(square.bind(x=np.ones(3), u=np.zeros(3)), name="square").build(record=True)
+        >>> g.launch()
+        <vkml.Graph: square>
+        >>> vkml.widgets.explore_record(g.record).current
+        ('forward', 0, 'square')
+        """
         n, i = len(self.names), self.step.value - 1
         if i < n:
             return ("forward", i, self.names[i])
         return ("reverse", i - n, self.names[2 * n - 1 - i])
 
     def update(self):
-        """Redraw the picture and the readout for the current step."""
+        """Redraw the picture and the readout for the current step.
+
+        >>> @vkml.kernel
+        ... def square(x):
+        ...     return {"u": x * x}
+        ...
+        >>> g = vkml.Graph().add(square.bind(x=np.ones(3), u=np.zeros(3)), name="square").build(record=True)
+        >>> g.launch()
+        <vkml.Graph: square>
+        >>> ex = vkml.widgets.explore_record(g.record)
+        >>> ex.update()
+        >>> "square" in ex.readout.value
+        True
+        """
         sweep, i, name = self.current
         r = self.record
         self.prev.disabled = self.step.value <= self.step.min

@@ -1,6 +1,6 @@
 """vkml: differentiable programs -- lazy tensors with autograd, traced programs, graphs of kernels.
 
-The public API (see DESIGN.md):
+The public API:
 
 - tensors: ``tensor``, ``realize``, ``assign``, ``backward``, ``set_eager``/``is_eager``,
   ``stats``/``reset_stats``, and the operations (``add``, ``mul``, ``sum``, ``matmul``, ...);
@@ -61,6 +61,12 @@ def load_ipython_extension(ipython):
 
     The Jupyter layer lives in its own package and is imported only here, so
     ``import vkml`` never imports IPython.
+
+    >>> from IPython.core.interactiveshell import InteractiveShell
+    >>> ip = InteractiveShell()    # a shell of its own (a notebook has one already)
+    >>> _ = ip.extension_manager.load_extension("vkml")
+    >>> "vkml" in ip.magics_manager.magics["line"]
+    True
     """
     import vkml_jupyter  # local: the Jupyter layer (and IPython), only when asked for
     vkml_jupyter.load_ipython_extension(ipython)

@@ -9,57 +9,165 @@ instead; a refused call changes nothing.
 
 
 class VkmlError(Exception):
-    """Base class of every error vkml raises on purpose."""
+    """Base class of every error vkml raises on purpose.
+
+    >>> try:
+    ...     vkml.reshape(vkml.zeros(3), (2, 2))
+    ... except vkml.VkmlError as err:
+    ...     print(type(err).__name__, isinstance(err, ValueError))
+    ...
+    ShapeError True
+    """
 
 
 class ShapeError(VkmlError, ValueError):
-    """Operands whose shapes do not fit the op."""
+    """Operands whose shapes do not fit the op.
+
+    >>> vkml.add(vkml.zeros(2), vkml.zeros(3))
+    Traceback (most recent call last):
+        ...
+    vkml.errors.ShapeError: add: shapes (2,) and (3,) cannot be broadcast together; make the dimensions match (or be 1), e.g. with reshape
+    """
 
 
 class IndexOutOfRangeError(ShapeError, IndexError):
-    """An index past the end of an axis; an IndexError too, so ``for row in t`` stops there."""
+    """An index past the end of an axis; an IndexError too, so ``for row in t`` stops there.
+
+    >>> vkml.tensor([1.0, 2.0])[5]
+    Traceback (most recent call last):
+        ...
+    vkml.errors.IndexOutOfRangeError: index: 5 is out of range for axis 0 of size 2; use an index in [-2, 2)
+    """
 
 
 class DTypeError(VkmlError, TypeError):
-    """An operand of a dtype the op does not accept."""
+    """An operand of a dtype the op does not accept.
+
+    >>> vkml.take(vkml.tensor([1.0, 2.0]), vkml.tensor([0.5]))
+    Traceback (most recent call last):
+        ...
+    vkml.errors.DTypeError: take: indices must be integers, got float64
+    """
 
 
 class ArgumentError(VkmlError, TypeError):
-    """An argument of the wrong kind (not an array, not a tensor, ...)."""
+    """An argument of the wrong kind (not an array, not a tensor, ...).
+
+    >>> vkml.sum(vkml.zeros(2), keepdims="yes")
+    Traceback (most recent call last):
+        ...
+    vkml.errors.ArgumentError: sum: keepdims must be True or False, got str 'yes'
+    """
 
 
 class GradError(VkmlError, RuntimeError):
-    """A derivative that cannot be taken as asked (non-scalar root, integer input, ...)."""
+    """A derivative that cannot be taken as asked (non-scalar root, integer input, ...).
+
+    >>> vkml.backward(vkml.tensor([1.0, 2.0], requires_grad=True) * 2)
+    Traceback (most recent call last):
+        ...
+    vkml.errors.GradError: backward: the root must be a 0-d tensor, got shape [2]; reduce it to a scalar first (e.g. loss.sum() or loss.mean())
+    """
 
 
 class ExecutionError(VkmlError, RuntimeError):
-    """An op that failed while its program ran (e.g. a gather index out of range)."""
+    """An op that failed while its program ran (e.g. a gather index out of range).
+
+    >>> index = vkml.tensor([0, 1]) + 5
+    >>> try:
+    ...     vkml.take(vkml.tensor([1.0, 2.0]), index).numpy()
+    ... except vkml.ExecutionError as err:
+    ...     print(str(err).split(" failed: ")[1])
+    ...
+    index 6 is out of range for axis 0 of size 2; indices must lie in [0, 2)
+    """
 
 
 class TracingError(VkmlError, TypeError):
-    """A traced value used where a concrete one is needed (Python ``if``, ``bool()``)."""
+    """A traced value used where a concrete one is needed (Python ``if``, ``bool()``).
+
+    >>> def f(x):
+    ...     return x if x > 0 else -x
+    ...
+    >>> vkml.jit(f)(1.0)
+    Traceback (most recent call last):
+        ...
+    vkml.errors.TracingError: bool() of a traced value (bool [] at CPU) has no value while tracing; use vkml.where for a choice made per element, or vkml.scan / vkml.cond for control flow
+    """
 
 
 class BackendError(VkmlError, RuntimeError):
-    """A backend that is unknown or cannot run here."""
+    """A backend that is unknown or cannot run here.
+
+    >>> vkml.set_backend("tpu")
+    Traceback (most recent call last):
+        ...
+    vkml.errors.BackendError: unknown backend 'tpu'; available: cpu, cuda, ...numpy
+    """
 
 
 class RecordError(VkmlError, RuntimeError):
-    """A Record used against its rules: live when a new recording launch comes, stale, ..."""
+    """A Record used against its rules: live when a new recording launch comes, stale, ...
+
+    >>> @vkml.kernel
+    ... def square(x):
+    ...     return {"u": x * x}
+    ...
+    >>> g = vkml.Graph().add(square.bind(x=np.ones(2), u=np.zeros(2)), name="square").build(record=True)
+    >>> g.launch()
+    <vkml.Graph: square>
+    >>> g.launch()
+    Traceback (most recent call last):
+        ...
+    vkml.errors.RecordError: launch: the Record of generation 1 is still live; reverse it first, or keep a copy with record.keep()
+    """
 
 
 class RefusedError(VkmlError, RuntimeError):
-    """A reverse that cannot be taken (an opaque node, a max reduction, second order, ...)."""
+    """A reverse that cannot be taken (an opaque node, a max reduction, second order, ...).
+
+    >>> y, top = np.array([1.0, 3.0]), np.zeros(1)
+    >>> g = vkml.Graph().add(vkml.graph.reduce(y, top, "max"), name="top").build(record=True)
+    >>> g.launch()
+    <vkml.Graph: top>
+    >>> vkml.diff.reverse(g.record, {"top": np.ones(1)})
+    Traceback (most recent call last):
+        ...
+    vkml.errors.RefusedError: reverse: node 'top' is a 'max' reduction; a tie has no single derivative -- use a 'sum' reduction, or take the node out of what you differentiate
+    """
 
 
 class BudgetError(VkmlError, ValueError):
-    """A memory budget that cannot hold what a checkpointed reverse needs."""
+    """A memory budget that cannot hold what a checkpointed reverse needs.
+
+    >>> @vkml.kernel
+    ... def drift(x, k: vkml.Param):
+    ...     return {"x": x + 0.1 * k}
+    ...
+    >>> vkml.simulation(drift, max_steps=100, record=True, memory_budget=8, x=np.ones(300), k=1.0)
+    Traceback (most recent call last):
+        ...
+    vkml.errors.BudgetError: simulation: one sample needs 184 bytes but memory_budget is 8 bytes; raise memory_budget, lower max_steps, or set window
+    """
 
 
 class Busy(VkmlError, RuntimeError):
-    """A launch while a reverse reads the Record, or one Reverse used by two threads at once."""
+    """A launch while a reverse reads the Record, or one Reverse used by two threads at once.
+
+    >>> issubclass(vkml.Busy, RuntimeError), issubclass(vkml.Busy, vkml.VkmlError)
+    (True, True)
+    """
 
 
 class VkmlWarning(UserWarning):
     """A result vkml returns but doubts, e.g. a ``while_loop`` cut off at ``max_iters`` while its
-    condition still held.  Turn it into an error with ``warnings.simplefilter("error", VkmlWarning)``."""
+    condition still held.  Turn it into an error with ``warnings.simplefilter("error", VkmlWarning)``.
+
+    >>> import warnings
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     _ = vkml.while_loop(lambda x: x < 100.0, lambda x: x * 2.0, 1.0, max_iters=3)
+    ...
+    >>> [type(w.message).__name__ for w in caught]
+    ['VkmlWarning']
+    """

@@ -44,6 +44,10 @@ class Var:
     ``eqn`` is the equation that computes it (None for a leaf); ``value`` is
     the concrete array once known.  A Var may have both: a realized tensor
     that still needs its history for a later backward keeps its ``eqn``.
+
+    >>> v = vkml.Var((2, 3), np.dtype("float32"))
+    >>> v.shape, v.dtype, v.ndim, v.size, v.type_str()
+    ((2, 3), dtype('float32'), 2, 6, 'float32 [2, 3] at CPU')
     """
 
     __slots__ = ("shape", "dtype", "device", "eqn", "value", "serial", "weak", "__weakref__")
@@ -64,20 +68,40 @@ class Var:
 
     @property
     def aval(self):
+        """The abstract type: ``(shape, dtype, device)``.
+
+        >>> vkml.Var((2,), np.dtype("float64")).aval
+        ((2,), dtype('float64'), 'CPU')
+        """
         return (self.shape, self.dtype, self.device)
 
     @property
     def ndim(self) -> int:
+        """The number of axes.
+
+        >>> vkml.Var((2, 3), np.float32).ndim
+        2
+        """
         return len(self.shape)
 
     @property
     def size(self) -> int:
+        """The number of elements.
+
+        >>> vkml.Var((2, 3), np.float32).size
+        6
+        """
         n = 1
         for d in self.shape:
             n *= d
         return n
 
     def type_str(self) -> str:
+        """The type as the printed programs write it.
+
+        >>> vkml.Var((2, 3), np.float32).type_str()
+        'float32 [2, 3] at CPU'
+        """
         return f"{dtype_name(self.dtype)} {format_shape(self.shape)} at {self.device}"
 
     def __repr__(self):
@@ -156,6 +180,10 @@ class Program:
     call.  Programs compare and hash by structure, so a training step that
     builds the same graph every time finds its compiled executable in the
     cache.
+
+    >>> prog = vkml.program(lambda x, y: x @ y, np.ones((2, 3)), np.ones(3))
+    >>> len(prog.inputs), len(prog.eqns), prog.outputs[0].shape
+    (2, 3, (2,))
     """
 
     __slots__ = ("inputs", "consts", "eqns", "outputs", "_key", "_hash", "__weakref__", "__dict__")
@@ -170,7 +198,13 @@ class Program:
 
     @property
     def key(self) -> tuple:
-        """The structural key: what the program computes, not which arrays it holds."""
+        """The structural key: what the program computes, not which arrays it holds.
+
+        >>> p1 = vkml.program(lambda x: x + 1.0, np.zeros(2))
+        >>> p2 = vkml.program(lambda x: x + 1.0, np.ones(2))
+        >>> p1.key == p2.key
+        True
+        """
         if self._key is None:
             self._key = structure_key(self.inputs, self.consts, self.eqns, self.outputs,
                                       with_const_values=True)

@@ -44,6 +44,13 @@ def manual_seed(seed: int) -> None:
 
     ``vkml.nn.manual_seed(0)`` before building a model makes its initial
     parameters the same every run (``torch.manual_seed``'s job here).
+
+    >>> vkml.nn.manual_seed(0)
+    >>> a = vkml.nn.Linear(2, 2).weight.numpy()
+    >>> vkml.nn.manual_seed(0)
+    >>> b = vkml.nn.Linear(2, 2).weight.numpy()
+    >>> bool((a == b).all())
+    True
     """
     _RNG[0] = np.random.default_rng(check_int(seed, "seed", "manual_seed", low=0))
 
@@ -64,6 +71,10 @@ def Parameter(data, dtype=np.float32) -> Tensor:
     A function, not a Tensor subclass: a parameter is nothing more than a
     leaf that requires grad, and that is all the autograd and the optimisers
     look at.
+
+    >>> w = vkml.nn.Parameter([1.0, 2.0])
+    >>> w.requires_grad, w.dtype
+    (True, dtype('float32'))
     """
     return tensor(data, dtype=check_dtype(dtype, "Parameter"), requires_grad=True)
 
@@ -103,6 +114,20 @@ class Module:
     attributes in the order they were set, depth first, so the order is the
     same every run -- optimiser state lines up with it, and two models built
     the same way list their parameters the same way.
+
+    >>> class TwoLayer(vkml.nn.Module):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.hidden = vkml.nn.Linear(3, 4, rng=0)
+    ...         self.out = vkml.nn.Linear(4, 1, rng=1)
+    ...     def forward(self, x):
+    ...         return self.out(vkml.relu(self.hidden(x)))
+    ...
+    >>> model = TwoLayer()
+    >>> model(vkml.ones((2, 3))).shape
+    (2, 1)
+    >>> [name for name, _ in model.named_parameters()]
+    ['hidden.weight', 'hidden.bias', 'out.weight', 'out.bias']
     """
 
     #: read by layers that act differently in training and evaluation (class default: training).
@@ -112,6 +137,12 @@ class Module:
         self.training = True
 
     def forward(self, *args, **kwargs):
+        """What calling the module computes; every layer defines it (``module(x)`` calls ``module.forward(x)``).
+
+        >>> layer = vkml.nn.Tanh()
+        >>> layer.forward(vkml.tensor([0.0])), layer(vkml.tensor([0.0]))
+        (tensor([0.], dtype=float64), tensor([0.], dtype=float64))
+        """
         raise NotImplementedError(f"{type(self).__name__} must define forward()")
 
     def __call__(self, *args, **kwargs):
@@ -119,7 +150,12 @@ class Module:
 
     # -- what it holds -------------------------------------------------------------------------
     def named_children(self):
-        """``(name, module)`` for each direct sub-module; lists/tuples of modules count too."""
+        """``(name, module)`` for each direct sub-module; lists/tuples of modules count too.
+
+        >>> model = vkml.nn.Sequential(vkml.nn.Linear(2, 2, rng=0), vkml.nn.ReLU())
+        >>> [(name, type(child).__name__) for name, child in model.named_children()]
+        [('0', 'Linear'), ('1', 'ReLU')]
+        """
         for name, value in vars(self).items():
             if isinstance(value, Module):
                 yield name, value
@@ -129,10 +165,21 @@ class Module:
                         yield f"{name}.{i}", item
 
     def children(self):
+        """Each direct sub-module (:meth:`named_children` without the names).
+
+        >>> model = vkml.nn.Sequential(vkml.nn.Linear(2, 2, rng=0), vkml.nn.ReLU())
+        >>> [type(child).__name__ for child in model.children()]
+        ['Linear', 'ReLU']
+        """
         return [m for _, m in self.named_children()]
 
     def modules(self):
-        """This module and every sub-module, depth first."""
+        """This module and every sub-module, depth first.
+
+        >>> model = vkml.nn.Sequential(vkml.nn.Linear(2, 2, rng=0), vkml.nn.ReLU())
+        >>> [type(m).__name__ for m in model.modules()]
+        ['Sequential', 'Linear', 'ReLU']
+        """
         out = [self]
         for child in self.children():
             out.extend(child.modules())
@@ -144,7 +191,12 @@ class Module:
                 yield name, value
 
     def named_parameters(self, prefix: str = ""):
-        """``[(dotted name, tensor), ...]`` for every parameter, each once, in a fixed order."""
+        """``[(dotted name, tensor), ...]`` for every parameter, each once, in a fixed order.
+
+        >>> model = vkml.nn.Sequential(vkml.nn.Linear(2, 3, rng=0))
+        >>> [(name, p.shape) for name, p in model.named_parameters()]
+        [('0.weight', (3, 2)), ('0.bias', (3,))]
+        """
         if not isinstance(prefix, str):
             raise ArgumentError(f"named_parameters: prefix must be a string, got {type(prefix).__name__}")
         out, seen = [], set()
@@ -160,29 +212,66 @@ class Module:
             child._collect(f"{prefix}{name}.", out, seen)
 
     def parameters(self):
-        """Every parameter (leaf tensor that requires grad), in ``named_parameters`` order."""
+        """Every parameter (leaf tensor that requires grad), in ``named_parameters`` order.
+
+        >>> sum(p.size for p in vkml.nn.Linear(2, 3, rng=0).parameters())
+        9
+        """
         return [p for _, p in self.named_parameters()]
 
     def num_parameters(self) -> int:
+        """How many numbers the parameters hold together.
+
+        >>> vkml.nn.Linear(2, 3, rng=0).num_parameters()
+        9
+        """
         return int(sum(p.size for p in self.parameters()))
 
     # -- modes and gradients ---------------------------------------------------------------------
     def train(self, mode: bool = True) -> "Module":
-        """Set training mode here and in every sub-module (layers like dropout read ``training``)."""
+        """Set training mode here and in every sub-module (layers like dropout read ``training``).
+
+        >>> drop = vkml.nn.Dropout(0.5)
+        >>> drop.eval().training, drop.train().training
+        (False, True)
+        """
         mode = check_bool(mode, "mode", "train")
         for m in self.modules():
             m.training = mode
         return self
 
     def eval(self) -> "Module":
+        """Set evaluation mode (``train(False)``): dropout passes its input through; returns the module.
+
+        >>> drop = vkml.nn.Dropout(0.5).eval()
+        >>> drop(vkml.ones(4))
+        tensor([1., 1., 1., 1.], dtype=float32)
+        """
         return self.train(False)
 
     def zero_grad(self) -> None:
-        """Drop every parameter's ``.grad`` (backward accumulates, so call this between steps)."""
+        """Drop every parameter's ``.grad`` (backward accumulates, so call this between steps).
+
+        >>> layer = vkml.nn.Linear(2, 1, rng=0)
+        >>> layer(vkml.ones((1, 2))).sum().backward()
+        >>> layer.zero_grad()
+        >>> layer.weight.grad is None
+        True
+        """
         for p in self.parameters():
             p.grad = None
 
     def extra_repr(self) -> str:
+        """The layer's settings as its ``repr`` shows them inside the parentheses.
+
+        >>> vkml.nn.Linear(2, 3, rng=0).extra_repr()
+        'in_features=2, out_features=3, bias=True'
+        >>> vkml.nn.Sequential(vkml.nn.Linear(2, 3, rng=0), vkml.nn.ReLU())
+        Sequential(
+          (0): Linear(in_features=2, out_features=3, bias=True)
+          (1): ReLU()
+        )
+        """
         return ""
 
     def __repr__(self):
@@ -204,6 +293,12 @@ class Linear(Module):
     Initialised like ``torch.nn.Linear``: weight and bias uniform in
     ``(-1/sqrt(in_features), 1/sqrt(in_features))``, so models ported from
     PyTorch train the same way.
+
+    >>> layer = vkml.nn.Linear(3, 2, rng=0)
+    >>> layer.weight.shape, layer.bias.shape
+    ((2, 3), (2,))
+    >>> layer(vkml.ones((5, 3))).shape
+    (5, 2)
     """
 
     def __init__(self, in_features, out_features, bias=True, *, rng=None, dtype=np.float32):
@@ -236,6 +331,10 @@ class Conv2d(Module):
     Weight (out_channels, in_channels, kh, kw), initialised like PyTorch:
     uniform in ``(-1/sqrt(fan_in), 1/sqrt(fan_in))`` with ``fan_in =
     in_channels * kh * kw``.  Runs ``vkml.conv2d`` (im2col + one matmul).
+
+    >>> conv = vkml.nn.Conv2d(1, 4, kernel_size=3, padding=1, rng=0)
+    >>> conv(vkml.ones((2, 1, 8, 8))).shape
+    (2, 4, 8, 8)
     """
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, bias=True, *,
@@ -268,7 +367,13 @@ class Conv2d(Module):
 
 
 class MaxPool2d(Module):
-    """Max over (kh, kw) windows of NCHW input; ``stride`` defaults to the window (no overlap)."""
+    """Max over (kh, kw) windows of NCHW input; ``stride`` defaults to the window (no overlap).
+
+    >>> pool = vkml.nn.MaxPool2d(2)
+    >>> pool(vkml.reshape(vkml.arange(16.0), (1, 1, 4, 4)))[0, 0]
+    tensor([[ 5.,  7.],
+            [13., 15.]], dtype=float64)
+    """
 
     def __init__(self, kernel_size, stride=None):
         super().__init__()
@@ -283,14 +388,22 @@ class MaxPool2d(Module):
 
 
 class ReLU(Module):
-    """``max(x, 0)`` elementwise."""
+    """``max(x, 0)`` elementwise.
+
+    >>> vkml.nn.ReLU()(vkml.tensor([-1.0, 2.0]))
+    tensor([0., 2.], dtype=float64)
+    """
 
     def forward(self, x):
         return relu(x)
 
 
 class Flatten(Module):
-    """Flatten dimensions ``start_dim..end_dim`` into one (default: all but the batch dimension)."""
+    """Flatten dimensions ``start_dim..end_dim`` into one (default: all but the batch dimension).
+
+    >>> vkml.nn.Flatten()(vkml.zeros((2, 3, 4))).shape
+    (2, 12)
+    """
 
     def __init__(self, start_dim=1, end_dim=-1):
         super().__init__()
@@ -305,7 +418,14 @@ class Flatten(Module):
 
 
 class Sequential(Module):
-    """Layers applied one after another; parameters are named ``"0.weight"``, ``"1.bias"``, ...."""
+    """Layers applied one after another; parameters are named ``"0.weight"``, ``"1.bias"``, ....
+
+    >>> model = vkml.nn.Sequential(vkml.nn.Linear(4, 8, rng=0), vkml.nn.ReLU(), vkml.nn.Linear(8, 2, rng=1))
+    >>> model(vkml.ones((3, 4))).shape
+    (3, 2)
+    >>> [name for name, _ in model.named_parameters()]
+    ['0.weight', '0.bias', '2.weight', '2.bias']
+    """
 
     def __init__(self, *layers):
         super().__init__()
@@ -341,7 +461,11 @@ class Sequential(Module):
 # -- losses --------------------------------------------------------------------------------------------
 
 def log_softmax(x, axis=-1) -> Tensor:
-    """``x - logsumexp(x)`` along ``axis``, computed stably (the max is subtracted first)."""
+    """``x - logsumexp(x)`` along ``axis``, computed stably (the max is subtracted first).
+
+    >>> vkml.nn.log_softmax(vkml.tensor([0.0, 0.0]))
+    tensor([-0.69314718, -0.69314718], dtype=float64)
+    """
     return _log_softmax(x, axis)
 
 
@@ -385,6 +509,10 @@ def cross_entropy(logits, labels) -> Tensor:
     labels))``: picking the one log-probability per row needs no one-hot
     matrix, and the gradient (``softmax - onehot``, divided by N) comes
     from the tensor layer's rules for the pieces.
+
+    >>> logits = vkml.tensor([[0.0, 0.0], [0.0, 0.0]])
+    >>> vkml.nn.cross_entropy(logits, np.array([0, 1]))
+    tensor(0.69314718, dtype=float64)
     """
     if not isinstance(logits, Tensor):
         logits = tensor(logits)
@@ -404,6 +532,9 @@ def mse(pred, target) -> Tensor:
 
     The shapes must match exactly: a silently broadcast target (say (N,)
     against (N, 1)) gives an N-by-N loss that still trains, just wrongly.
+
+    >>> vkml.nn.mse(vkml.tensor([1.0, 2.0]), vkml.tensor([1.0, 4.0]))
+    tensor(2., dtype=float64)
     """
     if not isinstance(pred, Tensor):
         pred = tensor(pred)
@@ -431,14 +562,22 @@ def _as_input(x, layer):
 
 
 class Tanh(Module):
-    """``tanh(x)`` elementwise."""
+    """``tanh(x)`` elementwise.
+
+    >>> vkml.nn.Tanh()(vkml.tensor([0.0, 1.0]))
+    tensor([0.        , 0.76159416], dtype=float64)
+    """
 
     def forward(self, x):
         return tanh(_as_input(x, "Tanh"))
 
 
 class Sigmoid(Module):
-    """``1 / (1 + exp(-x))`` elementwise."""
+    """``1 / (1 + exp(-x))`` elementwise.
+
+    >>> vkml.nn.Sigmoid()(vkml.tensor([0.0]))
+    tensor([0.5], dtype=float64)
+    """
 
     def forward(self, x):
         return sigmoid(_as_input(x, "Sigmoid"))
@@ -447,7 +586,11 @@ class Sigmoid(Module):
 class GELU(Module):
     """The Gaussian error linear unit in its tanh form (``torch.nn.GELU(approximate="tanh")``):
     ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``.  vkml has no erf primitive, so the exact
-    form is not offered; the two differ by less than 1e-3."""
+    form is not offered; the two differ by less than 1e-3.
+
+    >>> vkml.nn.GELU()(vkml.tensor([-1.0, 0.0, 1.0]))
+    tensor([-0.15880801,  0.        ,  0.84119199], dtype=float64)
+    """
 
     def forward(self, x):
         x = _as_input(x, "GELU")
@@ -456,7 +599,11 @@ class GELU(Module):
 
 
 class Softmax(Module):
-    """``exp(x) / sum(exp(x))`` along ``axis`` (``dim`` as PyTorch spells it; default the last)."""
+    """``exp(x) / sum(exp(x))`` along ``axis`` (``dim`` as PyTorch spells it; default the last).
+
+    >>> vkml.nn.Softmax(dim=0)(vkml.tensor([0.0, np.log(3.0)]))
+    tensor([0.25, 0.75], dtype=float64)
+    """
 
     def __init__(self, axis=-1, *, dim=None):
         super().__init__()
@@ -477,6 +624,12 @@ class Dropout(Module):
     ``seed`` (so the same model built with the same seed drops the same
     elements every run), or from ``key`` given to one call, ``drop(x,
     key=7)``, for a mask that depends on nothing else.
+
+    >>> drop = vkml.nn.Dropout(0.5, seed=0)
+    >>> drop(vkml.ones(6))
+    tensor([2., 0., 0., 0., 2., 2.], dtype=float32)
+    >>> drop.eval()(vkml.ones(6))
+    tensor([1., 1., 1., 1., 1., 1.], dtype=float32)
     """
 
     def __init__(self, p=0.5, *, seed=0):
@@ -500,7 +653,12 @@ class Dropout(Module):
 
 class LayerNorm(Module):
     """Normalize over the last dimensions (``normalized_shape``): ``(x - mean) / sqrt(var + eps)``,
-    then ``* weight + bias`` (ones and zeros at first) when ``elementwise_affine``, as PyTorch."""
+    then ``* weight + bias`` (ones and zeros at first) when ``elementwise_affine``, as PyTorch.
+
+    >>> norm = vkml.nn.LayerNorm(2)
+    >>> norm(vkml.tensor([[1.0, 3.0]], dtype="float32"))
+    tensor([[-0.999995,  0.999995]], dtype=float32, requires_grad=True)
+    """
 
     def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, *, dtype=np.float32):
         super().__init__()
@@ -533,7 +691,12 @@ class LayerNorm(Module):
 
 class Embedding(Module):
     """A table of ``num_embeddings`` vectors of size ``embedding_dim``; ``emb(ids)`` looks rows up
-    (shape ids.shape + (embedding_dim,)).  Initialised N(0, 1), as ``torch.nn.Embedding``."""
+    (shape ids.shape + (embedding_dim,)).  Initialised N(0, 1), as ``torch.nn.Embedding``.
+
+    >>> emb = vkml.nn.Embedding(10, 3, rng=0)
+    >>> emb(np.array([[1, 2], [3, 4]])).shape
+    (2, 2, 3)
+    """
 
     def __init__(self, num_embeddings, embedding_dim, *, rng=None, dtype=np.float32):
         super().__init__()

@@ -1,4 +1,4 @@
-"""Programs as text, in the style of rune's ``pp_program``.
+"""Programs as text: one line per equation, each value with its type, nested programs indented.
 
 ::
 
@@ -40,7 +40,15 @@ from .ir import Program, dtype_name, site_text
 def pp_program(prog: Program, bits: bool = False, names: bool = True, arg_names=None) -> str:
     """``prog`` as text.  ``bits=True``: constants as exact bit patterns (``float64:0x3fb9...``);
     ``names=False``: every value as its number ``%n``; ``arg_names``: names for the inputs (the
-    traced function's parameters)."""
+    traced function's parameters).
+
+    >>> prog = vkml.program(lambda x: x * 0.1, np.ones(2))
+    >>> print(vkml.pp_program(prog, bits=True))
+    program (%0)
+      prog : float64 [2] at CPU = Map [mul(x0, float64:0x3fb999999999999a)] (x0: float64 [2] at CPU)
+        with x0 = %0
+      return prog
+    """
     numbers = number_values(prog)
     shown = value_names(prog, numbers, arg_names) if names else \
         {v: f"%{n}" for v, n in numbers.items()}

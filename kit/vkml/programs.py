@@ -1,6 +1,6 @@
 """Traced programs: ``jit``, ``scan`` and the derivative transformations, on Tensors.
 
-This follows rune's "one call" (the seed ``002``): ``jit(body)`` keeps one
+How one call of a jitted function works: ``jit(body)`` keeps one
 Program per *key* -- the pytree structure of the arguments with each leaf's
 dtype, shape and device (and which leaves are the same array) -- tracing the
 body once per key; each program compiles once per *variant* (backend and
@@ -188,7 +188,12 @@ def _realize_captures(outs, placeholders, start):
 # -- jit ----------------------------------------------------------------------------------------
 
 class Jitted:
-    """A function traced once per key into a Program and compiled once per variant."""
+    """A function traced once per key into a Program and compiled once per variant.
+
+    >>> f = vkml.jit(lambda x: x + 1)
+    >>> isinstance(f, vkml.Jitted), f(np.float64(1.0))
+    (True, tensor(2., dtype=float64))
+    """
 
     def __init__(self, fn):
         if not callable(fn):
@@ -243,16 +248,37 @@ class Jitted:
 
     def cache_info(self) -> dict:
         """Traces, compiles (executables made for its programs' variants), derived programs and
-        hits (calls that found their key's program) of this function so far."""
+        hits (calls that found their key's program) of this function so far.
+
+        >>> f = vkml.jit(lambda x: 2 * x)
+        >>> _ = f(np.ones(2))
+        >>> _ = f(np.zeros(2))
+        >>> info = f.cache_info()
+        >>> info["traces"], info["hits"]
+        (1, 1)
+        """
         return {"traces": self.traces, "compiles": self.compiles,
                 "derived": self.derivations, "hits": self.hits, "keys": len(self._entries)}
 
     def programs(self):
-        """Every key's Program (what ``vkml.program`` shows)."""
+        """Every key's Program (what ``vkml.program`` shows).
+
+        >>> f = vkml.jit(lambda x: 2 * x)
+        >>> _ = f(np.ones(2))
+        >>> _ = f(np.ones(3))
+        >>> len(f.programs())
+        2
+        """
         return [e.program for e in self._entries.values()]
 
     def derived_programs(self):
-        """Every derived program, by name (``jvp``, ``known``, ``linear``, ``transposed``, ...), per key."""
+        """Every derived program, by name (``jvp``, ``known``, ``linear``, ``transposed``, ...), per key.
+
+        >>> f = vkml.jit(lambda x: vkml.sum(vkml.sin(x)))
+        >>> _ = vkml.grad(f)(np.ones(2))
+        >>> sorted(f.derived_programs()[0])
+        ['jvp', 'known', 'linear', 'transposed']
+        """
         return [{k: v for k, v in e.derived.items() if isinstance(k, str)}
                 for e in self._entries.values()]
 
@@ -286,6 +312,14 @@ def jit(fn=None, static_argnums=None):
     ``static_argnums``: positional arguments that are Python values baked
     into the program (hashable; one program per value), as in JAX.  A list
     argument is a pytree (a container of leaves), as in JAX, not one array.
+
+    >>> f = vkml.jit(lambda x: vkml.sum(x * x))
+    >>> f(np.array([1.0, 2.0]))
+    tensor(5., dtype=float64)
+    >>> f(np.array([3.0, 4.0]))
+    tensor(25., dtype=float64)
+    >>> f.cache_info()["traces"]
+    1
     """
     if fn is None:
         return jit if static_argnums is None else functools.partial(jit, static_argnums=static_argnums)
@@ -357,6 +391,13 @@ def scan(step, init, xs, length=None, reverse=False):
     the derivative of the scan is again a scan.  ``init``/``xs``/results are
     pytrees; ``xs`` may be None with ``length`` given.  Tensors the step
     closes over become the scan's captures (they get gradients).
+
+    >>> def step(total, x):
+    ...     total = total + x
+    ...     return total, total
+    ...
+    >>> vkml.scan(step, np.float64(0.0), np.array([1.0, 2.0, 3.0]))
+    (tensor(6., dtype=float64), tensor([1., 3., 6.], dtype=float64))
     """
     _check_step(step, "scan", "the step")
     reverse = check_bool(reverse, "reverse", "scan")
@@ -587,17 +628,31 @@ def grad(fn, argnums=0, has_aux=False):
 
     Its programs are derived once per key and derivation (see the module
     docstring); ``grad(grad(f))`` works for scalar functions.
+
+    >>> vkml.grad(lambda x: vkml.sum(x ** 3))(np.array([1.0, 2.0]))
+    tensor([ 3., 12.], dtype=float64)
+    >>> vkml.grad(lambda x, y: x * y, argnums=(0, 1))(2.0, 5.0)
+    (tensor(5., dtype=float64), tensor(2., dtype=float64))
     """
     return _passing_keywords(fn, argnums, has_aux, False, "grad")
 
 
 def value_and_grad(fn, argnums=0, has_aux=False):
-    """Like ``grad`` but returns ``(f(x), grad)`` from the same run."""
+    """Like ``grad`` but returns ``(f(x), grad)`` from the same run.
+
+    >>> vkml.value_and_grad(lambda x: x * x)(3.0)
+    (tensor(9., dtype=float64), tensor(6., dtype=float64))
+    """
     return _passing_keywords(fn, argnums, has_aux, True, "value_and_grad")
 
 
 def vjp(fn, *args):
-    """``out, pullback = vjp(f, *args)``; ``pullback(ct)`` returns one cotangent per argument."""
+    """``out, pullback = vjp(f, *args)``; ``pullback(ct)`` returns one cotangent per argument.
+
+    >>> out, pullback = vkml.vjp(lambda x: vkml.sin(x), np.array([0.0, np.pi]))
+    >>> pullback(np.ones(2))
+    (tensor([ 1., -1.], dtype=float64),)
+    """
     _check_function(fn, "vjp")
     jitted = jit(fn)
     nums = tuple(range(len(args)))
@@ -621,7 +676,11 @@ def vjp(fn, *args):
 
 
 def jvp(fn, primals, tangents):
-    """``(f(primals), df(primals)[tangents])`` by forward mode, its program derived once."""
+    """``(f(primals), df(primals)[tangents])`` by forward mode, its program derived once.
+
+    >>> vkml.jvp(lambda x: x * x, (3.0,), (1.0,))
+    (tensor(9., dtype=float64), tensor(6., dtype=float64))
+    """
     _check_function(fn, "jvp")
     primals = tuple(check_sequence(primals, "primals", "jvp"))
     tangents = tuple(check_sequence(tangents, "tangents", "jvp"))
@@ -648,7 +707,12 @@ def jvp(fn, primals, tangents):
 
 def linearize(fn, *primals):
     """``out, f_jvp = linearize(f, *primals)``: the known part runs now, ``f_jvp(*tangents)``
-    runs only the part linear in the tangents (the residuals are kept)."""
+    runs only the part linear in the tangents (the residuals are kept).
+
+    >>> out, f_jvp = vkml.linearize(lambda x: x ** 3, 2.0)
+    >>> out, f_jvp(1.0)
+    (tensor(8., dtype=float64), tensor(12., dtype=float64))
+    """
     _check_function(fn, "linearize")
     jitted = jit(fn)
     entry, leaves, in_vars = jitted._lookup(primals)
@@ -680,7 +744,14 @@ def linearize(fn, *primals):
 # -- programs as values -----------------------------------------------------------------------------
 
 def program(fn, *args) -> Program:
-    """The Program ``fn`` traces to for these arguments (``print`` it to read it)."""
+    """The Program ``fn`` traces to for these arguments (``print`` it to read it).
+
+    >>> print(vkml.program(lambda x: vkml.sin(x) * 2.0, np.ones(3)))
+    program (%0)
+      %4 : float64 [3] at CPU = Map [mul(sin(x0), 2.0)] (x0: float64 [3] at CPU)
+        with x0 = %0
+      return %4
+    """
     _check_function(fn, "program")
     jitted = jit(fn)
     entry, _, _ = jitted._lookup(args)
@@ -709,6 +780,11 @@ def vmap(fn, in_axes=0, out_axes=0):
     on a mapped argument (it is returned once, not per example).  The program
     for one example is traced once per key and its batched form derived once
     per batch size.
+
+    >>> vkml.vmap(lambda row: vkml.sum(row * row))(np.array([[1.0, 2.0], [3.0, 4.0]]))
+    tensor([ 5., 25.], dtype=float64)
+    >>> vkml.vmap(lambda x, w: x * w, in_axes=(0, None))(np.array([1.0, 2.0]), 10.0)
+    tensor([10., 20.], dtype=float64)
     """
     _check_function(fn, "vmap")
     jitted = jit(fn)
@@ -862,7 +938,12 @@ def _jacrev_array(fn, argnums=0):
 
 def hessian(fn, argnums=0, has_aux=False):
     """Second derivatives of a scalar function: ``jacfwd(jacrev(f))``, pytrees and ``has_aux`` as
-    in ``jacfwd``."""
+    in ``jacfwd``.
+
+    >>> vkml.hessian(lambda x: vkml.sum(x ** 3))(np.array([1.0, 2.0]))
+    tensor([[ 6.,  0.],
+            [ 0., 12.]], dtype=float64)
+    """
     _check_function(fn, "hessian")
     _check_argnums(argnums, "hessian")
     has_aux = check_bool(has_aux, "has_aux", "hessian")
@@ -870,7 +951,11 @@ def hessian(fn, argnums=0, has_aux=False):
 
 
 def hvp(fn, primals, tangents):
-    """Hessian-vector product by forward-over-reverse: ``jvp(grad(f), primals, tangents)``."""
+    """Hessian-vector product by forward-over-reverse: ``jvp(grad(f), primals, tangents)``.
+
+    >>> vkml.hvp(lambda x: vkml.sum(x ** 3), (np.array([1.0, 2.0]),), (np.array([1.0, 0.0]),))
+    tensor([6., 0.], dtype=float64)
+    """
     _check_function(fn, "hvp")
     primals = check_sequence(primals, "primals", "hvp")
     tangents = check_sequence(tangents, "tangents", "hvp")
@@ -885,7 +970,12 @@ def _placeholders_like(vars_):
 
 def switch(index, branches, *operands):
     """Run ``branches[index](*operands)``; every branch is traced once, and the choice is a value
-    of the program (so it works under jit, grad and vmap, where Python ``if`` cannot)."""
+    of the program (so it works under jit, grad and vmap, where Python ``if`` cannot).
+
+    >>> branches = [lambda x: x, lambda x: x * 10.0, lambda x: -x]
+    >>> vkml.switch(1, branches, 2.0)
+    tensor(20., dtype=float64)
+    """
     branches = _check_branches(branches)
     op_leaves, op_tree = flatten(operands)
     op_vars = [_leaf_var(x, "cond operand") for x in op_leaves]
@@ -913,7 +1003,13 @@ def switch(index, branches, *operands):
 
 
 def cond(pred, true_fn, false_fn, *operands):
-    """``true_fn(*operands)`` if ``pred`` else ``false_fn(*operands)``, as one construct."""
+    """``true_fn(*operands)`` if ``pred`` else ``false_fn(*operands)``, as one construct.
+
+    >>> vkml.cond(True, lambda x: x + 1.0, lambda x: x - 1.0, 5.0)
+    tensor(6., dtype=float64)
+    >>> vkml.grad(lambda x: vkml.cond(x > 0.0, lambda x: x * x, lambda x: -x, x))(3.0)
+    tensor(6., dtype=float64)
+    """
     return switch(_truth(pred), [false_fn, true_fn], *operands)
 
 
@@ -929,6 +1025,9 @@ def while_loop(cond_fn, body_fn, init, max_iters=None, on_max_iters="warn"):
     of the program (``vkml.ops.checks``), so it runs inside jit, grad, vmap
     and scan too, once per run, wherever the loop's result is used; a loop on
     concrete values is run (and checked) at once.
+
+    >>> vkml.while_loop(lambda x: x < 10.0, lambda x: x * 2.0, 1.0)
+    tensor(16., dtype=float64)
     """
     _check_function(cond_fn, "while_loop", "the condition")
     _check_function(body_fn, "while_loop", "the body")
@@ -997,7 +1096,20 @@ def _example(vars_):
 class custom_jvp:
     """A function with a hand-written forward-mode rule: ``f.defjvp(rule)`` where
     ``rule(primals, tangents) -> (out, tangent_out)``; the tangent must be linear
-    in the tangents (reverse mode transposes it)."""
+    in the tangents (reverse mode transposes it).
+
+    >>> @vkml.custom_jvp
+    ... def softplus(x):
+    ...     return vkml.log(1.0 + vkml.exp(x))
+    ...
+    >>> @softplus.defjvp
+    ... def softplus_jvp(primals, tangents):
+    ...     (x,), (t,) = primals, tangents
+    ...     return vkml.log(1.0 + vkml.exp(x)), t * vkml.sigmoid(x)
+    ...
+    >>> vkml.grad(softplus)(0.0)
+    tensor(0.5, dtype=float64)
+    """
 
     def __init__(self, fun):
         self.fun = fun
@@ -1005,6 +1117,13 @@ class custom_jvp:
         functools.update_wrapper(self, fun)
 
     def defjvp(self, rule):
+        """Set the forward-mode rule ``rule(primals, tangents) -> (out, tangent_out)``; returns it, so it works as a decorator.
+
+        >>> f = vkml.custom_jvp(lambda x: x * x)
+        >>> _ = f.defjvp(lambda primals, tangents: (primals[0] ** 2, 2.0 * primals[0] * tangents[0]))
+        >>> vkml.grad(f)(3.0)
+        tensor(6., dtype=float64)
+        """
         self.rule = rule
         return rule
 
@@ -1038,7 +1157,22 @@ class custom_vjp:
     ``fwd(*args) -> (out, residuals)`` and ``bwd(residuals, ct) -> one cotangent per argument``
     (None for a zero one).  ``nondiff_argnums``: positional arguments that are not differentiated
     (Python values such as functions or sizes, hashable); as in JAX, ``bwd`` gets them first,
-    ``bwd(*nondiff, residuals, ct)``, and returns cotangents for the other arguments only."""
+    ``bwd(*nondiff, residuals, ct)``, and returns cotangents for the other arguments only.
+
+    >>> @vkml.custom_vjp
+    ... def clip_gradient(x):
+    ...     return x
+    ...
+    >>> def fwd(x):
+    ...     return x, None
+    ...
+    >>> def bwd(residuals, ct):
+    ...     return (vkml.clip(ct, -1.0, 1.0),)
+    ...
+    >>> clip_gradient.defvjp(fwd, bwd)
+    >>> vkml.grad(lambda x: vkml.sum(clip_gradient(x) * 5.0))(np.ones(2))
+    tensor([1., 1.], dtype=float64)
+    """
 
     def __init__(self, fun, nondiff_argnums=()):
         _check_function(fun, "custom_vjp")
@@ -1050,6 +1184,13 @@ class custom_vjp:
         functools.update_wrapper(self, fun)
 
     def defvjp(self, fwd, bwd):
+        """Set the reverse-mode rule: ``fwd(*args) -> (out, residuals)`` and ``bwd(residuals, ct) -> cotangents``.
+
+        >>> f = vkml.custom_vjp(lambda x: x * x)
+        >>> f.defvjp(lambda x: (x * x, x), lambda x, ct: (2.0 * x * ct,))
+        >>> vkml.grad(f)(3.0)
+        tensor(6., dtype=float64)
+        """
         _check_function(fwd, f"custom_vjp {self.__name__}.defvjp", "fwd")
         _check_function(bwd, f"custom_vjp {self.__name__}.defvjp", "bwd")
         self.fwd, self.bwd = fwd, bwd
@@ -1098,7 +1239,12 @@ class custom_vjp:
 
 def checkpoint(fn):
     """``fn`` whose intermediates are recomputed in the backward pass instead of kept
-    (memory for time: only its inputs are saved)."""
+    (memory for time: only its inputs are saved).
+
+    >>> f = vkml.checkpoint(lambda x: vkml.sin(vkml.sin(x)))
+    >>> vkml.grad(lambda x: vkml.sum(f(x)))(np.zeros(2))
+    tensor([1., 1.], dtype=float64)
+    """
     _check_function(fn, "checkpoint")
     jitted = jit(fn)
 
@@ -1118,7 +1264,23 @@ MAX_CHECK_ORDER = 8
 
 
 class GradCheckError(VkmlError, AssertionError):
-    """A derivative that disagrees with finite differences."""
+    """A derivative that disagrees with finite differences.
+
+    >>> @vkml.custom_jvp
+    ... def f(x):
+    ...     return vkml.sin(x)
+    ...
+    >>> @f.defjvp
+    ... def f_jvp(primals, tangents):
+    ...     return vkml.sin(primals[0]), 2.0 * tangents[0]
+    ...
+    >>> try:
+    ...     vkml.check_grads(f, (np.array([0.3]),), modes=("fwd",))
+    ... except vkml.GradCheckError:
+    ...     print("the hand-written rule disagrees with finite differences")
+    ...
+    the hand-written rule disagrees with finite differences
+    """
 
 
 def check_grads(fn, args, order=1, modes=("fwd", "rev"), eps=None, rtol=1e-4, atol=1e-6, seed=0):
@@ -1129,6 +1291,8 @@ def check_grads(fn, args, order=1, modes=("fwd", "rev"), eps=None, rtol=1e-4, at
     ``order=2`` the derivative is checked too (``order`` is at most
     ``MAX_CHECK_ORDER``, 8).  Raises GradCheckError with both numbers on a
     mismatch; returns None when all agree.
+
+    >>> vkml.check_grads(lambda x: vkml.sum(vkml.sin(x)), (np.array([0.5, 1.0]),), order=2)
     """
     rtol, atol = _check_grads_arguments(fn, args, order, modes, eps, rtol, atol, seed)
     rng = np.random.default_rng(seed)
@@ -1384,13 +1548,23 @@ def jacfwd(fn, argnums=0, has_aux=False):
     structure with, at each leaf, the structure of the differentiated
     argument (a tuple of them when ``argnums`` is a tuple), each block of
     shape output-leaf shape + input-leaf shape.  ``has_aux``: ``fn`` returns
-    ``(out, aux)`` and the call returns ``(jacobian, aux)``."""
+    ``(out, aux)`` and the call returns ``(jacobian, aux)``.
+
+    >>> vkml.jacfwd(lambda x: x * x)(np.array([1.0, 2.0]))
+    tensor([[2., 0.],
+            [0., 4.]], dtype=float64)
+    """
     return _pytree_jacobian(fn, argnums, has_aux, "jacfwd", _jacfwd_array)
 
 
 def jacrev(fn, argnums=0, has_aux=False):
     """The Jacobian by reverse mode: the transposed program mapped over a basis of cotangents.
-    Pytrees, shapes and ``has_aux`` as in :func:`jacfwd`."""
+    Pytrees, shapes and ``has_aux`` as in :func:`jacfwd`.
+
+    >>> vkml.jacrev(lambda x: vkml.stack([x[0] * x[1], x[0]]))(np.array([2.0, 3.0]))
+    tensor([[3., 2.],
+            [1., 0.]], dtype=float64)
+    """
     return _pytree_jacobian(fn, argnums, has_aux, "jacrev", _jacrev_array)
 
 
@@ -1646,6 +1820,9 @@ def fori_loop(lower, upper, body_fun, init_val):
     With concrete int bounds it is a ``scan`` over the indices (every mode
     of differentiation, reverse too); with traced bounds a ``while_loop``
     (forward and forward mode).  ``upper <= lower`` returns ``init_val``.
+
+    >>> vkml.fori_loop(0, 4, lambda i, acc: acc * 2.0, 1.0)
+    tensor(16., dtype=float64)
     """
     _check_step(body_fun, "fori_loop", "the body")
     lo, hi = _loop_bound(lower, "lower"), _loop_bound(upper, "upper")
@@ -1682,6 +1859,9 @@ def associative_scan(fn, elems, reverse=False, axis=0):
     It takes ceil(log2 n) rounds, each one call of ``fn`` on shifted slices
     (Hillis and Steele's scan), built from ordinary operations, so it is
     lazy and differentiable like them.
+
+    >>> vkml.associative_scan(vkml.add, np.array([1.0, 2.0, 3.0, 4.0]))
+    tensor([ 1.,  3.,  6., 10.], dtype=float64)
     """
     _check_step(fn, "associative_scan")
     reverse = check_bool(reverse, "reverse", "associative_scan")

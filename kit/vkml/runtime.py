@@ -79,12 +79,26 @@ def set_eager(enabled: bool) -> None:
     """Run every operation at once (debugging: an error names the line that caused it).
 
     A global call: the process default and this thread's own (see the module docstring);
-    ``with vkml.eager():`` changes only this thread or task."""
+    ``with vkml.eager():`` changes only this thread or task.
+
+    >>> vkml.set_eager(True)
+    >>> vkml.is_eager()
+    True
+    >>> vkml.set_eager(False)
+    """
     _EAGER.set_global(check_bool(enabled, "enabled", "set_eager"))
 
 
 def is_eager() -> bool:
-    """Whether operations of this thread or task run at once."""
+    """Whether operations of this thread or task run at once.
+
+    >>> vkml.is_eager()
+    False
+    >>> with vkml.eager():
+    ...     print(vkml.is_eager())
+    ...
+    True
+    """
     return _EAGER.get()
 
 
@@ -106,23 +120,48 @@ class _Mode:
 
 
 def eager(enabled: bool = True) -> _Mode:
-    """``with vkml.eager():`` -- eager mode in this thread or task for the block, restored after."""
+    """``with vkml.eager():`` -- eager mode in this thread or task for the block, restored after.
+
+    >>> with vkml.eager():
+    ...     y = vkml.tensor([1.0]) + 1
+    ...     print(y.ir_var.value is not None)
+    ...
+    True
+    """
     return _Mode(_EAGER, check_bool(enabled, "enabled", "eager"))
 
 
 def no_grad() -> _Mode:
     """``with vkml.no_grad():`` -- operations of this thread or task in the block record no
-    gradients (optimizer updates, evaluation); other threads keep recording theirs."""
+    gradients (optimizer updates, evaluation); other threads keep recording theirs.
+
+    >>> w = vkml.tensor([1.0], requires_grad=True)
+    >>> with vkml.no_grad():
+    ...     print(vkml.is_grad_enabled(), (w * 2).requires_grad)
+    ...
+    False False
+    """
     return _Mode(_GRAD_ENABLED, False)
 
 
 def enable_grad() -> _Mode:
-    """``with vkml.enable_grad():`` -- record gradients again inside a ``no_grad`` block."""
+    """``with vkml.enable_grad():`` -- record gradients again inside a ``no_grad`` block.
+
+    >>> with vkml.no_grad():
+    ...     with vkml.enable_grad():
+    ...         print(vkml.is_grad_enabled())
+    ...
+    True
+    """
     return _Mode(_GRAD_ENABLED, True)
 
 
 def is_grad_enabled() -> bool:
-    """Whether new operations of this thread or task record gradients."""
+    """Whether new operations of this thread or task record gradients.
+
+    >>> vkml.is_grad_enabled()
+    True
+    """
     return _GRAD_ENABLED.get()
 
 
@@ -284,7 +323,14 @@ def backward(root) -> list:
 def set_cache_limit(n: int) -> None:
     """Keep at most ``n`` entries in each cache (programs per key, executables per variant,
     derived programs, backward programs); the least recently used go first, now and later.
-    Also ``VKML_CACHE_LIMIT=n`` in the environment.  The default is 1024."""
+    Also ``VKML_CACHE_LIMIT=n`` in the environment.  The default is 1024.
+
+    >>> old = vkml.cache_limit()
+    >>> vkml.set_cache_limit(16)
+    >>> vkml.cache_limit()
+    16
+    >>> vkml.set_cache_limit(old)
+    """
     n = check_int(n, "n", "set_cache_limit")
     if n < 1:
         raise ArgumentError(f"set_cache_limit: the limit must be at least 1, got {n}; use "
@@ -295,7 +341,15 @@ def set_cache_limit(n: int) -> None:
 def clear_caches() -> None:
     """Empty every cache: programs of jitted functions, derived programs, backward programs and
     every backend's executables.  The next call traces and compiles again (``vkml.stats()``
-    counts it); a compiled tier may load its code from its disk cache instead of compiling."""
+    counts it); a compiled tier may load its code from its disk cache instead of compiling.
+
+    >>> f = vkml.jit(lambda x: x + 1)
+    >>> _ = f(np.ones(2))
+    >>> vkml.clear_caches()
+    >>> _ = f(np.ones(2))
+    >>> f.cache_info()["traces"]
+    2
+    """
     for backend in instances():
         backend.clear_cache()         # a device backend frees what its executables hold
     threadsafe.clear_caches()

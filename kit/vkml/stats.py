@@ -50,7 +50,13 @@ STATS = Stats()
 
 
 def stats() -> Stats:
-    """A snapshot of the counters (subtract two snapshots to count what happened between)."""
+    """A snapshot of the counters (subtract two snapshots to count what happened between).
+
+    >>> before = vkml.stats()
+    >>> _ = (vkml.tensor([1.0]) * 2).numpy()
+    >>> (vkml.stats() - before).submissions
+    1
+    """
     return STATS.snapshot()
 
 
@@ -59,5 +65,11 @@ def _counters():
 
 
 def reset_stats() -> None:
+    """Set every counter of :func:`stats` back to zero.
+
+    >>> vkml.reset_stats()
+    >>> vkml.stats().submissions
+    0
+    """
     for name in _counters():
         setattr(STATS, name, 0)

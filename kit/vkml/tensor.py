@@ -31,7 +31,16 @@ from .validate import (MAX_ELEMENTS, check_bool, check_dtype, check_real, check_
 
 
 class Tensor:
-    """A lazy n-dimensional array that can carry gradients (see the module docstring)."""
+    """A lazy n-dimensional array that can carry gradients (see the module docstring).
+
+    >>> x = vkml.tensor([[1.0, 2.0, 3.0]])
+    >>> x.shape, x.ndim, x.size, x.dtype, x.device
+    ((1, 3), 2, 3, dtype('float64'), 'CPU')
+    >>> x.is_leaf, (x + 1).is_leaf
+    (True, False)
+    >>> (x * 2).sum()
+    tensor(12., dtype=float64)
+    """
 
     __slots__ = ("ir_var", "requires_grad", "grad", "__weakref__")
     __array_priority__ = 1000  # so ndarray * Tensor calls Tensor.__rmul__
@@ -64,11 +73,21 @@ class Tensor:
 
     # -- observing values --------------------------------------------------------------
     def realize(self) -> "Tensor":
+        """Run the pending work behind this tensor (one submission) and return it.
+
+        >>> y = vkml.tensor([1.0]) + 1
+        >>> y.realize() is y
+        True
+        """
         realize(self)
         return self
 
     def numpy(self) -> np.ndarray:
-        """The value as a read-only NumPy array (realizes if pending)."""
+        """The value as a read-only NumPy array (realizes if pending).
+
+        >>> vkml.tensor([1.0, 2.0]).numpy()
+        array([1., 2.])
+        """
         realize(self)
         out = np.asarray(self.ir_var.value).view()
         out.flags.writeable = False
@@ -79,12 +98,22 @@ class Tensor:
         return arr.astype(dtype) if dtype is not None else np.array(arr)
 
     def item(self):
+        """The one element as a Python number (realizes if pending).
+
+        >>> vkml.tensor([[2.5]]).item()
+        2.5
+        """
         if self.size != 1:
             raise ShapeError(f"item: needs a tensor with one element, got shape {self.shape}; "
                              "reduce it first (e.g. .sum())")
         return self.numpy().reshape(()).item()
 
     def tolist(self):
+        """The values as nested Python lists (realizes if pending).
+
+        >>> vkml.tensor([[1, 2], [3, 4]]).tolist()
+        [[1, 2], [3, 4]]
+        """
         return self.numpy().tolist()
 
     def _concrete(self, what):
@@ -121,15 +150,33 @@ class Tensor:
 
     # -- autograd ------------------------------------------------------------------------
     def backward(self):
+        """Accumulate the gradient of this scalar into the ``.grad`` of every leaf that requires it (:func:`vkml.backward`).
+
+        >>> x = vkml.tensor(2.0, requires_grad=True)
+        >>> (x * x).backward()
+        >>> x.grad
+        tensor(4., dtype=float64)
+        """
         backward(self)
 
     def detach(self) -> "Tensor":
-        """The same values, cut from the gradient graph."""
+        """The same values, cut from the gradient graph.
+
+        >>> x = vkml.tensor([1.0], requires_grad=True)
+        >>> x.detach().requires_grad
+        False
+        """
         if self.ir_var.value is not None:
             return Tensor(Var(*self.ir_var.aval, value=self.ir_var.value))
         return Tensor(api.stop_gradient(self.ir_var))
 
     def requires_grad_(self, flag: bool = True) -> "Tensor":
+        """Mark this leaf as needing a gradient (or not, with ``False``); returns it.
+
+        >>> w = vkml.zeros(2).requires_grad_()
+        >>> w.requires_grad
+        True
+        """
         flag = check_bool(flag, "flag", "requires_grad_")
         if flag:
             _check_grad_dtype(self.ir_var, "requires_grad_")
@@ -141,10 +188,26 @@ class Tensor:
         return self
 
     def zero_grad(self):
+        """Drop ``.grad`` (backward accumulates into it).
+
+        >>> x = vkml.tensor(1.0, requires_grad=True)
+        >>> (x * 3).backward()
+        >>> x.zero_grad()
+        >>> x.grad is None
+        True
+        """
         self.grad = None
 
     # -- in place ----------------------------------------------------------------------------
     def assign_(self, src) -> "Tensor":
+        """Give this tensor ``src``'s values in place (see :func:`vkml.assign` for many at once); returns it.
+
+        >>> t = vkml.zeros(2)
+        >>> t.assign_([1.0, 2.0])
+        tensor([1., 2.], dtype=float32)
+        >>> t
+        tensor([1., 2.], dtype=float32)
+        """
         assign([self], [src])
         return self
 
@@ -158,119 +221,305 @@ class Tensor:
                             "store it with t.assign_(new)")
 
     def reshape(self, *shape):
+        """The same elements in a new shape (:func:`vkml.reshape`); the shape may be given as separate ints.
+
+        >>> vkml.arange(6).reshape(2, 3).shape
+        (2, 3)
+        """
         return reshape(self, shape[0] if len(shape) == 1 and not isinstance(shape[0], numbers.Integral)
                        else shape)
 
     view = reshape
 
     def transpose(self, *axes):
+        """The axes reordered (reversed when none are given; :func:`vkml.transpose`).
+
+        >>> vkml.zeros((2, 3)).transpose().shape
+        (3, 2)
+        """
         return transpose(self, axes[0] if len(axes) == 1 and not isinstance(axes[0], numbers.Integral)
                          else (axes or None))
 
     def permute(self, *axes):
+        """The axes in the order given, as PyTorch's ``permute``.
+
+        >>> vkml.zeros((2, 3, 4)).permute(2, 0, 1).shape
+        (4, 2, 3)
+        """
         return self.transpose(*axes)
 
     @property
     def T(self):
+        """The axes reversed (the transpose of a matrix).
+
+        >>> vkml.zeros((2, 3)).T.shape
+        (3, 2)
+        """
         return transpose(self)
 
     def astype(self, dtype):
+        """The values converted to ``dtype`` (:func:`vkml.cast`).
+
+        >>> vkml.tensor([1.5, 2.5]).astype('int64')
+        tensor([1, 2], dtype=int64)
+        """
         return cast(self, dtype)
 
     def float(self):
+        """The values as float32.
+
+        >>> vkml.tensor([1, 2]).float().dtype
+        dtype('float32')
+        """
         return cast(self, np.float32)
 
     def double(self):
+        """The values as float64.
+
+        >>> vkml.tensor([1, 2]).double().dtype
+        dtype('float64')
+        """
         return cast(self, np.float64)
 
     def long(self):
+        """The values as int64 (floats truncate towards zero).
+
+        >>> vkml.tensor([1.9, -1.9]).long()
+        tensor([ 1, -1], dtype=int64)
+        """
         return cast(self, np.int64)
 
     def int(self):
+        """The values as int32 (floats truncate towards zero).
+
+        >>> vkml.tensor([1.9, -1.9]).int()
+        tensor([ 1, -1], dtype=int32)
+        """
         return cast(self, np.int32)
 
     def sum(self, axis=None, keepdims=False):
+        """The sum over ``axis`` (:func:`vkml.sum`).
+
+        >>> vkml.tensor([[1, 2], [3, 4]]).sum(axis=1)
+        tensor([3, 7], dtype=int64)
+        """
         return sum(self, axis, keepdims)
 
     def mean(self, axis=None, keepdims=False):
+        """The mean over ``axis`` (:func:`vkml.mean`).
+
+        >>> vkml.tensor([1.0, 2.0, 6.0]).mean()
+        tensor(3., dtype=float64)
+        """
         return mean(self, axis, keepdims)
 
     def max(self, axis=None, keepdims=False):
+        """The largest element over ``axis`` (:func:`vkml.max`).
+
+        >>> vkml.tensor([1.0, 4.0, 2.0]).max()
+        tensor(4., dtype=float64)
+        """
         return max(self, axis, keepdims)
 
     def min(self, axis=None, keepdims=False):
+        """The smallest element over ``axis`` (:func:`vkml.min`).
+
+        >>> vkml.tensor([1.0, 4.0, 2.0]).min()
+        tensor(1., dtype=float64)
+        """
         return min(self, axis, keepdims)
 
     def argmax(self, axis=None):
+        """The index of the largest element (:func:`vkml.argmax`).
+
+        >>> vkml.tensor([1.0, 4.0, 2.0]).argmax()
+        tensor(1, dtype=int64)
+        """
         return argmax(self, axis)
 
     def argmin(self, axis=None):
+        """The index of the smallest element (:func:`vkml.argmin`).
+
+        >>> vkml.tensor([1.0, 4.0, 2.0]).argmin()
+        tensor(0, dtype=int64)
+        """
         return argmin(self, axis)
 
     def flatten(self, start_dim=0, end_dim=-1):
+        """Axes ``start_dim..end_dim`` merged into one (:func:`vkml.flatten`).
+
+        >>> vkml.zeros((2, 3)).flatten().shape
+        (6,)
+        """
         return flatten(self, start_dim, end_dim)
 
     def squeeze(self, axis=None):
+        """Axes of size 1 removed (:func:`vkml.squeeze`).
+
+        >>> vkml.zeros((1, 3)).squeeze().shape
+        (3,)
+        """
         return squeeze(self, axis)
 
     def unsqueeze(self, axis):
+        """A new axis of size 1 at ``axis`` (PyTorch's name for :meth:`expand_dims`).
+
+        >>> vkml.zeros(3).unsqueeze(0).shape
+        (1, 3)
+        """
         return expand_dims(self, axis)
 
     def expand_dims(self, axis):
+        """A new axis of size 1 at ``axis`` (:func:`vkml.expand_dims`).
+
+        >>> vkml.zeros(3).expand_dims(1).shape
+        (3, 1)
+        """
         return expand_dims(self, axis)
 
     def broadcast_to(self, shape):
+        """Repeated along new or size-1 axes to ``shape`` (:func:`vkml.broadcast_to`).
+
+        >>> vkml.tensor([1.0, 2.0]).broadcast_to((2, 2))
+        tensor([[1., 2.],
+                [1., 2.]], dtype=float64)
+        """
         return broadcast_to(self, shape)
 
     def swapaxes(self, a, b):
+        """Axes ``a`` and ``b`` exchanged (:func:`vkml.swapaxes`).
+
+        >>> vkml.zeros((2, 3)).swapaxes(0, 1).shape
+        (3, 2)
+        """
         return swapaxes(self, a, b)
 
     def clip(self, lo=None, hi=None):
+        """Each element limited to ``[lo, hi]`` (:func:`vkml.clip`).
+
+        >>> vkml.tensor([-1.0, 0.5, 2.0]).clip(0.0, 1.0)
+        tensor([0. , 0.5, 1. ], dtype=float64)
+        """
         return clip(self, lo, hi)
 
     def exp(self):
+        """``e ** x`` elementwise (:func:`vkml.exp`).
+
+        >>> vkml.tensor([0.0]).exp()
+        tensor([1.], dtype=float64)
+        """
         return exp(self)
 
     def log(self):
+        """The natural logarithm, elementwise (:func:`vkml.log`).
+
+        >>> vkml.tensor([1.0]).log()
+        tensor([0.], dtype=float64)
+        """
         return log(self)
 
     def sin(self):
+        """The sine, elementwise (:func:`vkml.sin`).
+
+        >>> vkml.tensor([0.0]).sin()
+        tensor([0.], dtype=float64)
+        """
         return sin(self)
 
     def cos(self):
+        """The cosine, elementwise (:func:`vkml.cos`).
+
+        >>> vkml.tensor([0.0]).cos()
+        tensor([1.], dtype=float64)
+        """
         return cos(self)
 
     def tanh(self):
+        """The hyperbolic tangent, elementwise (:func:`vkml.tanh`).
+
+        >>> vkml.tensor([0.0]).tanh()
+        tensor([0.], dtype=float64)
+        """
         return tanh(self)
 
     def sqrt(self):
+        """The square root, elementwise (:func:`vkml.sqrt`).
+
+        >>> vkml.tensor([4.0]).sqrt()
+        tensor([2.], dtype=float64)
+        """
         return sqrt(self)
 
     def abs(self):
+        """``|x|`` elementwise (:func:`vkml.abs`; also ``abs(t)``).
+
+        >>> vkml.tensor([-2.0]).abs()
+        tensor([2.], dtype=float64)
+        """
         return abs(self)
 
     def relu(self):
+        """``max(x, 0)`` elementwise (:func:`vkml.relu`).
+
+        >>> vkml.tensor([-1.0, 1.0]).relu()
+        tensor([0., 1.], dtype=float64)
+        """
         return relu(self)
 
     def sigmoid(self):
+        """``1 / (1 + exp(-x))`` elementwise (:func:`vkml.sigmoid`).
+
+        >>> vkml.tensor([0.0]).sigmoid()
+        tensor([0.5], dtype=float64)
+        """
         return sigmoid(self)
 
     def softmax(self, axis=-1):
+        """``exp(x) / sum(exp(x))`` along ``axis`` (:func:`vkml.softmax`).
+
+        >>> vkml.tensor([0.0, 0.0]).softmax()
+        tensor([0.5, 0.5], dtype=float64)
+        """
         return softmax(self, axis)
 
     def log_softmax(self, axis=-1):
+        """``x - logsumexp(x)`` along ``axis`` (:func:`vkml.log_softmax`).
+
+        >>> vkml.tensor([0.0, 0.0]).log_softmax()
+        tensor([-0.69314718, -0.69314718], dtype=float64)
+        """
         return log_softmax(self, axis)
 
     def pow(self, y):
+        """``x ** y`` elementwise (:func:`vkml.pow`).
+
+        >>> vkml.tensor([2.0, 3.0]).pow(2)
+        tensor([4., 9.], dtype=float64)
+        """
         return pow(self, y)
 
     def matmul(self, y):
+        """The matrix product ``x @ y`` (:func:`vkml.matmul`).
+
+        >>> vkml.tensor([[1.0, 2.0]]).matmul(vkml.tensor([[1.0], [1.0]]))
+        tensor([[3.]], dtype=float64)
+        """
         return matmul(self, y)
 
     def any(self, axis=None):
+        """Whether any element is non-zero (over ``axis``).
+
+        >>> vkml.tensor([0, 0, 3]).any()
+        tensor(True, dtype=bool)
+        """
         return greater(sum(cast(self, bool), axis), 0)
 
     def all(self, axis=None):
+        """Whether every element is non-zero (over ``axis``).
+
+        >>> vkml.tensor([1, 0, 3]).all()
+        tensor(False, dtype=bool)
+        """
         return equal(sum(logical_not(cast(self, bool)), axis), 0)
 
     # operators
@@ -359,9 +608,19 @@ class Tensor:
         return mod(y, self)
 
     def var(self, axis=None, ddof=0, keepdims=False):
+        """The variance over ``axis`` (:func:`vkml.var`).
+
+        >>> vkml.tensor([1.0, 3.0]).var()
+        tensor(1., dtype=float64)
+        """
         return var(self, axis, ddof, keepdims)
 
     def std(self, axis=None, ddof=0, keepdims=False):
+        """The standard deviation over ``axis`` (:func:`vkml.std`).
+
+        >>> vkml.tensor([1.0, 3.0]).std()
+        tensor(1., dtype=float64)
+        """
         return std(self, axis, ddof, keepdims)
 
     # NumPy's protocols: np.exp(t), np.sum(t, axis=0), ... run vkml's own (lazy, differentiable) ops
@@ -385,7 +644,13 @@ def _check_grad_dtype(var, what):
 
 
 def tensor(data, dtype=None, requires_grad: bool = False) -> Tensor:
-    """A new leaf tensor holding a copy of ``data`` (array, list or number)."""
+    """A new leaf tensor holding a copy of ``data`` (array, list or number).
+
+    >>> vkml.tensor([1.0, 2.0])
+    tensor([1., 2.], dtype=float64)
+    >>> vkml.tensor([1, 2], dtype='float32', requires_grad=True)
+    tensor([1., 2.], dtype=float32, requires_grad=True)
+    """
     requires_grad = check_bool(requires_grad, "requires_grad", "tensor")
     if isinstance(data, Tensor):
         data = data.numpy()
@@ -406,14 +671,30 @@ def as_tensor(x) -> Tensor:
 
 
 def zeros(shape, dtype=np.float32, requires_grad=False):
+    """A tensor of zeros (float32 unless ``dtype`` says otherwise).
+
+    >>> vkml.zeros((2, 2))
+    tensor([[0., 0.],
+            [0., 0.]], dtype=float32)
+    """
     return _filled("zeros", shape, 0, dtype, requires_grad)
 
 
 def ones(shape, dtype=np.float32, requires_grad=False):
+    """A tensor of ones (float32 unless ``dtype`` says otherwise).
+
+    >>> vkml.ones(3, dtype='float64')
+    tensor([1., 1., 1.], dtype=float64)
+    """
     return _filled("ones", shape, 1, dtype, requires_grad)
 
 
 def full(shape, value, dtype=None, requires_grad=False):
+    """A tensor of ``shape`` filled with ``value`` (its dtype by default).
+
+    >>> vkml.full((2,), 7.0)
+    tensor([7., 7.], dtype=float64)
+    """
     return _filled("full", shape, value, dtype, requires_grad)
 
 
@@ -429,7 +710,13 @@ def _filled(op, shape, value, dtype, requires_grad):
 
 
 def arange(*args, dtype=None):
-    """NumPy's ``arange(stop)``, ``arange(start, stop)`` or ``arange(start, stop, step)``."""
+    """NumPy's ``arange(stop)``, ``arange(start, stop)`` or ``arange(start, stop, step)``.
+
+    >>> vkml.arange(4)
+    tensor([0, 1, 2, 3], dtype=int64)
+    >>> vkml.arange(1.0, 2.0, 0.25)
+    tensor([1.  , 1.25, 1.5 , 1.75], dtype=float64)
+    """
     if not 1 <= len(args) <= 3:
         raise ArgumentError(f"arange: takes stop, (start, stop) or (start, stop, step), got "
                             f"{len(args)} arguments")
@@ -452,11 +739,21 @@ def arange(*args, dtype=None):
 
 
 def zeros_like(t, requires_grad=False):
+    """Zeros of ``t``'s shape and dtype.
+
+    >>> vkml.zeros_like(vkml.tensor([1.0, 2.0]))
+    tensor([0., 0.], dtype=float64)
+    """
     t = as_tensor(t)
     return zeros(t.shape, t.dtype, requires_grad)
 
 
 def ones_like(t, requires_grad=False):
+    """Ones of ``t``'s shape and dtype.
+
+    >>> vkml.ones_like(vkml.tensor([1, 2]))
+    tensor([1, 1], dtype=int64)
+    """
     t = as_tensor(t)
     return ones(t.shape, t.dtype, requires_grad)
 
@@ -587,7 +884,13 @@ avg_pool2d = _lift(api.avg_pool2d)
 def var(x, axis=None, ddof=0, keepdims=False):
     """The variance, as ``np.var``: the summed squared deviation from the mean over ``axis``,
     divided by ``n - ddof`` (``ddof=1`` for the unbiased estimate).  Built from mean, sub, mul and
-    sum, so it is lazy and has a gradient; integer input gives float64, as in NumPy."""
+    sum, so it is lazy and has a gradient; integer input gives float64, as in NumPy.
+
+    >>> vkml.var(vkml.tensor([1.0, 2.0, 3.0, 4.0]))
+    tensor(1.25, dtype=float64)
+    >>> vkml.var(vkml.tensor([1.0, 2.0, 3.0, 4.0]), ddof=1)
+    tensor(1.66666667, dtype=float64)
+    """
     x = as_tensor(x)
     if not isinstance(ddof, numbers.Real) or isinstance(ddof, bool):
         raise ArgumentError(f"var: ddof must be a number (0 for the population variance, 1 for "
@@ -601,13 +904,21 @@ def var(x, axis=None, ddof=0, keepdims=False):
 
 
 def std(x, axis=None, ddof=0, keepdims=False):
-    """The standard deviation, as ``np.std``: ``sqrt(var(x, axis, ddof, keepdims))``."""
+    """The standard deviation, as ``np.std``: ``sqrt(var(x, axis, ddof, keepdims))``.
+
+    >>> vkml.std(vkml.tensor([1.0, 3.0]))
+    tensor(1., dtype=float64)
+    """
     return sqrt(var(x, axis, ddof, keepdims))
 
 
 mod = _lift(numeric.mod)
 mod.__doc__ = """The remainder with the divisor's sign, as Python's ``%`` and ``np.mod`` (an integer
-divisor of 0 gives 0, as NumPy does); d(x % y)/dx = 1."""
+divisor of 0 gives 0, as NumPy does); d(x % y)/dx = 1.
+
+>>> vkml.mod(vkml.tensor([7, -7]), 3)
+tensor([1, 2], dtype=int64)
+"""
 
 
 # -- realize ------------------------------------------------------------------------------------------
@@ -616,6 +927,13 @@ def realize(tensors) -> None:
     """Compute every pending tensor in ``tensors`` (one or a list) in ONE submission.
 
     Idempotent: tensors that already hold values cost nothing.
+
+    >>> x = vkml.tensor([1.0, 2.0])
+    >>> y, z = x + 1, x * 2
+    >>> before = vkml.stats().submissions
+    >>> vkml.realize([y, z])
+    >>> vkml.stats().submissions - before
+    1
     """
     ts = [tensors] if isinstance(tensors, Tensor) else check_sequence(tensors, "tensors", "realize")
     for t in ts:
@@ -636,6 +954,11 @@ def assign(destinations, sources) -> None:
     Because values are never written in place, sources that read
     destinations (a swap, ``p.assign_(p - lr * g)``) see the old values and
     never need a per-pair fallback.
+
+    >>> a, b = vkml.zeros(2), vkml.zeros(2)
+    >>> vkml.assign([a, b], [vkml.ones(2), vkml.full((2,), 5.0, dtype='float32')])
+    >>> a, b
+    (tensor([1., 1.], dtype=float32), tensor([5., 5.], dtype=float32))
     """
     dsts = check_sequence(destinations, "destinations", "assign")
     srcs = check_sequence(sources, "sources", "assign")
@@ -671,6 +994,11 @@ def backward(root) -> None:
     ``.grad`` (call ``zero_grad`` between steps).  The backward program is
     derived from the forward one by linearize + transpose, cached by the
     forward graph's structure, and run in ONE submission with the root's value.
+
+    >>> x = vkml.tensor([3.0], requires_grad=True)
+    >>> vkml.backward(vkml.sum(x * x))
+    >>> x.grad
+    tensor([6.], dtype=float64)
     """
     if not isinstance(root, Tensor):
         raise ArgumentError(f"backward: expected a Tensor, got {type(root).__name__}")

@@ -171,7 +171,11 @@ class Cache:
 
 
 def cache_limit() -> int:
-    """How many entries each cache keeps (the least recently used go first)."""
+    """How many entries each cache keeps (the least recently used go first).
+
+    >>> vkml.cache_limit() > 0
+    True
+    """
     return _LIMIT[0]
 
 

@@ -16,7 +16,12 @@ register("cuda", _cuda)
 
 def backend_info() -> dict:
     """What the current backend is, which backends this machine has, and what the cuda backend
-    found (``info["cuda"]``: the GPU, or what is missing)."""
+    found (``info["cuda"]``: the GPU, or what is missing).
+
+    >>> info = vkml.backend_info()
+    >>> info["backend"], "numpy" in info["available"]
+    ('numpy', True)
+    """
     from . import cuda  # local: loaded only when asked about (see _cuda)
     info = _backend_info()
     info["cuda"] = cuda.describe()

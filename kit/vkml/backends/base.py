@@ -1,8 +1,8 @@
 """What a backend is and which one is current.
 
 A backend compiles Programs into executables and runs them.  One ``run`` is
-one *submission*: the unit of cost that laziness exists to save (the seed
-measured 40-105 us of host time per submission on a GPU), so it is counted
+one *submission*: the unit of cost that laziness exists to save (40-105 us
+of host time per submission on a GPU, as measured when vkml was designed), so it is counted
 in ``vkml.stats()``, and so are compiles and executable-cache hits.
 """
 
@@ -237,7 +237,11 @@ _INSTANCES_LOCK = threading.Lock()
 def set_backend(name: str) -> Backend:
     """Select the backend new work runs on, for the whole process: ``"numpy"`` (default, always
     present), ``"cpu"`` or ``"cuda"``.  It becomes this thread's (or task's) backend and the one
-    every thread and task follows that has not chosen its own with :func:`use_backend`."""
+    every thread and task follows that has not chosen its own with :func:`use_backend`.
+
+    >>> vkml.set_backend("numpy").name
+    'numpy'
+    """
     backend = _backend_named(name, "set_backend")
     _CURRENT.set_global(backend)
     api.DEFAULT_DEVICE.set_global(backend.device)
@@ -247,7 +251,13 @@ def set_backend(name: str) -> Backend:
 def use_backend(name: str):
     """``with use_backend("cpu"):`` -- this thread or asyncio task runs on ``name`` for the block;
     other threads and tasks, and the process default, are untouched.  A bad name is refused at
-    the call, before the block."""
+    the call, before the block.
+
+    >>> with vkml.use_backend("numpy"):
+    ...     print(vkml.backend_info()["backend"])
+    ...
+    numpy
+    """
     return _using(_backend_named(name, "use_backend"))
 
 

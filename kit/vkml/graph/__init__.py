@@ -1,4 +1,4 @@
-"""Gradients through a graph of per-sample kernels (seed 003).
+"""Gradients through a graph of per-sample kernels.
 
 - ``kernel``: per-sample functions, ``Param`` uniforms, ``bind`` -> launch nodes
 - ``graph``: ``Graph``, ``skippable``, ``repeat_while``, ``opaque``, ``reduce``, ``SkipGuard``

@@ -44,6 +44,18 @@ class Report:
       across samples);
     - ``chunks``: passes the reverse took (memory budget);
     - ``recomputed_steps`` / ``peak_states``: the checkpointing cost of loops.
+
+    >>> @vkml.kernel
+    ... def wave(x, k: vkml.Param):
+    ...     return {"y": vkml.sin(k * x)}
+    ...
+    >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+    >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
+    >>> g.launch()
+    <vkml.Graph: wave>
+    >>> report = vkml.diff.reverse(g.record, {"y": np.ones(3)}).report
+    >>> report.generation, report.bitwise, report.chunks
+    (1, {'wave.k': True, 'k': True, 'x': True, 'wave.x': True}, 1)
     """
 
     def __init__(self, generation, bitwise, chunks=1, recomputed_steps=0, peak_states=0):
@@ -61,7 +73,20 @@ class Report:
 
 class Gradients(Mapping):
     """A read-only mapping: per-sample gradients of input planes (one row per sample, in sample
-    order) and summed gradients of Params, keyed by their bound names (``"node.name"`` too)."""
+    order) and summed gradients of Params, keyed by their bound names (``"node.name"`` too).
+
+    >>> @vkml.kernel
+    ... def wave(x, k: vkml.Param):
+    ...     return {"y": vkml.sin(k * x)}
+    ...
+    >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+    >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
+    >>> g.launch()
+    <vkml.Graph: wave>
+    >>> grads = vkml.diff.reverse(g.record, {"y": np.ones(3)})
+    >>> sorted(grads), grads["wave.k"].round(4)
+    (['k', 'wave.k', 'wave.x', 'x'], np.float64(-0.146))
+    """
 
     def __init__(self, values, report):
         self._values = values
@@ -296,6 +321,24 @@ class Reverse:
     or replaces a kernel's derived vjp with a hand-written vjp kernel
     (``vkml.kernel(vjp_of=...)``), which is checked against the derived one.
     ``strict=True`` refuses gradients that are not bitwise.
+
+    >>> @vkml.kernel
+    ... def wave(x, k: vkml.Param):
+    ...     return {"y": vkml.sin(k * x)}
+    ...
+    >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+    >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
+    >>> g.launch()
+    <vkml.Graph: wave>
+    >>> rev = vkml.diff.Reverse(g)
+    >>> rev(g.record, {"y": np.ones(3)})["k"].round(4)
+    np.float64(-0.146)
+    >>> g.update(k=1.0)
+    <vkml.Graph: wave>
+    >>> g.launch()
+    <vkml.Graph: wave>
+    >>> rev(g.record, {"y": np.ones(3)})["k"].round(4)
+    np.float64(0.9791)
     """
 
     def __init__(self, forward, *, vjps=None, strict=False):
@@ -314,7 +357,19 @@ class Reverse:
         self._lock = threading.Lock()
 
     def bitwise(self):
-        """Per gradient name, whether it is bitwise (computed once per structure)."""
+        """Per gradient name, whether it is bitwise (computed once per graph structure).
+
+        >>> @vkml.kernel
+        ... def wave(x, k: vkml.Param):
+        ...     return {"y": vkml.sin(k * x)}
+        ...
+        >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+        >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
+        >>> g.launch()
+        <vkml.Graph: wave>
+        >>> vkml.diff.Reverse(g).bitwise()
+        {'wave.k': True, 'k': True, 'x': True, 'wave.x': True}
+        """
         return self.forward.bitwise()
 
     def __call__(self, record, seeds, wrt=None):
@@ -538,6 +593,18 @@ def reverse(record, seeds, *, wrt=None, vjps=None, strict=False):
     ``seeds`` maps output planes (``"node.plane"`` or a unique plane name) to one
     seed per sample; outputs not named are seeded with zero.  Returns
     :class:`Gradients` keyed by input plane and Param names.
+
+    >>> @vkml.kernel
+    ... def wave(x, k: vkml.Param):
+    ...     return {"y": vkml.sin(k * x)}
+    ...
+    >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+    >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
+    >>> g.launch()
+    <vkml.Graph: wave>
+    >>> grads = vkml.diff.reverse(g.record, {"wave.y": np.ones(3)})
+    >>> grads["x"].round(4), grads["k"].round(4)
+    (array([ 2.    ,  1.0806, -0.8323]), np.float64(-0.146))
     """
     if isinstance(record, (Gradients, Reverse)):
         raise RefusedError("reverse: a reverse of a reverse (second order) is not supported; pass "

@@ -209,7 +209,21 @@ def run_named(batch, n, args, batched_flags, where):
 # -- guards and node kinds ------------------------------------------------------------------
 
 class SkipGuard:
-    """The condition of a ``skippable`` or ``repeat_while``: a one-value cell read at launch."""
+    """The condition of a ``skippable`` or ``repeat_while``: a one-value cell read at launch.
+
+    >>> @vkml.kernel
+    ... def wave(x, k: vkml.Param):
+    ...     return {"y": vkml.sin(k * x)}
+    ...
+    >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+    >>> flag = np.zeros(1)
+    >>> maybe = vkml.skippable(wave.bind(x=x, k=2.0, y=y), vkml.SkipGuard.nonzero(flag))
+    >>> g = vkml.Graph().add(maybe, name="maybe").build()
+    >>> g.launch()
+    <vkml.Graph: maybe>
+    >>> y
+    array([0., 0., 0.])
+    """
 
     def __init__(self, cell, how="nonzero"):
         if not isinstance(cell, np.ndarray) or cell.size < 1 or cell.dtype.kind not in "biuf":
@@ -223,7 +237,12 @@ class SkipGuard:
 
     @classmethod
     def nonzero(cls, cell):
-        """True while ``cell`` (any element) is non-zero."""
+        """True while ``cell`` (any element) is non-zero.
+
+        >>> flag = np.array([1.0])
+        >>> vkml.SkipGuard.nonzero(flag).how
+        'nonzero'
+        """
         return cls(cell, "nonzero")
 
     def __call__(self) -> bool:
@@ -234,7 +253,7 @@ class SkipGuard:
 
 
 def _as_launch(member, what):
-    """A Launch from a Launch or its bound ``.launch`` method (the seed's spelling)."""
+    """A Launch from a Launch or its bound ``.launch`` method (both spellings are accepted)."""
     if isinstance(member, Launch):
         return member
     owner = getattr(member, "__self__", None)
@@ -244,7 +263,17 @@ def _as_launch(member, what):
 
 
 class Skippable:
-    """A member that runs only while its guard holds; its reverse uses the recorded guard."""
+    """A member that runs only while its guard holds; its reverse uses the recorded guard.
+
+    >>> @vkml.kernel
+    ... def wave(x, k: vkml.Param):
+    ...     return {"y": vkml.sin(k * x)}
+    ...
+    >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+    >>> maybe = vkml.skippable(wave.bind(x=x, k=2.0, y=y), vkml.SkipGuard.nonzero(np.ones(1)))
+    >>> isinstance(maybe, vkml.graph.Skippable)
+    True
+    """
 
     kind = "skippable"
 
@@ -259,7 +288,16 @@ class Skippable:
 
 
 class RepeatWhile:
-    """A member repeated while its guard holds, up to ``max_iters`` (the most a reverse unrolls)."""
+    """A member repeated while its guard holds, up to ``max_iters`` (the most a reverse unrolls).
+
+    >>> @vkml.kernel
+    ... def halve(s, k: vkml.Param):
+    ...     return {"s": s * k}
+    ...
+    >>> loop = vkml.repeat_while(halve.bind(s=np.ones(2), k=0.5), vkml.SkipGuard.nonzero(np.ones(1)), max_iters=4)
+    >>> isinstance(loop, vkml.graph.RepeatWhile), loop.max_iters
+    (True, 4)
+    """
 
     kind = "repeat_while"
 
@@ -289,7 +327,17 @@ class RepeatWhile:
 class Opaque:
     """A user model node: ``fn(reads) -> {name: array}`` written into ``writes``.
 
-    vkml cannot see inside it, so a reverse needs its vjp (``vjps={name: vjp}``)."""
+    vkml cannot see inside it, so a reverse needs its vjp (``vjps={name: vjp}``).
+
+    >>> x, u = np.array([1.0, 2.0]), np.zeros(2)
+    >>> node = vkml.graph.opaque(lambda r: {"u": r["x"] ** 3}, reads={"x": x}, writes={"u": u}, name="cube")
+    >>> g = vkml.Graph().add(node).build(record=True)
+    >>> g.launch()
+    <vkml.Graph: cube>
+    >>> cube_vjp = lambda primals, cts: {"x": 3 * primals["x"] ** 2 * cts["u"]}
+    >>> vkml.diff.reverse(g.record, {"u": np.ones(2)}, vjps={"cube": cube_vjp})["x"]
+    array([ 3., 12.])
+    """
 
     kind = "opaque"
 
@@ -325,7 +373,13 @@ class Opaque:
 
     def run(self, reads=None):
         """``fn`` on the planes (or on ``reads``): its outputs, checked against the write planes
-        before any is written."""
+        before any is written.
+
+        >>> x, u = np.array([1.0, 2.0]), np.zeros(2)
+        >>> node = vkml.graph.opaque(lambda r: {"u": r["x"] ** 3}, reads={"x": x}, writes={"u": u})
+        >>> node.run()
+        {'u': array([1., 8.])}
+        """
         try:
             out = self.fn(dict(reads if reads is not None else self.reads))
         except Exception as err:     # noqa: BLE001 - the user's model: named, and nothing written
@@ -342,7 +396,12 @@ class Opaque:
 
 class Reduce:
     """``dst[...] = op(src)`` over samples; ``"sum"`` uses the canonical tree and reverses,
-    ``"max"``/``"min"``/``"all"``/``"any"`` do not (a tie has no single derivative)."""
+    ``"max"``/``"min"``/``"all"``/``"any"`` do not (a tie has no single derivative).
+
+    >>> node = vkml.graph.reduce(np.array([1.0, 5.0]), np.zeros(1), "max")
+    >>> node.op
+    'max'
+    """
 
     kind = "reduce"
     OPS = ("sum", "max", "min", "all", "any")
@@ -364,28 +423,74 @@ class Reduce:
         self.n = src.shape[0]
 
     def compute(self, src):
+        """``op`` of ``src`` over samples (axis 0), as the node writes it into ``dst``.
+
+        >>> vkml.graph.reduce(np.ones(3), np.zeros(1)).compute(np.array([1.0, 2.0, 3.0]))
+        array(6.)
+        """
         if self.op == "sum":
             return tree_sum(src)
         return {"max": np.max, "min": np.min, "all": np.all, "any": np.any}[self.op](src, axis=0)
 
 
 def skippable(member, guard) -> Skippable:
-    """``member`` runs only while ``guard`` (``SkipGuard.nonzero(cell)``) holds at launch."""
+    """``member`` runs only while ``guard`` (``SkipGuard.nonzero(cell)``) holds at launch.
+
+    >>> @vkml.kernel
+    ... def wave(x, k: vkml.Param):
+    ...     return {"y": vkml.sin(k * x)}
+    ...
+    >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+    >>> flag = np.ones(1)
+    >>> maybe = vkml.skippable(wave.bind(x=x, k=2.0, y=y), vkml.SkipGuard.nonzero(flag))
+    >>> vkml.Graph().add(maybe, name="maybe").build().launch()
+    <vkml.Graph: maybe>
+    >>> y.round(4)
+    array([0.    , 0.8415, 0.9093])
+    """
     return Skippable(member, guard)
 
 
 def repeat_while(member, guard, max_iters=100) -> RepeatWhile:
-    """``member`` runs again while ``guard`` holds, at most ``max_iters`` times."""
+    """``member`` runs again while ``guard`` holds, at most ``max_iters`` times.
+
+    >>> @vkml.kernel
+    ... def halve(s, k: vkml.Param):
+    ...     return {"s": s * k}
+    ...
+    >>> s, big = np.array([8.0, 4.0]), np.ones(1)
+    >>> loop = vkml.repeat_while(halve.bind(s=s, k=0.5), vkml.SkipGuard.nonzero(big), max_iters=3)
+    >>> g = vkml.Graph().add(loop, name="loop").build(record=True)
+    >>> g.launch()
+    <vkml.Graph: loop>
+    >>> s, g.record.iterations
+    (array([1. , 0.5]), {'loop': 3})
+    """
     return RepeatWhile(member, guard, max_iters)
 
 
 def opaque(fn, reads, writes, name=None) -> Opaque:
-    """A user model node (see :class:`Opaque`)."""
+    """A user model node (see :class:`Opaque`).
+
+    >>> x, u = np.array([1.0, 2.0]), np.zeros(2)
+    >>> node = vkml.graph.opaque(lambda r: {"u": r["x"] ** 3}, reads={"x": x}, writes={"u": u}, name="cube")
+    >>> vkml.Graph().add(node).build().launch()
+    <vkml.Graph: cube>
+    >>> u
+    array([1., 8.])
+    """
     return Opaque(fn, reads, writes, name)
 
 
 def reduce(src, dst, op="sum") -> Reduce:
-    """A node summing (or taking the max/min/all/any of) a plane over samples into a cell."""
+    """A node summing (or taking the max/min/all/any of) a plane over samples into a cell.
+
+    >>> y, total = np.array([1.0, 2.0, 3.0]), np.zeros(1)
+    >>> vkml.Graph().add(vkml.graph.reduce(y, total), name="total").build().launch()
+    <vkml.Graph: total>
+    >>> total
+    array([6.])
+    """
     return Reduce(src, dst, op)
 
 
@@ -459,7 +564,20 @@ class GraphCaches:
 
 
 class Graph(Reversible):
-    """Per-sample kernels bound to planes, run in the order added (see the module docstring)."""
+    """Per-sample kernels bound to planes, run in the order added (see the module docstring).
+
+    >>> @vkml.kernel
+    ... def wave(x, k: vkml.Param):
+    ...     return {"y": vkml.sin(k * x)}
+    ...
+    >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+    >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
+    >>> g.launch()
+    <vkml.Graph: wave>
+    >>> grads = vkml.diff.reverse(g.record, {"wave.y": np.ones(3)})
+    >>> grads["x"].round(4), grads["k"].round(4)
+    (array([ 2.    ,  1.0806, -0.8323]), np.float64(-0.146))
+    """
 
     def __init__(self):
         self.nodes = []
@@ -475,7 +593,17 @@ class Graph(Reversible):
         self._caches = GraphCaches()
 
     def add(self, bound, name=None) -> "Graph":
-        """Add a launch node (``kernel.bind(...)``), a skippable/repeat_while, an opaque or reduce node."""
+        """Add a launch node (``kernel.bind(...)``), a skippable/repeat_while, an opaque or reduce node.
+
+        >>> @vkml.kernel
+        ... def wave(x, k: vkml.Param):
+        ...     return {"y": vkml.sin(k * x)}
+        ...
+        >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+        >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave")
+        >>> [node.name for node in g.nodes]
+        ['wave']
+        """
         if isinstance(bound, Kernel):
             raise ArgumentError(f"Graph.add: kernel {bound.name} is not bound; add "
                                 f"{bound.name}.bind(...) with its planes and Params")
@@ -502,7 +630,17 @@ class Graph(Reversible):
 
     def plane_name(self, plane) -> str:
         """A name that identifies one plane: the argument name it was first bound under, or
-        ``"node.name"`` where two different planes were bound under the same name."""
+        ``"node.name"`` where two different planes were bound under the same name.
+
+        >>> @vkml.kernel
+        ... def wave(x, k: vkml.Param):
+        ...     return {"y": vkml.sin(k * x)}
+        ...
+        >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+        >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave")
+        >>> g.plane_name(y)
+        'y'
+        """
         labels = {}
         taken = {}
         for node in self.nodes:
@@ -516,10 +654,32 @@ class Graph(Reversible):
         return labels.get(id(plane), "?")
 
     def add_node(self, node, name=None) -> "Graph":
-        """Add a skippable, repeat_while, opaque or reduce node (``add`` takes them too)."""
+        """Add a skippable, repeat_while, opaque or reduce node (``add`` takes them too).
+
+        >>> @vkml.kernel
+        ... def wave(x, k: vkml.Param):
+        ...     return {"y": vkml.sin(k * x)}
+        ...
+        >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+        >>> flag = np.ones(1)
+        >>> g = vkml.Graph().add_node(vkml.skippable(wave.bind(x=x, k=2.0, y=y), vkml.SkipGuard.nonzero(flag)), name="maybe")
+        >>> g.nodes[0].kind
+        'skippable'
+        """
         return self.add(node, name)
 
     def node(self, name) -> Node:
+        """The node added under ``name``.
+
+        >>> @vkml.kernel
+        ... def wave(x, k: vkml.Param):
+        ...     return {"y": vkml.sin(k * x)}
+        ...
+        >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+        >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave")
+        >>> g.node("wave").kind
+        'launch'
+        """
         for n in self.nodes:
             if n.name == name:
                 return n
@@ -527,6 +687,16 @@ class Graph(Reversible):
 
     @property
     def n(self) -> int:
+        """The number of samples (the length of every per-sample plane).
+
+        >>> @vkml.kernel
+        ... def wave(x, k: vkml.Param):
+        ...     return {"y": vkml.sin(k * x)}
+        ...
+        >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+        >>> vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").n
+        3
+        """
         if not self.nodes:
             raise ArgumentError("Graph.n: the graph has no nodes yet; add kernel.bind(...) first")
         return self.nodes[0].op.n if not self.nodes[0].launches() else self.nodes[0].launches()[0].n
@@ -543,13 +713,37 @@ class Graph(Reversible):
         return out
 
     def written_planes(self):
-        """The planes a launch may write (what a refused launch puts back)."""
+        """The planes a launch may write (what a refused launch puts back).
+
+        >>> @vkml.kernel
+        ... def wave(x, k: vkml.Param):
+        ...     return {"y": vkml.sin(k * x)}
+        ...
+        >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+        >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build()
+        >>> [plane is y for plane in g.written_planes()]
+        [True]
+        """
         return [plane for node in self.nodes for op in (node.launches() or [node.op])
                 for plane in op.writes.values()]
 
     def check_planes(self, where):
         """Refuse to run on planes that are not what build() saw (resized, reshaped, replaced,
-        made read-only): a compiled program would read them at their old size."""
+        made read-only): a compiled program would read them at their old size.
+
+        >>> @vkml.kernel
+        ... def wave(x, k: vkml.Param):
+        ...     return {"y": vkml.sin(k * x)}
+        ...
+        >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+        >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build()
+        >>> g.check_planes("launch")
+        >>> y.resize(4, refcheck=False)
+        >>> g.launch()
+        Traceback (most recent call last):
+            ...
+        vkml.errors.ShapeError: launch: plane 'y' changed since build(): its shape was (3,), now (4,); rebuild the graph with build() after replacing/resizing plane 'y' (or write into the plane in place: plane[...] = values)
+        """
         # every launch and reverse: the arrays still bound, then plane_signature of each, inlined
         if all(map(operator.is_, map(dict.get, self._bound_dicts, self._bound_names), self._bound_arrays)) \
                 and list(map(_LAYOUT, self._planes)) == self._layouts \
@@ -566,7 +760,17 @@ class Graph(Reversible):
                 raise ShapeError(changed_plane_message(where, self.plane_name(plane), before, now))
 
     def build(self, record=False) -> "Graph":
-        """Check the graph and give every kernel Param a one-cell plane of its own."""
+        """Check the graph and give every kernel Param a one-cell plane of its own.
+
+        >>> @vkml.kernel
+        ... def wave(x, k: vkml.Param):
+        ...     return {"y": vkml.sin(k * x)}
+        ...
+        >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+        >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
+        >>> g.recording
+        True
+        """
         if not isinstance(record, (bool, np.bool_)):
             raise ArgumentError(f"Graph.build: record must be True or False, got {record!r}")
         if not self.nodes:
@@ -604,7 +808,19 @@ class Graph(Reversible):
     # -- running ------------------------------------------------------------------------------
     @property
     def record(self):
-        """The Record of the latest recording launch (None before the first)."""
+        """The Record of the latest recording launch (None before the first).
+
+        >>> @vkml.kernel
+        ... def wave(x, k: vkml.Param):
+        ...     return {"y": vkml.sin(k * x)}
+        ...
+        >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+        >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
+        >>> g.launch()
+        <vkml.Graph: wave>
+        >>> g.record.generation, g.record.live
+        (1, True)
+        """
         return self._record
 
     def _check_free(self, what):
@@ -620,7 +836,21 @@ class Graph(Reversible):
         """Run the graph ``n`` times (at most ``MAX_LAUNCH_RUNS``, 2**31); a recording graph runs
         exactly once per launch and records it.
         All or nothing (:func:`all_or_nothing`): a launch refused part-way leaves every plane,
-        the generation and the Record as they were."""
+        the generation and the Record as they were.
+
+        >>> @vkml.kernel
+        ... def wave(x, k: vkml.Param):
+        ...     return {"y": vkml.sin(k * x)}
+        ...
+        >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+        >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
+        >>> g.launch()
+        <vkml.Graph: wave>
+        >>> y.round(4)
+        array([0.    , 0.8415, 0.9093])
+        >>> g.generation
+        1
+        """
         if not self._built:
             raise ArgumentError("Graph.launch: call build() (or build(record=True)) first")
         if (type(n) is not int and (not isinstance(n, np.integer) or isinstance(n, np.bool_))) or n < 1:
@@ -648,7 +878,25 @@ class Graph(Reversible):
 
     def update(self, mapping=None, **values):
         """Change Params between launches: ``update(k=0.7)`` sets every node's ``k``,
-        ``update({"join.k": 0.7})`` one node's.  A copy into the Param cells: nothing is rebuilt."""
+        ``update({"join.k": 0.7})`` one node's.  A copy into the Param cells: nothing is rebuilt.
+
+        >>> @vkml.kernel
+        ... def wave(x, k: vkml.Param):
+        ...     return {"y": vkml.sin(k * x)}
+        ...
+        >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+        >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
+        >>> g.launch()
+        <vkml.Graph: wave>
+        >>> g.record.keep()
+        <vkml Record generation 1 (kept): 1 steps, 56 bytes copied>
+        >>> g.update(k=1.0)
+        <vkml.Graph: wave>
+        >>> g.launch()
+        <vkml.Graph: wave>
+        >>> y.round(4)
+        array([0.    , 0.4794, 0.8415])
+        """
         if not self._built:
             raise ArgumentError("Graph.update: call build() first")
         with self._lock:

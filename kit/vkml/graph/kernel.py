@@ -36,6 +36,17 @@ class Param:
 
         @vkml.kernel
         def wave(u, k: vkml.Param): return {"y": vkml.sin(k * u)}
+
+    >>> @vkml.kernel
+    ... def wave(x, k: vkml.Param):
+    ...     return {"y": vkml.sin(k * x)}
+    ...
+    >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+    >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
+    >>> g.launch()
+    <vkml.Graph: wave>
+    >>> vkml.diff.reverse(g.record, {"y": np.ones(3)})["k"].round(4)
+    np.float64(-0.146)
     """
 
 
@@ -46,7 +57,16 @@ def _is_param(annotation) -> bool:
 
 
 class Kernel:
-    """A per-sample function, traced once per input type, batched over samples."""
+    """A per-sample function, traced once per input type, batched over samples.
+
+    >>> @vkml.kernel
+    ... def wave(x, k: vkml.Param):
+    ...     return {"y": vkml.sin(k * x)}
+    ...
+    >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+    >>> isinstance(wave, vkml.graph.Kernel), wave.name
+    (True, 'wave')
+    """
 
     def __init__(self, fn, *, vjp_of=None):
         if not callable(fn):
@@ -76,7 +96,18 @@ class Kernel:
 
     # -- tracing ------------------------------------------------------------------------------
     def trace(self, in_types, param_types):
-        """The per-sample Program for these input/param types, and its output names (cached)."""
+        """The per-sample Program for these input/param types, and its output names (cached).
+
+        >>> @vkml.kernel
+        ... def wave(x, k: vkml.Param):
+        ...     return {"y": vkml.sin(k * x)}
+        ...
+        >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+        >>> f64 = ((), np.dtype("float64"))
+        >>> program, out_names = wave.trace([f64], [f64])
+        >>> out_names
+        ['y']
+        """
         key = (tuple(in_types), tuple(param_types))
         hit = self._traces.get(key)
         if hit is not None:
@@ -101,13 +132,34 @@ class Kernel:
         return hit
 
     def bind(self, **bindings) -> "Launch":
-        """Bind every input and output to a plane and every Param to a value: a launch node."""
+        """Bind every input and output to a plane and every Param to a value: a launch node.
+
+        >>> @vkml.kernel
+        ... def wave(x, k: vkml.Param):
+        ...     return {"y": vkml.sin(k * x)}
+        ...
+        >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+        >>> node = wave.bind(x=x, k=2.0, y=y)
+        >>> node.n, sorted(node.reads), sorted(node.writes), sorted(node.params)
+        (3, ['x'], ['y'], ['k'])
+        """
         return Launch(self, bindings)
 
 
 def kernel(fn=None, *, vjp_of=None):
     """Make a per-sample kernel (see the module docstring).  ``vjp_of=k`` marks a hand-written
-    vjp of kernel ``k`` (used through ``Reverse(..., vjps=...)``; a forward graph refuses it)."""
+    vjp of kernel ``k`` (used through ``Reverse(..., vjps=...)``; a forward graph refuses it).
+
+    >>> @vkml.kernel
+    ... def wave(x, k: vkml.Param):
+    ...     return {"y": vkml.sin(k * x)}
+    ...
+    >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+    >>> wave.bind(x=x, k=2.0, y=y).launch()
+    <launch of wave: reads ['x'], writes ['y']>
+    >>> y.round(4)
+    array([0.    , 0.8415, 0.9093])
+    """
     if fn is None:
         return lambda f: Kernel(f, vjp_of=vjp_of)
     return Kernel(fn, vjp_of=vjp_of)
@@ -123,6 +175,15 @@ class Launch:
     Attributes: ``reads`` (input name -> plane), ``writes`` (output name ->
     plane), ``params`` (Param name -> value as a NumPy array), ``n`` (samples),
     ``program`` (per sample) and ``out_names``.
+
+    >>> @vkml.kernel
+    ... def wave(x, k: vkml.Param):
+    ...     return {"y": vkml.sin(k * x)}
+    ...
+    >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+    >>> node = wave.bind(x=x, k=2.0, y=y)
+    >>> node.n, node.out_names
+    (3, ['y'])
     """
 
     kind = "launch"
@@ -209,9 +270,20 @@ class Launch:
     def launch(self) -> "Launch":
         """Run this launch once on its planes, outside any graph.
 
-        Also the seed's spelling of a conditional's member:
+        Also a way to write a conditional's member:
         ``vkml.skippable(k.bind(...).launch, guard)`` passes this bound method,
-        and the conditional takes the Launch it belongs to."""
+        and the conditional takes the Launch it belongs to.
+
+        >>> @vkml.kernel
+        ... def wave(x, k: vkml.Param):
+        ...     return {"y": vkml.sin(k * x)}
+        ...
+        >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+        >>> wave.bind(x=x, k=1.0, y=y).launch()
+        <launch of wave: reads ['x'], writes ['y']>
+        >>> y.round(4)
+        array([0.    , 0.4794, 0.8415])
+        """
         from .graph import run_named  # local: cycle (graph imports this module)
         kern = self.kernel
         self._check_planes()
@@ -241,14 +313,35 @@ class Launch:
 
     # -- batched programs, derived once per kernel type ------------------------------------------
     def batched(self):
-        """The kernel over all samples: inputs batched, params shared."""
+        """The kernel over all samples: inputs batched, params shared.
+
+        >>> @vkml.kernel
+        ... def wave(x, k: vkml.Param):
+        ...     return {"y": vkml.sin(k * x)}
+        ...
+        >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+        >>> prog = wave.bind(x=x, k=2.0, y=y).batched().program(3)
+        >>> [v.shape for v in prog.inputs], [v.shape for v in prog.outputs]
+        ([(3,), ()], [(3,)])
+        """
         flags = [True] * len(self.kernel.inputs) + [False] * len(self.kernel.params)
         prog = self.program
         return derived("vmap", prog, flags + ["samples"], lambda: _vmap_any(prog, flags))
 
     def batched_vjp(self):
         """Per-sample vjp over all samples: (inputs, params, output cotangents) ->
-        (input cotangents, per-sample param cotangents) for the floating ones."""
+        (input cotangents, per-sample param cotangents) for the floating ones.
+
+        >>> @vkml.kernel
+        ... def wave(x, k: vkml.Param):
+        ...     return {"y": vkml.sin(k * x)}
+        ...
+        >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+        >>> batch, wrt = wave.bind(x=x, k=2.0, y=y).batched_vjp()
+        >>> prog = batch.program(3)
+        >>> wrt, [v.shape for v in prog.inputs], [v.shape for v in prog.outputs]
+        ([0, 1], [(3,), (), (3,)], [(3,), (3,)])
+        """
         prog = self.program
         wrt = [i for i, v in enumerate(prog.inputs) if v.dtype.kind == "f"]
         outs_f = [i for i, v in enumerate(prog.outputs) if v.dtype.kind == "f"]
@@ -271,7 +364,21 @@ class Launch:
         reads, and ``<output>_bar`` for an output's cotangent; it returns
         ``<input>_bar`` / ``<Param>_bar`` per sample.  Returns the batch, the
         names of its per-sample arguments and of its Params, and its output
-        names (traced and batched once per launch)."""
+        names (traced and batched once per launch).
+
+        >>> @vkml.kernel
+        ... def wave(x, k: vkml.Param):
+        ...     return {"y": vkml.sin(k * x)}
+        ...
+        >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+        >>> @vkml.kernel(vjp_of=wave)
+        ... def wave_vjp(x, k: vkml.Param, y_bar):
+        ...     return {"x_bar": y_bar * k * vkml.cos(k * x), "k_bar": y_bar * x * vkml.cos(k * x)}
+        ...
+        >>> batch, args, params, outs = wave.bind(x=x, k=2.0, y=y).batched_user_vjp(wave_vjp)
+        >>> args, params, outs
+        (['x', 'y_bar'], ['k'], ['x_bar', 'k_bar'])
+        """
         if self._user_vjps is None:
             self._user_vjps = Cache("vjp kernel batches")
         hit = self._user_vjps.get(id(vjp_kernel))

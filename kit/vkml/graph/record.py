@@ -8,7 +8,7 @@ is the tape, those copies, references to the live planes, and a one-value
 copy of each Param cell as the launch used it: a reverse reads it and never
 writes it.
 
-Rules (seed 003): one recorded run per ``launch()``; while a Record is live
+Rules: one recorded run per ``launch()``; while a Record is live
 (neither reversed nor kept) the next recording launch and ``update`` are
 refused; a Record whose launch is no longer the newest is refused with both
 generations named; ``keep()`` copies everything the reverse reads and
@@ -351,7 +351,20 @@ def _run_repeat(run, node, op, cells):
 
 
 class Record:
-    """What one recording launch kept for its reverse (see the module docstring)."""
+    """What one recording launch kept for its reverse (see the module docstring).
+
+    >>> @vkml.kernel
+    ... def wave(x, k: vkml.Param):
+    ...     return {"y": vkml.sin(k * x)}
+    ...
+    >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+    >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
+    >>> g.launch()
+    <vkml.Graph: wave>
+    >>> rec = g.record
+    >>> rec.generation, rec.live, rec.nbytes
+    (1, True, 0)
+    """
 
     def __init__(self, graph, run):
         self.graph = graph
@@ -372,16 +385,60 @@ class Record:
     # -- state --------------------------------------------------------------------------------
     @property
     def live(self) -> bool:
-        """Neither reversed nor kept: the graph refuses the next recording launch and ``update``."""
+        """Neither reversed nor kept: the graph refuses the next recording launch and ``update``.
+
+        >>> @vkml.kernel
+        ... def wave(x, k: vkml.Param):
+        ...     return {"y": vkml.sin(k * x)}
+        ...
+        >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+        >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
+        >>> g.launch()
+        <vkml.Graph: wave>
+        >>> g.record.live
+        True
+        >>> _ = vkml.diff.reverse(g.record, {"y": np.ones(3)})
+        >>> g.record.live
+        False
+        """
         return not self.kept and not self.reversed
 
     @property
     def stale(self) -> bool:
+        """Not kept, and the graph has launched since: the planes no longer hold what this Record needs, so a reverse of it is refused.
+
+        >>> @vkml.kernel
+        ... def wave(x, k: vkml.Param):
+        ...     return {"y": vkml.sin(k * x)}
+        ...
+        >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+        >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
+        >>> g.launch()
+        <vkml.Graph: wave>
+        >>> rec = g.record
+        >>> _ = vkml.diff.reverse(rec, {"y": np.ones(3)})
+        >>> g.launch()
+        <vkml.Graph: wave>
+        >>> rec.stale, g.record.stale
+        (True, False)
+        """
         return not self.kept and self.generation != self.graph.generation
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the copies this Record holds (0 for a graph that overwrites nothing)."""
+        """Bytes of the copies this Record holds (0 for a graph that overwrites nothing).
+
+        >>> @vkml.kernel
+        ... def wave(x, k: vkml.Param):
+        ...     return {"y": vkml.sin(k * x)}
+        ...
+        >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+        >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
+        >>> g.launch()
+        <vkml.Graph: wave>
+        >>> g.record.nbytes
+        0
+        """
         total = sum(a.nbytes for a in self.saved.values())
         for e in self.tape:
             if isinstance(e, LoopEntry):
@@ -393,7 +450,19 @@ class Record:
 
     @property
     def copied(self):
-        """Names of the planes copied before an overwrite (for pictures and explorers)."""
+        """Names of the planes copied before an overwrite (for pictures and explorers).
+
+        >>> @vkml.kernel
+        ... def double(s):
+        ...     return {"s": 2.0 * s}
+        ...
+        >>> s = np.array([1.0, 2.0])
+        >>> g = vkml.Graph().add(double.bind(s=s), name="a").add(double.bind(s=s), name="b").build(record=True)
+        >>> g.launch()
+        <vkml.Graph: a -> b>
+        >>> g.record.copied, g.record.nbytes
+        (['s'], 32)
+        """
         names = []
         for pid, _ in self.saved:
             name = self.graph.plane_name(self.planes[pid])
@@ -403,15 +472,55 @@ class Record:
 
     @property
     def iterations(self):
-        """How many times each repeat_while member ran in this launch (what its reverse unrolls)."""
+        """How many times each repeat_while member ran in this launch (what its reverse unrolls).
+
+        >>> @vkml.kernel
+        ... def wave(x, k: vkml.Param):
+        ...     return {"y": vkml.sin(k * x)}
+        ...
+        >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+        >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
+        >>> g.launch()
+        <vkml.Graph: wave>
+        >>> g.record.iterations
+        {}
+        """
         return {e.node.name: e.iterations for e in self.tape if isinstance(e, LoopEntry)}
 
     @property
     def nodes(self):
+        """The names of the nodes in launch order.
+
+        >>> @vkml.kernel
+        ... def wave(x, k: vkml.Param):
+        ...     return {"y": vkml.sin(k * x)}
+        ...
+        >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+        >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
+        >>> g.launch()
+        <vkml.Graph: wave>
+        >>> g.record.nodes
+        ['wave']
+        """
         return [e.node.name for e in self.tape]
 
     def keep(self) -> "Record":
-        """Copy everything the reverse reads; the Record then stays valid whatever the graph does."""
+        """Copy everything the reverse reads; the Record then stays valid whatever the graph does.
+
+        >>> @vkml.kernel
+        ... def wave(x, k: vkml.Param):
+        ...     return {"y": vkml.sin(k * x)}
+        ...
+        >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+        >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
+        >>> g.launch()
+        <vkml.Graph: wave>
+        >>> rec = g.record.keep()
+        >>> g.launch()
+        <vkml.Graph: wave>
+        >>> vkml.diff.reverse(rec, {"y": np.ones(3)})["k"].round(4)
+        np.float64(-0.146)
+        """
         if self.stale:
             raise RecordError(f"keep: this Record is of generation {self.generation} but the graph "
                               f"is at generation {self.graph.generation}; keep() right after launch()")
@@ -424,13 +533,44 @@ class Record:
         return self
 
     def check_current(self, what="reverse"):
+        """Refuse (:class:`vkml.RecordError`, naming both generations) a Record that is stale or already reversed.
+
+        >>> @vkml.kernel
+        ... def wave(x, k: vkml.Param):
+        ...     return {"y": vkml.sin(k * x)}
+        ...
+        >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+        >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
+        >>> g.launch()
+        <vkml.Graph: wave>
+        >>> old = g.record
+        >>> _ = vkml.diff.reverse(old, {"y": np.ones(3)})
+        >>> g.launch()
+        <vkml.Graph: wave>
+        >>> old.check_current()
+        Traceback (most recent call last):
+            ...
+        vkml.errors.RecordError: reverse: this Record is of generation 1, but the graph has launched since and is at generation 2; reverse right after launch(), or keep() the Record to reverse it later
+        """
         if self.stale:
             raise RecordError(f"{what}: this Record is of generation {self.generation}, but the graph "
                               f"has launched since and is at generation {self.graph.generation}; "
                               "reverse right after launch(), or keep() the Record to reverse it later")
 
     def value(self, key):
-        """The values of plane version ``key = (plane id, version)`` as its readers saw them."""
+        """The values of plane version ``key = (plane id, version)`` as its readers saw them.
+
+        >>> @vkml.kernel
+        ... def wave(x, k: vkml.Param):
+        ...     return {"y": vkml.sin(k * x)}
+        ...
+        >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+        >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
+        >>> g.launch()
+        <vkml.Graph: wave>
+        >>> g.record.value((id(x), 0))
+        array([0. , 0.5, 1. ])
+        """
         if key in self.saved:
             return self.saved[key]
         pid, version = key

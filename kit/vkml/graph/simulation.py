@@ -76,7 +76,19 @@ def available_memory() -> int:
 
 class SimulationRecord:
     """What a recorded simulation run keeps: the states its schedule stores, per-sample
-    ``steps``, Param cells."""
+    ``steps``, Param cells.
+
+    >>> @vkml.kernel
+    ... def drift(x, v, k: vkml.Param):
+    ...     return {"x": x + 0.1 * v, "v": v - 0.1 * k * x}
+    ...
+    >>> x, v = np.array([1.0, 0.5]), np.zeros(2)
+    >>> sim = vkml.simulation(drift, max_steps=10, record=True, x=x, v=v, k=1.0)
+    >>> _ = sim.run()
+    >>> rec = sim.record
+    >>> rec.steps, rec.live
+    (array([10, 10]), False)
+    """
 
     def __init__(self, sim, generation, steps, stored, initial, fixed, cells):
         self.simulation = sim
@@ -101,6 +113,18 @@ class SimulationRecord:
 
     @property
     def live(self):
+        """Always False: a simulation's Record never holds up its next run (it owns its checkpoints); the name is here so a simulation's Record reads like a Graph's.
+
+        >>> @vkml.kernel
+        ... def drift(x, v, k: vkml.Param):
+        ...     return {"x": x + 0.1 * v, "v": v - 0.1 * k * x}
+        ...
+        >>> x, v = np.array([1.0, 0.5]), np.zeros(2)
+        >>> sim = vkml.simulation(drift, max_steps=10, record=True, x=x, v=v, k=1.0)
+        >>> _ = sim.run()
+        >>> sim.record.live
+        False
+        """
         return False
 
     @property
@@ -115,11 +139,36 @@ class SimulationRecord:
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the checkpoints and copies this Record holds.
+
+        >>> @vkml.kernel
+        ... def drift(x, v, k: vkml.Param):
+        ...     return {"x": x + 0.1 * v, "v": v - 0.1 * k * x}
+        ...
+        >>> x, v = np.array([1.0, 0.5]), np.zeros(2)
+        >>> sim = vkml.simulation(drift, max_steps=10, record=True, x=x, v=v, k=1.0)
+        >>> _ = sim.run()
+        >>> sim.record.nbytes > 0
+        True
+        """
         return sum(a.nbytes for c in self.stored.values() for a in c.values()) + self.steps.nbytes
 
     def keep(self):
         """Copy the per-sample input planes the reverse reads (the rest already is the Record's
-        own); the Record then stays valid however often the simulation runs again."""
+        own); the Record then stays valid however often the simulation runs again.
+
+        >>> @vkml.kernel
+        ... def drift(x, v, k: vkml.Param):
+        ...     return {"x": x + 0.1 * v, "v": v - 0.1 * k * x}
+        ...
+        >>> x, v = np.array([1.0, 0.5]), np.zeros(2)
+        >>> sim = vkml.simulation(drift, max_steps=10, record=True, x=x, v=v, k=1.0)
+        >>> _ = sim.run()
+        >>> rec = sim.record.keep()
+        >>> _ = sim.run()
+        >>> vkml.diff.reverse(rec, {"x": np.ones(2)})["k"].round(4)
+        np.float64(-0.6129)
+        """
         if not self.kept:
             if self.generation != self.simulation.generation:
                 raise RecordError(f"keep: this Record is of generation {self.generation} but the "
@@ -137,7 +186,17 @@ class SimulationRecord:
 
 
 class Simulation(Reversible):
-    """A step kernel run per sample until it terminates (see the module docstring)."""
+    """A step kernel run per sample until it terminates (see the module docstring).
+
+    >>> @vkml.kernel
+    ... def drift(x, v, k: vkml.Param):
+    ...     return {"x": x + 0.1 * v, "v": v - 0.1 * k * x}
+    ...
+    >>> x, v = np.array([1.0, 0.5]), np.zeros(2)
+    >>> sim = vkml.simulation(drift, max_steps=10, record=True, x=x, v=v, k=1.0)
+    >>> isinstance(sim, vkml.graph.Simulation), sim.max_steps
+    (True, 10)
+    """
 
     def __init__(self, step, *, max_steps, record=False, window=None, memory_budget=None,
                  snapshots=None, steps_per_launch=1, events=None, progress=None, **bindings):
@@ -171,16 +230,56 @@ class Simulation(Reversible):
     # -- forward ----------------------------------------------------------------------------
     @property
     def record(self):
+        """The :class:`SimulationRecord` of the latest recorded run (None before it).
+
+        >>> @vkml.kernel
+        ... def drift(x, v, k: vkml.Param):
+        ...     return {"x": x + 0.1 * v, "v": v - 0.1 * k * x}
+        ...
+        >>> x, v = np.array([1.0, 0.5]), np.zeros(2)
+        >>> sim = vkml.simulation(drift, max_steps=10, record=True, x=x, v=v, k=1.0)
+        >>> sim.record is None
+        True
+        >>> _ = sim.run()
+        >>> sim.record.steps
+        array([10, 10])
+        """
         return self._record
 
     def reset(self):
-        """Forget the last run's record (the planes are yours to reset)."""
+        """Forget the last run's record (the planes are yours to reset).
+
+        >>> @vkml.kernel
+        ... def drift(x, v, k: vkml.Param):
+        ...     return {"x": x + 0.1 * v, "v": v - 0.1 * k * x}
+        ...
+        >>> x, v = np.array([1.0, 0.5]), np.zeros(2)
+        >>> sim = vkml.simulation(drift, max_steps=10, record=True, x=x, v=v, k=1.0)
+        >>> _ = sim.run()
+        >>> _ = sim.reset()
+        >>> sim.record is None
+        True
+        """
         self._record = None
         return self
 
     def check_planes(self, where, names=None):
         """Refuse to run on planes resized, reshaped or made read-only since the simulation was
-        made: its programs were traced (and compiled) for the planes as they were then."""
+        made: its programs were traced (and compiled) for the planes as they were then.
+
+        >>> @vkml.kernel
+        ... def drift(x, v, k: vkml.Param):
+        ...     return {"x": x + 0.1 * v, "v": v - 0.1 * k * x}
+        ...
+        >>> x, v = np.array([1.0, 0.5]), np.zeros(2)
+        >>> sim = vkml.simulation(drift, max_steps=10, record=True, x=x, v=v, k=1.0)
+        >>> sim.check_planes("run")
+        >>> v.resize(3, refcheck=False)
+        >>> _ = sim.run()
+        Traceback (most recent call last):
+            ...
+        vkml.errors.ShapeError: simulation.run: plane 'v' changed since the simulation was made: its shape was (2,), now (3,); make the simulation again (vkml.simulation(...)) after replacing/resizing plane 'v' (or write into the plane in place: plane[...] = values)
+        """
         for name in names if names is not None else self._planes:
             plane = self._planes[name]
             now = plane_signature(plane)
@@ -213,7 +312,18 @@ class Simulation(Reversible):
         return new, done, outs, extra
 
     def run(self):
-        """Run until every sample has terminated or ``max_steps`` steps; record if record=True."""
+        """Run until every sample has terminated or ``max_steps`` steps; record if record=True.
+
+        >>> @vkml.kernel
+        ... def drift(x, v, k: vkml.Param):
+        ...     return {"x": x + 0.1 * v, "v": v - 0.1 * k * x}
+        ...
+        >>> x, v = np.array([1.0, 0.5]), np.zeros(2)
+        >>> sim = vkml.simulation(drift, max_steps=10, record=True, x=x, v=v, k=1.0)
+        >>> _ = sim.run()
+        >>> sim.record.steps
+        array([10, 10])
+        """
         if self._readers_busy():
             raise Busy("simulation.run: a reverse is reading the last Record; wait for it to return")
         self.check_planes("simulation.run")
@@ -365,6 +475,16 @@ class Simulation(Reversible):
 
     # -- reverse ------------------------------------------------------------------------------
     def check_reversible(self, vjps):
+        """Refuse a reverse this simulation cannot take (a model node without its vjp in ``vjps``), before anything runs.
+
+        >>> @vkml.kernel
+        ... def drift(x, v, k: vkml.Param):
+        ...     return {"x": x + 0.1 * v, "v": v - 0.1 * k * x}
+        ...
+        >>> x, v = np.array([1.0, 0.5]), np.zeros(2)
+        >>> sim = vkml.simulation(drift, max_steps=10, record=True, x=x, v=v, k=1.0)
+        >>> sim.check_reversible(None)
+        """
         if not self.record_mode:
             raise ArgumentError("Reverse: the simulation was made without record=True, so it kept "
                                 "nothing to reverse; make it with vkml.simulation(..., "
@@ -384,6 +504,18 @@ class Simulation(Reversible):
             raise RefusedError(f"reverse: {self.launch.kernel.name} has no vjp ({err})") from err
 
     def reverse(self, record, seeds, wrt=None, vjps=None, strict=False, lock=None):
+        """The checkpointed reverse of a recorded run (what :func:`vkml.diff.reverse` calls for a simulation's Record).
+
+        >>> @vkml.kernel
+        ... def drift(x, v, k: vkml.Param):
+        ...     return {"x": x + 0.1 * v, "v": v - 0.1 * k * x}
+        ...
+        >>> x, v = np.array([1.0, 0.5]), np.zeros(2)
+        >>> sim = vkml.simulation(drift, max_steps=10, record=True, x=x, v=v, k=1.0)
+        >>> _ = sim.run()
+        >>> sim.reverse(sim.record, {"x": np.ones(2)})["k"].round(4)
+        np.float64(-0.6129)
+        """
         vjps = check_vjps(vjps, strict)
         self.check_reversible(vjps)
         if not isinstance(record, SimulationRecord) or record.simulation is not self:
@@ -421,7 +553,17 @@ class Simulation(Reversible):
 
     def bitwise(self):
         """Per Param: False where it reaches a gather (a table read by index), whose gradient is
-        a scatter-add across samples (the same rule as a Graph's reverse)."""
+        a scatter-add across samples (the same rule as a Graph's reverse).
+
+        >>> @vkml.kernel
+        ... def drift(x, v, k: vkml.Param):
+        ...     return {"x": x + 0.1 * v, "v": v - 0.1 * k * x}
+        ...
+        >>> x, v = np.array([1.0, 0.5]), np.zeros(2)
+        >>> sim = vkml.simulation(drift, max_steps=10, record=True, x=x, v=v, k=1.0)
+        >>> sim.bitwise()
+        {'x': True, 'v': True, 'k': True}
+        """
         kern = self.launch.kernel
         k = len(kern.inputs)
         flags = {nm: True for nm in kern.inputs}
@@ -605,12 +747,38 @@ def _eqns(loops):
 
 
 def simulation(step, *, max_steps, record=False, window=None, memory_budget=None, **kwargs):
-    """A step kernel run per sample until it terminates (see the module docstring)."""
+    """A step kernel run per sample until it terminates (see the module docstring).
+
+    >>> @vkml.kernel
+    ... def drift(x, v, k: vkml.Param):
+    ...     return {"x": x + 0.1 * v, "v": v - 0.1 * k * x}
+    ...
+    >>> x, v = np.array([1.0, 0.5]), np.zeros(2)
+    >>> sim = vkml.simulation(drift, max_steps=10, record=True, x=x, v=v, k=1.0)
+    >>> _ = sim.run()
+    >>> x.round(4)
+    array([0.5708, 0.2854])
+    >>> grads = vkml.diff.reverse(sim.record, {"x": np.ones(2)})
+    >>> grads["k"].round(4)
+    np.float64(-0.6129)
+    """
     return Simulation(step, max_steps=max_steps, record=record, window=window,
                       memory_budget=memory_budget, **kwargs)
 
 
 def until_done(step, *, max_steps, record=False, window=None, memory_budget=None, **kwargs):
-    """Like :func:`simulation`; ``step`` may be ``[opaque_node, kernel]`` (the node runs first)."""
+    """Like :func:`simulation`; ``step`` may be ``[opaque_node, kernel]`` (the node runs first).
+
+    >>> @vkml.kernel
+    ... def pushed(x, corr):
+    ...     return {"x": x + 0.1 * corr}
+    ...
+    >>> x, corr = np.array([1.0, 0.5]), np.zeros(2)
+    >>> model = vkml.graph.opaque(lambda r: {"corr": -r["x"]}, reads={"x": x}, writes={"corr": corr}, name="model")
+    >>> sim = vkml.until_done([model, pushed], max_steps=5, x=x, corr=corr)
+    >>> _ = sim.run()
+    >>> x.round(4)
+    array([0.5905, 0.2952])
+    """
     return Simulation(step, max_steps=max_steps, record=record, window=window,
                       memory_budget=memory_budget, **kwargs)

@@ -25,6 +25,11 @@ def tree_sum(x: np.ndarray) -> np.ndarray:
     up with ``+ 0.0`` -- exactly what the zero padding to a power of two
     would add -- so no padded copy is made, and every level is written into
     one scratch buffer.
+
+    >>> vkml.graph.tree_sum(np.array([1.0, 2.0, 3.0]))
+    array(6.)
+    >>> vkml.graph.tree_sum(np.array([0.1, 0.2, 0.3])) == (0.1 + 0.2) + (0.3 + 0.0)
+    np.True_
     """
     x = np.asarray(x)
     n = x.shape[0]

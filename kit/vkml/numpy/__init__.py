@@ -27,7 +27,7 @@ Deliberately not NumPy's:
 - ``prod``/``cumprod`` multiply in another order than NumPy (a few ulps);
   ``log2``/``log10`` are within 1 ulp (not always exact at powers of 2/10);
   ``hypot`` is sqrt(x*x + y*y), which overflows beyond 1e154 where NumPy's
-  does not; ``sinh``/``cosh`` overflow from |x| > 709.78 (NumPy's at 710.48).
+  does not; ``sinh``/``cosh`` overflow from ``|x| > 709.78`` (NumPy's at 710.48).
 - ``einsum`` has no ``...``; ``linalg.norm`` has no 2/-2/'nuc' matrix norms
   (no SVD); ``where`` needs three arguments; ``concatenate`` needs an axis;
   functions take no ``out=``/``dtype=``/``where=`` arguments.
@@ -379,8 +379,8 @@ _TABLE = [
     ("floor_divide", _floor_divide, "x // y: rounded toward minus infinity; derivative zero.", "vnp.floor_divide([7.0, -7.0], 2.0)", "tensor([ 3., -4.], dtype=float64)"),
     ("power", _api.pow, "x ** y.", "vnp.power([1.0, 2.0, 3.0], 2.0)", "tensor([1., 4., 9.], dtype=float64)"),
     ("negative", _api.neg, "-x.", "vnp.negative([1.0, -2.0])", "tensor([-1.,  2.], dtype=float64)"),
-    ("absolute", _api.abs, "|x|; its derivative is sign(x) (0 at 0).", "vnp.absolute([-1.5, 2.0])", "tensor([1.5, 2. ], dtype=float64)"),
-    ("abs", _api.abs, "|x| (``absolute``).", "vnp.abs([-1.5, 2.0])", "tensor([1.5, 2. ], dtype=float64)"),
+    ("absolute", _api.abs, "``|x|``; its derivative is sign(x) (0 at 0).", "vnp.absolute([-1.5, 2.0])", "tensor([1.5, 2. ], dtype=float64)"),
+    ("abs", _api.abs, "``|x|`` (``absolute``).", "vnp.abs([-1.5, 2.0])", "tensor([1.5, 2. ], dtype=float64)"),
     ("sign", _api.sign, "-1, 0 or 1; derivative zero.", "vnp.sign([-2.0, 0.0, 3.0])", "tensor([-1.,  0.,  1.], dtype=float64)"),
     ("square", _api.square, "x * x.", "vnp.square([1.0, -3.0])", "tensor([1., 9.], dtype=float64)"),
     ("sqrt", _api.sqrt, "Square root.", "vnp.sqrt([4.0, 9.0])", "tensor([2., 3.], dtype=float64)"),
@@ -412,7 +412,7 @@ _TABLE = [
     ("arctan2", _num.arctan2, "The angle of the point (x, y): arctan2(y, x) in [-pi, pi].", "vnp.arctan2([1.0, -1.0], [1.0, -1.0])", "tensor([ 0.78539816, -2.35619449], dtype=float64)"),
     ("arcsinh", _num.arcsinh, "Inverse hyperbolic sine.", "vnp.arcsinh([0.0, 1.0])", "tensor([0.        , 0.88137359], dtype=float64)"),
     ("arccosh", _num.arccosh, "Inverse hyperbolic cosine (x >= 1).", "vnp.arccosh([1.0, 2.0])", "tensor([0.       , 1.3169579], dtype=float64)"),
-    ("arctanh", _num.arctanh, "Inverse hyperbolic tangent (|x| < 1).", "vnp.arctanh([0.0, 0.5])", "tensor([0.        , 0.54930614], dtype=float64)"),
+    ("arctanh", _num.arctanh, "Inverse hyperbolic tangent (``|x| < 1``).", "vnp.arctanh([0.0, 0.5])", "tensor([0.        , 0.54930614], dtype=float64)"),
     ("log1p", _special.log1p, "log(1 + x), accurate for tiny x.", "vnp.log1p([0.0, 1e-20])", "tensor([0.e+00, 1.e-20], dtype=float64)"),
     ("expm1", _special.expm1, "exp(x) - 1, accurate for tiny x.", "vnp.expm1([0.0, 1e-20])", "tensor([0.e+00, 1.e-20], dtype=float64)"),
     ("log2", _num.log2, "Base-2 logarithm.", "vnp.log2([1.0, 8.0])", "tensor([0., 3.], dtype=float64)"),

@@ -173,6 +173,12 @@ def broadcast_shapes(op, *shapes):
 
 
 def broadcast_to(x, shape):
+    """``x`` repeated along new or size-1 axes to ``shape``, as ``np.broadcast_to``.
+
+    >>> vkml.broadcast_to(vkml.tensor([1.0, 2.0]), (2, 2))
+    tensor([[1., 2.],
+            [1., 2.]], dtype=float64)
+    """
     x = as_var(x)
     shape = check_shape(shape, "broadcast_to")
     if x.shape == shape:
@@ -239,19 +245,38 @@ def batch_coordinate(idx):
 # -- elementwise -------------------------------------------------------------------
 
 def add(x, y):
+    """``x + y`` elementwise, with NumPy's broadcasting and promotion.
+
+    >>> vkml.add(vkml.tensor([1.0, 2.0]), 10.0)
+    tensor([11., 12.], dtype=float64)
+    """
     return bind_elementwise(add_p, x, y)
 
 
 def sub(x, y):
+    """``x - y`` elementwise, with NumPy's broadcasting and promotion.
+
+    >>> vkml.sub(vkml.tensor([1.0, 2.0]), 0.5)
+    tensor([0.5, 1.5], dtype=float64)
+    """
     return bind_elementwise(sub_p, x, y)
 
 
 def mul(x, y):
+    """``x * y`` elementwise, with NumPy's broadcasting and promotion.
+
+    >>> vkml.mul(vkml.tensor([1.0, 2.0]), vkml.tensor([3.0, 4.0]))
+    tensor([3., 8.], dtype=float64)
+    """
     return bind_elementwise(mul_p, x, y)
 
 
 def div(x, y):
-    """True division: integers divide as floats (NumPy's ``/``)."""
+    """True division: integers divide as floats (NumPy's ``/``).
+
+    >>> vkml.div(vkml.tensor([1.0, 3.0]), 2.0)
+    tensor([0.5, 1.5], dtype=float64)
+    """
     x, y = promote(x, y)
     if x.dtype.kind != "f":
         x, y = cast(x, np.float64), cast(y, np.float64)
@@ -259,6 +284,11 @@ def div(x, y):
 
 
 def floor_divide(x, y):
+    """``x // y`` elementwise, rounded towards minus infinity as NumPy does (``x // 0`` is 0 for integers).
+
+    >>> vkml.floor_divide(vkml.tensor([7, -7]), 2)
+    tensor([ 3, -4], dtype=int64)
+    """
     x, y = promote(x, y)
     if x.dtype.kind == "f":
         raise DTypeError("floor_divide: needs integer operands, got "
@@ -267,94 +297,210 @@ def floor_divide(x, y):
 
 
 def pow(x, y):
+    """``x ** y`` elementwise.
+
+    >>> vkml.pow(vkml.tensor([2.0, 3.0]), 2.0)
+    tensor([4., 9.], dtype=float64)
+    """
     return bind_elementwise(pow_p, x, y)
 
 
 def maximum(x, y):
+    """The larger of ``x`` and ``y``, elementwise.
+
+    >>> vkml.maximum(vkml.tensor([1.0, 5.0]), 3.0)
+    tensor([3., 5.], dtype=float64)
+    """
     return bind_elementwise(maximum_p, x, y)
 
 
 def minimum(x, y):
+    """The smaller of ``x`` and ``y``, elementwise.
+
+    >>> vkml.minimum(vkml.tensor([1.0, 5.0]), 3.0)
+    tensor([1., 3.], dtype=float64)
+    """
     return bind_elementwise(minimum_p, x, y)
 
 
 def equal(x, y):
+    """``x == y`` elementwise, as a bool tensor.
+
+    >>> vkml.equal(vkml.tensor([1, 2]), 2)
+    tensor([False,  True], dtype=bool)
+    """
     return bind_elementwise(equal_p, x, y)
 
 
 def not_equal(x, y):
+    """``x != y`` elementwise, as a bool tensor.
+
+    >>> vkml.not_equal(vkml.tensor([1, 2]), 2)
+    tensor([ True, False], dtype=bool)
+    """
     return bind_elementwise(not_equal_p, x, y)
 
 
 def less(x, y):
+    """``x < y`` elementwise, as a bool tensor.
+
+    >>> vkml.less(vkml.tensor([1, 2]), 2)
+    tensor([ True, False], dtype=bool)
+    """
     return bind_elementwise(less_p, x, y)
 
 
 def less_equal(x, y):
+    """``x <= y`` elementwise, as a bool tensor.
+
+    >>> vkml.less_equal(vkml.tensor([1, 2]), 2)
+    tensor([ True,  True], dtype=bool)
+    """
     return bind_elementwise(less_equal_p, x, y)
 
 
 def greater(x, y):
+    """``x > y`` elementwise, as a bool tensor.
+
+    >>> vkml.greater(vkml.tensor([1, 2]), 1)
+    tensor([False,  True], dtype=bool)
+    """
     return bind_elementwise(greater_p, x, y)
 
 
 def greater_equal(x, y):
+    """``x >= y`` elementwise, as a bool tensor.
+
+    >>> vkml.greater_equal(vkml.tensor([1, 2]), 2)
+    tensor([False,  True], dtype=bool)
+    """
     return bind_elementwise(greater_equal_p, x, y)
 
 
 def logical_and(x, y):
+    """``x and y`` elementwise, on bool tensors.
+
+    >>> vkml.logical_and(vkml.tensor([True, True]), vkml.tensor([True, False]))
+    tensor([ True, False], dtype=bool)
+    """
     return bind_elementwise(logical_and_p, cast(as_var(x), bool), cast(as_var(y), bool))
 
 
 def logical_or(x, y):
+    """``x or y`` elementwise, on bool tensors.
+
+    >>> vkml.logical_or(vkml.tensor([True, False]), vkml.tensor([False, False]))
+    tensor([ True, False], dtype=bool)
+    """
     return bind_elementwise(logical_or_p, cast(as_var(x), bool), cast(as_var(y), bool))
 
 
 def logical_not(x):
+    """``not x`` elementwise, on a bool tensor.
+
+    >>> vkml.logical_not(vkml.tensor([True, False]))
+    tensor([False,  True], dtype=bool)
+    """
     return bind(logical_not_p, cast(as_var(x), bool))
 
 
 def neg(x):
+    """``-x`` elementwise.
+
+    >>> vkml.neg(vkml.tensor([1.0, -2.0]))
+    tensor([-1.,  2.], dtype=float64)
+    """
     return bind(neg_p, as_var(x))
 
 
 def exp(x):
+    """``e ** x`` elementwise; integers compute in float64.
+
+    >>> vkml.exp(vkml.tensor([0.0, 1.0]))
+    tensor([1.        , 2.71828183], dtype=float64)
+    """
     return bind(exp_p, as_floating(x))
 
 
 def log(x):
+    """The natural logarithm, elementwise (``-inf`` at 0, NaN below).
+
+    >>> vkml.log(vkml.tensor([1.0, np.e]))
+    tensor([0., 1.], dtype=float64)
+    """
     return bind(log_p, as_floating(x))
 
 
 def sin(x):
+    """The sine, elementwise (radians).
+
+    >>> vkml.sin(vkml.tensor([0.0, np.pi / 2]))
+    tensor([0., 1.], dtype=float64)
+    """
     return bind(sin_p, as_floating(x))
 
 
 def cos(x):
+    """The cosine, elementwise (radians).
+
+    >>> vkml.cos(vkml.tensor([0.0, np.pi]))
+    tensor([ 1., -1.], dtype=float64)
+    """
     return bind(cos_p, as_floating(x))
 
 
 def tanh(x):
+    """The hyperbolic tangent, elementwise.
+
+    >>> vkml.tanh(vkml.tensor([0.0, 1.0]))
+    tensor([0.        , 0.76159416], dtype=float64)
+    """
     return bind(tanh_p, as_floating(x))
 
 
 def sqrt(x):
+    """The square root, elementwise (NaN below 0).
+
+    >>> vkml.sqrt(vkml.tensor([4.0, 9.0]))
+    tensor([2., 3.], dtype=float64)
+    """
     return bind(sqrt_p, as_floating(x))
 
 
 def abs(x):
+    """``|x|`` elementwise; its derivative is ``sign(x)``.
+
+    >>> vkml.abs(vkml.tensor([-1.5, 2.0]))
+    tensor([1.5, 2. ], dtype=float64)
+    """
     return bind(abs_p, as_var(x))
 
 
 def sign(x):
+    """-1, 0 or 1 by the sign of each element.
+
+    >>> vkml.sign(vkml.tensor([-3.0, 0.0, 2.0]))
+    tensor([-1.,  0.,  1.], dtype=float64)
+    """
     return bind(sign_p, as_var(x))
 
 
 def stop_gradient(x):
+    """The same values, seen as constants by every derivative (the gradient stops here).
+
+    >>> x = vkml.tensor(3.0)
+    >>> vkml.grad(lambda x: x * vkml.stop_gradient(x))(x)
+    tensor(3., dtype=float64)
+    """
     return bind(stop_gradient_p, as_var(x))
 
 
 def where(cond, x, y):
+    """``x`` where ``cond`` holds, else ``y``, elementwise (a choice per element, differentiable in ``x`` and ``y``).
+
+    >>> vkml.where(vkml.tensor([True, False]), 1.0, -1.0)
+    tensor([ 1., -1.], dtype=float64)
+    """
     c = as_var(cond)
     if c.dtype.kind != "b":
         c = not_equal(c, 0)
@@ -364,6 +510,11 @@ def where(cond, x, y):
 
 
 def cast(x, dtype):
+    """The values converted to ``dtype`` (floats to ints truncate towards zero, as NumPy's ``astype``).
+
+    >>> vkml.cast(vkml.tensor([1.7, -1.7]), 'int32')
+    tensor([ 1, -1], dtype=int32)
+    """
     x = as_var(x)
     dtype = check_dtype(dtype, "cast", exact=True)
     if x.dtype == dtype:
@@ -372,22 +523,41 @@ def cast(x, dtype):
 
 
 def relu(x):
+    """``max(x, 0)`` elementwise.
+
+    >>> vkml.relu(vkml.tensor([-1.0, 2.0]))
+    tensor([0., 2.], dtype=float64)
+    """
     x = as_var(x)
     return where(greater(x, 0), x, zeros_like(x))
 
 
 def sigmoid(x):
-    """1 / (1 + e**-x), written with tanh so it never overflows."""
+    """1 / (1 + e**-x), written with tanh so it never overflows.
+
+    >>> vkml.sigmoid(vkml.tensor([0.0]))
+    tensor([0.5], dtype=float64)
+    """
     x = as_floating(x)
     return mul(0.5, add(tanh(mul(0.5, x)), 1.0))
 
 
 def square(x):
+    """``x * x`` elementwise.
+
+    >>> vkml.square(vkml.tensor([3.0, -2.0]))
+    tensor([9., 4.], dtype=float64)
+    """
     x = as_var(x)
     return mul(x, x)
 
 
 def clip(x, lo=None, hi=None):
+    """Each element limited to ``[lo, hi]`` (either may be None).
+
+    >>> vkml.clip(vkml.tensor([-2.0, 0.5, 3.0]), 0.0, 1.0)
+    tensor([0. , 0.5, 1. ], dtype=float64)
+    """
     x = as_var(x)
     if lo is not None:
         x = maximum(x, lo)
@@ -475,7 +645,14 @@ def reduce_sum(x, axes):
 
 
 def sum(x, axis=None, keepdims=False):
-    """NumPy's sum: bool and int32 sum as int64."""
+    """NumPy's sum: bool and int32 sum as int64.
+
+    >>> x = vkml.tensor([[1, 2], [3, 4]])
+    >>> vkml.sum(x)
+    tensor(10, dtype=int64)
+    >>> vkml.sum(x, axis=0)
+    tensor([4, 6], dtype=int64)
+    """
     x = as_var(x)
     keepdims = check_bool(keepdims, "keepdims", "sum")
     if x.dtype.kind == "b" or x.dtype == np.int32:
@@ -485,6 +662,11 @@ def sum(x, axis=None, keepdims=False):
 
 
 def mean(x, axis=None, keepdims=False):
+    """The mean over ``axis`` (all axes when None); integers give float64.
+
+    >>> vkml.mean(vkml.tensor([[1.0, 2.0], [3.0, 5.0]]), axis=1)
+    tensor([1.5, 4. ], dtype=float64)
+    """
     x = as_floating(x)
     keepdims = check_bool(keepdims, "keepdims", "mean")
     axes = normalize_axes("mean", x.ndim, axis)
@@ -495,6 +677,11 @@ def mean(x, axis=None, keepdims=False):
 
 
 def max(x, axis=None, keepdims=False):
+    """The largest element over ``axis`` (all axes when None).
+
+    >>> vkml.max(vkml.tensor([[1.0, 7.0], [3.0, 5.0]]), axis=0)
+    tensor([3., 7.], dtype=float64)
+    """
     x = as_var(x)
     keepdims = check_bool(keepdims, "keepdims", "max")
     if x.dtype.kind == "b":     # NumPy's max of bools is any()
@@ -512,6 +699,11 @@ def _order_reversed(x):
 
 
 def min(x, axis=None, keepdims=False):
+    """The smallest element over ``axis`` (all axes when None).
+
+    >>> vkml.min(vkml.tensor([[1.0, 7.0], [3.0, 5.0]]), axis=0)
+    tensor([1., 5.], dtype=float64)
+    """
     x = as_var(x)
     if x.dtype.kind == "b":
         return cast(min(cast(x, np.int32), axis, keepdims), bool)
@@ -519,6 +711,11 @@ def min(x, axis=None, keepdims=False):
 
 
 def argmax(x, axis=None):
+    """The index of the largest element along ``axis`` (of the flattened tensor when None).
+
+    >>> vkml.argmax(vkml.tensor([1.0, 7.0, 3.0]))
+    tensor(1, dtype=int64)
+    """
     x = as_var(x)
     if x.dtype.kind == "b":
         x = cast(x, np.int32)
@@ -529,11 +726,21 @@ def argmax(x, axis=None):
 
 
 def argmin(x, axis=None):
+    """The index of the smallest element along ``axis`` (of the flattened tensor when None).
+
+    >>> vkml.argmin(vkml.tensor([1.0, 7.0, 0.5]))
+    tensor(2, dtype=int64)
+    """
     x = as_var(x)
     return argmax(_order_reversed(cast(x, np.int32) if x.dtype.kind == "b" else x), axis)
 
 
 def logsumexp(x, axis=-1, keepdims=False):
+    """``log(sum(exp(x)))`` over ``axis``, computed stably (the max is subtracted first).
+
+    >>> vkml.logsumexp(vkml.tensor([0.0, 0.0]))
+    tensor(0.69314718, dtype=float64)
+    """
     x = as_floating(x)
     keepdims = check_bool(keepdims, "keepdims", "logsumexp")
     axes = normalize_axes("logsumexp", x.ndim, axis)
@@ -544,17 +751,33 @@ def logsumexp(x, axis=-1, keepdims=False):
 
 
 def log_softmax(x, axis=-1):
+    """``x - logsumexp(x)`` along ``axis`` (default the last).
+
+    >>> vkml.log_softmax(vkml.tensor([0.0, 0.0]))
+    tensor([-0.69314718, -0.69314718], dtype=float64)
+    """
     x = as_floating(x)
     return sub(x, logsumexp(x, axis, keepdims=True))
 
 
 def softmax(x, axis=-1):
+    """``exp(x) / sum(exp(x))`` along ``axis`` (default the last), computed stably.
+
+    >>> vkml.softmax(vkml.tensor([0.0, np.log(3.0)]))
+    tensor([0.25, 0.75], dtype=float64)
+    """
     return exp(log_softmax(x, axis))
 
 
 # -- movement ----------------------------------------------------------------------------
 
 def reshape(x, shape):
+    """The same elements in a new shape (one size may be -1).
+
+    >>> vkml.reshape(vkml.arange(6), (2, 3))
+    tensor([[0, 1, 2],
+            [3, 4, 5]], dtype=int64)
+    """
     x = as_var(x)
     shape = list(check_shape(shape, "reshape", wildcard=True))
     if shape.count(-1) > 1:
@@ -579,6 +802,13 @@ def broadcast_in_dim(x, shape, dims):
 
 
 def transpose(x, perm=None):
+    """The axes reordered by ``axes`` (reversed when none are given); ``permute`` is the same.
+
+    >>> vkml.transpose(vkml.zeros((2, 3, 4))).shape
+    (4, 3, 2)
+    >>> vkml.transpose(vkml.zeros((2, 3, 4)), (1, 0, 2)).shape
+    (3, 2, 4)
+    """
     x = as_var(x)
     perm = tuple(reversed(range(x.ndim))) if perm is None else \
         tuple(normalize_axis("transpose", x.ndim, p) for p in check_sequence(perm, "axes", "transpose"))
@@ -591,6 +821,11 @@ def transpose(x, perm=None):
 
 
 def swapaxes(x, a, b):
+    """Axes ``a`` and ``b`` exchanged.
+
+    >>> vkml.swapaxes(vkml.zeros((2, 3)), 0, 1).shape
+    (3, 2)
+    """
     x = as_var(x)
     perm = list(range(x.ndim))
     a, b = normalize_axis("swapaxes", x.ndim, a), normalize_axis("swapaxes", x.ndim, b)
@@ -599,7 +834,11 @@ def swapaxes(x, a, b):
 
 
 def expand_dims(x, axis):
-    """New axes of size 1 at ``axis`` (an int or, as in NumPy, a tuple of them) of the result."""
+    """New axes of size 1 at ``axis`` (an int or, as in NumPy, a tuple of them) of the result.
+
+    >>> vkml.expand_dims(vkml.tensor([1.0, 2.0]), 0).shape
+    (1, 2)
+    """
     x = as_var(x)
     items = _axis_items(axis, "expand_dims")
     count = len(items)
@@ -609,6 +848,11 @@ def expand_dims(x, axis):
 
 
 def squeeze(x, axis=None):
+    """Axes of size 1 removed (all of them, or those named by ``axis``).
+
+    >>> vkml.squeeze(vkml.zeros((1, 3, 1))).shape
+    (3,)
+    """
     x = as_var(x)
     axes = normalize_axes("squeeze", x.ndim, axis) if axis is not None else \
         tuple(i for i, d in enumerate(x.shape) if d == 1)
@@ -619,6 +863,11 @@ def squeeze(x, axis=None):
 
 
 def flatten(x, start_dim=0, end_dim=-1):
+    """Axes ``start_dim..end_dim`` merged into one (all of them by default).
+
+    >>> vkml.flatten(vkml.zeros((2, 3, 4)), start_dim=1).shape
+    (2, 12)
+    """
     x = as_var(x)
     if x.ndim == 0:
         return reshape(x, (1,))
@@ -636,7 +885,13 @@ def slice(x, starts, limits, strides=None):
 
 
 def pad(x, lo, hi, interior=None):
-    """Zero padding; negative ``lo``/``hi`` crop, as in lax.pad."""
+    """Zero padding; negative ``lo``/``hi`` crop, as in lax.pad.
+
+    >>> vkml.pad(vkml.tensor([1.0, 2.0]), [1], [2])
+    tensor([0., 1., 2., 0., 0.], dtype=float64)
+    >>> vkml.pad(vkml.tensor([1.0, 2.0, 3.0]), [-1], [0])
+    tensor([2., 3.], dtype=float64)
+    """
     x = as_var(x)
     lo, hi = _pad_widths(lo, "lo", x), _pad_widths(hi, "hi", x)
     interior = _pad_widths(interior, "interior", x, low=0) if interior is not None else (0,) * x.ndim
@@ -672,6 +927,11 @@ def _pad_widths(widths, name, x, low=None):
 
 
 def concatenate(xs, axis=0):
+    """The tensors joined along an existing ``axis``.
+
+    >>> vkml.concatenate([vkml.tensor([1.0]), vkml.tensor([2.0, 3.0])], axis=0)
+    tensor([1., 2., 3.], dtype=float64)
+    """
     xs = check_sequence(xs, "xs", "concatenate")
     if not xs:
         raise ArgumentError("concatenate: needs at least one operand")
@@ -683,6 +943,12 @@ def concatenate(xs, axis=0):
 
 
 def stack(xs, axis=0):
+    """The tensors (of one shape) joined along a new ``axis``.
+
+    >>> vkml.stack([vkml.tensor([1.0, 2.0]), vkml.tensor([3.0, 4.0])])
+    tensor([[1., 2.],
+            [3., 4.]], dtype=float64)
+    """
     xs = [as_var(x) for x in check_sequence(xs, "xs", "stack")]
     if not xs:
         raise ArgumentError("stack: needs at least one operand")
@@ -694,6 +960,11 @@ def stack(xs, axis=0):
 
 
 def flip(x, axes=None):
+    """The order of the elements reversed along ``axis``.
+
+    >>> vkml.flip(vkml.tensor([1.0, 2.0, 3.0]), 0)
+    tensor([3., 2., 1.], dtype=float64)
+    """
     x = as_var(x)
     axes = normalize_axes("flip", x.ndim, axes)
     if not axes:
@@ -702,16 +973,33 @@ def flip(x, axes=None):
 
 
 def gather(x, idx):
-    """``x[idx[..., 0], idx[..., 1], ...]``: the gather primitive (tf.gather_nd)."""
+    """``x[idx[..., 0], idx[..., 1], ...]``: the gather primitive (tf.gather_nd).
+
+    >>> x = vkml.tensor([[1.0, 2.0], [3.0, 4.0]])
+    >>> vkml.gather(x, vkml.tensor([[1, 0], [0, 1]]))
+    tensor([3., 2.], dtype=float64)
+    >>> vkml.gather(x, vkml.tensor([[1], [0]]))
+    tensor([[3., 4.],
+            [1., 2.]], dtype=float64)
+    """
     return bind(gather_p, as_var(x), as_var(idx))
 
 
 def scatter_add(base, idx, upd):
+    """A copy of ``base`` with ``upd`` added at ``base[idx[..., 0], ...]`` (repeated indices add up): the transpose of :func:`gather`.
+
+    >>> vkml.scatter_add(vkml.zeros(3, dtype='float64'), vkml.tensor([[0], [2], [0]]), vkml.tensor([1.0, 2.0, 3.0]))
+    tensor([4., 0., 2.], dtype=float64)
+    """
     return bind(scatter_add_p, as_var(base), as_var(idx), as_var(upd))
 
 
 def take(x, indices, axis=0):
-    """NumPy's take: pick along ``axis`` (negative indices count from the end)."""
+    """NumPy's take: pick along ``axis`` (negative indices count from the end).
+
+    >>> vkml.take(vkml.tensor([10.0, 20.0, 30.0]), vkml.tensor([2, 0]))
+    tensor([30., 10.], dtype=float64)
+    """
     x, idx = as_var(x), as_var(indices)
     if idx.dtype.kind not in "iu":
         raise DTypeError(f"take: indices must be integers, got {dtype_name(idx.dtype)}")
@@ -728,7 +1016,13 @@ def take(x, indices, axis=0):
 
 
 def take_along_axis(x, indices, axis):
-    """NumPy's take_along_axis: ``out[i, j] = x[i, idx[i, j]]`` for axis 1 of a matrix, etc."""
+    """NumPy's take_along_axis: ``out[i, j] = x[i, idx[i, j]]`` for axis 1 of a matrix, etc.
+
+    >>> x = vkml.tensor([[1.0, 2.0], [3.0, 4.0]])
+    >>> vkml.take_along_axis(x, vkml.tensor([[1], [0]]), axis=1)
+    tensor([[2.],
+            [3.]], dtype=float64)
+    """
     x, idx = as_var(x), as_var(indices)
     axis = normalize_axis("take_along_axis", x.ndim, axis)
     if idx.ndim != x.ndim:
@@ -934,7 +1228,11 @@ def _advanced(y, out_shape, advanced):
 # -- linear algebra --------------------------------------------------------------------------
 
 def matmul(a, b):
-    """NumPy's ``a @ b``: 1-D operands, batch broadcasting, dtype promotion."""
+    """NumPy's ``a @ b``: 1-D operands, batch broadcasting, dtype promotion.
+
+    >>> vkml.matmul(vkml.tensor([[1.0, 2.0]]), vkml.tensor([[3.0], [4.0]]))
+    tensor([[11.]], dtype=float64)
+    """
     a, b = promote(a, b)
     if a.ndim == 0 or b.ndim == 0:
         raise ShapeError("matmul: operands must have at least one dimension; use * for scalars")
@@ -982,7 +1280,16 @@ def _windows(x, kh, kw, sh, sw):
 
 
 def conv2d(x, weight, bias=None, stride=1, padding=0):
-    """2-D cross-correlation, NCHW input, (O, C, kh, kw) weight, as torch.nn.functional.conv2d."""
+    """2-D cross-correlation, NCHW input, (O, C, kh, kw) weight, as torch.nn.functional.conv2d.
+
+    >>> x = vkml.ones((1, 1, 3, 3))
+    >>> w = vkml.ones((1, 1, 2, 2))
+    >>> vkml.conv2d(x, w).shape
+    (1, 1, 2, 2)
+    >>> vkml.conv2d(x, w)[0, 0]
+    tensor([[4., 4.],
+            [4., 4.]], dtype=float32)
+    """
     x, weight = promote(x, weight)
     if x.ndim != 4 or weight.ndim != 4:
         raise ShapeError(f"conv2d: needs a 4-D input (N, C, H, W) and a 4-D weight (O, C, kh, kw), "
@@ -1027,8 +1334,22 @@ def _pool(x, kernel_size, stride, op):
 
 
 def max_pool2d(x, kernel_size, stride=None):
+    """The maximum over (kh, kw) windows of NCHW input (``stride`` defaults to the window).
+
+    >>> x = vkml.reshape(vkml.arange(16.0), (1, 1, 4, 4))
+    >>> vkml.max_pool2d(x, 2)[0, 0]
+    tensor([[ 5.,  7.],
+            [13., 15.]], dtype=float64)
+    """
     return _pool(x, kernel_size, stride, lambda v, axes: max(v, axes))
 
 
 def avg_pool2d(x, kernel_size, stride=None):
+    """The mean over (kh, kw) windows of NCHW input (``stride`` defaults to the window).
+
+    >>> x = vkml.reshape(vkml.arange(16.0), (1, 1, 4, 4))
+    >>> vkml.avg_pool2d(x, 2)[0, 0]
+    tensor([[ 2.5,  4.5],
+            [10.5, 12.5]], dtype=float64)
+    """
     return _pool(as_floating(x), kernel_size, stride, lambda v, axes: mean(v, axes))

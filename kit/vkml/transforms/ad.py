@@ -1,6 +1,6 @@
 """Automatic differentiation as three interpreters over Programs.
 
-Reverse mode is derived, not hand-written (as in JAX and rune):
+Reverse mode is derived, not hand-written (as in JAX):
 
 1. :func:`jvp_program` -- forward mode: every equation is replayed and its
    primitive's JVP rule emits the tangent equations beside it.
