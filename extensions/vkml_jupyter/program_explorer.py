@@ -70,6 +70,17 @@ def explore_program(f, *args, derivation=None):
     :class:`ProgramExplorer` (an ipywidgets ``VBox``): display it and click
     an equation of the primal program, or drive it from Python with
     ``explorer.select(i)`` and ``explorer.derivation.value = "jvp"``.
+
+    >>> from vkml_jupyter.widgets import explore_program
+    >>> def f(x):
+    ...     return vkml.sum(vkml.sin(x) * x)
+    ...
+    >>> ex = explore_program(f, np.ones(3))     # a widget; nothing is drawn until displayed
+    >>> ex
+    ProgramExplorer(f at float64 [3]: grad, 3 primal equations, nothing selected)
+    >>> ex.select(0)                            # as clicking the sin box does
+    >>> ex.highlighted                          # the equations made from it, per program
+    {'jvp': [0, 3, 4], 'known': [0, 3], 'linear': [0], 'transposed': [3, 4]}
     """
     return ProgramExplorer(f, *args, derivation=derivation)
 
@@ -373,6 +384,17 @@ class ProgramExplorer(widgets.VBox):
     derivation's run cost), ``picture`` (the clickable :class:`ProgramPicture`).  From Python:
     :meth:`select`, ``selected``, ``highlighted`` (the selected equation's counterparts),
     ``readout``, ``svg``, ``view`` (the current :class:`DerivationView`) and ``primal``.
+
+    >>> from vkml_jupyter.widgets import ProgramExplorer
+    >>> def f(x):
+    ...     return vkml.sum(vkml.sin(x) * x)
+    ...
+    >>> ex = ProgramExplorer(f, np.ones(3), derivation="jvp")
+    >>> ex
+    ProgramExplorer(f at float64 [3]: jvp, 3 primal equations, nothing selected)
+    >>> ex.derivation.value = "grad"            # as the control does
+    >>> [panel for panel, _ in ex.view.panels]
+    ['primal', 'jvp', 'known', 'linear', 'transposed']
     """
 
     def __init__(self, f, *args, derivation=None):
@@ -451,6 +473,16 @@ class ProgramExplorer(widgets.VBox):
 
     @property
     def view(self) -> DerivationView:
+        """The :class:`DerivationView` of the derivation the control shows.
+
+        >>> from vkml_jupyter.widgets import explore_program
+        >>> def f(x):
+        ...     return vkml.sum(vkml.sin(x) * x)
+        ...
+        >>> ex = explore_program(f, np.ones(3))
+        >>> ex.view.name, [e.prim.name for e in ex.view.eqns["primal"]]
+        ('grad', ['sin', 'mul', 'reduce_sum'])
+        """
         return self._views[self.derivation.value]
 
     def _hint(self):
@@ -491,7 +523,20 @@ class ProgramExplorer(widgets.VBox):
     # -- selection
 
     def select(self, i):
-        """Select primal equation ``i`` (as clicking it does); ``None`` clears the selection."""
+        """Select primal equation ``i`` (as clicking it does); ``None`` clears the selection.
+
+        >>> from vkml_jupyter.widgets import explore_program
+        >>> def f(x):
+        ...     return vkml.sum(vkml.sin(x) * x)
+        ...
+        >>> ex = explore_program(f, np.ones(3))
+        >>> ex.select(1)
+        >>> ex.selected
+        1
+        >>> ex.select(None)
+        >>> ex.selected is None
+        True
+        """
         if i is None:
             self.picture.selected = -1
             return
@@ -507,22 +552,67 @@ class ProgramExplorer(widgets.VBox):
 
     @property
     def selected(self):
-        """The selected primal equation's index, or None."""
+        """The selected primal equation's index, or None.
+
+        >>> from vkml_jupyter.widgets import explore_program
+        >>> def f(x):
+        ...     return vkml.sum(vkml.sin(x) * x)
+        ...
+        >>> ex = explore_program(f, np.ones(3))
+        >>> ex.selected is None
+        True
+        >>> ex.select(2)
+        >>> ex.selected
+        2
+        """
         return None if self.picture.selected < 0 else self.picture.selected
 
     @property
     def highlighted(self):
-        """``{panel: [equation index]}`` of the selected equation's counterparts ({} if none)."""
+        """``{panel: [equation index]}`` of the selected equation's counterparts ({} if none).
+
+        >>> from vkml_jupyter.widgets import explore_program
+        >>> def f(x):
+        ...     return vkml.sum(vkml.sin(x) * x)
+        ...
+        >>> ex = explore_program(f, np.ones(3))
+        >>> ex.highlighted
+        {}
+        >>> ex.select(0)                            # sin: its tangent needs a cos
+        >>> ex.highlighted["jvp"], [ex.view.eqns["jvp"][i].prim.name for i in ex.highlighted["jvp"]]
+        ([0, 3, 4], ['sin', 'cos', 'mul'])
+        """
         return {} if self.selected is None else self.view.counterparts(self.selected)
 
     @property
     def readout(self) -> str:
-        """The readout's HTML: the selected equation's, else the hint."""
+        """The readout's HTML: the selected equation's, else the hint.
+
+        >>> from vkml_jupyter.widgets import explore_program
+        >>> def f(x):
+        ...     return vkml.sum(vkml.sin(x) * x)
+        ...
+        >>> ex = explore_program(f, np.ones(3))
+        >>> ex.readout.startswith("Click an equation")
+        True
+        >>> ex.select(0)
+        >>> ex.readout.startswith("<b>equation 0</b> of 3: <code>sin</code>")
+        True
+        """
         return self.picture.hint if self.selected is None else self.view.readout(self.selected)
 
     @property
     def svg(self) -> str:
-        """The current picture (SVG text with the equation boxes' data attributes)."""
+        """The current picture (SVG text with the equation boxes' data attributes).
+
+        >>> from vkml_jupyter.widgets import explore_program
+        >>> def f(x):
+        ...     return vkml.sum(vkml.sin(x) * x)
+        ...
+        >>> ex = explore_program(f, np.ones(3))
+        >>> "data-panel" in ex.svg or ex.svg.startswith("<pre>")   # a <pre> without graphviz
+        True
+        """
         return self.view.svg
 
     def __repr__(self):

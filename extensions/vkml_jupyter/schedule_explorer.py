@@ -46,6 +46,22 @@ def explore_schedule(sim, *, budget=None, kind="binomial", seeds=None):
 
     Returns a :class:`ScheduleExplorer` (an ipywidgets ``VBox``): display it, or drive it from
     Python (``explorer.budget.value = 8``, ``explorer.run()``).
+
+    >>> from vkml_jupyter.widgets import explore_schedule
+    >>> @vkml.kernel
+    ... def drift(x, v, k: vkml.Param):
+    ...     return {"x": x + 0.1 * v, "v": v - 0.1 * k * x}
+    ...
+    >>> x, v = np.array([1.0, 0.5]), np.zeros(2)
+    >>> sim = vkml.simulation(drift, max_steps=20, record=True, window=5, x=x, v=v, k=1.0)
+    >>> ex = explore_schedule(sim, budget=6)    # a widget; nothing runs until "run"
+    >>> ex
+    ScheduleExplorer(drift, budget 6: Binomial(4))
+    >>> ex.predicted                            # recomputed steps, peak states per sample
+    (14, 6)
+    >>> ex.budget.value = 4                     # as the slider does
+    >>> ex.schedule, ex.fits, ex.predicted
+    (Binomial(2), True, (26, 4))
     """
     return ScheduleExplorer(sim, budget=budget, kind=kind, seeds=seeds)
 
@@ -101,6 +117,20 @@ class ScheduleExplorer(widgets.VBox):
     :class:`vkml.viz_schedule.SchedulePicture`), ``predicted`` (recomputed steps, peak states),
     ``updates``; after a run, ``measured`` and ``predicted_run`` (the same two counts, from the
     reverse's report and from the schedule for the steps each pass took) and ``report``.
+
+    >>> from vkml_jupyter.widgets import ScheduleExplorer
+    >>> @vkml.kernel
+    ... def drift(x, v, k: vkml.Param):
+    ...     return {"x": x + 0.1 * v, "v": v - 0.1 * k * x}
+    ...
+    >>> x, v = np.array([1.0, 0.5]), np.zeros(2)
+    >>> sim = vkml.simulation(drift, max_steps=20, record=True, window=5, x=x, v=v, k=1.0)
+    >>> ex = ScheduleExplorer(sim, budget=4, kind="window")
+    >>> ex.schedule, ex.fits                    # no window holds only 4 states over 20 steps
+    (Window(3), False)
+    >>> ex.kind.value = "binomial"              # as the toggle does
+    >>> ex.schedule, ex.fits, ex.updates
+    (Binomial(2), True, 2)
     """
 
     def __init__(self, sim, *, budget=None, kind="binomial", seeds=None):
@@ -147,12 +177,38 @@ class ScheduleExplorer(widgets.VBox):
     @property
     def last(self):
         """The steps the reverse plans: the longest sample's in the last recorded run, else
-        ``max_steps``."""
+        ``max_steps``.
+
+        >>> from vkml_jupyter.widgets import explore_schedule
+        >>> @vkml.kernel
+        ... def drift(x, v, k: vkml.Param):
+        ...     return {"x": x + 0.1 * v, "v": v - 0.1 * k * x}
+        ...
+        >>> x, v = np.array([1.0, 0.5]), np.zeros(2)
+        >>> sim = vkml.simulation(drift, max_steps=20, record=True, window=5, x=x, v=v, k=1.0)
+        >>> explore_schedule(sim).last             # not run yet: max_steps
+        20
+        """
         record = self.sim.record
         return int(record.steps.max(initial=0)) if record is not None else self.sim.max_steps
 
     def update(self):
-        """Pick the schedule for the budget, predict its cost and redraw: nothing runs."""
+        """Pick the schedule for the budget, predict its cost and redraw: nothing runs.
+
+        >>> from vkml_jupyter.widgets import explore_schedule
+        >>> @vkml.kernel
+        ... def drift(x, v, k: vkml.Param):
+        ...     return {"x": x + 0.1 * v, "v": v - 0.1 * k * x}
+        ...
+        >>> x, v = np.array([1.0, 0.5]), np.zeros(2)
+        >>> sim = vkml.simulation(drift, max_steps=20, record=True, window=5, x=x, v=v, k=1.0)
+        >>> ex = explore_schedule(sim, budget=6)
+        >>> ex.updates, ex.predicted
+        (1, (14, 6))
+        >>> ex.update()                             # what moving a control calls
+        >>> ex.updates, ex.drawing.predicted_peak_states
+        (2, 6)
+        """
         sim = self.sim
         self.schedule, self.fits = schedule_for(self.kind.value, self.budget.value, sim.max_steps)
         self.drawing = viz.checkpoint_schedule(self.schedule, sim.max_steps, last=self.last,
@@ -185,7 +241,20 @@ class ScheduleExplorer(widgets.VBox):
 
     def fresh_simulation(self):
         """A copy of the simulation with the chosen schedule, on copies of its planes, starting
-        from the state the explorer's simulation started from."""
+        from the state the explorer's simulation started from.
+
+        >>> from vkml_jupyter.widgets import explore_schedule
+        >>> @vkml.kernel
+        ... def drift(x, v, k: vkml.Param):
+        ...     return {"x": x + 0.1 * v, "v": v - 0.1 * k * x}
+        ...
+        >>> x, v = np.array([1.0, 0.5]), np.zeros(2)
+        >>> sim = vkml.simulation(drift, max_steps=20, record=True, window=5, x=x, v=v, k=1.0)
+        >>> ex = explore_schedule(sim, budget=6)
+        >>> copy = ex.fresh_simulation()
+        >>> copy is sim, copy.schedule, copy.max_steps
+        (False, Binomial(4), 20)
+        """
         sim = self.sim
         if sim.nodes:
             raise RefusedError("explore_schedule: a step with opaque nodes is reversed with their "
@@ -201,7 +270,21 @@ class ScheduleExplorer(widgets.VBox):
     def run(self):
         """Run the model with the chosen schedule and reverse it: ``measured`` (the reverse's
         report) against ``predicted_run`` (the schedule's counts for the steps each pass of
-        samples took)."""
+        samples took).
+
+        >>> from vkml_jupyter.widgets import explore_schedule
+        >>> @vkml.kernel
+        ... def drift(x, v, k: vkml.Param):
+        ...     return {"x": x + 0.1 * v, "v": v - 0.1 * k * x}
+        ...
+        >>> x, v = np.array([1.0, 0.5]), np.zeros(2)
+        >>> sim = vkml.simulation(drift, max_steps=20, record=True, window=5, x=x, v=v, k=1.0)
+        >>> ex = explore_schedule(sim, budget=6)
+        >>> ex.run().measured == ex.predicted_run   # recomputed steps and peak, as predicted
+        True
+        >>> ex.measured
+        (14, 6)
+        """
         run_sim = self.fresh_simulation().run()
         grads = vkml.diff.reverse(run_sim.record, self.seeds)
         steps = run_sim.record.steps

@@ -32,8 +32,8 @@ from .schedule_explorer import ScheduleExplorer, explore_schedule  # noqa: F401 
 
 from .program_explorer import ProgramExplorer, explore_program  # noqa: E402  (its own module)
 
-__all__ = ["explore_gradient", "explore_record", "explore_program", "GradientExplorer",
-           "RecordExplorer", "ProgramExplorer"]
+__all__ = ["explore_gradient", "explore_record", "explore_program", "explore_schedule",
+           "GradientExplorer", "RecordExplorer", "ProgramExplorer", "ScheduleExplorer"]
 
 #: A finite-difference check passes when |fd - exact| <= FD_RTOL * max(1, |exact|).
 FD_RTOL = 1e-5

@@ -63,7 +63,8 @@ from .viz_schedule import checkpoint_schedule  # noqa: F401  (a checkpoint sched
 
 __all__ = ["Diagram", "DerivedDiagram", "diagram", "program_dot", "tensor_dot", "derived_dot",
            "graph_dot", "record_dot", "dot_available", "install", "is_graph", "is_record",
-           "derived_pairs", "saved_residuals", "Residuals", "diff", "parameter_names"]
+           "derived_pairs", "saved_residuals", "Residuals", "diff", "parameter_names",
+           "checkpoint_schedule"]
 
 #: Pictures with more nodes than this show their text instead (dot would take minutes).
 MAX_NODES = 600
@@ -710,7 +711,13 @@ def derived_dot(primal, derived=None, unfold: bool = False, arg_names=None, *, f
 
 def parameter_names(fn):
     """The parameter names of a jitted function's Python function (None if not plain): what
-    its pictures name the program's inputs (the notebook magic names them so too)."""
+    its pictures name the program's inputs (the notebook magic names them so too).
+
+    >>> vkml.viz.parameter_names(vkml.jit(lambda x, scale: scale * x))
+    ['x', 'scale']
+    >>> vkml.viz.parameter_names(vkml.jit(lambda *xs: xs[0])) is None   # no names to give
+    True
+    """
     target = getattr(fn, "fn", None)
     try:
         params = list(inspect.signature(target).parameters.values())

@@ -399,6 +399,29 @@ def checkpoint_schedule(sim_or_schedule, max_steps=None, *, last=None, state_byt
     ``Full()``, ``Binomial(snapshots)``) with ``max_steps``.  ``last`` draws a run whose samples
     all stopped by that step; ``state_bytes`` and ``samples`` turn states into bytes in the caption
     (a simulation gives them).
+
+    >>> pic = vkml.viz.checkpoint_schedule(vkml.graph.schedules.Window(4), 12)
+    >>> pic
+    <vkml.viz checkpoint schedule Window(4), 12 steps: 9 recomputed, peak 6>
+    >>> print(pic.text)
+    checkpoint schedule: window=4: a checkpoint every 4 steps; 12 steps
+      recomputes 9 steps, holds at most 6 states; predicted: 9 recomputed, peak 6
+      forward run: 12 steps, storing 3 states
+      reverse: 12 steps reversed, 9 recomputed in 3 runs
+      time: 33 steps taken in all
+    >>> pic.svg().startswith("<svg")
+    True
+
+    From a simulation (its schedule, its steps, and bytes in the caption):
+
+    >>> @vkml.kernel
+    ... def drift(x, v, k: vkml.Param):
+    ...     return {"x": x + 0.1 * v, "v": v - 0.1 * k * x}
+    ...
+    >>> x, v = np.array([1.0, 0.5]), np.zeros(2)
+    >>> sim = vkml.simulation(drift, max_steps=10, record=True, window=5, x=x, v=v, k=1.0)
+    >>> print(vkml.viz.checkpoint_schedule(sim).caption)
+    recomputes 8 steps, holds at most 6 states (96 B per sample, 192 B for 2 samples); predicted: 8 recomputed, peak 6
     """
     if isinstance(sim_or_schedule, Simulation):
         sim = sim_or_schedule

@@ -941,14 +941,59 @@ class Graph(Reversible):
 
     # -- reversing (what vkml.diff.Reverse calls; see reversible.py) ----------------------------
     def check_reversible(self, vjps):
+        """Refuse, before anything runs, a reverse this graph cannot take: a graph not built with
+        ``record=True``, or a node whose derivative vkml cannot know and ``vjps`` (node name ->
+        vjp) does not give.  :class:`vkml.diff.Reverse` calls it once, when it is made.
+
+        >>> @vkml.kernel
+        ... def wave(x, k: vkml.Param):
+        ...     return {"y": vkml.sin(k * x)}
+        ...
+        >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+        >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
+        >>> g.check_reversible({})                      # every node's derivative is derived
+        >>> vkml.Graph().add(wave.bind(x=x, k=2.0, y=y)).build().check_reversible({})
+        Traceback (most recent call last):
+            ...
+        vkml.errors.ArgumentError: Reverse: the graph was built without record=True; build it with build(record=True) so launches keep what the reverse needs
+        """
         from .diff import check_graph_reversible  # local: diff imports graph (a module-level cycle)
         check_graph_reversible(self, vjps)
 
     def bitwise(self):
+        """Per gradient name (an input, a Param, and each as ``node.name``): True where its
+        gradient has the same bits on every backend and thread count, False where a Param
+        reaches a gather (a table read by index), whose gradient is a scatter-add across samples.
+
+        >>> @vkml.kernel
+        ... def wave(x, k: vkml.Param):
+        ...     return {"y": vkml.sin(k * x)}
+        ...
+        >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+        >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
+        >>> sorted(g.bitwise().items())
+        [('k', True), ('wave.k', True), ('wave.x', True), ('x', True)]
+        """
         from .diff import graph_bitwise  # local: diff imports graph (a module-level cycle)
         return graph_bitwise(self)
 
     def reverse(self, record, seeds, wrt=None, vjps=None, strict=False, lock=None):
+        """Every gradient of ``record`` (a Record of this graph's) for the cotangents ``seeds``
+        on its outputs, in one sweep of the tape, as :class:`vkml.diff.Gradients`: what
+        :func:`vkml.diff.reverse` calls for a graph's Record.
+
+        >>> @vkml.kernel
+        ... def wave(x, k: vkml.Param):
+        ...     return {"y": vkml.sin(k * x)}
+        ...
+        >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+        >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
+        >>> g.launch()
+        <vkml.Graph: wave>
+        >>> grads = g.reverse(g.record, {"y": np.ones(3)})
+        >>> bool(np.isclose(grads["k"], np.sum(np.cos(2.0 * x) * x)))   # d/dk sum(sin(k x))
+        True
+        """
         from .diff import reverse_graph  # local: diff imports graph (a module-level cycle)
         return reverse_graph(self, record, seeds, wrt=wrt, vjps=vjps, strict=strict, lock=lock)
 

@@ -129,12 +129,38 @@ class SimulationRecord:
 
     @property
     def checkpoints(self):
-        """The stored states by step, where the schedule recomputes the others (else empty)."""
+        """The stored states by step, where the schedule recomputes the others (else empty).
+
+        >>> @vkml.kernel
+        ... def drift(x, v, k: vkml.Param):
+        ...     return {"x": x + 0.1 * v, "v": v - 0.1 * k * x}
+        ...
+        >>> x, v = np.array([1.0, 0.5]), np.zeros(2)
+        >>> sim = vkml.simulation(drift, max_steps=10, record=True, window=4, x=x, v=v, k=1.0)
+        >>> _ = sim.run()
+        >>> sorted(sim.record.checkpoints)         # a checkpoint every 4 steps
+        [0, 4, 8]
+        >>> sim.record.checkpoints[0]["x"]         # the state at the start of step 0
+        array([1. , 0.5])
+        """
         return {} if self.simulation.schedule.keeps_every_state else self.stored
 
     @property
     def states_all(self):
-        """Every state by step, where the schedule stores them all (else empty)."""
+        """Every state by step, where the schedule stores them all (else empty).
+
+        >>> @vkml.kernel
+        ... def drift(x, v, k: vkml.Param):
+        ...     return {"x": x + 0.1 * v, "v": v - 0.1 * k * x}
+        ...
+        >>> x, v = np.array([1.0, 0.5]), np.zeros(2)
+        >>> sim = vkml.simulation(drift, max_steps=3, record=True, window="full", x=x, v=v, k=1.0)
+        >>> _ = sim.run()
+        >>> sorted(sim.record.states_all), sim.record.checkpoints
+        ([0, 1, 2], {})
+        >>> sim.record.states_all[1]["v"]          # the state at the start of step 1
+        array([-0.1 , -0.05])
+        """
         return self.stored if self.simulation.schedule.keeps_every_state else {}
 
     @property
