@@ -1,6 +1,6 @@
 """The compiled CPU tier side by side with JAX and NumPy (issue "A compiled CPU tier").
 
-1. ``value_and_grad`` of the seed's running-sum scan, 10^4 and 10^5 rows: vkml on the ``cpu`` tier
+1. ``value_and_grad`` of the tutorial's running-sum scan, 10^4 and 10^5 rows: vkml on the ``cpu`` tier
    (and the ``numpy`` backend for reference) against ``jax.value_and_grad`` of a jitted ``lax.scan``.
 2. A damped pendulum integrated with RK4 over 10^4 steps inside a scan, gradient of the final angle
    with respect to the length, damping and initial state, at batch 1 and batch 1024, against JAX.
@@ -131,7 +131,7 @@ def section_scan(cfg):
             jxs = jnp.asarray(xs)
             sides["jax"] = sampler(lambda: jvg(jxs)[1].block_until_ready(), reps=10)
         rows = [(k, v[0]) for k, v in interleave(sides, rounds=cfg["rounds"]).items()]
-        print_table(f"seed scan value_and_grad, {n:,} rows", rows, baselines=["jax"], unit="ms")
+        print_table(f"running-sum scan value_and_grad, {n:,} rows", rows, baselines=["jax"], unit="ms")
         print("  per row: " + ", ".join(f"{k} {s / n * 1e9:,.1f} ns" for k, s in rows) + "\n")
 
 

@@ -1,4 +1,5 @@
-"""The seed's two-node graph and its reverse, side by side with raptor-eagle (CPU) and hand-written NumPy.
+"""The two-node graph of the tutorial "Gradients through a graph" and its reverse, side by side
+with raptor-eagle (CPU) and hand-written NumPy.
 
     u = x * x;   y = sin(k * u);   k = 1.5,  x = linspace(0.1, 0.9, n),  seed dJ/dy = 1
 

@@ -1,4 +1,4 @@
-"""The seed's scan gradient and the per-call overhead of a jitted function, side by side with JAX and PyTorch.
+"""The gradient of the tutorial's running-sum scan and the per-call overhead of a jitted function, side by side with JAX and PyTorch.
 
 1. ``value_and_grad`` of f(xs) = sum(running_sum(xs)**2) for 10^3, 10^4, 10^5 rows:
    vkml (jit + scan, derived programs cached), JAX (``jax.value_and_grad`` of a jitted
@@ -104,7 +104,7 @@ def main():
         if th and n <= 10_000:
             sides["torch eager"] = lambda: th(xs)
         rows = list(time_sides(sides, rounds=rounds, reps=max(3, 30_000 // n)).items())
-        print_table(f"value_and_grad of the seed's running-sum scan, {n:,} rows",
+        print_table(f"value_and_grad of the tutorial's running-sum scan, {n:,} rows",
                     rows, baselines=[r[0] for r in rows[1:]], unit="ms")
         per_row = {name: f"{secs / n * 1e9:,.0f} ns" for name, secs in rows}
         print("  per row: " + ", ".join(f"{k} {v}" for k, v in per_row.items()) + "\n")

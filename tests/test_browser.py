@@ -77,7 +77,7 @@ def test_notebook_runs_shows_the_diagram_and_the_slider_moves_the_readout(lab):
             page.wait_for_function(KERNEL_IDLE, timeout=90 * SECONDS)
             page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
 
-            # the %%vkml --show program cell draws the seed's scan program as an SVG image
+            # the %%vkml --show program cell draws the tutorial's running-sum scan as an SVG image
             svg = page.wait_for_selector(".jp-RenderedSVG img", timeout=90 * SECONDS)
             src = svg.get_attribute("src")
             assert src.startswith("data:image/svg+xml")

@@ -2,7 +2,7 @@
 
 Programs are collected by running representative functions -- elementwise
 chains, reductions (small and split in two stages), broadcasting, indexing,
-gather/scatter, matmul, the seed's running-sum scan and the programs derived
+gather/scatter, matmul, the running-sum scan of the tutorial and the programs derived
 from it, cond and while, vmap, a graph kernel with its reverse, an MLP
 training step -- on a recording backend (the NumPy backend that keeps every
 program it compiles, with the arguments of its first run and its results).

@@ -1,4 +1,5 @@
-"""Graphs of per-sample kernels and their reverse (seed 003): gradients, Records, same bits.
+"""Graphs of per-sample kernels and their reverse (the tutorial "Gradients through a graph" and
+more): gradients, Records, same bits.
 
 Every gradient is checked against the analytic derivative, central finite
 differences of the forward graph, or HIPS autograd -- never against vkml's own
@@ -226,7 +227,7 @@ def test_record_copies_only_what_is_overwritten():
 
 
 def test_seed_names_node_plane_when_both_nodes_call_their_output_y():
-    """The seed's example: square.y and wave.y; the plain "y" is ambiguous."""
+    """The tutorial's two-node graph: square.y and wave.y; the plain "y" is ambiguous."""
     x = np.linspace(0.1, 0.9, N)
     y, z = np.zeros(N), np.zeros(N)
     g = (vkml.Graph()

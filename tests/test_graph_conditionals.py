@@ -1,4 +1,5 @@
-"""Gradients through conditionals and opaque nodes (seed 003, "Gradients through conditionals").
+"""Gradients through conditionals and opaque nodes (skippable steps, loops that stop when they
+converge, nodes with a user-given vjp).
 
 skippable and repeat_while reverse from the recorded guard and iteration
 count (the guard is never evaluated again); an opaque node reverses with the

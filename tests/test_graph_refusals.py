@@ -1,4 +1,4 @@
-"""What a reverse refuses (seed 003), and the two mistakes everyone makes once.
+"""What a reverse of a graph refuses, and the two mistakes everyone makes once.
 
 Each refusal is a ``vkml.VkmlError`` whose message names the node or plane and
 says what to do instead, and each test then shows that the refused call

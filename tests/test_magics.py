@@ -40,8 +40,8 @@ def ip(shell):
 
 @pytest.fixture(autouse=True)
 def _cold_backend_caches():
-    """Leave the backends' executable caches cold: other modules count first compiles (the seed's
-    program compiled here would otherwise be a cache hit there)."""
+    """Leave the backends' executable caches cold: other modules count first compiles (the tutorial's
+    running-sum program compiled here would otherwise be a cache hit there)."""
     yield
     for backend in backends_base._INSTANCES.values():
         backend.clear_cache()

@@ -1,4 +1,5 @@
-"""Traced programs: jit, scan, derived programs and their caches, the printer (seed 002)."""
+"""Traced programs: jit, scan, derived programs and their caches, the printer (first on the
+running-sum scan of the tutorial "Programs and scan")."""
 
 import autograd
 import autograd.numpy as anp
@@ -16,7 +17,7 @@ def value(f):
     return lambda x: float(np.asarray(f(x).numpy()))
 
 
-# -- the seed ------------------------------------------------------------------------------------
+# -- the running-sum scan of the tutorial ----------------------------------------------------------
 
 SEED_PROGRAM = """\
 program (%0)
@@ -69,7 +70,7 @@ def test_seed_one_call():
 
 def test_seed_program_text():
     prog = vkml.program(running_sum_body([0]), np.array([1.0, 2.0, 3.0]))
-    # the seed's text, with the placement of the backend it was traced on ("at GPU" on cuda)
+    # the tutorial's program text, with the placement of the backend it was traced on ("at GPU" on cuda)
     want = SEED_PROGRAM.replace(" at CPU", f" at {vkml.backends.current().device}")
     assert str(prog) == want
     assert vkml.pp_program(prog) == want

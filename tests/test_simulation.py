@@ -1,5 +1,5 @@
-"""Recorded simulations and their checkpointed reverse (seed 003, "Memory budget", "Your model
-inside a recorded loop").
+"""Recorded simulations and their checkpointed reverse: a memory budget, and a model of the
+user's (an opaque node with its vjp) inside a recorded loop.
 
 Gradients are checked against central finite differences of the forward run
 and against a plain NumPy loop of the same step; the bitwise claims (memory

@@ -22,15 +22,15 @@ SVG = "{http://www.w3.org/2000/svg}"
 
 @pytest.fixture(autouse=True)
 def _cold_backend_caches():
-    """Leave the backends' executable caches cold: other modules count first compiles (the seed's
-    program compiled here would otherwise be a cache hit there)."""
+    """Leave the backends' executable caches cold: other modules count first compiles (the tutorial's
+    running-sum program compiled here would otherwise be a cache hit there)."""
     yield
     for backend in backends_base._INSTANCES.values():
         backend.clear_cache()
 
 
 def running_sum_body(xs):
-    """The seed's program (tests/test_programs.py): a running sum by scan, then sum of squares."""
+    """The tutorial's program (tests/test_programs.py): a running sum by scan, then sum of squares."""
     def step(acc, row):
         nxt = acc + row
         return nxt, nxt
