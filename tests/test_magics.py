@@ -334,3 +334,18 @@ def test_cuda_without_pycuda_is_a_short_usage_line(ip):
     assert "not available here: cuda (missing" in stdout
     assert "available: " in stdout
     assert "cuda" not in stdout.split("available: ")[1].splitlines()[0].split(", ")
+
+
+def test_a_jitted_function_made_by_eval_has_no_module_and_cells_still_run(ip):
+    """A function made by ``eval`` without ``__name__`` in its globals has ``__module__`` None;
+    once it is jitted and called, every later cell must still run (and may show its program)."""
+    ip.run_cell('g = vkml.jit(eval("lambda x: x * x + 1.0", {"vkml": vkml}))\ng(1.0)')
+    assert ip.user_ns["g"].fn.__module__ is None
+    r, stdout, _ = run(ip, "%%vkml\nplain = 1 + 1")
+    assert r.success and r.error_in_exec is None and "Traceback" not in stdout
+    r, stdout, shown = run(ip, "%%vkml --show program\n"
+                               "g(np.array([1.0, 2.0]))\n"
+                               "vkml.grad(lambda x: vkml.sum(g(x)))(np.array([3.0]))")
+    assert r.success and r.error_in_exec is None, r.error_in_exec
+    assert [b for b in diagrams(shown) if "add" in " ".join(svg_texts(b))]   # g's program
+    assert r.result.numpy().tolist() == [6.0]                                # d/dx (x^2 + 1)

@@ -185,7 +185,8 @@ def _jit_counters() -> dict:
     """id -> (jitted function, its counters), for every function vkml.jit has made."""
     out = {}
     for j in programs.live_jitted():
-        if getattr(j.fn, "__module__", "") .startswith("vkml."):
+        module = getattr(j.fn, "__module__", None)   # None for a function made by eval or exec
+        if isinstance(module, str) and module.startswith("vkml."):
             continue  # the library's own helpers are not what the user called
         out[id(j)] = (j, (j.traces, j.hits, j.derivations))
     return out
