@@ -3,6 +3,8 @@ independent oracle (HIPS autograd, or the calculus written out) and finite diffe
 
 from __future__ import annotations
 
+import functools
+
 import autograd
 import autograd.numpy as anp
 import numpy as np
@@ -190,3 +192,94 @@ def test_pow_slopes_at_zero_base_and_exponent_are_finite():
     assert float(g) == pytest.approx(autograd.grad(lambda y: anp.sum(xs[1:] ** y))(2.0))
     # second derivative in the exponent at a zero base: also 0
     assert float(vkml.grad(vkml.grad(lambda y: 0.0 ** y))(2.0)) == 0.0
+
+
+# -- a custom rule that calls its own function (JAX's ``ans = f(x)`` in the rule) -------------------
+
+def _log1pexp_ag(x):
+    return anp.log(1.0 + anp.exp(x))
+
+
+@vkml.custom_jvp
+def log1pexp(x):
+    return vkml.log(1.0 + vkml.exp(x))
+
+
+@log1pexp.defjvp
+def _log1pexp_jvp(primals, tangents):
+    (x,), (t,) = primals, tangents
+    ans = log1pexp(x)                                   # the function itself, inside its rule
+    return ans, (1.0 - 1.0 / (1.0 + vkml.exp(x))) * t   # stays finite where exp(x) overflows
+
+
+POINTS = [-3.0, -0.5, 0.0, 0.7, 4.0]
+
+
+@BACKENDS
+def test_custom_jvp_rule_calling_its_own_function_evaluates_the_function(vk_backend):
+    for x in POINTS:
+        g = float(vkml.grad(log1pexp)(x))
+        assert g == pytest.approx(float(autograd.grad(_log1pexp_ag)(x)), rel=1e-12)
+        assert g == pytest.approx(_central(lambda v: np.log1p(np.exp(v)), x), rel=1e-7)
+    # the rule, not the function's own derivative, is what ran: exp(1000) overflows, and
+    # differentiating log(1 + exp(x)) there gives inf / inf
+    with np.errstate(over="ignore", invalid="ignore"):
+        assert float(vkml.grad(log1pexp)(1000.0)) == 1.0
+    # the primal value is the function's, and so is the value the rule computes for it
+    value, tangent = vkml.jvp(log1pexp, (0.5,), (2.0,))
+    assert float(value) == pytest.approx(np.log1p(np.exp(0.5)), rel=1e-14)
+    assert float(tangent) == pytest.approx(2.0 / (1.0 + np.exp(-0.5)), rel=1e-14)
+
+
+def test_custom_jvp_rule_calling_its_own_function_under_jit_vmap_and_second_order():
+    xs = np.array(POINTS)
+    want = np.array([autograd.grad(_log1pexp_ag)(x) for x in POINTS])
+    np.testing.assert_allclose(vkml.jit(vkml.vmap(vkml.grad(log1pexp)))(xs).numpy(), want,
+                               rtol=1e-12)
+    second = np.array([autograd.grad(autograd.grad(_log1pexp_ag))(x) for x in POINTS])
+    got = [float(vkml.grad(vkml.grad(log1pexp))(x)) for x in POINTS]
+    np.testing.assert_allclose(got, second, rtol=1e-10)
+
+
+def _softplus_vjp_rules(f):
+    """fwd and bwd of log(1 + exp(x)) that both call ``f`` itself: d/dx = 1 - exp(-f(x))."""
+    def fwd(x):
+        return f(x), x
+
+    def bwd(x, ct):
+        return (ct * (1.0 - vkml.exp(-f(x))),)
+    return fwd, bwd
+
+
+@BACKENDS
+def test_custom_vjp_fwd_and_bwd_calling_their_own_function(vk_backend):
+    @vkml.custom_vjp
+    def softplus(x):
+        return vkml.log(1.0 + vkml.exp(x))
+
+    softplus.defvjp(*_softplus_vjp_rules(softplus))
+    for x in POINTS:
+        g = float(vkml.grad(softplus)(x))
+        assert g == pytest.approx(float(autograd.grad(_log1pexp_ag)(x)), rel=1e-10)
+        assert g == pytest.approx(_central(lambda v: np.log1p(np.exp(v)), x), rel=1e-7)
+    xs = np.array(POINTS)
+    np.testing.assert_allclose(vkml.grad(lambda v: vkml.sum(softplus(v) * 3.0))(xs).numpy(),
+                               3.0 * np.array([autograd.grad(_log1pexp_ag)(x) for x in POINTS]),
+                               rtol=1e-10)
+
+
+def test_custom_vjp_with_nondiff_argnums_whose_fwd_calls_the_function():
+    @functools.partial(vkml.custom_vjp, nondiff_argnums=(0,))
+    def scaled(k, x):
+        return k * vkml.log(1.0 + vkml.exp(x))
+
+    def fwd(k, x):
+        return scaled(k, x), x
+
+    def bwd(k, x, ct):
+        return (ct * k * (1.0 - 1.0 / (1.0 + vkml.exp(x))),)
+
+    scaled.defvjp(fwd, bwd)
+    for x in POINTS:
+        want = autograd.grad(lambda v: 2.5 * _log1pexp_ag(v))(x)
+        assert float(vkml.grad(lambda v: scaled(2.5, v))(x)) == pytest.approx(want, rel=1e-12)

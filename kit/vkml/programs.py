@@ -19,9 +19,11 @@ whole graph is still one submission.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import numbers
+import threading
 import types
 import weakref
 
@@ -1093,10 +1095,39 @@ def _example(vars_):
     return [Tensor(Var(v.shape, v.dtype, v.device)) for v in vars_]
 
 
+#: Per thread, the custom-rule functions whose rules are being traced right now.
+_RULES_BEING_TRACED = threading.local()
+
+
+def _rules_being_traced() -> set:
+    active = getattr(_RULES_BEING_TRACED, "ids", None)
+    if active is None:
+        active = _RULES_BEING_TRACED.ids = set()
+    return active
+
+
+@contextlib.contextmanager
+def _tracing_rules_of(f):
+    """While ``f``'s rules are traced, a call of ``f`` inside them is a primal computation (as in
+    JAX: ``out = f(x)`` in its own jvp rule, ``f(x)`` in its fwd), so it evaluates the function
+    itself rather than tracing the rules again, forever."""
+    active = _rules_being_traced()
+    active.add(id(f))
+    try:
+        yield
+    finally:
+        active.discard(id(f))
+
+
+def _inside_own_rule(f) -> bool:
+    return id(f) in _rules_being_traced()
+
+
 class custom_jvp:
     """A function with a hand-written forward-mode rule: ``f.defjvp(rule)`` where
     ``rule(primals, tangents) -> (out, tangent_out)``; the tangent must be linear
-    in the tangents (reverse mode transposes it).
+    in the tangents (reverse mode transposes it).  The rule may call the function
+    itself for ``out`` (as in JAX); there it is the plain function.
 
     >>> @vkml.custom_jvp
     ... def softplus(x):
@@ -1130,11 +1161,14 @@ class custom_jvp:
     def __call__(self, *args):
         if self.rule is None:
             raise ArgumentError(f"custom_jvp {self.__name__}: define its rule with @f.defjvp first")
+        if _inside_own_rule(self):
+            return self.fun(*args)
         entry, leaves, in_vars = jit(self.fun)._lookup(args)
         _refuse_captures(entry, "custom_jvp", self.__name__)
         ex = _example(in_vars)
         rule = jit(_rule_as_function(self.rule, len(in_vars)))
-        rentry, _, _ = rule._lookup(tuple(ex) + tuple(_example(in_vars)))
+        with _tracing_rules_of(self):
+            rentry, _, _ = rule._lookup(tuple(ex) + tuple(_example(in_vars)))
         res = bind(custom_jvp_p, *in_vars, program=entry.program, jvp=rentry.program)
         return unflatten(entry.out_tree, _wrap(res, in_vars))
 
@@ -1158,6 +1192,7 @@ class custom_vjp:
     (None for a zero one).  ``nondiff_argnums``: positional arguments that are not differentiated
     (Python values such as functions or sizes, hashable); as in JAX, ``bwd`` gets them first,
     ``bwd(*nondiff, residuals, ct)``, and returns cotangents for the other arguments only.
+    ``fwd`` and ``bwd`` may call the function itself; there it is the plain function.
 
     >>> @vkml.custom_vjp
     ... def clip_gradient(x):
@@ -1200,12 +1235,15 @@ class custom_vjp:
     def __call__(self, *args):
         if self.fwd is None:
             raise ArgumentError(f"custom_vjp {self.__name__}: define its rule with f.defvjp(fwd, bwd)")
+        if _inside_own_rule(self):
+            return self.fun(*args)
         if self.nondiff_argnums:
             return _call_with_nondiff(self, args)
         entry, leaves, in_vars = jit(self.fun)._lookup(args)
         _refuse_captures(entry, "custom_vjp", self.__name__)
         fwd = jit(self.fwd)
-        fentry, _, _ = fwd._lookup(args)
+        with _tracing_rules_of(self):
+            fentry, _, _ = fwd._lookup(args)
         out_res = fentry.out_tree
         if out_res.kind != "tuple" or len(out_res.children) != 2:
             raise ArgumentError("custom_vjp: fwd must return (out, residuals)")
@@ -1230,8 +1268,9 @@ class custom_vjp:
         key = (res_tree, out_tree, flatten(args)[1], tuple((v.shape, v.dtype) for v in in_vars))
         if key not in self._flat:
             self._flat[key] = jit(bwd_flat)
-        bentry, _, _ = self._flat[key]._lookup(
-            tuple(_example(res_vars)) + tuple(_example(entry.program.outputs)))
+        with _tracing_rules_of(self):
+            bentry, _, _ = self._flat[key]._lookup(
+                tuple(_example(res_vars)) + tuple(_example(entry.program.outputs)))
         res = bind(custom_vjp_p, *in_vars, program=entry.program, fwd=fwd_flat, bwd=bentry.program,
                    num_res=len(res_vars))
         return unflatten(entry.out_tree, _wrap(res, in_vars))
