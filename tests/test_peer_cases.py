@@ -283,3 +283,28 @@ def test_custom_vjp_with_nondiff_argnums_whose_fwd_calls_the_function():
     for x in POINTS:
         want = autograd.grad(lambda v: 2.5 * _log1pexp_ag(v))(x)
         assert float(vkml.grad(lambda v: scaled(2.5, v))(x)) == pytest.approx(want, rel=1e-12)
+
+
+def test_custom_jvp_rule_is_traced_once_per_shape_and_again_after_a_new_rule():
+    traced = []
+
+    @vkml.custom_jvp
+    def f(x):
+        return vkml.sin(x)
+
+    @f.defjvp
+    def _rule(primals, tangents):
+        traced.append(1)
+        return f(primals[0]), tangents[0] * vkml.cos(primals[0])
+
+    for x in (0.1, 0.2, 0.3):
+        assert float(vkml.grad(f)(x)) == pytest.approx(np.cos(x), rel=1e-14)
+    assert len(traced) == 1                        # one scalar shape: one trace of the rule
+    vkml.grad(lambda v: vkml.sum(f(v)))(np.ones(3))
+    assert len(traced) == 2                        # a new shape traces it again
+
+    @f.defjvp
+    def _doubled(primals, tangents):
+        return f(primals[0]), 2.0 * tangents[0] * vkml.cos(primals[0])
+
+    assert float(vkml.grad(f)(0.1)) == pytest.approx(2.0 * np.cos(0.1), rel=1e-14)   # the new rule

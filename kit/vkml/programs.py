@@ -1145,6 +1145,7 @@ class custom_jvp:
     def __init__(self, fun):
         self.fun = fun
         self.rule = None
+        self._flat = {}  # number of inputs -> the rule as a jitted flat function, traced once
         functools.update_wrapper(self, fun)
 
     def defjvp(self, rule):
@@ -1156,6 +1157,7 @@ class custom_jvp:
         tensor(6., dtype=float64)
         """
         self.rule = rule
+        self._flat.clear()  # the flat wrappers call the old rule
         return rule
 
     def __call__(self, *args):
@@ -1166,7 +1168,9 @@ class custom_jvp:
         entry, leaves, in_vars = jit(self.fun)._lookup(args)
         _refuse_captures(entry, "custom_jvp", self.__name__)
         ex = _example(in_vars)
-        rule = jit(_rule_as_function(self.rule, len(in_vars)))
+        rule = self._flat.get(len(in_vars))
+        if rule is None:
+            rule = self._flat[len(in_vars)] = jit(_rule_as_function(self.rule, len(in_vars)))
         with _tracing_rules_of(self):
             rentry, _, _ = rule._lookup(tuple(ex) + tuple(_example(in_vars)))
         res = bind(custom_jvp_p, *in_vars, program=entry.program, jvp=rentry.program)
@@ -1179,11 +1183,7 @@ def _rule_as_function(rule, n):
         out, tout = rule(tuple(xs[:n]), tuple(xs[n:]))
         return tuple(flatten(out)[0]) + tuple(flatten(tout)[0])
     flat.__name__ = getattr(rule, "__name__", "jvp_rule")
-    _RULES.append(flat)
     return flat
-
-
-_RULES = []  # keeps the flat wrappers alive so jit's per-function cache finds them again
 
 
 class custom_vjp:
