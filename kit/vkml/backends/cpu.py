@@ -18,10 +18,19 @@ NumPy backend and says so once.
 Floating-point contract: compiled with ``-O2 -ffp-contract=off`` and without
 ``-ffast-math``: +, -, *, / and sqrt are correctly rounded IEEE operations
 done in the same order as on the NumPy backend, so they give the same bits.
-Reductions inside compiled code add sequentially in index order (NumPy adds
-pairwise), and exp/log/sin/cos/tanh/pow come from libm: both agree with the
-NumPy backend within a few ulps (tests use rtol 1e-12 in float64, 1e-5 in
-float32).  The canonical-tree sums of the graph layer are exact on both.
+Every float sum (``sum``, ``mean``, and whatever is built on them, their
+gradients included) adds in the one canonical tree order on both
+(``vkml.ops.treesum``: a binary-counter stack per output here), so it has
+the same bits too; so does ``cumsum`` (in index order everywhere) and a
+deterministic matmul (the tree over k).  A program may therefore start on
+NumPy and switch to C when hot (``Tiered``) without changing a bit.  Two
+things differ: a default ``matmul`` adds over k in index order in C but in
+BLAS's order on NumPy, so a program holding one is compiled at once (never
+switched), and one too big for generated loops (``MATMUL_LIMIT``) stays on
+NumPy on every call; and exp/log/sin/cos/tanh/pow come from libm, within a
+few ulps of NumPy's (tests use rtol 1e-12 in float64, 1e-5 in float32) --
+the same function on every call, so a program's bits never change between
+calls.
 
 Generated code cannot corrupt the process: value sizes are checked before
 anything is compiled (``base.check_sizes``), every temporary's allocation is
@@ -146,16 +155,20 @@ def _empty_result(shape, dtype, what, index):
 MATMUL_LIMIT = 1 << 16
 
 
-def _too_big(program) -> bool:
+def _blas_matmuls(program):
+    """The default-order matrix products of ``program`` and the programs nested in it."""
     for e in program.eqns:
-        if e.prim.name == "matmul":
-            a, b = e.inputs
-            if a.size * b.shape[-1] > MATMUL_LIMIT:
-                return True
+        if e.prim.name == "matmul" and "order" not in e.params:
+            yield e
         for p in e.params.values():
-            if hasattr(p, "eqns") and _too_big(p):
-                return True
-    return False
+            if hasattr(p, "eqns"):
+                yield from _blas_matmuls(p)
+
+
+def _too_big(program) -> bool:
+    """Whether a default-order matmul is too big for generated loops: the program stays on NumPy
+    (BLAS) on every call.  A deterministic product is the same tree in C and NumPy: never too big."""
+    return any(e.inputs[0].size * e.inputs[1].shape[-1] > MATMUL_LIMIT for e in _blas_matmuls(program))
 
 
 class CompiledProgram:
@@ -216,7 +229,8 @@ def hot_threshold() -> int:
 
 
 class Tiered:
-    """Runs a program on NumPy until it is hot, then swaps in its compiled C function."""
+    """Runs a program on NumPy until it is hot, then swaps in its compiled C function (the same
+    bits: see "Floating-point contract" in the module docstring)."""
 
     def __init__(self, backend, program, numpy_run, remaining):
         self.backend, self.program, self.current, self.remaining = backend, program, numpy_run, remaining
@@ -262,7 +276,9 @@ class CpuBackend(Backend):
         if self.compiler is None or _too_big(program):
             return self._numpy(program)
         hot = hot_threshold()
-        if hot == 0 or _has_loop(program):
+        if hot == 0 or _has_loop(program) or any(True for _ in _blas_matmuls(program)):
+            # a default matmul adds over k in index order in C, in BLAS's order on NumPy: a
+            # program holding one is compiled at once, so every call gives the same bits
             return self._compile_c(program) or self._numpy(program)
         return Tiered(self, program, self._numpy(program), hot)
 

@@ -232,7 +232,54 @@ class Lowering:
                           lambda idx: f"vk_ipow_{t}({env.read(x, idx)}, {b})", checks)
 
     def _lower_reduce_sum(self, e, env, targets):
-        return self._reduce(e, env, targets[0], "acc += {x};", "0")
+        if e.outputs[0].dtype.kind != "f":      # wrapping integer sums: every order, same bits
+            return self._reduce(e, env, targets[0], "acc += {x};", "0")
+        return self._tree_reduce(e, env, targets[0])
+
+    def _reduce_indices(self, x, axes):
+        """Loop variables of a reduction: per kept axis, per reduced axis, and the full index of
+        ``x`` they address."""
+        kept = [i for i in range(x.ndim) if i not in axes]
+        oidx = [self.fresh("i") for _ in kept]
+        ridx = [self.fresh("r") for _ in axes]
+        full = [None] * x.ndim
+        for i, v in zip(kept, oidx):
+            full[i] = v
+        for i, v in zip(axes, ridx):
+            full[i] = v
+        return oidx, ridx, full
+
+    def tree_stack(self, dtype, count):
+        """Declarations of a streamed canonical tree over ``count`` elements (``kernels_cu/helpers.h``):
+        ``(lines, stack name)``; the stack holds one partial per bit of ``count``."""
+        st = self.fresh("st")
+        return [f"{CTYPE[dtype]} {st}[{max(1, int(count).bit_length() + 1)}];"], st
+
+    @staticmethod
+    def tree_fold(dtype, st, count):
+        """The expression finishing a streamed tree of ``count`` elements (padded to a power of two)."""
+        levels = (int(count) - 1).bit_length() if count else 0
+        return f"vk_tree_fold_{CTYPE[dtype]}({st}, {count}, {levels})"
+
+    def _tree_reduce(self, e, env, target):
+        """A float sum: per output, the canonical tree over the reduced elements in row-major order
+        of the reduced axes (as ``vkml.ops.treesum.tree_reduce``: the NumPy backend's bits), each
+        element pushed onto a binary-counter stack and the stack folded at the end."""
+        x, out = e.inputs[0], e.outputs[0]
+        axes = sorted(e.params["axes"])
+        total = math.prod(x.shape[a] for a in axes)
+        oidx, ridx, full = self._reduce_indices(x, axes)
+        t = CTYPE[out.dtype]
+        decl, st = self.tree_stack(out.dtype, total)
+        cnt = self.fresh("n")
+        inner = [f"vk_tree_push_{t}({st}, {cnt}, 0, {env.read(x, full)}); {cnt}++;"]
+        for v, a in reversed(list(zip(ridx, axes))):
+            inner = [Loop(v, x.shape[a], inner)]
+        body = [_Block(decl + [f"int64_t {cnt} = 0; (void){cnt};"] + inner +
+                       [f"{target}[{_lin(oidx, out.shape)}] = {self.tree_fold(out.dtype, st, total)};"])]
+        for v, extent in reversed(list(zip(oidx, out.shape))):
+            body = [Loop(v, extent, body)]
+        return body
 
     def _lower_reduce_max(self, e, env, targets):
         x = e.inputs[0]
@@ -297,9 +344,16 @@ class Lowering:
         ai = batch + [idx[-2], k]
         bi = batch + [k, idx[-1]]
         t = CTYPE[out.dtype]
-        body = [_Block([f"{t} acc = 0;",
-                        Loop(k, a.shape[-1], [f"acc += {env.read(a, ai)} * {env.read(b, bi)};"]),
-                        f"{targets[0]}[{_lin(idx, out.shape)}] = acc;"])]
+        product = f"{env.read(a, ai)} * {env.read(b, bi)}"
+        if e.params.get("order") == "tree" and out.dtype.kind == "f":
+            # the deterministic product: the canonical tree over k (the NumPy backend's bits)
+            decl, st = self.tree_stack(out.dtype, a.shape[-1])
+            body = [_Block(decl + [Loop(k, a.shape[-1], [f"vk_tree_push_{t}({st}, {k}, 0, {product});"]),
+                                   f"{targets[0]}[{_lin(idx, out.shape)}] = "
+                                   f"{self.tree_fold(out.dtype, st, a.shape[-1])};"])]
+        else:   # the default product: k in index order (BLAS on NumPy picks its own order)
+            body = [_Block([f"{t} acc = 0;", Loop(k, a.shape[-1], [f"acc += {product};"]),
+                            f"{targets[0]}[{_lin(idx, out.shape)}] = acc;"])]
         for v, extent in reversed(list(zip(idx, out.shape))):
             body = [Loop(v, extent, body)]
         return body
