@@ -30,6 +30,10 @@ CTYPE = {np.dtype(np.float64): "double", np.dtype(np.float32): "float",
          np.dtype(np.bool_): "uint8_t"}
 
 
+#: a float sum whose innermost reduced extent is a multiple of this adds such blocks as one fixed
+#: subtree each (a power of two: an aligned block is a subtree of the canonical tree)
+TREE_BLOCK = 8
+
 #: the longest chain of inlined expressions before a value is stored
 MAX_INLINE_DEPTH = 32
 
@@ -272,9 +276,22 @@ class Lowering:
         t = CTYPE[out.dtype]
         decl, st = self.tree_stack(out.dtype, total)
         cnt = self.fresh("n")
-        inner = [f"vk_tree_push_{t}({st}, {cnt}, 0, {env.read(x, full)}); {cnt}++;"]
-        for v, a in reversed(list(zip(ridx, axes))):
-            inner = [Loop(v, x.shape[a], inner)]
+        extents = [x.shape[a] for a in axes]
+        if extents and extents[-1] % TREE_BLOCK == 0:
+            # full aligned blocks along the innermost reduced axis: a fixed tree of TREE_BLOCK
+            # elements (independent adds), pushed as one item of level log2(TREE_BLOCK)
+            last, r = axes[-1], ridx[-1]
+            leaves = [env.read(x, [f"({r} * {TREE_BLOCK} + {j})" if i == last else v
+                                   for i, v in enumerate(full)]) for j in range(TREE_BLOCK)]
+            while len(leaves) > 1:
+                leaves = [f"({leaves[j]} + {leaves[j + 1]})" for j in range(0, len(leaves), 2)]
+            level = TREE_BLOCK.bit_length() - 1
+            inner = [f"vk_tree_push_{t}({st}, {cnt}, {level}, {leaves[0]}); {cnt} += {TREE_BLOCK};"]
+            extents[-1] //= TREE_BLOCK
+        else:
+            inner = [f"vk_tree_push_{t}({st}, {cnt}, 0, {env.read(x, full)}); {cnt}++;"]
+        for v, extent in reversed(list(zip(ridx, extents))):
+            inner = [Loop(v, extent, inner)]
         body = [_Block(decl + [f"int64_t {cnt} = 0; (void){cnt};"] + inner +
                        [f"{target}[{_lin(oidx, out.shape)}] = {self.tree_fold(out.dtype, st, total)};"])]
         for v, extent in reversed(list(zip(oidx, out.shape))):
