@@ -308,7 +308,8 @@ class CudaLowering(Lowering):
         decl2, st2 = self.tree_stack(out.dtype, parts)
         stage2 = [_Block(decl2 + [Loop(c2, parts, [f"vk_tree_push_{t}({st2}, {c2}, 0, "
                                                    f"{part}[{_lin(oidx2 + [c2], pshape)}]);"]),
-                                  f"{target}[{_lin(oidx2, out.shape)}] = {self.tree_fold(out.dtype, st2, parts)};"])]
+                                  f"{target}[{_lin(oidx2, out.shape)}] = "
+                                  f"{self.tree_fold(out.dtype, st2, parts)};"])]
         for v, extent in reversed(list(zip(oidx2, out.shape))):
             stage2 = [Loop(v, extent, stage2)]
         _mark(stage2, out.ndim)

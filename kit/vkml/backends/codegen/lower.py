@@ -23,7 +23,7 @@ import math
 
 import numpy as np
 
-from ...ir import Program
+from ...ir import Program, Var
 
 CTYPE = {np.dtype(np.float64): "double", np.dtype(np.float32): "float",
          np.dtype(np.int32): "int32_t", np.dtype(np.int64): "int64_t",
@@ -355,25 +355,53 @@ class Lowering:
     def _lower_matmul(self, e, env, targets):
         a, b = e.inputs
         out = e.outputs[0]
+        if e.params.get("order") == "tree" and out.dtype.kind == "f":
+            return self._tree_matmul(e, env, targets)
         idx = [self.fresh("i") for _ in out.shape]
         k = self.fresh("k")
         batch = idx[:-2]
         ai = batch + [idx[-2], k]
         bi = batch + [k, idx[-1]]
         t = CTYPE[out.dtype]
+        # the default product: k in index order (BLAS on NumPy picks its own order)
         product = f"{env.read(a, ai)} * {env.read(b, bi)}"
-        if e.params.get("order") == "tree" and out.dtype.kind == "f":
-            # the deterministic product: the canonical tree over k (the NumPy backend's bits)
-            decl, st = self.tree_stack(out.dtype, a.shape[-1])
-            body = [_Block(decl + [Loop(k, a.shape[-1], [f"vk_tree_push_{t}({st}, {k}, 0, {product});"]),
-                                   f"{targets[0]}[{_lin(idx, out.shape)}] = "
-                                   f"{self.tree_fold(out.dtype, st, a.shape[-1])};"])]
-        else:   # the default product: k in index order (BLAS on NumPy picks its own order)
-            body = [_Block([f"{t} acc = 0;", Loop(k, a.shape[-1], [f"acc += {product};"]),
-                            f"{targets[0]}[{_lin(idx, out.shape)}] = acc;"])]
+        body = [_Block([f"{t} acc = 0;", Loop(k, a.shape[-1], [f"acc += {product};"]),
+                        f"{targets[0]}[{_lin(idx, out.shape)}] = acc;"])]
         for v, extent in reversed(list(zip(idx, out.shape))):
             body = [Loop(v, extent, body)]
         return body
+
+    def _tree_matmul(self, e, env, targets):
+        """The deterministic product: each output the canonical tree over k of its products (the
+        NumPy backend's bits).  ``b`` is first copied transposed, so both operands are read along
+        k contiguously; aligned blocks of TREE_BLOCK values of k are one fixed subtree each."""
+        a, b = e.inputs
+        out = e.outputs[0]
+        n_k = a.shape[-1]
+        t = CTYPE[out.dtype]
+        bt_var = Var(b.shape[:-2] + (b.shape[-1], n_k), b.dtype, b.device)
+        bt = self.temp(bt_var)
+        stmts = self.store(bt_var.shape, bt, lambda i: env.read(b, i[:-2] + [i[-1], i[-2]]))
+        idx = [self.fresh("i") for _ in out.shape]
+        k = self.fresh("k")
+
+        def product(at):
+            return f"({env.read(a, idx[:-1] + [at])} * {bt}[{_lin(idx[:-2] + [idx[-1], at], bt_var.shape)}])"
+        decl, st = self.tree_stack(out.dtype, n_k)
+        if n_k % TREE_BLOCK == 0:
+            leaves = [product(f"({k} * {TREE_BLOCK} + {j})") for j in range(TREE_BLOCK)]
+            while len(leaves) > 1:
+                leaves = [f"({leaves[j]} + {leaves[j + 1]})" for j in range(0, len(leaves), 2)]
+            level = TREE_BLOCK.bit_length() - 1
+            loop = Loop(k, n_k // TREE_BLOCK,
+                        [f"vk_tree_push_{t}({st}, {k} * {TREE_BLOCK}, {level}, {leaves[0]});"])
+        else:
+            loop = Loop(k, n_k, [f"vk_tree_push_{t}({st}, {k}, 0, {product(k)});"])
+        result = f"{targets[0]}[{_lin(idx, out.shape)}] = {self.tree_fold(out.dtype, st, n_k)};"
+        body = [_Block(decl + [loop, result])]
+        for v, extent in reversed(list(zip(idx, out.shape))):
+            body = [Loop(v, extent, body)]
+        return stmts + body
 
     def _lower_concatenate(self, e, env, targets):
         return self.store(e.outputs[0].shape, targets[0], lambda idx: env.expr(e, idx))
