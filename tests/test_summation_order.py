@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import shutil
+import subprocess
 import warnings
 
 import numpy as np
@@ -367,3 +369,22 @@ def test_bad_deterministic_values_are_refused():
         vkml.matmul(np.ones((2, 2)), np.ones((2, 2)), deterministic="yes")
     with pytest.raises(vkml.VkmlError, match="enabled"):
         vkml.deterministic_matmul("yes")
+
+
+# -- the CUDA source of the tree compiles for the GPU ---------------------------------------------
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_the_cuda_tree_kernels_compile_with_nvcc(tmp_path):
+    """Every reduction of the suite (grid sums, two-stage split sums, the deterministic product,
+    gradients) as one translation unit, compiled with ``nvcc --ptx -arch=sm_90``."""
+    from vkml.backends.codegen import cuda_render
+    plans = [cuda_render.cuda_plan(vkml.program(fn, *args), prefix=f"vk_{i}_")
+             for i, (_, fn, args) in enumerate(_reductions())]
+    assert any("vk_tree_push_double" in p.source for p in plans)
+    assert any(k.kind == "grid" and k.total == -(-5000 // 32) for p in plans for k in p.kernels)
+    path = tmp_path / "tree.cu"
+    path.write_text(cuda_render.module_source(plans, namespaces=True))
+    proc = subprocess.run(["nvcc", "--ptx", "-arch=sm_90", *cuda_render.NVCC_FLAGS, "-o",
+                           str(tmp_path / "tree.ptx"), str(path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "vk_tree_push" in path.read_text()
