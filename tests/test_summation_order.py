@@ -388,3 +388,22 @@ def test_the_cuda_tree_kernels_compile_with_nvcc(tmp_path):
                            str(tmp_path / "tree.ptx"), str(path)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "vk_tree_push" in path.read_text()
+
+
+def test_300_adam_steps_give_the_same_parameters_on_every_backend():
+    """The issue's example: a sum's bits no longer change between calls or tiers, so a training
+    run no longer drifts (NumPy backend = cpu tier, which switches to C after one call)."""
+    def train(backend):
+        with _on(backend):
+            w = vkml.tensor(np.linspace(-1, 1, 1001) * 4, requires_grad=True)
+            opt = vkml.optim.Adam([w], lr=0.01)
+            losses = []
+            for _ in range(300):
+                opt.zero_grad()
+                loss = vkml.sum(w * w * 2.0 + w)
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+            return w.numpy().tobytes() + np.array(losses).tobytes()
+    runs = {b: train(b) for b in BACKENDS}
+    assert len(set(runs.values())) == 1, list(runs)
