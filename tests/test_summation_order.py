@@ -244,6 +244,7 @@ def _reductions():
     big = rng.standard_normal(5000)
     a, b = rng.standard_normal((4, 50, 70)), rng.standard_normal((4, 70, 6))
     sq = rng.standard_normal((40, 40))
+    dup = rng.integers(0, 7, (300, 1))             # duplicate indices: added in index order
     return [
         ("sum", lambda x: vkml.sum(x), (x,)),
         ("sum axis", lambda x: vkml.sum(x, axis=1), (x32,)),
@@ -261,6 +262,9 @@ def _reductions():
         ("matmul tree", lambda a, b: vkml.matmul(a, b, deterministic=True), (a, b)),
         ("matmul tree f32", lambda a, b: vkml.matmul(a, b, deterministic=True),
          (a.astype(np.float32), b.astype(np.float32))),
+        ("scatter_add", lambda base, upd: vkml.scatter_add(base, dup, upd), (big[:7], big[:300])),
+        ("grad of a gather", vkml.grad(lambda x: vkml.sum(vkml.gather(x, dup) * big[:300])), (big[:7],)),
+        ("grad of a broadcast", vkml.grad(lambda b: vkml.sum((x + b) * x)), (x[0, 0],)),
         ("grad sum", vkml.grad(lambda x: vkml.sum(vkml.sin(x) * x)), (x,)),
         ("grad mean", vkml.grad(lambda x: vkml.mean(x * x, axis=1).sum()), (x32,)),
         ("grad matmul tree", vkml.grad(lambda a, b: vkml.sum(vkml.matmul(a, b, deterministic=True)

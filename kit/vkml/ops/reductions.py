@@ -3,7 +3,10 @@
 ``reduce_sum`` adds in one fixed order on every backend: the canonical tree over the reduced
 elements in row-major order of the reduced axes (``treesum``), so a sum has the same bits on
 NumPy, in compiled C and on the GPU, on every call and in every thread.  ``reduce_max`` and
-``argmax`` need no order (a maximum is exact).
+``argmax`` need no order (a maximum is exact).  Derivatives add in the same fixed orders: the
+transpose of a broadcast is ``reduce_sum`` (the tree), and the transpose of a gather is
+``scatter_add``, which adds duplicate indices one by one in index order on every backend (as
+``cumsum`` adds along its axis).
 """
 
 from __future__ import annotations
