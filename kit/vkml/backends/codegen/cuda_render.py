@@ -27,7 +27,9 @@ launched on one stream:
 - **matmul kernels** -- a top-level matrix product of two buffers runs
   through the tiled kernel of ``kernels_cu/matmul.cuh`` (same summation
   order as the loops, so the same bits), or through cuBLAS when the
-  backend finds it (see ``cuda.py``).
+  backend finds it (see ``cuda.py``).  A deterministic product
+  (``order="tree"``) never does: it is a grid kernel, one thread per
+  output summing over k with the canonical tree.
 - **per-sample scan kernels** -- a top-level scan whose step is a vmapped
   program (``vmap_of``, set by ``transforms/vmap.py``: its samples never
   interact) is a grid kernel with one thread per sample, each looping over
