@@ -413,3 +413,15 @@ def test_300_adam_steps_give_the_same_parameters_on_every_backend():
             return w.numpy().tobytes() + np.array(losses).tobytes()
     runs = {b: train(b) for b in BACKENDS}
     assert len(set(runs.values())) == 1, list(runs)
+
+
+def test_a_program_with_a_libm_function_gives_the_same_bits_on_every_call():
+    """NumPy's exp/tanh (SIMD) and libm's differ in the last bits: such a program is compiled at
+    once on the cpu tier, never run first on NumPy, so its first and later calls agree."""
+    x = _values("normal", (4099,), np.float32, 12)
+    for fn in (lambda x: vkml.tanh(x) * 3.0 + x, lambda x: vkml.logsumexp(x),
+               lambda x: vkml.sum(vkml.exp(x * 1e-3) * x)):
+        for backend in BACKENDS:
+            with _on(backend):
+                first, last = _first_and_hundredth(fn, x)
+            assert _same(first, last), backend

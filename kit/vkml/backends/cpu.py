@@ -22,15 +22,15 @@ Every float sum (``sum``, ``mean``, and whatever is built on them, their
 gradients included) adds in the one canonical tree order on both
 (``vkml.ops.treesum``: a binary-counter stack per output here), so it has
 the same bits too; so does ``cumsum`` (in index order everywhere) and a
-deterministic matmul (the tree over k).  A program may therefore start on
-NumPy and switch to C when hot (``Tiered``) without changing a bit.  Two
-things differ: a default ``matmul`` adds over k in index order in C but in
-BLAS's order on NumPy, so a program holding one is compiled at once (never
-switched), and one too big for generated loops (``MATMUL_LIMIT``) stays on
-NumPy on every call; and exp/log/sin/cos/tanh/pow come from libm, within a
-few ulps of NumPy's (tests use rtol 1e-12 in float64, 1e-5 in float32) --
-the same function on every call, so a program's bits never change between
-calls.
+deterministic matmul (the tree over k).  A program made of these may
+therefore start on NumPy and switch to C when hot (``Tiered``) without
+changing a bit.  Two things differ: a default ``matmul`` adds over k in
+index order in C but in BLAS's order on NumPy, and exp/log/sin/cos/tanh/pow
+(and the other libm functions, ``LIBM``) come from libm in C, within a few
+ulps of NumPy's own SIMD versions (tests use rtol 1e-12 in float64, 1e-5 in
+float32).  So a program holding either is compiled at once, never switched,
+and one whose matmul is too big for generated loops (``MATMUL_LIMIT``) stays
+on NumPy on every call: every program gives the same bits on every call.
 
 Generated code cannot corrupt the process: value sizes are checked before
 anything is compiled (``base.check_sizes``), every temporary's allocation is
@@ -249,6 +249,25 @@ class Tiered:
         return self.current(args)
 
 
+#: primitives whose C lowering calls libm, where NumPy may use its own (SIMD) implementation:
+#: within a few ulps of each other, not bit for bit
+LIBM = frozenset({"exp", "log", "sin", "cos", "tanh", "pow", "log1p", "expm1", "erf", "atan2"})
+
+
+def _differs_from_numpy(program) -> bool:
+    """Whether ``program``'s C function may give other bits than its NumPy run: it holds a
+    default-order matmul (BLAS's order on NumPy) or a libm function on floats.  Such a program is
+    compiled at once, never switched from NumPy to C, so every call gives the same bits."""
+    if any(True for _ in _blas_matmuls(program)):
+        return True
+    for e in program.eqns:
+        if e.prim.name in LIBM and e.outputs[0].dtype.kind == "f":
+            return True
+        if any(hasattr(p, "eqns") and _differs_from_numpy(p) for p in e.params.values()):
+            return True
+    return False
+
+
 def _has_loop(program) -> bool:
     for e in program.eqns:
         if e.prim.name in ("scan", "while"):
@@ -276,9 +295,7 @@ class CpuBackend(Backend):
         if self.compiler is None or _too_big(program):
             return self._numpy(program)
         hot = hot_threshold()
-        if hot == 0 or _has_loop(program) or any(True for _ in _blas_matmuls(program)):
-            # a default matmul adds over k in index order in C, in BLAS's order on NumPy: a
-            # program holding one is compiled at once, so every call gives the same bits
+        if hot == 0 or _has_loop(program) or _differs_from_numpy(program):
             return self._compile_c(program) or self._numpy(program)
         return Tiered(self, program, self._numpy(program), hot)
 
