@@ -28,13 +28,17 @@ import math
 
 import numpy as np
 
-from ...ir import Program
+from ...ir import Program, Var
 from .statements import Block, If, Loop, While
 
 CTYPE = {np.dtype(np.float64): "double", np.dtype(np.float32): "float",
          np.dtype(np.int32): "int32_t", np.dtype(np.int64): "int64_t",
          np.dtype(np.bool_): "uint8_t"}
 
+
+#: a float sum whose innermost reduced extent is a multiple of this adds such blocks as one fixed
+#: subtree each (a power of two: an aligned block is a subtree of the canonical tree)
+TREE_BLOCK = 8
 
 #: the longest chain of inlined expressions before a value is stored
 MAX_INLINE_DEPTH = 32
@@ -220,7 +224,67 @@ class Lowering:
                           lambda idx: f"vk_ipow_{t}({env.read(x, idx)}, {b})", checks)
 
     def _lower_reduce_sum(self, e, env, targets):
-        return self._reduce(e, env, targets[0], "acc += {x};", "0")
+        if e.outputs[0].dtype.kind != "f":      # wrapping integer sums: every order, same bits
+            return self._reduce(e, env, targets[0], "acc += {x};", "0")
+        return self._tree_reduce(e, env, targets[0])
+
+    def _reduce_indices(self, x, axes):
+        """Loop variables of a reduction: per kept axis, per reduced axis, and the full index of
+        ``x`` they address."""
+        kept = [i for i in range(x.ndim) if i not in axes]
+        oidx = [self.fresh("i") for _ in kept]
+        ridx = [self.fresh("r") for _ in axes]
+        full = [None] * x.ndim
+        for i, v in zip(kept, oidx):
+            full[i] = v
+        for i, v in zip(axes, ridx):
+            full[i] = v
+        return oidx, ridx, full
+
+    def tree_stack(self, dtype, count):
+        """Declarations of a streamed canonical tree over ``count`` elements (``kernels_cu/helpers.h``):
+        ``(lines, stack name)``; the stack holds one partial per bit of ``count``."""
+        st = self.fresh("st")
+        return [f"{CTYPE[dtype]} {st}[{max(1, int(count).bit_length() + 1)}];"], st
+
+    @staticmethod
+    def tree_fold(dtype, st, count):
+        """The expression finishing a streamed tree of ``count`` elements (padded to a power of two)."""
+        levels = (int(count) - 1).bit_length() if count else 0
+        return f"vk_tree_fold_{CTYPE[dtype]}({st}, {count}, {levels})"
+
+    def _tree_reduce(self, e, env, target):
+        """A float sum: per output, the canonical tree over the reduced elements in row-major order
+        of the reduced axes (as ``vkml.ops.treesum.tree_reduce``: the NumPy backend's bits), each
+        element pushed onto a binary-counter stack and the stack folded at the end."""
+        x, out = e.inputs[0], e.outputs[0]
+        axes = sorted(e.params["axes"])
+        total = math.prod(x.shape[a] for a in axes)
+        oidx, ridx, full = self._reduce_indices(x, axes)
+        t = CTYPE[out.dtype]
+        decl, st = self.tree_stack(out.dtype, total)
+        cnt = self.fresh("n")
+        extents = [x.shape[a] for a in axes]
+        if extents and extents[-1] % TREE_BLOCK == 0:
+            # full aligned blocks along the innermost reduced axis: a fixed tree of TREE_BLOCK
+            # elements (independent adds), pushed as one item of level log2(TREE_BLOCK)
+            last, r = axes[-1], ridx[-1]
+            leaves = [env.read(x, [f"({r} * {TREE_BLOCK} + {j})" if i == last else v
+                                   for i, v in enumerate(full)]) for j in range(TREE_BLOCK)]
+            while len(leaves) > 1:
+                leaves = [f"({leaves[j]} + {leaves[j + 1]})" for j in range(0, len(leaves), 2)]
+            level = TREE_BLOCK.bit_length() - 1
+            inner = [f"vk_tree_push_{t}({st}, {cnt}, {level}, {leaves[0]}); {cnt} += {TREE_BLOCK};"]
+            extents[-1] //= TREE_BLOCK
+        else:
+            inner = [f"vk_tree_push_{t}({st}, {cnt}, 0, {env.read(x, full)}); {cnt}++;"]
+        for v, extent in reversed(list(zip(ridx, extents))):
+            inner = [Loop(v, extent, inner)]
+        body = [Block(decl + [f"int64_t {cnt} = 0; (void){cnt};"] + inner +
+                       [f"{target}[{_lin(oidx, out.shape)}] = {self.tree_fold(out.dtype, st, total)};"])]
+        for v, extent in reversed(list(zip(oidx, out.shape))):
+            body = [Loop(v, extent, body)]
+        return body
 
     def _lower_reduce_max(self, e, env, targets):
         x = e.inputs[0]
@@ -279,18 +343,53 @@ class Lowering:
     def _lower_matmul(self, e, env, targets):
         a, b = e.inputs
         out = e.outputs[0]
+        if e.params.get("order") == "tree" and out.dtype.kind == "f":
+            return self._tree_matmul(e, env, targets)
         idx = [self.fresh("i") for _ in out.shape]
         k = self.fresh("k")
         batch = idx[:-2]
         ai = batch + [idx[-2], k]
         bi = batch + [k, idx[-1]]
         t = CTYPE[out.dtype]
-        body = [Block([f"{t} acc = 0;",
-                       Loop(k, a.shape[-1], [f"acc += {env.read(a, ai)} * {env.read(b, bi)};"]),
+        # the default product: k in index order (BLAS on NumPy picks its own order)
+        product = f"{env.read(a, ai)} * {env.read(b, bi)}"
+        body = [Block([f"{t} acc = 0;", Loop(k, a.shape[-1], [f"acc += {product};"]),
                        f"{targets[0]}[{_lin(idx, out.shape)}] = acc;"])]
         for v, extent in reversed(list(zip(idx, out.shape))):
             body = [Loop(v, extent, body)]
         return body
+
+    def _tree_matmul(self, e, env, targets):
+        """The deterministic product: each output the canonical tree over k of its products (the
+        NumPy backend's bits).  ``b`` is first copied transposed, so both operands are read along
+        k contiguously; aligned blocks of TREE_BLOCK values of k are one fixed subtree each."""
+        a, b = e.inputs
+        out = e.outputs[0]
+        n_k = a.shape[-1]
+        t = CTYPE[out.dtype]
+        bt_var = Var(b.shape[:-2] + (b.shape[-1], n_k), b.dtype, b.device)
+        bt = self.temp(bt_var)
+        stmts = self.store(bt_var.shape, bt, lambda i: env.read(b, i[:-2] + [i[-1], i[-2]]))
+        idx = [self.fresh("i") for _ in out.shape]
+        k = self.fresh("k")
+
+        def product(at):
+            return f"({env.read(a, idx[:-1] + [at])} * {bt}[{_lin(idx[:-2] + [idx[-1], at], bt_var.shape)}])"
+        decl, st = self.tree_stack(out.dtype, n_k)
+        if n_k % TREE_BLOCK == 0:
+            leaves = [product(f"({k} * {TREE_BLOCK} + {j})") for j in range(TREE_BLOCK)]
+            while len(leaves) > 1:
+                leaves = [f"({leaves[j]} + {leaves[j + 1]})" for j in range(0, len(leaves), 2)]
+            level = TREE_BLOCK.bit_length() - 1
+            loop = Loop(k, n_k // TREE_BLOCK,
+                        [f"vk_tree_push_{t}({st}, {k} * {TREE_BLOCK}, {level}, {leaves[0]});"])
+        else:
+            loop = Loop(k, n_k, [f"vk_tree_push_{t}({st}, {k}, 0, {product(k)});"])
+        result = f"{targets[0]}[{_lin(idx, out.shape)}] = {self.tree_fold(out.dtype, st, n_k)};"
+        body = [Block(decl + [loop, result])]
+        for v, extent in reversed(list(zip(idx, out.shape))):
+            body = [Loop(v, extent, body)]
+        return stmts + body
 
     def _coords(self, env, x_shape, idx_var, prefix, e):
         """Index coordinates as C variables, each checked against its axis (the error names the
