@@ -84,7 +84,7 @@ from dataclasses import dataclass, field
 
 from ...ir import Program
 from .c_render import template
-from .lower import CTYPE, Lowering, Unsupported, _lin
+from .lower import CTYPE, Lowering, Unsupported, linear_index
 from .rules import C_RULES, Statement
 from .statements import Block, If, Loop, Matmul, SampleLoop, While
 
@@ -288,7 +288,7 @@ class CudaLowering(Lowering):
         body = [f"const int64_t {rr} = {c} * (int64_t){chunk} + {q};", f"if ({rr} >= {total}) break;",
                 f"vk_tree_push_{t}({st}, {q}, 0, {env.read(x, full)});"]
         stage1 = [Block(decl + [Loop(q, chunk, body),
-                                 f"{part}[{_lin(oidx + [c], pshape)}] = "
+                                 f"{part}[{linear_index(oidx + [c], pshape)}] = "
                                  f"vk_tree_fold_{t}({st}, {valid}, {chunk.bit_length() - 1});"])]
         for v, extent in reversed(list(zip(oidx + [c], pshape))):
             stage1 = [Loop(v, extent, stage1)]
@@ -297,8 +297,8 @@ class CudaLowering(Lowering):
         c2 = self.fresh("p")
         decl2, st2 = self.tree_stack(out.dtype, parts)
         stage2 = [Block(decl2 + [Loop(c2, parts, [f"vk_tree_push_{t}({st2}, {c2}, 0, "
-                                                   f"{part}[{_lin(oidx2 + [c2], pshape)}]);"]),
-                                  f"{target}[{_lin(oidx2, out.shape)}] = "
+                                                   f"{part}[{linear_index(oidx2 + [c2], pshape)}]);"]),
+                                  f"{target}[{linear_index(oidx2, out.shape)}] = "
                                   f"{self.tree_fold(out.dtype, st2, parts)};"])]
         for v, extent in reversed(list(zip(oidx2, out.shape))):
             stage2 = [Loop(v, extent, stage2)]
@@ -335,17 +335,17 @@ class CudaLowering(Lowering):
             body.append(step.format(x=val))
         pshape = tuple(out.shape) + (parts,)
         stage1 = [Block([f"{acc_t} acc = {init if init is not None else 0};", Loop(q, per, body),
-                         f"{part}[{_lin(oidx + [c], pshape)}] = acc;"])]
+                         f"{part}[{linear_index(oidx + [c], pshape)}] = acc;"])]
         for v, extent in reversed(list(zip(oidx + [c], pshape))):
             stage1 = [Loop(v, extent, stage1)]
         _mark(stage1, len(pshape))
         oidx2 = [self.fresh("i") for _ in kept]
         c2 = self.fresh("p")
-        pval = f"{part}[{_lin(oidx2 + [c2], pshape)}]"
+        pval = f"{part}[{linear_index(oidx2 + [c2], pshape)}]"
         inner = [f"if ({c2} == 0) {{ {first.format(x=pval)} }} else {{ {step.format(x=pval)} }}"
                  if first is not None else step.format(x=pval)]
         stage2 = [Block([f"{acc_t} acc = {init if init is not None else 0};", Loop(c2, parts, inner),
-                         f"{target}[{_lin(oidx2, out.shape)}] = acc;"])]
+                         f"{target}[{linear_index(oidx2, out.shape)}] = acc;"])]
         for v, extent in reversed(list(zip(oidx2, out.shape))):
             stage2 = [Loop(v, extent, stage2)]
         _mark(stage2, out.ndim)

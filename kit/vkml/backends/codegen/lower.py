@@ -63,7 +63,9 @@ def _c_literal(value, dtype):
     return f"(({CTYPE[dtype]}){int(v)}LL)"
 
 
-def _strides(shape):
+def row_major_strides(shape):
+    """The element strides of a C-contiguous array of ``shape`` (what the lowering and the rules
+    table index buffers with)."""
     out, acc = [], 1
     for d in reversed(shape):
         out.append(acc)
@@ -71,11 +73,13 @@ def _strides(shape):
     return list(reversed(out))
 
 
-def _lin(idx, shape):
+def linear_index(idx, shape):
+    """The C expression of the flat offset of index expressions ``idx`` in a C-contiguous buffer
+    of ``shape`` (shared by the C and CUDA lowerings and the rules table)."""
     if not shape:
         return "0"
     terms = []
-    for i, s in zip(idx, _strides(shape)):
+    for i, s in zip(idx, row_major_strides(shape)):
         if s == 0:
             continue
         terms.append(i if s == 1 else f"({i})*{s}")
@@ -90,7 +94,7 @@ class Lowering:
     """
 
     def __init__(self):
-        from .rules import C_RULES   # the table names this class's methods: read once it exists
+        from .rules import C_RULES  # local: cycle (rules imports this module: its table names our methods)
         self.rules = C_RULES
         self.temps = []          # (name, ctype, count)
         self.temp_vars = []      # the Var each temporary holds (named in an allocation failure)
@@ -195,7 +199,7 @@ class Lowering:
         """A loop nest over ``shape`` storing ``value_at(idx)`` into ``target``; ``checks(idx)``:
         lines run before each store (that refuse an element's operands)."""
         idx = [self.fresh("i") for _ in shape]
-        body = [f"{target}[{_lin(idx, shape)}] = {value_at(idx)};"]
+        body = [f"{target}[{linear_index(idx, shape)}] = {value_at(idx)};"]
         if checks is not None:
             body = [Block(checks(idx) + body)]
         for var, extent in reversed(list(zip(idx, shape))):
@@ -281,7 +285,7 @@ class Lowering:
         for v, extent in reversed(list(zip(ridx, extents))):
             inner = [Loop(v, extent, inner)]
         body = [Block(decl + [f"int64_t {cnt} = 0; (void){cnt};"] + inner +
-                       [f"{target}[{_lin(oidx, out.shape)}] = {self.tree_fold(out.dtype, st, total)};"])]
+                       [f"{target}[{linear_index(oidx, out.shape)}] = {self.tree_fold(out.dtype, st, total)};"])]
         for v, extent in reversed(list(zip(oidx, out.shape))):
             body = [Loop(v, extent, body)]
         return body
@@ -313,7 +317,7 @@ class Lowering:
         for v, a in reversed(list(zip(ridx, axes))):
             inner = [Loop(v, x.shape[a], inner)]
         body = [f"{acc_t} acc = {init if init is not None else 0};"] + inner + \
-            [f"{target}[{_lin(oidx, out.shape)}] = acc;"]
+            [f"{target}[{linear_index(oidx, out.shape)}] = acc;"]
         body = [Block(body)]
         for v, extent in reversed(list(zip(oidx, out.shape))):
             body = [Loop(v, extent, body)]
@@ -335,7 +339,7 @@ class Lowering:
         body = [Block([f"{t} best = 0; int64_t arg = -1;",
                        Loop(r, x.shape[axis], [f"if (arg < 0 || {val} > best{nan_check}) "
                                                f"{{ if (arg < 0 || !(best != best)) {{ best = {val}; arg = {r}; }} }}"]),
-                       f"{targets[0]}[{_lin(oidx, out.shape)}] = arg;"])]
+                       f"{targets[0]}[{linear_index(oidx, out.shape)}] = arg;"])]
         for v, extent in reversed(list(zip(oidx, out.shape))):
             body = [Loop(v, extent, body)]
         return body
@@ -354,7 +358,7 @@ class Lowering:
         # the default product: k in index order (BLAS on NumPy picks its own order)
         product = f"{env.read(a, ai)} * {env.read(b, bi)}"
         body = [Block([f"{t} acc = 0;", Loop(k, a.shape[-1], [f"acc += {product};"]),
-                       f"{targets[0]}[{_lin(idx, out.shape)}] = acc;"])]
+                       f"{targets[0]}[{linear_index(idx, out.shape)}] = acc;"])]
         for v, extent in reversed(list(zip(idx, out.shape))):
             body = [Loop(v, extent, body)]
         return body
@@ -374,7 +378,7 @@ class Lowering:
         k = self.fresh("k")
 
         def product(at):
-            return f"({env.read(a, idx[:-1] + [at])} * {bt}[{_lin(idx[:-2] + [idx[-1], at], bt_var.shape)}])"
+            return f"({env.read(a, idx[:-1] + [at])} * {bt}[{linear_index(idx[:-2] + [idx[-1], at], bt_var.shape)}])"
         decl, st = self.tree_stack(out.dtype, n_k)
         if n_k % TREE_BLOCK == 0:
             leaves = [product(f"({k} * {TREE_BLOCK} + {j})") for j in range(TREE_BLOCK)]
@@ -385,7 +389,7 @@ class Lowering:
                         [f"vk_tree_push_{t}({st}, {k} * {TREE_BLOCK}, {level}, {leaves[0]});"])
         else:
             loop = Loop(k, n_k, [f"vk_tree_push_{t}({st}, {k}, 0, {product(k)});"])
-        result = f"{targets[0]}[{_lin(idx, out.shape)}] = {self.tree_fold(out.dtype, st, n_k)};"
+        result = f"{targets[0]}[{linear_index(idx, out.shape)}] = {self.tree_fold(out.dtype, st, n_k)};"
         body = [Block(decl + [loop, result])]
         for v, extent in reversed(list(zip(idx, out.shape))):
             body = [Loop(v, extent, body)]
@@ -432,14 +436,14 @@ class Lowering:
         out = e.outputs[0]
         return self._indexed_nest(
             env, x.shape, idx, out.shape, e,
-            lambda o, full: f"{targets[0]}[{_lin(o, out.shape)}] = {env.read(x, full)};", hoist)
+            lambda o, full: f"{targets[0]}[{linear_index(o, out.shape)}] = {env.read(x, full)};", hoist)
 
     def _lower_scatter_add(self, e, env, targets):
         base, idx, upd = e.inputs
         copy = self.store(base.shape, targets[0], lambda i: env.read(base, i))
         return copy + self._indexed_nest(
             env, base.shape, idx, upd.shape, e,
-            lambda u, full: f"{targets[0]}[{_lin(full, base.shape)}] += {env.read(upd, u)};")
+            lambda u, full: f"{targets[0]}[{linear_index(full, base.shape)}] += {env.read(upd, u)};")
 
     def error_code(self, e):
         """Errors report the failing primitive back to Python as a code: 1 + its place in ``errors``."""
@@ -595,7 +599,7 @@ class Lowering:
             full = [at if v is None else v for v in idx]
             return [f"{t} acc = 0;",
                     Loop(k, n, [add.format(v=env.read(x, full)),
-                                f"{targets[0]}[{_lin(full, out.shape)}] = acc;"])]
+                                f"{targets[0]}[{linear_index(full, out.shape)}] = acc;"])]
         return self._rows(x.shape, axis, row)
 
     def _lower_argsort(self, e, env, targets):
@@ -613,7 +617,7 @@ class Lowering:
             if x.dtype.kind == "f":     # q strictly before p: smaller, or p is NaN and q is not
                 before = f"({before} || ({key('A[p]')} != {key('A[p]')} && {key('A[q]')} == {key('A[q]')}))"
             k = self.fresh("k")
-            store = [f"{targets[0]}[{_lin([k if v is None else v for v in idx], out.shape)}] = A[{k}];"]
+            store = [f"{targets[0]}[{linear_index([k if v is None else v for v in idx], out.shape)}] = A[{k}];"]
             return [
                 f"int64_t* A = {scratch}; int64_t* B = {scratch} + {n};",
                 f"for (int64_t i = 0; i < {n}; i++) A[i] = i;",
@@ -750,12 +754,12 @@ class _Env:
 
     def read(self, v, idx):
         if v in self.buffers:
-            return f"{self.buffers[v]}[{_lin(idx, v.shape)}]"
+            return f"{self.buffers[v]}[{linear_index(idx, v.shape)}]"
         if v in self.consts:
             value = np.asarray(self.consts[v])
             if value.size == 1:
                 return _c_literal(value.reshape(()), v.dtype)
-            return f"{self.pointer(v)}[{_lin(idx, v.shape)}]"
+            return f"{self.pointer(v)}[{linear_index(idx, v.shape)}]"
         if v in self.inline:
             return f"({self.expr(self.producer[v], idx)})"
         raise Unsupported("a value read before it is computed")
