@@ -213,7 +213,8 @@ class Jitted:
 
     def _lookup(self, args):
         leaves, in_tree, in_vars = _flat_args(args)
-        key = (in_tree, _signature(in_vars))
+        # the matmul mode is read when ops are bound, so a trace depends on it
+        key = (in_tree, _signature(in_vars), runtime.is_deterministic_matmul())
         entry = self._entries.get(key)
         if entry is None:
             program, out_tree, captures = _trace(self.fn, in_tree, in_vars, self.__name__)
