@@ -171,12 +171,29 @@ def deterministic_matmul(enabled: bool = True) -> _Mode:
     the block (``@``, ``vkml.matmul``, ``nn.Linear``, ``conv2d``) sum over the contraction index in
     the canonical tree order: the same bits on every backend, slower than BLAS.  Read when an op
     is built, so a jitted function traced inside the block keeps it (the mode is part of its
-    cache key), and derivatives of such a product are deterministic too."""
+    cache key), and derivatives of such a product are deterministic too.
+
+    >>> a, b = vkml.tensor(np.arange(6.0).reshape(2, 3)), vkml.tensor(np.ones((3, 2)))
+    >>> with vkml.deterministic_matmul():
+    ...     c = a @ b                   # bound here: summed in the tree order when it runs
+    ...
+    >>> c
+    tensor([[ 3.,  3.],
+            [12., 12.]], dtype=float64)
+    """
     return _Mode(DETERMINISTIC_MATMUL, check_bool(enabled, "enabled", "deterministic_matmul"))
 
 
 def is_deterministic_matmul() -> bool:
-    """Whether matrix products bound now in this thread or task are deterministic."""
+    """Whether matrix products bound now in this thread or task are deterministic.
+
+    >>> vkml.is_deterministic_matmul()
+    False
+    >>> with vkml.deterministic_matmul():
+    ...     vkml.is_deterministic_matmul()
+    ...
+    True
+    """
     return DETERMINISTIC_MATMUL.get()
 
 

@@ -43,6 +43,12 @@ def tree_sum(x, axis: int = 0) -> np.ndarray:
     contiguous last axis the pairs are read with stride 2: about 2x ``np.sum`` at
     10^6 elements, measured faster than transposing into contiguous rows first
     (that copy alone cost 10-20x ``np.sum``).
+
+    >>> x = np.array([1e16, 1.0, -1e16, 1.0])
+    >>> vkml.graph.tree_sum(x) == (x[0] + x[1]) + (x[2] + x[3])    # the tree's order, always
+    np.True_
+    >>> vkml.graph.tree_sum(np.arange(6.0).reshape(3, 2))             # over axis 0
+    array([6., 9.])
     """
     x = np.asarray(x)
     axis = axis % x.ndim if x.ndim else 0
