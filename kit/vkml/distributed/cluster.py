@@ -1,0 +1,21 @@
+"""Starting a cluster on this machine for notebooks and tests; any other Client works the same."""
+
+from __future__ import annotations
+
+from ..validate import check_int
+from .engine import distributed
+
+
+def local(n_workers=2, threads_per_worker=1, *, dashboard=True, processes=True, **kwargs):
+    """A ``dask.distributed`` LocalCluster of ``n_workers`` worker processes, each running
+    ``threads_per_worker`` tasks at once, listening on 127.0.0.1 only (its dashboard too, on a
+    free port; ``dashboard=False`` starts none); returns its Client (``client.dashboard_link``).
+    ``client.shutdown()`` stops the workers and the scheduler.  Other keywords go to LocalCluster
+    (``memory_limit=`` sets each worker's, which the default memory budget follows)."""
+    n_workers = check_int(n_workers, "n_workers", "vkml.distributed.local", low=1)
+    threads_per_worker = check_int(threads_per_worker, "threads_per_worker", "vkml.distributed.local",
+                                   low=1)
+    cluster = distributed.LocalCluster(
+        n_workers=n_workers, threads_per_worker=threads_per_worker, processes=processes,
+        host="127.0.0.1", dashboard_address="127.0.0.1:0" if dashboard else None, **kwargs)
+    return distributed.Client(cluster)
