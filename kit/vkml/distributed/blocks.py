@@ -27,10 +27,24 @@ from ..errors import ArgumentError
 from ..graph.treesum import chunk_bounds, combine
 
 
-def block_size(n: int, shards: int) -> int:
-    """The smallest power of two ``S`` with ``shards * S >= n``: about ``shards`` aligned blocks."""
-    per = max(1, math.ceil(n / max(1, shards)))
-    return 1 << (per - 1).bit_length()
+def block_size(n: int, threads: int) -> int:
+    """The block size for ``n`` samples on ``threads`` worker threads: the power of two that
+    finishes soonest if every block costs its size -- ``ceil(blocks / threads) * S`` smallest,
+    the larger ``S`` (fewer tasks) on a tie.  Powers of two rarely divide the work evenly (10^8
+    samples on 64 threads: blocks of 2^21 leave 16 threads idle, blocks of 2^19 keep 99.5% busy),
+    so a few blocks per thread can beat one."""
+    threads = max(1, threads)
+    per = max(1, math.ceil(n / threads))
+    size = 1 << (per - 1).bit_length()
+    best, best_time = size, None
+    for _ in range(4):
+        span = math.ceil(math.ceil(n / size) / threads) * size
+        if best_time is None or span < best_time:
+            best, best_time = size, span
+        if size == 1:
+            break
+        size //= 2
+    return best
 
 
 def check_block(block, n: int) -> int:

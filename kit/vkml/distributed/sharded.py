@@ -110,11 +110,15 @@ class Sharded:
     - ``planes``: name -> NumPy array (sent to the workers inside the tasks, so a lost worker's
       block can be rebuilt) or Dask array (rechunked to the blocks and computed where it lands).
     - ``record``: a Graph is built with ``build(record=record)`` on the workers.
-    - ``block``: samples per block, a power of two (default: about one block per worker thread);
-      the bits never depend on it.
+    - ``block``: samples per block, a power of two (default: ``blocks.block_size``, about one
+      block per worker thread, or a few where that balances the threads better); the bits never
+      depend on it.
+    - ``progress``: show Dask's progress bar while a launch or reverse runs (a widget in a
+      notebook).
     """
 
-    def __init__(self, make, planes, *, client=None, record=False, block=None, memory_budget=None):
+    def __init__(self, make, planes, *, client=None, record=False, block=None, memory_budget=None,
+                 progress=False):
         if not callable(make):
             raise ArgumentError(f"vkml.distributed: make must be a function planes -> Graph or "
                                 f"simulation, got {type(make).__name__}")
@@ -135,6 +139,7 @@ class Sharded:
         self.make = make
         self.record_mode = bool(record)
         self.memory_budget = memory_budget
+        self.progress = bool(progress)
         self.input_names = list(planes)
         self._inputs = [{} for _ in self.bounds]
         for name, plane in planes.items():
@@ -170,6 +175,8 @@ class Sharded:
     def _settle(self, futures):
         """Wait for every task of one call; if any failed, release them all and raise the first
         failure in sample order (its message names its block)."""
+        if self.progress:
+            distributed.progress(futures)
         distributed.wait(futures)
         for f in futures:
             if f.status in ("error", "cancelled", "lost"):
