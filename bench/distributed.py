@@ -221,6 +221,15 @@ def main(argv):
         t2 = sum(best["dask, 2 workers"])
         print(f"speed-up with 2 workers: {t1 / t2:.2f}x (launch {best['one process'][0] / best['dask, 2 workers'][0]:.2f}x, "
               f"reverse {best['one process'][1] / best['dask, 2 workers'][1]:.2f}x)")
+        share = [cpu / wall for *_, wall, cpu in dsk.grads.report.shards if wall > 0]
+        c0, w0 = time.process_time(), time.perf_counter()
+        one.reset()
+        one.launch()
+        one.reverse()
+        own = (time.process_time() - c0) / (time.perf_counter() - w0)
+        print(f"CPU each side got (CPU time / wall time): one process {own:.0%} of a core; "
+              f"each block's reverse on its worker {min(share):.0%}-{max(share):.0%} of a core "
+              f"(the other helpers on this machine take the rest)")
         peak = ", ".join(f"{w['peak_memory'] / 2**20:,.0f} MiB" for w in report.workers.values())
         print(f"reverse report: {report.chunks} chunks, {report.recomputed_steps:,} recomputed steps "
               f"(summed over blocks), peak memory per worker: {peak}")

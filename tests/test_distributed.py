@@ -143,6 +143,41 @@ def assert_same_bits(sharded_grads, grads):
         assert got.tobytes() == np.asarray(grads[name]).tobytes(), name
 
 
+# -- the block rule (NumPy only) ------------------------------------------------------------------
+
+@pytest.mark.parametrize("n", [1, 5, 256, 1000, 4097])
+@pytest.mark.parametrize("fill", ["random", "negative zeros"])
+def test_block_sums_combined_in_tree_order_are_the_one_pass_bits(n, fill):
+    from vkml.distributed.blocks import shard_bounds, tree_of
+    from vkml.graph.treesum import tree_sum
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal((n, 3)) * 10.0 ** rng.integers(-8, 8, (n, 1)) if fill == "random" \
+        else np.full((n, 3), -0.0)
+    want = tree_sum(x)
+    for size in (1, 2, 64, 256, 1024, 8192):
+        bounds = shard_bounds(n, size)
+        got = tree_of([tree_sum(x[s:e]) for s, e in bounds], [e - s for s, e in bounds], size, n)
+        assert got.tobytes() == want.tobytes(), size
+    if fill == "random" and n > 64:           # a left-to-right sum of the blocks is not the same
+        parts = [tree_sum(x[s:e]) for s, e in shard_bounds(n, 64)]
+        assert any(sum(parts[k:] + parts[:k]).tobytes() != want.tobytes() for k in range(len(parts)))
+
+
+def test_default_blocks_keep_the_threads_busy():
+    from vkml.distributed.blocks import block_size, check_block
+    assert block_size(10 ** 8, 64) == 2 ** 19          # 191 blocks: 99.3% busy (2^21: 48 blocks)
+    assert block_size(10 ** 6, 2) == 2 ** 19
+    assert block_size(1000, 4) == 256 and block_size(5, 8) == 1
+    for bad in (100, 0, True, 2.0):
+        with pytest.raises(vkml.ArgumentError, match="power of two"):
+            check_block(bad, 1000)
+
+
+def test_sharding_needs_a_client():
+    with pytest.raises(vkml.ArgumentError, match=r"vkml.distributed.local\(\)"):
+        vd.Sharded(make_plain, data())
+
+
 # -- the clusters ---------------------------------------------------------------------------------
 
 class Clusters:

@@ -27,12 +27,18 @@ from ..errors import ArgumentError
 from ..graph.treesum import chunk_bounds, combine
 
 
+#: blocks are not halved below this many samples for balance: below it, a block's fixed cost
+#: (a task, building its graph) outweighs what the balance gains
+MIN_SPLIT = 1 << 16
+
+
 def block_size(n: int, threads: int) -> int:
-    """The block size for ``n`` samples on ``threads`` worker threads: the power of two that
-    finishes soonest if every block costs its size -- ``ceil(blocks / threads) * S`` smallest,
-    the larger ``S`` (fewer tasks) on a tie.  Powers of two rarely divide the work evenly (10^8
-    samples on 64 threads: blocks of 2^21 leave 16 threads idle, blocks of 2^19 keep 99.5% busy),
-    so a few blocks per thread can beat one."""
+    """The block size for ``n`` samples on ``threads`` worker threads: the smallest power of two
+    ``S`` with ``threads * S >= n`` (one block per thread), or, where that leaves threads idle, up
+    to three halvings of it (not below ``MIN_SPLIT``): the one that finishes soonest if every
+    block costs its size -- ``ceil(blocks / threads) * S`` smallest, the larger ``S`` on a tie.
+    Powers of two rarely divide the work evenly (10^8 samples on 64 threads: blocks of 2^21 leave
+    16 threads idle, blocks of 2^19 keep 99.3% of them busy)."""
     threads = max(1, threads)
     per = max(1, math.ceil(n / threads))
     size = 1 << (per - 1).bit_length()
@@ -41,7 +47,7 @@ def block_size(n: int, threads: int) -> int:
         span = math.ceil(math.ceil(n / size) / threads) * size
         if best_time is None or span < best_time:
             best, best_time = size, span
-        if size == 1:
+        if size // 2 < MIN_SPLIT:
             break
         size //= 2
     return best

@@ -15,7 +15,12 @@ def local(n_workers=2, threads_per_worker=1, *, dashboard=True, processes=True, 
     n_workers = check_int(n_workers, "n_workers", "vkml.distributed.local", low=1)
     threads_per_worker = check_int(threads_per_worker, "threads_per_worker", "vkml.distributed.local",
                                    low=1)
+    # the scheduler serves HTTP (health checks) even without a dashboard: on a free port of
+    # 127.0.0.1 either way, never on a fixed one another cluster may hold
+    scheduler_kwargs = dict(kwargs.pop("scheduler_kwargs", None) or {})
+    scheduler_kwargs.setdefault("dashboard", bool(dashboard))
     cluster = distributed.LocalCluster(
         n_workers=n_workers, threads_per_worker=threads_per_worker, processes=processes,
-        host="127.0.0.1", dashboard_address="127.0.0.1:0" if dashboard else None, **kwargs)
+        host="127.0.0.1", dashboard_address="127.0.0.1:0", scheduler_kwargs=scheduler_kwargs,
+        **kwargs)
     return distributed.Client(cluster)

@@ -10,6 +10,7 @@ INSTALL = "pip install 'vkml[distributed]'"
 
 try:
     import dask
+    import dask.sizeof
     import dask.array as da
     import distributed
 except ImportError as err:           # the optional extra is not installed

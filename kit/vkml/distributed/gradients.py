@@ -18,7 +18,9 @@ class ShardedReport:
     - ``bitwise``: per gradient name, whether its bits are reproducible (as in one process);
     - ``chunks``: memory-budget passes, all shards together; ``recomputed_steps`` (summed) and
       ``peak_states`` (the largest shard's): the checkpointing cost;
-    - ``shards``: per shard, ``(start, stop, worker, chunks, seconds)``;
+    - ``shards``: per shard, ``(start, stop, worker, chunks, seconds, cpu_seconds)``: its
+      reverse's wall time and the CPU time its thread got (less than the wall time when the
+      worker shares its core with other work);
     - ``workers``: per worker address, ``{"shards": count, "peak_memory": bytes}`` (the worker
       process's peak resident memory when its last shard finished).
     """
@@ -30,7 +32,8 @@ class ShardedReport:
         self.chunks = sum(r["chunks"] for r in reports)
         self.recomputed_steps = sum(r["recomputed_steps"] for r in reports)
         self.peak_states = max(r["peak_states"] for r in reports)
-        self.shards = [(r["start"], r["stop"], r["worker"], r["chunks"], r["seconds"]) for r in reports]
+        self.shards = [(r["start"], r["stop"], r["worker"], r["chunks"], r["seconds"], r["cpu_seconds"])
+                       for r in reports]
         self.workers = {}
         for r in reports:
             w = self.workers.setdefault(r["worker"], {"shards": 0, "peak_memory": 0})

@@ -25,9 +25,18 @@ from ..errors import ArgumentError, Busy, RecordError, ShapeError
 from .blocks import block_size, check_block, shard_bounds
 from .engine import da, dask, distributed
 from .gradients import ShardedGradients, ShardedReport, param_gradients
-from .tasks import launch_shard, layout, plane_of, reverse_shard, sample_gradient, summary
+from .tasks import ShardState, launch_shard, layout, plane_of, reverse_shard, sample_gradient, summary
 
 _COUNTER = itertools.count()
+
+
+@dask.sizeof.sizeof.register(ShardState)
+def state_nbytes(state) -> int:
+    """What a block's state holds, for Dask's memory accounting (spilling, the dashboard): its
+    planes and what its Record copied."""
+    planes = sum(p.nbytes for p in {id(p): p for p in state.planes.values()}.values())
+    record = state.forward.record
+    return planes + (int(record.nbytes) if record is not None else 0)
 
 
 def current_client(client):

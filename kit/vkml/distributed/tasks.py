@@ -156,7 +156,7 @@ def reverse_shard(state, seeds, wrt, vjps, strict):
     """The shard's reverse: per-sample gradients (left on the worker), each Param's parts (its
     per-launch tree sums over this shard) and what the report needs."""
     start, stop = state.start, state.stop
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
     try:
         grads = diff.reverse(state.record, seeds, wrt=wrt, vjps=vjps, strict=strict)
     except Exception as err:     # noqa: BLE001 - every error leaves named after its shard
@@ -185,6 +185,7 @@ def reverse_shard(state, seeds, wrt, vjps, strict):
                    "chunks": report.chunks, "recomputed_steps": report.recomputed_steps,
                    "peak_states": report.peak_states, "worker": address,
                    "peak_memory": peak_memory(), "seconds": time.perf_counter() - t0,
+                   "cpu_seconds": time.thread_time() - c0,
                    "start": start, "stop": stop},
     }
 
