@@ -106,6 +106,11 @@ def make_look(planes):
                                       y=np.zeros_like(u)), name="look")
 
 
+def slow_square(reads):
+    time.sleep(0.4)              # long enough to kill a worker while it runs
+    return {"q": reads["x"] ** 2}
+
+
 def slow_vjp(primals, cts):
     time.sleep(0.4)              # long enough to kill a worker while it runs
     return {"x": 2.0 * primals["x"] * cts["q"]}
@@ -114,7 +119,7 @@ def slow_vjp(primals, cts):
 def make_slow(planes):
     x = planes["x"]
     q = np.zeros_like(x)
-    node = vkml.graph.opaque(lambda r: {"q": r["x"] ** 2}, reads={"x": x}, writes={"q": q}, name="slow")
+    node = vkml.graph.opaque(slow_square, reads={"x": x}, writes={"q": q}, name="slow")
     return vkml.Graph().add(node, name="slow").add(wave.bind(u=q, y=np.zeros_like(x), k=0.6),
                                                   name="wave")
 
@@ -186,12 +191,14 @@ class Clusters:
     def __init__(self):
         self.client, self.n = None, None
 
-    def get(self, n_workers):
-        if self.n != n_workers:
+    def get(self, n_workers, threads=1):
+        """A cluster of ``n_workers`` processes running ``threads`` tasks each, every task
+        splitting its samples over ``threads`` threads too (``VKML_THREADS``)."""
+        if self.n != (n_workers, threads):
             self.close()
-            self.client = vd.local(n_workers=n_workers, threads_per_worker=1, dashboard=False,
-                                   memory_limit="1GiB")
-            self.n = n_workers
+            self.client = vd.local(n_workers=n_workers, threads_per_worker=threads, dashboard=False,
+                                   memory_limit="1GiB", env={"VKML_THREADS": str(threads)})
+            self.n = (n_workers, threads)
         return self.client
 
     def close(self):
@@ -224,6 +231,12 @@ def test_a_plain_graph_gives_the_same_bits_for_any_worker_count_and_blocks(clust
         grads = sg.reverse(seeds)
         assert_same_bits(grads, ref)
         assert len(grads.report.shards) == len(sg.bounds) == -(-N // sg.block)
+    # vkml.diff's two doors take a sharded Record too
+    sg.launch()
+    assert_same_bits(vkml.diff.reverse(sg.record, seeds), ref)
+    sg.launch()
+    assert_same_bits(vkml.diff.Reverse(sg)(sg.record, seeds), ref)
+    assert sg.bitwise()["k"] is True
     # an independent check of one Param gradient: d/dk of sum(seed * z), k shared by both nodes
     u, x, sd = planes["u"], planes["x"], seeds["z"]
     y = np.sin(1.3 * u) * u
@@ -233,7 +246,9 @@ def test_a_plain_graph_gives_the_same_bits_for_any_worker_count_and_blocks(clust
 
 
 def test_dask_array_planes_with_uneven_chunks_are_rechunked_to_blocks(clusters):
-    client = clusters.get(3)
+    """...on 2 workers running 2 tasks at once, each task on 2 threads (VKML_THREADS=2)."""
+    client = clusters.get(2, threads=2)
+    assert set(client.run(lambda: os.environ.get("VKML_THREADS")).values()) == {"2"}
     planes = data(seed=3)
     seeds = {"z": np.random.default_rng(4).standard_normal(N)}
     _, ref = one_process(make_plain, planes, seeds)
@@ -310,6 +325,10 @@ def test_record_rules_hold_across_the_cluster(clusters):
     with pytest.raises(vkml.RecordError, match="still live"):
         sg.update(k=0.5)
     first.keep()
+    sg.update(nope=1.0)                            # checked by the blocks at the next launch
+    with pytest.raises(vkml.ArgumentError, match=r"shard of samples \[0, .*no Param 'nope'"):
+        sg.launch()
+    assert sg.generation == 1 and sg.params == {}  # the refused Params were dropped
     sg.update(k=0.5).launch()                      # the next launch runs on the updated planes
     assert sg.generation == 2 and first.stale is False and sg.record.live
     kept = sg.reverse(seeds, record=first)
@@ -357,39 +376,52 @@ def test_a_refused_block_fails_the_call_names_its_samples_and_leaves_nothing(clu
     assert sg.record.live
 
 
-def test_a_worker_killed_during_a_reverse_changes_no_bit(clusters):
+def kill_a_worker_running(client, prefix, pids, busy_check=None):
+    """Wait until a worker runs a task whose key starts with ``prefix``; check ``busy_check()``
+    then (a call made while another is under way); kill that worker's process; its address."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for addr, keys in client.processing().items():
+            if any(str(k).startswith(prefix) for k in keys) and addr in pids:
+                if busy_check is not None:
+                    busy_check()
+                os.kill(pids[addr], signal.SIGKILL)
+                return addr
+        time.sleep(0.02)
+    raise AssertionError(f"no {prefix} task was seen running")
+
+
+@pytest.mark.parametrize("phase", ["launch", "reverse"])
+def test_a_worker_killed_during_a_launch_or_a_reverse_changes_no_bit(clusters, phase):
     client = clusters.get(2)
     planes = {"x": data(n=2048, seed=9)["x"]}
     seeds = {"y": np.random.default_rng(10).standard_normal(2048)}
     vjps = {"slow": slow_vjp}
-    _, ref = one_process(make_slow, planes, seeds, vjps=vjps)
+    fwd, ref = one_process(make_slow, planes, seeds, vjps=vjps)
     sg = vd.Sharded(make_slow, planes, client=client, record=True, block=512)
-    sg.launch()
+    if phase == "reverse":
+        sg.launch()
     pids = client.run(os.getpid)
     out = {}
 
     def run():
         try:
+            if phase == "launch":
+                sg.launch()
             out["grads"] = sg.reverse(seeds, vjps=vjps)
         except BaseException as err:  # noqa: BLE001 - reported by the assertion below
             out["error"] = err
 
+    def one_call_at_a_time():
+        with pytest.raises(vkml.Busy, match="under way"):
+            sg.launch() if phase == "reverse" else sg.update(k=0.1)
+
     thread = threading.Thread(target=run)
     thread.start()
-    victim = None
-    deadline = time.monotonic() + 30
-    while victim is None and time.monotonic() < deadline:
-        for addr, keys in client.processing().items():
-            if any("vkml-reverse" in str(k) for k in keys) and addr in pids:
-                victim = addr
-                break
-        time.sleep(0.02)
-    assert victim is not None, "no reverse task was seen running"
-    with pytest.raises(vkml.Busy, match="under way"):
-        sg.launch()                                  # one call at a time, across the cluster
-    os.kill(pids[victim], signal.SIGKILL)
+    victim = kill_a_worker_running(client, f"vkml-{phase}-", pids, one_call_at_a_time)
     thread.join(120)
     assert "error" not in out, out.get("error")
+    assert sg.plane("y").compute().tobytes() == fwd.nodes[1].op.writes["y"].tobytes()
     assert_same_bits(out["grads"], ref)
     assert pids[victim] not in client.run(os.getpid).values()
 

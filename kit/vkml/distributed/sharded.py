@@ -21,11 +21,13 @@ import uuid
 
 import numpy as np
 
-from ..errors import ArgumentError, Busy, RecordError, ShapeError
+from ..errors import ArgumentError, Busy, RecordError, RefusedError, ShapeError
+from ..graph.reversible import Reversible
 from .blocks import block_size, check_block, shard_bounds
 from .engine import da, dask, distributed
 from .gradients import ShardedGradients, ShardedReport, param_gradients
-from .tasks import ShardState, launch_shard, layout, plane_of, reverse_shard, sample_gradient, summary
+from .tasks import ShardState, forward_bitwise, launch_shard, layout, plane_of, reverse_shard, \
+    sample_gradient, summary
 
 _COUNTER = itertools.count()
 
@@ -82,6 +84,8 @@ class ShardedRecord:
 
     def __init__(self, owner, generation, states):
         self.owner = owner
+        #: the Sharded that reverses it (``vkml.diff.reverse(record, seeds)`` finds it here)
+        self.forward = owner
         self.generation = generation
         self.states = states
         self.reversed = False
@@ -109,8 +113,11 @@ class ShardedRecord:
         return f"<vkml ShardedRecord generation {self.generation} ({state}): {len(self.states)} shards>"
 
 
-class Sharded:
+class Sharded(Reversible):
     """``make(planes) -> Graph | simulation`` run over blocks of samples on a Dask cluster.
+
+    Reversible like a Graph: ``sharded.reverse(seeds)``, ``vkml.diff.reverse(sharded.record,
+    seeds)`` and ``vkml.diff.Reverse(sharded)(record, seeds)`` are the same call.
 
     - ``make``: builds the forward for the planes it is given (one block's rows of every plane;
       NumPy arrays it may bind directly).  It runs on the workers, so it must be a function Dask
@@ -155,6 +162,7 @@ class Sharded:
             for i, part in enumerate(self._split(plane)):
                 self._inputs[i][name] = part
         self.params = {}
+        self._launched_params = {}          # the Params of the last launch that ran
         self.generation = 0
         self._states = None
         self._layout = {}
@@ -181,6 +189,21 @@ class Sharded:
             raise Busy(f"{what}: another call on this sharded graph is under way; wait for it to "
                        "return")
 
+    # -- what vkml.diff.Reverse asks of a forward (see graph/reversible.py) ------------------------
+    def check_reversible(self, vjps):
+        """A sharded forward made with ``record=True`` (each block checks its own nodes' vjps when
+        it reverses, and a refusal names the block)."""
+        if not self.record_mode:
+            raise RefusedError("Reverse: this sharded graph records nothing; make it with "
+                               "vd.Sharded(make, planes, record=True)")
+
+    def bitwise(self):
+        """Per gradient name, whether its bits are reproducible (asked of the first block)."""
+        if self._states is None:
+            raise ArgumentError("bitwise: launch() first (the blocks' graphs are built on the workers)")
+        return self.client.submit(forward_bitwise, self._states[0],
+                                  key=self._key("bitwise", 0, self.generation)).result()
+
     def _settle(self, futures):
         """Wait for every task of one call; if any failed, release them all and raise the first
         failure in sample order (its message names its block)."""
@@ -204,18 +227,28 @@ class Sharded:
 
     def update(self, mapping=None, **values):
         """Set Params for the next launches (``update(k=0.7)`` or ``update({"node.k": 0.7})``);
-        each block applies them with ``Graph.update`` before it launches."""
-        rec = self._record
-        if rec is not None and rec.live:
-            raise RecordError(f"update: the Record of generation {rec.generation} is still live; "
-                              "reverse it (or keep() it) first, so a reverse sees the Params its "
-                              "launch used")
-        items = dict(mapping or {})
-        items.update(values)
-        if not all(isinstance(k, str) for k in items):
-            raise ArgumentError(f"update: Param names are strings like 'k' or 'node.k', got {list(items)}")
-        self.params.update(items)
-        return self
+        each block applies them with ``Graph.update`` before it launches (a bad name or value is
+        refused there, by the next launch, naming the block; that launch then drops the Params
+        set since the last launch that ran, so a bad name cannot stick)."""
+        if mapping is not None and not isinstance(mapping, dict):
+            raise ArgumentError(f"update: pass Params as update(k=0.7) or update({{'node.k': 0.7}}), "
+                                f"got {type(mapping).__name__}")
+        self._claim("update")
+        try:
+            rec = self._record
+            if rec is not None and rec.live:
+                raise RecordError(f"update: the Record of generation {rec.generation} is still live; "
+                                  "reverse it (or keep() it) first, so a reverse sees the Params its "
+                                  "launch used")
+            items = dict(mapping or {})
+            items.update(values)
+            if not all(isinstance(k, str) for k in items):
+                raise ArgumentError(f"update: Param names are strings like 'k' or 'node.k', got "
+                                    f"{list(items)}")
+            self.params.update(items)
+            return self
+        finally:
+            self._lock.release()
 
     def launch(self, runs=1):
         """Launch every block where its data lives (a simulation: run it); returns once all ran."""
@@ -234,7 +267,12 @@ class Sharded:
                 states.append(self.client.submit(
                     launch_shard, self.make, inputs, previous, dict(self.params), self.record_mode,
                     self.memory_budget, int(runs), s, e, key=self._key("launch", i, self.generation + 1)))
-            self._settle(states)
+            try:
+                self._settle(states)
+            except BaseException:
+                self.params = dict(self._launched_params)
+                raise
+            self._launched_params = dict(self.params)
             self._layout = self.client.submit(layout, states[0], key=self._key("layout", 0, self.generation + 1)).result()
             self._states = states
             self.generation += 1
@@ -271,9 +309,19 @@ class Sharded:
                          f"sample ({self.n} rows), got "
                          f"{getattr(seed, 'shape', type(seed).__name__)}")
 
-    def reverse(self, seeds, *, record=None, wrt=None, vjps=None, strict=False):
-        """Every gradient of a recorded launch (default: the latest), as in ``vkml.diff.reverse``:
-        per-sample gradients as Dask arrays, Param gradients bitwise equal to one process."""
+    def reverse(self, *args, record=None, wrt=None, vjps=None, strict=False, lock=None):
+        """``reverse(seeds)`` or ``reverse(record, seeds)``: every gradient of a recorded launch
+        (default: the latest), as ``vkml.diff.reverse`` gives them: per-sample gradients as Dask
+        arrays, Param gradients the same bits as one process."""
+        if len(args) == 2:
+            record, seeds = args
+        elif len(args) == 1:
+            (seeds,) = args
+        else:
+            raise ArgumentError("reverse: pass the seeds, reverse(seeds), or reverse(record, seeds)")
+        if vjps is not None and not isinstance(vjps, dict):
+            raise ArgumentError(f"reverse: vjps must be a dict of node name -> vjp, got "
+                                f"{type(vjps).__name__}")
         record = self._record if record is None else record
         if record is None:
             raise ArgumentError("reverse: there is no Record; make the Sharded with record=True "
@@ -289,6 +337,15 @@ class Sharded:
             raise ArgumentError(f"reverse: seeds must be a dict of output plane name -> per-sample "
                                 f"seed, got {type(seeds).__name__}")
         split = {name: self._seed_parts(name, seed) for name, seed in seeds.items()}
+        if lock is not None and not lock.acquire(blocking=False):
+            raise Busy("Reverse: another thread is running this Reverse; give each thread its own")
+        try:
+            return self._reverse(record, split, wrt, vjps, strict)
+        finally:
+            if lock is not None:
+                lock.release()
+
+    def _reverse(self, record, split, wrt, vjps, strict):
         self._claim("reverse")
         try:
             results = [self.client.submit(reverse_shard, state, {k: v[i] for k, v in split.items()},

@@ -203,6 +203,10 @@ def sample_gradient(result, name):
     return result["samples"][name]
 
 
+def forward_bitwise(state):
+    return dict(state.forward.bitwise())
+
+
 def plane_of(state, name):
     return state.planes[name]
 

@@ -550,6 +550,8 @@ def reverse(record, seeds, *, wrt=None, vjps=None, strict=False):
                            "on a function for higher orders")
     if getattr(record, "simulation", None) is not None:      # a simulation's Record
         return Reverse(record.simulation, vjps=vjps, strict=strict)(record, seeds, wrt=wrt)
+    if isinstance(getattr(record, "forward", None), Reversible):   # one that names its forward
+        return Reverse(record.forward, vjps=vjps, strict=strict)(record, seeds, wrt=wrt)
     if record is None:
         raise ArgumentError("reverse: there is no Record (graph.record is None): build the graph "
                             "with graph.build(record=True) and launch() it, then reverse "
