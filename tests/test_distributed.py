@@ -309,6 +309,13 @@ def test_a_checkpointed_simulation_gives_the_same_bits_in_budgeted_blocks(cluste
     assert rep.chunks == 4 and ref.report.chunks == 1          # two passes in each of two blocks
     assert rep.recomputed_steps > 0 and len(rep.workers) >= 1
     assert all(w["peak_memory"] > 0 for w in rep.workers.values())
+    if window == 5:             # a second run continues from where the first left every plane
+        planes_after = {k: fwd.launch.writes[k].copy() for k in ("theta", "omega", "t")}
+        fwd.run()
+        sg.launch()
+        for k, before in planes_after.items():
+            assert sg.plane(k).compute().tobytes() == fwd.launch.writes[k].tobytes(), k
+        assert not np.array_equal(planes_after["t"], fwd.launch.writes["t"])    # it ran on
 
 
 # -- records, faults, refusals ---------------------------------------------------------------------

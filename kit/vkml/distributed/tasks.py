@@ -123,17 +123,30 @@ def build(make, planes, record, budget, start, stop):
     return forward
 
 
+def carry_over(named, previous):
+    """Every plane of the new forward takes the values the ``previous`` launch left in the plane
+    of the same name: in one process a second launch runs on the planes as the first left them
+    (a simulation's clock, a state the graph updates in place)."""
+    for name, plane in named.items():
+        old = previous.planes.get(name)
+        if old is not None and old is not plane and old.shape == plane.shape and \
+                plane.flags.writeable:
+            plane[...] = old
+
+
 def launch_shard(make, inputs, previous, params, record, budget, runs, start, stop):
-    """Build the shard's forward over copies of its planes (``inputs``, or the planes of the
-    ``previous`` launch's state), set ``params``, launch it ``runs`` times (a simulation: run
-    it): the new :class:`ShardState`."""
+    """Build the shard's forward over copies of its planes (``inputs``; after a first launch,
+    the names of the planes to take from the ``previous`` launch's state), set ``params``,
+    launch it ``runs`` times (a simulation: run it): the new :class:`ShardState`."""
     recipe = (make, inputs, previous, params, record, budget, runs, start, stop)
     t0 = time.perf_counter()
     try:
-        source = previous.planes if previous is not None else inputs
-        planes = {name: np.array(plane, copy=True) for name, plane in source.items()
-                  if previous is None or name in inputs}
+        source = inputs if previous is None else {name: previous.planes[name] for name in inputs}
+        planes = {name: np.array(plane, copy=True) for name, plane in source.items()}
         forward = build(make, planes, record, budget, start, stop)
+        named = named_planes(forward, planes)
+        if previous is not None:
+            carry_over(named, previous)
         if isinstance(forward, Graph):
             if params:
                 forward.update(params)
@@ -142,8 +155,7 @@ def launch_shard(make, inputs, previous, params, record, budget, runs, start, st
             forward.run()
     except Exception as err:     # noqa: BLE001 - every error leaves named after its shard
         raise relabel(err, start, stop) from None
-    return ShardState(recipe, forward, named_planes(forward, planes), start, stop,
-                      time.perf_counter() - t0)
+    return ShardState(recipe, forward, named, start, stop, time.perf_counter() - t0)
 
 
 def peak_memory() -> int:
