@@ -166,8 +166,10 @@ def paper_model(t_sample_step, overhead, make_bytes, summary_bytes, state_bytes,
     print(f"  reduction: {math.ceil(math.log2(size))} levels of the tree inside each block (on its "
           f"worker), {math.ceil(math.log2(blocks))} over the blocks (on the client, {blocks} values "
           f"per Param): {math.ceil(math.log2(n))} levels, as in one process")
-    print(f"  memory per worker: {size:,} samples x {state_bytes:,} B of recorded state "
-          f"= {size * state_bytes / 1e9:.2f} GB")
+    print(f"  launch: the two input planes sent from the client would be {2 * 8 * n / 1e9:.1f} GB "
+          "through the scheduler; as Dask arrays made on the workers (da.linspace, from_zarr), nothing")
+    print(f"  memory per worker: {rounds} blocks' Records held from launch to reverse, "
+          f"{rounds} x {size:,} samples x {state_bytes:,} B = {rounds * size * state_bytes / 1e9:.2f} GB")
     print(f"  time: one process {one / 3600:.1f} h; 64 workers {compute:.0f} s of compute + "
           f"~{sched:.1f} s of task overhead = {one / (compute + sched):.0f}x")
 
