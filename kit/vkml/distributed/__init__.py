@@ -38,7 +38,10 @@ The rules, in plain words:
 - **Memory.**  ``memory_budget`` is per block; by default a block gets half its worker's memory
   limit shared by the worker's threads.  Checkpointing (``window``, ``"binomial"``) works per
   block, inside each block's simulation.  ``grads.report`` gives chunks, recomputed steps and
-  the peak memory of each worker.
+  the peak memory of each worker.  ``local()`` starts its workers without Dask's
+  ``MALLOC_TRIM_THRESHOLD_`` (it made every NumPy temporary a fresh mapping from the OS: twice
+  the CPU time per step); on a cluster you start yourself, set
+  ``distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_`` to None (``cluster.TRIM_KEY``).
 - **Not sharded.**  A ``reduce`` node sums over all samples inside the graph: refused (reduce
   the output with Dask instead).  A skippable or repeat_while guard must not depend on the
   block's samples: blocks that ran different steps are refused at the reverse.
