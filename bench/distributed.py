@@ -19,6 +19,12 @@ measured on a graph too small to cost anything: 64 blocks of 8 samples, launch +
 by the tasks it ran.  The closing note works out, from these numbers, a model on paper of 64
 workers x 10^8 samples.
 
+What it found: in a worker started with Dask's defaults a block's simulation took twice the CPU
+time it takes in a plain process -- Dask sets ``MALLOC_TRIM_THRESHOLD_``, which makes every large
+NumPy temporary a fresh mapping from the OS; ``vkml.distributed.local()`` now leaves glibc's
+default (``cluster.TRIM_KEY``).  On a shared machine the speed-up follows the CPU the workers get,
+which the bench prints next to it.
+
 Run: ``python bench/distributed.py`` (about 3 minutes on 2 idle cores) or ``--quick`` (20 s).
 Needs ``pip install 'vkml[distributed]'``; without Dask it says so and exits 0.
 """
