@@ -355,6 +355,14 @@ def test_record_rules_hold_across_the_cluster(clusters):
         sg.reverse(seeds, record=second)
 
 
+def test_progress_shows_dask_progress_bar(clusters, capsys):
+    client = clusters.get(2)
+    sg = vd.Sharded(make_plain, data(n=300), client=client, record=True, block=64, progress=True)
+    sg.launch()
+    sg.reverse({"z": np.ones(300)})
+    assert capsys.readouterr().out.count("100% Completed") >= 2      # one bar per call
+
+
 def vkml_keys(client, tag):
     """Keys of this sharded graph's tasks the scheduler still knows, and those held by workers."""
     sched = client.run_on_scheduler(lambda dask_scheduler: [str(k) for k in dask_scheduler.tasks])
