@@ -234,11 +234,32 @@ def submit(backend, exe, args, eqns, resident=False, into=None):
     try:
         return backend.run(exe, args, resident, into)
     except ExecutionFailure as failure:
-        eqn = eqns[failure.index]
-        raise ExecutionError(f"{eqn.describe()} failed: {failure.error}") from failure.error
+        raise _named(failure, eqns) from failure.error
     except MemoryError:
-        raise ExecutionError(f"a program of {len(eqns)} operations needs more memory than this "
-                             "process can allocate; use smaller shapes") from None
+        raise _out_of_memory(eqns) from None
+
+
+def submit_host(exe, args, eqns):
+    """``submit`` for a host backend (numpy, cpu) given NumPy arrays and no destinations: what
+    ``Backend.run`` does for them (count the submission, call the executable) without its checks
+    for device values and destinations -- the fast path of a jitted call with plain arguments."""
+    STATS.submissions += 1
+    try:
+        return exe(args)
+    except ExecutionFailure as failure:
+        raise _named(failure, eqns) from failure.error
+    except MemoryError:
+        raise _out_of_memory(eqns) from None
+
+
+def _named(failure, eqns):
+    """The ExecutionError naming the equation that failed."""
+    return ExecutionError(f"{eqns[failure.index].describe()} failed: {failure.error}")
+
+
+def _out_of_memory(eqns):
+    return ExecutionError(f"a program of {len(eqns)} operations needs more memory than this "
+                          "process can allocate; use smaller shapes")
 
 
 def compute(out_vars) -> list:
@@ -353,3 +374,10 @@ def clear_caches() -> None:
     for backend in instances():
         backend.clear_cache()         # a device backend frees what its executables hold
     threadsafe.clear_caches()
+    for forget in ON_CLEAR:
+        forget()
+
+
+#: what else ``clear_caches`` empties: memos that hold programs or executables (jitted functions'
+#: fast-call plans), registered by the modules that keep them
+ON_CLEAR = []
