@@ -303,9 +303,14 @@ class Jitted:
             self.__dict__.pop(name, None)
         _LIVE.add(self)
 
+    @staticmethod
+    def _key(in_tree, in_vars):
+        """The key a call's program is cached by (see the module docstring)."""
+        return (in_tree, _signature(in_vars))
+
     def _lookup(self, args):
         leaves, in_tree, in_vars = _flat_args(args)
-        key = (in_tree, _signature(in_vars))
+        key = self._key(in_tree, in_vars)
         entry = self._entries.get(key)
         if entry is None:
             program, out_tree, captures = _trace(self.fn, in_tree, in_vars, self.__name__)
@@ -346,7 +351,7 @@ class Jitted:
         replaces them)."""
         if len(self._fast) >= _FAST_PLANS:
             self._fast.clear()
-        key = (flatten(args)[1], _signature(in_vars))
+        key = self._key(flatten(args)[1], in_vars)
         if self._entries.get(key) is not entry:
             return
         backend = current_backend()
