@@ -29,6 +29,9 @@ import numpy as np
 
 from . import runtime
 from .backends.base import current as current_backend
+from .backends.base import _CURRENT as backend_setting
+from .backends.base import ExecutionFailure
+from .backends.cpu import Tiered
 from .backends.numpy_backend import FRESH
 from .errors import ArgumentError, DTypeError, GradError, ShapeError, TracingError, VkmlError
 from .ir import Program, Var, collect, current_serial, dtype_name, format_shape, program_from_dag
@@ -86,57 +89,74 @@ _FAST_PLANS = 8
 
 
 def _fast_key(args):
-    """The types of plain concrete arguments (NumPy arrays of vkml's dtypes, Tensors holding a
-    NumPy value and not requiring grad) and the backend: all a call of such arguments depends
-    on, found without flattening them or making Vars; None for any other call (it takes the
-    full path).  Two Tensors sharing one value make the full path's aliasing key: refused here."""
-    backend = current_backend()
-    if backend.name not in _HOST_BACKENDS:
+    """The types of plain concrete arguments (NumPy arrays, Tensors holding a NumPy value and
+    not requiring grad) and the backend: all a call of such arguments depends on, found without
+    flattening them or making Vars; None for any other call (it takes the full path).  Two
+    Tensors sharing one value make the full path's aliasing key: refused here."""
+    backend = _BACKEND.get()
+    if backend is None or backend.name not in _HOST_BACKENDS:
         return None
     key = [backend]
-    values = None
+    arrays = tensors = 0
     for a in args:
         t = type(a)
         if t is np.ndarray:
-            if a.dtype not in _DTYPES:
-                return None
             key.append((a.shape, a.dtype))
+            arrays = 1
         elif t is Tensor:
             v = a.ir_var
             if a.requires_grad or type(v.value) is not np.ndarray:
                 return None
             key.append((v.shape, v.dtype, v.device, v.weak))
-            if values is None:
-                values = [id(v.value)]
-            else:
-                values.append(id(v.value))
+            tensors += 1
         else:
             return None
-    if values is not None and len(values) > 1 and len(set(values)) < len(values):
+    if tensors > 1 and len({id(a.ir_var.value) for a in args if type(a) is Tensor}) < tensors:
         return None
-    if len(key) > len(values or ()) + 1:     # NumPy arrays: placed on the default device
-        key.append(default_device())
+    if arrays:                  # NumPy arrays are placed on the default device
+        key.append(_DEVICE.get())
     return tuple(key)
 
 
 #: backends whose executables take and return NumPy arrays on the host
 _HOST_BACKENDS = ("numpy", "cpu")
-_DTYPES = api.DTYPES
+#: the settings ``_fast_key`` reads: this thread's backend (None before the first use picks one:
+#: then the full path picks it) and the device of new constants
+_BACKEND, _DEVICE = backend_setting, api.DEFAULT_DEVICE
+
+
+class _ProgramCache(Cache):
+    """A jitted function's programs by key, counting the times entries may have gone (cleared or
+    trimmed), so a fast-call plan checks its entry only after such a time."""
+
+    def __init__(self, name):
+        super().__init__(name)
+        self.removals = 0
+
+    def clear(self):
+        self.removals += 1
+        super().clear()
+
+    def _trim(self):
+        before = len(self._data)
+        super()._trim()
+        if len(self._data) != before:
+            self.removals += 1
 
 
 class _FastPlan:
     """A jitted call with plain concrete arguments (``_fast_key``), ready to run: the key and
-    entry the full path found (checked still cached on every call, so clearing or trimming the
-    caches traces again), the executable, and how results become Tensors.
+    entry the full path found (checked still cached after every clear or trim of the programs,
+    so such a call then traces again), the executable, and how results become Tensors.
 
     The arguments' arrays go to the executable as they are: the full path copies a NumPy
     argument into a read-only constant first, which matters only if a result could be a view of
     it -- such a result is copied here instead."""
 
-    __slots__ = ("key", "entry", "exe", "eqns", "out_vars", "single", "arrays")
+    __slots__ = ("key", "entry", "exe", "eqns", "out_vars", "single", "arrays", "removals", "used")
 
-    def __init__(self, key, entry, exe, args):
-        self.key, self.entry, self.exe = key, entry, exe
+    def __init__(self, key, entry, exe, args, removals):
+        self.key, self.entry, self.exe, self.removals = key, entry, exe, removals
         self.eqns = entry.program.eqns
         self.out_vars = [(o.shape, o.dtype, o.device) for o in entry.program.outputs]
         self.single = entry.out_tree.kind == "leaf"
@@ -145,10 +165,38 @@ class _FastPlan:
         fresh = {o for e in self.eqns if e.prim.name in FRESH for o in e.outputs}
         aliasing = any(o not in fresh for o in entry.program.outputs)
         self.arrays = [i for i, a in enumerate(args) if type(a) is np.ndarray] if aliasing else []
+        self.used = False
+
+    @staticmethod
+    def fits(args, entry) -> bool:
+        """Whether the arguments go to the executable as they are: every NumPy argument already
+        has the dtype its program input has (else the full path casts it)."""
+        return all(type(a) is not np.ndarray or a.dtype == v.dtype
+                   for a, v in zip(args, entry.program.inputs))
+
+    def valid(self, entries) -> bool:
+        """Whether the entry is still the cached one for the key (checked after a removal)."""
+        if self.removals == entries.removals:
+            return True
+        removals = entries.removals
+        if entries.get(self.key) is not self.entry:
+            return False
+        self.removals = removals
+        return True
 
     def run(self, args):
         values = [a if type(a) is np.ndarray else a.ir_var.value for a in args]
-        outs = runtime.submit_host(self.exe, values, self.eqns)
+        self.used = True
+        exe = self.exe
+        STATS.submissions += 1
+        try:
+            outs = exe(values)
+        except ExecutionFailure as failure:
+            raise runtime.execution_error(failure, self.eqns) from failure.error
+        except MemoryError as error:
+            raise runtime.execution_error(error, self.eqns) from None
+        if type(exe) is Tiered and exe.compiled:       # hot: call its C function directly now
+            self.exe = exe.current
         results = []
         for (shape, dtype, device), val in zip(self.out_vars, outs):
             if self.arrays:
@@ -292,7 +340,7 @@ class Jitted:
             raise ArgumentError(f"jit: expected a function, got {type(fn).__name__}")
         self.fn = fn
         # one program per key, the least recently used dropped past vkml.set_cache_limit
-        self._entries = Cache("jit programs")
+        self._entries = _ProgramCache("jit programs")
         self.traces = self.compiles = self.derivations = self.hits = 0
         # fast-call plans (see _FastPlan), by the arguments' types and the backend
         self._fast = {}
@@ -313,6 +361,7 @@ class Jitted:
         key = self._key(in_tree, in_vars)
         entry = self._entries.get(key)
         if entry is None:
+            self._touch_fast_plans()
             program, out_tree, captures = _trace(self.fn, in_tree, in_vars, self.__name__)
             entry = _Entry(program, out_tree, captures)
             if not captures:
@@ -330,7 +379,8 @@ class Jitted:
         fast = _fast_key(args)
         if fast is not None:
             plan = self._fast.get(fast)
-            if plan is not None and self._entries.get(plan.key) is plan.entry:
+            if plan is not None and (plan.removals == self._entries.removals or
+                                     plan.valid(self._entries)):
                 self.hits += 1
                 STATS.cache_hits += 1
                 return plan.run(args)
@@ -352,12 +402,21 @@ class Jitted:
         if len(self._fast) >= _FAST_PLANS:
             self._fast.clear()
         key = self._key(flatten(args)[1], in_vars)
-        if self._entries.get(key) is not entry:
+        removals = self._entries.removals
+        if self._entries.get(key) is not entry or not _FastPlan.fits(args, entry):
             return
         backend = current_backend()
         exe = _executable(self, entry, "primal", entry.program, backend,
                           [v.value for v in in_vars])
-        self._fast[fast] = _FastPlan(key, entry, exe, args)
+        self._fast[fast] = _FastPlan(key, entry, exe, args, removals)
+
+    def _touch_fast_plans(self):
+        """Calls through fast-call plans skip the programs' cache: before that cache may drop
+        its least recently used entry, mark the entries those calls used as recently used."""
+        for plan in list(self._fast.values()):
+            if plan.used:
+                plan.used = False
+                self._entries.get(plan.key)
 
     def _derive(self, entry, name, make):
         """A derived program of ``entry``, made once per derivation ``name``."""

@@ -234,30 +234,16 @@ def submit(backend, exe, args, eqns, resident=False, into=None):
     try:
         return backend.run(exe, args, resident, into)
     except ExecutionFailure as failure:
-        raise _named(failure, eqns) from failure.error
-    except MemoryError:
-        raise _out_of_memory(eqns) from None
+        raise execution_error(failure, eqns) from failure.error
+    except MemoryError as error:
+        raise execution_error(error, eqns) from None
 
 
-def submit_host(exe, args, eqns):
-    """``submit`` for a host backend (numpy, cpu) given NumPy arrays and no destinations: what
-    ``Backend.run`` does for them (count the submission, call the executable) without its checks
-    for device values and destinations -- the fast path of a jitted call with plain arguments."""
-    STATS.submissions += 1
-    try:
-        return exe(args)
-    except ExecutionFailure as failure:
-        raise _named(failure, eqns) from failure.error
-    except MemoryError:
-        raise _out_of_memory(eqns) from None
-
-
-def _named(failure, eqns):
-    """The ExecutionError naming the equation that failed."""
-    return ExecutionError(f"{eqns[failure.index].describe()} failed: {failure.error}")
-
-
-def _out_of_memory(eqns):
+def execution_error(error, eqns):
+    """The ExecutionError for an executable's failure (``ExecutionFailure``: naming the equation
+    that failed) or for running out of memory."""
+    if isinstance(error, ExecutionFailure):
+        return ExecutionError(f"{eqns[error.index].describe()} failed: {error.error}")
     return ExecutionError(f"a program of {len(eqns)} operations needs more memory than this "
                           "process can allocate; use smaller shapes")
 

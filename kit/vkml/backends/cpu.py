@@ -53,7 +53,9 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import warnings
+from sys import getrefcount
 
 import numpy as np
 
@@ -62,7 +64,7 @@ from ..ops.checks import warn_at_user
 from ..stats import STATS
 from . import disk_cache
 from .base import Backend, ExecutionFailure, check_sizes, failure_error, register
-from .codegen.c_render import ALLOCATION_FAILED, INTERRUPTED, POLL, render
+from .codegen.c_render import ALLOCATION_FAILED, INTERRUPTED, POLL, render, scratch_layout
 from .codegen.lower import Lowering, Unsupported
 from .codegen.sample_loops import forward_source, reverse_source
 from .interrupts import NEVER, Armed, interrupted
@@ -138,7 +140,23 @@ def c_source(program):
     outs = [f"o{i}" for i in range(len(program.outputs))]
     stmts = low.program(program, ins, outs)
     return render(low, stmts, len(ins), [v.dtype for v in program.inputs],
-                  len(outs), [v.dtype for v in program.outputs]), low
+                  len(outs), [v.dtype for v in program.outputs], data_offset=DATA_OFFSET), low
+
+
+def _data_offset():
+    """Where a NumPy array object keeps its data pointer (right after the object header, in
+    NumPy's public array struct), checked on a few arrays; None if the check fails (then every
+    call asks each array for its pointer through ctypes)."""
+    offset = object.__basicsize__
+    base = np.arange(8.0)
+    for probe in (np.empty(3), base[2:], np.zeros((2, 2), np.int32)):
+        if ctypes.c_void_p.from_address(id(probe) + offset).value != probe.ctypes.data:
+            return None
+    return offset
+
+
+#: where a NumPy array object keeps its data pointer (None: not found, see _data_offset)
+DATA_OFFSET = _data_offset()
 
 
 def allocation_error(what, shape, dtype):
@@ -195,11 +213,74 @@ class CompiledProgram:
         self.messages, self.warnings = lowering.messages, lowering.warnings
         self.temps = [(v.shape, v.dtype, producer.get(v, 0)) for v in lowering.temp_vars]
         self._keep = lib
+        self._pool = self._prepare(lib, lowering)
 
     writes_into = True
 
+    def _prepare(self, lib, lowering):
+        """What the pooled call reuses (see ``_call_pooled``); None without ``vk_objs``."""
+        fn = getattr(lib, "vk_objs", None) if DATA_OFFSET is not None else None
+        if fn is None:
+            return None
+        fn.restype = ctypes.c_int          # its arguments: c_void_p objects made once, as they are
+        n_in, n_out = len(self.in_types), len(self.out_types)
+        objs = (ctypes.c_void_p * (n_in + n_out + 1))()
+        info = np.zeros(3 + len(self.warnings), np.int64)
+        return _Pool(fn, objs, info, [None] * n_out, scratch_layout(lowering.temps)[1])
+
     def __call__(self, args, into=None):
-        """Run once; ``into`` (see ``Backend.run``): destinations the C function writes directly."""
+        """Run once; ``into`` (see ``Backend.run``): destinations the C function writes directly.
+
+        Without destinations, a call that finds the executable free (not running in another
+        thread) takes the pooled path: its outputs and temporaries are reused across calls."""
+        pool = self._pool
+        if into is None and pool is not None and pool.lock.acquire(False):
+            try:
+                return self._call_pooled(args, pool)
+            finally:
+                pool.lock.release()
+        return self._call_fresh(args, into)
+
+    def _call_pooled(self, args, pool):
+        """One call through ``vk_objs`` with a prepared block of array objects.
+
+        The rule for reusing outputs: the executable keeps the array it last returned for each
+        output and writes into it again only if nothing else references it any more (the caller
+        dropped the result: ``sys.getrefcount``); an array still held by anyone -- a Tensor, a
+        view of it, a list -- is left to its holder and a new one is allocated (and kept) instead.
+        So a steady-state call whose previous results were dropped allocates nothing; the heap
+        temporaries live in one scratch block the executable keeps (allocated on first use)."""
+        objs, outs = pool.objs, pool.outs
+        converted = None
+        i = 0
+        for a, t in zip(args, self.in_types):
+            if type(a) is not np.ndarray or a.dtype is not t or not a.flags.c_contiguous:
+                a = np.ascontiguousarray(a, dtype=t)
+                converted = [a] if converted is None else converted + [a]   # alive for the call
+            objs[i] = id(a)
+            i += 1
+        for j in range(len(outs)):
+            out = outs[j]               # (an index loop: enumerate's tuple would hold one more)
+            if out is None or getrefcount(out) > 3:   # the pool's, ``out`` and the call's own
+                shape, dtype = self.out_types[j]
+                outs[j] = _empty_result(shape, dtype, "a result", self.out_sites[j])
+                pool.allocations += 1
+                objs[i + j] = id(outs[j])
+        if pool.scratch is None and pool.scratch_bytes:
+            pool.allocate_scratch(i + len(outs))
+        if self.interruptible:
+            with Armed() as stop:
+                code = pool.fn(pool.address, pool.info_address, ctypes.c_void_p(stop))
+            if code == INTERRUPTED:
+                interrupted()
+        else:
+            code = pool.fn(pool.address, pool.info_address, _NEVER)
+        if code or self.warnings:
+            self._check(code, pool.info)
+        return list(outs)
+
+    def _call_fresh(self, args, into):
+        """One call with fresh outputs and the temporaries malloc'ed by the C function."""
         ins = [np.ascontiguousarray(a, dtype=t) for a, t in zip(args, self.in_types)]
         outs = [_empty_result(shape, dtype, "a result", site)
                 for (shape, dtype), site in zip(self.out_types, self.out_sites)]
@@ -216,6 +297,11 @@ class CompiledProgram:
                 interrupted()
         else:
             code = self.fn(in_ptrs, out_ptrs, info.ctypes.data, NEVER)
+        self._check(code, info)
+        return outs
+
+    def _check(self, code, info):
+        """Issue the warnings that fired and raise the error the C function reported."""
         for message, hit in zip(self.warnings, info[3:]):
             if hit:                         # a warning check that fired: once per call
                 warn_at_user(message)
@@ -227,7 +313,38 @@ class CompiledProgram:
             raise ExecutionFailure(self.error_sites[code - 1],
                                    ExecutionError(message) if message is not None else
                                    failure_error(self.errors[code - 1], info))
-        return outs
+
+
+#: the interrupt flag of calls that are never armed, as a ready ctypes argument
+_NEVER = ctypes.c_void_p(NEVER)
+
+
+class _Pool:
+    """What one executable's pooled calls reuse (under ``lock``, one call at a time): the block
+    of array objects handed to ``vk_objs``, the info words, the arrays it last returned (see
+    ``CompiledProgram._call_pooled`` for when they are written again) and the scratch block of
+    the heap temporaries."""
+
+    def __init__(self, fn, objs, info, outs, scratch_bytes):
+        self.fn, self.objs, self.info, self.outs = fn, objs, info, outs
+        self.address = ctypes.c_void_p(ctypes.addressof(objs))
+        self.info_address = ctypes.c_void_p(info.ctypes.data)
+        self.scratch_bytes = scratch_bytes
+        self.scratch = None
+        self.lock = threading.Lock()
+        #: arrays this pool allocated (outputs and the scratch block): what tests count
+        self.allocations = 0
+
+    def allocate_scratch(self, slot):
+        """The temporaries' block, allocated on first use and placed in ``objs[slot]``; if it is
+        refused the slot stays empty (then the C function mallocs them itself and reports a
+        temporary it cannot have, as without a block)."""
+        try:
+            self.scratch = np.empty(self.scratch_bytes, np.uint8)
+        except (MemoryError, ValueError):
+            return
+        self.allocations += 1
+        self.objs[slot] = id(self.scratch)
 
 
 def hot_threshold() -> int:
