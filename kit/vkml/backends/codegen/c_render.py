@@ -100,7 +100,7 @@ def render(lowering, stmts, n_in, in_types, n_out, out_types, name="vk_main", da
     lines = [prelude()]
     lines += lowering.statics
     offsets, _ = scratch_layout(lowering.temps)
-    lines.append("static int vk_body(void** in, void** out, int64_t* info, const volatile int* vk_stop, "
+    lines.append("static int vk_main_body(void** in, void** out, int64_t* info, const volatile int* vk_stop, "
                  "char* vk_scratch) {")
     lines.append("    int err_ = 0; int* err = &err_; (void)err; (void)info; (void)vk_stop;")
     for i, t in enumerate(in_types):
@@ -130,7 +130,7 @@ def render(lowering, stmts, n_in, in_types, n_out, out_types, name="vk_main", da
     lines.append("    return err_;")
     lines.append("}")
     lines.append(f"int {name}(void** in, void** out, int64_t* info, const volatile int* vk_stop) {{")
-    lines.append("    return vk_body(in, out, info, vk_stop, 0);")
+    lines.append("    return vk_main_body(in, out, info, vk_stop, 0);")
     lines.append("}")
     if data_offset is not None:
         lines += _objects_entry(n_in, n_out, 3 + len(lowering.warnings), data_offset)
@@ -154,7 +154,7 @@ def _objects_entry(n_in, n_out, n_info, data_offset):
     k = n_in + n_out
     lines.append(f"    char* scratch = objs[{k}] ? (char*){at.format(k)} : 0;")
     lines.append(f"    for (int k = 0; k < {n_info}; k++) info[k] = 0;")
-    lines.append("    return vk_body(in, out, info, vk_stop, scratch);")
+    lines.append("    return vk_main_body(in, out, info, vk_stop, scratch);")
     lines.append("}")
     return lines
 
