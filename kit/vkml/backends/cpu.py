@@ -60,6 +60,7 @@ from sys import getrefcount
 import numpy as np
 
 from ..errors import BackendError, ExecutionError
+from ..ir import Eqn, Program, Var
 from ..ops.checks import warn_at_user
 from ..stats import STATS
 from . import disk_cache
@@ -69,6 +70,7 @@ from .codegen.lower import Lowering, Unsupported
 from .codegen.sample_loops import forward_source, reverse_source
 from .interrupts import NEVER, Armed, interrupted
 from .numpy_backend import compile_program as compile_numpy
+from ..transforms.control import call_p
 
 # -fwrapv: signed integer overflow wraps, as NumPy's integers do (without it -x of INT_MIN is
 # undefined behaviour, and the optimiser folds ``-x < 0`` to true).
@@ -194,6 +196,78 @@ def _too_big(program) -> bool:
             if hasattr(p, "eqns") and _too_big(p):
                 return True
     return False
+
+
+#: primitives whose C lowering gives NumPy's bits on floats and integers alike: correctly
+#: rounded IEEE arithmetic, comparisons, selections and broadcasts (no libm function, no sum:
+#: those may differ in the last bits between C and NumPy)
+EXACT = frozenset({"add", "sub", "mul", "neg", "abs", "sqrt", "broadcast_in_dim", "stop_gradient",
+                   "eq", "ne", "lt", "le", "gt", "ge", "where", "logical_and", "logical_or",
+                   "logical_not"})
+#: a run of exact equations is compiled to C when it has this many and writes this many elements
+RUN_MIN_EQNS, RUN_MIN_ELEMENTS = 3, 4096
+
+
+def _exact(e) -> bool:
+    """Whether equation ``e`` computes the same bits in generated C as on NumPy (a division and
+    a cast only between floats, where they are one IEEE operation)."""
+    if e.prim.name in EXACT:
+        return True
+    if e.prim.name in ("div", "cast"):
+        return e.outputs[0].dtype.kind == "f" and e.inputs[0].dtype.kind == "f"
+    return False
+
+
+def with_exact_runs_called(program):
+    """``program`` with each long run of exact equations (``_exact``; an optimiser's update, a
+    ReLU's mask) made one ``call`` of a program of its own: a program that must stay on NumPy
+    for its BLAS-sized matrix products still runs those runs as compiled, vectorised C (the
+    nested program compiles as any other), with the same bits.  ``program`` itself when it
+    has no such run."""
+    eqns = list(program.eqns)
+    runs, start = [], None
+    for i, e in enumerate(eqns + [None]):
+        if e is not None and _exact(e):
+            start = i if start is None else start
+            continue
+        if start is not None and i - start >= RUN_MIN_EQNS and \
+                max(v.size for q in eqns[start:i] for v in q.outputs) >= RUN_MIN_ELEMENTS:
+            runs.append((start, i))
+        start = None
+    if not runs:
+        return program
+    later_reads = {}
+    for i, e in enumerate(eqns):
+        for v in e.inputs:
+            later_reads[v] = i              # the last equation reading v
+    returned = set(program.outputs)
+    for start, end in reversed(runs):
+        eqns[start:end] = [_run_as_call(eqns[start:end], end, later_reads, returned)]
+    return Program(program.inputs, eqns, program.outputs, program.consts)
+
+
+def _run_as_call(run, end, later_reads, returned):
+    """One ``call`` equation computing the equations ``run`` (which end before equation
+    ``end``): it reads what the run reads from outside, and gives the values read after it or
+    returned by the program."""
+    made, ins = set(), []
+    for e in run:
+        for v in e.inputs:
+            if v not in made and v not in ins:
+                ins.append(v)
+        made.update(e.outputs)
+    outs = [v for e in run for v in e.outputs if v in returned or later_reads.get(v, -1) >= end]
+    fresh = {v: Var(v.shape, v.dtype, v.device) for v in ins}
+    body = []
+    for e in run:
+        for v in e.outputs:
+            fresh[v] = Var(v.shape, v.dtype, v.device)
+        body.append(Eqn(e.prim, [fresh[v] for v in e.inputs], [fresh[v] for v in e.outputs],
+                        e.params, e.where))
+        for v in e.outputs:
+            fresh[v].eqn = body[-1]
+    sub = Program([fresh[v] for v in ins], body, [fresh[v] for v in outs])
+    return Eqn(call_p, ins, outs, {"program": sub})
 
 
 class CompiledProgram:
@@ -423,8 +497,10 @@ class CpuBackend(Backend):
                           RuntimeWarning, stacklevel=3)
 
     def _compile(self, program):
-        if self.compiler is None or _too_big(program):
+        if self.compiler is None:
             return self._numpy(program)
+        if _too_big(program):
+            return self._numpy(with_exact_runs_called(program))
         hot = hot_threshold()
         if hot == 0 or _has_loop(program):
             return self._compile_c(program) or self._numpy(program)
