@@ -30,3 +30,25 @@ VK_INT_HELPERS(int64_t, uint64_t)
 VK_FN uint8_t vk_floordiv_uint8_t(uint8_t a, uint8_t b) { return b ? a / b : 0; }
 VK_FN uint8_t vk_mod_uint8_t(uint8_t a, uint8_t b) { return b ? a % b : 0; }
 VK_FN uint8_t vk_ipow_uint8_t(uint8_t a, uint8_t b) { return b ? a : 1; }
+// The canonical tree (kit/vkml/ops/treesum.py) streamed through a binary counter: every summing
+// reduction adds in this order on every backend.  vk_tree_push adds one item standing for 2^level
+// consecutive elements (count of them came before it, a multiple of 2^level) and merges equal
+// levels, earlier subtree on the left; st[l] then holds the finished subtree of 2^l elements for
+// each set bit l of the count.  vk_tree_fold finishes the sum of n elements padded with zeros to
+// 2^levels: the last partial subtree is carried up adding +0.0 where its partner is padding and
+// joined under its left neighbours -- the very additions of the zero-padded tree, so -0.0, NaN
+// and infinities come out as in NumPy.  No order-free shortcut: x + 0.0 is not x for x = -0.0.
+#define VK_TREE_HELPERS(T) \
+VK_FN void vk_tree_push_##T(T* st, int64_t count, int level, T v) { \
+    int64_t q = count >> level; \
+    while (q & 1) { v = st[level] + v; q >>= 1; level++; } \
+    st[level] = v; } \
+VK_FN T vk_tree_fold_##T(const T* st, int64_t n, int levels) { \
+    if (n <= 0) return (T)0; \
+    int low = 0; \
+    while (!((n >> low) & 1)) low++; \
+    T acc = st[low]; \
+    for (int l = low; l < levels; l++) acc = (l > low && ((n >> l) & 1)) ? st[l] + acc : acc + (T)0; \
+    return acc; }
+VK_TREE_HELPERS(float)
+VK_TREE_HELPERS(double)

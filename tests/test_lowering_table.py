@@ -100,7 +100,7 @@ def test_a_table_entry_is_all_the_lowering_consults():
     prog = vkml.program(lambda x: vkml.exp(x) * 2.0, np.ones(4))
     stmts = _Renamed().program(prog, ["a0"], ["o0"])
     lines = []
-    c_render._emit(stmts, lines, "")
+    c_render.emit(stmts, lines, "")
     assert any("my_exp(a0[" in line for line in lines), lines
     assert not any("exp(" in line.replace("my_exp(", "") for line in lines), lines
     with pytest.raises(Unsupported, match="reduce_sum"):
@@ -188,7 +188,7 @@ def test_the_statements_print_as_their_docstrings_say():
                            If("else", ["y;"], first=False),
                            While("go[0]", ["go[0] = 0;"])])]
     lines = []
-    c_render._emit(stmts, lines, "")
+    c_render.emit(stmts, lines, "")
     assert lines == ["for (int64_t i = 0; i < 3; i++) {",
                      "    {", "        int a = i;", "    }",
                      "    if ((i) <= 0) {", "        x;", "    }",

@@ -149,6 +149,8 @@ BASELINES = {
     "use_backend": lambda: ((vkml.backend_info()["backend"],), {}),
     "enable_grad": lambda: ((), {}),
     "is_grad_enabled": lambda: ((), {}),
+    "deterministic_matmul": lambda: ((True,), {}),
+    "is_deterministic_matmul": lambda: ((), {}),
     "cache_limit": lambda: ((), {}),
     "set_cache_limit": lambda: ((vkml.cache_limit(),), {}),
     "clear_caches": lambda: ((), {}),

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import vkml
+from backends_under_test import BACKENDS
 from vkml import optim
 
 STEPS = 12
@@ -112,14 +113,24 @@ def _in_threads(fn, n, *args):
     return results
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("train", [_lazy_steps, _compiled_steps], ids=["lazy", "compile_step"])
-def test_four_threads_train_separate_models_with_the_bits_of_a_serial_run(train):
-    serial = [train(seed) for seed in range(WORKERS)]
+def test_four_threads_train_separate_models_with_the_bits_of_a_serial_run(train, backend, monkeypatch):
+    """On the cpu tier as users get it (``VKML_CPU_HOT=1``): the serial run's programs start on
+    NumPy and switch to C when hot, the threads then run them in C -- the same bits, since every
+    sum adds in the one canonical order on both tiers."""
+    monkeypatch.setenv("VKML_CPU_HOT", "1")
+    vkml.clear_caches()
+
+    def on_backend(seed, between=lambda: None):
+        with vkml.use_backend(backend):                      # a thread starts from the default
+            return train(seed, between)
+    serial = [on_backend(seed) for seed in range(WORKERS)]
     assert len(set(serial)) == WORKERS                       # four different models
     rounds = _barrier(WORKERS)
 
     def worker(i):
-        return train(i, between=lambda: rounds.wait())       # every step interleaves with the others
+        return on_backend(i, between=lambda: rounds.wait())  # every step interleaves with the others
     for _ in range(3):
         assert _in_threads(worker, WORKERS) == serial
 

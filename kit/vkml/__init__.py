@@ -22,8 +22,9 @@ The public API:
 
 from . import errors, ir, ops, pytree, runtime
 from .backends import backend_info, reset_stats, stats
-from .runtime import (cache_limit, clear_caches, eager, enable_grad, is_eager, is_grad_enabled,
-                      no_grad, set_backend, set_cache_limit, set_eager, use_backend)
+from .runtime import (cache_limit, clear_caches, deterministic_matmul, eager, enable_grad, is_eager,
+                      is_deterministic_matmul, is_grad_enabled, no_grad, set_backend, set_cache_limit,
+                      set_eager, use_backend)
 from .errors import (ArgumentError, BackendError, DTypeError, ExecutionError, GradError, ShapeError,
                      TracingError, VkmlError, VkmlWarning)
 from .ir import Program, Var

@@ -37,6 +37,7 @@ from .errors import ArgumentError, DTypeError, GradError, ShapeError, TracingErr
 from .ir import Program, Var, collect, current_serial, dtype_name, format_shape, program_from_dag
 from .ops import api, bind
 from .ops.api import default_device
+from .ops.linalg import DETERMINISTIC_MATMUL
 from .ops.checks import checked
 from .printer import pp_program
 from .pytree import broadcast_prefix, flatten, unflatten
@@ -90,13 +91,13 @@ _FAST_PLANS = 8
 
 def _fast_key(args):
     """The types of plain concrete arguments (NumPy arrays, Tensors holding a NumPy value and
-    not requiring grad) and the backend: all a call of such arguments depends on, found without
-    flattening them or making Vars; None for any other call (it takes the full path).  Two
-    Tensors sharing one value make the full path's aliasing key: refused here."""
+    not requiring grad), the backend and the matmul mode: all a call of such arguments depends
+    on, found without flattening them or making Vars; None for any other call (it takes the
+    full path).  Two Tensors sharing one value make the full path's aliasing key: refused here."""
     backend = _BACKEND.get()
     if backend is None or backend.name not in _HOST_BACKENDS:
         return None
-    key = [backend]
+    key = [backend, _MATMUL_MODE.get()]
     arrays = tensors = 0
     for a in args:
         t = type(a)
@@ -123,6 +124,8 @@ _HOST_BACKENDS = ("numpy", "cpu")
 #: the settings ``_fast_key`` reads: this thread's backend (None before the first use picks one:
 #: then the full path picks it) and the device of new constants
 _BACKEND, _DEVICE = backend_setting, api.DEFAULT_DEVICE
+#: the matmul mode: part of every program's key (``Jitted._key``), so of the fast key too
+_MATMUL_MODE = DETERMINISTIC_MATMUL
 
 
 class _ProgramCache(Cache):
@@ -353,8 +356,9 @@ class Jitted:
 
     @staticmethod
     def _key(in_tree, in_vars):
-        """The key a call's program is cached by (see the module docstring)."""
-        return (in_tree, _signature(in_vars))
+        """The key a call's program is cached by (see the module docstring); the matmul mode is
+        read when ops are bound, so a trace depends on it."""
+        return (in_tree, _signature(in_vars), runtime.is_deterministic_matmul())
 
     def _lookup(self, args):
         leaves, in_tree, in_vars = _flat_args(args)

@@ -56,6 +56,7 @@ from .backends.base import instances
 from .errors import ArgumentError, ExecutionError, GradError, TracingError
 from .ir import Program, collect, collect_keyed
 from .ops.api import default_device
+from .ops.linalg import DETERMINISTIC_MATMUL
 from .ops.core import CURRENT_SITE, user_site
 from .stats import STATS
 from .threadsafe import Cache, Setting, cache_limit, cache_sizes  # noqa: F401 (public)
@@ -66,7 +67,7 @@ __all__ = ["set_eager", "is_eager", "eager", "no_grad", "enable_grad", "is_grad_
            "set_backend", "use_backend", "current_backend", "current_device", "user_line",
            "submit", "compute", "realize", "is_traced", "register_grad_leaf", "grad_leaf",
            "is_grad_leaf", "backward", "set_cache_limit", "cache_limit", "cache_sizes",
-           "clear_caches"]
+           "clear_caches", "deterministic_matmul", "is_deterministic_matmul"]
 
 
 # -- modes ------------------------------------------------------------------------------------------
@@ -163,6 +164,20 @@ def is_grad_enabled() -> bool:
     True
     """
     return _GRAD_ENABLED.get()
+
+
+def deterministic_matmul(enabled: bool = True) -> _Mode:
+    """``with vkml.deterministic_matmul():`` -- matrix products bound in this thread or task in
+    the block (``@``, ``vkml.matmul``, ``nn.Linear``, ``conv2d``) sum over the contraction index in
+    the canonical tree order: the same bits on every backend, slower than BLAS.  Read when an op
+    is built, so a jitted function traced inside the block keeps it (the mode is part of its
+    cache key), and derivatives of such a product are deterministic too."""
+    return _Mode(DETERMINISTIC_MATMUL, check_bool(enabled, "enabled", "deterministic_matmul"))
+
+
+def is_deterministic_matmul() -> bool:
+    """Whether matrix products bound now in this thread or task are deterministic."""
+    return DETERMINISTIC_MATMUL.get()
 
 
 def current_backend():

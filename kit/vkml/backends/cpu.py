@@ -18,10 +18,19 @@ NumPy backend and says so once.
 Floating-point contract: compiled with ``-O2 -ffp-contract=off`` (and
 vectorised) and without ``-ffast-math``: +, -, *, / and sqrt are correctly rounded IEEE operations
 done in the same order as on the NumPy backend, so they give the same bits.
-Reductions inside compiled code add sequentially in index order (NumPy adds
-pairwise), and exp/log/sin/cos/tanh/pow come from libm: both agree with the
-NumPy backend within a few ulps (tests use rtol 1e-12 in float64, 1e-5 in
-float32).  The canonical-tree sums of the graph layer are exact on both.
+Every float sum (``sum``, ``mean``, and whatever is built on them, their
+gradients included) adds in the one canonical tree order on both
+(``vkml.ops.treesum``: a binary-counter stack per output here), so it has
+the same bits too; so does ``cumsum`` (in index order everywhere) and a
+deterministic matmul (the tree over k).  A program made of these may
+therefore start on NumPy and switch to C when hot (``Tiered``) without
+changing a bit.  Two things differ: a default ``matmul`` adds over k in
+index order in C but in BLAS's order on NumPy, and exp/log/sin/cos/tanh/pow
+(and the other libm functions, ``LIBM``) come from libm in C, within a few
+ulps of NumPy's own SIMD versions (tests use rtol 1e-12 in float64, 1e-5 in
+float32).  So a program holding either is compiled at once, never switched,
+and one whose matmul is too big for generated loops (``MATMUL_LIMIT``) stays
+on NumPy on every call: every program gives the same bits on every call.
 
 Generated code cannot corrupt the process: value sizes are checked before
 anything is compiled (``base.check_sizes``), every temporary's allocation is
@@ -186,16 +195,20 @@ def _empty_result(shape, dtype, what, index):
 MATMUL_LIMIT = 1 << 16
 
 
-def _too_big(program) -> bool:
+def _blas_matmuls(program):
+    """The default-order matrix products of ``program`` and the programs nested in it."""
     for e in program.eqns:
-        if e.prim.name == "matmul":
-            a, b = e.inputs
-            if a.size * b.shape[-1] > MATMUL_LIMIT:
-                return True
+        if e.prim.name == "matmul" and "order" not in e.params:
+            yield e
         for p in e.params.values():
-            if hasattr(p, "eqns") and _too_big(p):
-                return True
-    return False
+            if hasattr(p, "eqns"):
+                yield from _blas_matmuls(p)
+
+
+def _too_big(program) -> bool:
+    """Whether a default-order matmul is too big for generated loops: the program stays on NumPy
+    (BLAS) on every call.  A deterministic product is the same tree in C and NumPy: never too big."""
+    return any(e.inputs[0].size * e.inputs[1].shape[-1] > MATMUL_LIMIT for e in _blas_matmuls(program))
 
 
 #: primitives whose C lowering gives NumPy's bits on floats and integers alike: correctly
@@ -454,7 +467,8 @@ def hot_threshold() -> int:
 
 
 class Tiered:
-    """Runs a program on NumPy until it is hot, then swaps in its compiled C function."""
+    """Runs a program on NumPy until it is hot, then swaps in its compiled C function (the same
+    bits: see "Floating-point contract" in the module docstring)."""
 
     def __init__(self, backend, program, numpy_run, remaining):
         self.backend, self.program, self.current, self.remaining = backend, program, numpy_run, remaining
@@ -471,6 +485,25 @@ class Tiered:
         if into is not None and getattr(self.current, "writes_into", False):
             return self.current(args, into=into)
         return self.current(args)
+
+
+#: primitives whose C lowering calls libm, where NumPy may use its own (SIMD) implementation:
+#: within a few ulps of each other, not bit for bit
+LIBM = frozenset({"exp", "log", "sin", "cos", "tanh", "pow", "log1p", "expm1", "erf", "atan2"})
+
+
+def _differs_from_numpy(program) -> bool:
+    """Whether ``program``'s C function may give other bits than its NumPy run: it holds a
+    default-order matmul (BLAS's order on NumPy) or a libm function on floats.  Such a program is
+    compiled at once, never switched from NumPy to C, so every call gives the same bits."""
+    if any(True for _ in _blas_matmuls(program)):
+        return True
+    for e in program.eqns:
+        if e.prim.name in LIBM and e.outputs[0].dtype.kind == "f":
+            return True
+        if any(hasattr(p, "eqns") and _differs_from_numpy(p) for p in e.params.values()):
+            return True
+    return False
 
 
 def _has_loop(program) -> bool:
@@ -502,7 +535,7 @@ class CpuBackend(Backend):
         if _too_big(program):
             return self._numpy(with_exact_runs_called(program))
         hot = hot_threshold()
-        if hot == 0 or _has_loop(program):
+        if hot == 0 or _has_loop(program) or _differs_from_numpy(program):
             return self._compile_c(program) or self._numpy(program)
         return Tiered(self, program, self._numpy(program), hot)
 

@@ -120,7 +120,7 @@ def _library():
 def _build():
     if os.name != "posix" or not hasattr(signal, "SIGINT"):
         return None
-    from .cpu import compiler, library
+    from .cpu import compiler, library  # local: cycle (cpu imports this module)
     if compiler() is None:
         return None
     try:

@@ -106,7 +106,8 @@ def _plan(program):
     Two rewrites that matter for training steps on NumPy:
     - ``transpose(matmul(a, b))`` of the last two axes (a weight gradient of
       ``x @ W.T``) becomes ``b.T @ a.T``: a contiguous result, so the optimiser's
-      elementwise ops on it do not run at strided speed;
+      elementwise ops on it do not run at strided speed (BLAS products only: a
+      deterministic product keeps its own implementation);
     - an elementwise ufunc whose operand is a fresh temporary read only here
       writes its result into that operand's buffer (``out=``), as hand-written
       NumPy would, instead of allocating;
@@ -125,8 +126,8 @@ def _plan(program):
     for e in program.eqns:
         if e.prim.name == "transpose" and _is_last_two_swap(e.params["perm"]):
             m = producer.get(e.inputs[0])
-            if m is not None and m.prim.name == "matmul" and uses[e.inputs[0]] == 1 and \
-                    e.inputs[0] not in outputs:
+            if m is not None and m.prim.name == "matmul" and not m.params and \
+                    uses[e.inputs[0]] == 1 and e.inputs[0] not in outputs:
                 absorbed.add(id(m))
                 swapped[id(e)] = m.inputs
     consumers = {}

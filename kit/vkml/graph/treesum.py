@@ -1,7 +1,9 @@
-"""The canonical tree: the one order in which vkml sums over samples.
+"""The canonical tree over samples: aligned chunks, memory-budget passes, their combination.
 
 The sum over samples ``0..n-1`` is the perfect binary tree over the index,
-padded with zeros to a power of two, leaves in sample order.  An aligned
+padded with zeros to a power of two, leaves in sample order: the one order
+in which every sum of vkml adds (``vkml.ops.treesum`` computes it; this
+module adds what the graph layer builds on it).  An aligned
 chunk of ``2^m`` samples is exactly one of its subtrees, so summing chunks
 (threads, memory-budget passes, devices) and then summing the chunk sums
 with the same tree gives the same bits as one pass.  NumPy's own ``sum``
@@ -13,64 +15,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import BudgetError
+from ..ops.treesum import tree_sum  # noqa: F401 (the graph layer's sum over samples)
 
 #: the smallest pass a chunked reverse may use (bitwise parameter sums need aligned subtrees)
 MIN_PASS = 256
-
-
-def tree_sum(x: np.ndarray) -> np.ndarray:
-    """Sum ``x`` over axis 0 with the canonical tree.
-
-    Level by level, adjacent pairs are added; an odd last element is carried
-    up with ``+ 0.0`` -- exactly what the zero padding to a power of two
-    would add -- so no padded copy is made, and every level is written into
-    one scratch buffer.
-
-    >>> vkml.graph.tree_sum(np.array([1.0, 2.0, 3.0]))
-    array(6.)
-    >>> vkml.graph.tree_sum(np.array([0.1, 0.2, 0.3])) == (0.1 + 0.2) + (0.3 + 0.0)
-    np.True_
-    """
-    x = np.asarray(x)
-    n = x.shape[0]
-    if n == 0:
-        return np.zeros(x.shape[1:], x.dtype)
-    # always an ndarray (0-d for a scalar Param), never a NumPy scalar
-    if n == 1:
-        return np.array(x[0])
-    if n <= SMALL:
-        return _padded_tree_sum(x)
-    buf = np.empty(((n + 1) // 2,) + x.shape[1:], x.dtype)
-    cur = x
-    zero = np.zeros((), x.dtype)
-    while n > 1:
-        m = n // 2
-        np.add(cur[0:2 * m:2], cur[1:2 * m:2], out=buf[:m])
-        if n % 2:
-            np.add(cur[n - 1:n], zero, out=buf[m:m + 1])
-        n = m + n % 2
-        cur = buf[:n]
-    return np.array(cur[0])
-
-
-#: up to this many samples the padded tree is faster (one NumPy call per level, no carries)
-SMALL = 4096
-
-
-def _padded_tree_sum(x):
-    """The canonical tree literally: zero-padded to a power of two, pairs added level by level.
-    The same bits as the carrying version (a carried element gets exactly the ``+ 0.0`` of its
-    zero partner); fewer NumPy calls per level, a new array per level (cheap when small)."""
-    n = x.shape[0]
-    p = 1 << (n - 1).bit_length()
-    if p == n:
-        cur = x
-    else:
-        cur = np.zeros((p,) + x.shape[1:], x.dtype)
-        cur[:n] = x
-    while cur.shape[0] > 1:
-        cur = cur[0::2] + cur[1::2]
-    return np.array(cur[0])
 
 
 def chunk_bounds(n: int, size: int):

@@ -38,7 +38,7 @@ from .elementwise import (abs_p, add_p, cast_p, cos_p, div_p, equal_p, exp_p, gr
                           greater_p, less_equal_p, less_p, log_p, logical_and_p, logical_not_p,
                           logical_or_p, maximum_p, minimum_p, mul_p, neg_p, not_equal_p, pow_p,
                           sign_p, sin_p, sqrt_p, stop_gradient_p, sub_p, tanh_p, where_p)
-from .linalg import matmul_p
+from .linalg import matmul_p, matmul_params
 from .movement import (broadcast_in_dim_p, concatenate_p, flip_p, gather_p, pad_p, reshape_p,
                        scatter_add_p, slice_p, transpose_p)
 from .reductions import argmax_p, reduce_max_p, reduce_sum_p
@@ -1227,12 +1227,16 @@ def _advanced(y, out_shape, advanced):
 
 # -- linear algebra --------------------------------------------------------------------------
 
-def matmul(a, b):
+def matmul(a, b, *, deterministic=None):
     """NumPy's ``a @ b``: 1-D operands, batch broadcasting, dtype promotion.
+
+    ``deterministic=True``: each output is the canonical tree over the contraction index, the
+    same bits on every backend (not BLAS); None follows ``vkml.deterministic_matmul``.
 
     >>> vkml.matmul(vkml.tensor([[1.0, 2.0]]), vkml.tensor([[3.0], [4.0]]))
     tensor([[11.]], dtype=float64)
     """
+    params = matmul_params(deterministic)
     a, b = promote(a, b)
     if a.ndim == 0 or b.ndim == 0:
         raise ShapeError("matmul: operands must have at least one dimension; use * for scalars")
@@ -1244,7 +1248,7 @@ def matmul(a, b):
     batch = broadcast_shapes("matmul", a2.shape[:-2], b2.shape[:-2])
     a2 = broadcast_to(a2, batch + a2.shape[-2:])
     b2 = broadcast_to(b2, batch + b2.shape[-2:])
-    out = bind(matmul_p, a2, b2)
+    out = bind(matmul_p, a2, b2, **params)
     if a.ndim == 1:
         out = reshape(out, out.shape[:-2] + out.shape[-1:])
     if b.ndim == 1:

@@ -1,4 +1,13 @@
-"""Reductions: sum (linear), max, argmax.  ``mean`` and ``min`` are built on these in ``api``."""
+"""Reductions: sum (linear), max, argmax.  ``mean`` and ``min`` are built on these in ``api``.
+
+``reduce_sum`` adds in one fixed order on every backend: the canonical tree over the reduced
+elements in row-major order of the reduced axes (``treesum``), so a sum has the same bits on
+NumPy, in compiled C and on the GPU, on every call and in every thread.  ``reduce_max`` and
+``argmax`` need no order (a maximum is exact).  Derivatives add in the same fixed orders: the
+transpose of a broadcast is ``reduce_sum`` (the tree), and the transpose of a gather is
+``scatter_add``, which adds duplicate indices one by one in index order on every backend (as
+``cumsum`` adds along its axis).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +17,7 @@ from ..errors import DTypeError, ShapeError
 from ..ir import dtype_name
 from . import api as F  # api imports this module too: F is used only inside the rules
 from .core import Primitive, bind
+from .treesum import tree_reduce
 
 
 def _check_axes(name, x, axes):
@@ -35,9 +45,10 @@ def _reduce_rule(name):
     return rule
 
 
-reduce_sum_p = Primitive("reduce_sum", doc="Sum over ``axes``; linear. Its transpose is a broadcast.")
+reduce_sum_p = Primitive("reduce_sum", doc="Sum over ``axes`` in the canonical tree order; linear. Its "
+                         "transpose is a broadcast.")
 reduce_sum_p.abstract = _reduce_rule("reduce_sum")
-reduce_sum_p.impl = lambda x, *, axes: np.sum(x, axis=axes, dtype=x.dtype)
+reduce_sum_p.impl = lambda x, *, axes: tree_reduce(x, axes)
 reduce_sum_p.jvp = lambda p, t, o, *, axes: [F.reduce_sum(t[0], axes)]
 reduce_sum_p.transpose = lambda ct, x, *, axes: [
     F.broadcast_in_dim(ct[0], x.shape, _kept_dims(len(x.shape), axes))]

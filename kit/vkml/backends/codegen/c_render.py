@@ -121,7 +121,7 @@ def render(lowering, stmts, n_in, in_types, n_out, out_types, name="vk_main", da
                          f": ({ctype}*)malloc({nbytes});")
             lines.append(f"    if (!{tname}) {{ info[0] = {slot}; info[1] = (int64_t)({nbytes}); "
                          f"err_ = {ALLOCATION_FAILED}; goto done; }}")
-    _emit(stmts, lines, "    ")
+    emit(stmts, lines, "    ")
     lines.append("    goto done;")
     lines.append("done:")
     for tname, _, count in lowering.temps:
@@ -159,26 +159,28 @@ def _objects_entry(n_in, n_out, n_info, data_offset):
     return lines
 
 
-def _emit(stmts, lines, ind):
+def emit(stmts, lines, ind):
+    """Append the C text of ``stmts`` (strings and ``statements`` objects) to ``lines``, indented
+    by ``ind``: the one printer of statements, shared by the program and per-sample loop renderers."""
     for s in stmts:
         if isinstance(s, str):
             lines.append(ind + s)
         elif isinstance(s, Loop):
             lines.append(f"{ind}for (int64_t {s.var} = 0; {s.var} < {s.extent}; {s.var}++) {{")
-            _emit(s.body, lines, ind + "    ")
+            emit(s.body, lines, ind + "    ")
             lines.append(ind + "}")
         elif isinstance(s, Block):
             lines.append(ind + "{")
-            _emit(s.body, lines, ind + "    ")
+            emit(s.body, lines, ind + "    ")
             lines.append(ind + "}")
         elif isinstance(s, If):
             head = f"if ({s.test}) {{" if s.first else (f"{s.test} {{")
             lines.append(ind + head)
-            _emit(s.body, lines, ind + "    ")
+            emit(s.body, lines, ind + "    ")
             lines.append(ind + "}")
         elif isinstance(s, While):
             lines.append(f"{ind}while ({s.test}) {{")
-            _emit(s.body, lines, ind + "    ")
+            emit(s.body, lines, ind + "    ")
             lines.append(ind + "}")
         else:
             raise TypeError(s)

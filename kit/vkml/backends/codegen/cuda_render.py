@@ -27,7 +27,9 @@ launched on one stream:
 - **matmul kernels** -- a top-level matrix product of two buffers runs
   through the tiled kernel of ``kernels_cu/matmul.cuh`` (same summation
   order as the loops, so the same bits), or through cuBLAS when the
-  backend finds it (see ``cuda.py``).
+  backend finds it (see ``cuda.py``).  A deterministic product
+  (``order="tree"``) never does: it is a grid kernel, one thread per
+  output summing over k with the canonical tree.
 - **per-sample scan kernels** -- a top-level scan whose step is a vmapped
   program (``vmap_of``, set by ``transforms/vmap.py``: its samples never
   interact) is a grid kernel with one thread per sample, each looping over
@@ -57,8 +59,14 @@ parameter updates; ``vk_status`` holds the first failure (see
 Floating point: compile with :data:`NVCC_FLAGS` (``-fmad=false``, IEEE
 division and square root, no flush-to-zero): +, -, *, / and sqrt give the
 bits of the CPU tier; exp/log/sin/cos/tanh/pow come from CUDA's libdevice
-and agree with NumPy within a few ulps.  Split reductions add in another
-order than NumPy (within a few ulps too).
+and agree with NumPy within a few ulps.  Float sums add in the canonical
+tree order (``vkml.ops.treesum``) as on NumPy and the CPU tier, so they
+give the same bits: a thread's partial is the tree over an aligned chunk of
+``2^c`` reduced elements (a subtree), and the partials are summed with the
+same tree; a deterministic matmul is one thread per output with the tree
+over k (never the tiled kernel or cuBLAS).  Split maximum reductions need
+no order.  ``cumsum`` adds each row in index order (one thread per row), as
+NumPy does.
 
 Verified without a GPU (``tests/test_cuda_codegen.py``): every kernel
 generated for a broad set of the test suite's programs compiles with
@@ -76,7 +84,7 @@ from dataclasses import dataclass, field
 
 from ...ir import Program
 from .c_render import template
-from .lower import CTYPE, Lowering, Unsupported, _lin
+from .lower import CTYPE, Lowering, Unsupported, linear_index
 from .rules import C_RULES, Statement
 from .statements import Block, If, Loop, Matmul, SampleLoop, While
 
@@ -230,6 +238,8 @@ class CudaLowering(Lowering):
     def _lower_matmul(self, e, env, targets):
         out = e.outputs[0]
         loops = _mark(super()._lower_matmul(e, env, targets), out.ndim)
+        if e.params.get("order") == "tree":
+            return loops        # the deterministic product: one thread per output, the tree over k
         a, b = e.inputs
         try:
             pa, pb = env.pointer(a), env.pointer(b)
@@ -247,11 +257,59 @@ class CudaLowering(Lowering):
             return self._split_reduce(e, env, target, step, init, first, total)
         return _mark(super()._reduce(e, env, target, step, init, first), out.ndim)
 
+    def _tree_reduce(self, e, env, target):
+        x, out = e.inputs[0], e.outputs[0]
+        total = math.prod(x.shape[a] for a in e.params["axes"])
+        if total >= SPLIT_MIN_ELEMENTS and 0 < out.size <= SPLIT_MAX_OUTPUTS:
+            return self._split_tree_reduce(e, env, target, total)
+        return _mark(super()._tree_reduce(e, env, target), out.ndim)
+
+    def _split_tree_reduce(self, e, env, target, total):
+        """A float sum in two stages with the canonical tree's bits: each partial is the tree over
+        one aligned chunk of ``2^c`` consecutive reduced elements (exactly a subtree, the last one
+        padded), computed in parallel; then each output sums its partials with the tree.  A
+        chunk is never wider than the padded total, so no zero subtree is added above the root."""
+        x, out = e.inputs[0], e.outputs[0]
+        axes = sorted(e.params["axes"])
+        chunk = max(32, 1 << (-(-total // 8192) - 1).bit_length())
+        parts = -(-total // chunk)
+        t = CTYPE[out.dtype]
+        part = self.fresh("t")
+        self.temps.append((part, t, max(1, out.size * parts)))
+        oidx, _, full = self._reduce_indices(x, axes)
+        c, q, rr = self.fresh("p"), self.fresh("q"), self.fresh("r")
+        stride = 1
+        for a in reversed(axes):
+            full[a] = f"(({rr}) / {stride}) % {x.shape[a]}" if stride > 1 else f"({rr}) % {x.shape[a]}"
+            stride *= x.shape[a]
+        decl, st = self.tree_stack(out.dtype, chunk)
+        pshape = tuple(out.shape) + (parts,)
+        valid = f"({total} - {c} * (int64_t){chunk} < {chunk} ? {total} - {c} * (int64_t){chunk} : {chunk})"
+        body = [f"const int64_t {rr} = {c} * (int64_t){chunk} + {q};", f"if ({rr} >= {total}) break;",
+                f"vk_tree_push_{t}({st}, {q}, 0, {env.read(x, full)});"]
+        stage1 = [Block(decl + [Loop(q, chunk, body),
+                                 f"{part}[{linear_index(oidx + [c], pshape)}] = "
+                                 f"vk_tree_fold_{t}({st}, {valid}, {chunk.bit_length() - 1});"])]
+        for v, extent in reversed(list(zip(oidx + [c], pshape))):
+            stage1 = [Loop(v, extent, stage1)]
+        _mark(stage1, len(pshape))
+        oidx2 = [self.fresh("i") for _ in oidx]
+        c2 = self.fresh("p")
+        decl2, st2 = self.tree_stack(out.dtype, parts)
+        stage2 = [Block(decl2 + [Loop(c2, parts, [f"vk_tree_push_{t}({st2}, {c2}, 0, "
+                                                   f"{part}[{linear_index(oidx2 + [c2], pshape)}]);"]),
+                                  f"{target}[{linear_index(oidx2, out.shape)}] = "
+                                  f"{self.tree_fold(out.dtype, st2, parts)};"])]
+        for v, extent in reversed(list(zip(oidx2, out.shape))):
+            stage2 = [Loop(v, extent, stage2)]
+        _mark(stage2, out.ndim)
+        return stage1 + stage2
+
     def _split_reduce(self, e, env, target, step, init, first, total):
-        """A reduction in two stages: ``parts`` partial results per output, each over an
-        interleaved slice (coalesced reads), computed in parallel; then each output adds its
-        partials in order.  Another summation order than the loops, hence than NumPy's pairwise
-        sum: equal within a few ulps."""
+        """A maximum (or an integer sum) in two stages: ``parts`` partial results per output, each
+        over an interleaved slice (coalesced reads), computed in parallel; then each output
+        combines its partials in order.  Exact in any order (float sums use
+        :meth:`_split_tree_reduce`)."""
         x, out = e.inputs[0], e.outputs[0]
         axes = e.params["axes"]
         kept = [i for i in range(x.ndim) if i not in axes]
@@ -277,17 +335,17 @@ class CudaLowering(Lowering):
             body.append(step.format(x=val))
         pshape = tuple(out.shape) + (parts,)
         stage1 = [Block([f"{acc_t} acc = {init if init is not None else 0};", Loop(q, per, body),
-                         f"{part}[{_lin(oidx + [c], pshape)}] = acc;"])]
+                         f"{part}[{linear_index(oidx + [c], pshape)}] = acc;"])]
         for v, extent in reversed(list(zip(oidx + [c], pshape))):
             stage1 = [Loop(v, extent, stage1)]
         _mark(stage1, len(pshape))
         oidx2 = [self.fresh("i") for _ in kept]
         c2 = self.fresh("p")
-        pval = f"{part}[{_lin(oidx2 + [c2], pshape)}]"
+        pval = f"{part}[{linear_index(oidx2 + [c2], pshape)}]"
         inner = [f"if ({c2} == 0) {{ {first.format(x=pval)} }} else {{ {step.format(x=pval)} }}"
                  if first is not None else step.format(x=pval)]
         stage2 = [Block([f"{acc_t} acc = {init if init is not None else 0};", Loop(c2, parts, inner),
-                         f"{target}[{_lin(oidx2, out.shape)}] = acc;"])]
+                         f"{target}[{linear_index(oidx2, out.shape)}] = acc;"])]
         for v, extent in reversed(list(zip(oidx2, out.shape))):
             stage2 = [Loop(v, extent, stage2)]
         _mark(stage2, out.ndim)

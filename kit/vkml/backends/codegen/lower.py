@@ -28,13 +28,17 @@ import math
 
 import numpy as np
 
-from ...ir import Program
+from ...ir import Program, Var
 from .statements import Block, If, Loop, While
 
 CTYPE = {np.dtype(np.float64): "double", np.dtype(np.float32): "float",
          np.dtype(np.int32): "int32_t", np.dtype(np.int64): "int64_t",
          np.dtype(np.bool_): "uint8_t"}
 
+
+#: a float sum whose innermost reduced extent is a multiple of this adds such blocks as one fixed
+#: subtree each (a power of two: an aligned block is a subtree of the canonical tree)
+TREE_BLOCK = 8
 
 #: the longest chain of inlined expressions before a value is stored
 MAX_INLINE_DEPTH = 32
@@ -59,7 +63,9 @@ def _c_literal(value, dtype):
     return f"(({CTYPE[dtype]}){int(v)}LL)"
 
 
-def _strides(shape):
+def row_major_strides(shape):
+    """The element strides of a C-contiguous array of ``shape`` (what the lowering and the rules
+    table index buffers with)."""
     out, acc = [], 1
     for d in reversed(shape):
         out.append(acc)
@@ -67,11 +73,13 @@ def _strides(shape):
     return list(reversed(out))
 
 
-def _lin(idx, shape):
+def linear_index(idx, shape):
+    """The C expression of the flat offset of index expressions ``idx`` in a C-contiguous buffer
+    of ``shape`` (shared by the C and CUDA lowerings and the rules table)."""
     if not shape:
         return "0"
     terms = []
-    for i, s in zip(idx, _strides(shape)):
+    for i, s in zip(idx, row_major_strides(shape)):
         if s == 0:
             continue
         terms.append(i if s == 1 else f"({i})*{s}")
@@ -86,7 +94,7 @@ class Lowering:
     """
 
     def __init__(self):
-        from .rules import C_RULES   # the table names this class's methods: read once it exists
+        from .rules import C_RULES  # local: cycle (rules imports this module: its table names our methods)
         self.rules = C_RULES
         self.temps = []          # (name, ctype, count)
         self.temp_vars = []      # the Var each temporary holds (named in an allocation failure)
@@ -191,7 +199,7 @@ class Lowering:
         """A loop nest over ``shape`` storing ``value_at(idx)`` into ``target``; ``checks(idx)``:
         lines run before each store (that refuse an element's operands)."""
         idx = [self.fresh("i") for _ in shape]
-        body = [f"{target}[{_lin(idx, shape)}] = {value_at(idx)};"]
+        body = [f"{target}[{linear_index(idx, shape)}] = {value_at(idx)};"]
         if checks is not None:
             body = [Block(checks(idx) + body)]
         for var, extent in reversed(list(zip(idx, shape))):
@@ -220,7 +228,67 @@ class Lowering:
                           lambda idx: f"vk_ipow_{t}({env.read(x, idx)}, {b})", checks)
 
     def _lower_reduce_sum(self, e, env, targets):
-        return self._reduce(e, env, targets[0], "acc += {x};", "0")
+        if e.outputs[0].dtype.kind != "f":      # wrapping integer sums: every order, same bits
+            return self._reduce(e, env, targets[0], "acc += {x};", "0")
+        return self._tree_reduce(e, env, targets[0])
+
+    def _reduce_indices(self, x, axes):
+        """Loop variables of a reduction: per kept axis, per reduced axis, and the full index of
+        ``x`` they address."""
+        kept = [i for i in range(x.ndim) if i not in axes]
+        oidx = [self.fresh("i") for _ in kept]
+        ridx = [self.fresh("r") for _ in axes]
+        full = [None] * x.ndim
+        for i, v in zip(kept, oidx):
+            full[i] = v
+        for i, v in zip(axes, ridx):
+            full[i] = v
+        return oidx, ridx, full
+
+    def tree_stack(self, dtype, count):
+        """Declarations of a streamed canonical tree over ``count`` elements (``kernels_cu/helpers.h``):
+        ``(lines, stack name)``; the stack holds one partial per bit of ``count``."""
+        st = self.fresh("st")
+        return [f"{CTYPE[dtype]} {st}[{max(1, int(count).bit_length() + 1)}];"], st
+
+    @staticmethod
+    def tree_fold(dtype, st, count):
+        """The expression finishing a streamed tree of ``count`` elements (padded to a power of two)."""
+        levels = (int(count) - 1).bit_length() if count else 0
+        return f"vk_tree_fold_{CTYPE[dtype]}({st}, {count}, {levels})"
+
+    def _tree_reduce(self, e, env, target):
+        """A float sum: per output, the canonical tree over the reduced elements in row-major order
+        of the reduced axes (as ``vkml.ops.treesum.tree_reduce``: the NumPy backend's bits), each
+        element pushed onto a binary-counter stack and the stack folded at the end."""
+        x, out = e.inputs[0], e.outputs[0]
+        axes = sorted(e.params["axes"])
+        total = math.prod(x.shape[a] for a in axes)
+        oidx, ridx, full = self._reduce_indices(x, axes)
+        t = CTYPE[out.dtype]
+        decl, st = self.tree_stack(out.dtype, total)
+        cnt = self.fresh("n")
+        extents = [x.shape[a] for a in axes]
+        if extents and extents[-1] % TREE_BLOCK == 0:
+            # full aligned blocks along the innermost reduced axis: a fixed tree of TREE_BLOCK
+            # elements (independent adds), pushed as one item of level log2(TREE_BLOCK)
+            last, r = axes[-1], ridx[-1]
+            leaves = [env.read(x, [f"({r} * {TREE_BLOCK} + {j})" if i == last else v
+                                   for i, v in enumerate(full)]) for j in range(TREE_BLOCK)]
+            while len(leaves) > 1:
+                leaves = [f"({leaves[j]} + {leaves[j + 1]})" for j in range(0, len(leaves), 2)]
+            level = TREE_BLOCK.bit_length() - 1
+            inner = [f"vk_tree_push_{t}({st}, {cnt}, {level}, {leaves[0]}); {cnt} += {TREE_BLOCK};"]
+            extents[-1] //= TREE_BLOCK
+        else:
+            inner = [f"vk_tree_push_{t}({st}, {cnt}, 0, {env.read(x, full)}); {cnt}++;"]
+        for v, extent in reversed(list(zip(ridx, extents))):
+            inner = [Loop(v, extent, inner)]
+        body = [Block(decl + [f"int64_t {cnt} = 0; (void){cnt};"] + inner +
+                       [f"{target}[{linear_index(oidx, out.shape)}] = {self.tree_fold(out.dtype, st, total)};"])]
+        for v, extent in reversed(list(zip(oidx, out.shape))):
+            body = [Loop(v, extent, body)]
+        return body
 
     def _lower_reduce_max(self, e, env, targets):
         x = e.inputs[0]
@@ -249,7 +317,7 @@ class Lowering:
         for v, a in reversed(list(zip(ridx, axes))):
             inner = [Loop(v, x.shape[a], inner)]
         body = [f"{acc_t} acc = {init if init is not None else 0};"] + inner + \
-            [f"{target}[{_lin(oidx, out.shape)}] = acc;"]
+            [f"{target}[{linear_index(oidx, out.shape)}] = acc;"]
         body = [Block(body)]
         for v, extent in reversed(list(zip(oidx, out.shape))):
             body = [Loop(v, extent, body)]
@@ -271,7 +339,7 @@ class Lowering:
         body = [Block([f"{t} best = 0; int64_t arg = -1;",
                        Loop(r, x.shape[axis], [f"if (arg < 0 || {val} > best{nan_check}) "
                                                f"{{ if (arg < 0 || !(best != best)) {{ best = {val}; arg = {r}; }} }}"]),
-                       f"{targets[0]}[{_lin(oidx, out.shape)}] = arg;"])]
+                       f"{targets[0]}[{linear_index(oidx, out.shape)}] = arg;"])]
         for v, extent in reversed(list(zip(oidx, out.shape))):
             body = [Loop(v, extent, body)]
         return body
@@ -279,18 +347,53 @@ class Lowering:
     def _lower_matmul(self, e, env, targets):
         a, b = e.inputs
         out = e.outputs[0]
+        if e.params.get("order") == "tree" and out.dtype.kind == "f":
+            return self._tree_matmul(e, env, targets)
         idx = [self.fresh("i") for _ in out.shape]
         k = self.fresh("k")
         batch = idx[:-2]
         ai = batch + [idx[-2], k]
         bi = batch + [k, idx[-1]]
         t = CTYPE[out.dtype]
-        body = [Block([f"{t} acc = 0;",
-                       Loop(k, a.shape[-1], [f"acc += {env.read(a, ai)} * {env.read(b, bi)};"]),
-                       f"{targets[0]}[{_lin(idx, out.shape)}] = acc;"])]
+        # the default product: k in index order (BLAS on NumPy picks its own order)
+        product = f"{env.read(a, ai)} * {env.read(b, bi)}"
+        body = [Block([f"{t} acc = 0;", Loop(k, a.shape[-1], [f"acc += {product};"]),
+                       f"{targets[0]}[{linear_index(idx, out.shape)}] = acc;"])]
         for v, extent in reversed(list(zip(idx, out.shape))):
             body = [Loop(v, extent, body)]
         return body
+
+    def _tree_matmul(self, e, env, targets):
+        """The deterministic product: each output the canonical tree over k of its products (the
+        NumPy backend's bits).  ``b`` is first copied transposed, so both operands are read along
+        k contiguously; aligned blocks of TREE_BLOCK values of k are one fixed subtree each."""
+        a, b = e.inputs
+        out = e.outputs[0]
+        n_k = a.shape[-1]
+        t = CTYPE[out.dtype]
+        bt_var = Var(b.shape[:-2] + (b.shape[-1], n_k), b.dtype, b.device)
+        bt = self.temp(bt_var)
+        stmts = self.store(bt_var.shape, bt, lambda i: env.read(b, i[:-2] + [i[-1], i[-2]]))
+        idx = [self.fresh("i") for _ in out.shape]
+        k = self.fresh("k")
+
+        def product(at):
+            return f"({env.read(a, idx[:-1] + [at])} * {bt}[{linear_index(idx[:-2] + [idx[-1], at], bt_var.shape)}])"
+        decl, st = self.tree_stack(out.dtype, n_k)
+        if n_k % TREE_BLOCK == 0:
+            leaves = [product(f"({k} * {TREE_BLOCK} + {j})") for j in range(TREE_BLOCK)]
+            while len(leaves) > 1:
+                leaves = [f"({leaves[j]} + {leaves[j + 1]})" for j in range(0, len(leaves), 2)]
+            level = TREE_BLOCK.bit_length() - 1
+            loop = Loop(k, n_k // TREE_BLOCK,
+                        [f"vk_tree_push_{t}({st}, {k} * {TREE_BLOCK}, {level}, {leaves[0]});"])
+        else:
+            loop = Loop(k, n_k, [f"vk_tree_push_{t}({st}, {k}, 0, {product(k)});"])
+        result = f"{targets[0]}[{linear_index(idx, out.shape)}] = {self.tree_fold(out.dtype, st, n_k)};"
+        body = [Block(decl + [loop, result])]
+        for v, extent in reversed(list(zip(idx, out.shape))):
+            body = [Loop(v, extent, body)]
+        return stmts + body
 
     def _coords(self, env, x_shape, idx_var, prefix, e):
         """Index coordinates as C variables, each checked against its axis (the error names the
@@ -333,14 +436,14 @@ class Lowering:
         out = e.outputs[0]
         return self._indexed_nest(
             env, x.shape, idx, out.shape, e,
-            lambda o, full: f"{targets[0]}[{_lin(o, out.shape)}] = {env.read(x, full)};", hoist)
+            lambda o, full: f"{targets[0]}[{linear_index(o, out.shape)}] = {env.read(x, full)};", hoist)
 
     def _lower_scatter_add(self, e, env, targets):
         base, idx, upd = e.inputs
         copy = self.store(base.shape, targets[0], lambda i: env.read(base, i))
         return copy + self._indexed_nest(
             env, base.shape, idx, upd.shape, e,
-            lambda u, full: f"{targets[0]}[{_lin(full, base.shape)}] += {env.read(upd, u)};")
+            lambda u, full: f"{targets[0]}[{linear_index(full, base.shape)}] += {env.read(upd, u)};")
 
     def error_code(self, e):
         """Errors report the failing primitive back to Python as a code: 1 + its place in ``errors``."""
@@ -496,7 +599,7 @@ class Lowering:
             full = [at if v is None else v for v in idx]
             return [f"{t} acc = 0;",
                     Loop(k, n, [add.format(v=env.read(x, full)),
-                                f"{targets[0]}[{_lin(full, out.shape)}] = acc;"])]
+                                f"{targets[0]}[{linear_index(full, out.shape)}] = acc;"])]
         return self._rows(x.shape, axis, row)
 
     def _lower_argsort(self, e, env, targets):
@@ -514,7 +617,7 @@ class Lowering:
             if x.dtype.kind == "f":     # q strictly before p: smaller, or p is NaN and q is not
                 before = f"({before} || ({key('A[p]')} != {key('A[p]')} && {key('A[q]')} == {key('A[q]')}))"
             k = self.fresh("k")
-            store = [f"{targets[0]}[{_lin([k if v is None else v for v in idx], out.shape)}] = A[{k}];"]
+            store = [f"{targets[0]}[{linear_index([k if v is None else v for v in idx], out.shape)}] = A[{k}];"]
             return [
                 f"int64_t* A = {scratch}; int64_t* B = {scratch} + {n};",
                 f"for (int64_t i = 0; i < {n}; i++) A[i] = i;",
@@ -651,12 +754,12 @@ class _Env:
 
     def read(self, v, idx):
         if v in self.buffers:
-            return f"{self.buffers[v]}[{_lin(idx, v.shape)}]"
+            return f"{self.buffers[v]}[{linear_index(idx, v.shape)}]"
         if v in self.consts:
             value = np.asarray(self.consts[v])
             if value.size == 1:
                 return _c_literal(value.reshape(()), v.dtype)
-            return f"{self.pointer(v)}[{_lin(idx, v.shape)}]"
+            return f"{self.pointer(v)}[{linear_index(idx, v.shape)}]"
         if v in self.inline:
             return f"({self.expr(self.producer[v], idx)})"
         raise Unsupported("a value read before it is computed")

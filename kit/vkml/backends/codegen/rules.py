@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .lower import CTYPE, Lowering, _lin, _strides
+from .lower import CTYPE, Lowering, linear_index, row_major_strides
 
 #: the unsigned type of an integer's width: integer arithmetic that may overflow is done in it
 _UNSIGNED = {1: "uint8_t", 2: "uint16_t", 4: "uint32_t", 8: "uint64_t"}
@@ -228,9 +228,9 @@ def _flip(read, e, idx):
 
 def _reshape(read, e, idx):
     x = e.inputs[0]
-    lin = _lin(idx, e.outputs[0].shape)
+    lin = linear_index(idx, e.outputs[0].shape)
     return read(x, [f"((({lin}) / {s}) % {d})" if d > 1 else "0"
-                    for d, s in zip(x.shape, _strides(x.shape))])
+                    for d, s in zip(x.shape, row_major_strides(x.shape))])
 
 
 def _pad(read, e, idx):

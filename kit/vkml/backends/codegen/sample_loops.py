@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .c_render import ALLOCATION_FAILED, INTERRUPTED, STACK_LIMIT, _emit, prelude
+from .c_render import ALLOCATION_FAILED, INTERRUPTED, STACK_LIMIT, emit, prelude
 from .cuda_render import prelude as cuda_prelude
 from .lower import CTYPE, Lowering, Unsupported
 
@@ -228,7 +228,7 @@ def forward_source(step, n_state, n_fixed, n_params, out_names, state_names, ter
         k = _size(v)
         lines.append(f"{ind}    if (t % {window} == 0) for (int64_t c = 0; c < {k}; c++) "
                      f"ck{i}[((t / {window}) * n + s) * {k} + c] = st{i}[c];")
-    _emit(body, lines, ind + "    ")
+    emit(body, lines, ind + "    ")
     for i in range(n_state):
         k = _size(st_vars[i])
         lines.append(f"{ind}    for (int64_t c = 0; c < {k}; c++) st{i}[c] = ot{new_of[i]}[c];")
@@ -335,14 +335,14 @@ def reverse_source(step, vjp, n_state, n_fixed, n_params, out_names, state_names
         lines.append(f"{ind}        for (int64_t c = 0; c < {k}; c++) buf{i}[(t - w) * {k} + c] = cur{i}[c];")
     lines.append(f"{ind}        if (t == end - 1) break;")
     lines.append(ind + "        " + _POLL)
-    _emit(fwd_body, lines, ind + "        ")
+    emit(fwd_body, lines, ind + "        ")
     for i, v in enumerate(st_vars):
         k = _size(v)
         lines.append(f"{ind}        for (int64_t c = 0; c < {k}; c++) cur{i}[c] = nx{new_of[i]}[c];")
     lines.append(f"{ind}    }}")
     lines.append(f"{ind}    for (int64_t t = end - 1; t >= w; t--) {{")
     lines.append(ind + "        " + _POLL)
-    _emit(bwd_body, lines, ind + "        ")
+    emit(bwd_body, lines, ind + "        ")
     for k, w_pos in enumerate(wrt):
         size = _size(ins[w_pos])
         if w_pos < n_state:
