@@ -28,8 +28,8 @@ import weakref
 import numpy as np
 
 from . import runtime
+from .runtime import call_context
 from .backends.base import current as current_backend
-from .backends.base import _CURRENT as backend_setting
 from .backends.base import ExecutionFailure
 from .backends.cpu import Tiered
 from .backends.numpy_backend import FRESH
@@ -37,7 +37,6 @@ from .errors import ArgumentError, DTypeError, GradError, ShapeError, TracingErr
 from .ir import Program, Var, collect, current_serial, dtype_name, format_shape, program_from_dag
 from .ops import api, bind
 from .ops.api import default_device
-from .ops.linalg import DETERMINISTIC_MATMUL
 from .ops.checks import checked
 from .printer import pp_program
 from .pytree import broadcast_prefix, flatten, unflatten
@@ -91,19 +90,19 @@ _FAST_PLANS = 8
 
 def _fast_key(args):
     """The types of plain concrete arguments (NumPy arrays, Tensors holding a NumPy value and
-    not requiring grad), the backend and the matmul mode: all a call of such arguments depends
-    on, found without flattening them or making Vars; None for any other call (it takes the
-    full path).  Two Tensors sharing one value make the full path's aliasing key: refused here."""
-    backend = _BACKEND.get()
+    not requiring grad) and the call's context (backend, default device, matmul mode): all a
+    call of such arguments depends on, found without flattening them or making Vars; None for
+    any other call (it takes the full path).  Two Tensors sharing one value make the full path's aliasing key: refused here."""
+    context = call_context()
+    backend = context[0]
     if backend is None or backend.name not in _HOST_BACKENDS:
         return None
-    key = [backend, _MATMUL_MODE.get()]
-    arrays = tensors = 0
+    key = [context]
+    tensors = 0
     for a in args:
         t = type(a)
         if t is np.ndarray:
             key.append((a.shape, a.dtype))
-            arrays = 1
         elif t is Tensor:
             v = a.ir_var
             if a.requires_grad or type(v.value) is not np.ndarray:
@@ -114,18 +113,11 @@ def _fast_key(args):
             return None
     if tensors > 1 and len({id(a.ir_var.value) for a in args if type(a) is Tensor}) < tensors:
         return None
-    if arrays:                  # NumPy arrays are placed on the default device
-        key.append(_DEVICE.get())
     return tuple(key)
 
 
 #: backends whose executables take and return NumPy arrays on the host
 _HOST_BACKENDS = ("numpy", "cpu")
-#: the settings ``_fast_key`` reads: this thread's backend (None before the first use picks one:
-#: then the full path picks it) and the device of new constants
-_BACKEND, _DEVICE = backend_setting, api.DEFAULT_DEVICE
-#: the matmul mode: part of every program's key (``Jitted._key``), so of the fast key too
-_MATMUL_MODE = DETERMINISTIC_MATMUL
 
 
 class _ProgramCache(Cache):

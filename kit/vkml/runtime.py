@@ -52,9 +52,11 @@ import numpy as np
 
 from . import threadsafe
 from .backends import ExecutionFailure, current, set_backend, use_backend  # noqa: F401 (public)
+from .backends.base import _CURRENT as _BACKEND_SETTING
 from .backends.base import instances
 from .errors import ArgumentError, ExecutionError, GradError, TracingError
 from .ir import Program, collect, collect_keyed
+from .ops.api import DEFAULT_DEVICE as _DEVICE_SETTING
 from .ops.api import default_device
 from .ops.linalg import DETERMINISTIC_MATMUL
 from .ops.core import CURRENT_SITE, user_site
@@ -178,6 +180,13 @@ def deterministic_matmul(enabled: bool = True) -> _Mode:
 def is_deterministic_matmul() -> bool:
     """Whether matrix products bound now in this thread or task are deterministic."""
     return DETERMINISTIC_MATMUL.get()
+
+
+def call_context() -> tuple:
+    """``(backend, device, deterministic matmul)`` of this thread or task, read at once: what a
+    jitted call with plain arguments depends on besides their types (its fast key).  The backend
+    is None until the first use picks one (the full path of a call picks it)."""
+    return _BACKEND_SETTING.get(), _DEVICE_SETTING.get(), DETERMINISTIC_MATMUL.get()
 
 
 def current_backend():
