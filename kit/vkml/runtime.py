@@ -52,7 +52,6 @@ import numpy as np
 
 from . import threadsafe
 from .backends import ExecutionFailure, current, set_backend, use_backend  # noqa: F401 (public)
-from .backends.base import _CURRENT as _BACKEND_SETTING
 from .backends.base import instances
 from .errors import ArgumentError, ExecutionError, GradError, TracingError
 from .ir import Program, collect, collect_keyed
@@ -184,9 +183,8 @@ def is_deterministic_matmul() -> bool:
 
 def call_context() -> tuple:
     """``(backend, device, deterministic matmul)`` of this thread or task, read at once: what a
-    jitted call with plain arguments depends on besides their types (its fast key).  The backend
-    is None until the first use picks one (the full path of a call picks it)."""
-    return _BACKEND_SETTING.get(), _DEVICE_SETTING.get(), DETERMINISTIC_MATMUL.get()
+    jitted call with plain arguments depends on besides their types (its fast key)."""
+    return current(), _DEVICE_SETTING.get(), DETERMINISTIC_MATMUL.get()
 
 
 def current_backend():

@@ -71,6 +71,7 @@ import numpy as np
 from ..errors import BackendError, ExecutionError
 from ..ir import Eqn, Program, Var
 from ..ops.checks import warn_at_user
+from ..ops.core import PRIMITIVES
 from ..stats import STATS
 from . import disk_cache
 from .base import Backend, ExecutionFailure, check_sizes, failure_error, register
@@ -79,7 +80,6 @@ from .codegen.lower import Lowering, Unsupported
 from .codegen.sample_loops import forward_source, reverse_source
 from .interrupts import NEVER, Armed, interrupted
 from .numpy_backend import compile_program as compile_numpy
-from ..transforms.control import call_p
 
 # -fwrapv: signed integer overflow wraps, as NumPy's integers do (without it -x of INT_MIN is
 # undefined behaviour, and the optimiser folds ``-x < 0`` to true).
@@ -280,7 +280,7 @@ def _run_as_call(run, end, later_reads, returned):
         for v in e.outputs:
             fresh[v].eqn = body[-1]
     sub = Program([fresh[v] for v in ins], body, [fresh[v] for v in outs])
-    return Eqn(call_p, ins, outs, {"program": sub})
+    return Eqn(PRIMITIVES["call"], ins, outs, {"program": sub})
 
 
 class CompiledProgram:
