@@ -28,17 +28,15 @@ import weakref
 import numpy as np
 
 from . import runtime
-from .runtime import call_context
-from .backends.base import current as current_backend
 from .backends.base import ExecutionFailure
 from .backends.cpu import Tiered
 from .backends.numpy_backend import FRESH
 from .errors import ArgumentError, DTypeError, GradError, ShapeError, TracingError, VkmlError
 from .ir import Program, Var, collect, current_serial, dtype_name, format_shape, program_from_dag
 from .ops import api, bind
-from .ops.api import default_device
 from .ops.checks import checked
 from .printer import pp_program
+from .runtime import call_context
 from .pytree import broadcast_prefix, flatten, unflatten
 from .stats import STATS
 from .tensor import (Tensor, cast, concatenate, flip, logical_and, needs_grad, realize, reshape,
@@ -401,7 +399,7 @@ class Jitted:
         removals = self._entries.removals
         if self._entries.get(key) is not entry or not _FastPlan.fits(args, entry):
             return
-        backend = current_backend()
+        backend = runtime.current_backend()
         exe = _executable(self, entry, "primal", entry.program, backend,
                           [v.value for v in in_vars])
         self._fast[fast] = _FastPlan(key, entry, exe, args, removals)
