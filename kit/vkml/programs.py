@@ -36,8 +36,8 @@ from .ir import Program, Var, collect, current_serial, dtype_name, format_shape,
 from .ops import api, bind
 from .ops.checks import checked
 from .printer import pp_program
-from .runtime import call_context
 from .pytree import broadcast_prefix, flatten, unflatten
+from .runtime import call_context
 from .stats import STATS
 from .tensor import (Tensor, cast, concatenate, flip, logical_and, needs_grad, realize, reshape,
                      tensor, where)
