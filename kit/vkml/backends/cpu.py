@@ -218,7 +218,7 @@ EXACT = frozenset({"add", "sub", "mul", "neg", "abs", "sqrt", "broadcast_in_dim"
                    "eq", "ne", "lt", "le", "gt", "ge", "where", "logical_and", "logical_or",
                    "logical_not"})
 #: a run of exact equations is compiled to C when it has this many and writes this many elements
-RUN_MIN_EQNS, RUN_MIN_ELEMENTS = 3, 4096
+RUN_MIN_EQNS, RUN_MIN_ELEMENTS = 3, 1 << 16
 
 
 def _exact(e) -> bool:
