@@ -41,6 +41,19 @@ scatter index is checked, and integer division is defined for every input
 (a negative integer power, argmax over an empty axis) this tier refuses too,
 with the same error class.
 
+Buffers: an executable owns its outputs and temporaries across calls.  It
+keeps the arrays it returned in its last two calls and writes into one again
+only once nothing else references it (``sys.getrefcount``: the caller dropped
+the result, or an optimiser moved on to the next step's values); an array
+anyone still holds is never written.  Heap temporaries come from one scratch
+block it keeps.  So a steady-state call allocates nothing and touches no fresh
+page (glibc hands large freed blocks back to the system, and every fresh page
+faults).  A call passes the C function one prepared block of array objects,
+whose data pointers the C code reads itself (``DATA_OFFSET``).  A program kept
+on NumPy for a BLAS-sized product still runs its long runs of exact
+elementwise equations (an optimiser's update) as compiled programs
+(``with_exact_runs_called``).
+
 Ctrl-C stops a long call within a step (``interrupts``): a program holding a
 scan or while loop, and a simulation's per-sample loops, are called with
 vkml's SIGINT handler armed (on the main thread, while Python's default
