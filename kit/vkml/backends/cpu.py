@@ -491,7 +491,10 @@ class Tiered:
 
     def __call__(self, args, into=None):
         if self.remaining <= 0 and not self.compiled:
-            self.current = self.backend._compile_c(self.program) or self.current
+            compiled = self.backend._compile_c(self.program)
+            if compiled is None:                  # C does not cover it: NumPy for good
+                self.backend.fallbacks += 1
+            self.current = compiled or self.current
             self.compiled = True
             self.program = None
         self.remaining -= 1
@@ -550,7 +553,7 @@ class CpuBackend(Backend):
         hot = hot_threshold()
         if hot == 0 or _has_loop(program) or _differs_from_numpy(program):
             return self._compile_c(program) or self._numpy(program)
-        return Tiered(self, program, self._numpy(program), hot)
+        return Tiered(self, program, self._numpy(program, fallback=False), hot)
 
     def _compile_c(self, program):
         """The program's C function, or None when the lowering does not cover it."""
@@ -561,8 +564,11 @@ class CpuBackend(Backend):
         lib, _ = library(source)
         return CompiledProgram(program, lib, source, lowering)
 
-    def _numpy(self, program):
-        self.fallbacks += 1
+    def _numpy(self, program, fallback=True):
+        """The program on the NumPy backend: a fallback (counted in ``info()``) when C does not
+        cover it or it is too big for generated loops; not one when it is a tiered program's
+        first runs."""
+        self.fallbacks += fallback
         STATS.compiles += 1
         return compile_numpy(program, self._compile_nested)
 
