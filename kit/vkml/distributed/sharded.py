@@ -204,7 +204,7 @@ class Sharded(Reversible):
         return self.client.submit(forward_bitwise, self._states[0],
                                   key=self._key("bitwise", 0, self.generation)).result()
 
-    def _settle(self, futures):
+    def _await_all(self, futures):
         """Wait for every task of one call; if any failed, release them all and raise the first
         failure in sample order (its message names its block)."""
         if self.progress:
@@ -268,7 +268,7 @@ class Sharded(Reversible):
                     launch_shard, self.make, inputs, previous, dict(self.params), self.record_mode,
                     self.memory_budget, int(runs), s, e, key=self._key("launch", i, self.generation + 1)))
             try:
-                self._settle(states)
+                self._await_all(states)
             except BaseException:
                 self.params = dict(self._launched_params)
                 raise
@@ -351,7 +351,7 @@ class Sharded(Reversible):
             results = [self.client.submit(reverse_shard, state, {k: v[i] for k, v in split.items()},
                                           wrt, vjps, strict, key=self._key("reverse", i, record.generation))
                        for i, state in enumerate(record.states)]
-            self._settle(results)
+            self._await_all(results)
             small = self.client.gather([self.client.submit(summary, r, key=self._key("summary", i, record.generation))
                                         for i, r in enumerate(results)])
         finally:
