@@ -64,6 +64,7 @@ LAYERS = (
     Layer("programs", ("vkml.programs",), "jit, grad, vmap, scan and friends on Python functions"),
     Layer("numpy", ("vkml.numpy", "vkml.scipy"), "NumPy's and SciPy's names on lazy tensors"),
     Layer("graph", ("vkml.graph",), "kernels, Graph, Record, diff, simulation, checkpoint schedules"),
+    Layer("distributed", ("vkml.distributed",), "graphs and simulations sharded over samples on Dask"),
     Layer("nn", ("vkml.nn", "vkml.optim"), "layers, losses, optimizers (on tensors and jit)",
           skips=("numpy", "graph")),
     Layer("viz", ("vkml.viz", "vkml.viz_schedule"), "graphviz pictures of everything below (no Jupyter import)"),

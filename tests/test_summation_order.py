@@ -239,7 +239,7 @@ def test_the_briefs_example_is_stable_on_the_cpu_tier(monkeypatch):
     ran = []
     real_c, real_numpy = cpu.CpuBackend._compile_c, cpu.CpuBackend._numpy
     monkeypatch.setattr(cpu.CpuBackend, "_compile_c", lambda self, p: ran.append("C") or real_c(self, p))
-    monkeypatch.setattr(cpu.CpuBackend, "_numpy", lambda self, p: ran.append("NumPy") or real_numpy(self, p))
+    monkeypatch.setattr(cpu.CpuBackend, "_numpy", lambda self, p, **kw: ran.append("NumPy") or real_numpy(self, p, **kw))
     x = np.linspace(-1, 1, 1001) * 4
     vkml.clear_caches()
     with _on("cpu"):

@@ -50,10 +50,19 @@ class Recorded:
         return [w for w in self._all if issubclass(w.category, vkml.VkmlWarning)]
 
 
+_FALLBACKS_BEFORE = [0]
+
+
+@pytest.fixture(autouse=True)
+def _count_fallbacks_from_here(vk_backend):
+    """The backend lives across tests: count this test's fallbacks only."""
+    _FALLBACKS_BEFORE[0] = vkml.backend_info().get("numpy fallbacks", 0)
+
+
 def assert_compiled(vk_backend):
     """On the CPU tier every program of the test ran as generated C (none fell back to NumPy)."""
     if vk_backend == "cpu":
-        assert vkml.backend_info()["numpy fallbacks"] == 0
+        assert vkml.backend_info()["numpy fallbacks"] == _FALLBACKS_BEFORE[0]
 
 
 # -- eager and concrete ---------------------------------------------------------------------------------

@@ -30,12 +30,16 @@ import weakref
 import numpy as np
 
 from . import runtime
+from .backends.base import ExecutionFailure
+from .backends.cpu import Tiered
+from .backends.numpy_backend import FRESH
 from .errors import ArgumentError, DTypeError, GradError, ShapeError, TracingError, VkmlError
 from .ir import Program, Var, collect, current_serial, dtype_name, format_shape, program_from_dag
 from .ops import api, bind
 from .ops.checks import checked
 from .printer import pp_program
 from .pytree import broadcast_prefix, flatten, unflatten
+from .runtime import call_context
 from .stats import STATS
 from .tensor import (Tensor, cast, concatenate, flip, logical_and, needs_grad, realize, reshape,
                      tensor, where)
@@ -79,6 +83,135 @@ def _signature(vars_):
 
 
 _FLAT_TREES = {}
+
+#: fast-call plans a jitted function keeps at most (see Jitted._remember)
+_FAST_PLANS = 8
+
+
+def _fast_key(args):
+    """The types of plain concrete arguments (NumPy arrays, Tensors holding a NumPy value and
+    not requiring grad) and the call's context (backend, default device, matmul mode): all a
+    call of such arguments depends on, found without flattening them or making Vars; None for
+    any other call (it takes the full path).  Two Tensors sharing one value make the full path's aliasing key: refused here."""
+    context = call_context()
+    backend = context[0]
+    if backend.name not in _HOST_BACKENDS:
+        return None
+    key = [context]
+    tensors = 0
+    for a in args:
+        t = type(a)
+        if t is np.ndarray:
+            key.append((a.shape, a.dtype))
+        elif t is Tensor:
+            v = a.ir_var
+            if a.requires_grad or type(v.value) is not np.ndarray:
+                return None
+            key.append((v.shape, v.dtype, v.device, v.weak))
+            tensors += 1
+        else:
+            return None
+    if tensors > 1 and len({id(a.ir_var.value) for a in args if type(a) is Tensor}) < tensors:
+        return None
+    return tuple(key)
+
+
+#: backends whose executables take and return NumPy arrays on the host
+_HOST_BACKENDS = ("numpy", "cpu")
+
+
+class _ProgramCache(Cache):
+    """A jitted function's programs by key, counting the times entries may have gone (cleared or
+    trimmed), so a fast-call plan checks its entry only after such a time."""
+
+    def __init__(self, name):
+        super().__init__(name)
+        self.removals = 0
+
+    def clear(self):
+        self.removals += 1
+        super().clear()
+
+    def _trim(self):
+        before = len(self._data)
+        super()._trim()
+        if len(self._data) != before:
+            self.removals += 1
+
+
+class _FastPlan:
+    """A jitted call with plain concrete arguments (``_fast_key``), ready to run: the key and
+    entry the full path found (checked still cached after every clear or trim of the programs,
+    so such a call then traces again), the executable, and how results become Tensors.
+
+    The arguments' arrays go to the executable as they are: the full path copies a NumPy
+    argument into a read-only constant first, which matters only if a result could be a view of
+    it -- such a result is copied here instead."""
+
+    __slots__ = ("key", "entry", "exe", "eqns", "out_vars", "single", "arrays", "removals", "used")
+
+    def __init__(self, key, entry, exe, args, removals):
+        self.key, self.entry, self.exe, self.removals = key, entry, exe, removals
+        self.eqns = entry.program.eqns
+        self.out_vars = [(o.shape, o.dtype, o.device) for o in entry.program.outputs]
+        self.single = entry.out_tree.kind == "leaf"
+        # the caller's own arrays, when a result could be a view of one (one not made fresh by
+        # an arithmetic equation: a reshape, a slice, an argument itself)
+        fresh = {o for e in self.eqns if e.prim.name in FRESH for o in e.outputs}
+        aliasing = any(o not in fresh for o in entry.program.outputs)
+        self.arrays = [i for i, a in enumerate(args) if type(a) is np.ndarray] if aliasing else []
+        self.used = False
+
+    @staticmethod
+    def fits(args, entry) -> bool:
+        """Whether the arguments go to the executable as they are: every NumPy argument already
+        has the dtype its program input has (else the full path casts it)."""
+        return all(type(a) is not np.ndarray or a.dtype == v.dtype
+                   for a, v in zip(args, entry.program.inputs))
+
+    def valid(self, entries) -> bool:
+        """Whether the entry is still the cached one for the key (checked after a removal)."""
+        if self.removals == entries.removals:
+            return True
+        removals = entries.removals
+        if entries.get(self.key) is not self.entry:
+            return False
+        self.removals = removals
+        return True
+
+    def run(self, args):
+        values = [a if type(a) is np.ndarray else a.ir_var.value for a in args]
+        self.used = True
+        exe = self.exe
+        STATS.submissions += 1
+        try:
+            outs = exe(values)
+        except ExecutionFailure as failure:
+            raise runtime.execution_error(failure, self.eqns) from failure.error
+        except MemoryError as error:
+            raise runtime.execution_error(error, self.eqns) from None
+        if type(exe) is Tiered and exe.compiled:       # hot: call its C function directly now
+            self.exe = exe.current
+        results = []
+        for (shape, dtype, device), val in zip(self.out_vars, outs):
+            if self.arrays:
+                val = self._unaliased(val, args)
+            results.append(Tensor(Var(shape, dtype, device, value=val)))
+        return results[0] if self.single else unflatten(self.entry.out_tree, results)
+
+    def _unaliased(self, val, args):
+        """``val``, copied when it shares memory with one of the caller's arrays."""
+        if any(np.may_share_memory(val, args[i]) for i in self.arrays):
+            return val.copy()
+        return val
+
+
+def _forget_fast_plans():
+    for jitted in list(_LIVE):
+        jitted._fast.clear()
+
+
+runtime.ON_CLEAR.append(_forget_fast_plans)
 
 
 def _flat_args(args):
@@ -202,8 +335,10 @@ class Jitted:
             raise ArgumentError(f"jit: expected a function, got {type(fn).__name__}")
         self.fn = fn
         # one program per key, the least recently used dropped past vkml.set_cache_limit
-        self._entries = Cache("jit programs")
+        self._entries = _ProgramCache("jit programs")
         self.traces = self.compiles = self.derivations = self.hits = 0
+        # fast-call plans (see _FastPlan), by the arguments' types and the backend
+        self._fast = {}
         functools.update_wrapper(self, fn)
         if not hasattr(self, "__name__"):       # a callable object: named by its class
             self.__name__ = type(fn).__name__
@@ -211,12 +346,18 @@ class Jitted:
             self.__dict__.pop(name, None)
         _LIVE.add(self)
 
+    @staticmethod
+    def _key(in_tree, in_vars):
+        """The key a call's program is cached by (see the module docstring); the matmul mode is
+        read when ops are bound, so a trace depends on it."""
+        return (in_tree, _signature(in_vars), runtime.is_deterministic_matmul())
+
     def _lookup(self, args):
         leaves, in_tree, in_vars = _flat_args(args)
-        # the matmul mode is read when ops are bound, so a trace depends on it
-        key = (in_tree, _signature(in_vars), runtime.is_deterministic_matmul())
+        key = self._key(in_tree, in_vars)
         entry = self._entries.get(key)
         if entry is None:
+            self._touch_fast_plans()
             program, out_tree, captures = _trace(self.fn, in_tree, in_vars, self.__name__)
             entry = _Entry(program, out_tree, captures)
             if not captures:
@@ -231,6 +372,14 @@ class Jitted:
         return entry, leaves, in_vars + list(entry.captures)
 
     def __call__(self, *args):
+        fast = _fast_key(args)
+        if fast is not None:
+            plan = self._fast.get(fast)
+            if plan is not None and (plan.removals == self._entries.removals or
+                                     plan.valid(self._entries)):
+                self.hits += 1
+                STATS.cache_hits += 1
+                return plan.run(args)
         entry, leaves, in_vars = self._lookup(args)
         requires = False
         for x in leaves:
@@ -238,7 +387,32 @@ class Jitted:
                 requires = True
                 break
         outs = _apply_program(self, entry, "primal", entry.program, in_vars, requires)
+        if fast is not None and not entry.captures:
+            self._remember(fast, args, entry, in_vars)
         return unflatten(entry.out_tree, outs)
+
+    def _remember(self, fast, args, entry, in_vars):
+        """Keep the plan of a call with plain arguments, so the next call with arguments of the
+        same types skips flattening, the key and its Vars (a few plans: a sweep over many shapes
+        replaces them)."""
+        if len(self._fast) >= _FAST_PLANS:
+            self._fast.clear()
+        key = self._key(flatten(args)[1], in_vars)
+        removals = self._entries.removals
+        if self._entries.get(key) is not entry or not _FastPlan.fits(args, entry):
+            return
+        backend = runtime.current_backend()
+        exe = _executable(self, entry, "primal", entry.program, backend,
+                          [v.value for v in in_vars])
+        self._fast[fast] = _FastPlan(key, entry, exe, args, removals)
+
+    def _touch_fast_plans(self):
+        """Calls through fast-call plans skip the programs' cache: before that cache may drop
+        its least recently used entry, mark the entries those calls used as recently used."""
+        for plan in list(self._fast.values()):
+            if plan.used:
+                plan.used = False
+                self._entries.get(plan.key)
 
     def _derive(self, entry, name, make):
         """A derived program of ``entry``, made once per derivation ``name``."""
@@ -366,23 +540,29 @@ def _apply_program(owner, entry, variant_tag, prog, in_vars, requires_grad):
     values = [v.value for v in in_vars]
     if not requires_grad and all([x is not None for x in values]):
         backend = runtime.current_backend()
-        # the variant: backend and the argument layout it compiles for; compiled once each
-        variant = (id(prog), variant_tag, backend.name, backend.layout(values))
-        exe = entry.executables.get(variant) if entry is not None else None
-        if exe is None:
-            made = []
-            exe = backend.executable(("jit", prog, variant[1:]), lambda: made.append(1) or prog)
-            # this function's compiles: executables made for its variants (a compiled tier may
-            # load one from its disk cache instead of running the compiler: see vkml.stats())
-            owner.compiles += len(made)
-            if entry is not None:
-                entry.executables[variant] = exe
+        exe = _executable(owner, entry, variant_tag, prog, backend, values)
         outs = runtime.submit(backend, exe, values, prog.eqns, resident=True)
         return [Tensor(Var(o.shape, o.dtype, o.device, value=val))
                 for o, val in zip(prog.outputs, outs)]
     outs = call(prog, *in_vars) if prog.eqns or prog.outputs else []
     grad = requires_grad and runtime.is_grad_enabled()
     return [Tensor(o, grad and o.dtype.kind == "f") for o in outs]
+
+
+def _executable(owner, entry, variant_tag, prog, backend, values):
+    """The executable of ``prog``'s variant for ``values`` on ``backend``, compiled once."""
+    # the variant: backend and the argument layout it compiles for; compiled once each
+    variant = (id(prog), variant_tag, backend.name, backend.layout(values))
+    exe = entry.executables.get(variant) if entry is not None else None
+    if exe is None:
+        made = []
+        exe = backend.executable(("jit", prog, variant[1:]), lambda: made.append(1) or prog)
+        # this function's compiles: executables made for its variants (a compiled tier may
+        # load one from its disk cache instead of running the compiler: see vkml.stats())
+        owner.compiles += len(made)
+        if entry is not None:
+            entry.executables[variant] = exe
+    return exe
 
 
 # -- scan -----------------------------------------------------------------------------------------

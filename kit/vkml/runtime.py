@@ -55,6 +55,7 @@ from .backends import ExecutionFailure, current, set_backend, use_backend  # noq
 from .backends.base import instances
 from .errors import ArgumentError, ExecutionError, GradError, TracingError
 from .ir import Program, collect, collect_keyed
+from .ops.api import DEFAULT_DEVICE as _DEVICE_SETTING
 from .ops.api import default_device
 from .ops.linalg import DETERMINISTIC_MATMUL
 from .ops.core import CURRENT_SITE, user_site
@@ -197,6 +198,12 @@ def is_deterministic_matmul() -> bool:
     return DETERMINISTIC_MATMUL.get()
 
 
+def call_context() -> tuple:
+    """``(backend, device, deterministic matmul)`` of this thread or task, read at once: what a
+    jitted call with plain arguments depends on besides their types (its fast key)."""
+    return current(), _DEVICE_SETTING.get(), DETERMINISTIC_MATMUL.get()
+
+
 def current_backend():
     """The backend this thread's or task's work runs on (``set_backend`` / ``use_backend``)."""
     return current()
@@ -266,11 +273,18 @@ def submit(backend, exe, args, eqns, resident=False, into=None):
     try:
         return backend.run(exe, args, resident, into)
     except ExecutionFailure as failure:
-        eqn = eqns[failure.index]
-        raise ExecutionError(f"{eqn.describe()} failed: {failure.error}") from failure.error
-    except MemoryError:
-        raise ExecutionError(f"a program of {len(eqns)} operations needs more memory than this "
-                             "process can allocate; use smaller shapes") from None
+        raise execution_error(failure, eqns) from failure.error
+    except MemoryError as error:
+        raise execution_error(error, eqns) from None
+
+
+def execution_error(error, eqns):
+    """The ExecutionError for an executable's failure (``ExecutionFailure``: naming the equation
+    that failed) or for running out of memory."""
+    if isinstance(error, ExecutionFailure):
+        return ExecutionError(f"{eqns[error.index].describe()} failed: {error.error}")
+    return ExecutionError(f"a program of {len(eqns)} operations needs more memory than this "
+                          "process can allocate; use smaller shapes")
 
 
 def compute(out_vars) -> list:
@@ -385,3 +399,10 @@ def clear_caches() -> None:
     for backend in instances():
         backend.clear_cache()         # a device backend frees what its executables hold
     threadsafe.clear_caches()
+    for forget in ON_CLEAR:
+        forget()
+
+
+#: what else ``clear_caches`` empties: memos that hold programs or executables (jitted functions'
+#: fast-call plans), registered by the modules that keep them
+ON_CLEAR = []

@@ -87,7 +87,7 @@ _UFUNCS = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "max": np.maxi
            "min": np.minimum, "neg": np.negative, "exp": np.exp, "log": np.log, "sin": np.sin,
            "cos": np.cos, "tanh": np.tanh, "sqrt": np.sqrt, "abs": np.absolute}
 # Primitives whose result is a fresh array the program owns (never a view of another value).
-_FRESH = set(_UFUNCS) | {"div", "matmul", "reduce_sum", "reduce_max", "pad", "concatenate"}
+_FRESH = FRESH = set(_UFUNCS) | {"div", "matmul", "reduce_sum", "reduce_max", "pad", "concatenate"}
 
 
 def _matmul_swapped(a, b):

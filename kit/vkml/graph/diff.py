@@ -88,9 +88,14 @@ class Gradients(Mapping):
     (['k', 'wave.k', 'wave.x', 'x'], np.float64(-0.146))
     """
 
-    def __init__(self, values, report):
+    def __init__(self, values, report, parts=None):
         self._values = values
         self.report = report
+        #: what each Param gradient was folded from: ``{(node, param): [(order, sum), ...]}``,
+        #: oldest first, each ``sum`` the canonical-tree sum over this reverse's samples of one
+        #: launch's (or loop iteration's) cotangents.  A reverse of a slice of the samples hands
+        #: these on, so that slices can be combined in the tree's order (``vkml.distributed``).
+        self.parts = parts if parts is not None else {}
 
     def __getitem__(self, name):
         try:
@@ -489,7 +494,7 @@ def reverse_graph(graph, record, seeds, wrt=None, vjps=None, strict=False, lock=
             record.check_current()
             record._readers += 1
         try:
-            values = _sweep(record, key_seeds, vjps)
+            values, parts = _sweep(record, key_seeds, vjps)
         finally:
             with graph._lock:
                 record._readers -= 1
@@ -498,7 +503,7 @@ def reverse_graph(graph, record, seeds, wrt=None, vjps=None, strict=False, lock=
             values = {k: v for k, v in values.items() if k in wrt or k.split(".")[-1] in wrt
                       and "." in k}
         return Gradients(values, Report(record.generation,
-                                        {k: v for k, v in flags.items() if k in values}))
+                                        {k: v for k, v in flags.items() if k in values}), parts)
     finally:
         lock.release()
 
@@ -612,6 +617,8 @@ def reverse(record, seeds, *, wrt=None, vjps=None, strict=False):
                            "on a function for higher orders")
     if getattr(record, "simulation", None) is not None:      # a simulation's Record
         return Reverse(record.simulation, vjps=vjps, strict=strict)(record, seeds, wrt=wrt)
+    if isinstance(getattr(record, "forward", None), Reversible):   # one that names its forward
+        return Reverse(record.forward, vjps=vjps, strict=strict)(record, seeds, wrt=wrt)
     if record is None:
         raise ArgumentError("reverse: there is no Record (graph.record is None): build the graph "
                             "with graph.build(record=True) and launch() it, then reverse "
@@ -803,7 +810,7 @@ def _sweep(record, seeds, vjps):
     n = record.graph.n
     if _fusable(record, vjps):
         adj, param_parts, layout = _fused_sweep(record, seeds)
-        return _assemble(record, adj, param_parts, layout)
+        return _assemble(record, adj, param_parts, layout), param_parts
     adj = _Adjoints(seeds)
     param_parts = {}
 
@@ -852,7 +859,7 @@ def _sweep(record, seeds, vjps):
                     raise user_error(err, f"the vjp of opaque node {entry.node.name!r}")
                 for k, ct in user_vjp_gradients(entry.node, got, entry.reads, primals).items():
                     adj.add(entry.reads[k], order, ct)
-    return _assemble(record, adj, param_parts)
+    return _assemble(record, adj, param_parts), param_parts
 
 
 def _assemble(record, adj, param_parts, layout=None):
@@ -873,17 +880,24 @@ def _assemble(record, adj, param_parts, layout=None):
     for nm, keys in plain.items():
         if len(keys) > 1:              # two different planes bound under one name: only "node.name"
             values.pop(nm, None)
-    # Params: each launch's canonical-tree sum, added oldest first
     for key in params:
         param_parts.setdefault(key, [])
-    by_param, like = {}, {}
+    values.update(fold_params(param_parts, cells, taken=set(values)))
+    return values
+
+
+def fold_params(param_parts, cells, taken=()):
+    """Param gradients from their parts (``Gradients.parts``): each launch's canonical-tree sum,
+    added oldest first, under ``"node.param"`` and, for a Param name no input plane ``taken``,
+    under the plain name (every node's parts, oldest first).  Sorts each list of parts in place."""
+    values, by_param, like = {}, {}, {}
     for (node_name, p), parts in param_parts.items():
         parts.sort(key=lambda x: x[0])
         values[f"{node_name}.{p}"] = _fold(parts, cells[(node_name, p)])
         by_param.setdefault(p, []).extend(parts)
         like.setdefault(p, cells[(node_name, p)])
     for p, parts in by_param.items():       # a Param shared by name: every node's, oldest first
-        if p not in values:
+        if p not in taken:
             values[p] = _fold(sorted(parts, key=lambda x: x[0]), like[p])
     return values
 

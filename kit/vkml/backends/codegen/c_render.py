@@ -72,10 +72,36 @@ INTERRUPTED = -2
 POLL = f"if (*vk_stop) {{ *err = {INTERRUPTED}; goto done; }}"
 
 
-def render(lowering, stmts, n_in, in_types, n_out, out_types, name="vk_main"):
+#: bytes each temporary's place in a caller's scratch block is aligned to
+SCRATCH_ALIGN = 64
+
+
+def scratch_layout(temps):
+    """``(offsets, total bytes)``: where each heap temporary of ``temps`` (the lowering's
+    ``(name, ctype, count)``; None for one on the stack) lies in a caller's scratch block."""
+    offsets, total = [], 0
+    for _, ctype, count in temps:
+        if count <= STACK_LIMIT:
+            offsets.append(None)
+            continue
+        offsets.append(total)
+        total += -(-CSIZE[ctype] * count // SCRATCH_ALIGN) * SCRATCH_ALIGN
+    return offsets, total
+
+
+CSIZE = {"double": 8, "float": 4, "int64_t": 8, "int32_t": 4, "int8_t": 1, "uint8_t": 1,
+         "uint32_t": 4, "uint64_t": 8}
+
+
+def render(lowering, stmts, n_in, in_types, n_out, out_types, name="vk_main", data_offset=None):
+    """The program as C: ``name(in, out, info, vk_stop)`` over data pointers, its temporaries
+    malloc'ed and freed per call; with ``data_offset`` (where a NumPy array object keeps its data
+    pointer) also ``vk_objs`` (see :func:`_objects_entry`)."""
     lines = [prelude()]
     lines += lowering.statics
-    lines.append(f"int {name}(void** in, void** out, int64_t* info, const volatile int* vk_stop) {{")
+    offsets, _ = scratch_layout(lowering.temps)
+    lines.append("static int vk_main_body(void** in, void** out, int64_t* info, const volatile int* vk_stop, "
+                 "char* vk_scratch) {")
     lines.append("    int err_ = 0; int* err = &err_; (void)err; (void)info; (void)vk_stop;")
     for i, t in enumerate(in_types):
         lines.append(f"    {CTYPE[t]}* a{i} = ({CTYPE[t]}*)in[{i}];")
@@ -91,7 +117,8 @@ def render(lowering, stmts, n_in, in_types, n_out, out_types, name="vk_main"):
     for slot, (tname, ctype, count) in enumerate(lowering.temps):
         if count > STACK_LIMIT:
             nbytes = f"sizeof({ctype}) * {count}ULL"
-            lines.append(f"    {tname} = ({ctype}*)malloc({nbytes});")
+            lines.append(f"    {tname} = vk_scratch ? ({ctype}*)(vk_scratch + {offsets[slot]}ULL) "
+                         f": ({ctype}*)malloc({nbytes});")
             lines.append(f"    if (!{tname}) {{ info[0] = {slot}; info[1] = (int64_t)({nbytes}); "
                          f"err_ = {ALLOCATION_FAILED}; goto done; }}")
     emit(stmts, lines, "    ")
@@ -99,10 +126,37 @@ def render(lowering, stmts, n_in, in_types, n_out, out_types, name="vk_main"):
     lines.append("done:")
     for tname, _, count in lowering.temps:
         if count > STACK_LIMIT:
-            lines.append(f"    free({tname});")
+            lines.append(f"    if (!vk_scratch) free({tname});")
     lines.append("    return err_;")
     lines.append("}")
+    lines.append(f"int {name}(void** in, void** out, int64_t* info, const volatile int* vk_stop) {{")
+    lines.append("    return vk_main_body(in, out, info, vk_stop, 0);")
+    lines.append("}")
+    if data_offset is not None:
+        lines += _objects_entry(n_in, n_out, 3 + len(lowering.warnings), data_offset)
     return "\n".join(lines) + "\n"
+
+
+def _objects_entry(n_in, n_out, n_info, data_offset):
+    """``vk_objs(objs, info, vk_stop)``: the program called with NumPy array *objects* -- the
+    inputs, the outputs, then a scratch block for the heap temporaries (or 0: malloc) -- whose data
+    pointers it reads at ``data_offset`` in each object (NumPy's array struct starts with the
+    object header, then its data pointer).  Python then hands over one prepared block of object
+    addresses, which costs far less per call than asking each array for its data pointer through
+    ctypes; ``info`` is cleared here too."""
+    lines = ["int vk_objs(void** objs, int64_t* info, const volatile int* vk_stop) {",
+             f"    void* in[{max(1, n_in)}]; void* out[{max(1, n_out)}];"]
+    at = f"*(void**)((char*)objs[{{}}] + {data_offset})"
+    for i in range(n_in):
+        lines.append(f"    in[{i}] = {at.format(i)};")
+    for i in range(n_out):
+        lines.append(f"    out[{i}] = {at.format(n_in + i)};")
+    k = n_in + n_out
+    lines.append(f"    char* scratch = objs[{k}] ? (char*){at.format(k)} : 0;")
+    lines.append(f"    for (int k = 0; k < {n_info}; k++) info[k] = 0;")
+    lines.append("    return vk_main_body(in, out, info, vk_stop, scratch);")
+    lines.append("}")
+    return lines
 
 
 def emit(stmts, lines, ind):

@@ -300,14 +300,7 @@ class Lowering:
     def _reduce(self, e, env, target, step, init, first=None):
         x, out = e.inputs[0], e.outputs[0]
         axes = e.params["axes"]
-        kept = [i for i in range(x.ndim) if i not in axes]
-        oidx = [self.fresh("i") for _ in kept]
-        ridx = [self.fresh("r") for _ in axes]
-        full = [None] * x.ndim
-        for i, v in zip(kept, oidx):
-            full[i] = v
-        for i, v in zip(axes, ridx):
-            full[i] = v
+        oidx, ridx, full = self._reduce_indices(x, axes)
         acc_t = CTYPE[out.dtype]
         val = env.read(x, full)
         inner = [step.format(x=val)]
