@@ -166,8 +166,10 @@ def _all_writes(graph):
     return out
 
 
-def resolve_seeds(record, seeds):
-    """Seeds by plane version, checked before anything runs (the two mistakes everyone makes once)."""
+def resolve_seeds(record, seeds, copy=True):
+    """Seeds by plane version, checked before anything runs (the two mistakes everyone makes once).
+    ``copy=False``: a seed of the plane's dtype is used as it is (the caller makes sure no
+    gradient handed back aliases it and nothing writes into it)."""
     if not isinstance(seeds, Mapping):
         raise ArgumentError(f"seeds must be a dict of output plane name -> per-sample seed, got "
                             f"{type(seeds).__name__}")
@@ -205,7 +207,7 @@ def resolve_seeds(record, seeds):
             key = (id(plane), record.final.get(id(plane), 0))
         # a copy: a gradient that passes straight through a kernel must not alias the caller's seed
         resolved[key] = resolved.get(key, 0) + arr.astype(plane.dtype, copy=False) \
-            if key in resolved else arr.astype(plane.dtype, copy=True)
+            if key in resolved else arr.astype(plane.dtype, copy=copy)
     return resolved
 
 
@@ -311,6 +313,48 @@ def primitives_of(prog):
                 yield from primitives_of(p)
 
 
+class Workspace:
+    """Buffers a :class:`Reverse` reuses from call to call for the values that live only inside
+    one call: adjoints between two launches, per-sample Param cotangents before their tree sum,
+    the tree sum's levels, missing cotangents (zeros).  Steady-state calls then allocate only
+    what they hand back (fresh arrays the caller may keep), instead of taking fresh pages for
+    every plane-sized temporary.  Used only under the Reverse's lock: one call at a time.
+
+    >>> ws = vkml.diff.Workspace()
+    >>> a = ws.buffer("adjoint", (3,), np.float64)
+    >>> a is ws.buffer("adjoint", (3,), np.float64), ws.nbytes
+    (True, 24)
+    """
+
+    def __init__(self):
+        self._buffers = {}
+
+    def buffer(self, tag, shape, dtype):
+        """An array of ``shape`` and ``dtype`` kept under ``tag`` (its contents are whatever the
+        last user left)."""
+        key = (tag, shape, dtype)
+        buf = self._buffers.get(key)
+        if buf is None:
+            buf = self._buffers[key] = np.empty(shape, dtype)
+        return buf
+
+    def zeros(self, shape, dtype):
+        """Zeros of ``shape``, kept: only ever read (a cotangent nothing seeded)."""
+        key = ("zeros", shape, dtype)
+        buf = self._buffers.get(key)
+        if buf is None:
+            buf = self._buffers[key] = np.zeros(shape, dtype)
+        return buf
+
+    def holds(self, value):
+        """Whether ``value`` may share memory with a buffer kept here."""
+        return any(np.may_share_memory(value, b) for b in self._buffers.values())
+
+    @property
+    def nbytes(self):
+        return sum(b.nbytes for b in self._buffers.values())
+
+
 class Reverse:
     """A reverse built once from a Graph or a simulation (``rev(record, seeds)`` per launch):
     anything :class:`~vkml.graph.reversible.Reversible`, which checks and reverses its own
@@ -355,6 +399,8 @@ class Reverse:
         self.vjps = vjps
         self.strict = bool(strict)
         self._lock = threading.Lock()
+        #: buffers reused from call to call (never what a call hands back)
+        self.workspace = Workspace()
 
     def bitwise(self):
         """Per gradient name, whether it is bitwise (computed once per graph structure).
@@ -374,7 +420,7 @@ class Reverse:
 
     def __call__(self, record, seeds, wrt=None):
         return self.forward.reverse(record, seeds, wrt=wrt, vjps=self.vjps, strict=self.strict,
-                                    lock=self._lock)
+                                    lock=self._lock, workspace=self.workspace)
 
 
 # -- a Graph's side of the Reversible interface (its methods call these) ---------------------------
@@ -449,7 +495,8 @@ def _scan_bitwise(graph):
     return flags
 
 
-def reverse_graph(graph, record, seeds, wrt=None, vjps=None, strict=False, lock=None):
+def reverse_graph(graph, record, seeds, wrt=None, vjps=None, strict=False, lock=None,
+                  workspace=None):
     """``Graph.reverse``: every gradient of one of its Records, in one sweep of the tape.
     ``lock``: the calling Reverse's; called without one, it goes through a Reverse of its own,
     which checks ``vjps`` first."""
@@ -466,7 +513,9 @@ def reverse_graph(graph, record, seeds, wrt=None, vjps=None, strict=False, lock=
         record.check_current()
         if not record.kept:                 # the reverse reads the planes themselves
             graph.check_planes("reverse")
-        key_seeds = resolve_seeds(record, seeds)
+        # the seeds are only read (never written in place) unless an opaque node's vjp gets them
+        plain = not any(isinstance(e, OtherEntry) for e in record.tape)
+        key_seeds = resolve_seeds(record, seeds, copy=not plain)
         flags = graph_bitwise(graph)
         wrt = wrt_names(wrt)
         if wrt is not None:
@@ -489,7 +538,10 @@ def reverse_graph(graph, record, seeds, wrt=None, vjps=None, strict=False, lock=
             record.check_current()
             record._readers += 1
         try:
-            values = _sweep(record, key_seeds, vjps)
+            workspace = workspace or Workspace()
+            values = _sweep(record, key_seeds, vjps, workspace)
+            _detach(values, (list(key_seeds.values()) if plain else []) +
+                    list(workspace._buffers.values()))
         finally:
             with graph._lock:
                 record._readers -= 1
@@ -646,10 +698,11 @@ def _zeros(n, var):
     return np.zeros((n,) + var.shape, var.dtype)
 
 
-def reverse_launch(launch, node, inputs, cells, cts, n, vjp=None):
+def reverse_launch(launch, node, inputs, cells, cts, n, vjp=None, into=None):
     """One launch's vjp over all samples: input cotangents and per-sample Param cotangents.
     ``vjp``: a hand-written vjp kernel passed as ``vjps={node: kernel}``, used instead of the
-    derived one (an input or Param it returns no ``_bar`` for gets none).  Shared with a
+    derived one (an input or Param it returns no ``_bar`` for gets none).  ``into``: for the
+    derived vjp, a destination (or None) per result (:func:`adjoint_buffers`).  Shared with a
     simulation's reverse, which steps back one launch at a time too."""
     kern = launch.kernel
     params = [cells[(node.name, p)] for p in kern.params]
@@ -662,7 +715,7 @@ def reverse_launch(launch, node, inputs, cells, cts, n, vjp=None):
     flags = [True] * len(kern.inputs) + [False] * len(kern.params) + [True] * len(cts)
     outs = run_named(batch, n, list(inputs) + params + list(cts), flags,
                      f"the vjp of node {node.name!r} ({kern.name})" if node.name else
-                     f"the vjp of {kern.name}")
+                     f"the vjp of {kern.name}", into)
     ins, prm = {}, {}
     for pos, ct in zip(wrt, outs):
         if pos < len(kern.inputs):
@@ -670,6 +723,36 @@ def reverse_launch(launch, node, inputs, cells, cts, n, vjp=None):
         else:
             prm[kern.params[pos - len(kern.inputs)]] = ct
     return ins, prm
+
+
+def adjoint_buffers(launch, handed_back, tag, workspace, n):
+    """Destinations for the results of ``launch``'s derived vjp over ``n`` samples: buffers of
+    ``workspace`` (under ``(tag, position)``) for the values that live only inside the reverse
+    call -- per-sample Param cotangents (tree-summed at once) and the adjoints of inputs for
+    which ``handed_back(name)`` is false (read by an earlier launch's vjp) -- and None (a fresh
+    array) for the adjoints the caller gets."""
+    batch, wrt = launch.batched_vjp()
+    _, program = batch.executable(n)
+    n_in = len(launch.kernel.inputs)
+    return [None if pos < n_in and handed_back(launch.kernel.inputs[pos]) else
+            workspace.buffer((tag, pos), var.shape, var.dtype)
+            for pos, var in zip(wrt, program.outputs)]
+
+
+def summed(ct, workspace):
+    """The canonical-tree sum of per-sample cotangents, its levels in a workspace buffer."""
+    n = ct.shape[0]
+    return tree_sum(ct, workspace.buffer("tree", ((n + 1) // 2,) + ct.shape[1:], ct.dtype)
+                    if n > 1 else None)
+
+
+def _detach(values, protected):
+    """Copy any gradient that may share memory with an array in ``protected`` (a caller's seed,
+    a workspace buffer), so what is handed back is the caller's own."""
+    copies = {}
+    for name, v in values.items():
+        if isinstance(v, np.ndarray) and v.ndim and any(np.may_share_memory(v, p) for p in protected):
+            values[name] = copies.setdefault(id(v), v.copy())
 
 
 #: Up to this many samples a plain-launch reverse runs as one fused program: there the host
@@ -696,8 +779,9 @@ class ReversePlan:
     #: then the seeds (sorted by plane version)
     in_keys: list
     cell_keys: list
-    #: its outputs: the adjoints of these version-0 reads (graph inputs), then one per-sample
-    #: Param cotangent per ``((node, Param), order)`` in ``params``
+    #: its outputs: the adjoints of these version-0 reads (graph inputs), then one Param
+    #: cotangent per ``((node, Param), order)`` in ``params``, summed over the samples with the
+    #: canonical tree inside the program
     grad_keys: list
     params: list
     #: what the Gradients hold, by structure (``_gradient_layout``)
@@ -763,7 +847,7 @@ def _fused_reverse_plan(record, seed_keys) -> ReversePlan:
     grad_keys = [k for k in list(parts) + list(seed_vars) if k[1] == 0]
     grad_keys = list(dict.fromkeys(grad_keys))
     grads = [take(k) for k in grad_keys]
-    outputs = grads + [ct for _, _, ct in param_outs]
+    outputs = grads + [canonical_sum(ct) for _, _, ct in param_outs]
     inputs = [placeholders[k] for k in in_keys] + cell_vars + [seed_vars[k] for k in seed_keys]
     program = program_from_dag(inputs, outputs)
     backend = backends.current()
@@ -771,6 +855,22 @@ def _fused_reverse_plan(record, seed_keys) -> ReversePlan:
     return ReversePlan(exe=exe, backend=backend, in_keys=in_keys, cell_keys=cell_keys,
                        grad_keys=grad_keys, params=[(k, order) for k, order, _ in param_outs],
                        layout=_gradient_layout(record), eqns=program.eqns)
+
+
+def canonical_sum(v):
+    """:func:`~vkml.graph.treesum.tree_sum` over axis 0 as equations of a program: zero-padded
+    to a power of two, adjacent pairs added level by level -- the same additions in the same
+    order, so the same bits, and no per-sample array leaves the program."""
+    n, rest = v.shape[0], v.shape[1:]
+    p = 1 << (n - 1).bit_length()
+    if p != n:
+        v = api.pad(v, (0,) * v.ndim, (p - n,) + (0,) * len(rest))
+    zeros = (0,) * len(rest)
+    while p > 1:
+        v = api.add(api.slice(v, (0,) + zeros, (p,) + rest, (2,) + (1,) * len(rest)),
+                    api.slice(v, (1,) + zeros, (p,) + rest, (2,) + (1,) * len(rest)))
+        p //= 2
+    return api.reshape(v, rest)
 
 
 class _Computed:
@@ -783,7 +883,7 @@ class _Computed:
         return self.values.pop(key, None)
 
 
-def _fused_sweep(record, seeds):
+def _fused_sweep(record, seeds, workspace):
     seed_keys = tuple(sorted(seeds))
     key = (seed_keys, id(backends.current()), tuple(e.index for e in record.tape))
     plan, _ = record.graph._caches.reverse_plans.get_or_make(
@@ -793,16 +893,16 @@ def _fused_sweep(record, seeds):
     values = submit(plan.backend, plan.exe, args, plan.eqns)
     n_g = len(plan.grad_keys)
     param_parts = {}
-    for (name, order), ct in zip(plan.params, values[n_g:]):
-        param_parts.setdefault(name, []).append((order, tree_sum(ct)))
+    for (name, order), total in zip(plan.params, values[n_g:]):
+        param_parts.setdefault(name, []).append((order, total))
     return _Computed(dict(zip(plan.grad_keys, values[:n_g]))), param_parts, plan.layout
 
 
-def _sweep(record, seeds, vjps):
+def _sweep(record, seeds, vjps, workspace):
     cells = record.cells
     n = record.graph.n
     if _fusable(record, vjps):
-        adj, param_parts, layout = _fused_sweep(record, seeds)
+        adj, param_parts, layout = _fused_sweep(record, seeds, workspace)
         return _assemble(record, adj, param_parts, layout)
     adj = _Adjoints(seeds)
     param_parts = {}
@@ -813,16 +913,20 @@ def _sweep(record, seeds, vjps):
         for name, var in zip(launch.out_names, launch.program.outputs):
             ct = adj.take(step.writes[name])
             live = live or ct is not None
-            cts.append(_zeros(n, var) if ct is None else ct)
+            cts.append(workspace.zeros((n,) + var.shape, var.dtype) if ct is None else ct)
         if not live:
             return
         inputs = [record.value(step.reads[nm]) for nm in launch.kernel.inputs]
-        ins, prm = reverse_launch(launch, step.node, inputs, cells, cts, n,
-                                   vjps.get(step.node.name))
+        vjp = vjps.get(step.node.name)
+        # the adjoint of a graph input (a version-0 read) is handed back: a fresh array
+        into = None if vjp is not None else \
+            adjoint_buffers(launch, lambda nm: step.reads[nm][1] == 0, ("step", step.index),
+                            workspace, n)
+        ins, prm = reverse_launch(launch, step.node, inputs, cells, cts, n, vjp, into)
         for nm, ct in ins.items():
             adj.add(step.reads[nm], order, ct)
         for p, ct in prm.items():
-            param_parts.setdefault((step.node.name, p), []).append((order, tree_sum(ct)))
+            param_parts.setdefault((step.node.name, p), []).append((order, summed(ct, workspace)))
 
     for entry in reversed(record.tape):
         order = (entry.index, 0)

@@ -503,7 +503,7 @@ class Simulation(Reversible):
         except Exception as err:  # noqa: BLE001 - reported as a refusal naming the kernel
             raise RefusedError(f"reverse: {self.launch.kernel.name} has no vjp ({err})") from err
 
-    def reverse(self, record, seeds, wrt=None, vjps=None, strict=False, lock=None):
+    def reverse(self, record, seeds, wrt=None, vjps=None, strict=False, lock=None, workspace=None):
         """The checkpointed reverse of a recorded run (what :func:`vkml.diff.reverse` calls for a simulation's Record).
 
         >>> @vkml.kernel

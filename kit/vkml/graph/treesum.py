@@ -18,8 +18,11 @@ from ..errors import BudgetError
 MIN_PASS = 256
 
 
-def tree_sum(x: np.ndarray) -> np.ndarray:
+def tree_sum(x: np.ndarray, scratch=None) -> np.ndarray:
     """Sum ``x`` over axis 0 with the canonical tree.
+
+    ``scratch``: an array of at least ``(n + 1) // 2`` rows of ``x``'s row shape and dtype for
+    the levels (a caller summing every call reuses one; otherwise one is allocated).
 
     Level by level, adjacent pairs are added; an odd last element is carried
     up with ``+ 0.0`` -- exactly what the zero padding to a power of two
@@ -38,9 +41,9 @@ def tree_sum(x: np.ndarray) -> np.ndarray:
     # always an ndarray (0-d for a scalar Param), never a NumPy scalar
     if n == 1:
         return np.array(x[0])
-    if n <= SMALL:
+    if n <= SMALL and scratch is None:
         return _padded_tree_sum(x)
-    buf = np.empty(((n + 1) // 2,) + x.shape[1:], x.dtype)
+    buf = np.empty(((n + 1) // 2,) + x.shape[1:], x.dtype) if scratch is None else scratch
     cur = x
     zero = np.zeros((), x.dtype)
     while n > 1:
