@@ -355,6 +355,39 @@ class Workspace:
         return sum(b.nbytes for b in self._buffers.values())
 
 
+class ReverseLock:
+    """A Reverse's lock (one call at a time: ``acquire``/``release``, or ``with``) and the
+    :class:`Workspace` the call holding it uses: a forward's ``reverse(..., lock=)`` finds
+    the buffers it may reuse as ``lock.workspace``, and the Reversible interface stays as it is."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.workspace = Workspace()
+
+    def acquire(self, blocking=True):
+        return self._lock.acquire(blocking)
+
+    def release(self):
+        self._lock.release()
+
+    def locked(self):
+        return self._lock.locked()
+
+    def __enter__(self):
+        self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        self._lock.release()
+
+
+def workspace_of(lock):
+    """The buffers a reverse called with ``lock`` may reuse: the calling Reverse's, or a fresh
+    Workspace (used for this call only) for any other lock."""
+    got = getattr(lock, "workspace", None)
+    return got if isinstance(got, Workspace) else Workspace()
+
+
 class Reverse:
     """A reverse built once from a Graph or a simulation (``rev(record, seeds)`` per launch):
     anything :class:`~vkml.graph.reversible.Reversible`, which checks and reverses its own
@@ -398,9 +431,12 @@ class Reverse:
         self.forward = forward
         self.vjps = vjps
         self.strict = bool(strict)
-        self._lock = threading.Lock()
-        #: buffers reused from call to call (never what a call hands back)
-        self.workspace = Workspace()
+        self._lock = ReverseLock()
+
+    @property
+    def workspace(self):
+        """The buffers this Reverse reuses from call to call (never what a call hands back)."""
+        return self._lock.workspace
 
     def bitwise(self):
         """Per gradient name, whether it is bitwise (computed once per graph structure).
@@ -420,7 +456,7 @@ class Reverse:
 
     def __call__(self, record, seeds, wrt=None):
         return self.forward.reverse(record, seeds, wrt=wrt, vjps=self.vjps, strict=self.strict,
-                                    lock=self._lock, workspace=self.workspace)
+                                    lock=self._lock)
 
 
 # -- a Graph's side of the Reversible interface (its methods call these) ---------------------------
@@ -495,8 +531,7 @@ def _scan_bitwise(graph):
     return flags
 
 
-def reverse_graph(graph, record, seeds, wrt=None, vjps=None, strict=False, lock=None,
-                  workspace=None):
+def reverse_graph(graph, record, seeds, wrt=None, vjps=None, strict=False, lock=None):
     """``Graph.reverse``: every gradient of one of its Records, in one sweep of the tape.
     ``lock``: the calling Reverse's; called without one, it goes through a Reverse of its own,
     which checks ``vjps`` first."""
@@ -538,7 +573,7 @@ def reverse_graph(graph, record, seeds, wrt=None, vjps=None, strict=False, lock=
             record.check_current()
             record._readers += 1
         try:
-            workspace = workspace or Workspace()
+            workspace = workspace_of(lock)
             values = _sweep(record, key_seeds, vjps, workspace)
             _detach(values, (list(key_seeds.values()) if plain else []) +
                     list(workspace._buffers.values()))

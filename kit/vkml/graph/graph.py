@@ -952,10 +952,9 @@ class Graph(Reversible):
         from .diff import graph_bitwise  # local: diff imports graph (a module-level cycle)
         return graph_bitwise(self)
 
-    def reverse(self, record, seeds, wrt=None, vjps=None, strict=False, lock=None, workspace=None):
+    def reverse(self, record, seeds, wrt=None, vjps=None, strict=False, lock=None):
         from .diff import reverse_graph  # local: diff imports graph (a module-level cycle)
-        return reverse_graph(self, record, seeds, wrt=wrt, vjps=vjps, strict=strict, lock=lock,
-                             workspace=workspace)
+        return reverse_graph(self, record, seeds, wrt=wrt, vjps=vjps, strict=strict, lock=lock)
 
     def __repr__(self):
         return f"<vkml.Graph: {' -> '.join(n.name for n in self.nodes) or 'empty'}>"

@@ -28,9 +28,8 @@ class Reversible:
         """Per gradient name, whether its bits are the same on every backend and thread count."""
         raise NotImplementedError
 
-    def reverse(self, record, seeds, wrt=None, vjps=None, strict=False, lock=None, workspace=None):
+    def reverse(self, record, seeds, wrt=None, vjps=None, strict=False, lock=None):
         """Every gradient of ``record`` (a Record of this forward's) seeded with ``seeds``, as
         :class:`vkml.diff.Gradients`; ``lock``: the calling Reverse's own, refused (``Busy``)
-        when another thread holds it; ``workspace``: the calling Reverse's buffers for values
-        that live only inside one call (:class:`vkml.diff.Workspace`), or None."""
+        when another thread holds it."""
         raise NotImplementedError

@@ -37,7 +37,7 @@ import numpy as np
 
 from ..backends import ExecutionFailure
 from ..errors import ArgumentError, Busy, ExecutionError, RecordError, RefusedError, ShapeError
-from .diff import Gradients, Report, Workspace, check_vjps, reverse_launch, user_vjp_gradients, uses_table, \
+from .diff import Gradients, Report, check_vjps, workspace_of, reverse_launch, user_vjp_gradients, uses_table, \
     wrt_names
 from .. import backends
 from ..ir import program_from_dag
@@ -506,7 +506,7 @@ class Simulation(Reversible):
         except Exception as err:  # noqa: BLE001 - reported as a refusal naming the kernel
             raise RefusedError(f"reverse: {self.launch.kernel.name} has no vjp ({err})") from err
 
-    def reverse(self, record, seeds, wrt=None, vjps=None, strict=False, lock=None, workspace=None):
+    def reverse(self, record, seeds, wrt=None, vjps=None, strict=False, lock=None):
         """The checkpointed reverse of a recorded run (what :func:`vkml.diff.reverse` calls for a simulation's Record).
 
         >>> @vkml.kernel
@@ -540,7 +540,7 @@ class Simulation(Reversible):
             with record._lock:
                 record._readers += 1
             try:
-                values, stats = self._reverse_passes(record, ct0, vjps, workspace or Workspace())
+                values, stats = self._reverse_passes(record, ct0, vjps, workspace_of(lock))
             finally:
                 with record._lock:
                     record._readers -= 1
