@@ -319,6 +319,17 @@ def profile_vkml(n, launches=200):
     pstats.Stats(prof).sort_stats("tottime").print_stats(25)
 
 
+def floor_line(n, rev, seed):
+    """The bytes a reverse must move at least -- read x, u and the seed, write the x gradient:
+    4 planes of n float64 -- and the bandwidth each side reached with them, against one plane
+    copy (read + write) on this machine, timed the same way."""
+    need = 4 * 8 * n
+    copy = min(time_sides({"copy": lambda: seed.copy()}, rounds=5, reps=5).values())
+    parts = ", ".join(f"{k} {need / t / 1e9:.1f} GB/s" for k, t in rev.items())
+    print(f"  floor: a reverse moves at least {need / 1e6:,.1f} MB (x, u, seed read; x gradient "
+          f"written): {parts}; one plane copy runs at {2 * 8 * n / copy / 1e9:.1f} GB/s here")
+
+
 def cycle(side, seed):
     side.launch()
     side.reverse(seed)
@@ -372,6 +383,7 @@ def main():
                            ("footprint (tracemalloc)", {k: fmt_bytes(v) for k, v in foot_t.items()}),
                            ("footprint (RSS)", {k: fmt_bytes(v) for k, v in foot_r.items()})])
         summary.append((n, fwd, rev, mem_t, foot_t))
+        floor_line(n, rev, seed)
 
     print("""
 memory columns: 'call peak' = the most one reverse call allocates above what was held when it

@@ -176,7 +176,6 @@ def resolve_seeds(record, seeds, copy=True):
     graph = record.graph
     written = _outputs_by_name(record.tape)
     writes = _all_writes(graph)
-    inputs = _inputs_by_name(graph)
     resolved = {}
     for name, seed in seeds.items():
         if not isinstance(name, str):
@@ -187,7 +186,7 @@ def resolve_seeds(record, seeds, copy=True):
         else:
             cands = [k for k in writes if k[1] == name]
         if not cands:
-            as_input = [k for k in inputs if (k[1] == name if "." not in name else f"{k[0]}.{k[1]}" == name)]
+            as_input = [k for k in _inputs_by_name(graph) if (k[1] == name if "." not in name else f"{k[0]}.{k[1]}" == name)]
             if as_input:
                 raise ArgumentError(f"seed {name!r}: that is an input of the graph, not an output; its "
                                     f"gradient is grads[{name!r}] -- seed the outputs your objective "
