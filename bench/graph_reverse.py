@@ -330,6 +330,22 @@ def floor_line(n, rev, seed):
           f"written): {parts}; one plane copy runs at {2 * 8 * n / copy / 1e9:.1f} GB/s here")
 
 
+def ab_workloads(quick):
+    """vkml's side of this bench for ``bench/ab.py`` (one revision against another): name ->
+    (phase names, sampler of a recording launch and its reverse).  Graph and Reverse are built
+    once per size, as a training loop would."""
+    out = {}
+    for n in (10**3, 10**5) if quick else SIZES:
+        side = VkmlGraph(np.linspace(0.1, 0.9, n), K)
+        seed = np.ones(n)
+        cycle(side, seed)                                  # programs compiled, buffers made
+        out[f"two-node graph, {n:,} samples"] = (
+            ("launch", "reverse"),
+            sampler(side.launch, lambda side=side, seed=seed: side.reverse(seed),
+                    reps=30 if n <= 10**3 else 5 if n <= 10**5 else 3))
+    return out
+
+
 def cycle(side, seed):
     side.launch()
     side.reverse(seed)
