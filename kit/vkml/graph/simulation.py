@@ -630,8 +630,7 @@ class Simulation(Reversible):
         fixed_acc = {}
         float_fixed = [nm for nm in kern.inputs if nm not in self.state and fixed[nm].dtype.kind == "f"]
 
-        # a model node's vjp adds into the state cotangents in place: they must be fresh arrays
-        fewest = 0 if self.nodes or not steps.size else int(steps.min())
+        fewest = self._fewest_steps(steps)
         keep = _Keep()
 
         def back_step(t, cur, extra):
@@ -681,6 +680,7 @@ class Simulation(Reversible):
         a recomputed state once its step is reversed.  Counts the states it needs at once the way
         the schedule predicts them: a stored state until its step is reversed."""
         made = {}
+        fewest = self._fewest_steps(steps)
         alive = sum(1 for t in stored if t < last)
 
         def state(t):
@@ -694,7 +694,7 @@ class Simulation(Reversible):
                     peak = max(peak, alive + len(made) + 1)
                     cur = state(c)
                     for u in range(c, t):
-                        cur = self._advance(cur, fixed, steps, u)
+                        cur = self._advance(cur, fixed, steps, u, everyone=u < fewest)
                         stats["recomputed"] += 1
                     made[t] = cur
                 else:
@@ -708,19 +708,16 @@ class Simulation(Reversible):
                     bar.update(1)
         stats["peak"] = max(stats["peak"], peak)
 
-    def _advance(self, cur, fixed, steps, t):
+    def _advance(self, cur, fixed, steps, t, everyone=False):
         active = t < steps
-        new, _, _, _ = self._step(cur, fixed, active, everyone=self._everyone(steps, t))
+        new, _, _, _ = self._step(cur, fixed, active, everyone=everyone)
         return new
 
-    def _everyone(self, steps, t):
-        """Whether every sample of ``steps`` runs step ``t`` (a model node's vjp is handed the
-        state arrays: with one, every step masks as before)."""
-        if self.nodes or not steps.size:
-            return False
-        if getattr(self, "_fewest", (None, 0))[0] is not steps:
-            self._fewest = (steps, int(steps.min()))
-        return t < self._fewest[1]
+    def _fewest_steps(self, steps):
+        """The steps below which every sample of ``steps`` is running, so nothing is masked (0
+        with a model node: its vjp adds into the state cotangents in place, which must then be
+        fresh arrays)."""
+        return 0 if self.nodes or not steps.size else int(steps.min())
 
     def _node_values(self, cur, fixed):
         extra = {}
