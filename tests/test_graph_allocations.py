@@ -14,6 +14,10 @@ import numpy as np
 import pytest
 
 import vkml
+from backends_under_test import BACKENDS
+
+#: every test on the NumPy backend and on the compiled cpu tier
+pytestmark = pytest.mark.parametrize("vk_backend", BACKENDS, indirect=True)
 
 
 @vkml.kernel
@@ -65,8 +69,8 @@ def call_peak(fn):
 # -- the same bits as before the buffers were reused ----------------------------------------------
 
 #: digests of (x gradient, k, c) over three launch+reverse cycles of one Reverse, computed on the
-#: revision before buffer reuse: n = 1000 runs the fused reverse program, 20000 the launch-by-launch
-#: sweep
+#: revision before buffer reuse: n = 1000 runs the fused reverse program, 20000 (then the
+#: launch-by-launch sweep) now runs it over two chunks, and with two threads the sweep again
 GRAPH_DIGESTS = {1000: "4cbb8c9c14081286", 20000: "4c2993a5b4b7d381"}
 #: digest of the drift simulation's gradients (x, v, t, k, t_end) over two run+reverse cycles,
 #: samples stopping at different steps (the masked steps) -- the same revision
@@ -101,12 +105,14 @@ def simulation_cycles(cycles=2):
     return out, sim.record.steps
 
 
+@pytest.mark.parametrize("threads", ["1", "2"])
 @pytest.mark.parametrize("n", sorted(GRAPH_DIGESTS))
-def test_graph_gradients_have_the_bits_they_had_before_buffer_reuse(vk_backend, n):
+def test_graph_gradients_have_the_bits_they_had_before_buffer_reuse(n, threads, monkeypatch):
+    monkeypatch.setenv("VKML_THREADS", threads)
     assert digest(*graph_cycles(n)) == GRAPH_DIGESTS[n]
 
 
-def test_simulation_gradients_have_the_bits_they_had_before_buffer_reuse(vk_backend):
+def test_simulation_gradients_have_the_bits_they_had_before_buffer_reuse():
     grads, steps = simulation_cycles()
     assert steps.min() < steps.max()             # the masked steps are exercised
     assert digest(*grads) == SIMULATION_DIGEST
@@ -152,28 +158,44 @@ def test_a_gradient_that_passes_straight_through_never_aliases_the_seed():
 
 # -- allocations per call -------------------------------------------------------------------------
 
-def test_a_reused_reverse_allocates_less_than_a_fresh_one_per_call():
-    """Launch-by-launch sweep (n above the fused size): a fresh Reverse per call takes every
-    adjoint, per-sample Param cotangent and tree level anew; the reused one only the gradients it
-    hands back (the program's own temporaries are the same on both sides)."""
-    n = 1 << 16
-    plane = n * 8
+def warm(n):
     g, seed = two_nodes(n)
     rev = vkml.diff.Reverse(g)
-    for _ in range(2):                              # warm: programs compiled, buffers made
+    for _ in range(2):                              # programs compiled, buffers made
         g.launch()
         rev(g.record, {"y": seed})
     g.launch()
+    return g, seed, rev
+
+
+def test_a_chunked_reverse_allocates_little_more_than_the_gradient_it_hands_back():
+    """One thread, plain launches: the reverse runs as one program over chunks of samples, every
+    intermediate adjoint and per-sample Param cotangent living only inside a chunk; a call
+    allocates the x gradient (one plane) and chunk-sized temporaries."""
+    n = 1 << 18
+    g, seed, rev = warm(n)
+    peak = call_peak(lambda: rev(g.record, {"y": seed}))
+    assert n * 8 <= peak < 1.5 * n * 8, peak / (n * 8)
+
+
+def test_a_reused_reverse_allocates_less_than_a_fresh_one_per_call(monkeypatch):
+    """Launch-by-launch sweep (two threads): a fresh Reverse per call takes every adjoint,
+    per-sample Param cotangent and tree level anew; the reused one keeps them in its workspace
+    (the programs' own temporaries are the same on both sides)."""
+    monkeypatch.setenv("VKML_THREADS", "2")
+    n = 1 << 16
+    plane = n * 8
+    g, seed, rev = warm(n)
     fresh = call_peak(lambda: vkml.diff.Reverse(g)(g.record, {"y": seed}))
     g.launch()
     reused = call_peak(lambda: rev(g.record, {"y": seed}))
-    held = rev.workspace.nbytes
     # kept between calls: the adjoint of u, two per-sample Param cotangents, the tree's levels
-    assert held >= 3 * plane
+    assert rev.workspace.nbytes >= 3 * plane
     assert reused <= fresh - 2 * plane, (reused, fresh)
 
 
-def test_steady_state_calls_allocate_the_same_and_keep_the_same_buffers():
+def test_steady_state_calls_allocate_the_same_and_keep_the_same_buffers(monkeypatch):
+    monkeypatch.setenv("VKML_THREADS", "2")
     n = 1 << 15
     g, seed = two_nodes(n)
     rev = vkml.diff.Reverse(g)
@@ -182,20 +204,25 @@ def test_steady_state_calls_allocate_the_same_and_keep_the_same_buffers():
         g.launch()
         peaks.append(call_peak(lambda: rev(g.record, {"y": seed})))
         buffers.append(sorted(id(b) for b in rev.workspace._buffers.values()))
-    assert buffers[1] == buffers[2] == buffers[3]
+    assert buffers[1] == buffers[2] == buffers[3] and buffers[1]
     assert max(peaks[1:]) <= peaks[0]
+
+
+def test_threads_and_chunks_give_the_same_bits(monkeypatch):
+    """The chunked program (one thread) and the launch-by-launch sweep with the workspace (two
+    threads) agree bit for bit, Param sums included."""
+    one = graph_cycles(50_000, cycles=2)
+    monkeypatch.setenv("VKML_THREADS", "2")
+    two = graph_cycles(50_000, cycles=2)
+    for a, b in zip(one, two):
+        assert np.array_equal(a, b)
 
 
 def test_a_fused_reverse_hands_back_only_its_gradients():
     """Up to the fused size the Params are summed inside the reverse program: a call allocates
     the x gradient and a few small objects, no per-sample Param cotangent."""
     n = 4096
-    g, seed = two_nodes(n)
-    rev = vkml.diff.Reverse(g)
-    for _ in range(2):
-        g.launch()
-        rev(g.record, {"y": seed})
-    g.launch()
+    g, seed, rev = warm(n)
     if vkml.backends.current().name == "numpy":
         pytest.skip("the NumPy backend's programs allocate their own temporaries")
     assert call_peak(lambda: rev(g.record, {"y": seed})) < 2 * n * 8

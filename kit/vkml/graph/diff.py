@@ -32,7 +32,7 @@ from .graph import Opaque, Reduce, RepeatWhile, per_sample_values, run_named, th
 from .kernel import Kernel, Launch
 from .reversible import Reversible
 from .record import LoopEntry, OtherEntry, Record, SkipEntry, Step
-from .treesum import tree_sum
+from .treesum import chunk_bounds, combine, tree_sum
 
 
 class Report:
@@ -789,16 +789,19 @@ def _detach(values, protected):
             values[name] = copies.setdefault(id(v), v.copy())
 
 
-#: Up to this many samples a plain-launch reverse runs as one fused program: there the host
-#: work per launch dominates.  Above it, the step-by-step sweep frees each launch's temporaries
-#: (and tree-sums its Param cotangents) as it goes, which holds less memory at once.
+#: Up to this many samples a plain-launch reverse runs as one fused program over all of them.
+#: Above it, the same program runs over aligned chunks of this many samples: its temporaries
+#: (every intermediate adjoint, every per-sample Param cotangent) then stay in the processor's
+#: caches instead of streaming through memory, so the reverse reads the inputs and seeds and
+#: writes the gradients about once -- and each chunk's Param sum is a subtree of the canonical
+#: tree, so the chunk sums combine to the one-pass bits.
 FUSE_SAMPLES = 1 << 14
 
 
 def _fusable(record, vjps):
-    """A tape of plain launches whose vjps vkml derives: its reverse can be ONE program."""
-    return threads() == 1 and record.graph.n <= FUSE_SAMPLES and \
-        all(type(e) is Step and e.node.name not in vjps for e in record.tape)
+    """A tape of plain launches whose vjps vkml derives: its reverse can be ONE program (over
+    chunks of samples, one thread)."""
+    return threads() == 1 and all(type(e) is Step and e.node.name not in vjps for e in record.tape)
 
 
 @dataclass(frozen=True, eq=False)
@@ -822,23 +825,26 @@ class ReversePlan:
     layout: tuple
     #: the program's equations (to name a failing one)
     eqns: list
+    #: the program's output Vars (their shapes and dtypes)
+    exe_outputs: list
 
 
-def _fused_reverse_plan(record, seed_keys) -> ReversePlan:
-    """The whole reverse sweep of a plain-launch tape as one Program, for one set of seeded keys.
+def _fused_reverse_plan(record, seed_keys, n, tree) -> ReversePlan:
+    """The whole reverse sweep of a plain-launch tape as one Program over ``n`` samples (all of
+    them, or a chunk), for one set of seeded keys.
 
     Inputs: the plane versions the launches read, the Param cells, the seeds.  Outputs: the
-    adjoint of every version-0 read (a graph input), then each launch's per-sample Param
-    cotangents.  Adjoints meet in the same fixed order as the step-by-step sweep (seed first,
-    then the readers in the order they ran), so the bits are the same.
+    adjoint of every version-0 read (a graph input), then each launch's Param cotangents summed
+    over the ``n`` samples with the canonical tree of ``tree`` leaves (zero-padded).  Adjoints
+    meet in the same fixed order as the step-by-step sweep (seed first, then the readers in the
+    order they ran), so the bits are the same.
     """
-    n = record.graph.n
     placeholders, in_keys = {}, []
 
     def value_var(key):
         if key not in placeholders:
             value = record.value(key)
-            placeholders[key] = Var(value.shape, value.dtype)
+            placeholders[key] = Var((n,) + value.shape[1:], value.dtype)
             in_keys.append(key)
         return placeholders[key]
 
@@ -849,7 +855,7 @@ def _fused_reverse_plan(record, seed_keys) -> ReversePlan:
     for key in seed_keys:
         pid, _ = key
         plane = record.planes[pid]
-        seed_vars[key] = Var(plane.shape, plane.dtype)
+        seed_vars[key] = Var((n,) + plane.shape[1:], plane.dtype)
     parts = {}
 
     def take(key):
@@ -881,22 +887,24 @@ def _fused_reverse_plan(record, seed_keys) -> ReversePlan:
     grad_keys = [k for k in list(parts) + list(seed_vars) if k[1] == 0]
     grad_keys = list(dict.fromkeys(grad_keys))
     grads = [take(k) for k in grad_keys]
-    outputs = grads + [canonical_sum(ct) for _, _, ct in param_outs]
+    outputs = grads + [canonical_sum(ct, tree) for _, _, ct in param_outs]
     inputs = [placeholders[k] for k in in_keys] + cell_vars + [seed_vars[k] for k in seed_keys]
     program = program_from_dag(inputs, outputs)
     backend = backends.current()
     exe = backend.executable(("graph-reverse", program), lambda: program)
     return ReversePlan(exe=exe, backend=backend, in_keys=in_keys, cell_keys=cell_keys,
                        grad_keys=grad_keys, params=[(k, order) for k, order, _ in param_outs],
-                       layout=_gradient_layout(record), eqns=program.eqns)
+                       layout=_gradient_layout(record), eqns=program.eqns,
+                       exe_outputs=list(program.outputs))
 
 
-def canonical_sum(v):
+def canonical_sum(v, tree=None):
     """:func:`~vkml.graph.treesum.tree_sum` over axis 0 as equations of a program: zero-padded
-    to a power of two, adjacent pairs added level by level -- the same additions in the same
-    order, so the same bits, and no per-sample array leaves the program."""
+    to a power of two (``tree`` leaves, when given: a chunk's subtree), adjacent pairs added
+    level by level -- the same additions in the same order, so the same bits, and no per-sample
+    array leaves the program."""
     n, rest = v.shape[0], v.shape[1:]
-    p = 1 << (n - 1).bit_length()
+    p = tree or 1 << (n - 1).bit_length()
     if p != n:
         v = api.pad(v, (0,) * v.ndim, (p - n,) + (0,) * len(rest))
     zeros = (0,) * len(rest)
@@ -917,26 +925,50 @@ class _Computed:
         return self.values.pop(key, None)
 
 
-def _fused_sweep(record, seeds, workspace):
+def _fused_sweep(record, seeds):
+    """The fused reverse program over all samples, or over aligned chunks of
+    ``FUSE_SAMPLES`` (the gradients written chunk by chunk into arrays for the caller, the Param
+    sums combined with the canonical tree)."""
+    n = record.graph.n
     seed_keys = tuple(sorted(seeds))
     key = (seed_keys, id(backends.current()), tuple(e.index for e in record.tape))
-    plan, _ = record.graph._caches.reverse_plans.get_or_make(
-        key, lambda: _fused_reverse_plan(record, seed_keys))
-    args = [record.value(k) for k in plan.in_keys] + [record.cells[k] for k in plan.cell_keys] + \
-        [seeds[k] for k in seed_keys]
-    values = submit(plan.backend, plan.exe, args, plan.eqns)
-    n_g = len(plan.grad_keys)
+
+    def plan_for(m, tree):
+        return record.graph._caches.reverse_plans.get_or_make(
+            key + (m, tree), lambda: _fused_reverse_plan(record, seed_keys, m, tree))[0]
+
+    if n <= FUSE_SAMPLES:
+        plan = plan_for(n, None)
+        args = [record.value(k) for k in plan.in_keys] + [record.cells[k] for k in plan.cell_keys] + \
+            [seeds[k] for k in seed_keys]
+        values = submit(plan.backend, plan.exe, args, plan.eqns)
+        n_g = len(plan.grad_keys)
+        grads, sums = values[:n_g], [[v] for v in values[n_g:]]
+    else:
+        grads, sums, plan = None, None, None
+        for s, e in chunk_bounds(n, FUSE_SAMPLES):
+            plan = plan_for(e - s, FUSE_SAMPLES)
+            n_g = len(plan.grad_keys)
+            if grads is None:
+                grads = [np.empty((n,) + v.shape[1:], v.dtype) for v in plan.exe_outputs[:n_g]]
+                sums = [[] for _ in plan.params]
+            args = [record.value(k)[s:e] for k in plan.in_keys] + \
+                [record.cells[k] for k in plan.cell_keys] + [seeds[k][s:e] for k in seed_keys]
+            values = submit(plan.backend, plan.exe, args, plan.eqns,
+                            into=[g[s:e] for g in grads] + [None] * len(plan.params))
+            for acc, v in zip(sums, values[n_g:]):
+                acc.append(v)
     param_parts = {}
-    for (name, order), total in zip(plan.params, values[n_g:]):
-        param_parts.setdefault(name, []).append((order, total))
-    return _Computed(dict(zip(plan.grad_keys, values[:n_g]))), param_parts, plan.layout
+    for (name, order), parts in zip(plan.params, sums):
+        param_parts.setdefault(name, []).append((order, combine(parts, FUSE_SAMPLES, n)))
+    return _Computed(dict(zip(plan.grad_keys, grads))), param_parts, plan.layout
 
 
 def _sweep(record, seeds, vjps, workspace):
     cells = record.cells
     n = record.graph.n
     if _fusable(record, vjps):
-        adj, param_parts, layout = _fused_sweep(record, seeds, workspace)
+        adj, param_parts, layout = _fused_sweep(record, seeds)
         return _assemble(record, adj, param_parts, layout)
     adj = _Adjoints(seeds)
     param_parts = {}
