@@ -69,9 +69,10 @@ def call_peak(fn):
 # -- the same bits as before the buffers were reused ----------------------------------------------
 
 #: digests of (x gradient, k, c) over three launch+reverse cycles of one Reverse, computed on the
-#: revision before buffer reuse: n = 1000 runs the fused reverse program, 20000 (then the
-#: launch-by-launch sweep) now runs it over two chunks, and with two threads the sweep again
-GRAPH_DIGESTS = {1000: "4cbb8c9c14081286", 20000: "4c2993a5b4b7d381"}
+#: revision before buffer reuse and chunking: with one thread, n = 1000 and 20000 run the fused
+#: reverse program once and 100000 runs it over chunks; with two threads, every n but 1000
+#: runs the launch-by-launch sweep with the Reverse's workspace
+GRAPH_DIGESTS = {1000: "4cbb8c9c14081286", 20000: "4c2993a5b4b7d381", 100000: "649e6498c9e8b496"}
 #: digest of the drift simulation's gradients (x, v, t, k, t_end) over two run+reverse cycles,
 #: samples stopping at different steps (the masked steps) -- the same revision
 SIMULATION_DIGEST = "80227c41a623c7f4"
@@ -172,7 +173,7 @@ def test_a_chunked_reverse_allocates_little_more_than_the_gradient_it_hands_back
     """One thread, plain launches: the reverse runs as one program over chunks of samples, every
     intermediate adjoint and per-sample Param cotangent living only inside a chunk; a call
     allocates the x gradient (one plane) and chunk-sized temporaries."""
-    n = 1 << 18
+    n = 1 << 20
     g, seed, rev = warm(n)
     peak = call_peak(lambda: rev(g.record, {"y": seed}))
     assert n * 8 <= peak < 1.5 * n * 8, peak / (n * 8)

@@ -795,7 +795,7 @@ def _detach(values, protected):
 #: caches instead of streaming through memory, so the reverse reads the inputs and seeds and
 #: writes the gradients about once -- and each chunk's Param sum is a subtree of the canonical
 #: tree, so the chunk sums combine to the one-pass bits.
-FUSE_SAMPLES = 1 << 14
+FUSE_SAMPLES = 1 << 15
 
 
 def _fusable(record, vjps):
