@@ -434,7 +434,21 @@ class Reverse:
 
     @property
     def workspace(self):
-        """The buffers this Reverse reuses from call to call (never what a call hands back)."""
+        """The buffers this Reverse reuses from call to call (never what a call hands back).
+
+        >>> @vkml.kernel
+        ... def wave(x, k: vkml.Param):
+        ...     return {"y": vkml.sin(k * x)}
+        ...
+        >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+        >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
+        >>> rev = vkml.diff.Reverse(g)
+        >>> g.launch()
+        <vkml.Graph: wave>
+        >>> grads = rev(g.record, {"y": np.ones(3)})
+        >>> rev.workspace.holds(grads["x"])
+        False
+        """
         return self._lock.workspace
 
     def bitwise(self):
