@@ -588,8 +588,7 @@ def reverse_graph(graph, record, seeds, wrt=None, vjps=None, strict=False, lock=
         try:
             workspace = workspace_of(lock)
             values = _sweep(record, key_seeds, vjps, workspace)
-            _detach(values, (list(key_seeds.values()) if plain else []) +
-                    list(workspace._buffers.values()))
+            _detach(values, list(key_seeds.values()) if plain else [], workspace)
         finally:
             with graph._lock:
                 record._readers -= 1
@@ -794,12 +793,13 @@ def summed(ct, workspace):
                     if n > 1 else None)
 
 
-def _detach(values, protected):
-    """Copy any gradient that may share memory with an array in ``protected`` (a caller's seed,
-    a workspace buffer), so what is handed back is the caller's own."""
+def _detach(values, seeds, workspace):
+    """Copy any gradient that may share memory with one of the caller's ``seeds`` or a buffer of
+    ``workspace``, so what is handed back is the caller's own."""
     copies = {}
     for name, v in values.items():
-        if isinstance(v, np.ndarray) and v.ndim and any(np.may_share_memory(v, p) for p in protected):
+        if isinstance(v, np.ndarray) and v.ndim and (
+                any(np.may_share_memory(v, p) for p in seeds) or workspace.holds(v)):
             values[name] = copies.setdefault(id(v), v.copy())
 
 

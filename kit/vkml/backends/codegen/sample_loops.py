@@ -5,7 +5,9 @@ batched program (tens of microseconds of host work per step).  Here the
 step kernel's per-sample program is lowered to scalar C and wrapped in
 ``for sample: for step: ...`` -- one thread per sample, as eagle does -- so
 the state stays in registers, a sample stops at its own ``terminated``, and
-the recorded checkpoints are written as the loop passes them.  The reverse
+the recorded checkpoints are written as the loop passes them.  Where a step
+cannot fail part-way, a C thread steps ``VK_LANES`` samples in turn (see
+:data:`LANES`): each still does its own operations in its own order.  The reverse
 is one function too: per sample, each window from the last is recomputed
 from its checkpoint into a local buffer and the adjoint is stepped back
 through it with the kernel's per-sample vjp program.
