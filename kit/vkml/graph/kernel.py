@@ -435,6 +435,8 @@ class _SizedBatch:
             hit = self._by_size.put_first(key, (backend.executable(("graph", bp), lambda: bp), bp))
         return hit
 
-    def run(self, n, args):
+    def run(self, n, args, into=None):
+        """One run over ``n`` samples; ``into``: destinations for the results (see
+        ``Backend.run``), e.g. buffers a Reverse reuses from call to call."""
         exe, bp = self.executable(n)
-        return backends.current().run(exe, args)
+        return backends.current().run(exe, args, into=into)
