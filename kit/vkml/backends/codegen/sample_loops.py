@@ -392,7 +392,7 @@ def _steps_in_lanes(*lows_and_bodies):
         if low.errors:
             return False
         text = []
-        _emit(body, text, "")
+        emit(body, text, "")
         if any(_POLL in line for line in text):
             return False
     return True
@@ -451,7 +451,7 @@ def _forward_lanes(step, n_state, n_fixed, n_params, out_names, state_names, ter
     for i, v in enumerate(outs):
         lines.append(f"{li}{CTYPE[v.dtype]} ot{i}[{_size(v)}];")
     _decl_temps(low, lines, li)
-    _emit(body, lines, li)
+    emit(body, lines, li)
     for i in range(n_state):
         k = _size(st_vars[i])
         lines.append(f"{li}for (int64_t c = 0; c < {k}; c++) st{i}[l][c] = ot{new_of[i]}[c];")
@@ -577,7 +577,7 @@ def _reverse_lanes(step, vjp, n_state, n_fixed, n_params, out_names, state_names
     for j, v in enumerate(outs):
         lines.append(f"{li}{CTYPE[v.dtype]} nx{j}[{_size(v)}];")
     _decl_temps(fwd_low, lines, li)
-    _emit(fwd_body, lines, li)
+    emit(fwd_body, lines, li)
     for i, v in enumerate(st_vars):
         k = _size(v)
         lines.append(f"{li}for (int64_t c = 0; c < {k}; c++) cur{i}[l][c] = nx{new_of[i]}[c];")
@@ -593,7 +593,7 @@ def _reverse_lanes(step, vjp, n_state, n_fixed, n_params, out_names, state_names
     for k, w_pos in enumerate(wrt):
         lines.append(f"{li}{CTYPE[ins[w_pos].dtype]} g{k}[{_size(ins[w_pos])}];")
     _decl_temps(bwd_low, lines, li)
-    _emit(bwd_body, lines, li)
+    emit(bwd_body, lines, li)
     for k, w_pos in enumerate(wrt):
         size = _size(ins[w_pos])
         if w_pos < n_state:
