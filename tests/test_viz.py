@@ -144,7 +144,7 @@ def test_inline_html_style_touches_only_vkml_pictures_and_text_is_the_fallback()
     assert selectors and all(sel.startswith((".vkml-diagram", 'body[data-jp-theme-light="false"] '
                                              ".vkml-diagram")) for sel in selectors), selectors
     # a front-end that sanitizes drops the <style> and the SVG, keeps `hidden`: the text shows
-    assert '<div class="vkml-svg" hidden><svg' in page
+    assert '<div class="vkml-svg" hidden="hidden"><svg' in page
     assert f'<pre class="vkml-text">{html.escape(str(prog))}</pre>' in page
 
 

@@ -177,7 +177,7 @@ def inline_html(svg: str, text: str) -> str:
     style = (".vkml-diagram > div.vkml-svg[hidden] { display: block; } "
              ".vkml-diagram > pre.vkml-text { display: none; } " + _scoped_style(".vkml-diagram"))
     return (f'<div class="vkml-diagram"><style>{style}</style>'
-            f'<div class="vkml-svg" hidden>{svg.rstrip()}</div>'
+            f'<div class="vkml-svg" hidden="hidden">{svg.rstrip()}</div>'
             f'<pre class="vkml-text">{html.escape(text)}</pre></div>')
 
 
