@@ -112,7 +112,7 @@ def test_program_mimebundle_is_inline_html_svg_and_the_printed_text():
 
 def inline_svg(page):
     """The <svg> element an inline-HTML picture holds, parsed."""
-    start, end = page.index("<svg"), page.index("</svg>") + len("</svg>")
+    start, end = page.index("<svg"), page.rindex("</svg>") + len("</svg>")
     return parse(page[start:end])[0]
 
 
@@ -146,6 +146,17 @@ def test_inline_html_style_touches_only_vkml_pictures_and_text_is_the_fallback()
     # a front-end that sanitizes drops the <style> and the SVG, keeps `hidden`: the text shows
     assert '<div class="vkml-svg" hidden="hidden"><svg' in page
     assert f'<pre class="vkml-text">{html.escape(str(prog))}</pre>' in page
+
+
+def test_derived_pictures_inline_html_is_one_svg_with_titled_panels():
+    f = vkml.jit(lambda x: vkml.sum(x * x))
+    vkml.grad(f)(np.ones(2))
+    page = viz.derived_dot(f)._repr_mimebundle_()["text/html"]
+    root = inline_svg(page)
+    assert len(root.findall(SVG + "svg")) == 5                 # primal and four derived panels
+    assert page.count("<style>") == 1
+    links = list(root.iter(SVG + "a"))
+    assert links and all(a.find(SVG + "title") is not None for a in links)
 
 
 def test_inline_html_ids_are_unique_per_picture():
