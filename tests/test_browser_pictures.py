@@ -114,8 +114,8 @@ def open_tutorial(page, lab):
 def stored_diagrams(page):
     """The tutorial's stored pictures, drawn as SVG inline in their HTML output (which keeps the
     <title> tooltips an <img> would lose)."""
-    page.wait_for_selector(".jp-RenderedHTMLCommon .vkml-diagram > div > svg", timeout=60 * SECONDS)
     svgs = page.locator(".jp-RenderedHTMLCommon .vkml-diagram > div > svg")
+    sync_api.expect(svgs).to_have_count(len(stored_picture_texts()), timeout=60 * SECONDS)
     for i in range(svgs.count()):
         svgs.nth(i).scroll_into_view_if_needed()
         assert svgs.nth(i).is_visible()
@@ -142,6 +142,13 @@ def visible_part(page, element):
     height = min(box["height"], page.viewport_size["height"] - box["y"])
     return page.screenshot(clip={"x": box["x"], "y": box["y"], "width": box["width"],
                                  "height": height})
+
+
+def stored_picture_texts():
+    """The text form of each picture the tutorial stores, in order."""
+    cells = json.loads((ROOT / "notebooks" / TUTORIAL).read_text())["cells"]
+    return ["".join(o["data"]["text/plain"]) for c in cells for o in c.get("outputs", [])
+            if "vkml-diagram" in "".join(o.get("data", {}).get("text/html", ""))]
 
 
 def code_lines():
@@ -259,9 +266,7 @@ def test_hovering_a_program_box_shows_its_source_line(tutorial_lab):
 
 def test_an_untrusted_tutorial_shows_its_pictures_as_text(untrusted_lab):
     """JupyterLab sanitizes an untrusted notebook's HTML: the SVG goes, the text stays readable."""
-    stored = json.loads((ROOT / "notebooks" / TUTORIAL).read_text())["cells"]
-    texts = ["".join(o["data"]["text/plain"]) for c in stored for o in c.get("outputs", [])
-             if "text/html" in o.get("data", {}) and "vkml-diagram" in "".join(o["data"]["text/html"])]
+    texts = stored_picture_texts()
     assert len(texts) >= 2
     with sync_api.sync_playwright() as pw:
         browser = launch(pw)
@@ -270,7 +275,7 @@ def test_an_untrusted_tutorial_shows_its_pictures_as_text(untrusted_lab):
             open_tutorial(page, untrusted_lab)
             page.wait_for_selector(".vkml-diagram pre", timeout=60 * SECONDS)
             shown = page.locator(".vkml-diagram pre")
-            assert shown.count() == len(texts)
+            sync_api.expect(shown).to_have_count(len(texts), timeout=30 * SECONDS)
             for i, text in enumerate(texts):
                 shown.nth(i).scroll_into_view_if_needed()
                 sync_api.expect(shown.nth(i)).to_be_visible(timeout=30 * SECONDS)
