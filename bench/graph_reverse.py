@@ -320,6 +320,32 @@ def profile_vkml(n, launches=200):
     pstats.Stats(prof).sort_stats("tottime").print_stats(25)
 
 
+def floor_line(n, rev):
+    """The bytes a reverse must move at least -- read x, u and the seed, write the x gradient:
+    4 planes of n float64 -- and the rate each side moved them at.  (At 10^6 samples these 32 MB
+    fit a large last-level cache, and the reverse is bound by its n cosines, not by memory.)"""
+    need = 4 * 8 * n
+    parts = ", ".join(f"{k} {need / t / 1e9:.1f} GB/s" for k, t in rev.items())
+    print(f"  floor: a reverse moves at least {need / 1e6:,.1f} MB (x, u, seed read; x gradient "
+          f"written): {parts}")
+
+
+def ab_workloads(quick):
+    """vkml's side of this bench for ``bench/ab.py`` (one revision against another): name ->
+    (phase names, sampler of a recording launch and its reverse).  Graph and Reverse are built
+    once per size, as a training loop would."""
+    out = {}
+    for n in (10**3, 10**5) if quick else SIZES:
+        side = VkmlGraph(np.linspace(0.1, 0.9, n), K)
+        seed = np.ones(n)
+        cycle(side, seed)                                  # programs compiled, buffers made
+        out[f"two-node graph, {n:,} samples"] = (
+            ("launch", "reverse"),
+            sampler(side.launch, lambda side=side, seed=seed: side.reverse(seed),
+                    reps=30 if n <= 10**3 else 5 if n <= 10**5 else 3))
+    return out
+
+
 def cycle(side, seed):
     side.launch()
     side.reverse(seed)
@@ -373,6 +399,7 @@ def main():
                            ("footprint (tracemalloc)", {k: fmt_bytes(v) for k, v in foot_t.items()}),
                            ("footprint (RSS)", {k: fmt_bytes(v) for k, v in foot_r.items()})])
         summary.append((n, fwd, rev, mem_t, foot_t))
+        floor_line(n, rev)
 
     print("""
 memory columns: 'call peak' = the most one reverse call allocates above what was held when it

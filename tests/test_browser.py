@@ -77,14 +77,11 @@ def test_notebook_runs_shows_the_diagram_and_the_slider_moves_the_readout(lab):
             page.wait_for_function(KERNEL_IDLE, timeout=90 * SECONDS)
             page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
 
-            # the %%vkml --show program cell draws the tutorial's running-sum scan as an SVG image
-            svg = page.wait_for_selector(".jp-RenderedSVG img", timeout=90 * SECONDS)
-            src = svg.get_attribute("src")
-            assert src.startswith("data:image/svg+xml")
-            drawn = urllib.parse.unquote(src.split(",", 1)[1])
-            assert "<svg" in drawn and ">scan<" in drawn and ">step of scan %2<" in drawn
-            page.wait_for_function("img => img.complete && img.naturalWidth > 0", arg=svg,
-                                   timeout=30 * SECONDS)
+            # the %%vkml --show program cell draws the tutorial's running-sum scan as an inline SVG
+            svg = page.wait_for_selector(".jp-RenderedHTMLCommon .vkml-diagram > div > svg",
+                                         state="visible", timeout=90 * SECONDS)
+            drawn = svg.evaluate("s => s.outerHTML")
+            assert ">scan<" in drawn and ">step of scan %2<" in drawn
 
             # the gradient explorer: its readout, then a slider moved with the mouse
             readout = page.wait_for_selector(".vkml-readout", timeout=90 * SECONDS)

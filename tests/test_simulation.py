@@ -448,3 +448,29 @@ def test_default_window_and_memory_budget():
     if device is not None:
         avail = min(avail, device())
     assert abs(sim.memory_budget - avail / 2) < 0.1 * avail
+
+
+
+@vkml.kernel
+def _shared_end_pendulum(theta, omega, t, length: vkml.Param, t_end: vkml.Param):
+    om = omega - 0.01 * (9.81 / length) * vkml.sin(theta)
+    return {"theta": theta + 0.01 * om, "omega": om, "t": t + 0.01, "terminated": t + 0.01 >= t_end}
+
+
+@pytest.mark.parametrize("backend", ["numpy", "cpu"])
+def test_a_stop_flag_that_is_not_one_bool_per_sample_is_refused_by_name(backend):
+    """A Param given as an array of n values is one array shared by every sample: comparing the
+    per-sample time with it gives n flags per sample, which the numpy run crashed on and the
+    compiled run read past."""
+    n = 4
+    theta, omega, t = np.full(n, 0.5), np.zeros(n), np.zeros(n)
+    before = theta.copy()
+    with vkml.use_backend(backend):
+        with pytest.raises(vkml.ShapeError, match=r"'terminated' is one bool per sample.*t_end"):
+            vkml.simulation(_shared_end_pendulum, max_steps=5, theta=theta, omega=omega, t=t,
+                            length=1.2, t_end=np.ones(n)).run()
+        np.testing.assert_array_equal(theta, before)           # refused before anything ran
+        sim = vkml.simulation(_shared_end_pendulum, max_steps=5, theta=theta, omega=omega, t=t,
+                              length=1.2, t_end=0.02)            # one end time for all: fine
+        sim.run()
+    assert not np.array_equal(theta, before)

@@ -4,6 +4,7 @@ Every picture is checked as rendered SVG (parsed with xml.etree, so it is well-f
 determinism: the same object renders to the same bytes, twice and from a fresh trace.
 """
 
+import html
 import os
 import subprocess
 import sys
@@ -100,13 +101,69 @@ def test_same_object_renders_identical_bytes_and_ids_are_stable():
     assert not other_ids & set(ids)
 
 
-def test_program_mimebundle_is_svg_and_the_printed_text():
+def test_program_mimebundle_is_inline_html_svg_and_the_printed_text():
     prog = seed_program()
     bundle = prog._repr_mimebundle_()
-    assert set(bundle) == {"image/svg+xml", "text/plain"}
+    assert set(bundle) == {"text/html", "image/svg+xml", "text/plain"}
     parse(bundle["image/svg+xml"])
     assert bundle["text/plain"] == str(prog)
     assert bundle == prog._repr_mimebundle_()
+
+
+def inline_svg(page):
+    """The <svg> element an inline-HTML picture holds, parsed."""
+    start, end = page.index("<svg"), page.rindex("</svg>") + len("</svg>")
+    return parse(page[start:end])[0]
+
+
+def test_inline_html_gives_every_box_its_source_line_as_a_title():
+    """An <img> shows no tooltips, an inline SVG does: each box's tooltip becomes its <title>."""
+    page = seed_program()._repr_mimebundle_()["text/html"]
+    assert page.startswith('<div class="vkml-diagram">') and page.endswith("</div>")
+    assert "<?xml" not in page and "<!DOCTYPE" not in page    # HTML, not an XML document
+    root = inline_svg(page)
+    links = list(root.iter(SVG + "a"))
+    assert links
+    for a in links:
+        tooltip = a.get("{http://www.w3.org/1999/xlink}title")
+        assert a.find(SVG + "title").text == tooltip
+    here = os.path.basename(__file__)
+    assert any(a.find(SVG + "title").text.startswith(f"{here}:") for a in links)
+    # graphviz's internal names (p_v0, p_e0->p_v4) would pop up instead: none is left
+    titles = [t.text for t in root.iter(SVG + "title")]
+    assert not [t for t in titles if t.startswith("p_")], titles
+
+
+def test_inline_html_style_touches_only_vkml_pictures_and_text_is_the_fallback():
+    prog = seed_program()
+    page = prog._repr_mimebundle_()["text/html"]
+    style = page[page.index("<style>") + len("<style>"):page.index("</style>")]
+    assert page.count("<style>") == 1                          # the SVG's own style is not repeated
+    selectors = [sel.strip() for rule in style.replace("@media (prefers-color-scheme: dark) {", "")
+                 .split("}") if "{" in rule for sel in rule.split("{")[0].split(",")]
+    assert selectors and all(sel.startswith((".vkml-diagram", 'body[data-jp-theme-light="false"] '
+                                             ".vkml-diagram")) for sel in selectors), selectors
+    # a front-end that sanitizes drops the <style> and the SVG, keeps `hidden`: the text shows
+    assert '<div class="vkml-svg" hidden="hidden"><svg' in page
+    assert f'<pre class="vkml-text">{html.escape(str(prog))}</pre>' in page
+
+
+def test_derived_pictures_inline_html_is_one_svg_with_titled_panels():
+    f = vkml.jit(lambda x: vkml.sum(x * x))
+    vkml.grad(f)(np.ones(2))
+    page = viz.derived_dot(f)._repr_mimebundle_()["text/html"]
+    root = inline_svg(page)
+    assert len(root.findall(SVG + "svg")) == 5                 # primal and four derived panels
+    assert page.count("<style>") == 1
+    links = list(root.iter(SVG + "a"))
+    assert links and all(a.find(SVG + "title") is not None for a in links)
+
+
+def test_inline_html_ids_are_unique_per_picture():
+    one = seed_program()._repr_mimebundle_()["text/html"]
+    two = vkml.program(lambda x: x * 2.0, np.ones(3))._repr_mimebundle_()["text/html"]
+    ids = [{el.get("id") for el in inline_svg(p).iter() if el.get("id")} for p in (one, two)]
+    assert ids[0] and ids[1] and not ids[0] & ids[1]
 
 
 def test_nested_call_programs_are_clusters():

@@ -129,6 +129,59 @@ _SVG_ID = re.compile(rb'\bid="([^"]*)"')
 _SVG_OPEN = re.compile(rb"<svg\b[^>]*>")
 
 
+_SVG_START = re.compile(r"<svg\b")
+#: graphviz's own <title> of a graph, node, edge or cluster: its internal DOT name (``p_v0``), which
+#: an inline picture would show as the tooltip of every box that has no source line.
+_DOT_NAME_TITLE = re.compile(r'(class="(?:graph|node|edge|cluster)"[^>]*>\n)<title>[^<]*</title>\n')
+#: A box's tooltip, as graphviz writes it: a link's ``xlink:title``.
+_LINK_TOOLTIP = re.compile(r'<a xlink:title="([^"]*)">')
+
+
+def _scoped_style(scope: str) -> str:
+    """SVG_STYLE's dark-theme rules for an SVG inlined in a page.
+
+    Inline, an SVG's ``<style>`` applies to the whole page, so every selector is put under
+    ``.vkml-diagram`` (only vkml's pictures are touched), and the rules apply both when the system
+    asks for a dark colour scheme (as in an ``<img>``) and when JupyterLab's own theme is dark.
+    """
+    rules = SVG_STYLE[SVG_STYLE.index("{") + 1:SVG_STYLE.rindex("}")]
+    def under(prefix):
+        out = []
+        for rule in filter(str.strip, rules.split("}")):
+            selectors, declarations = rule.split("{")
+            out.append(", ".join(f"{prefix} {sel.strip()}" for sel in selectors.split(","))
+                       + " {" + declarations + "}")
+        return " ".join(out)
+    return (f"@media (prefers-color-scheme: dark) {{ {under(scope)} }} "
+            + under(f'body[data-jp-theme-light="false"] {scope}'))
+
+
+def inline_html(svg: str, text: str) -> str:
+    """The picture as HTML that draws the SVG inline, so hovering a box shows its source line.
+
+    JupyterLab shows an ``image/svg+xml`` output as an ``<img>``, and an image shows no tooltips;
+    an SVG inlined in HTML does.  Each box's tooltip (graphviz's ``xlink:title``) also becomes a
+    ``<title>`` child, the form every browser shows, and graphviz's internal node names are dropped
+    so they do not pop up instead.  A front-end that does not trust the output strips the
+    ``<style>`` and the SVG but keeps ``hidden``: it then shows the ``<pre>`` text, never a jumble
+    of the SVG's labels.
+
+    >>> d = vkml.viz.diagram(vkml.program(lambda x: x + 1.0, np.ones(2)))
+    >>> page = vkml.viz.inline_html(d.svg(), d.text)
+    >>> page.startswith('<div class="vkml-diagram">'), "<?xml" in page
+    (True, False)
+    """
+    svg = svg[_SVG_START.search(svg).start():]
+    svg = _DOT_NAME_TITLE.sub(r"\1", svg)
+    svg = _LINK_TOOLTIP.sub(lambda m: m.group(0) + f"<title>{m.group(1)}</title>", svg)
+    svg = svg.replace(SVG_STYLE, "")
+    style = (".vkml-diagram > div.vkml-svg[hidden] { display: block; } "
+             ".vkml-diagram > pre.vkml-text { display: none; } " + _scoped_style(".vkml-diagram"))
+    return (f'<div class="vkml-diagram"><style>{style}</style>'
+            f'<div class="vkml-svg" hidden="hidden">{svg.rstrip()}</div>'
+            f'<pre class="vkml-text">{html.escape(text)}</pre></div>')
+
+
 class Diagram:
     """A picture: deterministic graphviz DOT ``source`` plus the same content as ``text``.
 
@@ -201,7 +254,8 @@ class Diagram:
         except Exception as err:  # a broken dot install must not break the notebook's output
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             return {"text/plain": f"{self.text}\n(vkml.viz: dot failed: {first})"}
-        return {"image/svg+xml": svg, "text/plain": self.text}
+        return {"text/html": inline_html(svg, self.text), "image/svg+xml": svg,
+                "text/plain": self.text}
 
     def __str__(self):
         return self.text

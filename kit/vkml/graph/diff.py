@@ -32,7 +32,7 @@ from .graph import Opaque, Reduce, RepeatWhile, per_sample_values, run_named, th
 from .kernel import Kernel, Launch
 from .reversible import Reversible
 from .record import LoopEntry, OtherEntry, Record, SkipEntry, Step
-from .treesum import tree_sum
+from .treesum import chunk_bounds, combine, tree_sum
 
 
 class Report:
@@ -171,15 +171,16 @@ def _all_writes(graph):
     return out
 
 
-def resolve_seeds(record, seeds):
-    """Seeds by plane version, checked before anything runs (the two mistakes everyone makes once)."""
+def resolve_seeds(record, seeds, copy=True):
+    """Seeds by plane version, checked before anything runs (the two mistakes everyone makes once).
+    ``copy=False``: a seed of the plane's dtype is used as it is (the caller makes sure no
+    gradient handed back aliases it and nothing writes into it)."""
     if not isinstance(seeds, Mapping):
         raise ArgumentError(f"seeds must be a dict of output plane name -> per-sample seed, got "
                             f"{type(seeds).__name__}")
     graph = record.graph
     written = _outputs_by_name(record.tape)
     writes = _all_writes(graph)
-    inputs = _inputs_by_name(graph)
     resolved = {}
     for name, seed in seeds.items():
         if not isinstance(name, str):
@@ -190,7 +191,7 @@ def resolve_seeds(record, seeds):
         else:
             cands = [k for k in writes if k[1] == name]
         if not cands:
-            as_input = [k for k in inputs if (k[1] == name if "." not in name else f"{k[0]}.{k[1]}" == name)]
+            as_input = [k for k in _inputs_by_name(graph) if (k[1] == name if "." not in name else f"{k[0]}.{k[1]}" == name)]
             if as_input:
                 raise ArgumentError(f"seed {name!r}: that is an input of the graph, not an output; its "
                                     f"gradient is grads[{name!r}] -- seed the outputs your objective "
@@ -210,7 +211,7 @@ def resolve_seeds(record, seeds):
             key = (id(plane), record.final.get(id(plane), 0))
         # a copy: a gradient that passes straight through a kernel must not alias the caller's seed
         resolved[key] = resolved.get(key, 0) + arr.astype(plane.dtype, copy=False) \
-            if key in resolved else arr.astype(plane.dtype, copy=True)
+            if key in resolved else arr.astype(plane.dtype, copy=copy)
     return resolved
 
 
@@ -316,6 +317,81 @@ def primitives_of(prog):
                 yield from primitives_of(p)
 
 
+class Workspace:
+    """Buffers a :class:`Reverse` reuses from call to call for the values that live only inside
+    one call: adjoints between two launches, per-sample Param cotangents before their tree sum,
+    the tree sum's levels, missing cotangents (zeros).  Steady-state calls then allocate only
+    what they hand back (fresh arrays the caller may keep), instead of taking fresh pages for
+    every plane-sized temporary.  Used only under the Reverse's lock: one call at a time.
+
+    >>> ws = vkml.diff.Workspace()
+    >>> a = ws.buffer("adjoint", (3,), np.float64)
+    >>> a is ws.buffer("adjoint", (3,), np.float64), ws.nbytes
+    (True, 24)
+    """
+
+    def __init__(self):
+        self._buffers = {}
+
+    def buffer(self, tag, shape, dtype):
+        """An array of ``shape`` and ``dtype`` kept under ``tag`` (its contents are whatever the
+        last user left)."""
+        key = (tag, shape, dtype)
+        buf = self._buffers.get(key)
+        if buf is None:
+            buf = self._buffers[key] = np.empty(shape, dtype)
+        return buf
+
+    def zeros(self, shape, dtype):
+        """Zeros of ``shape``, kept: only ever read (a cotangent nothing seeded)."""
+        key = ("zeros", shape, dtype)
+        buf = self._buffers.get(key)
+        if buf is None:
+            buf = self._buffers[key] = np.zeros(shape, dtype)
+        return buf
+
+    def holds(self, value):
+        """Whether ``value`` may share memory with a buffer kept here."""
+        return any(np.may_share_memory(value, b) for b in self._buffers.values())
+
+    @property
+    def nbytes(self):
+        return sum(b.nbytes for b in self._buffers.values())
+
+
+class ReverseLock:
+    """A Reverse's lock (one call at a time: ``acquire``/``release``, or ``with``) and the
+    :class:`Workspace` the call holding it uses: a forward's ``reverse(..., lock=)`` finds
+    the buffers it may reuse as ``lock.workspace``, and the Reversible interface stays as it is."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.workspace = Workspace()
+
+    def acquire(self, blocking=True):
+        return self._lock.acquire(blocking)
+
+    def release(self):
+        self._lock.release()
+
+    def locked(self):
+        return self._lock.locked()
+
+    def __enter__(self):
+        self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        self._lock.release()
+
+
+def workspace_of(lock):
+    """The buffers a reverse called with ``lock`` may reuse: the calling Reverse's, or a fresh
+    Workspace (used for this call only) for any other lock."""
+    got = getattr(lock, "workspace", None)
+    return got if isinstance(got, Workspace) else Workspace()
+
+
 class Reverse:
     """A reverse built once from a Graph or a simulation (``rev(record, seeds)`` per launch):
     anything :class:`~vkml.graph.reversible.Reversible`, which checks and reverses its own
@@ -359,7 +435,26 @@ class Reverse:
         self.forward = forward
         self.vjps = vjps
         self.strict = bool(strict)
-        self._lock = threading.Lock()
+        self._lock = ReverseLock()
+
+    @property
+    def workspace(self):
+        """The buffers this Reverse reuses from call to call (never what a call hands back).
+
+        >>> @vkml.kernel
+        ... def wave(x, k: vkml.Param):
+        ...     return {"y": vkml.sin(k * x)}
+        ...
+        >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+        >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
+        >>> rev = vkml.diff.Reverse(g)
+        >>> g.launch()
+        <vkml.Graph: wave>
+        >>> grads = rev(g.record, {"y": np.ones(3)})
+        >>> rev.workspace.holds(grads["x"])
+        False
+        """
+        return self._lock.workspace
 
     def bitwise(self):
         """Per gradient name, whether it is bitwise (computed once per graph structure).
@@ -471,7 +566,9 @@ def reverse_graph(graph, record, seeds, wrt=None, vjps=None, strict=False, lock=
         record.check_current()
         if not record.kept:                 # the reverse reads the planes themselves
             graph.check_planes("reverse")
-        key_seeds = resolve_seeds(record, seeds)
+        # the seeds are only read (never written in place) unless an opaque node's vjp gets them
+        plain = not any(isinstance(e, OtherEntry) for e in record.tape)
+        key_seeds = resolve_seeds(record, seeds, copy=not plain)
         flags = graph_bitwise(graph)
         wrt = wrt_names(wrt)
         if wrt is not None:
@@ -494,7 +591,9 @@ def reverse_graph(graph, record, seeds, wrt=None, vjps=None, strict=False, lock=
             record.check_current()
             record._readers += 1
         try:
-            values, parts = _sweep(record, key_seeds, vjps)
+            workspace = workspace_of(lock)
+            values, parts = _sweep(record, key_seeds, vjps, workspace)
+            _detach(values, list(key_seeds.values()) if plain else [], workspace)
         finally:
             with graph._lock:
                 record._readers -= 1
@@ -653,10 +752,11 @@ def _zeros(n, var):
     return np.zeros((n,) + var.shape, var.dtype)
 
 
-def reverse_launch(launch, node, inputs, cells, cts, n, vjp=None):
+def reverse_launch(launch, node, inputs, cells, cts, n, vjp=None, into=None):
     """One launch's vjp over all samples: input cotangents and per-sample Param cotangents.
     ``vjp``: a hand-written vjp kernel passed as ``vjps={node: kernel}``, used instead of the
-    derived one (an input or Param it returns no ``_bar`` for gets none).  Shared with a
+    derived one (an input or Param it returns no ``_bar`` for gets none).  ``into``: for the
+    derived vjp, a destination (or None) per result (:func:`adjoint_buffers`).  Shared with a
     simulation's reverse, which steps back one launch at a time too."""
     kern = launch.kernel
     params = [cells[(node.name, p)] for p in kern.params]
@@ -669,7 +769,7 @@ def reverse_launch(launch, node, inputs, cells, cts, n, vjp=None):
     flags = [True] * len(kern.inputs) + [False] * len(kern.params) + [True] * len(cts)
     outs = run_named(batch, n, list(inputs) + params + list(cts), flags,
                      f"the vjp of node {node.name!r} ({kern.name})" if node.name else
-                     f"the vjp of {kern.name}")
+                     f"the vjp of {kern.name}", into)
     ins, prm = {}, {}
     for pos, ct in zip(wrt, outs):
         if pos < len(kern.inputs):
@@ -679,16 +779,50 @@ def reverse_launch(launch, node, inputs, cells, cts, n, vjp=None):
     return ins, prm
 
 
-#: Up to this many samples a plain-launch reverse runs as one fused program: there the host
-#: work per launch dominates.  Above it, the step-by-step sweep frees each launch's temporaries
-#: (and tree-sums its Param cotangents) as it goes, which holds less memory at once.
-FUSE_SAMPLES = 1 << 14
+def adjoint_buffers(launch, handed_back, tag, workspace, n):
+    """Destinations for the results of ``launch``'s derived vjp over ``n`` samples: buffers of
+    ``workspace`` (under ``(tag, position)``) for the values that live only inside the reverse
+    call -- per-sample Param cotangents (tree-summed at once) and the adjoints of inputs for
+    which ``handed_back(name)`` is false (read by an earlier launch's vjp) -- and None (a fresh
+    array) for the adjoints the caller gets."""
+    batch, wrt = launch.batched_vjp()
+    _, program = batch.executable(n)
+    n_in = len(launch.kernel.inputs)
+    return [None if pos < n_in and handed_back(launch.kernel.inputs[pos]) else
+            workspace.buffer((tag, pos), var.shape, var.dtype)
+            for pos, var in zip(wrt, program.outputs)]
+
+
+def summed(ct, workspace):
+    """The canonical-tree sum of per-sample cotangents, its levels in a workspace buffer."""
+    n = ct.shape[0]
+    return tree_sum(ct, scratch=workspace.buffer("tree", ((n + 1) // 2,) + ct.shape[1:], ct.dtype)
+                    if n > 1 else None)
+
+
+def _detach(values, seeds, workspace):
+    """Copy any gradient that may share memory with one of the caller's ``seeds`` or a buffer of
+    ``workspace``, so what is handed back is the caller's own."""
+    copies = {}
+    for name, v in values.items():
+        if isinstance(v, np.ndarray) and v.ndim and (
+                any(np.may_share_memory(v, p) for p in seeds) or workspace.holds(v)):
+            values[name] = copies.setdefault(id(v), v.copy())
+
+
+#: Up to this many samples a plain-launch reverse runs as one fused program over all of them.
+#: Above it, the same program runs over aligned chunks of this many samples: its temporaries
+#: (every intermediate adjoint, every per-sample Param cotangent) then stay in the processor's
+#: caches instead of streaming through memory, so the reverse reads the inputs and seeds and
+#: writes the gradients about once -- and each chunk's Param sum is a subtree of the canonical
+#: tree, so the chunk sums combine to the one-pass bits.
+FUSE_SAMPLES = 1 << 15
 
 
 def _fusable(record, vjps):
-    """A tape of plain launches whose vjps vkml derives: its reverse can be ONE program."""
-    return threads() == 1 and record.graph.n <= FUSE_SAMPLES and \
-        all(type(e) is Step and e.node.name not in vjps for e in record.tape)
+    """A tape of plain launches whose vjps vkml derives: its reverse can be ONE program (over
+    chunks of samples, one thread)."""
+    return threads() == 1 and all(type(e) is Step and e.node.name not in vjps for e in record.tape)
 
 
 @dataclass(frozen=True, eq=False)
@@ -703,31 +837,35 @@ class ReversePlan:
     #: then the seeds (sorted by plane version)
     in_keys: list
     cell_keys: list
-    #: its outputs: the adjoints of these version-0 reads (graph inputs), then one per-sample
-    #: Param cotangent per ``((node, Param), order)`` in ``params``
+    #: its outputs: the adjoints of these version-0 reads (graph inputs), then one Param
+    #: cotangent per ``((node, Param), order)`` in ``params``, summed over the samples with the
+    #: canonical tree inside the program
     grad_keys: list
     params: list
     #: what the Gradients hold, by structure (``_gradient_layout``)
     layout: tuple
     #: the program's equations (to name a failing one)
     eqns: list
+    #: the program's output Vars (their shapes and dtypes)
+    exe_outputs: list
 
 
-def _fused_reverse_plan(record, seed_keys) -> ReversePlan:
-    """The whole reverse sweep of a plain-launch tape as one Program, for one set of seeded keys.
+def _fused_reverse_plan(record, seed_keys, n, tree) -> ReversePlan:
+    """The whole reverse sweep of a plain-launch tape as one Program over ``n`` samples (all of
+    them, or a chunk), for one set of seeded keys.
 
     Inputs: the plane versions the launches read, the Param cells, the seeds.  Outputs: the
-    adjoint of every version-0 read (a graph input), then each launch's per-sample Param
-    cotangents.  Adjoints meet in the same fixed order as the step-by-step sweep (seed first,
-    then the readers in the order they ran), so the bits are the same.
+    adjoint of every version-0 read (a graph input), then each launch's Param cotangents summed
+    over the ``n`` samples with the canonical tree of ``tree`` leaves (zero-padded).  Adjoints
+    meet in the same fixed order as the step-by-step sweep (seed first, then the readers in the
+    order they ran), so the bits are the same.
     """
-    n = record.graph.n
     placeholders, in_keys = {}, []
 
     def value_var(key):
         if key not in placeholders:
             value = record.value(key)
-            placeholders[key] = Var(value.shape, value.dtype)
+            placeholders[key] = Var((n,) + value.shape[1:], value.dtype)
             in_keys.append(key)
         return placeholders[key]
 
@@ -738,7 +876,7 @@ def _fused_reverse_plan(record, seed_keys) -> ReversePlan:
     for key in seed_keys:
         pid, _ = key
         plane = record.planes[pid]
-        seed_vars[key] = Var(plane.shape, plane.dtype)
+        seed_vars[key] = Var((n,) + plane.shape[1:], plane.dtype)
     parts = {}
 
     def take(key):
@@ -770,14 +908,32 @@ def _fused_reverse_plan(record, seed_keys) -> ReversePlan:
     grad_keys = [k for k in list(parts) + list(seed_vars) if k[1] == 0]
     grad_keys = list(dict.fromkeys(grad_keys))
     grads = [take(k) for k in grad_keys]
-    outputs = grads + [ct for _, _, ct in param_outs]
+    outputs = grads + [canonical_sum(ct, tree) for _, _, ct in param_outs]
     inputs = [placeholders[k] for k in in_keys] + cell_vars + [seed_vars[k] for k in seed_keys]
     program = program_from_dag(inputs, outputs)
     backend = backends.current()
     exe = backend.executable(("graph-reverse", program), lambda: program)
     return ReversePlan(exe=exe, backend=backend, in_keys=in_keys, cell_keys=cell_keys,
                        grad_keys=grad_keys, params=[(k, order) for k, order, _ in param_outs],
-                       layout=_gradient_layout(record), eqns=program.eqns)
+                       layout=_gradient_layout(record), eqns=program.eqns,
+                       exe_outputs=list(program.outputs))
+
+
+def canonical_sum(v, tree=None):
+    """:func:`~vkml.graph.treesum.tree_sum` over axis 0 as equations of a program: zero-padded
+    to a power of two (``tree`` leaves, when given: a chunk's subtree), adjacent pairs added
+    level by level -- the same additions in the same order, so the same bits, and no per-sample
+    array leaves the program."""
+    n, rest = v.shape[0], v.shape[1:]
+    p = tree or 1 << (n - 1).bit_length()
+    if p != n:
+        v = api.pad(v, (0,) * v.ndim, (p - n,) + (0,) * len(rest))
+    zeros = (0,) * len(rest)
+    while p > 1:
+        v = api.add(api.slice(v, (0,) + zeros, (p,) + rest, (2,) + (1,) * len(rest)),
+                    api.slice(v, (1,) + zeros, (p,) + rest, (2,) + (1,) * len(rest)))
+        p //= 2
+    return api.reshape(v, rest)
 
 
 class _Computed:
@@ -791,21 +947,45 @@ class _Computed:
 
 
 def _fused_sweep(record, seeds):
+    """The fused reverse program over all samples, or over aligned chunks of
+    ``FUSE_SAMPLES`` (the gradients written chunk by chunk into arrays for the caller, the Param
+    sums combined with the canonical tree)."""
+    n = record.graph.n
     seed_keys = tuple(sorted(seeds))
     key = (seed_keys, id(backends.current()), tuple(e.index for e in record.tape))
-    plan, _ = record.graph._caches.reverse_plans.get_or_make(
-        key, lambda: _fused_reverse_plan(record, seed_keys))
-    args = [record.value(k) for k in plan.in_keys] + [record.cells[k] for k in plan.cell_keys] + \
-        [seeds[k] for k in seed_keys]
-    values = submit(plan.backend, plan.exe, args, plan.eqns)
-    n_g = len(plan.grad_keys)
+
+    def plan_for(m, tree):
+        return record.graph._caches.reverse_plans.get_or_make(
+            key + (m, tree), lambda: _fused_reverse_plan(record, seed_keys, m, tree))[0]
+
+    if n <= FUSE_SAMPLES:
+        plan = plan_for(n, None)
+        args = [record.value(k) for k in plan.in_keys] + [record.cells[k] for k in plan.cell_keys] + \
+            [seeds[k] for k in seed_keys]
+        values = submit(plan.backend, plan.exe, args, plan.eqns)
+        n_g = len(plan.grad_keys)
+        grads, sums = values[:n_g], [[v] for v in values[n_g:]]
+    else:
+        grads, sums, plan = None, None, None
+        for s, e in chunk_bounds(n, FUSE_SAMPLES):
+            plan = plan_for(e - s, FUSE_SAMPLES)
+            n_g = len(plan.grad_keys)
+            if grads is None:
+                grads = [np.empty((n,) + v.shape[1:], v.dtype) for v in plan.exe_outputs[:n_g]]
+                sums = [[] for _ in plan.params]
+            args = [record.value(k)[s:e] for k in plan.in_keys] + \
+                [record.cells[k] for k in plan.cell_keys] + [seeds[k][s:e] for k in seed_keys]
+            values = submit(plan.backend, plan.exe, args, plan.eqns,
+                            into=[g[s:e] for g in grads] + [None] * len(plan.params))
+            for acc, v in zip(sums, values[n_g:]):
+                acc.append(v)
     param_parts = {}
-    for (name, order), ct in zip(plan.params, values[n_g:]):
-        param_parts.setdefault(name, []).append((order, tree_sum(ct)))
-    return _Computed(dict(zip(plan.grad_keys, values[:n_g]))), param_parts, plan.layout
+    for (name, order), parts in zip(plan.params, sums):
+        param_parts.setdefault(name, []).append((order, combine(parts, FUSE_SAMPLES, n)))
+    return _Computed(dict(zip(plan.grad_keys, grads))), param_parts, plan.layout
 
 
-def _sweep(record, seeds, vjps):
+def _sweep(record, seeds, vjps, workspace):
     cells = record.cells
     n = record.graph.n
     if _fusable(record, vjps):
@@ -820,16 +1000,20 @@ def _sweep(record, seeds, vjps):
         for name, var in zip(launch.out_names, launch.program.outputs):
             ct = adj.take(step.writes[name])
             live = live or ct is not None
-            cts.append(_zeros(n, var) if ct is None else ct)
+            cts.append(workspace.zeros((n,) + var.shape, var.dtype) if ct is None else ct)
         if not live:
             return
         inputs = [record.value(step.reads[nm]) for nm in launch.kernel.inputs]
-        ins, prm = reverse_launch(launch, step.node, inputs, cells, cts, n,
-                                   vjps.get(step.node.name))
+        vjp = vjps.get(step.node.name)
+        # the adjoint of a graph input (a version-0 read) is handed back: a fresh array
+        into = None if vjp is not None else \
+            adjoint_buffers(launch, lambda nm: step.reads[nm][1] == 0, ("step", step.index),
+                            workspace, n)
+        ins, prm = reverse_launch(launch, step.node, inputs, cells, cts, n, vjp, into)
         for nm, ct in ins.items():
             adj.add(step.reads[nm], order, ct)
         for p, ct in prm.items():
-            param_parts.setdefault((step.node.name, p), []).append((order, tree_sum(ct)))
+            param_parts.setdefault((step.node.name, p), []).append((order, summed(ct, workspace)))
 
     for entry in reversed(record.tape):
         order = (entry.index, 0)

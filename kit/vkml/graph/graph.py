@@ -177,31 +177,35 @@ def _pool(workers):
     return _POOL[workers]
 
 
-def run_batched(batch, n, args, batched_flags):
+def run_batched(batch, n, args, batched_flags, into=None):
     """Run a batched per-sample program over ``n`` samples, split over ``VKML_THREADS`` threads.
+    ``into``: one destination array (or None) per result, as ``Backend.run`` takes them; each
+    thread writes its own rows of them.
 
     Samples never mix, so the split changes no bit of any per-sample result."""
     workers = threads()
     if workers == 1 or n < 2 * MIN_PASS:
-        return batch.run(n, args)
+        return batch.run(n, args, into=into)
     size = chunk_size_for(n, workers)
     bounds = [(s, min(s + size, n)) for s in range(0, n, size)]
 
     def part(b):
         s, e = b
-        return batch.run(e - s, [a[s:e] if f else a for a, f in zip(args, batched_flags)])
+        rows = None if into is None else [None if d is None else d[s:e] for d in into]
+        return batch.run(e - s, [a[s:e] if f else a for a, f in zip(args, batched_flags)], into=rows)
 
     # each part runs with the caller's modes (its backend: one chosen with use_backend too)
     contexts = [contextvars.copy_context() for _ in bounds]
     parts = list(_pool(workers).map(lambda c, b: c.run(part, b), contexts, bounds))
-    return [np.concatenate([p[i] for p in parts]) for i in range(len(parts[0]))]
+    return [into[i] if into is not None and into[i] is not None else
+            np.concatenate([p[i] for p in parts]) for i in range(len(parts[0]))]
 
 
-def run_named(batch, n, args, batched_flags, where):
+def run_named(batch, n, args, batched_flags, where, into=None):
     """:func:`run_batched`, with a failing equation reported as an :class:`vkml.ExecutionError`
     naming ``where`` (the node or kernel) and the equation."""
     try:
-        return run_batched(batch, n, args, batched_flags)
+        return run_batched(batch, n, args, batched_flags, into)
     except ExecutionFailure as failure:
         raise execution_error(failure, batch.program(n).eqns, where) from failure.error
 

@@ -239,6 +239,13 @@ class Launch:
         self.program, self.out_names = kern.trace(in_types, param_types)
         n_samples = next(iter(ns)) if ns else 1
         for name, var in zip(self.out_names, self.program.outputs):
+            if name == "terminated" and var.shape != ():
+                shapes = {p: format_shape(a.shape) for p, a in self.params.items() if a.shape}
+                hint = (f"; Params {shapes} are arrays shared by every sample, not per-sample "
+                        "values (a per-sample value is a plane)") if shapes else ""
+                raise ShapeError(f"kernel {kname}: output 'terminated' is one bool per sample, got "
+                                 f"{format_shape(var.shape)} per sample{hint}; reduce it "
+                                 "(vkml.any(...)) or bind per-sample values as planes")
             if name == "terminated" and name not in bindings:
                 # a simulation kernel's stop flag: a plane of the launch's own unless bound
                 planes[name] = np.zeros((n_samples,) + var.shape, var.dtype)
@@ -435,6 +442,8 @@ class _SizedBatch:
             hit = self._by_size.put_first(key, (backend.executable(("graph", bp), lambda: bp), bp))
         return hit
 
-    def run(self, n, args):
+    def run(self, n, args, into=None):
+        """One run over ``n`` samples; ``into``: destinations for the results (see
+        ``Backend.run``), e.g. buffers a Reverse reuses from call to call."""
         exe, bp = self.executable(n)
-        return backends.current().run(exe, args)
+        return backends.current().run(exe, args, into=into)

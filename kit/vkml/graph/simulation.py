@@ -37,7 +37,7 @@ import numpy as np
 
 from ..backends import ExecutionFailure
 from ..errors import ArgumentError, Busy, ExecutionError, RecordError, RefusedError, ShapeError
-from .diff import Gradients, Report, check_vjps, reverse_launch, user_vjp_gradients, uses_table, \
+from .diff import Gradients, Report, check_vjps, workspace_of, reverse_launch, user_vjp_gradients, uses_table, \
     wrt_names
 from .. import backends
 from ..ir import program_from_dag
@@ -317,8 +317,9 @@ class Simulation(Reversible):
     def _cells(self):
         return [self.launch.params[p] for p in self.launch.kernel.params]
 
-    def _step(self, state, fixed, active, node_reads=None):
-        """One step for all samples; inactive samples keep their state."""
+    def _step(self, state, fixed, active, node_reads=None, everyone=False):
+        """One step for all samples; inactive samples keep their state.  ``everyone``: every
+        sample is active (nothing to mask: the new state is the step's output as it is)."""
         launch = self.launch
         kern = launch.kernel
         extra = {}
@@ -333,7 +334,7 @@ class Simulation(Reversible):
         new = {}
         for s in self.state:
             mask = active.reshape((-1,) + (1,) * (outs[s].ndim - 1))
-            new[s] = np.where(mask, outs[s], state[s])
+            new[s] = outs[s] if everyone else np.where(mask, outs[s], state[s])
         done = outs["terminated"] & active if self.terminates else np.zeros_like(active)
         return new, done, outs, extra
 
@@ -372,6 +373,7 @@ class Simulation(Reversible):
         store_at = self.schedule.stored_steps(self.max_steps) if self.record_mode else ()
         store_at = store_at if isinstance(store_at, range) else set(store_at)      # O(1) membership
         last_outs = None
+        everyone = True                        # every sample still running (none masked yet)
         # closed however the loop ends (a Ctrl-C between two steps too): nothing has been written
         with _progress(self.progress, self.max_steps, "simulation") as bar:
             for t in range(self.max_steps):
@@ -379,9 +381,10 @@ class Simulation(Reversible):
                     break
                 if t in store_at:
                     stored[t] = {s: v.copy() for s, v in state.items()}
-                state, done, last_outs, extra = self._step(state, fixed, active)
+                state, done, last_outs, extra = self._step(state, fixed, active, everyone=everyone)
                 steps += active
                 active = active & ~done
+                everyone = everyone and not done.any()
                 bar.update(1)
         for s in self.state:
             launch.writes[s][...] = state[s]
@@ -563,7 +566,7 @@ class Simulation(Reversible):
             with record._lock:
                 record._readers += 1
             try:
-                values, stats = self._reverse_passes(record, ct0, vjps)
+                values, stats = self._reverse_passes(record, ct0, vjps, workspace_of(lock))
             finally:
                 with record._lock:
                     record._readers -= 1
@@ -597,7 +600,7 @@ class Simulation(Reversible):
             flags[p] = not uses_table(self.launch.program, k + j)
         return flags
 
-    def _reverse_passes(self, record, ct0, vjps):
+    def _reverse_passes(self, record, ct0, vjps, workspace):
         n = self.n
         size = self.pass_size
         bounds = [(0, n)] if size >= n else chunk_bounds(n, size)
@@ -607,7 +610,8 @@ class Simulation(Reversible):
         stats = {"chunks": len(bounds), "recomputed": 0, "peak": 0}
         for s0, e0 in bounds:
             sl = slice(s0, e0)
-            res = self._reverse_slice(record, sl, {k: v[sl] for k, v in ct0.items()}, vjps, stats)
+            res = self._reverse_slice(record, sl, {k: v[sl] for k, v in ct0.items()}, vjps, stats,
+                                      workspace)
             for s, g in res["state"].items():
                 state_grads[s][sl] = g
             for k, g in res["fixed"].items():
@@ -629,8 +633,12 @@ class Simulation(Reversible):
             values[p] = parts[0] if len(parts) == 1 else combine(parts, size, n)
         return values, stats
 
-    def _reverse_slice(self, record, sl, ct0, vjps, stats):
-        """The reverse for the samples in ``sl``: windows from the last, adjoints stepped back."""
+    def _reverse_slice(self, record, sl, ct0, vjps, stats, workspace):
+        """The reverse for the samples in ``sl``: windows from the last, adjoints stepped back.
+        While every sample of the slice is still running (``t`` below the fewest steps) no mask
+        is applied (selecting every row changes no value); missing cotangents are read-only
+        zeros and the per-sample Param cotangents are summed into ``workspace`` buffers, so a
+        step allocates only what its vjp program returns."""
         if getattr(record, "checkpoint_arrays", None) is not None:
             loops = self._compiled_loops()
             if loops is not None:
@@ -648,34 +656,42 @@ class Simulation(Reversible):
         fixed_acc = {}
         float_fixed = [nm for nm in kern.inputs if nm not in self.state and fixed[nm].dtype.kind == "f"]
 
+        fewest = self._fewest_steps(steps)
+        keep = _Keep()
+
         def back_step(t, cur, extra):
-            active = t < steps
+            active = keep if t < fewest else _Mask(t < steps)
             ins = [cur[nm] if nm in self.state else extra.get(nm, fixed.get(nm)) for nm in kern.inputs]
             cts = []
             for name, var in zip(launch.out_names, launch.program.outputs):
                 if name in self.state:
-                    cts.append(np.where(_col(active, ct_state[name]), ct_state[name], 0))
+                    cts.append(active.where(ct_state[name], 0))
                 else:
-                    cts.append(np.zeros((m,) + var.shape, var.dtype))
+                    cts.append(np.zeros((m,) + var.shape, var.dtype) if self.nodes else
+                               workspace.zeros((m,) + var.shape, var.dtype))
             ins_ct, prm = reverse_launch(launch, node, ins, cells, cts, m)
             for s in self.state:
                 g = ins_ct.get(s)
                 if g is not None:
-                    ct_state[s] = np.where(_col(active, g), g, ct_state[s])
+                    ct_state[s] = active.where(g, ct_state[s])
             node_cts = {}
             for nm in kern.inputs:
                 if nm in self.state or nm not in ins_ct:
                     continue
-                g = np.where(_col(active, ins_ct[nm]), ins_ct[nm], 0)
+                g = active.where(ins_ct[nm], 0)
                 if nm in extra:
                     node_cts[nm] = g
                 elif nm in float_fixed:
                     fixed_acc[nm] = g if nm not in fixed_acc else fixed_acc[nm] + g
             if node_cts:
-                self._node_vjps(vjps, cur, fixed, extra, node_cts, ct_state, fixed_acc, active)
+                self._node_vjps(vjps, cur, fixed, extra, node_cts, ct_state, fixed_acc,
+                                active.mask(m))
             for p, g in prm.items():
-                g = np.where(_col(active, g), g, 0)
-                prm_acc[p] = g if prm_acc[p] is None else prm_acc[p] + g
+                if prm_acc[p] is None:          # the sum starts as the first cotangent, masked
+                    prm_acc[p] = workspace.buffer(("param", p), g.shape, g.dtype)
+                    active.where(g, 0, out=prm_acc[p])
+                else:                           # acc + g, in place: the same additions
+                    active.add(prm_acc[p], g)
 
         self._follow_plan(self.schedule.plan(self.max_steps, T), record.stored, sl, T, fixed, steps,
                           back_step, stats)
@@ -690,6 +706,7 @@ class Simulation(Reversible):
         a recomputed state once its step is reversed.  Counts the states it needs at once the way
         the schedule predicts them: a stored state until its step is reversed."""
         made = {}
+        fewest = self._fewest_steps(steps)
         alive = sum(1 for t in stored if t < last)
 
         def state(t):
@@ -703,7 +720,7 @@ class Simulation(Reversible):
                     peak = max(peak, alive + len(made) + 1)
                     cur = state(c)
                     for u in range(c, t):
-                        cur = self._advance(cur, fixed, steps, u)
+                        cur = self._advance(cur, fixed, steps, u, everyone=u < fewest)
                         stats["recomputed"] += 1
                     made[t] = cur
                 else:
@@ -717,10 +734,16 @@ class Simulation(Reversible):
                     bar.update(1)
         stats["peak"] = max(stats["peak"], peak)
 
-    def _advance(self, cur, fixed, steps, t):
+    def _advance(self, cur, fixed, steps, t, everyone=False):
         active = t < steps
-        new, _, _, _ = self._step(cur, fixed, active)
+        new, _, _, _ = self._step(cur, fixed, active, everyone=everyone)
         return new
+
+    def _fewest_steps(self, steps):
+        """The steps below which every sample of ``steps`` is running, so nothing is masked (0
+        with a model node: its vjp adds into the state cotangents in place, which must then be
+        fresh arrays)."""
+        return 0 if self.nodes or not steps.size else int(steps.min())
 
     def _node_values(self, cur, fixed):
         extra = {}
@@ -759,6 +782,47 @@ class _FakeNode:
 
 def _col(mask, like):
     return mask.reshape((-1,) + (1,) * (np.ndim(like) - 1))
+
+
+class _Keep:
+    """The mask of a reverse step at which every sample is running: selects every row, so
+    nothing is masked (the same values, without a pass over them)."""
+
+    @staticmethod
+    def where(value, other, out=None):
+        if out is None:
+            return value
+        np.copyto(out, value)
+        return out
+
+    @staticmethod
+    def add(acc, value):
+        np.add(acc, value, out=acc)
+
+    @staticmethod
+    def mask(m):
+        return np.ones(m, dtype=bool)
+
+
+class _Mask:
+    """The samples still running at a reverse step (``t < steps``): the others' cotangents are
+    held (state) or zero (everything else)."""
+
+    def __init__(self, active):
+        self.active = active
+
+    def where(self, value, other, out=None):
+        got = np.where(_col(self.active, value), value, other)
+        if out is None:
+            return got
+        np.copyto(out, got)
+        return out
+
+    def add(self, acc, value):
+        np.add(acc, self.where(value, 0), out=acc)
+
+    def mask(self, m):
+        return self.active
 
 
 def _progress(flag, total, desc):

@@ -33,8 +33,12 @@ from __future__ import annotations
 import numpy as np
 
 
-def tree_sum(x, axis: int = 0) -> np.ndarray:
+def tree_sum(x, axis: int = 0, *, scratch=None) -> np.ndarray:
     """Sum ``x`` over one ``axis`` with the canonical tree; an ndarray (0-d for a vector).
+
+    ``scratch`` (axis 0 only): an array of at least ``(n + 1) // 2`` rows of ``x``'s row shape
+    and dtype that the levels are written into -- a caller summing on every call (a reverse's
+    buffer pool) reuses one instead of allocating each level.
 
     Level by level, adjacent pairs are added into a new array half the size; an
     odd last element is carried up with ``+ 0.0`` -- exactly what the zero padding
@@ -60,13 +64,15 @@ def tree_sum(x, axis: int = 0) -> np.ndarray:
     lead = (slice(None),) * axis
     if n == 1:
         return np.array(x[lead + (0,)])
-    if x.size <= SMALL:
+    if x.size <= SMALL and scratch is None:
         return _padded_tree_sum(x, axis, lead)
+    if scratch is not None and axis != 0:
+        raise ValueError("tree_sum: scratch is for sums over axis 0")
     cur = x
     while n > 1:
         m, odd = n // 2, n % 2
         shape = cur.shape[:axis] + (m + odd,) + cur.shape[axis + 1:]
-        nxt = np.empty(shape, x.dtype)
+        nxt = np.empty(shape, x.dtype) if scratch is None else scratch[:m + odd]
         np.add(cur[lead + (slice(0, 2 * m, 2),)], cur[lead + (slice(1, 2 * m, 2),)],
                out=nxt[lead + (slice(0, m),)])
         if odd:

@@ -5,7 +5,9 @@ batched program (tens of microseconds of host work per step).  Here the
 step kernel's per-sample program is lowered to scalar C and wrapped in
 ``for sample: for step: ...`` -- one thread per sample, as eagle does -- so
 the state stays in registers, a sample stops at its own ``terminated``, and
-the recorded checkpoints are written as the loop passes them.  The reverse
+the recorded checkpoints are written as the loop passes them.  Where a step
+cannot fail part-way, a C thread steps ``VK_LANES`` samples in turn (see
+:data:`LANES`): each still does its own operations in its own order.  The reverse
 is one function too: per sample, each window from the last is recomputed
 from its checkpoint into a local buffer and the adjoint is stepped back
 through it with the kernel's per-sample vjp program.
@@ -88,6 +90,13 @@ def _ptr(name, var, slot, const=False):
 
 # -- the two dialects: only the function's frame differs; the loops inside are the same text ------
 
+#: Samples a C thread steps together, one step of each in turn.  A sample's own steps form one long
+#: chain of dependent operations (a step needs the last one's state), so stepping one sample at a
+#: time leaves the processor waiting on each result; independent samples' steps overlap.  Each
+#: sample still does exactly its own operations in its own order: the bits do not change.  A GPU
+#: thread steps one sample (``VK_LANES`` is 1 there): the GPU overlaps samples across threads.
+LANES = 8
+
 # How a sample reports a failure, and where a window lives, in each dialect: the loops call these
 # by the same names, so their text is the same in both.
 _C_FRAME = f"""
@@ -97,14 +106,16 @@ static void vk_sample_failed(int64_t* report, int code, const int64_t* info, int
         report[0] = code; report[1] = info[0]; report[2] = info[1]; report[3] = info[2]; report[4] = s;
     }}
 }}
+#define VK_LANES {LANES}
 #define VK_WINDOW(T, name, count) T* name = 0
-#define VK_WINDOW_ALLOC(T, name, count) name = (T*)malloc(sizeof(T) * (count##ULL)); \\
-    if (!name) {{ err_ = {ALLOCATION_FAILED}; info[0] = (int64_t)(sizeof(T) * (count##ULL)); \\
+#define VK_WINDOW_ALLOC(T, name, count) name = (T*)malloc(sizeof(T) * (unsigned long long)(count)); \\
+    if (!name) {{ err_ = {ALLOCATION_FAILED}; info[0] = (int64_t)(sizeof(T) * (unsigned long long)(count)); \\
                  info[1] = 0; info[2] = 0; goto done; }}
 #define VK_WINDOW_FREE(name) free(name)
 #define VK_POLL_INTERRUPT if (*vk_stop) {{ err_ = {INTERRUPTED}; goto done; }} else (void)0
 """
 _CUDA_FRAME = """
+#define VK_LANES 1
 VK_DEV void vk_sample_failed(unsigned long long* report, int code, const int64_t* info, int64_t s) {
     (void)s; vk_report(report, code, info);
 }
@@ -135,12 +146,17 @@ def _open_function(target, name, statics, n_out):
          f"(unsigned long long*)out[{n_out}];"]
 
 
-def _open_sample_loop(lines, target):
+def _open_sample_loop(lines, target, lanes=False):
     """The loop over samples -- split over ``info[2]`` OpenMP threads in C, one GPU thread per
-    sample (grid-stride) in CUDA; returns the body's indent."""
+    sample (grid-stride) in CUDA; ``lanes``: over groups of ``VK_LANES`` samples starting at
+    ``s``.  Returns the body's indent."""
     if target == "c":
         lines.append("    #pragma omp parallel for num_threads((int)info[2]) schedule(static)")
-        lines.append("    for (int64_t s = 0; s < n; s++) {")
+        lines.append("    for (int64_t s = 0; s < n; s += VK_LANES) {" if lanes else
+                     "    for (int64_t s = 0; s < n; s++) {")
+    elif lanes:
+        lines.append("    for (int64_t s = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) * VK_LANES; "
+                     "s < n; s += (int64_t)blockDim.x * gridDim.x * VK_LANES) {")
     else:
         lines.append("    for (int64_t s = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; s < n; "
                      "s += (int64_t)blockDim.x * gridDim.x) {")
@@ -189,6 +205,10 @@ def forward_source(step, n_state, n_fixed, n_params, out_names, state_names, ter
     the interrupt flag; CUDA: ``vk_fwd(in, out, n, max_steps)`` with device pointer tables, the
     status words after the outputs.  ``errors``: a list the primitive names of the error codes
     are appended to."""
+    lanes = _forward_lanes(step, n_state, n_fixed, n_params, out_names, state_names, term_index,
+                           window, target)
+    if lanes is not None:
+        return lanes
     low = _lowering()
     ins = step.inputs
     st_vars, fx_vars, pr_vars = ins[:n_state], ins[n_state:n_state + n_fixed], ins[n_state + n_fixed:]
@@ -254,6 +274,10 @@ def reverse_source(step, vjp, n_state, n_fixed, n_params, out_names, state_names
     seeds per state plane; out = state gradients, then gradients of the floating fixed planes and
     per-sample Param cotangents (in ``wrt`` order).  Called as ``vk_fwd`` is (``max_steps``
     unused)."""
+    lanes = _reverse_lanes(step, vjp, n_state, n_fixed, n_params, out_names, state_names, wrt,
+                           window, target)
+    if lanes is not None:
+        return lanes
     ins = step.inputs
     st_vars, fx_vars, pr_vars = ins[:n_state], ins[n_state:n_state + n_fixed], ins[n_state + n_fixed:]
     outs = step.outputs
@@ -355,5 +379,235 @@ def reverse_source(step, vjp, n_state, n_fixed, n_params, out_names, state_names
         size = _size(ins[w_pos])
         src = f"ct{w_pos}" if w_pos < n_state else f"acc{k}"
         lines.append(f"{ind}for (int64_t c = 0; c < {size}; c++) go{k}[s * {size} + c] = {src}[c];")
+    _close_function(lines, target, [f"buf{i}" for i in range(n_state)])
+    return "\n".join(lines) + "\n"
+
+
+# -- samples stepped together (see LANES): for steps that cannot fail part-way ----------------------
+
+def _steps_in_lanes(*lows_and_bodies):
+    """Whether bodies can run in lanes: none can fail (a failure stops one sample, not its
+    lane group) and none polls the interrupt inside (no scan or while loop in the step)."""
+    for low, body in lows_and_bodies:
+        if low.errors:
+            return False
+        text = []
+        emit(body, text, "")
+        if any(_POLL in line for line in text):
+            return False
+    return True
+
+
+def _forward_lanes(step, n_state, n_fixed, n_params, out_names, state_names, term_index, window,
+                   target):
+    """``vk_fwd`` (the contract of :func:`forward_source`) stepping ``VK_LANES`` samples in turn,
+    or None where the step cannot fail part-way is not given.  Sample ``s + l`` keeps its state in
+    row ``l``; a terminated sample's row is skipped from then on."""
+    low = _lowering()
+    ins = step.inputs
+    st_vars, fx_vars, pr_vars = ins[:n_state], ins[n_state:n_state + n_fixed], ins[n_state + n_fixed:]
+    outs = step.outputs
+    in_ptrs = [f"st{i}[l]" for i in range(n_state)] + \
+        [f"(f{i} + (s + l) * {_size(v)})" for i, v in enumerate(fx_vars)] + [f"p{i}" for i in range(n_params)]
+    body = low.program(step, in_ptrs, [f"ot{i}" for i in range(len(outs))])
+    _check_small(low, st_vars, outs)
+    if not _steps_in_lanes((low, body)):
+        return None
+    new_of = {i: out_names.index(name) for i, name in enumerate(state_names)}
+    extra = [j for j in range(len(outs)) if j not in new_of.values()]
+    lines = _open_function(target, "vk_fwd", low.statics, 2 * n_state + 1 + len(extra))
+    for i, v in enumerate(st_vars):
+        lines.append(_ptr(f"si{i}", v, f"in[{i}]", const=True))
+        lines.append(_ptr(f"so{i}", v, f"out[{i}]"))
+        lines.append(_ptr(f"ck{i}", v, f"out[{n_state + 1 + i}]"))
+    for i, v in enumerate(fx_vars):
+        lines.append(_ptr(f"f{i}", v, f"in[{n_state + i}]", const=True))
+    for i, v in enumerate(pr_vars):
+        lines.append(_ptr(f"p{i}", v, f"in[{n_state + n_fixed + i}]"))
+    lines.append(f"    int64_t* steps = (int64_t*)out[{n_state}];")
+    ind = _open_sample_loop(lines, target, lanes=True)
+    for i, v in enumerate(st_vars):
+        lines.append(f"{ind}{CTYPE[v.dtype]} st{i}[VK_LANES][{_size(v)}];")
+    for m, j in enumerate(extra):
+        lines.append(f"{ind}{CTYPE[outs[j].dtype]} ex{m}[VK_LANES][{_size(outs[j])}];")
+    lines.append(f"{ind}int64_t taken[VK_LANES]; int running[VK_LANES];")
+    lines.append(f"{ind}for (int l = 0; l < VK_LANES; l++) {{")
+    lines.append(f"{ind}    taken[l] = 0; running[l] = s + l < n;")
+    for i, v in enumerate(st_vars):
+        k = _size(v)
+        lines.append(f"{ind}    if (running[l]) for (int64_t c = 0; c < {k}; c++) "
+                     f"st{i}[l][c] = si{i}[(s + l) * {k} + c];")
+    lines.append(f"{ind}}}")
+    lines.append(f"{ind}for (int64_t t = 0; t < max_steps; t++) {{")
+    lines.append(ind + "    " + _POLL)
+    lines.append(f"{ind}    int any_running = 0;")
+    lines.append(f"{ind}    for (int l = 0; l < VK_LANES; l++) {{")
+    li = ind + "        "
+    lines.append(f"{li}if (!running[l]) continue;")
+    for i, v in enumerate(st_vars):
+        k = _size(v)
+        lines.append(f"{li}if (t % {window} == 0) for (int64_t c = 0; c < {k}; c++) "
+                     f"ck{i}[((t / {window}) * n + s + l) * {k} + c] = st{i}[l][c];")
+    for i, v in enumerate(outs):
+        lines.append(f"{li}{CTYPE[v.dtype]} ot{i}[{_size(v)}];")
+    _decl_temps(low, lines, li)
+    emit(body, lines, li)
+    for i in range(n_state):
+        k = _size(st_vars[i])
+        lines.append(f"{li}for (int64_t c = 0; c < {k}; c++) st{i}[l][c] = ot{new_of[i]}[c];")
+    for m, j in enumerate(extra):
+        lines.append(f"{li}for (int64_t c = 0; c < {_size(outs[j])}; c++) ex{m}[l][c] = ot{j}[c];")
+    lines.append(f"{li}taken[l] = t + 1;")
+    if term_index is not None:
+        lines.append(f"{li}if (ot{term_index}[0]) running[l] = 0;")
+    lines.append(f"{li}any_running |= running[l];")
+    lines.append(f"{ind}    }}")
+    lines.append(f"{ind}    if (!any_running) break;")
+    lines.append(f"{ind}}}")
+    lines.append(f"{ind}for (int l = 0; l < VK_LANES && s + l < n; l++) {{")
+    lines.append(f"{ind}    steps[s + l] = taken[l];")
+    for i, v in enumerate(st_vars):
+        k = _size(v)
+        lines.append(f"{ind}    for (int64_t c = 0; c < {k}; c++) so{i}[(s + l) * {k} + c] = st{i}[l][c];")
+    # the last step's other outputs (a "terminated" flag, say), as the NumPy path leaves them
+    for m, j in enumerate(extra):
+        k = _size(outs[j])
+        lines.append(f"{ind}    if (taken[l] > 0) for (int64_t c = 0; c < {k}; c++) "
+                     f"(({CTYPE[outs[j].dtype]}*)out[{2 * n_state + 1 + m}])[(s + l) * {k} + c] = ex{m}[l][c];")
+    lines.append(f"{ind}}}")
+    _close_function(lines, target)
+    return "\n".join(lines) + "\n"
+
+
+def _reverse_lanes(step, vjp, n_state, n_fixed, n_params, out_names, state_names, wrt, window,
+                   target):
+    """``vk_rev`` (the contract of :func:`reverse_source`) stepping ``VK_LANES`` samples in turn,
+    or None where a step can fail part-way.  The lanes walk the windows together, from the last
+    window of the longest-running sample down; a sample takes part in a window, a recomputed step
+    and a reversed step exactly when it would alone, so each does its own operations in its own
+    order."""
+    ins = step.inputs
+    st_vars, fx_vars, pr_vars = ins[:n_state], ins[n_state:n_state + n_fixed], ins[n_state + n_fixed:]
+    outs = step.outputs
+    new_of = {i: out_names.index(name) for i, name in enumerate(state_names)}
+    fwd_low = _lowering()
+    fx_ptr = [f"(f{i} + (s + l) * {_size(v)})" for i, v in enumerate(fx_vars)]
+    pr_ptr = [f"p{i}" for i in range(n_params)]
+    fwd_body = fwd_low.program(step, [f"cur{i}[l]" for i in range(n_state)] + fx_ptr + pr_ptr,
+                               [f"nx{i}" for i in range(len(outs))])
+    bwd_low = _lowering()
+    bwd_low.counter = 10000                   # distinct temporary names from the forward body
+    bwd_low.errors = fwd_low.errors           # one numbering of the error codes for both bodies
+    state_at = [f"(buf{i} + (l * {window} + (t - w)) * {_size(v)})" for i, v in enumerate(st_vars)]
+    ct_in = []
+    for j, v in enumerate(outs):
+        if j in new_of.values():
+            i = [k for k, o in new_of.items() if o == j][0]
+            ct_in.append(f"ct{i}[l]")
+        else:
+            ct_in.append(f"zo{j}")
+    grads = [f"g{k}" for k in range(len(wrt))]
+    bwd_body = bwd_low.program(vjp, state_at + fx_ptr + pr_ptr + ct_in, grads)
+    _check_small(fwd_low, st_vars, outs)
+    _check_small(bwd_low, [ins[w] for w in wrt])
+    if not _steps_in_lanes((fwd_low, fwd_body), (bwd_low, bwd_body)):
+        return None
+    _check_local(st_vars, window, target)
+    lines = _open_function(target, "vk_rev", fwd_low.statics + bwd_low.statics, len(wrt))
+    pos = 0
+    for i, v in enumerate(st_vars):
+        lines.append(_ptr(f"ck{i}", v, f"in[{pos}]", const=True))
+        pos += 1
+    lines.append(f"    const int64_t* steps = (const int64_t*)in[{pos}];")
+    pos += 1
+    for i, v in enumerate(fx_vars):
+        lines.append(_ptr(f"f{i}", v, f"in[{pos}]", const=True))
+        pos += 1
+    for i, v in enumerate(pr_vars):
+        lines.append(_ptr(f"p{i}", v, f"in[{pos}]"))
+        pos += 1
+    for i, v in enumerate(st_vars):
+        lines.append(_ptr(f"seed{i}", v, f"in[{pos}]", const=True))
+        pos += 1
+    for k, w_pos in enumerate(wrt):
+        lines.append(_ptr(f"go{k}", ins[w_pos], f"out[{k}]"))
+    ind = _open_sample_loop(lines, target, lanes=True)
+    for i, v in enumerate(st_vars):
+        k = _size(v)
+        lines.append(f"{ind}{CTYPE[v.dtype]} ct{i}[VK_LANES][{k}], cur{i}[VK_LANES][{k}];")
+        lines.append(f"{ind}VK_WINDOW({CTYPE[v.dtype]}, buf{i}, {window * k} * VK_LANES);")
+    for k, w_pos in enumerate(wrt):
+        if w_pos >= n_state:
+            lines.append(f"{ind}{CTYPE[ins[w_pos].dtype]} acc{k}[VK_LANES][{_size(ins[w_pos])}];")
+    lines.append(f"{ind}int64_t last[VK_LANES], longest = 0;")
+    for i, v in enumerate(st_vars):
+        lines.append(f"{ind}VK_WINDOW_ALLOC({CTYPE[v.dtype]}, buf{i}, {window * _size(v)} * VK_LANES);")
+    lines.append(f"{ind}for (int l = 0; l < VK_LANES; l++) {{")
+    lines.append(f"{ind}    last[l] = s + l < n ? steps[s + l] : 0;")
+    lines.append(f"{ind}    if (last[l] > longest) longest = last[l];")
+    for i, v in enumerate(st_vars):
+        k = _size(v)
+        lines.append(f"{ind}    for (int64_t c = 0; c < {k}; c++) "
+                     f"ct{i}[l][c] = s + l < n ? seed{i}[(s + l) * {k} + c] : 0;")
+    for k, w_pos in enumerate(wrt):
+        if w_pos >= n_state:
+            lines.append(f"{ind}    for (int64_t c = 0; c < {_size(ins[w_pos])}; c++) acc{k}[l][c] = 0;")
+    lines.append(f"{ind}}}")
+    lines.append(f"{ind}for (int64_t w = longest > 0 ? ((longest - 1) / {window}) * {window} : -1; "
+                 f"w >= 0; w -= {window}) {{")
+    lines.append(f"{ind}    int64_t end = w + {window} < longest ? w + {window} : longest;")
+    lines.append(f"{ind}    for (int l = 0; l < VK_LANES; l++) {{")
+    lines.append(f"{ind}        if (w >= last[l]) continue;")
+    for i, v in enumerate(st_vars):
+        k = _size(v)
+        lines.append(f"{ind}        for (int64_t c = 0; c < {k}; c++) "
+                     f"cur{i}[l][c] = ck{i}[((w / {window}) * n + s + l) * {k} + c];")
+    lines.append(f"{ind}    }}")
+    lines.append(f"{ind}    for (int64_t t = w; t < end; t++) {{")
+    lines.append(ind + "        " + _POLL)
+    lines.append(f"{ind}        for (int l = 0; l < VK_LANES; l++) {{")
+    li = ind + "            "
+    lines.append(f"{li}int64_t lane_end = w + {window} < last[l] ? w + {window} : last[l];")
+    lines.append(f"{li}if (t >= lane_end) continue;")
+    for i, v in enumerate(st_vars):
+        k = _size(v)
+        lines.append(f"{li}for (int64_t c = 0; c < {k}; c++) "
+                     f"buf{i}[(l * {window} + (t - w)) * {k} + c] = cur{i}[l][c];")
+    lines.append(f"{li}if (t == lane_end - 1) continue;")
+    for j, v in enumerate(outs):
+        lines.append(f"{li}{CTYPE[v.dtype]} nx{j}[{_size(v)}];")
+    _decl_temps(fwd_low, lines, li)
+    emit(fwd_body, lines, li)
+    for i, v in enumerate(st_vars):
+        k = _size(v)
+        lines.append(f"{li}for (int64_t c = 0; c < {k}; c++) cur{i}[l][c] = nx{new_of[i]}[c];")
+    lines.append(f"{ind}        }}")
+    lines.append(f"{ind}    }}")
+    lines.append(f"{ind}    for (int64_t t = end - 1; t >= w; t--) {{")
+    lines.append(ind + "        " + _POLL)
+    lines.append(f"{ind}        for (int l = 0; l < VK_LANES; l++) {{")
+    lines.append(f"{li}if (t >= last[l]) continue;")
+    for j, v in enumerate(outs):
+        if j not in new_of.values():
+            lines.append(f"{li}{CTYPE[v.dtype]} zo{j}[{_size(v)}] = {{0}};")
+    for k, w_pos in enumerate(wrt):
+        lines.append(f"{li}{CTYPE[ins[w_pos].dtype]} g{k}[{_size(ins[w_pos])}];")
+    _decl_temps(bwd_low, lines, li)
+    emit(bwd_body, lines, li)
+    for k, w_pos in enumerate(wrt):
+        size = _size(ins[w_pos])
+        if w_pos < n_state:
+            lines.append(f"{li}for (int64_t c = 0; c < {size}; c++) ct{w_pos}[l][c] = g{k}[c];")
+        else:
+            lines.append(f"{li}for (int64_t c = 0; c < {size}; c++) acc{k}[l][c] += g{k}[c];")
+    lines.append(f"{ind}        }}")
+    lines.append(f"{ind}    }}")
+    lines.append(f"{ind}}}")
+    lines.append(f"{ind}for (int l = 0; l < VK_LANES && s + l < n; l++) {{")
+    for k, w_pos in enumerate(wrt):
+        size = _size(ins[w_pos])
+        src = f"ct{w_pos}[l]" if w_pos < n_state else f"acc{k}[l]"
+        lines.append(f"{ind}    for (int64_t c = 0; c < {size}; c++) go{k}[(s + l) * {size} + c] = {src}[c];")
+    lines.append(f"{ind}}}")
     _close_function(lines, target, [f"buf{i}" for i in range(n_state)])
     return "\n".join(lines) + "\n"
