@@ -208,7 +208,7 @@ class SimulationRecord:
 
     def __repr__(self):
         return (f"<vkml simulation Record generation {self.generation}: {int(self.steps.max(initial=0))} "
-                f"steps at most, {len(self.checkpoints)} checkpoints, {self.nbytes:,} bytes>")
+                f"steps at most, {len(self.stored)} stored states, {self.nbytes:,} bytes>")
 
 
 class Simulation(Reversible):
