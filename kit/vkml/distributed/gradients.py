@@ -3,10 +3,8 @@ Param ones combined from the shards' tree sums in the canonical tree's order, an
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from ..errors import RefusedError
-from ..graph.diff import fold_params
+from ..graph.diff import GradientMapping, fold_params
 from .blocks import tree_of
 from .tasks import where
 
@@ -46,25 +44,9 @@ class ShardedReport:
                 f"recomputed_steps={self.recomputed_steps}, peak_states={self.peak_states})")
 
 
-class ShardedGradients(Mapping):
+class ShardedGradients(GradientMapping):
     """A read-only mapping like :class:`vkml.diff.Gradients`: per-sample gradients as Dask arrays
     (``.compute()`` them, or keep computing with Dask), Param gradients as NumPy arrays."""
-
-    def __init__(self, values, report):
-        self._values = values
-        self.report = report
-
-    def __getitem__(self, name):
-        try:
-            return self._values[name]
-        except KeyError:
-            raise KeyError(f"no gradient named {name!r}; gradients: {sorted(self._values)}") from None
-
-    def __iter__(self):
-        return iter(self._values)
-
-    def __len__(self):
-        return len(self._values)
 
     def __repr__(self):
         return f"<ShardedGradients {sorted(self._values)}; {self.report!r}>"

@@ -71,7 +71,28 @@ class Report:
                 f"bitwise={self.bitwise})")
 
 
-class Gradients(Mapping):
+class GradientMapping(Mapping):
+    """A read-only mapping of gradients by name, with the report of how they were computed: the
+    lookups one process's gradients and a sharded reverse's share."""
+
+    def __init__(self, values, report):
+        self._values = values
+        self.report = report
+
+    def __getitem__(self, name):
+        try:
+            return self._values[name]
+        except KeyError:
+            raise KeyError(f"no gradient named {name!r}; gradients: {sorted(self._values)}") from None
+
+    def __iter__(self):
+        return iter(self._values)
+
+    def __len__(self):
+        return len(self._values)
+
+
+class Gradients(GradientMapping):
     """A read-only mapping: per-sample gradients of input planes (one row per sample, in sample
     order) and summed gradients of Params, keyed by their bound names (``"node.name"`` too).
 
@@ -89,25 +110,12 @@ class Gradients(Mapping):
     """
 
     def __init__(self, values, report, parts=None):
-        self._values = values
-        self.report = report
+        super().__init__(values, report)
         #: what each Param gradient was folded from: ``{(node, param): [(order, sum), ...]}``,
         #: oldest first, each ``sum`` the canonical-tree sum over this reverse's samples of one
         #: launch's (or loop iteration's) cotangents.  A reverse of a slice of the samples hands
         #: these on, so that slices can be combined in the tree's order (``vkml.distributed``).
         self.parts = parts if parts is not None else {}
-
-    def __getitem__(self, name):
-        try:
-            return self._values[name]
-        except KeyError:
-            raise KeyError(f"no gradient named {name!r}; gradients: {sorted(self._values)}") from None
-
-    def __iter__(self):
-        return iter(self._values)
-
-    def __len__(self):
-        return len(self._values)
 
     def __repr__(self):
         return f"<Gradients {sorted(self._values)}; {self.report!r}>"

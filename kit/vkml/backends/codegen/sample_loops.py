@@ -195,6 +195,36 @@ def _decl_temps(low, lines, ind):
         lines.append(f"{ind}{ctype} {name}[{count}];")
 
 
+def _split(step, n_state, n_fixed):
+    """The step's inputs as state planes, fixed planes and Params, and its outputs."""
+    ins = step.inputs
+    return ins[:n_state], ins[n_state:n_state + n_fixed], ins[n_state + n_fixed:], step.outputs
+
+
+def _state_outputs(out_names, state_names):
+    """State plane ``i`` -> the step output that is its next value."""
+    return {i: out_names.index(name) for i, name in enumerate(state_names)}
+
+
+def _sample(lanes):
+    """The sample a loop body works on and the row of its per-sample state: ``s`` itself, or, in
+    lanes, sample ``s + l`` in row ``l``."""
+    return ("(s + l)", "[l]") if lanes else ("s", "")
+
+
+def _steps_in_lanes(*lows_and_bodies):
+    """Whether bodies can run in lanes: none can fail (a failure stops one sample, not its
+    lane group) and none polls the interrupt inside (no scan or while loop in the step)."""
+    for low, body in lows_and_bodies:
+        if low.errors:
+            return False
+        text = []
+        emit(body, text, "")
+        if any(_POLL in line for line in text):
+            return False
+    return True
+
+
 def forward_source(step, n_state, n_fixed, n_params, out_names, state_names, term_index, window,
                    target="c", errors=None):
     """``vk_fwd``: in = state planes, fixed planes, params; out = final state planes,
@@ -204,24 +234,16 @@ def forward_source(step, n_state, n_fixed, n_params, out_names, state_names, ter
     ``info = [n, max_steps, threads, 0, 0, 0, 0, 0]`` (the last five: the failure report) and
     the interrupt flag; CUDA: ``vk_fwd(in, out, n, max_steps)`` with device pointer tables, the
     status words after the outputs.  ``errors``: a list the primitive names of the error codes
-    are appended to."""
-    lanes = _forward_lanes(step, n_state, n_fixed, n_params, out_names, state_names, term_index,
-                           window, target)
-    if lanes is not None:
-        return lanes
-    low = _lowering()
-    ins = step.inputs
-    st_vars, fx_vars, pr_vars = ins[:n_state], ins[n_state:n_state + n_fixed], ins[n_state + n_fixed:]
-    outs = step.outputs
-    st_local = [f"st{i}" for i in range(n_state)]
-    out_tmp = [f"ot{i}" for i in range(len(outs))]
-    in_ptrs = st_local + [f"(f{i} + s * {_size(v)})" for i, v in enumerate(fx_vars)] + \
-        [f"p{i}" for i in range(n_params)]
-    body = low.program(step, in_ptrs, out_tmp)
-    _check_small(low, st_vars, outs)
-    if errors is not None:
-        errors.extend(low.errors)
-    new_of = {i: out_names.index(name) for i, name in enumerate(state_names)}
+    are appended to.  Where the step cannot fail part-way, a thread steps ``VK_LANES`` samples
+    in turn (:func:`_forward_lanes`), else one (:func:`_forward_samples`)."""
+    low, body = _lower_forward(step, n_state, n_fixed, n_params, lanes=True)
+    lanes = _steps_in_lanes((low, body))
+    if not lanes:
+        low, body = _lower_forward(step, n_state, n_fixed, n_params, lanes=False)
+        if errors is not None:
+            errors.extend(low.errors)
+    st_vars, fx_vars, pr_vars, outs = _split(step, n_state, n_fixed)
+    new_of = _state_outputs(out_names, state_names)
     extra = [j for j in range(len(outs)) if j not in new_of.values()]
     lines = _open_function(target, "vk_fwd", low.statics, 2 * n_state + 1 + len(extra))
     for i, v in enumerate(st_vars):
@@ -233,7 +255,30 @@ def forward_source(step, n_state, n_fixed, n_params, out_names, state_names, ter
     for i, v in enumerate(pr_vars):
         lines.append(_ptr(f"p{i}", v, f"in[{n_state + n_fixed + i}]"))
     lines.append(f"    int64_t* steps = (int64_t*)out[{n_state}];")
-    ind = _open_sample_loop(lines, target)
+    ind = _open_sample_loop(lines, target, lanes=lanes)
+    loop = _forward_lanes if lanes else _forward_samples
+    loop(lines, ind, low, body, st_vars, outs, new_of, extra, term_index, window)
+    _close_function(lines, target)
+    return "\n".join(lines) + "\n"
+
+
+def _lower_forward(step, n_state, n_fixed, n_params, lanes):
+    """The step lowered for the forward loop (reading the state ``st{i}``, writing ``ot{j}``),
+    its per-sample buffers checked: (lowering, body)."""
+    sample, row = _sample(lanes)
+    st_vars, fx_vars, _, outs = _split(step, n_state, n_fixed)
+    low = _lowering()
+    in_ptrs = [f"st{i}{row}" for i in range(n_state)] + \
+        [f"(f{i} + {sample} * {_size(v)})" for i, v in enumerate(fx_vars)] + \
+        [f"p{i}" for i in range(n_params)]
+    body = low.program(step, in_ptrs, [f"ot{i}" for i in range(len(outs))])
+    _check_small(low, st_vars, outs)
+    return low, body
+
+
+def _forward_samples(lines, ind, low, body, st_vars, outs, new_of, extra, term_index, window):
+    """The forward loop's body for one sample ``s``: its steps until ``max_steps`` or its
+    ``terminated``, a checkpoint at the start of every window."""
     for i, v in enumerate(st_vars):
         k = _size(v)
         lines.append(f"{ind}{CTYPE[v.dtype]} st{i}[{k}];")
@@ -249,8 +294,8 @@ def forward_source(step, n_state, n_fixed, n_params, out_names, state_names, ter
         lines.append(f"{ind}    if (t % {window} == 0) for (int64_t c = 0; c < {k}; c++) "
                      f"ck{i}[((t / {window}) * n + s) * {k} + c] = st{i}[c];")
     emit(body, lines, ind + "    ")
-    for i in range(n_state):
-        k = _size(st_vars[i])
+    for i, v in enumerate(st_vars):
+        k = _size(v)
         lines.append(f"{ind}    for (int64_t c = 0; c < {k}; c++) st{i}[c] = ot{new_of[i]}[c];")
     if term_index is not None:
         lines.append(f"{ind}    if (ot{term_index}[0]) {{ t++; break; }}")
@@ -263,9 +308,62 @@ def forward_source(step, n_state, n_fixed, n_params, out_names, state_names, ter
     for m, j in enumerate(extra):
         k = _size(outs[j])
         lines.append(f"{ind}if (t > 0) for (int64_t c = 0; c < {k}; c++) "
-                     f"(({CTYPE[outs[j].dtype]}*)out[{2 * n_state + 1 + m}])[s * {k} + c] = ot{j}[c];")
-    _close_function(lines, target)
-    return "\n".join(lines) + "\n"
+                     f"(({CTYPE[outs[j].dtype]}*)out[{2 * len(st_vars) + 1 + m}])[s * {k} + c] = ot{j}[c];")
+
+
+def _forward_lanes(lines, ind, low, body, st_vars, outs, new_of, extra, term_index, window):
+    """The forward loop's body for the ``VK_LANES`` samples from ``s``, one step of each in turn
+    (see :data:`LANES`).  Sample ``s + l`` keeps its state in row ``l``; a terminated sample's
+    row is skipped from then on."""
+    for i, v in enumerate(st_vars):
+        lines.append(f"{ind}{CTYPE[v.dtype]} st{i}[VK_LANES][{_size(v)}];")
+    for m, j in enumerate(extra):
+        lines.append(f"{ind}{CTYPE[outs[j].dtype]} ex{m}[VK_LANES][{_size(outs[j])}];")
+    lines.append(f"{ind}int64_t taken[VK_LANES]; int running[VK_LANES];")
+    lines.append(f"{ind}for (int l = 0; l < VK_LANES; l++) {{")
+    lines.append(f"{ind}    taken[l] = 0; running[l] = s + l < n;")
+    for i, v in enumerate(st_vars):
+        k = _size(v)
+        lines.append(f"{ind}    if (running[l]) for (int64_t c = 0; c < {k}; c++) "
+                     f"st{i}[l][c] = si{i}[(s + l) * {k} + c];")
+    lines.append(f"{ind}}}")
+    lines.append(f"{ind}for (int64_t t = 0; t < max_steps; t++) {{")
+    lines.append(ind + "    " + _POLL)
+    lines.append(f"{ind}    int any_running = 0;")
+    lines.append(f"{ind}    for (int l = 0; l < VK_LANES; l++) {{")
+    li = ind + "        "
+    lines.append(f"{li}if (!running[l]) continue;")
+    for i, v in enumerate(st_vars):
+        k = _size(v)
+        lines.append(f"{li}if (t % {window} == 0) for (int64_t c = 0; c < {k}; c++) "
+                     f"ck{i}[((t / {window}) * n + s + l) * {k} + c] = st{i}[l][c];")
+    for i, v in enumerate(outs):
+        lines.append(f"{li}{CTYPE[v.dtype]} ot{i}[{_size(v)}];")
+    _decl_temps(low, lines, li)
+    emit(body, lines, li)
+    for i, v in enumerate(st_vars):
+        k = _size(v)
+        lines.append(f"{li}for (int64_t c = 0; c < {k}; c++) st{i}[l][c] = ot{new_of[i]}[c];")
+    for m, j in enumerate(extra):
+        lines.append(f"{li}for (int64_t c = 0; c < {_size(outs[j])}; c++) ex{m}[l][c] = ot{j}[c];")
+    lines.append(f"{li}taken[l] = t + 1;")
+    if term_index is not None:
+        lines.append(f"{li}if (ot{term_index}[0]) running[l] = 0;")
+    lines.append(f"{li}any_running |= running[l];")
+    lines.append(f"{ind}    }}")
+    lines.append(f"{ind}    if (!any_running) break;")
+    lines.append(f"{ind}}}")
+    lines.append(f"{ind}for (int l = 0; l < VK_LANES && s + l < n; l++) {{")
+    lines.append(f"{ind}    steps[s + l] = taken[l];")
+    for i, v in enumerate(st_vars):
+        k = _size(v)
+        lines.append(f"{ind}    for (int64_t c = 0; c < {k}; c++) so{i}[(s + l) * {k} + c] = st{i}[l][c];")
+    # the last step's other outputs (a "terminated" flag, say), as the NumPy path leaves them
+    for m, j in enumerate(extra):
+        k = _size(outs[j])
+        lines.append(f"{ind}    if (taken[l] > 0) for (int64_t c = 0; c < {k}; c++) "
+                     f"(({CTYPE[outs[j].dtype]}*)out[{2 * len(st_vars) + 1 + m}])[(s + l) * {k} + c] = ex{m}[l][c];")
+    lines.append(f"{ind}}}")
 
 
 def reverse_source(step, vjp, n_state, n_fixed, n_params, out_names, state_names, wrt, window,
@@ -273,38 +371,18 @@ def reverse_source(step, vjp, n_state, n_fixed, n_params, out_names, state_names
     """``vk_rev``: in = checkpoints per state plane, steps, fixed planes, params,
     seeds per state plane; out = state gradients, then gradients of the floating fixed planes and
     per-sample Param cotangents (in ``wrt`` order).  Called as ``vk_fwd`` is (``max_steps``
-    unused)."""
-    lanes = _reverse_lanes(step, vjp, n_state, n_fixed, n_params, out_names, state_names, wrt,
-                           window, target)
-    if lanes is not None:
-        return lanes
+    unused).  Where neither the step nor its vjp can fail part-way, a thread reverses
+    ``VK_LANES`` samples together (:func:`_reverse_lanes`), else one (:func:`_reverse_samples`)."""
+    fwd_low, fwd_body, bwd_low, bwd_body = _lower_reverse(
+        step, vjp, n_state, n_fixed, n_params, out_names, state_names, wrt, window, lanes=True)
+    lanes = _steps_in_lanes((fwd_low, fwd_body), (bwd_low, bwd_body))
+    if not lanes:
+        fwd_low, fwd_body, bwd_low, bwd_body = _lower_reverse(
+            step, vjp, n_state, n_fixed, n_params, out_names, state_names, wrt, window, lanes=False)
+        if errors is not None:
+            errors.extend(fwd_low.errors)
     ins = step.inputs
-    st_vars, fx_vars, pr_vars = ins[:n_state], ins[n_state:n_state + n_fixed], ins[n_state + n_fixed:]
-    outs = step.outputs
-    new_of = {i: out_names.index(name) for i, name in enumerate(state_names)}
-    fwd_low = _lowering()
-    cur = [f"cur{i}" for i in range(n_state)]
-    nxt = [f"nx{i}" for i in range(len(outs))]
-    fx_ptr = [f"(f{i} + s * {_size(v)})" for i, v in enumerate(fx_vars)]
-    pr_ptr = [f"p{i}" for i in range(n_params)]
-    fwd_body = fwd_low.program(step, cur + fx_ptr + pr_ptr, nxt)
-    bwd_low = _lowering()
-    bwd_low.counter = 10000                   # distinct temporary names from the forward body
-    bwd_low.errors = fwd_low.errors           # one numbering of the error codes for both bodies
-    state_at = [f"(buf{i} + (t - w) * {_size(v)})" for i, v in enumerate(st_vars)]
-    ct_in = []
-    for j, v in enumerate(outs):
-        if j in new_of.values():
-            i = [k for k, o in new_of.items() if o == j][0]
-            ct_in.append(f"ct{i}")
-        else:
-            ct_in.append(f"zo{j}")
-    grads = [f"g{k}" for k in range(len(wrt))]
-    bwd_body = bwd_low.program(vjp, state_at + fx_ptr + pr_ptr + ct_in, grads)
-    _check_small(fwd_low, st_vars, outs)
-    _check_small(bwd_low, [ins[w] for w in wrt])
-    if errors is not None:
-        errors.extend(fwd_low.errors)
+    st_vars, fx_vars, pr_vars, outs = _split(step, n_state, n_fixed)
     _check_local(st_vars, window, target)
     lines = _open_function(target, "vk_rev", fwd_low.statics + bwd_low.statics, len(wrt))
     pos = 0
@@ -323,9 +401,55 @@ def reverse_source(step, vjp, n_state, n_fixed, n_params, out_names, state_names
         lines.append(_ptr(f"seed{i}", v, f"in[{pos}]", const=True))
         pos += 1
     for k, w_pos in enumerate(wrt):
-        v = ins[w_pos]
-        lines.append(_ptr(f"go{k}", v, f"out[{k}]"))
-    ind = _open_sample_loop(lines, target)
+        lines.append(_ptr(f"go{k}", ins[w_pos], f"out[{k}]"))
+    ind = _open_sample_loop(lines, target, lanes=lanes)
+    loop = _reverse_lanes if lanes else _reverse_samples
+    loop(lines, ind, fwd_low, fwd_body, bwd_low, bwd_body, ins, st_vars, outs,
+         _state_outputs(out_names, state_names), wrt, window)
+    _close_function(lines, target, [f"buf{i}" for i in range(n_state)])
+    return "\n".join(lines) + "\n"
+
+
+def _lower_reverse(step, vjp, n_state, n_fixed, n_params, out_names, state_names, wrt, window,
+                   lanes):
+    """The step and its vjp lowered for the reverse loop, their per-sample buffers checked:
+    (forward lowering, forward body, vjp lowering, vjp body).  The step recomputes a window from
+    ``cur{i}`` into ``nx{j}``; the vjp reads the state held in the window buffer ``buf{i}`` and the
+    cotangents ``ct{i}`` (``zo{j}``, zeros, for the outputs that are no state) and writes
+    ``g{k}``."""
+    sample, row = _sample(lanes)
+    ins = step.inputs
+    st_vars, fx_vars, _, outs = _split(step, n_state, n_fixed)
+    new_of = _state_outputs(out_names, state_names)
+    fwd_low = _lowering()
+    fx_ptr = [f"(f{i} + {sample} * {_size(v)})" for i, v in enumerate(fx_vars)]
+    pr_ptr = [f"p{i}" for i in range(n_params)]
+    fwd_body = fwd_low.program(step, [f"cur{i}{row}" for i in range(n_state)] + fx_ptr + pr_ptr,
+                               [f"nx{i}" for i in range(len(outs))])
+    bwd_low = _lowering()
+    bwd_low.counter = 10000                   # distinct temporary names from the forward body
+    bwd_low.errors = fwd_low.errors           # one numbering of the error codes for both bodies
+    held = f"l * {window} + (t - w)" if lanes else "t - w"
+    state_at = [f"(buf{i} + ({held}) * {_size(v)})" for i, v in enumerate(st_vars)]
+    ct_in = []
+    for j, v in enumerate(outs):
+        if j in new_of.values():
+            i = [k for k, o in new_of.items() if o == j][0]
+            ct_in.append(f"ct{i}{row}")
+        else:
+            ct_in.append(f"zo{j}")
+    grads = [f"g{k}" for k in range(len(wrt))]
+    bwd_body = bwd_low.program(vjp, state_at + fx_ptr + pr_ptr + ct_in, grads)
+    _check_small(fwd_low, st_vars, outs)
+    _check_small(bwd_low, [ins[w] for w in wrt])
+    return fwd_low, fwd_body, bwd_low, bwd_body
+
+
+def _reverse_samples(lines, ind, fwd_low, fwd_body, bwd_low, bwd_body, ins, st_vars, outs, new_of,
+                     wrt, window):
+    """The reverse loop's body for one sample ``s``: each window from the last recomputed from its
+    checkpoint into ``buf{i}``, then the adjoint stepped back through it."""
+    n_state = len(st_vars)
     for i, v in enumerate(st_vars):
         k = _size(v)
         lines.append(f"{ind}{CTYPE[v.dtype]} ct{i}[{k}], cur{i}[{k}];")
@@ -379,159 +503,15 @@ def reverse_source(step, vjp, n_state, n_fixed, n_params, out_names, state_names
         size = _size(ins[w_pos])
         src = f"ct{w_pos}" if w_pos < n_state else f"acc{k}"
         lines.append(f"{ind}for (int64_t c = 0; c < {size}; c++) go{k}[s * {size} + c] = {src}[c];")
-    _close_function(lines, target, [f"buf{i}" for i in range(n_state)])
-    return "\n".join(lines) + "\n"
 
 
-# -- samples stepped together (see LANES): for steps that cannot fail part-way ----------------------
-
-def _steps_in_lanes(*lows_and_bodies):
-    """Whether bodies can run in lanes: none can fail (a failure stops one sample, not its
-    lane group) and none polls the interrupt inside (no scan or while loop in the step)."""
-    for low, body in lows_and_bodies:
-        if low.errors:
-            return False
-        text = []
-        emit(body, text, "")
-        if any(_POLL in line for line in text):
-            return False
-    return True
-
-
-def _forward_lanes(step, n_state, n_fixed, n_params, out_names, state_names, term_index, window,
-                   target):
-    """``vk_fwd`` (the contract of :func:`forward_source`) stepping ``VK_LANES`` samples in turn,
-    or None where the step cannot fail part-way is not given.  Sample ``s + l`` keeps its state in
-    row ``l``; a terminated sample's row is skipped from then on."""
-    low = _lowering()
-    ins = step.inputs
-    st_vars, fx_vars, pr_vars = ins[:n_state], ins[n_state:n_state + n_fixed], ins[n_state + n_fixed:]
-    outs = step.outputs
-    in_ptrs = [f"st{i}[l]" for i in range(n_state)] + \
-        [f"(f{i} + (s + l) * {_size(v)})" for i, v in enumerate(fx_vars)] + [f"p{i}" for i in range(n_params)]
-    body = low.program(step, in_ptrs, [f"ot{i}" for i in range(len(outs))])
-    _check_small(low, st_vars, outs)
-    if not _steps_in_lanes((low, body)):
-        return None
-    new_of = {i: out_names.index(name) for i, name in enumerate(state_names)}
-    extra = [j for j in range(len(outs)) if j not in new_of.values()]
-    lines = _open_function(target, "vk_fwd", low.statics, 2 * n_state + 1 + len(extra))
-    for i, v in enumerate(st_vars):
-        lines.append(_ptr(f"si{i}", v, f"in[{i}]", const=True))
-        lines.append(_ptr(f"so{i}", v, f"out[{i}]"))
-        lines.append(_ptr(f"ck{i}", v, f"out[{n_state + 1 + i}]"))
-    for i, v in enumerate(fx_vars):
-        lines.append(_ptr(f"f{i}", v, f"in[{n_state + i}]", const=True))
-    for i, v in enumerate(pr_vars):
-        lines.append(_ptr(f"p{i}", v, f"in[{n_state + n_fixed + i}]"))
-    lines.append(f"    int64_t* steps = (int64_t*)out[{n_state}];")
-    ind = _open_sample_loop(lines, target, lanes=True)
-    for i, v in enumerate(st_vars):
-        lines.append(f"{ind}{CTYPE[v.dtype]} st{i}[VK_LANES][{_size(v)}];")
-    for m, j in enumerate(extra):
-        lines.append(f"{ind}{CTYPE[outs[j].dtype]} ex{m}[VK_LANES][{_size(outs[j])}];")
-    lines.append(f"{ind}int64_t taken[VK_LANES]; int running[VK_LANES];")
-    lines.append(f"{ind}for (int l = 0; l < VK_LANES; l++) {{")
-    lines.append(f"{ind}    taken[l] = 0; running[l] = s + l < n;")
-    for i, v in enumerate(st_vars):
-        k = _size(v)
-        lines.append(f"{ind}    if (running[l]) for (int64_t c = 0; c < {k}; c++) "
-                     f"st{i}[l][c] = si{i}[(s + l) * {k} + c];")
-    lines.append(f"{ind}}}")
-    lines.append(f"{ind}for (int64_t t = 0; t < max_steps; t++) {{")
-    lines.append(ind + "    " + _POLL)
-    lines.append(f"{ind}    int any_running = 0;")
-    lines.append(f"{ind}    for (int l = 0; l < VK_LANES; l++) {{")
-    li = ind + "        "
-    lines.append(f"{li}if (!running[l]) continue;")
-    for i, v in enumerate(st_vars):
-        k = _size(v)
-        lines.append(f"{li}if (t % {window} == 0) for (int64_t c = 0; c < {k}; c++) "
-                     f"ck{i}[((t / {window}) * n + s + l) * {k} + c] = st{i}[l][c];")
-    for i, v in enumerate(outs):
-        lines.append(f"{li}{CTYPE[v.dtype]} ot{i}[{_size(v)}];")
-    _decl_temps(low, lines, li)
-    emit(body, lines, li)
-    for i in range(n_state):
-        k = _size(st_vars[i])
-        lines.append(f"{li}for (int64_t c = 0; c < {k}; c++) st{i}[l][c] = ot{new_of[i]}[c];")
-    for m, j in enumerate(extra):
-        lines.append(f"{li}for (int64_t c = 0; c < {_size(outs[j])}; c++) ex{m}[l][c] = ot{j}[c];")
-    lines.append(f"{li}taken[l] = t + 1;")
-    if term_index is not None:
-        lines.append(f"{li}if (ot{term_index}[0]) running[l] = 0;")
-    lines.append(f"{li}any_running |= running[l];")
-    lines.append(f"{ind}    }}")
-    lines.append(f"{ind}    if (!any_running) break;")
-    lines.append(f"{ind}}}")
-    lines.append(f"{ind}for (int l = 0; l < VK_LANES && s + l < n; l++) {{")
-    lines.append(f"{ind}    steps[s + l] = taken[l];")
-    for i, v in enumerate(st_vars):
-        k = _size(v)
-        lines.append(f"{ind}    for (int64_t c = 0; c < {k}; c++) so{i}[(s + l) * {k} + c] = st{i}[l][c];")
-    # the last step's other outputs (a "terminated" flag, say), as the NumPy path leaves them
-    for m, j in enumerate(extra):
-        k = _size(outs[j])
-        lines.append(f"{ind}    if (taken[l] > 0) for (int64_t c = 0; c < {k}; c++) "
-                     f"(({CTYPE[outs[j].dtype]}*)out[{2 * n_state + 1 + m}])[(s + l) * {k} + c] = ex{m}[l][c];")
-    lines.append(f"{ind}}}")
-    _close_function(lines, target)
-    return "\n".join(lines) + "\n"
-
-
-def _reverse_lanes(step, vjp, n_state, n_fixed, n_params, out_names, state_names, wrt, window,
-                   target):
-    """``vk_rev`` (the contract of :func:`reverse_source`) stepping ``VK_LANES`` samples in turn,
-    or None where a step can fail part-way.  The lanes walk the windows together, from the last
-    window of the longest-running sample down; a sample takes part in a window, a recomputed step
-    and a reversed step exactly when it would alone, so each does its own operations in its own
-    order."""
-    ins = step.inputs
-    st_vars, fx_vars, pr_vars = ins[:n_state], ins[n_state:n_state + n_fixed], ins[n_state + n_fixed:]
-    outs = step.outputs
-    new_of = {i: out_names.index(name) for i, name in enumerate(state_names)}
-    fwd_low = _lowering()
-    fx_ptr = [f"(f{i} + (s + l) * {_size(v)})" for i, v in enumerate(fx_vars)]
-    pr_ptr = [f"p{i}" for i in range(n_params)]
-    fwd_body = fwd_low.program(step, [f"cur{i}[l]" for i in range(n_state)] + fx_ptr + pr_ptr,
-                               [f"nx{i}" for i in range(len(outs))])
-    bwd_low = _lowering()
-    bwd_low.counter = 10000                   # distinct temporary names from the forward body
-    bwd_low.errors = fwd_low.errors           # one numbering of the error codes for both bodies
-    state_at = [f"(buf{i} + (l * {window} + (t - w)) * {_size(v)})" for i, v in enumerate(st_vars)]
-    ct_in = []
-    for j, v in enumerate(outs):
-        if j in new_of.values():
-            i = [k for k, o in new_of.items() if o == j][0]
-            ct_in.append(f"ct{i}[l]")
-        else:
-            ct_in.append(f"zo{j}")
-    grads = [f"g{k}" for k in range(len(wrt))]
-    bwd_body = bwd_low.program(vjp, state_at + fx_ptr + pr_ptr + ct_in, grads)
-    _check_small(fwd_low, st_vars, outs)
-    _check_small(bwd_low, [ins[w] for w in wrt])
-    if not _steps_in_lanes((fwd_low, fwd_body), (bwd_low, bwd_body)):
-        return None
-    _check_local(st_vars, window, target)
-    lines = _open_function(target, "vk_rev", fwd_low.statics + bwd_low.statics, len(wrt))
-    pos = 0
-    for i, v in enumerate(st_vars):
-        lines.append(_ptr(f"ck{i}", v, f"in[{pos}]", const=True))
-        pos += 1
-    lines.append(f"    const int64_t* steps = (const int64_t*)in[{pos}];")
-    pos += 1
-    for i, v in enumerate(fx_vars):
-        lines.append(_ptr(f"f{i}", v, f"in[{pos}]", const=True))
-        pos += 1
-    for i, v in enumerate(pr_vars):
-        lines.append(_ptr(f"p{i}", v, f"in[{pos}]"))
-        pos += 1
-    for i, v in enumerate(st_vars):
-        lines.append(_ptr(f"seed{i}", v, f"in[{pos}]", const=True))
-        pos += 1
-    for k, w_pos in enumerate(wrt):
-        lines.append(_ptr(f"go{k}", ins[w_pos], f"out[{k}]"))
-    ind = _open_sample_loop(lines, target, lanes=True)
+def _reverse_lanes(lines, ind, fwd_low, fwd_body, bwd_low, bwd_body, ins, st_vars, outs, new_of,
+                   wrt, window):
+    """The reverse loop's body for the ``VK_LANES`` samples from ``s`` (see :data:`LANES`).  The
+    lanes walk the windows together, from the last window of the longest-running sample down; a
+    sample takes part in a window, a recomputed step and a reversed step exactly when it would
+    alone, so each does its own operations in its own order."""
+    n_state = len(st_vars)
     for i, v in enumerate(st_vars):
         k = _size(v)
         lines.append(f"{ind}{CTYPE[v.dtype]} ct{i}[VK_LANES][{k}], cur{i}[VK_LANES][{k}];")
@@ -609,5 +589,3 @@ def _reverse_lanes(step, vjp, n_state, n_fixed, n_params, out_names, state_names
         src = f"ct{w_pos}[l]" if w_pos < n_state else f"acc{k}[l]"
         lines.append(f"{ind}    for (int64_t c = 0; c < {size}; c++) go{k}[(s + l) * {size} + c] = {src}[c];")
     lines.append(f"{ind}}}")
-    _close_function(lines, target, [f"buf{i}" for i in range(n_state)])
-    return "\n".join(lines) + "\n"
