@@ -113,3 +113,12 @@ def test_a_bench_runs_its_vkml_side_and_notes_a_missing_peer():
     assert proc.returncode == 0, proc.stderr
     assert "eagle unavailable" in proc.stdout
     assert {"vkml", "numpy"} <= table_rows(proc.stdout) and "eagle" not in table_rows(proc.stdout)
+
+
+def test_no_bench_script_shadows_an_installed_package():
+    """The benches (and these tests) put bench/ first on sys.path: a script named like an installed
+    package (a bench/distributed.py) hid Dask's ``distributed`` from everything imported later."""
+    import importlib.metadata
+    installed = set(importlib.metadata.packages_distributions())
+    clashes = sorted(p.stem for p in BENCH.glob("*.py") if p.stem in installed)
+    assert not clashes, f"bench scripts named like installed packages: {clashes}"

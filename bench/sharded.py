@@ -25,7 +25,7 @@ NumPy temporary a fresh mapping from the OS; ``vkml.distributed.local()`` now le
 default (``cluster.TRIM_KEY``).  On a shared machine the speed-up follows the CPU the workers get,
 which the bench prints next to it.
 
-Run: ``python bench/distributed.py`` (about 3 minutes on 2 idle cores) or ``--quick`` (20 s).
+Run: ``python bench/sharded.py`` (about 3 minutes on 2 idle cores) or ``--quick`` (20 s).
 Needs ``pip install 'vkml[distributed]'``; without Dask it says so and exits 0.
 """
 
@@ -192,14 +192,14 @@ def main(argv):
         import cloudpickle
         import vkml.distributed as vd
     except (ImportError, vkml.VkmlError) as err:
-        print(f"bench/distributed.py: Dask is not installed ({err}); pip install 'vkml[distributed]'")
+        print(f"bench/sharded.py: Dask is not installed ({err}); pip install 'vkml[distributed]'")
         return 0
     cloudpickle.register_pickle_by_value(_models)          # the workers cannot import bench/
     n = args.n or (10 ** 5 if args.quick else 10 ** 6)
     steps = args.steps or (100 if args.quick else 400)
     rounds, warmup = (2, 1) if args.quick else (2, 0)
     planes = {"theta": np.linspace(0.1, 1.0, n), "omega": np.linspace(-0.5, 0.5, n)}
-    print(f"bench/distributed.py: recorded pendulum, {n:,} samples x {steps} steps; "
+    print(f"bench/sharded.py: recorded pendulum, {n:,} samples x {steps} steps; "
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
     t0 = time.perf_counter()
     client = vd.local(n_workers=2, threads_per_worker=1, dashboard=False)
