@@ -137,7 +137,7 @@ class ScheduleExplorer(widgets.VBox):
         if not isinstance(sim, Simulation):
             raise ArgumentError(f"explore_schedule: expected a simulation (vkml.simulation(...)), "
                                 f"got {type(sim).__name__}")
-        if kind not in KINDS:
+        if not isinstance(kind, str) or kind not in KINDS:
             raise ArgumentError(f"explore_schedule: kind must be one of {KINDS}, got {kind!r}")
         top = max(sim.max_steps, 2)
         if budget is None:

@@ -151,6 +151,8 @@ def _extra_entries():
         "diff.reverse": lambda good: good.vkml.diff.reverse,
         "diff.Reverse": lambda good: good.vkml.diff.Reverse,
         "Reverse(graph)": _reverse_of_a_graph,
+        "Graph.reverse": _reverse_method_of_a_graph,
+        "widgets.explore_schedule": lambda good: good.vkml.widgets.explore_schedule,
         "kernel.bind": lambda good: _square().bind,
         "optim.SGD": lambda good: good.vkml.optim.SGD,
         "optim.Adam": lambda good: good.vkml.optim.Adam,
@@ -177,6 +179,32 @@ def _reverse_of_a_graph(good):
     rev = good.vkml.diff.Reverse(good.g)
     good.g.launch()
     return rev
+
+
+def _reverse_method_of_a_graph(good):
+    """``Graph.reverse`` of a recorded, launched graph (kept as ``good.g``)."""
+    good.g = good.graph()
+    return good.g.reverse
+
+
+def _recorded_simulation(good):
+    """A small recorded simulation, run once (what the schedule explorer is given)."""
+    vkml = good.vkml
+    x, v = np.linspace(0.1, 0.9, 8), np.zeros(8)
+    sim = vkml.simulation(_drift(), max_steps=6, record=True, window=2, x=x, v=v, k=0.5)
+    sim.run()
+    return sim
+
+
+def _drift():
+    if "drift" not in _KERNELS:
+        import vkml
+
+        @vkml.kernel
+        def drift(x, v, k: vkml.Param):
+            return {"x": x + 0.1 * v, "v": v - 0.1 * k * x}
+        _KERNELS["drift"] = drift
+    return _KERNELS["drift"]
 
 
 def _bound():
@@ -298,6 +326,8 @@ def _good_args(good, entry):
         "diff.reverse": lambda: [good.graph().record, {"wave.y": np.ones(8)}],
         "diff.Reverse": lambda: [good.graph(launched=False)],
         "Reverse(graph)": lambda: [good.g.record, {"wave.y": np.ones(8)}],
+        "Graph.reverse": lambda: [good.g.record, {"wave.y": np.ones(8)}],
+        "widgets.explore_schedule": lambda: [_recorded_simulation(good)],
         "Graph.add": lambda: [_bound()], "SkipGuard": lambda: [np.array([1], np.uint32)],
         "skippable": lambda: [_bound(), vkml.SkipGuard.nonzero(np.array([1], np.uint32))],
         "repeat_while": lambda: [_bound(), vkml.SkipGuard.nonzero(np.array([0], np.uint32))],

@@ -393,6 +393,15 @@ class ReverseLock:
         self._lock.release()
 
 
+def check_reverse_lock(lock, where):
+    """``lock`` is a Reverse's own (what ``Reverse`` passes its forward); anything else a user
+    passed is refused before anything is read."""
+    if lock is not None and not isinstance(lock, ReverseLock):
+        raise ArgumentError(f"{where}: lock= is the calling Reverse's own lock, got "
+                            f"{type(lock).__name__}; leave it out (the call then makes its own "
+                            "Reverse)")
+
+
 def workspace_of(lock):
     """The buffers a reverse called with ``lock`` may reuse: the calling Reverse's, or a fresh
     Workspace (used for this call only) for any other lock."""
@@ -563,6 +572,7 @@ def reverse_graph(graph, record, seeds, wrt=None, vjps=None, strict=False, lock=
     which checks ``vjps`` first."""
     if lock is None:
         return Reverse(graph, vjps=vjps, strict=strict)(record, seeds, wrt=wrt)
+    check_reverse_lock(lock, "Graph.reverse")
     if not isinstance(record, Record):
         raise ArgumentError(f"reverse: expected a Record (graph.record), got {type(record).__name__}")
     if record.graph is not graph:

@@ -37,8 +37,8 @@ import numpy as np
 
 from ..backends import ExecutionFailure
 from ..errors import ArgumentError, Busy, ExecutionError, RecordError, RefusedError, ShapeError
-from .diff import Gradients, Report, check_vjps, workspace_of, reverse_launch, user_vjp_gradients, uses_table, \
-    wrt_names
+from .diff import Gradients, Report, check_reverse_lock, check_vjps, reverse_launch, \
+    user_vjp_gradients, uses_table, workspace_of, wrt_names
 from .. import backends
 from ..ir import program_from_dag
 from ..progress import progress as progress_bar
@@ -560,6 +560,7 @@ class Simulation(Reversible):
         wrt = wrt_names(wrt)
         check_wrt(self, wrt, bitwise, strict)
         ct0 = seed_cotangents(self, seeds)
+        check_reverse_lock(lock, "Simulation.reverse")
         if lock is not None and not lock.acquire(blocking=False):
             raise Busy("Reverse: another thread is running this Reverse; give each thread its own")
         try:
