@@ -8,6 +8,7 @@ it started); no timings.  The stored digests were computed before buffer reuse e
 """
 
 import hashlib
+import gc
 import tracemalloc
 
 import numpy as np
@@ -53,7 +54,11 @@ def digest(*arrays):
 
 
 def call_peak(fn):
-    """Bytes ``fn()`` allocates at its peak above what was held when it started."""
+    """Bytes ``fn()`` allocates at its peak above what was held when it started.  The cyclic
+    collector is off while it runs (and run first), so where a collection happens to fall --
+    which depends on every test before -- cannot move the peak of either side."""
+    gc.collect()
+    gc.disable()
     tracemalloc.start()
     try:
         tracemalloc.reset_peak()
@@ -62,6 +67,7 @@ def call_peak(fn):
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
+        gc.enable()
     del kept
     return peak - base
 
