@@ -265,6 +265,22 @@ def test_modes_apply_inside_the_cell_and_are_restored_after_an_error(ip, second_
     assert vkml.is_eager() and vkml.backend_info()["backend"] == "numpy"
 
 
+def test_a_cells_backend_and_eager_mode_are_not_seen_by_other_threads(ip, second_backend):
+    # --backend/--eager are scoped to the cell's own context: a thread running beside it (a
+    # training loop in the background) keeps the global modes
+    r, _, _ = run(ip, "%%vkml --eager --backend second\n"
+                      "import threading\n"
+                      "seen = {}\n"
+                      "t = threading.Thread(target=lambda: seen.update(\n"
+                      "    backend=vkml.backend_info()['backend'], eager=vkml.is_eager()))\n"
+                      "t.start(); t.join()\n"
+                      "inside = (vkml.is_eager(), vkml.backend_info()['backend'])")
+    assert r.error_in_exec is None
+    assert ip.user_ns["inside"] == (True, "second")
+    assert ip.user_ns["seen"] == {"backend": "numpy", "eager": False}
+    assert not vkml.is_eager() and vkml.backend_info()["backend"] == "numpy"
+
+
 def test_an_error_in_eager_mode_names_the_op_and_the_traceback_shows_the_cell(ip):
     r, _, _ = run(ip, "%%vkml --eager\n"
                       "a = vkml.tensor(np.ones((2, 3)))\n"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import re
 import shlex
 import time
@@ -47,7 +48,8 @@ usage: %%vkml [--eager] [--backend NAME] [--show WHAT[,WHAT...]] [--grad VAR] [-
   --grad VAR       after the cell, show VAR.grad (may be given more than once)
   --time           show the cell's wall time
 The last expression's tensors are realized on the cell's backend before the cell ends.
-Eager mode and the backend are restored afterwards, also when the cell raises.
+Eager mode and the backend are restored afterwards, also when the cell raises; other threads
+never see the cell's --backend or --eager.
 
 %vkml info            backend, device, eager mode, cached executables, counters
 %vkml eager on|off    turn eager mode on or off for the following cells
@@ -254,12 +256,18 @@ class VkmlMagics(Magics):
         if opts.help:
             print(USAGE)
             return None
+        # The cell's --backend and --eager are scoped to this cell (context-local, like
+        # ``with vkml.use_backend(...)``), so other threads and tasks never see them; global
+        # switches the cell itself makes (set_backend, set_eager) are put back when it ends,
+        # also when it raises.
         old_eager, old_backend = vkml.is_eager(), vkml.backend_info()["backend"]
-        try:
+        with contextlib.ExitStack() as modes:
+            modes.callback(vkml.set_backend, old_backend)
+            modes.callback(vkml.set_eager, old_eager)
             if opts.backend is not None:
-                vkml.set_backend(opts.backend)
+                modes.enter_context(vkml.use_backend(opts.backend))
             if opts.eager:
-                vkml.set_eager(True)
+                modes.enter_context(vkml.eager(True))
             jit_before, records_before = _jit_counters(), _records_in(self.shell.user_ns)
             before, start = vkml.stats(), time.perf_counter()
             value, has_value = self._run(cell, opts)
@@ -284,9 +292,6 @@ class VkmlMagics(Magics):
                 display(CellStats(delta, seconds))
             elif opts.time:
                 print(f"vkml: wall time {seconds * 1e3:.1f} ms")
-        finally:
-            vkml.set_eager(old_eager)
-            vkml.set_backend(old_backend)
         pictured = has_value and tensors is None and _is_picture(value)
         if not has_value or (drawn and pictured) or _ends_with_semicolon(cell):
             return None
