@@ -353,3 +353,42 @@ def test_mode_state_is_reached_only_through_the_runtime():
             if name not in owners.get(rel, ()) and re.search(rf"\b{name}\b", text):
                 found.append(f"{rel}: {name}")
     assert not found, found
+
+
+def test_manual_seed_is_per_thread_so_models_built_side_by_side_match_a_serial_build():
+    # thread A seeds, then B seeds, then A draws, then B draws: with one shared generator B's
+    # seed would reset A's stream and the two models would differ
+    import vkml.nn as nn
+    nn.manual_seed(7)
+    serial = nn.Linear(5, 3).weight.numpy()
+    turn = [threading.Barrier(2) for _ in range(3)]
+    got = {}
+
+    def build(name, first):
+        if first:
+            nn.manual_seed(7)
+        turn[0].wait()
+        if not first:
+            nn.manual_seed(7)
+        turn[1].wait()
+        if first:
+            got[name] = nn.Linear(5, 3).weight.numpy()
+        turn[2].wait()
+        if not first:
+            got[name] = nn.Linear(5, 3).weight.numpy()
+
+    threads = [threading.Thread(target=build, args=("a", True)),
+               threading.Thread(target=build, args=("b", False))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert np.array_equal(got["a"], serial) and np.array_equal(got["b"], serial)
+    # a thread that never seeds draws from the latest seeded default, as before
+    nn.manual_seed(3)
+    expected = np.random.default_rng(3).uniform(-1 / np.sqrt(5), 1 / np.sqrt(5), size=(3, 5))
+    drawn = {}
+    t = threading.Thread(target=lambda: drawn.update(w=nn.Linear(5, 3).weight.numpy()))
+    t.start()
+    t.join()
+    assert np.allclose(drawn["w"], expected.astype(drawn["w"].dtype))

@@ -16,7 +16,9 @@ returned by ``parameters()`` and no optimiser touches it.
 Initial values follow PyTorch's defaults (``U(-1/sqrt(fan_in),
 1/sqrt(fan_in))`` for weights and biases of ``Linear`` and ``Conv2d``) and
 come from a NumPy ``Generator``: pass ``rng=`` to a layer, or seed the
-module-level one with :func:`manual_seed`, so a model is reproducible.
+generator with :func:`manual_seed`, so a model is reproducible.  ``manual_seed`` seeds the
+generator of the calling thread or asyncio task (and the process default other threads fall back
+to), so threads that each seed and build a model get the same parameters as a serial run.
 """
 
 from __future__ import annotations
@@ -30,20 +32,26 @@ from .errors import ArgumentError, DTypeError, IndexOutOfRangeError, ShapeError
 from .tensor import (Tensor, conv2d, flatten, gather, matmul, max_pool2d, mean, relu, reshape,
                      sigmoid, softmax, sqrt, take, take_along_axis, tanh, tensor, transpose, var)
 from .tensor import log_softmax as _log_softmax
+from .threadsafe import Setting
 from .validate import (check_bool, check_dtype, check_int, check_real, check_sequence, check_shape, describe,
                        host_memory)
 
 __all__ = ["Module", "Parameter", "Linear", "Conv2d", "MaxPool2d", "ReLU", "Flatten", "Sequential",
            "manual_seed", "cross_entropy", "log_softmax", "mse", "mse_loss"]
 
-_RNG = [np.random.default_rng()]
+#: the generator layers draw from without ``rng=``: the caller's own after its manual_seed, else
+#: the process default
+_RNG = Setting("init_rng", np.random.default_rng())
 
 
 def manual_seed(seed: int) -> None:
     """Seed the generator layers draw their initial values from when no ``rng=`` is given.
 
     ``vkml.nn.manual_seed(0)`` before building a model makes its initial
-    parameters the same every run (``torch.manual_seed``'s job here).
+    parameters the same every run (``torch.manual_seed``'s job here).  The
+    seeded generator is the calling thread's (or task's) own, and becomes the
+    default of threads that never seed: two threads seeding and building
+    models at the same time do not draw from each other's generator.
 
     >>> vkml.nn.manual_seed(0)
     >>> a = vkml.nn.Linear(2, 2).weight.numpy()
@@ -52,12 +60,12 @@ def manual_seed(seed: int) -> None:
     >>> bool((a == b).all())
     True
     """
-    _RNG[0] = np.random.default_rng(check_int(seed, "seed", "manual_seed", low=0))
+    _RNG.set_global(np.random.default_rng(check_int(seed, "seed", "manual_seed", low=0)))
 
 
 def _generator(rng) -> np.random.Generator:
     if rng is None:
-        return _RNG[0]
+        return _RNG.get()
     if isinstance(rng, np.random.Generator):
         return rng
     if isinstance(rng, numbers.Integral) and not isinstance(rng, bool):
