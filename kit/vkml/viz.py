@@ -372,76 +372,97 @@ def _count_eqns(prog) -> int:
                for e in prog.eqns)
 
 
-def _draw_program(d: _Dot, prog: Program, names: dict, scope: str, marks=None, nested=False):
+def _draw_program(d: _Dot, prog: Program, names: dict, scope: str, marks=None):
     """Draw ``prog``'s values and boxes with node names under ``scope``; returns its first node."""
-    marks = marks or _Marks()
-    drawn = {}
-    first = []
+    return _ProgramDrawing(d, prog, names, scope, marks or _Marks()).draw()
 
-    out_roles = {}
-    for i, v in enumerate(prog.outputs):
-        out_roles[v] = out_roles.get(v, " out") + ("," if v in out_roles else "") + f" {i}"
 
-    def value_node(v, fill, role=""):
-        name = f"{scope}v{names[v].lstrip('%')}"
-        drawn[v] = name
+class _ProgramDrawing:
+    """One program drawn into a picture: its values (ellipses), constants (notes), equation boxes
+    (a nested program as a cluster, or folded), and repeated runs of boxes folded into one."""
+
+    def __init__(self, d: _Dot, prog: Program, names: dict, scope: str, marks: _Marks):
+        self.d, self.prog, self.names, self.scope, self.marks = d, prog, names, scope, marks
+        self.drawn = {}              # Var -> the node that shows it
+        self.first = []              # nodes in drawing order (the first anchors a cluster edge)
+        self.members = {}            # id(fused box) -> the equations fused into it
+        self.fold_edges = set()
+        self.out_roles = {}
+        for i, v in enumerate(prog.outputs):
+            self.out_roles[v] = self.out_roles.get(v, " out") + ("," if v in self.out_roles else "") \
+                + f" {i}"
+
+    def draw(self):
+        for i, v in enumerate(self.prog.inputs):
+            self.value_node(v, "input", f" in {i}")
+        view = fused_view(self.prog, members=self.members) if self.marks.fused \
+            else _plain_view(self.prog)
+        consts, boxes = view
+        self.constants(consts)
+        folds = {} if self.marks.unfold else _repeats(boxes)
+        folded = {}                  # box index -> the fold node standing for it
+        for i, (e, kind, text, reads) in enumerate(boxes):
+            if i in folds:
+                period, times = folds[i]
+                name = self.fold_node(i, period, times)
+                folded.update((k, name) for k in range(i, i + period * times))
+            if i in folded:
+                self.into_fold(folded[i], e, reads)
+            else:
+                self.box(i, e, kind, text, reads)
+        self.returned(consts)
+        return self.first[0] if self.first else None
+
+    def value_node(self, v, fill, role=""):
+        marks = self.marks
+        name = f"{self.scope}v{self.names[v].lstrip('%')}"
+        self.drawn[v] = name
         note = marks.value_note.get(v)
         attrs = {"peripheries": "2", "color": "#be123c"} if v in marks.value_fill else {}
         title = site_title(v.eqn) if v.eqn is not None else None
         if title:
             attrs["tooltip"] = title
-        d.node(name, f"{names[v]}{role}\n{_type(v)}" + (f"\n{note}" if note else ""),
-               shape="ellipse", fillcolor=_FILL[marks.value_fill.get(v, fill)], **attrs)
-        first.append(name)
+        self.d.node(name, f"{self.names[v]}{role}\n{_type(v)}" + (f"\n{note}" if note else ""),
+                    shape="ellipse", fillcolor=_FILL[marks.value_fill.get(v, fill)], **attrs)
+        self.first.append(name)
         return name
 
-    def ref(v):
-        if v not in drawn:  # a value from an enclosing program (a capture)
-            value_node(v, "input", " (outer)")
-        return drawn[v]
+    def ref(self, v):
+        if v not in self.drawn:  # a value from an enclosing program (a capture)
+            self.value_node(v, "input", " (outer)")
+        return self.drawn[v]
 
-    for i, v in enumerate(prog.inputs):
-        value_node(v, "input", f" in {i}")
-    members = {}
-    consts, boxes = fused_view(prog, members=members) if marks.fused else _plain_view(prog)
-    for v, value in consts:
-        a = np.asarray(value)
-        shown = literal(a) if a.ndim == 0 else f"const {dtype_name(a.dtype)} {list(a.shape)}"
-        name = f"{scope}v{names[v].lstrip('%')}"
-        drawn[v] = name
-        d.node(name, f"{names[v]} = {shown}", shape="note", fillcolor=_FILL["const"])
-        first.append(name)
+    def constants(self, consts):
+        for v, value in consts:
+            a = np.asarray(value)
+            shown = literal(a) if a.ndim == 0 else f"const {dtype_name(a.dtype)} {list(a.shape)}"
+            name = f"{self.scope}v{self.names[v].lstrip('%')}"
+            self.drawn[v] = name
+            self.d.node(name, f"{self.names[v]} = {shown}", shape="note", fillcolor=_FILL["const"])
+            self.first.append(name)
 
-    folds = {} if marks.unfold else _repeats(boxes)
-    folded, fold_edges = {}, set()
-    for i, (e, kind, text, reads) in enumerate(boxes):
-        if i in folded:              # inside a folded repetition: its box stands for it
-            name = folded[i]
-            for v in reads:
-                src = ref(v)
-                if src != name and (src, name) not in fold_edges:
-                    fold_edges.add((src, name))
-                    d.edge(src, name, style="dashed")
-            for o in e.outputs:
-                drawn[o] = name
-            continue
-        if i in folds:
-            period, times = folds[i]
-            name = f"{scope}fold{i}"
-            d.node(name, f"the {period} box{'es' * (period != 1)} above, {times} more "
-                   f"time{'s' * (times != 1)}\n(folded: program_dot(prog, unfold=True))",
-                   shape="box3d", fillcolor=_FILL["folded"])
-            first.append(name)
-            for k in range(i, i + period * times):
-                folded[k] = name
-            for v in reads:
-                if (ref(v), name) not in fold_edges:
-                    fold_edges.add((ref(v), name))
-                    d.edge(ref(v), name, style="dashed")
-            for o in e.outputs:
-                drawn[o] = name
-            continue
-        box = f"{scope}e{i}"
+    def fold_node(self, i, period, times):
+        """The box standing for ``times`` more repetitions of the ``period`` boxes above."""
+        name = f"{self.scope}fold{i}"
+        self.d.node(name, f"the {period} box{'es' * (period != 1)} above, {times} more "
+                    f"time{'s' * (times != 1)}\n(folded: program_dot(prog, unfold=True))",
+                    shape="box3d", fillcolor=_FILL["folded"])
+        self.first.append(name)
+        return name
+
+    def into_fold(self, name, e, reads):
+        """An equation inside a folded repetition: its reads point at the fold, once each."""
+        for v in reads:
+            src = self.ref(v)
+            if src != name and (src, name) not in self.fold_edges:
+                self.fold_edges.add((src, name))
+                self.d.edge(src, name, style="dashed")
+        for o in e.outputs:
+            self.drawn[o] = name
+
+    def box(self, i, e, kind, text, reads):
+        d, marks = self.d, self.marks
+        box = f"{self.scope}e{i}"
         label = kind + (f"\n{_short(text, 60)}" if text else "")
         attrs = {}
         title = site_title(e)
@@ -454,7 +475,7 @@ def _draw_program(d: _Dot, prog: Program, names: dict, scope: str, marks=None, n
         if colour:
             attrs.update(color=colour, penwidth="2.5")
             inner_colours = []
-            for m in members.get(id(e), [e]):
+            for m in self.members.get(id(e), [e]):
                 c = marks.colour_of(m)
                 if c and c not in inner_colours:
                     inner_colours.append(c)
@@ -463,39 +484,48 @@ def _draw_program(d: _Dot, prog: Program, names: dict, scope: str, marks=None, n
         fill = marks.box_fill.get(id(e)) or kind
         d.node(box, label, shape="box", style="rounded,filled",
                fillcolor=_FILL.get(fill, _FILL["op"]), **attrs)
-        first.append(box)
+        self.first.append(box)
         if kind == "scan":
             roles = _scan_roles(e)
         else:
             roles = [f"x{j}" if kind == "Map" else "" for j in range(len(reads))]
         for j, v in enumerate(reads):
             attrs = {"label": roles[j]} if roles[j] and (kind == "scan" or len(reads) > 1) else {}
-            d.edge(ref(v), box, **attrs)
+            d.edge(self.ref(v), box, **attrs)
         for o in e.outputs:
-            fill = "output" if o in out_roles else "value"
-            d.edge(box, value_node(o, fill, out_roles.get(o, "")))
-        inner = [(k, p) for k, p in e.params.items() if isinstance(p, Program)]
-        for k, p in inner:
-            sub = f"{scope}e{i}{k}_"
-            title = "step" if kind == "scan" else f"{e.prim.name} {k}"
-            heading = f"{title} of {kind} {names[e.outputs[0]]}" if e.outputs else title
-            if not marks.unfold and len(fused_view(p)[1]) > FOLD_BOXES:
-                d.node(sub + "folded", f"{heading}\n{_folded_text(p, kind, e)}", shape="box3d",
-                       fillcolor=_FILL["folded"])
-                d.edge(box, sub + "folded", style="dashed", label=title)
+            fill = "output" if o in self.out_roles else "value"
+            d.edge(box, self.value_node(o, fill, self.out_roles.get(o, "")))
+        for k, p in e.params.items():
+            if isinstance(p, Program):
+                self.nested(box, i, e, kind, k, p)
+
+    def nested(self, box, i, e, kind, k, p):
+        """A program inside equation ``e`` (a scan's step, a cond's branch): a cluster, or one
+        folded box when it is long."""
+        d = self.d
+        sub = f"{self.scope}e{i}{k}_"
+        title = "step" if kind == "scan" else f"{e.prim.name} {k}"
+        heading = f"{title} of {kind} {self.names[e.outputs[0]]}" if e.outputs else title
+        if not self.marks.unfold and len(fused_view(p)[1]) > FOLD_BOXES:
+            d.node(sub + "folded", f"{heading}\n{_folded_text(p, kind, e)}", shape="box3d",
+                   fillcolor=_FILL["folded"])
+            d.edge(box, sub + "folded", style="dashed", label=title)
+            return
+        d.open(sub, heading, bgcolor="#faf5ff" if kind == "scan" else "#f9fafb")
+        anchor = _draw_program(d, p, self.names, sub, self.marks)
+        d.close()
+        if anchor is not None:
+            d.edge(box, anchor, lhead="cluster_" + sub, style="dashed", label=title)
+
+    def returned(self, consts):
+        """An input or constant returned as it is gets its own ``out i`` marker."""
+        prog = self.prog
+        for i, v in enumerate(prog.outputs):
+            if v not in self.drawn:
                 continue
-            d.open(sub, heading, bgcolor="#faf5ff" if kind == "scan" else "#f9fafb")
-            anchor = _draw_program(d, p, names, sub, marks, nested=True)
-            d.close()
-            if anchor is not None:
-                d.edge(box, anchor, lhead="cluster_" + sub, style="dashed", label=title)
-    for i, v in enumerate(prog.outputs):
-        if v not in drawn:  # an input or constant returned as it is
-            continue
-        if v in prog.inputs or any(v is c for c, _ in consts):
-            d.node(f"{scope}out{i}", f"out {i}", shape="plaintext", style="")
-            d.edge(drawn[v], f"{scope}out{i}")
-    return first[0] if first else None
+            if v in prog.inputs or any(v is c for c, _ in consts):
+                self.d.node(f"{self.scope}out{i}", f"out {i}", shape="plaintext", style="")
+                self.d.edge(self.drawn[v], f"{self.scope}out{i}")
 
 
 def _plain_view(prog):
