@@ -100,7 +100,7 @@ import threading
 
 import numpy as np
 
-from ..errors import BackendError, ExecutionError
+from ..errors import ArgumentError, BackendError, DTypeError, ExecutionError, ShapeError
 from ..ops.checks import warn_at_user
 from ..stats import STATS
 from . import disk_cache
@@ -374,14 +374,15 @@ class _Pool:
         self.allocations = 0
         self.reuses = 0
 
-    def array(self, shape, dtype) -> "DeviceArray":
+    def array(self, shape, dtype, mutable=False) -> "DeviceArray":
+        """Device memory for a value (or, ``mutable``, a plane) of ``shape`` and ``dtype``."""
         dtype = np.dtype(dtype)
         nbytes = max(1, int(np.prod(shape, dtype=np.int64))) * dtype.itemsize
         nbytes = -(-nbytes // self.GRAIN) * self.GRAIN
         spare = self.free.get(nbytes)
         if spare:
             self.reuses += 1
-            return DeviceArray(self, spare.pop(), nbytes, shape, dtype)
+            return DeviceArray(self, spare.pop(), nbytes, shape, dtype, mutable=mutable)
         try:
             alloc = self.gpu.drv.mem_alloc(nbytes)
         except self.gpu.drv.Error:
@@ -391,7 +392,7 @@ class _Pool:
             self.free.clear()
             alloc = self.gpu.drv.mem_alloc(nbytes)
         self.allocations += 1
-        return DeviceArray(self, alloc, nbytes, shape, dtype)
+        return DeviceArray(self, alloc, nbytes, shape, dtype, mutable=mutable)
 
     def give_back(self, alloc, nbytes):
         if self.free is not None:
@@ -405,19 +406,73 @@ class _Pool:
         self.free = None
 
 
-class DeviceArray(DeviceValue):
-    """A value in GPU memory: what realizes, backwards and jitted calls on the cuda backend hold.
+#: the dtypes a device plane may hold: those generated code has a C type for
+PLANE_DTYPES = tuple(np.dtype(t) for t in (np.float64, np.float32, np.int64, np.int32, np.bool_))
 
-    ``np.asarray(a)`` copies it to the host once and keeps that copy
-    (read-only: vkml never writes a value in place, so it cannot go stale).
-    Its memory returns to the backend's pool when it is dropped.
+
+class DeviceArray(DeviceValue):
+    """A value or a plane in GPU memory: what realizes, backwards, jitted calls and the graph
+    layer hold on the cuda backend.
+
+    Other GPU libraries take it without a copy through ``__cuda_array_interface__`` (CuPy's
+    ``cupy.asarray(a)``, ``torch.as_tensor(a, device="cuda")``, Numba), and
+    ``CudaBackend.to_plane`` takes theirs the same way (:meth:`wrap`).  Reading it on the host
+    is explicit: ``a.numpy()`` copies it to a new NumPy array; ``np.asarray(a)`` does the same,
+    except that a *value* (a tensor's result, never written in place) keeps its host copy
+    (read-only) for the next read.  A *plane* (``mutable``: a graph plane, or another library's
+    memory) may change on the device at any time, so every read copies it again.  Pool memory
+    returns to the backend's pool when the array is dropped; memory wrapped from another library
+    stays that library's (the wrapper keeps its owner alive and never frees it).
     """
 
-    __slots__ = ("shape", "dtype", "_pool", "_alloc", "_nbytes", "_host")
+    __slots__ = ("shape", "dtype", "_pool", "_alloc", "_nbytes", "_host", "_owner", "mutable",
+                 "readonly")
 
-    def __init__(self, pool, alloc, nbytes, shape, dtype):
+    def __init__(self, pool, alloc, nbytes, shape, dtype, owner=None, mutable=False,
+                 readonly=False):
         self.shape, self.dtype = tuple(shape), np.dtype(dtype)
         self._pool, self._alloc, self._nbytes, self._host = pool, alloc, nbytes, None
+        self._owner, self.mutable, self.readonly = owner, mutable, readonly
+
+    @classmethod
+    def wrap(cls, pool, obj) -> "DeviceArray":
+        """``obj`` (anything with ``__cuda_array_interface__``: a CuPy array, a PyTorch CUDA
+        tensor, a Numba device array) as a DeviceArray over the same memory, without a copy.
+        Refused (nothing is kept) unless it is C-contiguous, of a dtype generated code computes
+        with, with a device pointer (non-null when it has elements) and no mask."""
+        where = f"a {type(obj).__name__} with __cuda_array_interface__"
+        try:
+            face = obj.__cuda_array_interface__
+            shape = tuple(int(d) for d in face["shape"])
+            typestr, (ptr, readonly) = face["typestr"], face["data"]
+            strides, mask = face.get("strides"), face.get("mask")
+            dtype = np.dtype(typestr)
+            ptr = int(ptr or 0)
+        except (AttributeError, KeyError, TypeError, ValueError) as e:
+            raise ArgumentError(f"{where}: its interface is not version-3 shaped "
+                                f"(shape, typestr, data=(pointer, readonly)): {e}") from None
+        if dtype not in PLANE_DTYPES:
+            raise DTypeError(f"{where}: typestr {typestr!r} ({dtype}) is not a dtype the cuda "
+                             f"backend computes with ({', '.join(d.name for d in PLANE_DTYPES)}); "
+                             "pass a copy converted to one of them")
+        if any(d < 0 for d in shape):
+            raise ShapeError(f"{where}: shape {shape} has a negative extent")
+        size = int(np.prod(shape, dtype=np.int64))
+        if strides is not None and size > 1:
+            want = [dtype.itemsize] * len(shape)
+            for i in range(len(shape) - 2, -1, -1):
+                want[i] = want[i + 1] * shape[i + 1]
+            if any(s != w for s, w, d in zip(strides, want, shape) if d > 1):
+                raise ArgumentError(f"{where}: it is not C-contiguous (strides {tuple(strides)}, "
+                                    f"C order would be {tuple(want)}); pass a contiguous copy "
+                                    "(cupy.ascontiguousarray(a), tensor.contiguous())")
+        if mask is not None:
+            raise ArgumentError(f"{where}: it has a mask; pass an array without one")
+        if ptr == 0 and size > 0:
+            raise ArgumentError(f"{where}: its data pointer is null although it holds {size} "
+                                "elements; pass an array whose memory is allocated")
+        return cls(pool, ptr, size * dtype.itemsize, shape, dtype, owner=obj, mutable=True,
+                   readonly=bool(readonly))
 
     @property
     def ptr(self) -> int:
@@ -435,14 +490,30 @@ class DeviceArray(DeviceValue):
     def nbytes(self) -> int:
         return self.size * self.dtype.itemsize
 
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        """Version 3 of the CUDA array interface: C-contiguous (``strides`` None), this array's
+        device pointer.  No ``stream``: every vkml call has finished its device work when it
+        returns, so the memory is ready for any stream."""
+        return {"shape": self.shape, "typestr": self.dtype.str, "data": (self.ptr, self.readonly),
+                "strides": None, "version": 3}
+
+    def numpy(self) -> np.ndarray:
+        """A new NumPy array with this array's values: one copy from the device (explicit)."""
+        host = np.empty(self.shape, self.dtype)
+        if host.size:
+            gpu = self._pool.gpu
+            with gpu.lock:
+                gpu.enter()
+                gpu.drv.memcpy_dtoh(host, self._alloc)
+        return host
+
     def __array__(self, dtype=None, copy=None):
+        if self.mutable:
+            host = self.numpy()
+            return host if dtype is None or np.dtype(dtype) == self.dtype else host.astype(dtype)
         if self._host is None:
-            host = np.empty(self.shape, self.dtype)
-            if host.size:
-                gpu = self._pool.gpu
-                with gpu.lock:
-                    gpu.enter()
-                    gpu.drv.memcpy_dtoh(host, self._alloc)
+            host = self.numpy()
             host.flags.writeable = False
             self._host = host
         if dtype is not None and np.dtype(dtype) != self.dtype:
@@ -457,6 +528,8 @@ class DeviceArray(DeviceValue):
         return np.array, (np.asarray(self),)
 
     def __del__(self):
+        if self._owner is not None:             # another library's memory: never ours to free
+            return
         try:
             self._pool.give_back(self._alloc, self._nbytes)
         except Exception:                       # interpreter shutdown
@@ -744,6 +817,79 @@ class CudaBackend(Backend):
     def free_memory(self) -> int:
         """Free device memory in bytes (the graph layer's default memory budget is half of it)."""
         return self.gpu.free_memory()
+
+    # -- planes: the graph layer's arrays, kept in device memory -------------------------------------
+    keeps_planes_on_device = True
+
+    def to_plane(self, value) -> DeviceArray:
+        """The device plane for ``value``: a DeviceArray of this backend as it is; another
+        library's device array (``__cuda_array_interface__``) wrapped without a copy; anything
+        else (a NumPy array, a list) converted with ``np.asarray`` and copied to the device once
+        (one host-to-device copy)."""
+        if isinstance(value, DeviceArray) and value._pool is self.gpu.pool:
+            return value
+        if hasattr(value, "__cuda_array_interface__"):
+            return DeviceArray.wrap(self.gpu.pool, value)
+        host = np.ascontiguousarray(value)
+        if host.dtype not in PLANE_DTYPES:
+            raise DTypeError(f"to_plane: a plane of {host.dtype} values cannot live on the GPU; "
+                             f"pass one of {', '.join(d.name for d in PLANE_DTYPES)}")
+        plane = self.gpu.pool.array(host.shape, host.dtype, mutable=True)
+        if host.size:
+            with self.gpu.lock:
+                self.gpu.enter()
+                self.gpu.drv.memcpy_htod(plane.ptr, host)
+        return plane
+
+    def copy_plane(self, plane) -> DeviceArray:
+        """A new device plane with ``plane``'s values: one copy on the device."""
+        plane = self.to_plane(plane)
+        copy = self.empty_plane(plane.shape, plane.dtype)
+        self.copy_plane_into(copy, plane)
+        return copy
+
+    def copy_plane_into(self, dst, src):
+        """Write ``src`` (a device plane, or a host array: one host-to-device copy) into device
+        plane ``dst`` in place.  Synchronous: the copy is enqueued on the backend's stream (after
+        every kernel that wrote ``src``) and waited for, so that the host and other libraries,
+        which may use other streams, see it done when this returns; the graph layer makes only
+        a few such copies per launch (the Record's copies, a refused call's backups)."""
+        if not isinstance(dst, DeviceArray):
+            raise ArgumentError(f"copy_plane_into: the destination must be a device plane, got "
+                                f"{type(dst).__name__}")
+        if dst.readonly:
+            raise ArgumentError("copy_plane_into: the destination plane is read-only (its owner "
+                                "exported it so); bind a writeable array")
+        on_device = isinstance(src, DeviceArray) or hasattr(src, "__cuda_array_interface__")
+        src = self.to_plane(src) if on_device else np.ascontiguousarray(src)
+        if tuple(src.shape) != dst.shape:
+            raise ShapeError(f"copy_plane_into: the source has shape {tuple(src.shape)}, the "
+                             f"destination plane {dst.shape}")
+        if src.dtype != dst.dtype:
+            raise DTypeError(f"copy_plane_into: the source holds {src.dtype}, the destination "
+                             f"plane {dst.dtype}; convert the source first")
+        if not dst.size:
+            return
+        gpu = self.gpu
+        with gpu.lock:
+            gpu.enter()
+            if on_device:
+                gpu.drv.memcpy_dtod_async(dst.ptr, src.ptr, dst.nbytes, gpu.stream)
+                gpu.stream.synchronize()
+            else:
+                gpu.drv.memcpy_htod(dst.ptr, src)
+
+    def empty_plane(self, shape, dtype) -> DeviceArray:
+        """A new device plane (from the backend's pool) whose values are whatever it held."""
+        return self.gpu.pool.array(tuple(shape), dtype, mutable=True)
+
+    def zeros_plane(self, shape, dtype) -> DeviceArray:
+        """A new device plane of zeros (set on the device: nothing crosses PCIe)."""
+        plane = self.empty_plane(shape, dtype)
+        with self.gpu.lock:
+            self.gpu.enter()
+            self.gpu.drv.memset_d32(plane.ptr, 0, plane._nbytes // 4)
+        return plane
 
     # -- a simulation's per-sample loops ----------------------------------------------------------------
     def sample_loops(self, step, vjp, spec):
