@@ -237,3 +237,158 @@ def test_host_backends_keep_planes_as_numpy_arrays(name):
         assert backend.empty_plane((3, 2), np.float32).shape == (3, 2)
     finally:
         vkml.set_backend("numpy")
+
+
+# -- the graph layer on device planes ----------------------------------------------------------------
+#
+# Kernels of + - * / sqrt only: correctly rounded everywhere, so the emulated GPU (the same C
+# operations, compiled without contraction) and the NumPy backend give the same bits.
+
+@vkml.kernel
+def square(x, c: vkml.Param):
+    return {"u": x * x + c}
+
+
+@vkml.kernel
+def bend(u, x, k: vkml.Param):
+    return {"y": k * u / (1.0 + x * x) - vkml.sqrt(u + 1.0)}
+
+
+@vkml.kernel
+def relax(s, k: vkml.Param):
+    return {"s": s * k + vkml.sqrt(s * s + 1.0)}
+
+
+@vkml.kernel
+def look(i, u, table: vkml.Param):
+    return {"y": table[i] * u}
+
+
+def two_node(n, x=None, u=None, y=None):
+    """square -> bend: u = x*x + c, y = k*u/(1+x*x) - sqrt(u+1) (nothing overwritten)."""
+    x = np.random.default_rng(0).uniform(-1.0, 1.0, n) if x is None else x
+    u = np.zeros(n) if u is None else u
+    y = np.zeros(n) if y is None else y
+    return (vkml.Graph().add(square.bind(x=x, c=0.5, u=u), name="square")
+            .add(bend.bind(u=u, x=x, k=1.5, y=y), name="bend").build(record=True))
+
+
+def overwriting(n):
+    """relax twice on one plane s, then bend reads s: the Record copies the version the second
+    relax overwrites."""
+    s = np.random.default_rng(1).uniform(0.1, 1.0, n)
+    y = np.zeros(n)
+    return (vkml.Graph().add(relax.bind(s=s, k=0.5), name="a").add(relax.bind(s=s, k=0.75), name="b")
+            .add(bend.bind(u=s, x=s, k=1.25, y=y), name="c").build(record=True))
+
+
+GRAPHS = {"two nodes": (two_node, {"y": "seed"}), "overwritten plane": (overwriting, {"c.y": "seed",
+                                                                                       "b.s": "seed2"})}
+
+
+def seeds_for(graph, names, n, device=None):
+    out = {}
+    for name, which in names.items():
+        seed = np.linspace(1.0, 2.0, n) if which == "seed" else np.linspace(-1.0, 0.5, n)
+        out[name] = device.to_plane(seed) if device is not None else seed
+    return out
+
+
+def on_numpy(make, names, n):
+    """The graph's planes after a launch, its Record's bytes and its gradients on NumPy."""
+    vkml.set_backend("numpy")
+    g = make(n)
+    g.launch()
+    grads = vkml.diff.reverse(g.record, seeds_for(g, names, n))
+    return ({k: np.array(v) for k, v in g.planes.items()}, g.record.nbytes,
+            {k: np.array(v) for k, v in grads.items()})
+
+
+def same_bits(got, want):
+    assert sorted(got) == sorted(want)
+    for k in want:
+        g, w = np.asarray(got[k]), np.asarray(want[k])
+        assert g.shape == w.shape and g.dtype == w.dtype and g.tobytes() == w.tobytes(), k
+
+
+def replay_copies(driver, before_log, exe):
+    """The copies a graph replay of ``exe`` made across PCIe since ``before_log``: each one the
+    pointer table, the small-argument block (the Param cells) or the status words."""
+    what = {int(exe.table): "pointer table", int(exe.status): "status words"}
+    if exe.small_dev is not None:
+        what[int(exe.small_dev)] = "small arguments"
+    out = []
+    for kind, dst, src, nbytes in driver.copy_log[before_log:]:
+        if kind != "dtod":
+            out.append((kind, what.get(dst if kind == "htod" else src, f"{nbytes} bytes")))
+    return sorted(out)
+
+
+@needs_cxx
+@pytest.mark.parametrize("case", list(GRAPHS))
+def test_launch_and_reverse_move_no_plane_across_pcie_and_give_numpys_bits(emulated, case):
+    backend, driver = emulated
+    make, names = GRAPHS[case]
+    n = 1000                                           # not a power of two: the tree is padded
+    want_planes, want_nbytes, want_grads = on_numpy(make, names, n)
+    vkml.set_backend("cuda")
+    before = copies(driver)
+    g = make(n)
+    planes = len(g.planes)
+    assert moved(driver, before) == {"htod": planes, "dtoh": 0, "dtod": 0}     # once, at build
+    assert all(type(p).__name__ == "DeviceArray" for p in g.planes.values())
+    for rounds in range(2):                            # the first captures the CUDA graph
+        before, log = copies(driver), len(driver.copy_log)
+        launches, submissions = vkml.stats().graph_launches, vkml.stats().submissions
+        g.launch()
+        assert vkml.stats().graph_launches - launches == 1                   # one replay
+        assert vkml.stats().submissions - submissions == 1
+        plan = next(iter(g._caches.launch_plans.values()))
+        assert replay_copies(driver, log, plan.exe) == [
+            ("dtoh", "status words"), ("htod", "pointer table"), ("htod", "small arguments")]
+        # a plane the launch reads and rewrites (s) is copied into on the device, once
+        assert moved(driver, before)["dtod"] == (1 if case == "overwritten plane" else 0)
+        assert g.record.nbytes == want_nbytes and g.record.on_device
+        seeds = seeds_for(g, names, n, device=backend)
+        before, log = copies(driver), len(driver.copy_log)
+        launches = vkml.stats().graph_launches
+        grads = vkml.diff.reverse(g.record, seeds)
+        assert vkml.stats().graph_launches - launches == 1
+        (rplan,) = [p for p in g._caches.reverse_plans.values()]
+        params = len(rplan.params)
+        # the Param sums (one value each) come to the host; no plane does
+        assert replay_copies(driver, log, rplan.exe) == sorted(
+            [("dtoh", "status words"), ("htod", "pointer table"), ("htod", "small arguments")] +
+            [("dtoh", "8 bytes")] * params)
+        assert moved(driver, before)["dtod"] == 0
+        for name, grad in grads.items():
+            if grad.ndim:                              # per-sample gradients stay on the device
+                assert type(grad).__name__ == "DeviceArray", name
+                assert grad.__cuda_array_interface__["shape"] == (n,)
+        same_bits({k: v.numpy() for k, v in g.planes.items()}, want_planes)
+        same_bits({k: np.asarray(v) for k, v in grads.items()}, want_grads)
+        # the second round from the same starting planes: written back as build() had them
+        vkml.set_backend("numpy")
+        start = make(n).planes
+        vkml.set_backend("cuda")
+        for name, plane in start.items():
+            g.planes[name][...] = plane
+
+
+@needs_cxx
+def test_the_fused_reverse_over_more_samples_than_one_host_chunk_has_numpys_bits(emulated):
+    """On the device the reverse is one program over all the samples; on the host it runs in
+    chunks of FUSE_SAMPLES whose Param sums are subtrees of the canonical tree: same bits."""
+    backend, driver = emulated
+    from vkml.graph.diff import FUSE_SAMPLES
+    n = FUSE_SAMPLES + 1000
+    want_planes, _, want_grads = on_numpy(two_node, {"y": "seed"}, n)
+    vkml.set_backend("cuda")
+    g = two_node(n)
+    g.launch()
+    seeds = seeds_for(g, {"y": "seed"}, n, device=backend)
+    before = copies(driver)
+    grads = vkml.diff.reverse(g.record, seeds)
+    assert moved(driver, before) == {"htod": 2, "dtoh": 1 + 2, "dtod": 0}   # + the 2 Param sums
+    same_bits({k: v.numpy() for k, v in g.planes.items()}, want_planes)
+    same_bits({k: np.asarray(v) for k, v in grads.items()}, want_grads)
