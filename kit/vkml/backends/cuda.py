@@ -97,6 +97,7 @@ import os
 import shutil
 import struct
 import threading
+import weakref
 
 import numpy as np
 
@@ -371,6 +372,8 @@ class _Pool:
     def __init__(self, gpu):
         self.gpu = gpu
         self.free = {}
+        #: the DeviceArrays wrapping other libraries' memory, by (pointer, shape, dtype, readonly)
+        self.wrapped = weakref.WeakValueDictionary()
         self.allocations = 0
         self.reuses = 0
 
@@ -463,7 +466,7 @@ class DeviceArray(DeviceValue):
     """
 
     __slots__ = ("shape", "dtype", "_pool", "_alloc", "_nbytes", "_host", "_owner", "mutable",
-                 "readonly")
+                 "readonly", "__weakref__")
 
     def __init__(self, pool, alloc, nbytes, shape, dtype, owner=None, mutable=False,
                  readonly=False):
@@ -508,8 +511,13 @@ class DeviceArray(DeviceValue):
         if ptr == 0 and size > 0:
             raise ArgumentError(f"{where}: its data pointer is null although it holds {size} "
                                 "elements; pass an array whose memory is allocated")
-        return cls(pool, ptr, size * dtype.itemsize, shape, dtype, owner=obj, mutable=True,
-                   readonly=bool(readonly))
+        # one wrapper per piece of memory: two objects over the same memory are the same plane
+        key = (ptr, shape, dtype, bool(readonly))
+        wrapper = pool.wrapped.get(key)
+        if wrapper is None:
+            wrapper = pool.wrapped[key] = cls(pool, ptr, size * dtype.itemsize, shape, dtype,
+                                              owner=obj, mutable=True, readonly=bool(readonly))
+        return wrapper
 
     @property
     def ptr(self) -> int:
@@ -857,10 +865,13 @@ class CudaBackend(Backend):
         results are copied into the destinations)."""
         STATS.submissions += 1
         if isinstance(exe, CudaExecutable):
-            if into is not None and any(isinstance(d, DeviceArray) for d in into):
-                # device planes as destinations (the graph layer's): nothing crosses PCIe
+            dests = into or ()
+            if any(isinstance(d, DeviceArray) for d in dests) or \
+                    resident and not any(isinstance(d, np.ndarray) for d in dests):
+                # results kept on the device, device planes as destinations (the graph layer's)
                 outs = exe(args, resident=True, into=into)
-                return copy_into(outs, [d if isinstance(d, np.ndarray) else None for d in into])
+                return outs if into is None else \
+                    copy_into(outs, [d if isinstance(d, np.ndarray) else None for d in into])
             outs = exe(args, resident=resident and into is None)
         else:
             outs = exe(host_values(args))

@@ -280,8 +280,9 @@ def launch_backup(graph, runs, fused):
     if not (runs > 1 or can_fail and not fused):
         return []
     planes = graph.written_planes()
-    # on the cuda backend the device planes are the graph's: their backups are device copies
-    return [graph._device.get(id(p), p) for p in planes] if graph._device else planes
+    # on the cuda backend the device planes are the graph's: several runs back them up on the
+    # device (one run on the host writes them only once it has succeeded: ``_steps``)
+    return [graph._device.get(id(p), p) for p in planes] if graph._device and runs > 1 else planes
 
 
 def fused_launch(graph, workers=None) -> bool:
