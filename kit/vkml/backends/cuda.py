@@ -37,9 +37,15 @@ How a Program runs:
    and its output entries at fresh ones: no copies on the device.  NumPy
    arguments are staged and copied into the executable's own buffers; those
    of at most ``SMALL_INPUT_BYTES`` (Python scalars, short vectors) share one
-   page-locked block that the captured graph copies itself.  The
-   graph layer (which keeps its planes and Records on the host) asks for
-   NumPy results.
+   page-locked block that the captured graph copies itself.  A run may be
+   given destinations (``into``): device planes its results are computed
+   straight into (their addresses go in the table) where they overlap no
+   argument, else copied into on the device after it.
+   DeviceArrays speak ``__cuda_array_interface__`` (version 3), so CuPy,
+   PyTorch and Numba take them without a copy, and
+   ``CudaBackend.to_plane`` takes theirs the same way (the wrapper keeps
+   their owner alive and never frees their memory); ``.numpy()`` is the
+   explicit copy to the host.
 4. **One submission = one CUDA graph launch**: the first run captures the
    submission's device work on the backend's PyCUDA stream with the
    driver's stream capture (``cuStreamBeginCapture`` / ``cuStreamEndCapture``
@@ -78,10 +84,20 @@ graph instantiation and launch through cuda-bindings, cuBLAS) have NOT run
 on a GPU yet: ``tests/test_cuda.py`` and ``bench/gpu.py`` check them on the
 first machine with one (``scripts/device-check``).
 
-Not yet: the graph layer's reverse and checkpoints run through this
-backend's executables and per-sample loops (so on the GPU) but keep their
-planes and Records in host memory; its default ``memory_budget`` is half
-the free device memory (at most half the host's).
+The graph layer on this backend (``keeps_planes_on_device``): ``Graph.build()``
+makes every plane a device plane (``to_plane``: a NumPy array copied once, a
+device array taken as it is); a launch of plain kernel launches and its
+reverse are one submission each, so one CUDA-graph replay each, on device
+planes in and out: no plane crosses PCIe, only the pointer table, the
+small-argument block (the Param cells) and the status words, and the Param gradients (one value each) come back to the host.  The
+Record's copies of overwritten versions, ``keep()`` and a refused call's
+backups are copies on the device (``copy_plane``); per-sample gradients are
+DeviceArrays.  A graph with nodes that run Python on the values (opaque
+nodes, guards, loops, reductions) copies its planes to the host and the
+written ones back, explicitly, around each launch (``record._steps``).
+Not yet: a simulation's planes and checkpoints (``graph/simulation.py``)
+still live in host memory; its default ``memory_budget`` is half the free
+device memory (at most half the host's).
 """
 
 from __future__ import annotations

@@ -11,6 +11,14 @@ and memory budget.
 
 ``Reverse(graph)`` does the preparation once (vjps derived and compiled,
 refusals checked) for a loop that launches and reverses many times.
+
+On the cuda backend the reverse of a graph of plain kernel launches is one
+program on the device planes: per-sample gradients come back as device
+arrays (``.numpy()`` reads one on the host; ``__cuda_array_interface__``
+hands it to CuPy or PyTorch without a copy), Param gradients (one value
+each) as host values; a seed may be a device array too.  A reverse that
+goes launch by launch (a hand-written vjp kernel, opaque nodes, guards,
+loops) computes on the GPU from host arguments and hands back host arrays.
 """
 
 from __future__ import annotations

@@ -15,6 +15,19 @@ derivative from the values it read (``vkml.diff``).
 Parameters (kernel uniforms) live in one-cell planes of the graph's own, read
 by the forward kernels and their vjps alike: ``update(k=...)`` copies into
 those cells, and neither the forward nor the reverse is rebuilt.
+
+Where the planes live is the backend's choice (``Backend.keeps_planes_on_device``).
+On the numpy and cpu backends the planes ARE the arrays you bound: a launch
+writes into your ``y``.  On the cuda backend ``build()`` makes each plane a
+device plane -- a NumPy array you bound is copied to the GPU once, a device
+array (a CuPy array, a PyTorch CUDA tensor: anything with
+``__cuda_array_interface__``) is used where it lies -- and launches,
+Records, reverses and gradients stay in device memory; your NumPy arrays no
+longer follow the launches.  ``graph.planes`` gives every plane by name;
+read one on the host with ``.numpy()`` (or ``np.asarray``).  Nodes that run
+Python on the values (opaque nodes, guards, repeat_while, reductions) need
+the values on the host: a graph holding one copies its planes there and
+back around each launch, explicitly.
 """
 
 from __future__ import annotations
