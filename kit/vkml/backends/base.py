@@ -189,6 +189,35 @@ class Backend:
         outs = exe(args) if direct is None else exe(args, into=direct)
         return copy_into(outs, into)
 
+    # -- planes: the graph layer's per-sample arrays, where this backend keeps them ---------------
+    #: Whether the graph layer's planes, Records and gradients live in this backend's device
+    #: memory (the cuda backend) rather than in host NumPy arrays (numpy and cpu).
+    keeps_planes_on_device = False
+
+    def to_plane(self, value):
+        """The plane this backend keeps for a user's array ``value``.  Host backends: the array
+        itself (``np.asarray``: no copy for a NumPy array, so the user's array IS the plane).
+        A device backend copies a NumPy array to its memory once and takes a device array as
+        it is (no copy)."""
+        return np.asarray(value)
+
+    def copy_plane(self, plane):
+        """A new plane holding ``plane``'s values (a Record's copy of a version about to be
+        overwritten, a refused call's backup): on a device backend, a copy on the device."""
+        return plane.copy()
+
+    def copy_plane_into(self, dst, src):
+        """Write ``src``'s values into plane ``dst`` (same shape and dtype), in place."""
+        dst[...] = src
+
+    def empty_plane(self, shape, dtype):
+        """A new plane of ``shape`` and ``dtype`` whose values are whatever the memory held."""
+        return np.empty(shape, dtype)
+
+    def zeros_plane(self, shape, dtype):
+        """A new plane of ``shape`` and ``dtype`` holding zeros."""
+        return np.zeros(shape, dtype)
+
     def layout(self, values) -> tuple:
         """What of the arguments' memory layout a compiled executable depends on.
 

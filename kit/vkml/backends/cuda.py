@@ -37,9 +37,15 @@ How a Program runs:
    and its output entries at fresh ones: no copies on the device.  NumPy
    arguments are staged and copied into the executable's own buffers; those
    of at most ``SMALL_INPUT_BYTES`` (Python scalars, short vectors) share one
-   page-locked block that the captured graph copies itself.  The
-   graph layer (which keeps its planes and Records on the host) asks for
-   NumPy results.
+   page-locked block that the captured graph copies itself.  A run may be
+   given destinations (``into``): device planes its results are computed
+   straight into (their addresses go in the table) where they overlap no
+   argument, else copied into on the device after it.
+   DeviceArrays speak ``__cuda_array_interface__`` (version 3), so CuPy,
+   PyTorch and Numba take them without a copy, and
+   ``CudaBackend.to_plane`` takes theirs the same way (the wrapper keeps
+   their owner alive and never frees their memory); ``.numpy()`` is the
+   explicit copy to the host.
 4. **One submission = one CUDA graph launch**: the first run captures the
    submission's device work on the backend's PyCUDA stream with the
    driver's stream capture (``cuStreamBeginCapture`` / ``cuStreamEndCapture``
@@ -78,10 +84,20 @@ graph instantiation and launch through cuda-bindings, cuBLAS) have NOT run
 on a GPU yet: ``tests/test_cuda.py`` and ``bench/gpu.py`` check them on the
 first machine with one (``scripts/device-check``).
 
-Not yet: the graph layer's reverse and checkpoints run through this
-backend's executables and per-sample loops (so on the GPU) but keep their
-planes and Records in host memory; its default ``memory_budget`` is half
-the free device memory (at most half the host's).
+The graph layer on this backend (``keeps_planes_on_device``): ``Graph.build()``
+makes every plane a device plane (``to_plane``: a NumPy array copied once, a
+device array taken as it is); a launch of plain kernel launches and its
+reverse are one submission each, so one CUDA-graph replay each, on device
+planes in and out: no plane crosses PCIe, only the pointer table, the
+small-argument block (the Param cells) and the status words, and the Param gradients (one value each) come back to the host.  The
+Record's copies of overwritten versions, ``keep()`` and a refused call's
+backups are copies on the device (``copy_plane``); per-sample gradients are
+DeviceArrays.  A graph with nodes that run Python on the values (opaque
+nodes, guards, loops, reductions) copies its planes to the host and the
+written ones back, explicitly, around each launch (``record._steps``).
+Not yet: a simulation's planes and checkpoints (``graph/simulation.py``)
+still live in host memory; its default ``memory_budget`` is half the free
+device memory (at most half the host's).
 """
 
 from __future__ import annotations
@@ -97,10 +113,11 @@ import os
 import shutil
 import struct
 import threading
+import weakref
 
 import numpy as np
 
-from ..errors import BackendError, ExecutionError
+from ..errors import ArgumentError, BackendError, DTypeError, ExecutionError, ShapeError
 from ..ops.checks import warn_at_user
 from ..stats import STATS
 from . import disk_cache
@@ -371,17 +388,20 @@ class _Pool:
     def __init__(self, gpu):
         self.gpu = gpu
         self.free = {}
+        #: the DeviceArrays wrapping other libraries' memory, by (pointer, shape, dtype, readonly)
+        self.wrapped = weakref.WeakValueDictionary()
         self.allocations = 0
         self.reuses = 0
 
-    def array(self, shape, dtype) -> "DeviceArray":
+    def array(self, shape, dtype, mutable=False) -> "DeviceArray":
+        """Device memory for a value (or, ``mutable``, a plane) of ``shape`` and ``dtype``."""
         dtype = np.dtype(dtype)
         nbytes = max(1, int(np.prod(shape, dtype=np.int64))) * dtype.itemsize
         nbytes = -(-nbytes // self.GRAIN) * self.GRAIN
         spare = self.free.get(nbytes)
         if spare:
             self.reuses += 1
-            return DeviceArray(self, spare.pop(), nbytes, shape, dtype)
+            return DeviceArray(self, spare.pop(), nbytes, shape, dtype, mutable=mutable)
         try:
             alloc = self.gpu.drv.mem_alloc(nbytes)
         except self.gpu.drv.Error:
@@ -391,7 +411,7 @@ class _Pool:
             self.free.clear()
             alloc = self.gpu.drv.mem_alloc(nbytes)
         self.allocations += 1
-        return DeviceArray(self, alloc, nbytes, shape, dtype)
+        return DeviceArray(self, alloc, nbytes, shape, dtype, mutable=mutable)
 
     def give_back(self, alloc, nbytes):
         if self.free is not None:
@@ -405,19 +425,115 @@ class _Pool:
         self.free = None
 
 
-class DeviceArray(DeviceValue):
-    """A value in GPU memory: what realizes, backwards and jitted calls on the cuda backend hold.
+class _PlaneFlags:
+    """``DeviceArray.flags``: the two a plane is asked about."""
 
-    ``np.asarray(a)`` copies it to the host once and keeps that copy
-    (read-only: vkml never writes a value in place, so it cannot go stale).
-    Its memory returns to the backend's pool when it is dropped.
+    __slots__ = ("writeable",)
+    c_contiguous = True
+
+    def __init__(self, writeable):
+        self.writeable = writeable
+
+
+def device_copy(gpu, dst, src):
+    """Copy ``src`` (a DeviceArray, or a host array of ``dst``'s shape and dtype) into
+    DeviceArray ``dst``, refusing (before anything is copied) a mismatch or a read-only
+    destination.  Synchronous: enqueued on the backend's stream (after every kernel that wrote
+    ``src``) and waited for, so that the host and other libraries, which may use other streams,
+    see it done when this returns."""
+    if dst.readonly:
+        raise ArgumentError("the destination plane is read-only (its owner exported it so); "
+                            "bind a writeable array")
+    if tuple(src.shape) != dst.shape:
+        raise ShapeError(f"copying into a device plane: the source has shape "
+                         f"{tuple(src.shape)}, the plane {dst.shape}")
+    if src.dtype != dst.dtype:
+        raise DTypeError(f"copying into a device plane: the source holds {src.dtype}, the plane "
+                         f"{dst.dtype}; convert the source first")
+    if not dst.size:
+        return
+    with gpu.lock:
+        gpu.enter()
+        if isinstance(src, DeviceArray):
+            gpu.drv.memcpy_dtod_async(dst.ptr, src.ptr, dst.nbytes, gpu.stream)
+            gpu.stream.synchronize()
+        else:
+            gpu.drv.memcpy_htod(dst.ptr, np.ascontiguousarray(src))
+    dst._host = None
+
+
+#: the dtypes a device plane may hold: those generated code has a C type for
+PLANE_DTYPES = tuple(np.dtype(t) for t in (np.float64, np.float32, np.int64, np.int32, np.bool_))
+
+
+class DeviceArray(DeviceValue):
+    """A value or a plane in GPU memory: what realizes, backwards, jitted calls and the graph
+    layer hold on the cuda backend.
+
+    Other GPU libraries take it without a copy through ``__cuda_array_interface__`` (CuPy's
+    ``cupy.asarray(a)``, ``torch.as_tensor(a, device="cuda")``, Numba), and
+    ``CudaBackend.to_plane`` takes theirs the same way (:meth:`wrap`).  Reading it on the host
+    is explicit: ``a.numpy()`` copies it to a new NumPy array; ``np.asarray(a)`` does the same,
+    except that a *value* (a tensor's result, never written in place) keeps its host copy
+    (read-only) for the next read.  A *plane* (``mutable``: a graph plane, or another library's
+    memory) may change on the device at any time, so every read copies it again.  Pool memory
+    returns to the backend's pool when the array is dropped; memory wrapped from another library
+    stays that library's (the wrapper keeps its owner alive and never frees it).
     """
 
-    __slots__ = ("shape", "dtype", "_pool", "_alloc", "_nbytes", "_host")
+    __slots__ = ("shape", "dtype", "_pool", "_alloc", "_nbytes", "_host", "_owner", "mutable",
+                 "readonly", "__weakref__")
 
-    def __init__(self, pool, alloc, nbytes, shape, dtype):
+    def __init__(self, pool, alloc, nbytes, shape, dtype, owner=None, mutable=False,
+                 readonly=False):
         self.shape, self.dtype = tuple(shape), np.dtype(dtype)
         self._pool, self._alloc, self._nbytes, self._host = pool, alloc, nbytes, None
+        self._owner, self.mutable, self.readonly = owner, mutable, readonly
+
+    @classmethod
+    def wrap(cls, pool, obj) -> "DeviceArray":
+        """``obj`` (anything with ``__cuda_array_interface__``: a CuPy array, a PyTorch CUDA
+        tensor, a Numba device array) as a DeviceArray over the same memory, without a copy.
+        Refused (nothing is kept) unless it is C-contiguous, of a dtype generated code computes
+        with, with a device pointer (non-null when it has elements) and no mask."""
+        where = f"a {type(obj).__name__} with __cuda_array_interface__"
+        try:
+            face = obj.__cuda_array_interface__
+            shape = tuple(int(d) for d in face["shape"])
+            typestr, (ptr, readonly) = face["typestr"], face["data"]
+            strides, mask = face.get("strides"), face.get("mask")
+            dtype = np.dtype(typestr)
+            ptr = int(ptr or 0)
+        except (AttributeError, KeyError, TypeError, ValueError) as e:
+            raise ArgumentError(f"{where}: its interface is not version-3 shaped "
+                                f"(shape, typestr, data=(pointer, readonly)): {e}") from None
+        if dtype not in PLANE_DTYPES:
+            raise DTypeError(f"{where}: typestr {typestr!r} ({dtype}) is not a dtype the cuda "
+                             f"backend computes with ({', '.join(d.name for d in PLANE_DTYPES)}); "
+                             "pass a copy converted to one of them")
+        if any(d < 0 for d in shape):
+            raise ShapeError(f"{where}: shape {shape} has a negative extent")
+        size = int(np.prod(shape, dtype=np.int64))
+        if strides is not None and size > 1:
+            want = [dtype.itemsize] * len(shape)
+            for i in range(len(shape) - 2, -1, -1):
+                want[i] = want[i + 1] * shape[i + 1]
+            if any(s != w for s, w, d in zip(strides, want, shape) if d > 1):
+                raise ArgumentError(f"{where}: it is not C-contiguous (strides {tuple(strides)}, "
+                                    f"C order would be {tuple(want)}); pass a contiguous copy "
+                                    "(cupy.ascontiguousarray(a), tensor.contiguous())")
+        if mask is not None:
+            raise ArgumentError(f"{where}: it has a mask; pass an array without one")
+        if ptr == 0 and size > 0:
+            raise ArgumentError(f"{where}: its data pointer is null although it holds {size} "
+                                "elements; pass an array whose memory is allocated")
+        # one wrapper per piece of memory: two objects over the same memory are the same plane
+        key = (ptr, shape, dtype, bool(readonly))
+        wrapper = pool.wrapped.get(key)
+        if wrapper is None:
+            wrapper = pool.wrapped[key] = cls(pool, ptr, size * dtype.itemsize, shape, dtype,
+                                              owner=obj, mutable=True, readonly=bool(readonly))
+        return wrapper
 
     @property
     def ptr(self) -> int:
@@ -435,14 +551,66 @@ class DeviceArray(DeviceValue):
     def nbytes(self) -> int:
         return self.size * self.dtype.itemsize
 
+    @property
+    def flags(self):
+        """What the graph layer asks a plane (as of a NumPy array): C-contiguous, and writeable
+        unless its owner exported it read-only."""
+        return _PlaneFlags(not self.readonly)
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        """Version 3 of the CUDA array interface: C-contiguous (``strides`` None), this array's
+        device pointer.  No ``stream``: every vkml call has finished its device work when it
+        returns, so the memory is ready for any stream.  Once handed out, the memory may be
+        written by another library, so the array keeps no host copy from then on."""
+        self.mutable, self._host = True, None
+        return {"shape": self.shape, "typestr": self.dtype.str, "data": (self.ptr, self.readonly),
+                "strides": None, "version": 3}
+
+    def numpy(self) -> np.ndarray:
+        """A new NumPy array with this array's values: one copy from the device (explicit)."""
+        host = np.empty(self.shape, self.dtype)
+        if host.size:
+            gpu = self._pool.gpu
+            with gpu.lock:
+                gpu.enter()
+                gpu.drv.memcpy_dtoh(host, self._alloc)
+        return host
+
+    def copy(self) -> "DeviceArray":
+        """A new device plane with these values (one copy on the device)."""
+        copy = self._pool.array(self.shape, self.dtype, mutable=True)
+        device_copy(self._pool.gpu, copy, self)
+        return copy
+
+    def __setitem__(self, key, value):
+        """``plane[...] = values``: the whole plane, from a device array (a copy on the device)
+        or from host values (broadcast to the plane, one copy to the device)."""
+        if key is not Ellipsis and key != slice(None):
+            raise ArgumentError(f"a device plane is written whole (plane[...] = values), got index "
+                                f"{key!r}; read it with .numpy(), change that, and write it back")
+        if isinstance(value, DeviceArray) or hasattr(value, "__cuda_array_interface__"):
+            device_copy(self._pool.gpu, self, value if isinstance(value, DeviceArray) else
+                        DeviceArray.wrap(self._pool, value))
+            return
+        try:
+            host = np.ascontiguousarray(np.broadcast_to(np.asarray(value), self.shape))
+        except ValueError:
+            raise ShapeError(f"cannot write values of shape {np.shape(value)} into a device plane "
+                             f"of shape {self.shape}") from None
+        if host.dtype != self.dtype:
+            if not np.can_cast(host.dtype, self.dtype, "same_kind"):
+                raise DTypeError(f"cannot write {host.dtype} values into a device plane of "
+                                 f"{self.dtype}; convert them first")
+            host = host.astype(self.dtype)
+        device_copy(self._pool.gpu, self, host)
+
     def __array__(self, dtype=None, copy=None):
+        if self.mutable:
+            host = self.numpy()
+            return host if dtype is None or np.dtype(dtype) == self.dtype else host.astype(dtype)
         if self._host is None:
-            host = np.empty(self.shape, self.dtype)
-            if host.size:
-                gpu = self._pool.gpu
-                with gpu.lock:
-                    gpu.enter()
-                    gpu.drv.memcpy_dtoh(host, self._alloc)
+            host = self.numpy()
             host.flags.writeable = False
             self._host = host
         if dtype is not None and np.dtype(dtype) != self.dtype:
@@ -457,6 +625,8 @@ class DeviceArray(DeviceValue):
         return np.array, (np.asarray(self),)
 
     def __del__(self):
+        if self._owner is not None:             # another library's memory: never ours to free
+            return
         try:
             self._pool.give_back(self._alloc, self._nbytes)
         except Exception:                       # interpreter shutdown
@@ -575,20 +745,40 @@ class CudaExecutable:
                 if i not in self.small:                # small ones travel in the graph's block copy
                     drv.memcpy_htod_async(self.own[i], host, stream)
 
-    def __call__(self, args, graphs=None, resident=False):
-        """Run once; DeviceArray results when ``resident``, else NumPy arrays."""
+    def _direct(self, dest, j, args, into) -> bool:
+        """Whether result ``j`` may be computed straight into device plane ``dest``: of its
+        size and dtype, not at a fixed (cuBLAS) address, overlapping no argument (read while
+        the results are written) and no other destination."""
+        shape, dtype = self.out_avals[j]
+        if not isinstance(dest, DeviceArray) or dest._pool is not self.gpu.pool or \
+                dest.readonly or dest.dtype != dtype or dest.shape != tuple(shape) or \
+                len(self.in_types) + j in self.fixed or not dest.size:
+            return False
+        lo, hi = dest.ptr, dest.ptr + dest.nbytes
+        others = [a for a in args if isinstance(a, DeviceArray)] + \
+            [d for d in into if isinstance(d, DeviceArray) and d is not dest]
+        return not any(a.ptr < hi and lo < a.ptr + max(a.nbytes, 1) for a in others)
+
+    def __call__(self, args, graphs=None, resident=False, into=None):
+        """Run once; DeviceArray results when ``resident``, else NumPy arrays.  ``into`` (with
+        ``resident``): a device plane (or None) per result: result ``i`` is computed straight
+        into ``into[i]`` where it can (:meth:`_direct`), else copied into it on the device
+        after the run; either way the result returned IS ``into[i]``."""
         gpu = self.gpu
         drv, stream = gpu.drv, gpu.stream
         n_in = len(self.in_types)
+        into = into if resident and into is not None else [None] * len(self.out_avals)
         with gpu.lock:
             gpu.enter()
             self._bind_inputs(args)
-            results = []
+            results, copy_to = [], []
             for j, (shape, dtype) in enumerate(self.out_avals):
                 k = n_in + j
-                out = gpu.pool.array(shape, dtype) if resident else None
+                direct = self._direct(into[j], j, args, into)
+                out = into[j] if direct else gpu.pool.array(shape, dtype) if resident else None
                 self.host_table[k] = out.ptr if out is not None and k not in self.fixed else self.own[k]
                 results.append(out)
+                copy_to.append(into[j] if isinstance(into[j], DeviceArray) and not direct else None)
             use_graphs = gpu.use_graphs if graphs is None else graphs
             try:
                 if use_graphs:
@@ -620,6 +810,10 @@ class CudaExecutable:
                                        ExecutionError(message) if message is not None else
                                        failure_error(name, self.host_status[1:4].view(np.int64)))
             if resident:
+                for j, dest in enumerate(copy_to):
+                    if dest is not None:
+                        device_copy(gpu, dest, results[j])
+                        results[j] = dest
                 return results
             return [h[:int(np.prod(s))].reshape(s).copy() for h, (s, _) in
                     zip(self.host_out, self.out_avals)]
@@ -687,6 +881,13 @@ class CudaBackend(Backend):
         results are copied into the destinations)."""
         STATS.submissions += 1
         if isinstance(exe, CudaExecutable):
+            dests = into or ()
+            if any(isinstance(d, DeviceArray) for d in dests) or \
+                    resident and not any(isinstance(d, np.ndarray) for d in dests):
+                # results kept on the device, device planes as destinations (the graph layer's)
+                outs = exe(args, resident=True, into=into)
+                return outs if into is None else \
+                    copy_into(outs, [d if isinstance(d, np.ndarray) else None for d in into])
             outs = exe(args, resident=resident and into is None)
         else:
             outs = exe(host_values(args))
@@ -744,6 +945,60 @@ class CudaBackend(Backend):
     def free_memory(self) -> int:
         """Free device memory in bytes (the graph layer's default memory budget is half of it)."""
         return self.gpu.free_memory()
+
+    # -- planes: the graph layer's arrays, kept in device memory -------------------------------------
+    keeps_planes_on_device = True
+
+    def to_plane(self, value) -> DeviceArray:
+        """The device plane for ``value``: a DeviceArray of this backend as it is; another
+        library's device array (``__cuda_array_interface__``) wrapped without a copy; anything
+        else (a NumPy array, a list) converted with ``np.asarray`` and copied to the device once
+        (one host-to-device copy)."""
+        if isinstance(value, DeviceArray) and value._pool is self.gpu.pool:
+            return value
+        if hasattr(value, "__cuda_array_interface__"):
+            return DeviceArray.wrap(self.gpu.pool, value)
+        host = np.ascontiguousarray(value)
+        if host.dtype not in PLANE_DTYPES:
+            raise DTypeError(f"to_plane: a plane of {host.dtype} values cannot live on the GPU; "
+                             f"pass one of {', '.join(d.name for d in PLANE_DTYPES)}")
+        plane = self.gpu.pool.array(host.shape, host.dtype, mutable=True)
+        # a plane stays as writeable as the array it came from
+        plane.readonly = isinstance(value, np.ndarray) and not value.flags.writeable
+        if host.size:
+            with self.gpu.lock:
+                self.gpu.enter()
+                self.gpu.drv.memcpy_htod(plane.ptr, host)
+        return plane
+
+    def copy_plane(self, plane) -> DeviceArray:
+        """A new device plane with ``plane``'s values: one copy on the device."""
+        plane = self.to_plane(plane)
+        copy = self.empty_plane(plane.shape, plane.dtype)
+        self.copy_plane_into(copy, plane)
+        return copy
+
+    def copy_plane_into(self, dst, src):
+        """Write ``src`` (a device plane, or a host array: one host-to-device copy) into device
+        plane ``dst`` in place: synchronous (see :func:`device_copy`, which says why); the graph
+        layer makes only a few such copies per launch."""
+        if not isinstance(dst, DeviceArray):
+            raise ArgumentError(f"copy_plane_into: the destination must be a device plane, got "
+                                f"{type(dst).__name__}")
+        on_device = isinstance(src, DeviceArray) or hasattr(src, "__cuda_array_interface__")
+        device_copy(self.gpu, dst, self.to_plane(src) if on_device else np.asarray(src))
+
+    def empty_plane(self, shape, dtype) -> DeviceArray:
+        """A new device plane (from the backend's pool) whose values are whatever it held."""
+        return self.gpu.pool.array(tuple(shape), dtype, mutable=True)
+
+    def zeros_plane(self, shape, dtype) -> DeviceArray:
+        """A new device plane of zeros (set on the device: nothing crosses PCIe)."""
+        plane = self.empty_plane(shape, dtype)
+        with self.gpu.lock:
+            self.gpu.enter()
+            self.gpu.drv.memset_d32(plane.ptr, 0, plane._nbytes // 4)
+        return plane
 
     # -- a simulation's per-sample loops ----------------------------------------------------------------
     def sample_loops(self, step, vjp, spec):
