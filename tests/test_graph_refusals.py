@@ -427,3 +427,16 @@ def test_memory_budget_refusals_say_the_bytes_and_the_fix():
                          v=v, corr=corr, k=1.0)
     assert ok.pass_size == 256
     assert np.array_equal(x, np.linspace(-0.5, 0.5, n)) and not v.any()
+
+
+@pytest.mark.parametrize("value, says", [
+    (1, "'z' is bound to a int, but it is not an input or a Param"),
+    ([1.0, 2.0], "'z' is bound to a list, but it is not an input or a Param"),
+    (np.zeros(3), "['z'] are neither inputs, Params nor outputs of the kernel"),
+])
+def test_binding_a_name_the_kernel_does_not_have_says_which_names_it_has(value, says):
+    x, u = np.ones(3), np.zeros(3)
+    with pytest.raises(vkml.ArgumentError) as err:
+        square.bind(x=x, u=u, z=value)
+    assert says in str(err.value) and "inputs ['x']" in str(err.value)
+    assert np.array_equal(u, np.zeros(3))

@@ -239,6 +239,11 @@ class Launch:
             if name in kern.params:
                 continue
             if not isinstance(v, np.ndarray):
+                if name not in kern.inputs and not hasattr(v, "__cuda_array_interface__"):
+                    raise ArgumentError(
+                        f"kernel {kname}: {name!r} is bound to a {type(v).__name__}, but it is not "
+                        f"an input or a Param (inputs {kern.inputs}, Params {kern.params}); an "
+                        "output is bound to a plane with one row per sample (a NumPy array)")
                 v = _device_plane(v, name, kname)
             if v.ndim == 0:
                 raise ShapeError(f"kernel {kname}: plane {name!r} is 0-d; a plane has one row per "
