@@ -70,8 +70,11 @@ the call.  Loop-free programs are short and never armed.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
+import heapq
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -94,6 +97,33 @@ from .codegen.sample_loops import forward_source, reverse_source
 from .interrupts import NEVER, Armed, interrupted
 from .numpy_backend import compile_program as compile_numpy
 
+
+def native_flags() -> list:
+    """``-march=native`` on x86-64 (unless ``VKML_CPU_NATIVE=0``): the vectoriser then uses the
+    machine's widest registers (AVX-512 or AVX2 rather than SSE2), which halved an Adam update's
+    time, sqrt and division being its bound.  The bits do not change: a vector sqrt, division,
+    product or sum is the same correctly rounded operation in any width, ``-ffp-contract=off``
+    still forbids fused multiply-adds, and no float sum is reordered.  A library built so runs
+    only on CPUs like this one: its cache key holds the CPU's signature (``cpu_signature``)."""
+    if platform.machine().lower() not in ("x86_64", "amd64") or \
+            os.environ.get("VKML_CPU_NATIVE", "1") == "0":
+        return []
+    return ["-march=native"]
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_signature() -> str:
+    """What this CPU can run (its model and instruction-set flags from ``/proc/cpuinfo``; the
+    platform's processor name elsewhere): part of a native library's cache key, so a cache
+    shared with another machine never hands it code its CPU cannot run."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = [line for line in f if line.startswith(("model name", "flags"))]
+        return "".join(sorted(set(lines)))
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
 # -fwrapv: signed integer overflow wraps, as NumPy's integers do (without it -x of INT_MIN is
 # undefined behaviour, and the optimiser folds ``-x < 0`` to true).
 # -ftree-vectorize with the dynamic cost model: elementwise loops run in SIMD registers (with
@@ -102,7 +132,7 @@ from .numpy_backend import compile_program as compile_numpy
 # are the same correctly rounded operations in SIMD, so every result keeps its bits.
 FLAGS = ["-O2", "-pipe", "-fPIC", "-shared", "-std=c99", "-ffp-contract=off", "-fno-fast-math",
          "-fno-strict-aliasing", "-fno-math-errno", "-fwrapv", "-ftree-vectorize",
-         "-fvect-cost-model=dynamic"]
+         "-fvect-cost-model=dynamic"] + native_flags()
 
 
 def compiler():
@@ -128,7 +158,8 @@ def library(source: str, extra_flags=()):
     if cc is None:
         raise BackendError("no C compiler found (set $CC or install gcc)")
     flags = FLAGS + list(extra_flags)
-    key = hashlib.sha256("\0".join([source, cc] + flags).encode()).hexdigest()[:32]
+    signature = [cpu_signature()] if "-march=native" in flags else []
+    key = hashlib.sha256("\0".join([source, cc] + flags + signature).encode()).hexdigest()[:32]
     return disk_cache.cached("cpu", key, ".so", lambda folder: _compile_c(cc, flags, source, folder),
                              _load)
 
@@ -225,13 +256,18 @@ def _too_big(program) -> bool:
 
 
 #: primitives whose C lowering gives NumPy's bits on floats and integers alike: correctly
-#: rounded IEEE arithmetic, comparisons, selections and broadcasts (no libm function, no sum:
-#: those may differ in the last bits between C and NumPy)
+#: rounded IEEE arithmetic, comparisons, selections, sums (the canonical tree on both; integer
+#: sums wrap on both), and moving or picking elements (no libm function: those may differ in
+#: the last bits between C and NumPy; no maximum: which of two equal zeros it keeps may differ)
 EXACT = frozenset({"add", "sub", "mul", "neg", "abs", "sqrt", "broadcast_in_dim", "stop_gradient",
                    "eq", "ne", "lt", "le", "gt", "ge", "where", "logical_and", "logical_or",
-                   "logical_not"})
-#: a run of exact equations is compiled to C when it has this many and writes this many elements
-RUN_MIN_EQNS, RUN_MIN_ELEMENTS = 3, 1 << 16
+                   "logical_not", "reduce_sum", "reshape", "slice", "flip", "pad",
+                   "concatenate", "gather", "scatter_add"})
+#: a run of exact equations is compiled to C when it has this many and writes this many
+#: elements: NumPy spends 1-3 us per equation even on small arrays (a canonical-tree sum
+#: more), about what one call of a compiled program costs, so three are worth a call; a run
+#: of scalars (hyperparameter arithmetic) is not
+RUN_MIN_EQNS, RUN_MIN_ELEMENTS = 3, 64
 
 
 def _exact(e) -> bool:
@@ -249,8 +285,10 @@ def with_exact_runs_called(program):
     ReLU's mask) made one ``call`` of a program of its own: a program that must stay on NumPy
     for its BLAS-sized matrix products still runs those runs as compiled, vectorised C (the
     nested program compiles as any other), with the same bits.  ``program`` itself when it
-    has no such run."""
-    eqns = list(program.eqns)
+    has no such run.  The equations are first ordered so that exact ones that do not wait for
+    the others come together (``_exact_together``): a bias's gradient (a sum) then joins the
+    ReLU mask's run it reads, instead of waiting alone behind a matrix product."""
+    eqns = _exact_together(program.eqns)
     runs, start = [], None
     for i, e in enumerate(eqns + [None]):
         if e is not None and _exact(e):
@@ -270,6 +308,63 @@ def with_exact_runs_called(program):
     for start, end in reversed(runs):
         eqns[start:end] = [_run_as_call(eqns[start:end], end, later_reads, returned)]
     return Program(program.inputs, eqns, program.outputs, program.consts)
+
+
+def _exact_together(eqns) -> list:
+    """``eqns`` in an order that keeps every equation after those it reads and puts exact ones
+    (``_exact``) together: once an exact equation runs, every exact one that is ready runs
+    next, before the others; among equations of one kind the earlier first."""
+    producer = {v: i for i, e in enumerate(eqns) for v in e.outputs}
+    waiting = [len({producer[v] for v in e.inputs if v in producer}) for e in eqns]
+    readers = [[] for _ in eqns]
+    for i, e in enumerate(eqns):
+        for j in {producer[v] for v in e.inputs if v in producer}:
+            readers[j].append(i)
+    ready = {True: [], False: []}
+    for i, n in enumerate(waiting):
+        if n == 0:
+            heapq.heappush(ready[_exact(eqns[i])], i)
+    order, kind = [], bool(eqns) and _exact(eqns[0])
+    while ready[True] or ready[False]:
+        if not ready[kind]:
+            kind = not kind
+        i = heapq.heappop(ready[kind])
+        order.append(eqns[i])
+        for j in readers[i]:
+            waiting[j] -= 1
+            if waiting[j] == 0:
+                heapq.heappush(ready[_exact(eqns[j])], j)
+    return _views_sunk(order)
+
+
+#: equations NumPy runs as views, costing nothing until read
+VIEWS = frozenset({"broadcast_in_dim", "reshape", "stop_gradient"})
+
+
+def _views_sunk(eqns) -> list:
+    """``eqns`` with each view (``VIEWS``) moved down to just before its first reader: a view
+    is then in the run of the equation that reads it, never a run's result of its own (a
+    broadcast made in one run and read in the next would be materialised between them)."""
+    first_reader = {}
+    for k, e in enumerate(eqns):
+        for v in e.inputs:
+            first_reader.setdefault(v, k)
+    before = [[] for _ in eqns]             # the views that go just before each equation
+    stays = []
+    for k, e in enumerate(eqns):
+        if e.prim.name in VIEWS and len(e.outputs) == 1 and e.outputs[0] in first_reader:
+            before[first_reader[e.outputs[0]]].append(k)
+        else:
+            stays.append(k)
+    order = []
+
+    def emit(k):
+        for j in before[k]:
+            emit(j)
+        order.append(eqns[k])
+    for k in stays:
+        emit(k)
+    return order
 
 
 def _run_as_call(run, end, later_reads, returned):
