@@ -132,7 +132,7 @@ def cpu_signature() -> str:
 # are the same correctly rounded operations in SIMD, so every result keeps its bits.
 FLAGS = ["-O2", "-pipe", "-fPIC", "-shared", "-std=c99", "-ffp-contract=off", "-fno-fast-math",
          "-fno-strict-aliasing", "-fno-math-errno", "-fwrapv", "-ftree-vectorize",
-         "-fvect-cost-model=dynamic"] + native_flags()
+         "-fvect-cost-model=dynamic", "--param=vect-max-version-for-alias-checks=64"] + native_flags()
 
 
 def compiler():
@@ -195,6 +195,7 @@ def c_source(program):
     cannot compile)."""
     low = Lowering()
     low.checks = True
+    low.fuse_loops = True
     low.interrupt_poll = POLL
     ins = [f"a{i}" for i in range(len(program.inputs))]
     outs = [f"o{i}" for i in range(len(program.outputs))]
