@@ -29,9 +29,11 @@ from __future__ import annotations
 import abc
 import math
 
+import numpy as np
+
 from .errors import ArgumentError, DTypeError, ShapeError
-from .ir import dtype_name
-from .ops.api import constant
+from .ir import Var, dtype_name
+from .ops.api import constant, default_device
 from .programs import jit, value_and_grad
 from .pytree import flatten, unflatten
 from .runtime import no_grad
@@ -334,9 +336,12 @@ class _Unflattened:
 def _weak_scalar(x):
     """A Python number as ``jit`` takes one: a weak-typed 0-d constant (float32 tensors it meets
     stay float32), here in a Tensor, so every argument of a compiled step is a plain array."""
-    v = constant(x)
+    v = Var((), _FLOAT64, default_device(), value=np.array(x)) if type(x) is float else constant(x)
     v.weak = True
     return Tensor(v)
+
+
+_FLOAT64 = np.dtype(np.float64)
 
 
 class SGD(Optimizer):
