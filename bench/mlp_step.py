@@ -32,13 +32,15 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps per round (seconds)")
     parser.add_argument("--repeat", type=int, default=None,
-                        help="timed steps per contender, over all rounds (default 200; 50 with --quick)")
+                        help="timed steps per contender, over all rounds "
+                             "(default 200; 50 with --quick)")
     parser.add_argument("--rounds", type=int, default=None, help="rounds of the interleaving (5)")
     parser.add_argument("--warmup", type=int, default=20, help="untimed steps before --parts")
     parser.add_argument("--threads", type=int, default=1, help="BLAS/OpenMP threads for all three")
     parser.add_argument("--parts", action="store_true",
                         help="also split vkml's step into host work and program runs, part by part")
-    parser.add_argument("--profile", action="store_true", help="also profile vkml's step with cProfile")
+    parser.add_argument("--profile", action="store_true",
+                        help="also profile vkml's step with cProfile")
     args = parser.parse_args(argv)
     args.repeat = args.repeat or (50 if args.quick else 200)
     args.rounds = args.rounds or 5
