@@ -244,3 +244,16 @@ def test_code_for_this_cpus_vectors_is_cached_under_its_signature(monkeypatch):
     monkeypatch.setattr(cpu, "cpu_signature", lambda: "another cpu")
     lib, compiled = cpu.library(source)
     assert compiled and (vkml.stats() - cost).compiles == 2 and lib.vk_probe() == 7
+
+
+def test_parameters_of_one_shape_get_a_nest_each():
+    """One nest for all of them would touch too many buffers to be vectorised."""
+    shapes = [(64, 64)] * 3
+    params = [np.full(s, 1.0, np.float32) for s in shapes]
+    grads = [np.full(s, 0.5, np.float32) for s in shapes]
+    states = [[(np.zeros(s, np.float32), np.ones(s, np.float32)) for s in shapes]]
+    source, _ = cpu.c_source(vkml.program(optim.Adam._math, params, grads, states,
+                                          ([(2.0, 0.5)], 0.1, 0.001, None)))
+    nests = _top_level_nests(source)
+    assert len(nests) == 3
+    assert all(len(re.findall(r"\bo\d+\[[^\]]*\] = ", n)) == 3 for n in nests)

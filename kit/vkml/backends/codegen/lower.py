@@ -741,13 +741,20 @@ class _LoopGroup:
     new moment is stored and read back for the parameter in the same iteration, not in a second
     pass over memory).  A result joins when it reads what the nest writes only at the element
     being computed; a scalar result that reads nothing the nest writes (a hyperparameter's cast)
-    is computed before the nest.  Anything else starts a nest of its own."""
+    is computed before the nest.  Anything else starts a nest of its own, and so does a result
+    that would make the nest touch more than :attr:`MAX_BUFFERS` buffers: the compiler proves
+    a nest's buffers apart with a run-time check per pair before it vectorises it (an Adam
+    update touches seven: parameter, gradient and moments, old and new).  Several parameters
+    of one shape therefore get a nest each, not one nest that would stay scalar."""
+
+    MAX_BUFFERS = 8
 
     def __init__(self, low, e, env, target, stmts):
         self.low, self.shape = low, e.outputs[0].shape
         self.idx = [low.fresh("i") for _ in self.shape]
         self.at = len(stmts)             # where the nest sits: scalars are computed before it
         self.body = [self._store(e, env, target, self.idx)]
+        self.buffers = self._streamed(self.body[0])
         nest = self.body
         for var, extent in reversed(list(zip(self.idx, self.shape))):
             nest = [Loop(var, extent, nest)]
@@ -771,11 +778,19 @@ class _LoopGroup:
         if shape != self.shape or not shape:
             return False
         line = self._store(e, env, target, self.idx)
-        if self._reads(line, linear_index(self.idx, self.shape)):
+        buffers = self.buffers | self._streamed(line)
+        if len(buffers) > self.MAX_BUFFERS or self._reads(line, linear_index(self.idx, self.shape)):
             return False
+        self.buffers = buffers
         self.body.append(line)
         self.writes.append(target)
         return True
+
+    def _streamed(self, line) -> set:
+        """The buffers ``line`` reads or writes along the nest (at the element being computed;
+        a scalar read once, ``t3[0]``, costs the vectoriser no check)."""
+        at = f"[{linear_index(self.idx, self.shape)}]"
+        return {m.group(1) for m in _BUFFER.finditer(line) if line.startswith(at, m.end() - 1)}
 
     def _reads(self, line, at) -> bool:
         """Whether C ``line`` reads a buffer of this nest anywhere but at flat index ``at``
@@ -785,6 +800,10 @@ class _LoopGroup:
                 if at is None or not line.startswith(f"{at}]", m.end()):
                     return True
         return False
+
+
+#: a buffer read or written in a line of C (its name, then ``[``)
+_BUFFER = re.compile(r"(?<![A-Za-z0-9_])([A-Za-z_]\w*)\[")
 
 
 class _Env:
