@@ -257,3 +257,27 @@ def test_parameters_of_one_shape_get_a_nest_each():
     nests = _top_level_nests(source)
     assert len(nests) == 3
     assert all(len(re.findall(r"\bo\d+\[[^\]]*\] = ", n)) == 3 for n in nests)
+
+
+def test_the_steps_numpy_program_holds_only_products_libm_and_compiled_runs():
+    """The traced step is calls within calls (the loss and its gradient); kept on NumPy, their
+    equations are spliced into one program, whose exact runs become compiled calls: what is
+    left to NumPy is the five BLAS products, the transposes they read, the maximum and libm's
+    exp and log -- no nested NumPy program, and no scalar passed from one run to the next."""
+    x, y = _batch()
+    with vkml.use_backend("numpy"):
+        model, opt = _model()
+        step = opt.compile_step(lambda xb, yb: nn.cross_entropy(model(xb), yb))
+        step(vkml.tensor(x), vkml.tensor(y))
+    (program,) = step.programs()
+    assert any(e.prim.name == "call" and "matmul" in {q.prim.name for q in e.params["program"].eqns}
+               for e in program.eqns)                       # the traced step nests its gradient
+    rewritten = cpu.with_exact_runs_called(program)
+    left = [e.prim.name for e in rewritten.eqns if e.prim.name != "call"]
+    assert left.count("matmul") == 5
+    assert set(left) <= {"matmul", "transpose", "reduce_max", "exp", "log", "broadcast_in_dim", "add"}
+    returned = set(rewritten.outputs)
+    for call in _calls(rewritten):
+        inner = {q.prim.name for q in call.params["program"].eqns}
+        assert all(cpu._exact(q) for q in call.params["program"].eqns), inner
+        assert all(o.shape != () or o in returned for o in call.outputs)

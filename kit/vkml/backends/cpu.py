@@ -89,9 +89,9 @@ from sys import getrefcount
 import numpy as np
 
 from ..errors import BackendError, ExecutionError
-from ..ir import Eqn, Program, Var
+from ..ir import Eqn, Program, Var, program_from_dag
 from ..ops.checks import warn_at_user
-from ..ops.core import PRIMITIVES
+from ..ops.core import PRIMITIVES, rebind
 from ..stats import STATS
 from . import disk_cache
 from .base import Backend, ExecutionFailure, check_sizes, failure_error, register
@@ -296,7 +296,9 @@ def with_exact_runs_called(program):
     nested program compiles as any other), with the same bits.  ``program`` itself when it
     has no such run.  The equations are first ordered so that exact ones that do not wait for
     the others come together (``_exact_together``): a bias's gradient (a sum) then joins the
-    ReLU mask's run it reads, instead of waiting alone behind a matrix product."""
+    ReLU mask's run it reads, instead of waiting alone behind a matrix product; and the
+    programs of ``call`` equations are spliced in first (``_calls_inlined``)."""
+    original, program = program, _calls_inlined(program)
     eqns = _exact_together(program.eqns)
     runs, start = [], None
     for i, e in enumerate(eqns + [None]):
@@ -308,7 +310,7 @@ def with_exact_runs_called(program):
             runs.append((start, i))
         start = None
     if not runs:
-        return program
+        return original
     later_reads = {}
     for i, e in enumerate(eqns):
         for v in e.inputs:
@@ -317,6 +319,32 @@ def with_exact_runs_called(program):
     for start, end in reversed(runs):
         eqns[start:end] = [_run_as_call(eqns[start:end], end, later_reads, returned)]
     return Program(program.inputs, eqns, program.outputs, program.consts)
+
+
+def _calls_inlined(program):
+    """``program`` with the equations of every ``call`` (a jitted function's, the forward and
+    the backward of a gradient) in place of the call: a run of exact equations may then span
+    what the calls cut apart (a loss's last equations and its gradient's first), and no call
+    costs a NumPy program's frame of Python.  ``program`` itself when it holds no call."""
+    if not any(e.prim.name == "call" for e in program.eqns):
+        return program
+    inputs = [Var(v.shape, v.dtype, v.device, weak=v.weak) for v in program.inputs]
+    return program_from_dag(inputs, _replayed(program, inputs))
+
+
+def _replayed(program, args) -> list:
+    """The Vars of ``program``'s outputs, its equations bound again on Vars ``args`` (a call's
+    equations replayed in its place, recursively)."""
+    env = dict(zip(program.inputs, args))
+    for e in program.eqns:
+        operands = [env.get(v, v) for v in e.inputs]
+        if e.prim.name == "call":
+            outs = _replayed(e.params["program"], operands)
+        else:
+            outs = rebind(e, operands)
+            outs = outs if e.prim.multiple_results else [outs]
+        env.update(zip(e.outputs, outs))
+    return [env.get(v, v) for v in program.outputs]
 
 
 def _exact_together(eqns) -> list:
@@ -350,10 +378,17 @@ def _exact_together(eqns) -> list:
 VIEWS = frozenset({"broadcast_in_dim", "reshape", "stop_gradient"})
 
 
+def _sinks(e) -> bool:
+    """Whether ``e`` is best computed just before its first reader: a view (``VIEWS``), or
+    arithmetic on scalars (a hyperparameter's cast)."""
+    return e.prim.name in VIEWS or all(v.shape == () for v in (*e.inputs, *e.outputs))
+
+
 def _views_sunk(eqns) -> list:
-    """``eqns`` with each view (``VIEWS``) moved down to just before its first reader: a view
-    is then in the run of the equation that reads it, never a run's result of its own (a
-    broadcast made in one run and read in the next would be materialised between them)."""
+    """``eqns`` with each view and scalar equation (``_sinks``) moved down to just before its
+    first reader: it is then in the run of the equation that reads it, never a run's result
+    of its own (a broadcast made in one run and read in the next would be materialised
+    between them; a scalar returned by one run and passed to the next costs two arrays)."""
     first_reader = {}
     for k, e in enumerate(eqns):
         for v in e.inputs:
@@ -361,7 +396,7 @@ def _views_sunk(eqns) -> list:
     before = [[] for _ in eqns]             # the views that go just before each equation
     stays = []
     for k, e in enumerate(eqns):
-        if e.prim.name in VIEWS and len(e.outputs) == 1 and e.outputs[0] in first_reader:
+        if _sinks(e) and len(e.outputs) == 1 and e.outputs[0] in first_reader:
             before[first_reader[e.outputs[0]]].append(k)
         else:
             stays.append(k)
