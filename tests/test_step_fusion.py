@@ -281,3 +281,20 @@ def test_the_steps_numpy_program_holds_only_products_libm_and_compiled_runs():
         inner = {q.prim.name for q in call.params["program"].eqns}
         assert all(cpu._exact(q) for q in call.params["program"].eqns), inner
         assert all(o.shape != () or o in returned for o in call.outputs)
+
+
+def test_a_failure_in_a_rewritten_program_names_the_equation_that_failed():
+    """Runs, splicing and reordering change a BLAS-sized program's equations; a failure still
+    names the user's operation (here a gather inside a compiled run), on NumPy's first run and
+    on the compiled ones after, and the next good call works."""
+    def f(x, w, i):
+        return vkml.exp((x @ w * 2.0 + 1.0 - 3.0)[i] * 2.0)
+    x, w = np.ones((300, 300)), np.full((300, 300), 1e-3)
+    with vkml.use_backend("cpu"):
+        g = vkml.jit(f)
+        for _ in range(3):
+            with pytest.raises(vkml.ExecutionError, match=r"^gather\(.*index 400 is out of range"):
+                g(x, w, np.array([5, 400]))
+        got = g(x, w, np.array([5, 299])).numpy()
+    with vkml.use_backend("numpy"):
+        assert got.tobytes() == vkml.jit(f)(x, w, np.array([5, 299])).numpy().tobytes()

@@ -297,8 +297,15 @@ def with_exact_runs_called(program):
     has no such run.  The equations are first ordered so that exact ones that do not wait for
     the others come together (``_exact_together``): a bias's gradient (a sum) then joins the
     ReLU mask's run it reads, instead of waiting alone behind a matrix product; and the
-    programs of ``call`` equations are spliced in first (``_calls_inlined``)."""
-    original, program = program, _calls_inlined(program)
+    programs of ``call`` equations are spliced in first (``_calls_inlined``).
+
+    The result's ``origin`` maps each of its equations, and each equation of its runs, to the
+    index of the equation of ``program`` it computes (by ``id``): a failure is named by it
+    (``_original_failure``)."""
+    origin = {}
+    original, program = program, _calls_inlined(program, origin)
+    if program is original:
+        origin = {id(e): i for i, e in enumerate(program.eqns)}
     eqns = _exact_together(program.eqns)
     runs, start = [], None
     for i, e in enumerate(eqns + [None]):
@@ -316,33 +323,70 @@ def with_exact_runs_called(program):
         for v in e.inputs:
             later_reads[v] = i              # the last equation reading v
     returned = set(program.outputs)
+    calls = []
     for start, end in reversed(runs):
-        eqns[start:end] = [_run_as_call(eqns[start:end], end, later_reads, returned)]
-    return Program(program.inputs, eqns, program.outputs, program.consts)
+        calls.append(_run_as_call(eqns[start:end], end, later_reads, returned, origin))
+        eqns[start:end] = [calls[-1]]
+    result = Program(program.inputs, eqns, program.outputs, program.consts)
+    result.runs = {id(c) for c in calls}
+    kept = eqns + [e for c in calls for e in c.params["program"].eqns]
+    result.origin = {id(e): origin[id(e)] for e in kept}
+    return result
 
 
-def _calls_inlined(program):
+def _original_failure(program, failure):
+    """``failure`` of ``program`` (a result of ``with_exact_runs_called``) as the failure of the
+    equation of the original program that failed (inside a run: the run's equation)."""
+    e, error = program.eqns[failure.index], failure.error
+    if id(e) in program.runs and isinstance(error, ExecutionFailure):
+        e, error = e.params["program"].eqns[error.index], error.error
+    return ExecutionFailure(program.origin[id(e)], error)
+
+
+class _NamedAsOriginal:
+    """The executable of a rewritten program (``with_exact_runs_called``) whose failures name
+    the equation of the program it was made from, as every executable's do."""
+
+    writes_into = True
+
+    def __init__(self, run, program):
+        self.run, self.program, self.source = run, program, getattr(run, "source", None)
+
+    def __call__(self, args, into=None):
+        try:
+            return self.run(args, into)
+        except ExecutionFailure as failure:
+            raise _original_failure(self.program, failure) from failure.error
+
+
+def _calls_inlined(program, origin):
     """``program`` with the equations of every ``call`` (a jitted function's, the forward and
     the backward of a gradient) in place of the call: a run of exact equations may then span
     what the calls cut apart (a loss's last equations and its gradient's first), and no call
-    costs a NumPy program's frame of Python.  ``program`` itself when it holds no call."""
+    costs a NumPy program's frame of Python.  ``program`` itself when it holds no call.
+    ``origin`` receives, by ``id``, the index in ``program`` of each new equation's source (a
+    call's, for the equations spliced in its place)."""
     if not any(e.prim.name == "call" for e in program.eqns):
         return program
     inputs = [Var(v.shape, v.dtype, v.device, weak=v.weak) for v in program.inputs]
-    return program_from_dag(inputs, _replayed(program, inputs))
+    return program_from_dag(inputs, _replayed(program, inputs, origin))
 
 
-def _replayed(program, args) -> list:
+def _replayed(program, args, origin, site=None) -> list:
     """The Vars of ``program``'s outputs, its equations bound again on Vars ``args`` (a call's
-    equations replayed in its place, recursively)."""
+    equations replayed in its place, recursively); each new equation's source in ``origin``:
+    its own index, or ``site`` (the top-level call's) inside a call."""
     env = dict(zip(program.inputs, args))
-    for e in program.eqns:
+    for i, e in enumerate(program.eqns):
         operands = [env.get(v, v) for v in e.inputs]
+        here = i if site is None else site
         if e.prim.name == "call":
-            outs = _replayed(e.params["program"], operands)
+            outs = _replayed(e.params["program"], operands, origin, here)
         else:
             outs = rebind(e, operands)
             outs = outs if e.prim.multiple_results else [outs]
+            if outs:
+                origin[id(outs[0].eqn)] = here
         env.update(zip(e.outputs, outs))
     return [env.get(v, v) for v in program.outputs]
 
@@ -411,10 +455,11 @@ def _views_sunk(eqns) -> list:
     return order
 
 
-def _run_as_call(run, end, later_reads, returned):
+def _run_as_call(run, end, later_reads, returned, origin):
     """One ``call`` equation computing the equations ``run`` (which end before equation
     ``end``): it reads what the run reads from outside, and gives the values read after it or
-    returned by the program."""
+    returned by the program.  Its equations (and the call, as its first) take their sources
+    in ``origin`` from the run's."""
     made, ins = set(), []
     for e in run:
         for v in e.inputs:
@@ -431,8 +476,11 @@ def _run_as_call(run, end, later_reads, returned):
                         e.params, e.where))
         for v in e.outputs:
             fresh[v].eqn = body[-1]
+        origin[id(body[-1])] = origin[id(e)]
     sub = Program([fresh[v] for v in ins], body, [fresh[v] for v in outs])
-    return Eqn(PRIMITIVES["call"], ins, outs, {"program": sub})
+    call = Eqn(PRIMITIVES["call"], ins, outs, {"program": sub})
+    origin[id(call)] = origin[id(run[0])]
+    return call
 
 
 class CompiledProgram:
@@ -688,7 +736,9 @@ class CpuBackend(Backend):
         if self.compiler is None:
             return self._numpy(program)
         if _too_big(program):
-            return self._numpy(with_exact_runs_called(program))
+            rewritten = with_exact_runs_called(program)
+            run = self._numpy(rewritten)
+            return run if rewritten is program else _NamedAsOriginal(run, rewritten)
         hot = hot_threshold()
         if hot == 0 or _has_loop(program) or _differs_from_numpy(program):
             return self._compile_c(program) or self._numpy(program)
