@@ -134,13 +134,24 @@ def cpu_signature() -> str:
 # run-time checks where pointers may overlap), 3x faster on an Adam update; without -ffast-math
 # the vectoriser never reorders a float sum or contracts a multiply-add, and +, -, *, / and sqrt
 # are the same correctly rounded operations in SIMD, so every result keeps its bits.
-# vect-max-version-for-alias-checks: a loop nest storing several results (an Adam update: moments
-# and parameter in one pass) needs more run-time overlap checks than gcc's default 10 allows;
-# past them it stays scalar (5.7x slower on that update).
 FLAGS = ["-O2", "-pipe", "-fPIC", "-shared", "-std=c99", "-ffp-contract=off", "-fno-fast-math",
          "-fno-strict-aliasing", "-fno-math-errno", "-fwrapv", "-ftree-vectorize",
-         "-fvect-cost-model=dynamic", "--param=vect-max-version-for-alias-checks=64"] \
-    + native_flags()
+         "-fvect-cost-model=dynamic"] + native_flags()
+#: flags only GCC takes.  vect-max-version-for-alias-checks: a loop nest storing several results
+#: (an Adam update: moments and parameter in one pass) needs more run-time overlap checks than
+#: GCC's default 10 allows; past them it stays scalar (5.7x slower on that update).
+GCC_FLAGS = ["--param=vect-max-version-for-alias-checks=64"]
+
+
+@functools.lru_cache(maxsize=None)
+def is_gcc(cc) -> bool:
+    """Whether the C compiler ``cc`` is GCC (its ``--version`` names the Free Software
+    Foundation; clang's does not)."""
+    try:
+        out = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "Free Software Foundation" in out
 
 
 def compiler():
@@ -165,7 +176,7 @@ def library(source: str, extra_flags=()):
     cc = compiler()
     if cc is None:
         raise BackendError("no C compiler found (set $CC or install gcc)")
-    flags = FLAGS + list(extra_flags)
+    flags = FLAGS + (GCC_FLAGS if is_gcc(cc) else []) + list(extra_flags)
     signature = [cpu_signature()] if "-march=native" in flags else []
     key = hashlib.sha256("\0".join([source, cc] + flags + signature).encode()).hexdigest()[:32]
     return disk_cache.cached("cpu", key, ".so", lambda folder: _compile_c(cc, flags, source, folder),
@@ -782,7 +793,8 @@ class CpuBackend(Backend):
 
     def info(self):
         info = super().info()
-        info.update({"compiler": self.compiler, "cache": cache_dir(), "flags": " ".join(FLAGS),
+        flags = FLAGS + (GCC_FLAGS if self.compiler and is_gcc(self.compiler) else [])
+        info.update({"compiler": self.compiler, "cache": cache_dir(), "flags": " ".join(flags),
                      "numpy fallbacks": self.fallbacks})
         return info
 
