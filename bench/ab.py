@@ -34,7 +34,7 @@ sys.path.insert(0, HERE)
 from _timing import interleave  # noqa: E402
 
 #: the benches with an ``ab_workloads``: the ones whose vkml side a change to vkml moves
-BENCHES = ("compiled", "simulation", "graph_reverse")
+BENCHES = ("compiled", "simulation", "graph_reverse", "mlp_step")
 
 
 # -- the worker: one revision's vkml, answering "time this workload for one round" ----------------

@@ -27,24 +27,32 @@ import argparse
 import os
 import sys
 
-parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--quick", action="store_true", help="fewer steps per round (seconds)")
-parser.add_argument("--repeat", type=int, default=None,
-                    help="timed steps per contender, over all rounds (default 200; 50 with --quick)")
-parser.add_argument("--rounds", type=int, default=None, help="rounds of the interleaving (5)")
-parser.add_argument("--warmup", type=int, default=20, help="untimed steps before --parts")
-parser.add_argument("--threads", type=int, default=1, help="BLAS/OpenMP threads for all three")
-parser.add_argument("--parts", action="store_true",
-                    help="also split vkml's step into host work and program runs, part by part")
-parser.add_argument("--profile", action="store_true", help="also profile vkml's step with cProfile")
-args = parser.parse_args()
-args.repeat = args.repeat or (50 if args.quick else 200)
-args.rounds = args.rounds or 5
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer steps per round (seconds)")
+    parser.add_argument("--repeat", type=int, default=None,
+                        help="timed steps per contender, over all rounds "
+                             "(default 200; 50 with --quick)")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds of the interleaving (5)")
+    parser.add_argument("--warmup", type=int, default=20, help="untimed steps before --parts")
+    parser.add_argument("--threads", type=int, default=1, help="BLAS/OpenMP threads for all three")
+    parser.add_argument("--parts", action="store_true",
+                        help="also split vkml's step into host work and program runs, part by part")
+    parser.add_argument("--profile", action="store_true",
+                        help="also profile vkml's step with cProfile")
+    args = parser.parse_args(argv)
+    args.repeat = args.repeat or (50 if args.quick else 200)
+    args.rounds = args.rounds or 5
+    return args
+
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import median_seconds, pin, print_table, time_sides  # noqa: E402
+from _timing import median_seconds, pin, print_table, sampler, time_sides  # noqa: E402
 
-PINNED = pin(args.threads)   # before numpy is imported, or it has no effect
+if __name__ == "__main__":        # before numpy is imported, or pinning has no effect
+    args = parse_args()
+    PINNED = pin(args.threads)
 
 import numpy as np  # noqa: E402
 
@@ -236,6 +244,22 @@ def parts(ref):
     ref_rows = [("forward + manual backward", median_seconds(ref.forward_backward, repeat=args.repeat)),
                 ("Adam, in place", median_seconds(lambda: ref.adam(grads), repeat=args.repeat))]
     print_table("the hand-written NumPy step, part by part:", ref_rows)
+
+
+def ab_workloads(quick):
+    """vkml's sides of this bench (``bench/ab.py``): the lazy step and the compiled step on the
+    cpu tier and the NumPy backend, built and warmed: name -> (phase names, sampler)."""
+    out = {}
+    for backend in ("cpu", "numpy"):
+        vkml.set_backend(backend)
+        mlp = VkmlMlp(X, Y, (D_IN, D_HID, D_OUT), LR, (B1, B2), EPS)
+        for _ in range(4):           # traced, then NumPy runs, then the compiled runs
+            mlp.step(), mlp.compiled_step()
+        for name, fn in (("lazy", mlp.step), ("compile_step", mlp.compiled_step)):
+            out[f"training step, {name}, {backend}"] = (
+                ("step",), sampler(fn, reps=10 if quick else 30,
+                                   between=lambda b=backend: vkml.set_backend(b)))
+    return out
 
 
 if __name__ == "__main__":

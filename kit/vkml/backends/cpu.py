@@ -50,9 +50,13 @@ block it keeps.  So a steady-state call allocates nothing and touches no fresh
 page (glibc hands large freed blocks back to the system, and every fresh page
 faults).  A call passes the C function one prepared block of array objects,
 whose data pointers the C code reads itself (``DATA_OFFSET``).  A program kept
-on NumPy for a BLAS-sized product still runs its long runs of exact
-elementwise equations (an optimiser's update) as compiled programs
-(``with_exact_runs_called``).
+on NumPy for a BLAS-sized product still runs its runs of equations that give
+NumPy's bits in C (an optimiser's update, a ReLU's mask, a bias gradient's
+sum, a cross-entropy's gather) as compiled programs (``with_exact_runs_called``).
+
+Code is built for this CPU (``-march=native`` on x86-64, keyed by the CPU's
+signature) and sibling elementwise results of one shape share one loop nest,
+so an Adam update is one vectorised pass per parameter.
 
 Ctrl-C stops a long call within a step (``interrupts``): a program holding a
 scan or while loop, and a simulation's per-sample loops, are called with
@@ -70,8 +74,11 @@ the call.  Loop-free programs are short and never armed.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
+import heapq
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -82,9 +89,9 @@ from sys import getrefcount
 import numpy as np
 
 from ..errors import BackendError, ExecutionError
-from ..ir import Eqn, Program, Var
+from ..ir import Eqn, Program, Var, program_from_dag
 from ..ops.checks import warn_at_user
-from ..ops.core import PRIMITIVES
+from ..ops.core import PRIMITIVES, rebind
 from ..stats import STATS
 from . import disk_cache
 from .base import Backend, ExecutionFailure, check_sizes, failure_error, register
@@ -94,6 +101,33 @@ from .codegen.sample_loops import forward_source, reverse_source
 from .interrupts import NEVER, Armed, interrupted
 from .numpy_backend import compile_program as compile_numpy
 
+
+def native_flags() -> list:
+    """``-march=native`` on x86-64 (unless ``VKML_CPU_NATIVE=0``): the vectoriser then uses the
+    machine's widest registers (AVX-512 or AVX2 rather than SSE2), which halved an Adam update's
+    time, sqrt and division being its bound.  The bits do not change: a vector sqrt, division,
+    product or sum is the same correctly rounded operation in any width, ``-ffp-contract=off``
+    still forbids fused multiply-adds, and no float sum is reordered.  A library built so runs
+    only on CPUs like this one: its cache key holds the CPU's signature (``cpu_signature``)."""
+    if platform.machine().lower() not in ("x86_64", "amd64") or \
+            os.environ.get("VKML_CPU_NATIVE", "1") == "0":
+        return []
+    return ["-march=native"]
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_signature() -> str:
+    """What this CPU can run (its model and instruction-set flags from ``/proc/cpuinfo``; the
+    platform's processor name elsewhere): part of a native library's cache key, so a cache
+    shared with another machine never hands it code its CPU cannot run."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = [line for line in f if line.startswith(("model name", "flags"))]
+        return "".join(sorted(set(lines)))
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
 # -fwrapv: signed integer overflow wraps, as NumPy's integers do (without it -x of INT_MIN is
 # undefined behaviour, and the optimiser folds ``-x < 0`` to true).
 # -ftree-vectorize with the dynamic cost model: elementwise loops run in SIMD registers (with
@@ -102,7 +136,22 @@ from .numpy_backend import compile_program as compile_numpy
 # are the same correctly rounded operations in SIMD, so every result keeps its bits.
 FLAGS = ["-O2", "-pipe", "-fPIC", "-shared", "-std=c99", "-ffp-contract=off", "-fno-fast-math",
          "-fno-strict-aliasing", "-fno-math-errno", "-fwrapv", "-ftree-vectorize",
-         "-fvect-cost-model=dynamic"]
+         "-fvect-cost-model=dynamic"] + native_flags()
+#: flags only GCC takes.  vect-max-version-for-alias-checks: a loop nest storing several results
+#: (an Adam update: moments and parameter in one pass) needs more run-time overlap checks than
+#: GCC's default 10 allows; past them it stays scalar (5.7x slower on that update).
+GCC_FLAGS = ["--param=vect-max-version-for-alias-checks=64"]
+
+
+@functools.lru_cache(maxsize=None)
+def is_gcc(cc) -> bool:
+    """Whether the C compiler ``cc`` is GCC (its ``--version`` names the Free Software
+    Foundation; clang's does not)."""
+    try:
+        out = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "Free Software Foundation" in out
 
 
 def compiler():
@@ -127,8 +176,9 @@ def library(source: str, extra_flags=()):
     cc = compiler()
     if cc is None:
         raise BackendError("no C compiler found (set $CC or install gcc)")
-    flags = FLAGS + list(extra_flags)
-    key = hashlib.sha256("\0".join([source, cc] + flags).encode()).hexdigest()[:32]
+    flags = FLAGS + (GCC_FLAGS if is_gcc(cc) else []) + list(extra_flags)
+    signature = [cpu_signature()] if "-march=native" in flags else []
+    key = hashlib.sha256("\0".join([source, cc] + flags + signature).encode()).hexdigest()[:32]
     return disk_cache.cached("cpu", key, ".so", lambda folder: _compile_c(cc, flags, source, folder),
                              _load)
 
@@ -164,6 +214,7 @@ def c_source(program):
     cannot compile)."""
     low = Lowering()
     low.checks = True
+    low.fuse_loops = True
     low.interrupt_poll = POLL
     ins = [f"a{i}" for i in range(len(program.inputs))]
     outs = [f"o{i}" for i in range(len(program.outputs))]
@@ -225,13 +276,18 @@ def _too_big(program) -> bool:
 
 
 #: primitives whose C lowering gives NumPy's bits on floats and integers alike: correctly
-#: rounded IEEE arithmetic, comparisons, selections and broadcasts (no libm function, no sum:
-#: those may differ in the last bits between C and NumPy)
+#: rounded IEEE arithmetic, comparisons, selections, sums (the canonical tree on both; integer
+#: sums wrap on both), and moving or picking elements (no libm function: those may differ in
+#: the last bits between C and NumPy; no maximum: which of two equal zeros it keeps may differ)
 EXACT = frozenset({"add", "sub", "mul", "neg", "abs", "sqrt", "broadcast_in_dim", "stop_gradient",
                    "eq", "ne", "lt", "le", "gt", "ge", "where", "logical_and", "logical_or",
-                   "logical_not"})
-#: a run of exact equations is compiled to C when it has this many and writes this many elements
-RUN_MIN_EQNS, RUN_MIN_ELEMENTS = 3, 1 << 16
+                   "logical_not", "reduce_sum", "reshape", "slice", "flip", "pad",
+                   "concatenate", "gather", "scatter_add"})
+#: a run of exact equations is compiled to C when it has this many and writes this many
+#: elements: NumPy spends 1-3 us per equation even on small arrays (a canonical-tree sum
+#: more), about what one call of a compiled program costs, so three are worth a call; a run
+#: of scalars (hyperparameter arithmetic) is not
+RUN_MIN_EQNS, RUN_MIN_ELEMENTS = 3, 64
 
 
 def _exact(e) -> bool:
@@ -249,8 +305,19 @@ def with_exact_runs_called(program):
     ReLU's mask) made one ``call`` of a program of its own: a program that must stay on NumPy
     for its BLAS-sized matrix products still runs those runs as compiled, vectorised C (the
     nested program compiles as any other), with the same bits.  ``program`` itself when it
-    has no such run."""
-    eqns = list(program.eqns)
+    has no such run.  The equations are first ordered so that exact ones that do not wait for
+    the others come together (``_exact_together``): a bias's gradient (a sum) then joins the
+    ReLU mask's run it reads, instead of waiting alone behind a matrix product; and the
+    programs of ``call`` equations are spliced in first (``_calls_inlined``).
+
+    The result's ``origin`` maps each of its equations, and each equation of its runs, to the
+    index of the equation of ``program`` it computes (by ``id``): a failure is named by it
+    (``_original_failure``)."""
+    origin = {}
+    original, program = program, _calls_inlined(program, origin)
+    if program is original:
+        origin = {id(e): i for i, e in enumerate(program.eqns)}
+    eqns = _exact_together(program.eqns)
     runs, start = [], None
     for i, e in enumerate(eqns + [None]):
         if e is not None and _exact(e):
@@ -261,21 +328,149 @@ def with_exact_runs_called(program):
             runs.append((start, i))
         start = None
     if not runs:
-        return program
+        return original
     later_reads = {}
     for i, e in enumerate(eqns):
         for v in e.inputs:
             later_reads[v] = i              # the last equation reading v
     returned = set(program.outputs)
+    calls = []
     for start, end in reversed(runs):
-        eqns[start:end] = [_run_as_call(eqns[start:end], end, later_reads, returned)]
-    return Program(program.inputs, eqns, program.outputs, program.consts)
+        calls.append(_run_as_call(eqns[start:end], end, later_reads, returned, origin))
+        eqns[start:end] = [calls[-1]]
+    result = Program(program.inputs, eqns, program.outputs, program.consts)
+    result.runs = {id(c) for c in calls}
+    kept = eqns + [e for c in calls for e in c.params["program"].eqns]
+    result.origin = {id(e): origin[id(e)] for e in kept}
+    return result
 
 
-def _run_as_call(run, end, later_reads, returned):
+def _original_failure(program, failure):
+    """``failure`` of ``program`` (a result of ``with_exact_runs_called``) as the failure of the
+    equation of the original program that failed (inside a run: the run's equation)."""
+    e, error = program.eqns[failure.index], failure.error
+    if id(e) in program.runs and isinstance(error, ExecutionFailure):
+        e, error = e.params["program"].eqns[error.index], error.error
+    return ExecutionFailure(program.origin[id(e)], error)
+
+
+class _NamedAsOriginal:
+    """The executable of a rewritten program (``with_exact_runs_called``) whose failures name
+    the equation of the program it was made from, as every executable's do."""
+
+    writes_into = True
+
+    def __init__(self, run, program):
+        self.run, self.program, self.source = run, program, getattr(run, "source", None)
+
+    def __call__(self, args, into=None):
+        try:
+            return self.run(args, into)
+        except ExecutionFailure as failure:
+            raise _original_failure(self.program, failure) from failure.error
+
+
+def _calls_inlined(program, origin):
+    """``program`` with the equations of every ``call`` (a jitted function's, the forward and
+    the backward of a gradient) in place of the call: a run of exact equations may then span
+    what the calls cut apart (a loss's last equations and its gradient's first), and no call
+    costs a NumPy program's frame of Python.  ``program`` itself when it holds no call.
+    ``origin`` receives, by ``id``, the index in ``program`` of each new equation's source (a
+    call's, for the equations spliced in its place)."""
+    if not any(e.prim.name == "call" for e in program.eqns):
+        return program
+    inputs = [Var(v.shape, v.dtype, v.device, weak=v.weak) for v in program.inputs]
+    return program_from_dag(inputs, _replayed(program, inputs, origin))
+
+
+def _replayed(program, args, origin, site=None) -> list:
+    """The Vars of ``program``'s outputs, its equations bound again on Vars ``args`` (a call's
+    equations replayed in its place, recursively); each new equation's source in ``origin``:
+    its own index, or ``site`` (the top-level call's) inside a call."""
+    env = dict(zip(program.inputs, args))
+    for i, e in enumerate(program.eqns):
+        operands = [env.get(v, v) for v in e.inputs]
+        here = i if site is None else site
+        if e.prim.name == "call":
+            outs = _replayed(e.params["program"], operands, origin, here)
+        else:
+            outs = rebind(e, operands)
+            outs = outs if e.prim.multiple_results else [outs]
+            if outs:
+                origin[id(outs[0].eqn)] = here
+        env.update(zip(e.outputs, outs))
+    return [env.get(v, v) for v in program.outputs]
+
+
+def _exact_together(eqns) -> list:
+    """``eqns`` in an order that keeps every equation after those it reads and puts exact ones
+    (``_exact``) together: once an exact equation runs, every exact one that is ready runs
+    next, before the others; among equations of one kind the earlier first."""
+    producer = {v: i for i, e in enumerate(eqns) for v in e.outputs}
+    waiting = [len({producer[v] for v in e.inputs if v in producer}) for e in eqns]
+    readers = [[] for _ in eqns]
+    for i, e in enumerate(eqns):
+        for j in {producer[v] for v in e.inputs if v in producer}:
+            readers[j].append(i)
+    ready = {True: [], False: []}
+    for i, n in enumerate(waiting):
+        if n == 0:
+            heapq.heappush(ready[_exact(eqns[i])], i)
+    order, kind = [], bool(eqns) and _exact(eqns[0])
+    while ready[True] or ready[False]:
+        if not ready[kind]:
+            kind = not kind
+        i = heapq.heappop(ready[kind])
+        order.append(eqns[i])
+        for j in readers[i]:
+            waiting[j] -= 1
+            if waiting[j] == 0:
+                heapq.heappush(ready[_exact(eqns[j])], j)
+    return _views_sunk(order)
+
+
+#: equations NumPy runs as views, costing nothing until read
+VIEWS = frozenset({"broadcast_in_dim", "reshape", "stop_gradient"})
+
+
+def _sinks(e) -> bool:
+    """Whether ``e`` is best computed just before its first reader: a view (``VIEWS``), or
+    arithmetic on scalars (a hyperparameter's cast)."""
+    return e.prim.name in VIEWS or all(v.shape == () for v in (*e.inputs, *e.outputs))
+
+
+def _views_sunk(eqns) -> list:
+    """``eqns`` with each view and scalar equation (``_sinks``) moved down to just before its
+    first reader: it is then in the run of the equation that reads it, never a run's result
+    of its own (a broadcast made in one run and read in the next would be materialised
+    between them; a scalar returned by one run and passed to the next costs two arrays)."""
+    first_reader = {}
+    for k, e in enumerate(eqns):
+        for v in e.inputs:
+            first_reader.setdefault(v, k)
+    before = [[] for _ in eqns]             # the views that go just before each equation
+    stays = []
+    for k, e in enumerate(eqns):
+        if _sinks(e) and len(e.outputs) == 1 and e.outputs[0] in first_reader:
+            before[first_reader[e.outputs[0]]].append(k)
+        else:
+            stays.append(k)
+    order = []
+
+    def emit(k):
+        for j in before[k]:
+            emit(j)
+        order.append(eqns[k])
+    for k in stays:
+        emit(k)
+    return order
+
+
+def _run_as_call(run, end, later_reads, returned, origin):
     """One ``call`` equation computing the equations ``run`` (which end before equation
     ``end``): it reads what the run reads from outside, and gives the values read after it or
-    returned by the program."""
+    returned by the program.  Its equations (and the call, as its first) take their sources
+    in ``origin`` from the run's."""
     made, ins = set(), []
     for e in run:
         for v in e.inputs:
@@ -292,8 +487,11 @@ def _run_as_call(run, end, later_reads, returned):
                         e.params, e.where))
         for v in e.outputs:
             fresh[v].eqn = body[-1]
+        origin[id(body[-1])] = origin[id(e)]
     sub = Program([fresh[v] for v in ins], body, [fresh[v] for v in outs])
-    return Eqn(PRIMITIVES["call"], ins, outs, {"program": sub})
+    call = Eqn(PRIMITIVES["call"], ins, outs, {"program": sub})
+    origin[id(call)] = origin[id(run[0])]
+    return call
 
 
 class CompiledProgram:
@@ -549,7 +747,9 @@ class CpuBackend(Backend):
         if self.compiler is None:
             return self._numpy(program)
         if _too_big(program):
-            return self._numpy(with_exact_runs_called(program))
+            rewritten = with_exact_runs_called(program)
+            run = self._numpy(rewritten)
+            return run if rewritten is program else _NamedAsOriginal(run, rewritten)
         hot = hot_threshold()
         if hot == 0 or _has_loop(program) or _differs_from_numpy(program):
             return self._compile_c(program) or self._numpy(program)
@@ -593,7 +793,8 @@ class CpuBackend(Backend):
 
     def info(self):
         info = super().info()
-        info.update({"compiler": self.compiler, "cache": cache_dir(), "flags": " ".join(FLAGS),
+        flags = FLAGS + (GCC_FLAGS if self.compiler and is_gcc(self.compiler) else [])
+        info.update({"compiler": self.compiler, "cache": cache_dir(), "flags": " ".join(flags),
                      "numpy fallbacks": self.fallbacks})
         return info
 

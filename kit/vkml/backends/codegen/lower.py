@@ -25,6 +25,7 @@ transcendental functions come from libm and match NumPy within a few ulps.
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 
@@ -104,6 +105,7 @@ class Lowering:
         self.messages = {}       # error code -> the message of a failed check (``checked``)
         self.warnings = []       # the messages of warning checks, by warning slot
         self.checks = False      # whether the renderer reports checks (else they run on NumPy)
+        self.fuse_loops = False  # whether sibling elementwise loops share one nest (``_LoopGroup``)
         self.counter = 0
         self.depth = 0           # programs being lowered (1: the top-level one)
         self.site = 0            # the top-level equation being lowered
@@ -163,6 +165,7 @@ class Lowering:
         stmts = []
         env = _Env(self, buffers, consts, producer)
         depth = {}
+        group = None             # the loop nest elementwise results join (``fuse_loops``)
         for k, e in enumerate(prog.eqns):
             if self.depth == 1:
                 self.site = k
@@ -185,6 +188,12 @@ class Lowering:
                 elif o not in buffers:
                     buffers[o] = self.temp(o)
                 targets.append(buffers[o])
+            if self.fuse_loops and rule is not None and rule.fusible(e) and len(targets) == 1:
+                if group is not None and group.take(e, env, targets[0], stmts):
+                    continue
+                group = _LoopGroup(self, e, env, targets[0], stmts)
+                continue
+            group = None
             stmts += self.eqn(e, env, targets)
         # outputs that are inputs, constants or repeated: copy them in
         done = set()
@@ -724,6 +733,77 @@ class Lowering:
             "}",
             f"if (bad) for (int64_t j = 0; j < {n * n}; j++) {lm}[j] = NAN;"]
         return [Loop(bi, batch, [Block(body)])]
+
+
+class _LoopGroup:
+    """One loop nest that computes several elementwise results of one shape: their stores share
+    the loops, so each element's operands are loaded once while in registers (an Adam update's
+    new moment is stored and read back for the parameter in the same iteration, not in a second
+    pass over memory).  A result joins when it reads what the nest writes only at the element
+    being computed; a scalar result that reads nothing the nest writes (a hyperparameter's cast)
+    is computed before the nest.  Anything else starts a nest of its own, and so does a result
+    that would make the nest touch more than :attr:`MAX_BUFFERS` buffers: the compiler proves
+    a nest's buffers apart with a run-time check per pair before it vectorises it (an Adam
+    update touches seven: parameter, gradient and moments, old and new).  Several parameters
+    of one shape therefore get a nest each, not one nest that would stay scalar."""
+
+    MAX_BUFFERS = 8
+
+    def __init__(self, low, e, env, target, stmts):
+        self.low, self.shape = low, e.outputs[0].shape
+        self.idx = [low.fresh("i") for _ in self.shape]
+        self.at = len(stmts)             # where the nest sits: scalars are computed before it
+        self.body = [self._store(e, env, target, self.idx)]
+        self.buffers = self._streamed(self.body[0])
+        nest = self.body
+        for var, extent in reversed(list(zip(self.idx, self.shape))):
+            nest = [Loop(var, extent, nest)]
+        stmts += nest
+        self.writes = [target]
+
+    def _store(self, e, env, target, idx):
+        return f"{target}[{linear_index(idx, e.outputs[0].shape)}] = {env.expr(e, idx)};"
+
+    def take(self, e, env, target, stmts) -> bool:
+        """Add ``e`` (an expression rule with one result) to this nest, or before it; False if
+        it may do neither."""
+        shape = e.outputs[0].shape
+        if shape == () and self.shape != ():
+            line = self._store(e, env, target, [])
+            if self._reads(line, None):
+                return False
+            stmts.insert(self.at, line)
+            self.at += 1
+            return True
+        if shape != self.shape or not shape:
+            return False
+        line = self._store(e, env, target, self.idx)
+        buffers = self.buffers | self._streamed(line)
+        if len(buffers) > self.MAX_BUFFERS or self._reads(line, linear_index(self.idx, self.shape)):
+            return False
+        self.buffers = buffers
+        self.body.append(line)
+        self.writes.append(target)
+        return True
+
+    def _streamed(self, line) -> set:
+        """The buffers ``line`` reads or writes along the nest (at the element being computed;
+        a scalar read once, ``t3[0]``, costs the vectoriser no check)."""
+        at = f"[{linear_index(self.idx, self.shape)}]"
+        return {m.group(1) for m in _BUFFER.finditer(line) if line.startswith(at, m.end() - 1)}
+
+    def _reads(self, line, at) -> bool:
+        """Whether C ``line`` reads a buffer of this nest anywhere but at flat index ``at``
+        (None: anywhere at all)."""
+        for w in self.writes:
+            for m in re.finditer(rf"(?<![A-Za-z0-9_]){re.escape(w)}\[", line):
+                if at is None or not line.startswith(f"{at}]", m.end()):
+                    return True
+        return False
+
+
+#: a buffer read or written in a line of C (its name, then ``[``)
+_BUFFER = re.compile(r"(?<![A-Za-z0-9_])([A-Za-z_]\w*)\[")
 
 
 class _Env:
