@@ -8,8 +8,11 @@ Records, the Busy guards, the caches) and that the next call gives the reference
 reports back one line of JSON.
 
 The half-second bound is the requirement these tests exist for (control must come back within
-0.5 s of Ctrl-C); each long call is sized to take well over a second uninterrupted, and the
-child reports how long it took, so a bound met only because the call ended anyway would show.
+0.5 s of Ctrl-C) on a machine with a core free for the child; on a machine busier than its
+cores (load average above the core count) the bound grows by that ratio, since the child waits
+for a core that long whatever vkml does.  Each long call is sized to take well over a second
+uninterrupted, and the child reports how long it took and when the signal came, so a bound met
+only because the call ended anyway fails.
 """
 
 from __future__ import annotations
@@ -50,21 +53,25 @@ def timed(call):
     return value, time.perf_counter() - start
 
 
-def interrupted(call):
-    """Seconds from the parent's SIGINT to the KeyboardInterrupt out of ``call()`` (None: the
-    call returned first)."""
+def interrupted(name, call):
+    """Run ``call()`` with the parent's SIGINT sent during it; ``numbers[name + "_latency"]``:
+    seconds from the signal to the KeyboardInterrupt out of the call (None: the call returned
+    first), ``numbers[name + "_at_signal"]``: seconds from the call's start to the signal."""
     print("SIGNAL ME", flush=True)
+    start = time.time()
+    numbers[name + "_latency"] = numbers[name + "_at_signal"] = None
     try:
         call()
     except KeyboardInterrupt:
         caught = time.time()
-        return caught - float(sys.stdin.readline())
+        sent = float(sys.stdin.readline())
+        numbers[name + "_latency"], numbers[name + "_at_signal"] = caught - sent, sent - start
+        return
     try:                                  # the call ended before the signal came
         sys.stdin.readline()
         time.sleep(2)
     except KeyboardInterrupt:
         pass
-    return None
 
 
 def calibrated(make, small, target):
@@ -128,7 +135,7 @@ def simulation_scenario(n, target):
     rev = vkml.diff.Reverse(sim)
     want, numbers["reverse_s"] = timed(lambda: dict(rev(record, seeds)))
 
-    numbers["reverse_latency"] = interrupted(lambda: rev(record, seeds))
+    interrupted("reverse", lambda: rev(record, seeds))
     checks["reverse: no reader left on the Record"] = record._readers == 0
     checks["reverse: the Reverse is free (not Busy)"] = not rev._lock.locked()
     checks["reverse: planes and generation unchanged"] = same(snapshot(planes), after) and \\
@@ -137,7 +144,7 @@ def simulation_scenario(n, target):
 
     for name, value in start.items():          # the planes are the caller's to reset
         planes[name][...] = value
-    numbers["run_latency"] = interrupted(sim.run)
+    interrupted("run", sim.run)
     checks["run: planes unchanged"] = same(snapshot(planes), start)
     checks["run: generation and Record unchanged"] = sim.generation == generation and \\
         sim.record is record and record.generation == sim.generation
@@ -165,7 +172,7 @@ def graph_scenario(n, target):
     rev = vkml.diff.Reverse(g)
     want, numbers["graph_reverse_s"] = timed(lambda: dict(rev(first, {"y": np.ones(n)})))
 
-    numbers["launch_latency"] = interrupted(g.launch)
+    interrupted("launch", g.launch)
     checks["launch: planes, generation and Record unchanged"] = same(y, after) and \\
         g.generation == 1 and g.record is first and not first.live
     checks["launch: the graph is not left launching (not Busy)"] = not g._launching
@@ -173,7 +180,7 @@ def graph_scenario(n, target):
     second = g.record
     checks["launch: the next launch gives the reference bits"] = same(y, after) and g.generation == 2
 
-    numbers["graph_reverse_latency"] = interrupted(lambda: rev(second, {"y": np.ones(n)}))
+    interrupted("graph_reverse", lambda: rev(second, {"y": np.ones(n)}))
     checks["graph reverse: the Record is still live, no reader left"] = second.live and \\
         second._readers == 0 and g.record is second
     checks["graph reverse: the Reverse is free (not Busy)"] = not rev._lock.locked()
@@ -196,7 +203,7 @@ def runs_scenario(n, target):
     _, numbers["runs_s"] = timed(lambda: g.launch(runs))
     want = s.copy()
     s[...] = start
-    numbers["runs_latency"] = interrupted(lambda: g.launch(runs))
+    interrupted("runs", lambda: g.launch(runs))
     checks["launch(runs): planes and generation put back"] = same(s, start) and \\
         g.generation == generation + runs and not g._launching
     g.launch(runs)
@@ -218,12 +225,12 @@ def programs_scenario(target):
     grad = scan_gradient(rows)
     want, numbers["scan_grad_s"] = timed(lambda: grad(np.float64(0.5)).numpy())
     before = grad.cache_info()
-    numbers["scan_grad_latency"] = interrupted(lambda: grad(np.float64(0.5)).numpy())
+    interrupted("scan_grad", lambda: grad(np.float64(0.5)).numpy())
     checks["scan: the next call gives the reference bits"] = same(grad(np.float64(0.5)).numpy(), want)
     checks["scan: nothing traced or compiled again"] = grad.cache_info() == before
 
     loop, want = long_loop(target)
-    numbers["while_latency"] = interrupted(lambda: loop(np.float64(0.5)).numpy())
+    interrupted("while", lambda: loop(np.float64(0.5)).numpy())
     checks["while: the next call gives the reference bits"] = same(loop(np.float64(0.5)).numpy(), want)
 
 
@@ -270,6 +277,7 @@ def run_child(body, backend, env=None, timeout=600):
         watchdog.cancel()
     assert proc.returncode == 0 and result is not None, \
         f"the child failed (exit {proc.returncode}):\n{''.join(lines)[-3000:]}\n{err[-6000:]}"
+    result["slowdown"] = max(1.0, max(os.getloadavg()) / (os.cpu_count() or 1))
     return result
 
 
@@ -279,13 +287,14 @@ def check_report(result, calls):
     failed = [name for name, ok in result["checks"].items() if not ok]
     assert not failed, (failed, result)
     numbers = result["numbers"]
+    bound = BOUND * result["slowdown"]
     for call, reference in calls.items():
         latency = numbers[f"{call}_latency"]
         assert latency is not None, f"{call} ended before the interrupt came: make it longer ({numbers})"
-        assert latency < BOUND, f"{call}: control came back {latency:.3f} s after Ctrl-C ({numbers})"
-        # the call had more than BOUND left when it was interrupted: the bound is not met by the
-        # call ending anyway
-        assert numbers[reference] > WAIT + BOUND + 0.1, (call, numbers)
+        assert latency < bound, f"{call}: control came back {latency:.3f} s after Ctrl-C ({result})"
+        # the uninterrupted call would still have been running when control came back: the
+        # bound is not met by the call ending anyway
+        assert numbers[reference] > numbers[f"{call}_at_signal"] + latency, (call, numbers)
 
 
 def test_a_compiled_simulation_and_its_reverse_stop_at_ctrl_c_and_change_nothing():
@@ -323,11 +332,11 @@ def test_outside_a_call_sigint_is_python_s_and_a_handler_of_yours_still_runs():
     result = run_child('''
         from vkml.backends import interrupts
         loop, want = long_loop(1.8)
-        numbers["while_latency"] = interrupted(lambda: loop(np.float64(0.5)).numpy())
+        interrupted("while", lambda: loop(np.float64(0.5)).numpy())
         checks["Python's handler is back after the calls"] = \\
             signal.getsignal(signal.SIGINT) is signal.default_int_handler
         interrupts._library().flag.value = 0
-        numbers["sleep_latency"] = interrupted(lambda: time.sleep(30))
+        interrupted("sleep", lambda: time.sleep(30))
         numbers["sleep_s"] = 30.0
         checks["vkml's handler did not see the signal during sleep"] = \\
             interrupts._library().flag.value == 0
@@ -335,12 +344,12 @@ def test_outside_a_call_sigint_is_python_s_and_a_handler_of_yours_still_runs():
         lib = interrupts._library()
         lib.vk_arm()
         lib.vk_arm()                      # a disarm missed: arming again must not chain to itself
-        numbers["armed_sleep_latency"] = interrupted(lambda: time.sleep(30))
+        interrupted("armed_sleep", lambda: time.sleep(30))
         numbers["armed_sleep_s"] = 30.0
         checks["armed twice: vkml's handler saw the signal and handed it on"] = lib.flag.value == 1
         lib.vk_disarm()
         lib.flag.value = 0
-        numbers["disarmed_sleep_latency"] = interrupted(lambda: time.sleep(30))
+        interrupted("disarmed_sleep", lambda: time.sleep(30))
         numbers["disarmed_sleep_s"] = 30.0
         checks["disarmed once: vkml's handler is gone"] = lib.flag.value == 0
 
@@ -359,7 +368,7 @@ def test_outside_a_call_sigint_is_python_s_and_a_handler_of_yours_still_runs():
         worker = threading.Thread(target=lambda: got.append(loop(np.float64(0.5)).numpy()))
         worker.start()
         time.sleep(0.1)
-        numbers["main_sleep_latency"] = interrupted(lambda: time.sleep(30))
+        interrupted("main_sleep", lambda: time.sleep(30))
         numbers["main_sleep_s"] = 30.0
         worker.join()
         checks["a call on another thread is not stopped"] = len(got) == 2 and same(got[1], want)
