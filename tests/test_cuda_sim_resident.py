@@ -336,3 +336,17 @@ def test_a_model_node_steps_from_the_host_and_its_copies_are_counted_per_step(em
     # its status words and the new x
     assert copies_of(5) == {"htod": 2 * 5, "dtoh": 2 * 5, "dtod": 0}
     assert copies_of(10) == {"htod": 2 * 10, "dtoh": 2 * 10, "dtod": 0}
+
+
+def test_a_simulation_on_the_gpu_is_refused_on_another_backend(emulated):
+    backend, driver = emulated
+    sim = make(drag_planes())
+    sim.run()
+    vkml.set_backend("numpy")
+    try:
+        for call in (sim.run, lambda: vkml.diff.reverse(sim.record, {"x": np.ones(N)})):
+            with pytest.raises(vkml.BackendError, match="set_backend\\('cuda'\\) first"):
+                call()
+        assert sim.generation == 1 and not sim.record.reversed
+    finally:
+        vkml.set_backend("cuda")

@@ -155,6 +155,21 @@ class CudaSampleLoops:
         (``summary_blocks`` words after the status words).  The status block, as int64 words;
         a failed sample is raised as an ExecutionError."""
         gpu = self.gpu
+        # under the lock throughout: the staging blocks are this object's, shared by every call
+        with gpu.lock:
+            gpu.enter()
+            report = self._enqueue(fn, ins, params, tail, outs, n, max_steps, summary_blocks,
+                                   block).copy()
+        code = int(report[0])
+        if code:
+            name = self.errors[direction][code - 1]
+            raise ExecutionError(f"the compiled simulation {direction}: a step failed in {name}: "
+                                 f"{failure_error(name, report[1:STATUS_WORDS])}")
+        return report
+
+    def _enqueue(self, fn, ins, params, tail, outs, n, max_steps, summary_blocks, block):
+        """:meth:`_call`'s work, under the lock: stage, enqueue, wait; the status block."""
+        gpu = self.gpu
         drv, stream = gpu.drv, gpu.stream
         params = [np.ascontiguousarray(p, dtype=v.dtype) for p, v in
                   zip(params, self.step.inputs[self.n_state + self.n_fixed:])]
@@ -177,32 +192,25 @@ class CudaSampleLoops:
             host[o:o + p.nbytes] = p.reshape(-1).view(np.uint8)
         report = self._host_block(8 * status_words).view(np.int64)
         out_table = base + 8 * (len(ins) + len(params) + len(tail))
-        with gpu.lock:
-            gpu.enter()
-            STATS.submissions += 1
-            try:
-                drv.memcpy_htod_async(base, host, stream)
-                drv.memset_d32_async(status, 0, 2 * status_words, stream)
-                if n > 0:
-                    fn._launch_kernel(self._grid(n), (THREADS, 1, 1),
-                                      struct.pack("QQqq", base, out_table, n, max_steps), 0, stream)
-                    self.launches += 1
-                    gpu.loop_launches += 1
-                if summary_blocks:
-                    # its two pointer tables: in[0] = the steps (out[n_state] of vk_fwd), out[0] =
-                    # the words after the status words
-                    self._longest._launch_kernel(
-                        self._grid(summary_blocks), (THREADS, 1, 1),
-                        struct.pack("QQqq", out_table + 8 * self.n_state, base + 8 * (n_ptrs - 1),
-                                    n, block), 0, stream)
-                drv.memcpy_dtoh_async(report, status, stream)
-            finally:
-                stream.synchronize()               # even after a Ctrl-C: the device is done
-        code = int(report[0])
-        if code:
-            name = self.errors[direction][code - 1]
-            raise ExecutionError(f"the compiled simulation {direction}: a step failed in {name}: "
-                                 f"{failure_error(name, report[1:STATUS_WORDS])}")
+        STATS.submissions += 1
+        try:
+            drv.memcpy_htod_async(base, host, stream)
+            drv.memset_d32_async(status, 0, 2 * status_words, stream)
+            if n > 0:
+                fn._launch_kernel(self._grid(n), (THREADS, 1, 1),
+                                  struct.pack("QQqq", base, out_table, n, max_steps), 0, stream)
+                self.launches += 1
+                gpu.loop_launches += 1
+            if summary_blocks:
+                # its two pointer tables: in[0] = the steps (out[n_state] of vk_fwd), out[0] =
+                # the words after the status words
+                self._longest._launch_kernel(
+                    self._grid(summary_blocks), (THREADS, 1, 1),
+                    struct.pack("QQqq", out_table + 8 * self.n_state, base + 8 * (n_ptrs - 1),
+                                n, block), 0, stream)
+            drv.memcpy_dtoh_async(report, status, stream)
+        finally:
+            stream.synchronize()               # even after a Ctrl-C: the device is done
         return report
 
     def _grid(self, n):

@@ -55,7 +55,8 @@ import threading
 import numpy as np
 
 from ..backends import ExecutionFailure
-from ..errors import ArgumentError, Busy, ExecutionError, RecordError, RefusedError, ShapeError
+from ..errors import ArgumentError, BackendError, Busy, ExecutionError, RecordError, RefusedError, \
+    ShapeError
 from .diff import Gradients, Report, check_reverse_lock, check_vjps, reverse_launch, \
     user_vjp_gradients, uses_table, workspace_of, wrt_names
 from .. import backends
@@ -321,6 +322,7 @@ class Simulation(Reversible):
                                 "'binomial' schedule, or a step the GPU loops do not cover); pass "
                                 "NumPy arrays (a.numpy(), cupy.asnumpy(a)) or use window=<steps>")
         self._device = self._device_planes(backend, on_gpu) if self.on_device else None
+        self._backend = backend
         # what the memory budget plans for per sample: the stored states and the reverse's
         self.per_sample_bytes = self.schedule.budget_states(max_steps) * self.state_bytes
         self.memory_budget = memory_budget if memory_budget is not None else \
@@ -426,9 +428,14 @@ class Simulation(Reversible):
             ...
         vkml.errors.ShapeError: simulation.run: plane 'v' changed since the simulation was made: its shape was (2,), now (3,); make the simulation again (vkml.simulation(...)) after replacing/resizing plane 'v' (or write into the plane in place: plane[...] = values)
 
-        On the GPU there is nothing to check: the simulation runs on its own device planes.
+        On the GPU the simulation runs on its own device planes: only the backend is checked.
         """
         if self.on_device:
+            if backends.current() is not self._backend:
+                raise BackendError(f"{where}: this simulation keeps its planes on the "
+                                   f"{self._backend.name} backend, but the current backend is "
+                                   f"{backends.current().name}; vkml.set_backend("
+                                   f"{self._backend.name!r}) first (or make it again here)")
             return
         for name in names if names is not None else self._planes:
             plane = self._planes[name]
@@ -750,7 +757,7 @@ class Simulation(Reversible):
             raise RecordError(f"reverse: this Record is of generation {record.generation}, but the "
                               f"simulation has run since and is at generation {self.generation}; "
                               "reverse right after run(), or keep() the Record to reverse it later")
-        if not record.kept:            # the reverse reads the per-sample input planes themselves
+        if not record.kept or self.on_device:   # the reverse reads the input planes themselves
             self.check_planes("reverse", [nm for nm in record.fixed if nm in self._planes])
         bitwise = self.bitwise()
         wrt = wrt_names(wrt)
