@@ -128,11 +128,12 @@ class CudaSampleLoops:
         self._staging = {}                  # page-locked host blocks by size, reused every call
 
     # -- one call: a control block in, the kernels, a status block out ------------------------------
-    def _host_block(self, nbytes):
-        """A page-locked host buffer of ``nbytes`` (made once per size: pinning memory is slow)."""
-        block = self._staging.get(nbytes)
+    def _host_block(self, kind, nbytes):
+        """A page-locked host buffer of ``nbytes`` for ``kind`` ("control" or "status"), made once
+        per kind and size: pinning memory is slow."""
+        block = self._staging.get((kind, nbytes))
         if block is None:
-            block = self._staging[nbytes] = self.gpu.drv.pagelocked_empty(nbytes, np.uint8)
+            block = self._staging[kind, nbytes] = self.gpu.drv.pagelocked_empty(nbytes, np.uint8)
         return block
 
     def _plane(self, a, dtype, held):
@@ -183,14 +184,14 @@ class CudaSampleLoops:
         status_words = STATUS_WORDS + summary_blocks
         control = gpu.pool.array((size + 8 * status_words,), np.uint8)
         base, status = control.ptr, control.ptr + size
-        host = self._host_block(size)
+        host = self._host_block("control", size)
         table = host[:8 * n_ptrs].view(np.uint64)
         table[:] = [a.ptr for a in ins] + [base + o for o in offsets] + [a.ptr for a in tail] + \
             [a.ptr for a in outs] + \
             [status, status + 8 * STATUS_WORDS]
         for p, o in zip(params, offsets):
             host[o:o + p.nbytes] = p.reshape(-1).view(np.uint8)
-        report = self._host_block(8 * status_words).view(np.int64)
+        report = self._host_block("status", 8 * status_words).view(np.int64)
         out_table = base + 8 * (len(ins) + len(params) + len(tail))
         STATS.submissions += 1
         try:

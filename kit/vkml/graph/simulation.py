@@ -55,6 +55,7 @@ import threading
 import numpy as np
 
 from ..backends import ExecutionFailure
+from ..backends.cuda_loops import rows, window as checkpoint_window
 from ..errors import ArgumentError, BackendError, Busy, ExecutionError, RecordError, RefusedError, \
     ShapeError
 from .diff import Gradients, Report, check_reverse_lock, check_vjps, reverse_launch, \
@@ -74,7 +75,6 @@ from .schedules import Binomial, Full, Window, binomial_cost, default_window, sc
 from .simulation_checks import MAX_STEPS, check_arguments, check_seeds, check_wrt, \
     seed_cotangents  # noqa: F401
 from .treesum import MIN_PASS, chunk_bounds, combine, pass_size, tree_sum
-from ..backends.cuda_loops import rows, window as checkpoint_window
 
 
 def available_memory(on_device=False) -> int:
