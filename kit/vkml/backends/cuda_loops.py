@@ -237,7 +237,7 @@ class CudaSampleLoops:
             finals = [pool.array(s.shape, s.dtype) for s in states]
             steps = pool.array((n,), np.int64, mutable=True)
             cks = [pool.array((n_ck,) + s.shape, s.dtype, mutable=True) for s in states]
-            # the other outputs start as the planes' values: a sample that takes no step keeps its
+            # the other outputs start as the planes' values (a sample that takes no step keeps them)
             scratch = [self._copy(pool.array(o.shape, o.dtype), o) for o in others]
             blocks = -(-n // block)
             report = self._call("forward", self._fwd, states + fixed, params, [],
