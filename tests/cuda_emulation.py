@@ -189,10 +189,12 @@ class _Emulated:
         self.barriers = {}                # compiled module -> kernels that use __syncthreads
         self.launches = []                # (kernel name, grid, block) of every launch run
         self.copies = {"htod": 0, "dtoh": 0, "dtod": 0}   # copies done (not merely recorded)
+        self.copy_log = []                # (kind, destination, source, bytes) of every copy done
         self.allocations = 0
 
     def copy(self, kind, dst, src, nbytes):
         self.copies[kind] += 1
+        self.copy_log.append((kind, dst, src, nbytes))
         ctypes.memmove(dst, src, nbytes)
 
     def check_not_capturing(self, what):

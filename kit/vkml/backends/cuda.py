@@ -37,9 +37,15 @@ How a Program runs:
    and its output entries at fresh ones: no copies on the device.  NumPy
    arguments are staged and copied into the executable's own buffers; those
    of at most ``SMALL_INPUT_BYTES`` (Python scalars, short vectors) share one
-   page-locked block that the captured graph copies itself.  The
-   graph layer (which keeps its planes and Records on the host) asks for
-   NumPy results.
+   page-locked block that the captured graph copies itself.  A run may be
+   given destinations (``into``): device planes its results are computed
+   straight into (their addresses go in the table) where they overlap no
+   argument, else copied into on the device after it.
+   DeviceArrays speak ``__cuda_array_interface__`` (version 3), so CuPy,
+   PyTorch and Numba take them without a copy, and
+   ``CudaBackend.to_plane`` takes theirs the same way (the wrapper keeps
+   their owner alive and never frees their memory); ``.numpy()`` is the
+   explicit copy to the host.
 4. **One submission = one CUDA graph launch**: the first run captures the
    submission's device work on the backend's PyCUDA stream with the
    driver's stream capture (``cuStreamBeginCapture`` / ``cuStreamEndCapture``
@@ -78,10 +84,20 @@ graph instantiation and launch through cuda-bindings, cuBLAS) have NOT run
 on a GPU yet: ``tests/test_cuda.py`` and ``bench/gpu.py`` check them on the
 first machine with one (``scripts/device-check``).
 
-Not yet: the graph layer's reverse and checkpoints run through this
-backend's executables and per-sample loops (so on the GPU) but keep their
-planes and Records in host memory; its default ``memory_budget`` is half
-the free device memory (at most half the host's).
+The graph layer on this backend (``keeps_planes_on_device``): ``Graph.build()``
+makes every plane a device plane (``to_plane``: a NumPy array copied once, a
+device array taken as it is); a launch of plain kernel launches and its
+reverse are one submission each, so one CUDA-graph replay each, on device
+planes in and out: no plane crosses PCIe, only the pointer table, the
+small-argument block (the Param cells) and the status words, and the Param gradients (one value each) come back to the host.  The
+Record's copies of overwritten versions, ``keep()`` and a refused call's
+backups are copies on the device (``copy_plane``); per-sample gradients are
+DeviceArrays.  A graph with nodes that run Python on the values (opaque
+nodes, guards, loops, reductions) copies its planes to the host and the
+written ones back, explicitly, around each launch (``record._steps``).
+Not yet: a simulation's planes and checkpoints (``graph/simulation.py``)
+still live in host memory; its default ``memory_budget`` is half the free
+device memory (at most half the host's).
 """
 
 from __future__ import annotations
@@ -97,6 +113,7 @@ import os
 import shutil
 import struct
 import threading
+import weakref
 
 import numpy as np
 
@@ -371,6 +388,8 @@ class _Pool:
     def __init__(self, gpu):
         self.gpu = gpu
         self.free = {}
+        #: the DeviceArrays wrapping other libraries' memory, by (pointer, shape, dtype, readonly)
+        self.wrapped = weakref.WeakValueDictionary()
         self.allocations = 0
         self.reuses = 0
 
@@ -406,6 +425,43 @@ class _Pool:
         self.free = None
 
 
+class _PlaneFlags:
+    """``DeviceArray.flags``: the two a plane is asked about."""
+
+    __slots__ = ("writeable",)
+    c_contiguous = True
+
+    def __init__(self, writeable):
+        self.writeable = writeable
+
+
+def device_copy(gpu, dst, src):
+    """Copy ``src`` (a DeviceArray, or a host array of ``dst``'s shape and dtype) into
+    DeviceArray ``dst``, refusing (before anything is copied) a mismatch or a read-only
+    destination.  Synchronous: enqueued on the backend's stream (after every kernel that wrote
+    ``src``) and waited for, so that the host and other libraries, which may use other streams,
+    see it done when this returns."""
+    if dst.readonly:
+        raise ArgumentError("the destination plane is read-only (its owner exported it so); "
+                            "bind a writeable array")
+    if tuple(src.shape) != dst.shape:
+        raise ShapeError(f"copying into a device plane: the source has shape "
+                         f"{tuple(src.shape)}, the plane {dst.shape}")
+    if src.dtype != dst.dtype:
+        raise DTypeError(f"copying into a device plane: the source holds {src.dtype}, the plane "
+                         f"{dst.dtype}; convert the source first")
+    if not dst.size:
+        return
+    with gpu.lock:
+        gpu.enter()
+        if isinstance(src, DeviceArray):
+            gpu.drv.memcpy_dtod_async(dst.ptr, src.ptr, dst.nbytes, gpu.stream)
+            gpu.stream.synchronize()
+        else:
+            gpu.drv.memcpy_htod(dst.ptr, np.ascontiguousarray(src))
+    dst._host = None
+
+
 #: the dtypes a device plane may hold: those generated code has a C type for
 PLANE_DTYPES = tuple(np.dtype(t) for t in (np.float64, np.float32, np.int64, np.int32, np.bool_))
 
@@ -426,7 +482,7 @@ class DeviceArray(DeviceValue):
     """
 
     __slots__ = ("shape", "dtype", "_pool", "_alloc", "_nbytes", "_host", "_owner", "mutable",
-                 "readonly")
+                 "readonly", "__weakref__")
 
     def __init__(self, pool, alloc, nbytes, shape, dtype, owner=None, mutable=False,
                  readonly=False):
@@ -471,8 +527,13 @@ class DeviceArray(DeviceValue):
         if ptr == 0 and size > 0:
             raise ArgumentError(f"{where}: its data pointer is null although it holds {size} "
                                 "elements; pass an array whose memory is allocated")
-        return cls(pool, ptr, size * dtype.itemsize, shape, dtype, owner=obj, mutable=True,
-                   readonly=bool(readonly))
+        # one wrapper per piece of memory: two objects over the same memory are the same plane
+        key = (ptr, shape, dtype, bool(readonly))
+        wrapper = pool.wrapped.get(key)
+        if wrapper is None:
+            wrapper = pool.wrapped[key] = cls(pool, ptr, size * dtype.itemsize, shape, dtype,
+                                              owner=obj, mutable=True, readonly=bool(readonly))
+        return wrapper
 
     @property
     def ptr(self) -> int:
@@ -491,10 +552,18 @@ class DeviceArray(DeviceValue):
         return self.size * self.dtype.itemsize
 
     @property
+    def flags(self):
+        """What the graph layer asks a plane (as of a NumPy array): C-contiguous, and writeable
+        unless its owner exported it read-only."""
+        return _PlaneFlags(not self.readonly)
+
+    @property
     def __cuda_array_interface__(self) -> dict:
         """Version 3 of the CUDA array interface: C-contiguous (``strides`` None), this array's
         device pointer.  No ``stream``: every vkml call has finished its device work when it
-        returns, so the memory is ready for any stream."""
+        returns, so the memory is ready for any stream.  Once handed out, the memory may be
+        written by another library, so the array keeps no host copy from then on."""
+        self.mutable, self._host = True, None
         return {"shape": self.shape, "typestr": self.dtype.str, "data": (self.ptr, self.readonly),
                 "strides": None, "version": 3}
 
@@ -507,6 +576,34 @@ class DeviceArray(DeviceValue):
                 gpu.enter()
                 gpu.drv.memcpy_dtoh(host, self._alloc)
         return host
+
+    def copy(self) -> "DeviceArray":
+        """A new device plane with these values (one copy on the device)."""
+        copy = self._pool.array(self.shape, self.dtype, mutable=True)
+        device_copy(self._pool.gpu, copy, self)
+        return copy
+
+    def __setitem__(self, key, value):
+        """``plane[...] = values``: the whole plane, from a device array (a copy on the device)
+        or from host values (broadcast to the plane, one copy to the device)."""
+        if key is not Ellipsis and key != slice(None):
+            raise ArgumentError(f"a device plane is written whole (plane[...] = values), got index "
+                                f"{key!r}; read it with .numpy(), change that, and write it back")
+        if isinstance(value, DeviceArray) or hasattr(value, "__cuda_array_interface__"):
+            device_copy(self._pool.gpu, self, value if isinstance(value, DeviceArray) else
+                        DeviceArray.wrap(self._pool, value))
+            return
+        try:
+            host = np.ascontiguousarray(np.broadcast_to(np.asarray(value), self.shape))
+        except ValueError:
+            raise ShapeError(f"cannot write values of shape {np.shape(value)} into a device plane "
+                             f"of shape {self.shape}") from None
+        if host.dtype != self.dtype:
+            if not np.can_cast(host.dtype, self.dtype, "same_kind"):
+                raise DTypeError(f"cannot write {host.dtype} values into a device plane of "
+                                 f"{self.dtype}; convert them first")
+            host = host.astype(self.dtype)
+        device_copy(self._pool.gpu, self, host)
 
     def __array__(self, dtype=None, copy=None):
         if self.mutable:
@@ -648,20 +745,40 @@ class CudaExecutable:
                 if i not in self.small:                # small ones travel in the graph's block copy
                     drv.memcpy_htod_async(self.own[i], host, stream)
 
-    def __call__(self, args, graphs=None, resident=False):
-        """Run once; DeviceArray results when ``resident``, else NumPy arrays."""
+    def _direct(self, dest, j, args, into) -> bool:
+        """Whether result ``j`` may be computed straight into device plane ``dest``: of its
+        size and dtype, not at a fixed (cuBLAS) address, overlapping no argument (read while
+        the results are written) and no other destination."""
+        shape, dtype = self.out_avals[j]
+        if not isinstance(dest, DeviceArray) or dest._pool is not self.gpu.pool or \
+                dest.readonly or dest.dtype != dtype or dest.shape != tuple(shape) or \
+                len(self.in_types) + j in self.fixed or not dest.size:
+            return False
+        lo, hi = dest.ptr, dest.ptr + dest.nbytes
+        others = [a for a in args if isinstance(a, DeviceArray)] + \
+            [d for d in into if isinstance(d, DeviceArray) and d is not dest]
+        return not any(a.ptr < hi and lo < a.ptr + max(a.nbytes, 1) for a in others)
+
+    def __call__(self, args, graphs=None, resident=False, into=None):
+        """Run once; DeviceArray results when ``resident``, else NumPy arrays.  ``into`` (with
+        ``resident``): a device plane (or None) per result: result ``i`` is computed straight
+        into ``into[i]`` where it can (:meth:`_direct`), else copied into it on the device
+        after the run; either way the result returned IS ``into[i]``."""
         gpu = self.gpu
         drv, stream = gpu.drv, gpu.stream
         n_in = len(self.in_types)
+        into = into if resident and into is not None else [None] * len(self.out_avals)
         with gpu.lock:
             gpu.enter()
             self._bind_inputs(args)
-            results = []
+            results, copy_to = [], []
             for j, (shape, dtype) in enumerate(self.out_avals):
                 k = n_in + j
-                out = gpu.pool.array(shape, dtype) if resident else None
+                direct = self._direct(into[j], j, args, into)
+                out = into[j] if direct else gpu.pool.array(shape, dtype) if resident else None
                 self.host_table[k] = out.ptr if out is not None and k not in self.fixed else self.own[k]
                 results.append(out)
+                copy_to.append(into[j] if isinstance(into[j], DeviceArray) and not direct else None)
             use_graphs = gpu.use_graphs if graphs is None else graphs
             try:
                 if use_graphs:
@@ -693,6 +810,10 @@ class CudaExecutable:
                                        ExecutionError(message) if message is not None else
                                        failure_error(name, self.host_status[1:4].view(np.int64)))
             if resident:
+                for j, dest in enumerate(copy_to):
+                    if dest is not None:
+                        device_copy(gpu, dest, results[j])
+                        results[j] = dest
                 return results
             return [h[:int(np.prod(s))].reshape(s).copy() for h, (s, _) in
                     zip(self.host_out, self.out_avals)]
@@ -760,6 +881,13 @@ class CudaBackend(Backend):
         results are copied into the destinations)."""
         STATS.submissions += 1
         if isinstance(exe, CudaExecutable):
+            dests = into or ()
+            if any(isinstance(d, DeviceArray) for d in dests) or \
+                    resident and not any(isinstance(d, np.ndarray) for d in dests):
+                # results kept on the device, device planes as destinations (the graph layer's)
+                outs = exe(args, resident=True, into=into)
+                return outs if into is None else \
+                    copy_into(outs, [d if isinstance(d, np.ndarray) else None for d in into])
             outs = exe(args, resident=resident and into is None)
         else:
             outs = exe(host_values(args))
@@ -835,6 +963,8 @@ class CudaBackend(Backend):
             raise DTypeError(f"to_plane: a plane of {host.dtype} values cannot live on the GPU; "
                              f"pass one of {', '.join(d.name for d in PLANE_DTYPES)}")
         plane = self.gpu.pool.array(host.shape, host.dtype, mutable=True)
+        # a plane stays as writeable as the array it came from
+        plane.readonly = isinstance(value, np.ndarray) and not value.flags.writeable
         if host.size:
             with self.gpu.lock:
                 self.gpu.enter()
@@ -850,34 +980,13 @@ class CudaBackend(Backend):
 
     def copy_plane_into(self, dst, src):
         """Write ``src`` (a device plane, or a host array: one host-to-device copy) into device
-        plane ``dst`` in place.  Synchronous: the copy is enqueued on the backend's stream (after
-        every kernel that wrote ``src``) and waited for, so that the host and other libraries,
-        which may use other streams, see it done when this returns; the graph layer makes only
-        a few such copies per launch (the Record's copies, a refused call's backups)."""
+        plane ``dst`` in place: synchronous (see :func:`device_copy`, which says why); the graph
+        layer makes only a few such copies per launch."""
         if not isinstance(dst, DeviceArray):
             raise ArgumentError(f"copy_plane_into: the destination must be a device plane, got "
                                 f"{type(dst).__name__}")
-        if dst.readonly:
-            raise ArgumentError("copy_plane_into: the destination plane is read-only (its owner "
-                                "exported it so); bind a writeable array")
         on_device = isinstance(src, DeviceArray) or hasattr(src, "__cuda_array_interface__")
-        src = self.to_plane(src) if on_device else np.ascontiguousarray(src)
-        if tuple(src.shape) != dst.shape:
-            raise ShapeError(f"copy_plane_into: the source has shape {tuple(src.shape)}, the "
-                             f"destination plane {dst.shape}")
-        if src.dtype != dst.dtype:
-            raise DTypeError(f"copy_plane_into: the source holds {src.dtype}, the destination "
-                             f"plane {dst.dtype}; convert the source first")
-        if not dst.size:
-            return
-        gpu = self.gpu
-        with gpu.lock:
-            gpu.enter()
-            if on_device:
-                gpu.drv.memcpy_dtod_async(dst.ptr, src.ptr, dst.nbytes, gpu.stream)
-                gpu.stream.synchronize()
-            else:
-                gpu.drv.memcpy_htod(dst.ptr, src)
+        device_copy(self.gpu, dst, self.to_plane(src) if on_device else np.asarray(src))
 
     def empty_plane(self, shape, dtype) -> DeviceArray:
         """A new device plane (from the backend's pool) whose values are whatever it held."""

@@ -11,6 +11,14 @@ and memory budget.
 
 ``Reverse(graph)`` does the preparation once (vjps derived and compiled,
 refusals checked) for a loop that launches and reverses many times.
+
+On the cuda backend the reverse of a graph of plain kernel launches is one
+program on the device planes: per-sample gradients come back as device
+arrays (``.numpy()`` reads one on the host; ``__cuda_array_interface__``
+hands it to CuPy or PyTorch without a copy), Param gradients (one value
+each) as host values; a seed may be a device array too.  A reverse that
+goes launch by launch (a hand-written vjp kernel, opaque nodes, guards,
+loops) computes on the GPU from host arguments and hands back host arrays.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..backends import ExecutionFailure
-from ..errors import ArgumentError, Busy, RefusedError, ShapeError, VkmlError
+from ..errors import ArgumentError, Busy, DTypeError, RefusedError, ShapeError, VkmlError
 from ..ir import Program, Var, program_from_dag
 from .. import backends
 from ..ops import api
@@ -179,10 +187,11 @@ def _all_writes(graph):
     return out
 
 
-def resolve_seeds(record, seeds, copy=True):
+def resolve_seeds(record, seeds, copy=True, device=False):
     """Seeds by plane version, checked before anything runs (the two mistakes everyone makes once).
     ``copy=False``: a seed of the plane's dtype is used as it is (the caller makes sure no
-    gradient handed back aliases it and nothing writes into it)."""
+    gradient handed back aliases it and nothing writes into it).  ``device``: the reverse runs
+    on the device (a fused reverse on the cuda backend), so a device array seed stays there."""
     if not isinstance(seeds, Mapping):
         raise ArgumentError(f"seeds must be a dict of output plane name -> per-sample seed, got "
                             f"{type(seeds).__name__}")
@@ -214,13 +223,30 @@ def resolve_seeds(record, seeds, copy=True):
         cand = cands[-1]
         plane = writes[cand]
         key = written.get(cand)
-        arr = seed_array(name, seed, plane)
         if key is None:                    # the writer did not run (a skipped member)
             key = (id(plane), record.final.get(id(plane), 0))
+        if device and key not in resolved and hasattr(seed, "__cuda_array_interface__"):
+            resolved[key] = device_seed(name, seed, plane)
+            continue
+        arr = seed_array(name, seed, plane)
         # a copy: a gradient that passes straight through a kernel must not alias the caller's seed
-        resolved[key] = resolved.get(key, 0) + arr.astype(plane.dtype, copy=False) \
+        resolved[key] = np.asarray(resolved[key]) + arr.astype(plane.dtype, copy=False) \
             if key in resolved else arr.astype(plane.dtype, copy=copy)
     return resolved
+
+
+def device_seed(name, seed, plane):
+    """A device array seed (for a Record whose planes live on the device) as a device plane,
+    without a copy: of the plane's shape and dtype, else refused (converting it would need the
+    host)."""
+    value = backends.current().to_plane(seed)
+    if value.shape != tuple(plane.shape):
+        raise ShapeError(f"seed {name!r} has shape {value.shape}, but plane {name!r} holds one value "
+                         f"per sample, {tuple(plane.shape)}; pass one seed per sample")
+    if value.dtype != plane.dtype:
+        raise DTypeError(f"seed {name!r} is a device array of {value.dtype}, but plane {name!r} "
+                         f"holds {plane.dtype}; pass a seed of {plane.dtype}")
+    return value
 
 
 def seed_array(name, seed, plane):
@@ -584,9 +610,12 @@ def reverse_graph(graph, record, seeds, wrt=None, vjps=None, strict=False, lock=
         record.check_current()
         if not record.kept:                 # the reverse reads the planes themselves
             graph.check_planes("reverse")
+        if record.on_device:
+            graph.check_plane_backend("reverse")
         # the seeds are only read (never written in place) unless an opaque node's vjp gets them
         plain = not any(isinstance(e, OtherEntry) for e in record.tape)
-        key_seeds = resolve_seeds(record, seeds, copy=not plain)
+        on_device = record.on_device and _fusable(record, vjps)
+        key_seeds = resolve_seeds(record, seeds, copy=not plain, device=on_device)
         flags = graph_bitwise(graph)
         wrt = wrt_names(wrt)
         if wrt is not None:
@@ -840,7 +869,8 @@ FUSE_SAMPLES = 1 << 15
 def _fusable(record, vjps):
     """A tape of plain launches whose vjps vkml derives: its reverse can be ONE program (over
     chunks of samples, one thread)."""
-    return threads() == 1 and all(type(e) is Step and e.node.name not in vjps for e in record.tape)
+    return (threads() == 1 or record.on_device) and \
+        all(type(e) is Step and e.node.name not in vjps for e in record.tape)
 
 
 @dataclass(frozen=True, eq=False)
@@ -976,13 +1006,15 @@ def _fused_sweep(record, seeds):
         return record.graph._caches.reverse_plans.get_or_make(
             key + (m, tree), lambda: _fused_reverse_plan(record, seed_keys, m, tree))[0]
 
-    if n <= FUSE_SAMPLES:
+    if n <= FUSE_SAMPLES or record.on_device:
+        # on the device: one program over all the samples, its gradients left there (device
+        # planes); the Param sums, one value each, come to the host
         plan = plan_for(n, None)
         args = [record.value(k) for k in plan.in_keys] + [record.cells[k] for k in plan.cell_keys] + \
             [seeds[k] for k in seed_keys]
-        values = submit(plan.backend, plan.exe, args, plan.eqns)
+        values = submit(plan.backend, plan.exe, args, plan.eqns, resident=record.on_device)
         n_g = len(plan.grad_keys)
-        grads, sums = values[:n_g], [[v] for v in values[n_g:]]
+        grads, sums = values[:n_g], [[np.asarray(v)] for v in values[n_g:]]
     else:
         grads, sums, plan = None, None, None
         for s, e in chunk_bounds(n, FUSE_SAMPLES):
@@ -1008,7 +1040,7 @@ def _sweep(record, seeds, vjps, workspace):
     n = record.graph.n
     if _fusable(record, vjps):
         adj, param_parts, layout = _fused_sweep(record, seeds)
-        return _assemble(record, adj, param_parts, layout), param_parts
+        return _assemble(record, adj, param_parts, layout, record.on_device), param_parts
     adj = _Adjoints(seeds)
     param_parts = {}
 
@@ -1064,16 +1096,18 @@ def _sweep(record, seeds, vjps, workspace):
     return _assemble(record, adj, param_parts), param_parts
 
 
-def _assemble(record, adj, param_parts, layout=None):
+def _assemble(record, adj, param_parts, layout=None, device=False):
     """The Gradients' values: input planes by their bound names, Params summed oldest first.
-    ``layout``: :func:`_gradient_layout` of the record, when the caller has it cached."""
+    ``layout``: :func:`_gradient_layout` of the record, when the caller has it cached;
+    ``device``: the gradients are device planes (a fused reverse on the cuda backend)."""
     cells = record.cells
     bindings, params = layout or _gradient_layout(record)
     values = {}
     plain = {}
+    zeros = _device_zeros if device else np.zeros_like
     for key, plane, names in bindings:
         g = adj.take(key)
-        g = np.zeros_like(plane) if g is None else g
+        g = zeros(plane) if g is None else g
         for node_name, nm in names:
             values[f"{node_name}.{nm}"] = g
             plain.setdefault(nm, set()).add(key)
@@ -1086,6 +1120,11 @@ def _assemble(record, adj, param_parts, layout=None):
         param_parts.setdefault(key, [])
     values.update(fold_params(param_parts, cells, taken=set(values)))
     return values
+
+
+def _device_zeros(plane):
+    """The gradient of a plane no cotangent reached, on the device beside the others."""
+    return backends.current().zeros_plane(plane.shape, plane.dtype)
 
 
 def fold_params(param_parts, cells, taken=()):

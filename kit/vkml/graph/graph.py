@@ -15,6 +15,19 @@ derivative from the values it read (``vkml.diff``).
 Parameters (kernel uniforms) live in one-cell planes of the graph's own, read
 by the forward kernels and their vjps alike: ``update(k=...)`` copies into
 those cells, and neither the forward nor the reverse is rebuilt.
+
+Where the planes live is the backend's choice (``Backend.keeps_planes_on_device``).
+On the numpy and cpu backends the planes ARE the arrays you bound: a launch
+writes into your ``y``.  On the cuda backend ``build()`` makes each plane a
+device plane -- a NumPy array you bound is copied to the GPU once, a device
+array (a CuPy array, a PyTorch CUDA tensor: anything with
+``__cuda_array_interface__``) is used where it lies -- and launches,
+Records, reverses and gradients stay in device memory; your NumPy arrays no
+longer follow the launches.  ``graph.planes`` gives every plane by name;
+read one on the host with ``.numpy()`` (or ``np.asarray``).  Nodes that run
+Python on the values (opaque nodes, guards, repeat_while, reductions) need
+the values on the host: a graph holding one copies its planes there and
+back around each launch, explicitly.
 """
 
 from __future__ import annotations
@@ -29,6 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from .. import backends
 from ..backends import ExecutionFailure
 from ..errors import ArgumentError, Busy, DTypeError, ExecutionError, RecordError, RefusedError, \
     ShapeError, VkmlError
@@ -595,6 +609,11 @@ class Graph(Reversible):
         self._lock = threading.Lock()
         self._launching = False
         self._caches = GraphCaches()
+        #: on a backend that keeps planes in device memory: id of each bound plane -> its device
+        #: plane, and the (bound NumPy array, device plane) pairs (``build``); empty otherwise
+        self._device = {}
+        self._plane_backend = None
+        self._mirrors = []
 
     def add(self, bound, name=None) -> "Graph":
         """Add a launch node (``kernel.bind(...)``), a skippable/repeat_while, an opaque or reduce node.
@@ -796,9 +815,16 @@ class Graph(Reversible):
             for launch in node.launches():
                 for p, value in launch.params.items():
                     cells[(node.name, p)] = np.array(value, copy=True).reshape(value.shape)
+        bound = self._bound_planes()
+        device = self._device_planes(bound)                     # refused before anything changes
         self.cells = cells
         self._caches = GraphCaches()                            # made anew when built
-        self._bound = self._bound_planes()
+        self._device = device
+        self._plane_backend = backends.current() if device else None
+        self._mirrors = [(p, d) for p, d in ((p, device[id(p)]) for p in
+                                            {id(p): p for *_, p in bound}.values()) if d is not p] \
+            if device else []
+        self._bound = bound
         _, self._bound_dicts, self._bound_names, self._bound_arrays = \
             (list(column) for column in zip(*self._bound)) if self._bound else ([],) * 4
         self._planes = list({id(p): p for p in self._bound_arrays}.values())
@@ -808,6 +834,63 @@ class Graph(Reversible):
         self.recording = bool(record)
         self._built = True
         return self
+
+    def check_plane_backend(self, where):
+        """Refuse to run a graph whose planes live in one backend's device memory on another
+        backend (they would not see each other's values)."""
+        if backends.current() is not self._plane_backend:
+            raise ArgumentError(f"{where}: this graph was built on the {self._plane_backend.name} "
+                                f"backend, which holds its planes in device memory, but the current "
+                                f"backend is {backends.current().name}; switch back, or read the "
+                                "planes (graph.planes[name].numpy()) and build a graph on this one")
+
+    def _device_planes(self, bound):
+        """``{id(bound plane): its device plane}`` when the current backend keeps planes in device
+        memory (cuda), else empty.  A NumPy plane is copied to the device once (a plane this
+        graph already holds on the device keeps its device plane, so building again loses
+        nothing); a device array is taken as it is."""
+        backend = backends.current()
+        if not backend.keeps_planes_on_device:
+            return {}
+        old = getattr(self, "_device", None) or {}
+        device = {}
+        for node, _, name, plane in bound:
+            if id(plane) in device:
+                continue
+            kept = old.get(id(plane))
+            if kept is not None and kept.shape == plane.shape and kept.dtype == plane.dtype:
+                device[id(plane)] = kept
+                continue
+            try:
+                device[id(plane)] = backend.to_plane(plane)
+            except VkmlError as err:
+                raise type(err)(f"Graph.build: plane {name!r} of node {node!r}: {err}") from None
+        return device
+
+    @property
+    def planes(self) -> dict:
+        """Every plane of the built graph by name (:meth:`plane_name`).
+
+        On the numpy and cpu backends these are the arrays you bound.  On the cuda backend they
+        are the graph's device planes (``DeviceArray``): ``build()`` copied each NumPy array you
+        bound to the device once (a device array you bound is used as it is), and launches and
+        reverses work on them there, so your NumPy arrays no longer follow the launches.  Read
+        a plane on the host with ``graph.planes["y"].numpy()`` (or ``np.asarray``), write one
+        with ``graph.planes["x"][...] = values``, or hand it to CuPy or PyTorch without a copy
+        (``__cuda_array_interface__``).
+
+        >>> @vkml.kernel
+        ... def wave(x, k: vkml.Param):
+        ...     return {"y": vkml.sin(k * x)}
+        ...
+        >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+        >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build()
+        >>> g.launch().planes["y"].round(4)
+        array([0.    , 0.8415, 0.9093])
+        """
+        if not self._built:
+            raise ArgumentError("Graph.planes: call build() first")
+        return {self.plane_name(p): self._device.get(id(p), p) for p in self._planes}
 
     # -- running ------------------------------------------------------------------------------
     @property
@@ -871,6 +954,8 @@ class Graph(Reversible):
                     raise RecordError(f"launch: the Record of generation {rec.generation} is still "
                                       "live; reverse it first, or keep a copy with record.keep()")
             self.check_planes("launch")
+            if self._device:
+                self.check_plane_backend("launch")
             workers = threads()                # a bad VKML_THREADS is refused before anything runs
             self._launching = True
         from .record import run_launches  # local: cycle (record imports this module)

@@ -21,7 +21,7 @@ import inspect
 import numpy as np
 
 from .. import backends
-from ..errors import ArgumentError, DTypeError, ShapeError
+from ..errors import ArgumentError, DTypeError, ShapeError, VkmlError
 from ..ir import Var, dtype_name, format_shape, program_from_dag
 from ..ops import api
 from ..stats import STATS
@@ -165,6 +165,25 @@ def kernel(fn=None, *, vjp_of=None):
     return Kernel(fn, vjp_of=vjp_of)
 
 
+def _device_plane(value, name, kname):
+    """A device array bound as a plane (a DeviceArray, or another library's array with
+    ``__cuda_array_interface__``, taken without a copy) on a backend that keeps planes in device
+    memory; anything else is refused."""
+    backend = backends.current()
+    if not hasattr(value, "__cuda_array_interface__"):
+        raise ArgumentError(f"kernel {kname}: plane {name!r} must be a NumPy array with one row per "
+                            f"sample (or, on the cuda backend, a device array), got "
+                            f"{type(value).__name__}")
+    if not backend.keeps_planes_on_device:
+        raise ArgumentError(f"kernel {kname}: plane {name!r} is a device array, but the "
+                            f"{backend.name} backend keeps planes in host memory; "
+                            "vkml.set_backend('cuda') first, or bind a NumPy array")
+    try:
+        return backend.to_plane(value)
+    except VkmlError as err:
+        raise type(err)(f"kernel {kname}: plane {name!r}: {err}") from None
+
+
 def _sample_type(plane, name, kname):
     return plane.shape[1:], plane.dtype
 
@@ -220,8 +239,7 @@ class Launch:
             if name in kern.params:
                 continue
             if not isinstance(v, np.ndarray):
-                raise ArgumentError(f"kernel {kname}: plane {name!r} must be a NumPy array with one "
-                                    f"row per sample, got {type(v).__name__}")
+                v = _device_plane(v, name, kname)
             if v.ndim == 0:
                 raise ShapeError(f"kernel {kname}: plane {name!r} is 0-d; a plane has one row per "
                                  "sample (shape (n,) or (n, d))")

@@ -48,6 +48,8 @@ class _Run:
 
     def __init__(self, recording):
         self.recording = recording
+        #: whether the planes and copies are device planes (a fused launch on the cuda backend)
+        self.on_device = False
         self.versions = PlaneVersions(recording)
         self.saved = {}
         self.planes = {}
@@ -148,6 +150,8 @@ class LaunchPlan:
     planes: dict
     #: the program's equations (to name a failing one)
     eqns: list
+    #: whether the planes are device planes: the results stay on the device too
+    resident: bool = False
 
 
 def _fused_plan(graph, recording) -> LaunchPlan:
@@ -202,18 +206,30 @@ def _fused_plan(graph, recording) -> LaunchPlan:
     # copied into the planes once it has succeeded: a refused launch writes nothing
     private = _may_fail(program)
     into = [None if id(p) in read_ids or private else p for p in written] + [None] * len(saved)
+    device = graph._device if backend.keeps_planes_on_device else {}
+    if device:
+        # the same plan on the graph's device planes: the results (and the Record's copies) stay
+        # on the device, written planes are computed straight into their device planes
+        def on(p):
+            return None if p is None else device.get(id(p), p)
+        in_planes, written, into = [on(p) for p in in_planes], [on(p) for p in written], \
+            [on(p) for p in into]
+        planes = {pid: on(p) for pid, p in planes.items()}
+        read_ids = frozenset(id(a) for a in in_planes)
     return LaunchPlan(exe=exe, backend=backend, in_planes=in_planes, cells=list(cell_vars),
                       written=written, saved=[k for k, _ in saved], into=into, inputs=read_ids,
                       held=read_ids | {id(p) for p in written}, template=template,
-                      version=dict(version), planes=planes, eqns=program.eqns)
+                      version=dict(version), planes=planes, eqns=program.eqns,
+                      resident=bool(device))
 
 
 def _run_fused(graph, recording):
     key = (recording, id(backends.current()))
     plan, _ = graph._caches.launch_plans.get_or_make(key, lambda: _fused_plan(graph, recording))
     args = plan.in_planes + [graph.cells[k] for k in plan.cells]
-    values = submit(plan.backend, plan.exe, args, plan.eqns, into=plan.into)
+    values = submit(plan.backend, plan.exe, args, plan.eqns, resident=plan.resident, into=plan.into)
     run = _Run(recording)
+    run.on_device = plan.resident
     for key_, value in zip(plan.saved, values[len(plan.written):]):
         run.saved[key_] = value.copy() if id(value) in plan.held else value
     for plane, dest, value in zip(plan.written, plan.into, values):
@@ -261,12 +277,18 @@ def launch_backup(graph, runs, fused):
     can_fail, _ = graph._caches.structure.get_or_make("can fail", lambda: not all(
         type(node.op) is Launch for node in graph.nodes) or any(_may_fail(node.op.program)
                                                                 for node in graph.nodes))
-    return graph.written_planes() if runs > 1 or can_fail and not fused else []
+    if not (runs > 1 or can_fail and not fused):
+        return []
+    planes = graph.written_planes()
+    # on the cuda backend the device planes are the graph's: several runs back them up on the
+    # device (one run on the host writes them only once it has succeeded: ``_steps``)
+    return [graph._device.get(id(p), p) for p in planes] if graph._device and runs > 1 else planes
 
 
 def fused_launch(graph, workers=None) -> bool:
-    """Whether a launch of ``graph`` runs as one fused program (plain kernel launches, one thread)."""
-    return (threads() if workers is None else workers) == 1 and \
+    """Whether a launch of ``graph`` runs as one fused program: plain kernel launches, on one
+    thread (or on the device, where samples do not split over host threads)."""
+    return ((threads() if workers is None else workers) == 1 or bool(graph._device)) and \
         all(type(n.op) is Launch for n in graph.nodes)
 
 
@@ -278,15 +300,37 @@ def run_graph(graph, recording, fused=None):
             # one program for the whole graph names no node: run node by node (on the planes,
             # put back after) to name the one that fails, then refuse with that error
             with all_or_nothing(graph.written_planes(), [(graph, "generation")]):
-                _run_steps(graph, recording)
+                _steps(graph, recording, keep=False)
             raise err
         graph.generation += 1
         return Record(graph, run) if recording else None
-    run = _run_steps(graph, recording)
+    run = _steps(graph, recording)
     graph.generation += 1
     if not recording:
         return None
     return Record(graph, run)
+
+
+def _steps(graph, recording, keep=True):
+    """:func:`_run_steps`, on the host where the graph's planes live on the device (cuda): the
+    nodes that run Python on the values (opaque nodes, guards, reductions, loops) need them
+    there.  Every device plane made from a NumPy array you bound is copied into that array
+    first (one device-to-host copy each), the steps run on those arrays (their kernels still
+    run on the GPU, on host arguments), and then -- once every step has succeeded, and only
+    with ``keep`` -- each written one is copied back to its device plane (one host-to-device
+    copy each).  Planes you bound as device arrays stay on the device throughout."""
+    if not graph._mirrors:
+        return _run_steps(graph, recording)
+    for host, device in graph._mirrors:
+        if host.flags.writeable:          # a read-only array: its plane holds what it holds
+            np.copyto(host, device.numpy())
+    run = _run_steps(graph, recording)
+    if keep:
+        written = {id(p) for p in graph.written_planes()}
+        for host, device in graph._mirrors:
+            if id(host) in written:
+                device[...] = host
+    return run
 
 
 def _guard(node, guard):
@@ -371,6 +415,8 @@ class Record:
         self.generation = graph.generation
         self.tape = run.tape
         self.saved = run.saved
+        #: whether the planes and copies it reads are device planes (see ``Graph.planes``)
+        self.on_device = run.on_device
         self.final = dict(run.versions.version)
         self.planes = dict(run.planes)
         # the Param values this launch used: a one-value copy per Param, so that an
