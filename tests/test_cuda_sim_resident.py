@@ -265,7 +265,7 @@ def test_device_planes_and_seeds_that_do_not_fit_are_refused_and_change_nothing(
     planes = drag_planes()
     with pytest.raises(vkml.DTypeError, match="typestr"):
         make(dict(planes, x=ForeignArray(driver, planes["x"].astype(np.float16))))
-    with pytest.raises(vkml.ArgumentError, match="read-only device array"):
+    with pytest.raises(vkml.ArgumentError, match="plane 'x' is read-only"):
         make(dict(planes, x=ForeignArray(driver, planes["x"], readonly=True)))
     with pytest.raises(vkml.ArgumentError, match="steps from the host"):
         make(dict(planes, x=ForeignArray(driver, planes["x"])), window="binomial")

@@ -95,9 +95,10 @@ backups are copies on the device (``copy_plane``); per-sample gradients are
 DeviceArrays.  A graph with nodes that run Python on the values (opaque
 nodes, guards, loops, reductions) copies its planes to the host and the
 written ones back, explicitly, around each launch (``record._steps``).
-Not yet: a simulation's planes and checkpoints (``graph/simulation.py``)
-still live in host memory; its default ``memory_budget`` is half the free
-device memory (at most half the host's).
+A simulation the per-sample loops cover keeps its planes, checkpoints, step
+counts and gradients in device memory too (``graph/simulation.py``,
+``cuda_loops.py``); its default ``memory_budget`` is half the free device
+memory.
 """
 
 from __future__ import annotations

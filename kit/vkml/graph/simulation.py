@@ -268,8 +268,7 @@ class SimulationRecord:
                                   "right after run()")
             sim = self.simulation
             sim.check_planes("keep", [nm for nm in self.fixed if nm in sim._planes])
-            self.fixed = {k: v.copy() if isinstance(v, np.ndarray) else backends.current().copy_plane(v)
-                          for k, v in self.fixed.items()}
+            self.fixed = {k: v.copy() for k, v in self.fixed.items()}   # on the GPU: on the device
             self.kept = True
         return self
 
@@ -294,11 +293,6 @@ class Simulation(Reversible):
     def __init__(self, step, *, max_steps, record=False, window=None, memory_budget=None,
                  snapshots=None, steps_per_launch=1, events=None, progress=None, **bindings):
         backend = backends.current()
-        # device arrays given as planes: kept as they are; the kernel is bound (and traced) on host
-        # stand-ins of their shapes and dtypes
-        on_gpu = {k: backend.to_plane(v) for k, v in bindings.items()
-                  if backend.keeps_planes_on_device and hasattr(v, "__cuda_array_interface__")}
-        bindings = dict(bindings, **{k: np.empty(v.shape, v.dtype) for k, v in on_gpu.items()})
         launch, nodes, state, window = check_arguments(
             step, max_steps=max_steps, record=record, window=window, memory_budget=memory_budget,
             snapshots=snapshots, steps_per_launch=steps_per_launch, events=events, progress=progress,
@@ -308,20 +302,23 @@ class Simulation(Reversible):
         self.max_steps = max_steps
         self.record_mode = bool(record)
         self.n = launch.n
-        self.state_bytes = sum(launch.reads[s][0:1].nbytes for s in self.state) + \
-            sum(p[0:1].nbytes for node in nodes for p in node.writes.values())
+        self.state_bytes = sum(_row_bytes(launch.reads[s]) for s in self.state) + \
+            sum(_row_bytes(p) for node in nodes for p in node.writes.values())
         #: which states the run stores and how the reverse rebuilds the others
         self.schedule = schedule_for(window, max_steps, snapshots)
         #: whether the planes, the Record and the gradients live in device memory (see the module
         #: docstring): on a backend that keeps planes there, where its per-sample loops cover the
         #: simulation
         self.on_device = backend.keeps_planes_on_device and self._compiled_loops() is not None
+        on_gpu = sorted({name for op in [launch] + nodes
+                         for name, p in list(op.reads.items()) + list(op.writes.items())
+                         if not isinstance(p, np.ndarray)})
         if on_gpu and not self.on_device:
-            raise ArgumentError(f"simulation: planes {sorted(on_gpu)} are device arrays, but this "
+            raise ArgumentError(f"simulation: planes {on_gpu} are device arrays, but this "
                                 "simulation steps from the host (model nodes, a 'full' or "
                                 "'binomial' schedule, or a step the GPU loops do not cover); pass "
                                 "NumPy arrays (a.numpy(), cupy.asnumpy(a)) or use window=<steps>")
-        self._device = self._device_planes(backend, on_gpu) if self.on_device else None
+        self._device = self._device_planes(backend) if self.on_device else None
         self._backend = backend
         # what the memory budget plans for per sample: the stored states and the reverse's
         self.per_sample_bytes = self.schedule.budget_states(max_steps) * self.state_bytes
@@ -338,26 +335,21 @@ class Simulation(Reversible):
         self.progress = progress
         self._lock = threading.Lock()
 
-    def _device_planes(self, backend, on_gpu):
-        """Every plane of the step in device memory, by name: the device arrays given as they are,
+    def _device_planes(self, backend):
+        """Every plane of the step in device memory, by name: the device arrays bound as they are,
         each NumPy plane copied once (one copy for a plane bound to several names).  A plane the
         step writes must be writeable: refused before anything is copied."""
         launch = self.launch
-        for name in launch.writes:
-            if name in on_gpu and on_gpu[name].readonly:
-                raise ArgumentError(f"simulation: plane {name!r} is a read-only device array (its "
-                                    "owner exported it so), but the step writes it; pass a "
-                                    "writeable array")
+        for name, plane in launch.writes.items():
+            if getattr(plane, "readonly", False) or not plane.flags.writeable:
+                raise ArgumentError(f"simulation: plane {name!r} is read-only, but the step writes "
+                                    "it; bind a writeable array")
         copies = {}
-        planes = {}
-        for name, plane in list(launch.reads.items()) + list(launch.writes.items()):
-            if name in on_gpu:
-                planes[name] = on_gpu[name]
-            else:
-                if id(plane) not in copies:
-                    copies[id(plane)] = backend.to_plane(plane)
-                planes[name] = copies[id(plane)]
-        return planes
+        for plane in list(launch.reads.values()) + list(launch.writes.values()):
+            if id(plane) not in copies:
+                copies[id(plane)] = backend.to_plane(plane)
+        return {name: copies[id(plane)]
+                for name, plane in list(launch.reads.items()) + list(launch.writes.items())}
 
     @property
     def planes(self) -> dict:
@@ -984,6 +976,11 @@ class Simulation(Reversible):
 
 class _FakeNode:
     name = None
+
+
+def _row_bytes(plane) -> int:
+    """The bytes of one sample of a plane (a NumPy array or a device plane)."""
+    return int(np.prod(plane.shape[1:], dtype=np.int64)) * plane.dtype.itemsize
 
 
 def _col(mask, like):
