@@ -22,15 +22,19 @@ same bits) and the damped pendulum:
 from __future__ import annotations
 
 import gc
+import subprocess
 
 import numpy as np
 import pytest
 
 import vkml
 from cuda_emulation import CXX, fake_driver
+from test_cuda_codegen import NVCC
 from test_cuda_loops import _drag, _pendulum, drag
 from test_cuda_resident import ForeignArray, moved
 from test_simulation import pendulum
+from vkml.backends import cuda_loops
+from vkml.backends.codegen import cuda_render
 from vkml.backends.cuda import DeviceArray
 
 pytestmark = pytest.mark.skipif(CXX is None, reason="no C++ compiler for the emulated kernels")
@@ -350,3 +354,16 @@ def test_a_simulation_on_the_gpu_is_refused_on_another_backend(emulated):
         assert sim.generation == 1 and not sim.record.reversed
     finally:
         vkml.set_backend("cuda")
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_the_steps_summary_kernel_compiles_with_nvcc(tmp_path):
+    """``vk_steps_longest`` (the forward's summary of steps per block of samples) is hand-written
+    CUDA beside the generated loops: it compiles with the backend's flags, without a word."""
+    source = tmp_path / "steps_longest.cu"
+    source.write_text(cuda_loops.STEPS_LONGEST)
+    out = tmp_path / "steps_longest.ptx"
+    proc = subprocess.run([NVCC, "--ptx", "-arch=sm_90", *cuda_render.NVCC_FLAGS, "-o", str(out),
+                           str(source)], capture_output=True, text=True)
+    assert proc.returncode == 0 and (proc.stdout + proc.stderr).strip() == "", proc.stderr[-4000:]
+    assert ".entry vk_steps_longest(" in out.read_text()
