@@ -12,6 +12,16 @@ host-to-device, device-to-host, device-to-device) and every allocation.
   backend-neutral plane interface (``to_plane``, ``copy_plane``,
   ``copy_plane_into``, ``empty_plane``, ``zeros_plane``) on host and device
   backends.
+- The graph layer on device planes: after ``build()`` (each NumPy plane copied
+  to the device once, a foreign device array used where it lies) a launch and
+  a reverse are one CUDA-graph replay each and move no plane across PCIe --
+  the only host<->device copies are the replay's pointer table, its
+  small-argument block (the Param cells) and its status words, and the Param
+  gradients (one value each) -- with the NumPy backend's bits (planes,
+  per-sample gradients, canonical-tree Param sums); the Record's copies,
+  ``keep()`` and backups are copies on the device; refusals change nothing;
+  graphs whose nodes run Python (opaque nodes, guards, loops) go through the
+  host explicitly, and those copies are counted too.
 """
 
 from __future__ import annotations
@@ -567,3 +577,53 @@ def test_an_opaque_node_brings_the_planes_to_the_host_explicitly_and_back(emulat
     assert g.planes["v"].numpy().tobytes() == ref.planes["v"].tobytes()
     grads = vkml.diff.reverse(g.record, {"v": np.ones(n)}, vjps={"triple": vjp})
     same_bits({k: np.asarray(v) for k, v in grads.items()}, want)
+
+
+@vkml.kernel
+def halve(s, k: vkml.Param):
+    return {"s": s * k}
+
+
+@needs_cxx
+def test_guards_and_loops_run_on_host_copies_with_numpys_bits(emulated):
+    """skippable and repeat_while evaluate their guards in Python: the graph's planes made from
+    NumPy arrays go through the host around the launch; a plane bound as a device array stays
+    where it is (its kernels read it on the device)."""
+    backend, driver = emulated
+    n = 40
+
+    def make(x):
+        s, u = np.linspace(1.0, 2.0, n), np.zeros(n)
+        loop = vkml.repeat_while(halve.bind(s=s, k=0.5), vkml.SkipGuard.nonzero(np.ones(1)),
+                                 max_iters=5)
+        return (vkml.Graph().add(square.bind(x=x, c=0.5, u=u), name="sq")
+                .add(vkml.skippable(relax.bind(s=s, k=0.5), vkml.SkipGuard.nonzero(np.ones(1))),
+                     name="maybe")
+                .add(loop, name="loop").build(record=True))
+
+    seeds = {"s": np.ones(n), "u": np.linspace(1.0, 2.0, n)}
+    vkml.set_backend("numpy")
+    ref = make(np.linspace(0.1, 0.9, n))
+    ref.launch()
+    want = {k: np.array(v) for k, v in vkml.diff.reverse(ref.record, seeds).items()}
+    vkml.set_backend("cuda")
+    x = ForeignArray(driver, np.linspace(0.1, 0.9, n))
+    g = make(x)
+    assert g.planes["x"].ptr == x.ptr
+    g.launch()
+    assert not g.record.on_device and g.record.iterations == {"loop": 5}
+    same_bits({k: v.numpy() for k, v in g.planes.items()}, dict(ref.planes))
+    same_bits({k: np.asarray(v) for k, v in vkml.diff.reverse(g.record, seeds).items()}, want)
+
+
+@needs_cxx
+def test_host_threads_do_not_split_a_launch_on_the_device(emulated, monkeypatch):
+    backend, driver = emulated
+    monkeypatch.setenv("VKML_THREADS", "2")
+    n = 600                                         # more than two host chunks' worth
+    g = two_node(n)
+    before = copies(driver)
+    g.launch()
+    assert g.record.on_device and moved(driver, before) == {"htod": 2, "dtoh": 1, "dtod": 0}
+    grads = vkml.diff.reverse(g.record, {"y": backend.to_plane(np.ones(n))})
+    assert type(grads["x"]).__name__ == "DeviceArray"

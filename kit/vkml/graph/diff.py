@@ -610,7 +610,7 @@ def reverse_graph(graph, record, seeds, wrt=None, vjps=None, strict=False, lock=
         record.check_current()
         if not record.kept:                 # the reverse reads the planes themselves
             graph.check_planes("reverse")
-        if record.on_device:
+        if graph._device:
             graph.check_plane_backend("reverse")
         # the seeds are only read (never written in place) unless an opaque node's vjp gets them
         plain = not any(isinstance(e, OtherEntry) for e in record.tape)

@@ -836,9 +836,18 @@ class Graph(Reversible):
         return self
 
     def check_plane_backend(self, where):
-        """Refuse to run a graph whose planes live in one backend's device memory on another
-        backend (they would not see each other's values)."""
-        if backends.current() is not self._plane_backend:
+        """Refuse to run a graph whose planes live in one backend's device memory (built on the
+        cuda backend) on another backend: they would not see each other's values.
+
+        >>> @vkml.kernel
+        ... def wave(x, k: vkml.Param):
+        ...     return {"y": vkml.sin(k * x)}
+        ...
+        >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+        >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build()
+        >>> g.check_plane_backend("launch")         # planes in host memory: any backend runs it
+        """
+        if self._device and backends.current() is not self._plane_backend:
             raise ArgumentError(f"{where}: this graph was built on the {self._plane_backend.name} "
                                 f"backend, which holds its planes in device memory, but the current "
                                 f"backend is {backends.current().name}; switch back, or read the "
@@ -954,7 +963,7 @@ class Graph(Reversible):
                     raise RecordError(f"launch: the Record of generation {rec.generation} is still "
                                       "live; reverse it first, or keep a copy with record.keep()")
             self.check_planes("launch")
-            if self._device:
+            if self._device:                   # (a host backend's launch pays no call for it)
                 self.check_plane_backend("launch")
             workers = threads()                # a bad VKML_THREADS is refused before anything runs
             self._launching = True
