@@ -156,6 +156,16 @@ def test_the_record_keeps_its_checkpoints_and_steps_on_the_device(emulated):
     assert rec.steps is steps and moved(driver, before) == {"htod": 0, "dtoh": 1, "dtod": 0}
     assert rec.longest() == steps.max() and rec.longest(0, N) == steps.max()
     assert np.asarray(ck[0]["x"]).tobytes() == drag_planes()["x"].tobytes()   # the initial state
+    vkml.set_backend("numpy")
+    try:
+        want = make(drag_planes()).run().record.checkpoints         # a Python loop of steps
+    finally:
+        vkml.set_backend("cuda")
+    assert sorted(want) == sorted(ck)
+    for t in want:              # a sample that stopped before step t has no checkpoint there
+        running = steps > t
+        assert all(np.asarray(ck[t][s])[running].tobytes() == want[t][s][running].tobytes()
+                   for s in STATE), t
 
 
 @pytest.mark.parametrize("max_steps", [MAX_STEPS, 4 * MAX_STEPS])
