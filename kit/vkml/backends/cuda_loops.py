@@ -14,13 +14,13 @@ division and square root), +, -, *, / and sqrt give the cpu tier's bits;
 sin/exp/... come from libdevice (within a few ulps of libm).
 
 Everything a simulation holds stays in device memory: the loops take their
-planes as device arrays (``DeviceArray``; a NumPy array given instead is
-copied to the device first, one host-to-device copy each) and give device
-arrays back -- the final states (written into the state planes), the
-per-sample step counts, the checkpoints (one ``[windows, n, ...]`` array per
-state plane: the Record's stored states) and the gradients.  Device memory
-comes from the backend's pool, so a second run of the same size allocates
-nothing.  What crosses PCIe per call is small and fixed, never a plane:
+planes as device arrays (``DeviceArray``, made by ``CudaBackend.to_plane``)
+and give device arrays back -- the final states (written into the state
+planes), the per-sample step counts, the checkpoints (one ``[windows, n, ...]``
+array per state plane: the Record's stored states) and the gradients.
+Device memory comes from the backend's pool: once an earlier run's Record
+is dropped, the next run of the same size allocates nothing.  What crosses
+PCIe per call is small and fixed, never a plane:
 
 - one host-to-device copy of the call's *control block*: the two device
   pointer tables the kernel reads (``in[]``, ``out[]``) and the Param values
@@ -50,7 +50,7 @@ import struct
 
 import numpy as np
 
-from ..errors import ExecutionError
+from ..errors import ArgumentError, ExecutionError
 from ..stats import STATS
 from .base import failure_error
 from .codegen.sample_loops import forward_source, reverse_source
@@ -136,17 +136,14 @@ class CudaSampleLoops:
             block = self._staging[kind, nbytes] = self.gpu.drv.pagelocked_empty(nbytes, np.uint8)
         return block
 
-    def _plane(self, a, dtype, held):
-        """``a`` as a device array of ``dtype``: itself where it is one, else a copy on the device
-        (one host-to-device copy, kept alive in ``held`` until the call is done)."""
-        if hasattr(a, "ptr") and getattr(a, "dtype", None) == dtype:
-            return a
-        host = np.ascontiguousarray(a, dtype=dtype)
-        plane = self.gpu.pool.array(host.shape, dtype, mutable=True)
-        if host.size:
-            self.gpu.drv.memcpy_htod(plane.ptr, host)
-        held.append(plane)
-        return plane
+    @staticmethod
+    def _device(a, dtype):
+        """``a``, checked to be a device array of ``dtype``: the kernels read its bytes as that."""
+        if not hasattr(a, "ptr") or getattr(a, "dtype", None) != dtype:
+            raise ArgumentError(f"the GPU's simulation loops take device arrays of {dtype}, got "
+                                f"{type(a).__name__} of {getattr(a, 'dtype', '?')}; make the "
+                                "planes with backend.to_plane")
+        return a
 
     def _call(self, direction, fn, ins, params, tail, outs, n, max_steps, summary_blocks=0,
               block=1):
@@ -228,9 +225,8 @@ class CudaSampleLoops:
         k = self.n_state
         with gpu.lock:
             gpu.enter()
-            held = []
-            states = [self._plane(a, v.dtype, held) for a, v in zip(states, ins_types[:k])]
-            fixed = [self._plane(a, v.dtype, held) for a, v in zip(fixed, ins_types[k:])]
+            states = [self._device(a, v.dtype) for a, v in zip(states, ins_types[:k])]
+            fixed = [self._device(a, v.dtype) for a, v in zip(fixed, ins_types[k:])]
             n = states[0].shape[0]
             n_ck = -(-max_steps // self.window)
             pool = gpu.pool
@@ -256,11 +252,10 @@ class CudaSampleLoops:
         k = self.n_state
         with gpu.lock:
             gpu.enter()
-            held = []
-            args = [self._plane(a, v.dtype, held) for a, v in zip(checkpoints, ins[:k])] + \
-                [self._plane(steps, np.dtype(np.int64), held)] + \
-                [self._plane(a, v.dtype, held) for a, v in zip(fixed, ins[k:])] + \
-                [self._plane(a, v.dtype, held) for a, v in zip(seeds, ins[:k])]
+            args = [self._device(a, v.dtype) for a, v in zip(checkpoints, ins[:k])] + \
+                [self._device(steps, np.dtype(np.int64))] + \
+                [self._device(a, v.dtype) for a, v in zip(fixed, ins[k:])] + \
+                [self._device(a, v.dtype) for a, v in zip(seeds, ins[:k])]
             # the Params sit between the fixed planes and the seeds in the kernel's in[]
             n_fixed = k + 1 + self.n_fixed
             self._call("reverse", self._rev, args[:n_fixed], params, args[n_fixed:], list(outs),

@@ -674,12 +674,8 @@ class Simulation(Reversible):
                           [rows(g, s0, e0) for g in grads])
             for pos, g in zip(loops.wrt, grads):
                 if pos >= first_param:
-                    part = backend.tree_sum(rows(g, s0, e0))
-                    if len(bounds) > 1 and e0 - s0 < size:
-                        # the host pads a short last pass with zeros to ``size``: its zero subtrees
-                        # add +0.0 (the same bits, but a -0.0 sum becomes +0.0)
-                        part = part + np.zeros_like(part)
-                    partials.setdefault(names[pos], []).append(part)
+                    partials.setdefault(names[pos], []).append(
+                        _pass_sum(backend, rows(g, s0, e0), size if len(bounds) > 1 else e0 - s0))
             # the loops follow the window schedule for the steps the pass's samples took
             last = record.longest(s0, e0)
             stats["recomputed"] += self.schedule.predicted_recomputed_steps(last)
@@ -976,6 +972,14 @@ class Simulation(Reversible):
 
 class _FakeNode:
     name = None
+
+
+def _pass_sum(backend, cotangents, size):
+    """The canonical-tree sum of one pass's per-sample Param cotangents (a device array), on the
+    device, as the host sums them: a short last pass is padded with zeros to ``size`` there,
+    whose zero subtrees add +0.0 (the same bits, except that a -0.0 sum becomes +0.0)."""
+    part = backend.tree_sum(cotangents)
+    return part + np.zeros_like(part) if cotangents.shape[0] < size else part
 
 
 def _row_bytes(plane) -> int:
