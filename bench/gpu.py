@@ -201,7 +201,9 @@ def simulation():
         backend = vkml.backends.current()
         loops, submissions = getattr(backend, "loop_launches", 0), vkml.stats().submissions
         for _ in range(2 if name == "cuda" else 1):
-            theta[...], omega[...], t[...] = theta0, omega0, 0.0
+            for plane, start in (("theta", theta0), ("omega", omega0), ("t", np.zeros(n))):
+                # on the GPU the simulation runs on its own device planes: reset those
+                backend.copy_plane_into(sim.planes[plane], start)
             t0 = time.perf_counter()
             sim.run()
             t1 = time.perf_counter()

@@ -297,7 +297,8 @@ def _make_pycuda(state):
 
             def op():
                 state.launches.append((name, grid, block))
-                if name in ("vk_fwd", "vk_rev"):            # per-sample loops: device pointer tables
+                # per-sample loops (and the forward's summary of steps): device pointer tables
+                if name in ("vk_fwd", "vk_rev", "vk_steps_longest"):
                     ins, outs, n, max_steps = struct.unpack("QQqq", args)
                     lib.vk_launch_loops(ptr, ctypes.c_void_p(ins), ctypes.c_void_p(outs),
                                         ctypes.c_longlong(n), ctypes.c_longlong(max_steps), grid[0],

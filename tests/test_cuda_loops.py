@@ -24,6 +24,7 @@ and a vector-state spring using exp in float32:
 
 from __future__ import annotations
 
+import gc
 import subprocess
 
 import numpy as np
@@ -95,7 +96,7 @@ def simulate(case, n=64, seed=0, record=True, **overrides):
     sim = vkml.simulation(kernel, max_steps=max_steps, record=record,
                           window=window if record else None, **planes)
     sim.run()
-    out = {k: np.array(v, copy=True) for k, v in sim.launch.writes.items()}
+    out = {k: np.array(sim.planes[k], copy=True) for k in sim.launch.writes}   # device planes too
     if not record:
         return out, None, None
     state = [k for k in out if k != "terminated"]
@@ -228,8 +229,11 @@ def test_emulated_cuda_loops_give_the_cpu_tiers_results(case):
             got = simulate(case)
             (loops,) = _loops(backend)
             assert loops.launches == 2
-            assert [name for name, _, _ in driver.launches] == ["vk_fwd", "vk_rev"]
-            assert vkml.stats().compiles == 2                   # the two kernels, by nvcc once each
+            # the forward and its summary of steps per block; the reverse and its Param sums
+            names = [name for name, _, _ in driver.launches]
+            assert names[:3] == ["vk_fwd", "vk_steps_longest", "vk_rev"]
+            assert {n[:len("vk_tree_sum")] for n in names[3:]} == {"vk_tree_sum"}
+            assert vkml.stats().compiles == 4        # the three loop kernels and the tree sum's
         finally:
             vkml.set_backend("numpy")
     # the emulation runs the same C math as the cpu tier: every case has its bits here
@@ -247,7 +251,8 @@ def test_emulated_loops_stride_over_samples_count_submissions_and_free_their_buf
             monkeypatch.setattr(cuda_loops, "THREADS", 5)
             monkeypatch.setattr(cuda_loops, "BLOCKS_PER_SM", 1)     # the emulated GPU has 4 SMs
             del driver.launches[:]
-            held = len(driver.memory)
+            gc.collect()                  # the first simulation's device memory back to the pool
+            held = driver.allocations
             vkml.reset_stats()
             kernel, make, max_steps, window, _ = CASES["drag"]
             planes = make(64, np.random.default_rng(0))
@@ -255,13 +260,15 @@ def test_emulated_loops_stride_over_samples_count_submissions_and_free_their_buf
             sim.run()
             s = vkml.stats()
             assert (s.submissions, s.compiles) == (1, 0) and s.cache_hits >= 1
-            assert len(driver.memory) == held                       # the call's buffers are freed
-            assert driver.launches == [("vk_fwd", (4, 1, 1), (5, 1, 1))]
-            assert sim.launch.writes["x"].tobytes() == want[0]["x"].tobytes()
+            assert driver.allocations == held          # planes, Record, temporaries: from the pool
+            assert driver.launches == [("vk_fwd", (4, 1, 1), (5, 1, 1)),
+                                       ("vk_steps_longest", (1, 1, 1), (5, 1, 1))]
+            assert sim.planes["x"].numpy().tobytes() == want[0]["x"].tobytes()
             vkml.reset_stats()
             grads = vkml.diff.reverse(sim.record, {s_: np.linspace(1.0, 2.0, 64)
                                                    for s_ in ("x", "v", "t")})
-            assert vkml.stats().submissions == 1 and len(driver.memory) == held
+            # one submission (the Param sum's own launches aside); only the tree sum allocates
+            assert vkml.stats().submissions == 1 and driver.allocations == held + 1
             assert_same({k: np.array(g) for k, g in grads.items()}, want[2], exact=True)
             # a new process: both kernels come from the disk cache, nvcc does not run
             backend.clear_cache()

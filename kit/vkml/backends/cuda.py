@@ -95,9 +95,10 @@ backups are copies on the device (``copy_plane``); per-sample gradients are
 DeviceArrays.  A graph with nodes that run Python on the values (opaque
 nodes, guards, loops, reductions) copies its planes to the host and the
 written ones back, explicitly, around each launch (``record._steps``).
-Not yet: a simulation's planes and checkpoints (``graph/simulation.py``)
-still live in host memory; its default ``memory_budget`` is half the free
-device memory (at most half the host's).
+A simulation the per-sample loops cover keeps its planes, checkpoints, step
+counts and gradients in device memory too (``graph/simulation.py``,
+``cuda_loops.py``); its default ``memory_budget`` is half the free device
+memory.
 """
 
 from __future__ import annotations
@@ -1014,8 +1015,10 @@ class CudaBackend(Backend):
 
     # -- the canonical-tree sum on the device ------------------------------------------------------
     def tree_sum(self, x) -> np.ndarray:
-        """``vkml.graph.treesum.tree_sum(x)`` computed by ``kernels_cu/tree_sum.cu``: same bits."""
-        x = np.ascontiguousarray(x)
+        """``vkml.graph.treesum.tree_sum(x)`` computed by ``kernels_cu/tree_sum.cu``: same bits.
+        ``x`` a DeviceArray is summed where it lies (only the sum comes back)."""
+        on_device = isinstance(x, DeviceArray)
+        x = x if on_device else np.ascontiguousarray(x)
         if x.dtype not in (np.float32, np.float64):
             raise BackendError(f"tree_sum on the GPU sums float32 or float64, not {x.dtype}")
         n = x.shape[0]
@@ -1030,15 +1033,15 @@ class CudaBackend(Backend):
                 self._tree = {np.dtype(np.float32): mod.get_function("vk_tree_sum_float"),
                               np.dtype(np.float64): mod.get_function("vk_tree_sum_double")}
             fn = self._tree[x.dtype]
-            cur = drv.to_device(x)
+            cur = x.ptr if on_device else drv.to_device(x)
             keep = [cur]
             for valid, chunks, chunk in tree_sum_levels(n):
-                out = drv.mem_alloc(max(1, chunks * m) * x.itemsize)
+                out = drv.mem_alloc(max(1, chunks * m) * x.dtype.itemsize)
                 keep.append(out)
                 threads = max(1, chunk // 2)
                 args = struct.pack("QQqqqi", int(cur), int(out), valid, m, chunks, chunk)
                 blocks = max(1, min(chunks * m, gpu.sm_count * 8))
-                fn._launch_kernel((blocks, 1, 1), (threads, 1, 1), args, threads * x.itemsize,
+                fn._launch_kernel((blocks, 1, 1), (threads, 1, 1), args, threads * x.dtype.itemsize,
                                   gpu.stream)
                 cur = out
             result = np.empty(x.shape[1:], x.dtype)

@@ -21,12 +21,31 @@ those states can).  Each choice is a schedule object (``sim.schedule``, see
 rebuilds the others, and predicts the reverse's ``recomputed_steps`` and
 ``peak_states``.
 
-``memory_budget`` (bytes; default half the available host RAM, and on a
-GPU backend at most half its free device memory) caps what
-the reverse holds: when the batch does not fit, it runs in passes of
-``256 * 2**q`` aligned samples, the largest that fits, and combines the
-passes' Param sums with the canonical tree -- they are subtrees of the
-one-pass tree, so the bits do not depend on the budget.
+``memory_budget`` (bytes) caps what the reverse holds: when the batch does
+not fit, it runs in passes of ``256 * 2**q`` aligned samples, the largest
+that fits, and combines the passes' Param sums with the canonical tree --
+they are subtrees of the one-pass tree, so the bits do not depend on the
+budget.  Its default is half the free memory where the Record lives: the
+GPU's on the cuda backend (see below), else half the available host RAM
+(and, on a GPU backend stepping from the host, at most half the GPU's free
+memory, where each step computes).
+
+On the cuda backend a simulation the per-sample loops cover (one kernel, the
+window schedule) lives in device memory: its planes are copied to the GPU
+once, when the simulation is made (a NumPy array; a device array --
+anything with ``__cuda_array_interface__``, such as a CuPy array -- is used
+as it is, without a copy), and ``sim.planes[name]`` is the device plane (read
+it on the host explicitly: ``.numpy()`` or ``np.asarray``; the NumPy array
+passed in is not updated).  ``run()`` and the reverse are one kernel each
+(``backends/cuda_loops.py``); the Record's checkpoints, step counts and the
+gradients are device arrays (Param gradients are summed on the GPU with the
+canonical tree and come back as NumPy values); no plane crosses PCIe.  A
+budget's passes read their samples of every plane through views (pointer
+offsets, no copy) and of the checkpoints through one device-to-device copy
+per window.  A simulation stepped from the host (model nodes, the ``"full"``
+and ``"binomial"`` schedules, a step the loops do not cover) keeps NumPy
+planes and Records on the host, and each step's submission copies what it
+reads to the GPU and its results back.
 """
 
 from __future__ import annotations
@@ -36,7 +55,9 @@ import threading
 import numpy as np
 
 from ..backends import ExecutionFailure
-from ..errors import ArgumentError, Busy, ExecutionError, RecordError, RefusedError, ShapeError
+from ..backends.cuda_loops import rows, window as checkpoint_window
+from ..errors import ArgumentError, BackendError, Busy, ExecutionError, RecordError, RefusedError, \
+    ShapeError
 from .diff import Gradients, Report, check_reverse_lock, check_vjps, reverse_launch, \
     user_vjp_gradients, uses_table, workspace_of, wrt_names
 from .. import backends
@@ -53,12 +74,17 @@ from .reversible import Reversible
 from .schedules import Binomial, Full, Window, binomial_cost, default_window, schedule_for  # noqa: F401
 from .simulation_checks import MAX_STEPS, check_arguments, check_seeds, check_wrt, \
     seed_cotangents  # noqa: F401
-from .treesum import chunk_bounds, combine, pass_size, tree_sum
+from .treesum import MIN_PASS, chunk_bounds, combine, pass_size, tree_sum
 
 
-def available_memory() -> int:
-    """The default memory budget: half the available host RAM (where Records live), and on a GPU
-    backend at most half its free device memory (where each pass computes)."""
+def available_memory(on_device=False) -> int:
+    """The default memory budget: half the free memory where the Record lives -- the device's,
+    ``on_device`` (a simulation that keeps its planes and Record in GPU memory) -- else half the
+    available host RAM, and on a GPU backend at most half its free device memory (where each
+    step computes)."""
+    device = getattr(backends.current(), "free_memory", None)
+    if on_device:
+        return device() // 2
     host = 8 << 30
     try:
         with open("/proc/meminfo") as f:
@@ -68,7 +94,6 @@ def available_memory() -> int:
                     break
     except OSError:
         pass
-    device = getattr(backends.current(), "free_memory", None)
     return min(host, device()) // 2 if device is not None else host // 2
 
 
@@ -94,7 +119,12 @@ class SimulationRecord:
         self.simulation = sim
         self.graph = None
         self.generation = generation
-        self.steps = steps
+        #: the steps each sample took: a NumPy array, or a device array on the GPU (see ``steps``)
+        self.steps_plane = steps
+        self._host_steps = steps if isinstance(steps, np.ndarray) else None
+        #: on the GPU: the most steps a sample of each aligned block of MIN_PASS samples took
+        #: (what the loops read back instead of every count)
+        self.block_longest = None
         #: step -> {state plane name: the state at the start of that step}, for the steps the
         #: schedule stores (``schedule.stored_steps``)
         self.stored = stored
@@ -110,6 +140,41 @@ class SimulationRecord:
         self.kept = False
         self._readers = 0
         self._lock = threading.Lock()
+
+    @property
+    def steps(self):
+        """The steps each sample took, a NumPy array (on the GPU: copied to the host on the first
+        read, once -- a Record's counts never change).
+
+        >>> @vkml.kernel
+        ... def drift(x, v, k: vkml.Param):
+        ...     return {"x": x + 0.1 * v, "v": v - 0.1 * k * x}
+        ...
+        >>> x, v = np.array([1.0, 0.5]), np.zeros(2)
+        >>> sim = vkml.simulation(drift, max_steps=10, record=True, x=x, v=v, k=1.0)
+        >>> sim.run().record.steps
+        array([10, 10])
+        """
+        if self._host_steps is None:
+            self._host_steps = np.asarray(self.steps_plane)
+        return self._host_steps
+
+    def longest(self, start=0, stop=None) -> int:
+        """The most steps a sample of ``[start, stop)`` took (on the GPU, from the per-block
+        counts: ``start`` and ``stop`` are then whole blocks of MIN_PASS samples, or the end).
+
+        >>> @vkml.kernel
+        ... def drift(x, v, k: vkml.Param):
+        ...     return {"x": x + 0.1 * v, "v": v - 0.1 * k * x}
+        ...
+        >>> x, v = np.array([1.0, 0.5]), np.zeros(2)
+        >>> vkml.simulation(drift, max_steps=10, record=True, x=x, v=v, k=1.0).run().record.longest()
+        10
+        """
+        if self.block_longest is None:
+            return int(self.steps[start:stop].max(initial=0))
+        stop = self.steps_plane.shape[0] if stop is None else stop
+        return int(self.block_longest[start // MIN_PASS:-(-stop // MIN_PASS)].max(initial=0))
 
     @property
     def live(self):
@@ -177,7 +242,8 @@ class SimulationRecord:
         >>> sim.record.nbytes > 0
         True
         """
-        return sum(a.nbytes for c in self.stored.values() for a in c.values()) + self.steps.nbytes
+        return sum(a.nbytes for c in self.stored.values() for a in c.values()) + \
+            self.steps_plane.nbytes
 
     def keep(self):
         """Copy the per-sample input planes the reverse reads (the rest already is the Record's
@@ -202,12 +268,12 @@ class SimulationRecord:
                                   "right after run()")
             sim = self.simulation
             sim.check_planes("keep", [nm for nm in self.fixed if nm in sim._planes])
-            self.fixed = {k: v.copy() for k, v in self.fixed.items()}
+            self.fixed = {k: v.copy() for k, v in self.fixed.items()}   # on the GPU: on the device
             self.kept = True
         return self
 
     def __repr__(self):
-        return (f"<vkml simulation Record generation {self.generation}: {int(self.steps.max(initial=0))} "
+        return (f"<vkml simulation Record generation {self.generation}: {self.longest()} "
                 f"steps at most, {len(self.stored)} stored states, {self.nbytes:,} bytes>")
 
 
@@ -226,6 +292,7 @@ class Simulation(Reversible):
 
     def __init__(self, step, *, max_steps, record=False, window=None, memory_budget=None,
                  snapshots=None, steps_per_launch=1, events=None, progress=None, **bindings):
+        backend = backends.current()
         launch, nodes, state, window = check_arguments(
             step, max_steps=max_steps, record=record, window=window, memory_budget=memory_budget,
             snapshots=snapshots, steps_per_launch=steps_per_launch, events=events, progress=progress,
@@ -235,13 +302,28 @@ class Simulation(Reversible):
         self.max_steps = max_steps
         self.record_mode = bool(record)
         self.n = launch.n
-        self.state_bytes = sum(launch.reads[s][0:1].nbytes for s in self.state) + \
-            sum(p[0:1].nbytes for node in nodes for p in node.writes.values())
+        self.state_bytes = sum(_row_bytes(launch.reads[s]) for s in self.state) + \
+            sum(_row_bytes(p) for node in nodes for p in node.writes.values())
         #: which states the run stores and how the reverse rebuilds the others
         self.schedule = schedule_for(window, max_steps, snapshots)
+        #: whether the planes, the Record and the gradients live in device memory (see the module
+        #: docstring): on a backend that keeps planes there, where its per-sample loops cover the
+        #: simulation
+        self.on_device = backend.keeps_planes_on_device and self._compiled_loops() is not None
+        on_gpu = sorted({name for op in [launch] + nodes
+                         for name, p in list(op.reads.items()) + list(op.writes.items())
+                         if not isinstance(p, np.ndarray)})
+        if on_gpu and not self.on_device:
+            raise ArgumentError(f"simulation: planes {on_gpu} are device arrays, but this "
+                                "simulation steps from the host (model nodes, a 'full' or "
+                                "'binomial' schedule, or a step the GPU loops do not cover); pass "
+                                "NumPy arrays (a.numpy(), cupy.asnumpy(a)) or use window=<steps>")
+        self._device = self._device_planes(backend) if self.on_device else None
+        self._backend = backend
         # what the memory budget plans for per sample: the stored states and the reverse's
         self.per_sample_bytes = self.schedule.budget_states(max_steps) * self.state_bytes
-        self.memory_budget = memory_budget if memory_budget is not None else available_memory()
+        self.memory_budget = memory_budget if memory_budget is not None else \
+            available_memory(self.on_device)
         if record:
             self.pass_size = pass_size(self.n, self.per_sample_bytes, self.memory_budget, "simulation")
         #: what every run and reverse checks the planes against (see check_planes)
@@ -252,6 +334,38 @@ class Simulation(Reversible):
         self._record = None
         self.progress = progress
         self._lock = threading.Lock()
+
+    def _device_planes(self, backend):
+        """Every plane of the step in device memory, by name: the device arrays bound as they are,
+        each NumPy plane copied once (one copy for a plane bound to several names).  A plane the
+        step writes must be writeable: refused before anything is copied."""
+        launch = self.launch
+        for name, plane in launch.writes.items():
+            if getattr(plane, "readonly", False) or not plane.flags.writeable:
+                raise ArgumentError(f"simulation: plane {name!r} is read-only, but the step writes "
+                                    "it; bind a writeable array")
+        copies = {}
+        for plane in list(launch.reads.values()) + list(launch.writes.values()):
+            if id(plane) not in copies:
+                copies[id(plane)] = backend.to_plane(plane)
+        return {name: copies[id(plane)]
+                for name, plane in list(launch.reads.items()) + list(launch.writes.items())}
+
+    @property
+    def planes(self) -> dict:
+        """The step's planes by name: the arrays given (updated in place by ``run()``), or on the
+        cuda backend the device planes the simulation keeps (see the module docstring).
+
+        >>> @vkml.kernel
+        ... def drift(x, v, k: vkml.Param):
+        ...     return {"x": x + 0.1 * v, "v": v - 0.1 * k * x}
+        ...
+        >>> x, v = np.array([1.0, 0.5]), np.zeros(2)
+        >>> sim = vkml.simulation(drift, max_steps=10, x=x, v=v, k=1.0)
+        >>> sim.run().planes["x"] is x, np.asarray(sim.planes["x"]).round(4)
+        (True, array([0.5708, 0.2854]))
+        """
+        return dict(self._device) if self.on_device else dict(self._planes)
 
     # -- forward ----------------------------------------------------------------------------
     @property
@@ -305,7 +419,16 @@ class Simulation(Reversible):
         Traceback (most recent call last):
             ...
         vkml.errors.ShapeError: simulation.run: plane 'v' changed since the simulation was made: its shape was (2,), now (3,); make the simulation again (vkml.simulation(...)) after replacing/resizing plane 'v' (or write into the plane in place: plane[...] = values)
+
+        On the GPU the simulation runs on its own device planes: only the backend is checked.
         """
+        if self.on_device:
+            if backends.current() is not self._backend:
+                raise BackendError(f"{where}: this simulation keeps its planes on the "
+                                   f"{self._backend.name} backend, but the current backend is "
+                                   f"{backends.current().name}; vkml.set_backend("
+                                   f"{self._backend.name!r}) first (or make it again here)")
+            return
         for name in names if names is not None else self._planes:
             plane = self._planes[name]
             now = plane_signature(plane)
@@ -355,6 +478,8 @@ class Simulation(Reversible):
             raise Busy("simulation.run: a reverse is reading the last Record; wait for it to return")
         self.check_planes("simulation.run")
         threads()                              # a bad VKML_THREADS is refused before anything runs
+        if self.on_device:
+            return self._run_on_device(self._compiled_loops())
         # all or nothing: the steps run on private copies of the state, written into the planes
         # (and the generation and Record changed) only once every step has succeeded
         launch = self.launch
@@ -498,6 +623,72 @@ class Simulation(Reversible):
         stats["peak"] = max(stats["peak"], self.schedule.predicted_peak_states(T))
         return res
 
+    # -- on the GPU: device planes in, device arrays out (see the module docstring) -------------------
+    def _run_on_device(self, loops):
+        """One forward kernel over the device planes; the Record keeps its outputs where they are."""
+        launch, kern, planes = self.launch, self.launch.kernel, self._device
+        try:
+            steps, cks, block_longest = loops.forward(
+                [planes[s] for s in self.state], [planes[nm] for nm in self._fixed_names],
+                [planes[nm] for nm in launch.out_names if nm not in self.state],
+                [launch.params[p] for p in kern.params], self.max_steps, MIN_PASS)
+        except ExecutionError as error:            # the compiled loops name the sample, not the node
+            raise ExecutionError(f"simulation step {kern.name}: {error}") from None
+        self.generation += 1
+        if self.record_mode:
+            window = self.schedule.loop_window
+            last = int(block_longest.max(initial=0))
+            stored = {c * window: {s: checkpoint_window(ck, c) for s, ck in zip(self.state, cks)}
+                      for c in range(cks[0].shape[0]) if c * window < max(last, 1)}
+            record = SimulationRecord(
+                self, self.generation, steps, stored, {s: planes[s] for s in self.state},
+                {nm: planes[nm] for nm in self._fixed_names},
+                {p: np.array(launch.params[p], copy=True) for p in kern.params})
+            record.checkpoint_arrays = dict(zip(self.state, cks))
+            record.block_longest = block_longest
+            self._record = record
+        return self
+
+    def _reverse_on_device(self, record, ct0):
+        """The reverse kernel once per pass, on views of the pass's samples; per-sample gradients
+        written into device planes, Param gradients summed on the device (canonical tree)."""
+        loops = self._compiled_loops()
+        backend = backends.current()
+        kern = self.launch.kernel
+        n, size = self.n, self.pass_size
+        bounds = [(0, n)] if size >= n else chunk_bounds(n, size)
+        names = self.state + self._fixed_names + list(kern.params)
+        ins = loops.step.inputs
+        grads = [backend.empty_plane((n,) + ins[pos].shape, ins[pos].dtype) for pos in loops.wrt]
+        seeds = [ct0[s] if s in ct0 else
+                 backend.zeros_plane(record.initial[s].shape, record.initial[s].dtype)
+                 for s in self.state]
+        cks = [record.checkpoint_arrays[s] for s in self.state]
+        first_param = len(self.state) + len(self._fixed_names)
+        partials = {}
+        stats = {"chunks": len(bounds), "recomputed": 0, "peak": 0}
+        for s0, e0 in bounds:
+            loops.reverse(loops.checkpoint_rows(cks, s0, e0), rows(record.steps_plane, s0, e0),
+                          [rows(record.fixed[nm], s0, e0) for nm in self._fixed_names],
+                          [record.cells[p] for p in kern.params], [rows(sd, s0, e0) for sd in seeds],
+                          [rows(g, s0, e0) for g in grads])
+            for pos, g in zip(loops.wrt, grads):
+                if pos >= first_param:
+                    partials.setdefault(names[pos], []).append(
+                        _pass_sum(backend, rows(g, s0, e0), size if len(bounds) > 1 else e0 - s0))
+            # the loops follow the window schedule for the steps the pass's samples took
+            last = record.longest(s0, e0)
+            stats["recomputed"] += self.schedule.predicted_recomputed_steps(last)
+            stats["peak"] = max(stats["peak"], self.schedule.predicted_peak_states(last))
+        values = {names[pos]: g for pos, g in zip(loops.wrt, grads) if pos < first_param}
+        for s in self.state:
+            if s not in values:
+                values[s] = backend.zeros_plane(record.initial[s].shape, record.initial[s].dtype)
+        for p in kern.params:
+            values[p] = combine(partials[p], size, n) if p in partials else \
+                np.zeros(np.shape(record.cells[p]), np.float64)
+        return values, stats
+
     def _readers_busy(self):
         rec = self._record
         return rec is not None and rec._readers > 0
@@ -554,7 +745,7 @@ class Simulation(Reversible):
             raise RecordError(f"reverse: this Record is of generation {record.generation}, but the "
                               f"simulation has run since and is at generation {self.generation}; "
                               "reverse right after run(), or keep() the Record to reverse it later")
-        if not record.kept:            # the reverse reads the per-sample input planes themselves
+        if not record.kept or self.on_device:   # the reverse reads the input planes themselves
             self.check_planes("reverse", [nm for nm in record.fixed if nm in self._planes])
         bitwise = self.bitwise()
         wrt = wrt_names(wrt)
@@ -602,6 +793,8 @@ class Simulation(Reversible):
         return flags
 
     def _reverse_passes(self, record, ct0, vjps, workspace):
+        if self.on_device and record.checkpoint_arrays is not None:
+            return self._reverse_on_device(record, ct0)
         n = self.n
         size = self.pass_size
         bounds = [(0, n)] if size >= n else chunk_bounds(n, size)
@@ -779,6 +972,19 @@ class Simulation(Reversible):
 
 class _FakeNode:
     name = None
+
+
+def _pass_sum(backend, cotangents, size):
+    """The canonical-tree sum of one pass's per-sample Param cotangents (a device array), on the
+    device, as the host sums them: a short last pass is padded with zeros to ``size`` there,
+    whose zero subtrees add +0.0 (the same bits, except that a -0.0 sum becomes +0.0)."""
+    part = backend.tree_sum(cotangents)
+    return part + np.zeros_like(part) if cotangents.shape[0] < size else part
+
+
+def _row_bytes(plane) -> int:
+    """The bytes of one sample of a plane (a NumPy array or a device plane)."""
+    return int(np.prod(plane.shape[1:], dtype=np.int64)) * plane.dtype.itemsize
 
 
 def _col(mask, like):

@@ -13,7 +13,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ..errors import ArgumentError, RefusedError
+from .. import backends
+from ..errors import ArgumentError, DTypeError, RefusedError, ShapeError
 from ..validate import check_int
 from .diff import seed_array
 from .graph import Opaque
@@ -167,5 +168,24 @@ def seed_cotangents(sim, seeds):
             raise ArgumentError(f"seed {name!r}: the simulation's state planes are {sim.state}")
         if name not in sim.state:
             raise ArgumentError(f"seed {name!r}: only the final state {sim.state} can be seeded")
-        ct0[name] = seed_array(name, seed, plane).astype(plane.dtype)
+        ct0[name] = device_seed(name, seed, plane) if sim.on_device else \
+            seed_array(name, seed, plane).astype(plane.dtype)
     return ct0
+
+
+def device_seed(name, seed, plane):
+    """A seed as a device plane of ``plane``'s shape and dtype: a device array as it is (no copy;
+    refused unless of the plane's dtype: converting it would be a copy), anything else checked
+    as on the host and copied to the device once."""
+    backend = backends.current()
+    if not hasattr(seed, "__cuda_array_interface__"):
+        return backend.to_plane(seed_array(name, seed, plane).astype(plane.dtype))
+    got = backend.to_plane(seed)
+    if tuple(got.shape) != plane.shape:
+        raise ShapeError(f"seed {name!r} has shape {tuple(got.shape)}, but plane {name!r} holds one "
+                         f"value per sample, {plane.shape}; pass one seed per sample")
+    if got.dtype != plane.dtype:
+        raise DTypeError(f"seed {name!r} is a device array of {got.dtype}, but plane {name!r} holds "
+                         f"{plane.dtype}; pass a seed of {plane.dtype} (a device array is not "
+                         "converted: that would be a copy)")
+    return got
