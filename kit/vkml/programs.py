@@ -90,24 +90,21 @@ _FAST_PLANS = 8
 
 def _fast_key(args):
     """The types of plain concrete arguments (NumPy arrays, Tensors holding a NumPy value and
-    not requiring grad) and the call's context (backend, default device, matmul mode): all a
-    call of such arguments depends on, found without flattening them or making Vars; None for
-    any other call (it takes the full path).  Two Tensors sharing one value make the full path's aliasing key: refused here."""
-    context = call_context()
-    backend = context[0]
-    if backend.name not in _HOST_BACKENDS:
-        return None
-    key = [context]
+    not requiring grad) with their strides, and the call's context (backend, default device,
+    matmul mode): all a call of such arguments depends on, found without flattening them or
+    making Vars; None for any other call (it takes the full path).  Two Tensors sharing one
+    value make the full path's aliasing key: refused here."""
+    key = [call_context()]
     tensors = 0
     for a in args:
-        t = type(a)
-        if t is np.ndarray:
-            key.append((a.shape, a.dtype))
-        elif t is Tensor:
+        if type(a) is np.ndarray:
+            key.append((a.shape, a.dtype, a.strides))
+        elif type(a) is Tensor:
             v = a.ir_var
-            if a.requires_grad or type(v.value) is not np.ndarray:
+            value = v.value
+            if a.requires_grad or type(value) is not np.ndarray:
                 return None
-            key.append((v.shape, v.dtype, v.device, v.weak))
+            key.append((v.shape, v.dtype, v.device, v.weak, value.strides))
             tensors += 1
         else:
             return None
@@ -146,12 +143,15 @@ class _FastPlan:
 
     The arguments' arrays go to the executable as they are: the full path copies a NumPy
     argument into a read-only constant first, which matters only if a result could be a view of
-    it -- such a result is copied here instead."""
+    it -- such a result is copied here instead.  Arguments of the same types and strides as the
+    ones the plan was made for are C-contiguous when those were: a compiled executable is then
+    called without checking them again (``call_ready``)."""
 
-    __slots__ = ("key", "entry", "exe", "eqns", "out_vars", "single", "arrays", "removals", "used")
+    __slots__ = ("key", "entry", "tiered", "call", "eqns", "out_vars", "single", "arrays",
+                 "removals", "used", "contiguous")
 
     def __init__(self, key, entry, exe, args, removals):
-        self.key, self.entry, self.exe, self.removals = key, entry, exe, removals
+        self.key, self.entry, self.removals = key, entry, removals
         self.eqns = entry.program.eqns
         self.out_vars = [(o.shape, o.dtype, o.device) for o in entry.program.outputs]
         self.single = entry.out_tree.kind == "leaf"
@@ -160,7 +160,17 @@ class _FastPlan:
         fresh = {o for e in self.eqns if e.prim.name in FRESH for o in e.outputs}
         aliasing = any(o not in fresh for o in entry.program.outputs)
         self.arrays = [i for i, a in enumerate(args) if type(a) is np.ndarray] if aliasing else []
+        self.contiguous = all((a if type(a) is np.ndarray else a.ir_var.value).flags.c_contiguous
+                              for a in args)
+        self.tiered = exe if type(exe) is Tiered else None     # swapped for its C function when hot
+        self.call = self._direct(exe)
         self.used = False
+
+    def _direct(self, exe):
+        """What to call: a compiled executable's ``call_ready`` where the arguments are known
+        contiguous, else the executable."""
+        ready = getattr(exe, "call_ready", None)
+        return ready if ready is not None and self.contiguous else exe
 
     @staticmethod
     def fits(args, entry) -> bool:
@@ -180,23 +190,28 @@ class _FastPlan:
         return True
 
     def run(self, args):
-        values = [a if type(a) is np.ndarray else a.ir_var.value for a in args]
         self.used = True
-        exe = self.exe
         STATS.submissions += 1
+        for a in args:
+            if type(a) is not np.ndarray:
+                args = [a if type(a) is np.ndarray else a.ir_var.value for a in args]
+                break
         try:
-            outs = exe(values)
+            outs = self.call(args)
         except ExecutionFailure as failure:
             raise runtime.execution_error(failure, self.eqns) from failure.error
         except MemoryError as error:
             raise runtime.execution_error(error, self.eqns) from None
-        if type(exe) is Tiered and exe.compiled:       # hot: call its C function directly now
-            self.exe = exe.current
+        if self.tiered is not None and self.tiered.compiled:    # hot: its C function from now on
+            self.call, self.tiered = self._direct(self.tiered.current), None
+        if self.single and not self.arrays:
+            shape, dtype, device = self.out_vars[0]
+            return Tensor(Var(shape, dtype, device, None, outs[0]))
         results = []
         for (shape, dtype, device), val in zip(self.out_vars, outs):
             if self.arrays:
                 val = self._unaliased(val, args)
-            results.append(Tensor(Var(shape, dtype, device, value=val)))
+            results.append(Tensor(Var(shape, dtype, device, None, val)))
         return results[0] if self.single else unflatten(self.entry.out_tree, results)
 
     def _unaliased(self, val, args):
@@ -373,13 +388,12 @@ class Jitted:
 
     def __call__(self, *args):
         fast = _fast_key(args)
-        if fast is not None:
-            plan = self._fast.get(fast)
-            if plan is not None and (plan.removals == self._entries.removals or
-                                     plan.valid(self._entries)):
-                self.hits += 1
-                STATS.cache_hits += 1
-                return plan.run(args)
+        plan = self._fast.get(fast)             # (None for a key of None: never stored)
+        if plan is not None and (plan.removals == self._entries.removals or
+                                 plan.valid(self._entries)):
+            self.hits += 1
+            STATS.cache_hits += 1
+            return plan.run(args)
         entry, leaves, in_vars = self._lookup(args)
         requires = False
         for x in leaves:
@@ -395,13 +409,15 @@ class Jitted:
         """Keep the plan of a call with plain arguments, so the next call with arguments of the
         same types skips flattening, the key and its Vars (a few plans: a sweep over many shapes
         replaces them)."""
+        backend = runtime.current_backend()
+        if backend.name not in _HOST_BACKENDS:
+            return
         if len(self._fast) >= _FAST_PLANS:
             self._fast.clear()
         key = self._key(flatten(args)[1], in_vars)
         removals = self._entries.removals
         if self._entries.get(key) is not entry or not _FastPlan.fits(args, entry):
             return
-        backend = runtime.current_backend()
         exe = _executable(self, entry, "primal", entry.program, backend,
                           [v.value for v in in_vars])
         self._fast[fast] = _FastPlan(key, entry, exe, args, removals)

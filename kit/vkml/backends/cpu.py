@@ -188,6 +188,21 @@ def _data_offset():
 DATA_OFFSET = _data_offset()
 
 
+def _tuple_items():
+    """Where a tuple object keeps its item pointers (in a row, right after its header), checked
+    on a tuple; None if the check fails (then every call takes the unpooled path)."""
+    offset = tuple.__basicsize__
+    probe = (np.empty(1), np.empty(2), object())
+    for i, item in enumerate(probe):
+        if ctypes.c_void_p.from_address(id(probe) + offset + i * tuple.__itemsize__).value != id(item):
+            return None
+    return offset
+
+
+#: where a tuple keeps its items (None: not found, see _tuple_items)
+TUPLE_ITEMS = _tuple_items()
+
+
 def allocation_error(what, shape, dtype):
     """The error for an allocation that failed: NumPy's MemoryError, as the NumPy backend's
     executables report it (wrapped in ExecutionFailure, an ExecutionError)."""
@@ -323,31 +338,38 @@ class CompiledProgram:
     writes_into = True
 
     def _prepare(self, lib, lowering):
-        """What the pooled call reuses (see ``_call_pooled``); None without ``vk_objs``."""
+        """What the pooled call reuses (see ``call_ready``); None without ``vk_objs`` or where
+        a tuple's items cannot be handed over as the block of objects (``TUPLE_ITEMS``)."""
         fn = getattr(lib, "vk_objs", None) if DATA_OFFSET is not None else None
-        if fn is None:
+        if fn is None or TUPLE_ITEMS is None:
             return None
-        fn.restype = ctypes.c_int          # its arguments: c_void_p objects made once, as they are
-        n_in, n_out = len(self.in_types), len(self.out_types)
-        objs = (ctypes.c_void_p * (n_in + n_out + 1))()
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         info = np.zeros(3 + len(self.warnings), np.int64)
-        return _Pool(fn, objs, info, [None] * n_out, scratch_layout(lowering.temps)[1])
+        return _Pool(fn, info, [None] * len(self.out_types), scratch_layout(lowering.temps)[1])
 
     def __call__(self, args, into=None):
         """Run once; ``into`` (see ``Backend.run``): destinations the C function writes directly.
 
-        Without destinations, a call that finds the executable free (not running in another
-        thread) takes the pooled path: its outputs and temporaries are reused across calls."""
-        pool = self._pool
-        if into is None and pool is not None and pool.lock.acquire(False):
-            try:
-                return self._call_pooled(args, pool)
-            finally:
-                pool.lock.release()
-        return self._call_fresh(args, into)
+        Without destinations, a call takes the pooled path (``call_ready``) once its arguments
+        are C-contiguous arrays of the input dtypes (converted copies where they are not)."""
+        if into is not None or self._pool is None:
+            return self._call_fresh(args, into)
+        for a, t in zip(args, self.in_types):
+            if type(a) is not np.ndarray or a.dtype is not t or not a.flags.c_contiguous:
+                args = [np.ascontiguousarray(a, dtype=t) for a, t in zip(args, self.in_types)]
+                break
+        return self.call_ready(args)
 
-    def _call_pooled(self, args, pool):
-        """One call through ``vk_objs`` with a prepared block of array objects.
+    def call_ready(self, args):
+        """Run once on ``args`` that are C-contiguous arrays of the input dtypes (the caller
+        checked: a jitted call's plan knows it from its arguments' types, see ``programs``).
+
+        A call that finds the executable free (not running in another thread) reuses its
+        outputs and temporaries, calling ``vk_objs`` with the arguments, outputs and scratch
+        block as the items of one tuple (``TUPLE_ITEMS``: a tuple keeps its item pointers in a
+        row, the block of array objects ``vk_objs`` reads; cheaper than filling a ctypes array
+        item by item).
 
         The rule for reusing outputs: the executable keeps the arrays it returned in its last two
         calls for each output and writes into one again only if nothing else references it any
@@ -356,32 +378,33 @@ class CompiledProgram:
         (and kept) when neither is free.
         So a steady-state call whose previous results were dropped allocates nothing; the heap
         temporaries live in one scratch block the executable keeps (allocated on first use)."""
-        objs, outs = pool.objs, pool.outs
-        converted = None
-        i = 0
-        for a, t in zip(args, self.in_types):
-            if type(a) is not np.ndarray or a.dtype is not t or not a.flags.c_contiguous:
-                a = np.ascontiguousarray(a, dtype=t)
-                converted = [a] if converted is None else converted + [a]   # alive for the call
-            objs[i] = id(a)
-            i += 1
-        for j in range(len(outs)):
-            out = outs[j]               # (an index loop: enumerate's tuple would hold one more)
-            if out is None or getrefcount(out) > 3:   # the pool's, ``out`` and the call's own
-                self._next_buffer(pool, j)
-                objs[i + j] = id(outs[j])
-        if pool.scratch is None and pool.scratch_bytes:
-            pool.allocate_scratch(i + len(outs))
-        if self.interruptible:
-            with Armed() as stop:
-                code = pool.fn(pool.address, pool.info_address, ctypes.c_void_p(stop))
-            if code == INTERRUPTED:
-                interrupted()
-        else:
-            code = pool.fn(pool.address, pool.info_address, _NEVER)
-        if code or self.warnings:
-            self._check(code, pool.info)
-        return list(outs)
+        pool = self._pool
+        if pool is None or not pool.lock.acquire(False):
+            return self._call_fresh(args, None)
+        try:
+            outs = pool.outs
+            for j in range(len(outs)):
+                out = outs[j]           # (an index loop: enumerate's tuple would hold one more)
+                if out is None or getrefcount(out) > 3:   # the pool's, ``out`` and the call's own
+                    self._next_buffer(pool, j)
+            scratch = pool.scratch
+            if scratch is None:
+                scratch = pool.allocate_scratch()
+                if scratch is None:       # refused: the C function mallocs them (and reports)
+                    return self._call_fresh(args, None)
+            block = (*args, *outs, scratch)
+            if self.interruptible:
+                with Armed() as stop:
+                    code = pool.fn(id(block) + TUPLE_ITEMS, pool.info_address, stop)
+                if code == INTERRUPTED:
+                    interrupted()
+            else:
+                code = pool.fn(id(block) + TUPLE_ITEMS, pool.info_address, NEVER)
+            if code or self.warnings:
+                self._check(code, pool.info)
+            return list(outs)
+        finally:
+            pool.lock.release()
 
     def _next_buffer(self, pool, j):
         """Output ``j``'s last array is still held: write into its spare (the one returned the
@@ -434,37 +457,34 @@ class CompiledProgram:
                                    failure_error(self.errors[code - 1], info))
 
 
-#: the interrupt flag of calls that are never armed, as a ready ctypes argument
-_NEVER = ctypes.c_void_p(NEVER)
+#: the scratch block of a program with no temporaries on the heap (never read)
+_NO_SCRATCH = np.empty(1, np.uint8)
 
 
 class _Pool:
-    """What one executable's pooled calls reuse (under ``lock``, one call at a time): the block
-    of array objects handed to ``vk_objs``, the info words, the arrays it returned in the last
-    two calls (``outs`` and ``spares``; see ``CompiledProgram._call_pooled`` for when they are
-    written again) and the scratch block of the heap temporaries."""
+    """What one executable's pooled calls reuse (under ``lock``, one call at a time): the info
+    words, the arrays it returned in the last two calls (``outs`` and ``spares``; see
+    ``CompiledProgram.call_ready`` for when they are written again) and the scratch block of
+    the heap temporaries."""
 
-    def __init__(self, fn, objs, info, outs, scratch_bytes):
-        self.fn, self.objs, self.info, self.outs = fn, objs, info, outs
+    def __init__(self, fn, info, outs, scratch_bytes):
+        self.fn, self.info, self.outs = fn, info, outs
         self.spares = [None] * len(outs)
-        self.address = ctypes.c_void_p(ctypes.addressof(objs))
-        self.info_address = ctypes.c_void_p(info.ctypes.data)
+        self.info_address = info.ctypes.data
         self.scratch_bytes = scratch_bytes
-        self.scratch = None
+        self.scratch = None if scratch_bytes else _NO_SCRATCH
         self.lock = threading.Lock()
         #: arrays this pool allocated (outputs and the scratch block): what tests count
         self.allocations = 0
 
-    def allocate_scratch(self, slot):
-        """The temporaries' block, allocated on first use and placed in ``objs[slot]``; if it is
-        refused the slot stays empty (then the C function mallocs them itself and reports a
-        temporary it cannot have, as without a block)."""
+    def allocate_scratch(self):
+        """The temporaries' block, allocated on first use; None if it is refused."""
         try:
             self.scratch = np.empty(self.scratch_bytes, np.uint8)
         except (MemoryError, ValueError):
-            return
+            return None
         self.allocations += 1
-        self.objs[slot] = id(self.scratch)
+        return self.scratch
 
 
 def hot_threshold() -> int:
