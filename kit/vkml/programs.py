@@ -148,7 +148,7 @@ class _FastPlan:
     called without checking them again (``call_ready``)."""
 
     __slots__ = ("key", "entry", "tiered", "call", "eqns", "out_vars", "single", "arrays",
-                 "removals", "used", "contiguous")
+                 "removals", "used", "contiguous", "plain")
 
     def __init__(self, key, entry, exe, args, removals):
         self.key, self.entry, self.removals = key, entry, removals
@@ -162,6 +162,7 @@ class _FastPlan:
         self.arrays = [i for i, a in enumerate(args) if type(a) is np.ndarray] if aliasing else []
         self.contiguous = all((a if type(a) is np.ndarray else a.ir_var.value).flags.c_contiguous
                               for a in args)
+        self.plain = all(type(a) is np.ndarray for a in args)   # no Tensor to take the value of
         self.tiered = exe if type(exe) is Tiered else None     # swapped for its C function when hot
         self.call = self._direct(exe)
         self.used = False
@@ -192,10 +193,8 @@ class _FastPlan:
     def run(self, args):
         self.used = True
         STATS.submissions += 1
-        for a in args:
-            if type(a) is not np.ndarray:
-                args = [a if type(a) is np.ndarray else a.ir_var.value for a in args]
-                break
+        if not self.plain:
+            args = [a if type(a) is np.ndarray else a.ir_var.value for a in args]
         try:
             outs = self.call(args)
         except ExecutionFailure as failure:

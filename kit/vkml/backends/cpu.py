@@ -383,7 +383,7 @@ class CompiledProgram:
             return self._call_fresh(args, None)
         try:
             outs = pool.outs
-            for j in range(len(outs)):
+            for j in pool.slots:
                 out = outs[j]           # (an index loop: enumerate's tuple would hold one more)
                 if out is None or getrefcount(out) > 3:   # the pool's, ``out`` and the call's own
                     self._next_buffer(pool, j)
@@ -400,7 +400,7 @@ class CompiledProgram:
                     interrupted()
             else:
                 code = pool.fn(id(block) + TUPLE_ITEMS, pool.info_address, NEVER)
-            if code or self.warnings:
+            if code or pool.warns:
                 self._check(code, pool.info)
             return list(outs)
         finally:
@@ -469,6 +469,8 @@ class _Pool:
 
     def __init__(self, fn, info, outs, scratch_bytes):
         self.fn, self.info, self.outs = fn, info, outs
+        self.slots = range(len(outs))
+        self.warns = len(info) > 3        # the program has warning checks: look at their words
         self.spares = [None] * len(outs)
         self.info_address = info.ctypes.data
         self.scratch_bytes = scratch_bytes

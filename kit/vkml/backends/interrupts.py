@@ -46,6 +46,7 @@ import ctypes
 import os
 import signal
 import threading
+from threading import get_ident
 
 from ..errors import BackendError
 
@@ -102,6 +103,21 @@ int vk_disarm(void) {
 """
 
 _lock = threading.Lock()
+
+
+try:
+    from _signal import getsignal as _getsignal      # CPython's own, below ``signal.getsignal``
+except ImportError:                                  # pragma: no cover (another Python)
+    _getsignal = signal.getsignal
+
+
+def python_handler():
+    """The Python-level SIGINT handler, as ``signal.getsignal`` gives it but without turning it
+    into an enum first (for a function handler that raises and catches an error inside: several
+    microseconds, paid twice by every armed call of a gradient before this)."""
+    return _getsignal(signal.SIGINT)
+
+
 _helper = []              # [] before the first try; then [library or None]
 #: the flag an unarmed call polls: never set
 _NEVER = ctypes.c_int(0)
@@ -144,8 +160,8 @@ class Armed:
         self.lib = None
 
     def __enter__(self) -> int:
-        if threading.current_thread() is not threading.main_thread() or \
-                signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        if get_ident() != threading.main_thread().ident or \
+                python_handler() is not signal.default_int_handler:
             return NEVER
         lib = _library()
         if lib is None:
