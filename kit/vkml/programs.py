@@ -806,8 +806,12 @@ def _grad_fn(fn, argnums, has_aux, with_value):
     jitted = jit(fn)
     where = "grad"
 
+    positions = {}          # the argnums as positions, by the number of arguments
+
     def g(*args):
-        nums = _argnums(argnums, len(args))
+        nums = positions.get(len(args))
+        if nums is None:
+            nums = positions[len(args)] = _argnums(argnums, len(args))
         fast = _fast_key(args)
         plan = jitted._plan(("grad", nums, fast)) if fast is not None else None
         if plan is not None:            # plain arguments seen before: one fused submission
@@ -874,9 +878,16 @@ def _regroup(args, nums, grads):
     it = iter(grads)
     per_arg = {}
     for i in sorted(set(nums)):
+        if type(args[i]) in _LEAF_TYPES:
+            per_arg[i] = next(it)
+            continue
         leaves, tree = flatten(args[i])
         per_arg[i] = unflatten(tree, [next(it) for _ in leaves])
     return [per_arg[i] for i in nums]
+
+
+#: argument types that are one leaf each (a plain call's)
+_LEAF_TYPES = (np.ndarray, Tensor)
 
 
 def grad(fn, argnums=0, has_aux=False):
@@ -1717,8 +1728,12 @@ def _passing_keywords(fn, argnums, has_aux, with_value, where):
     has_aux = check_bool(has_aux, "has_aux", where)
     positional = _grad_fn(fn, argnums, has_aux, with_value)
 
+    checked = {}            # the argnums as positions, by the number of arguments
+
     def g(*args, **kwargs):
-        nums = _checked_argnums(argnums, len(args), where)
+        nums = checked.get(len(args))
+        if nums is None:
+            nums = checked[len(args)] = _checked_argnums(argnums, len(args), where)
         if not kwargs:
             return positional(*args)
         fixed = nums[0] if _is_int(argnums) else nums

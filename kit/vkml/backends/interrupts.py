@@ -146,6 +146,7 @@ def _build():
     lib.vk_arm.restype = lib.vk_disarm.restype = ctypes.c_int
     lib.vk_arm.argtypes = lib.vk_disarm.argtypes = []
     lib.flag = ctypes.c_int.in_dll(lib, "vk_interrupted")
+    lib.flag_address = ctypes.addressof(lib.flag)
     return lib
 
 
@@ -163,14 +164,14 @@ class Armed:
         if get_ident() != threading.main_thread().ident or \
                 python_handler() is not signal.default_int_handler:
             return NEVER
-        lib = _library()
+        lib = _helper[0] if _helper else _library()
         if lib is None:
             return NEVER
         try:
             if lib.vk_arm() != 0:
                 return NEVER
             self.lib = lib
-            return ctypes.addressof(lib.flag)
+            return lib.flag_address
         except BaseException:          # a Ctrl-C landing right after vk_arm: not left armed
             lib.vk_disarm()
             raise
