@@ -351,17 +351,17 @@ class CompiledProgram:
     def __call__(self, args, into=None):
         """Run once; ``into`` (see ``Backend.run``): destinations the C function writes directly.
 
-        Without destinations, a call takes the pooled path (``call_ready``) once its arguments
-        are C-contiguous arrays of the input dtypes (converted copies where they are not)."""
-        if into is not None or self._pool is None:
+        The arguments go to ``call_ready`` as C-contiguous arrays of the input dtypes (converted
+        copies where they are not)."""
+        if self._pool is None:
             return self._call_fresh(args, into)
         for a, t in zip(args, self.in_types):
             if type(a) is not np.ndarray or a.dtype is not t or not a.flags.c_contiguous:
                 args = [np.ascontiguousarray(a, dtype=t) for a, t in zip(args, self.in_types)]
                 break
-        return self.call_ready(args)
+        return self.call_ready(args, into)
 
-    def call_ready(self, args):
+    def call_ready(self, args, into=None):
         """Run once on ``args`` that are C-contiguous arrays of the input dtypes (the caller
         checked: a jitted call's plan knows it from its arguments' types, see ``programs``).
 
@@ -369,7 +369,9 @@ class CompiledProgram:
         outputs and temporaries, calling ``vk_objs`` with the arguments, outputs and scratch
         block as the items of one tuple (``TUPLE_ITEMS``: a tuple keeps its item pointers in a
         row, the block of array objects ``vk_objs`` reads; cheaper than filling a ctypes array
-        item by item).
+        item by item).  A destination in ``into`` of the output's shape and dtype is written
+        directly (not by a program holding a loop: see the class docstring), and no array of
+        the executable's own is touched for it.
 
         The rule for reusing outputs: the executable keeps the arrays it returned in its last two
         calls for each output and writes into one again only if nothing else references it any
@@ -380,18 +382,23 @@ class CompiledProgram:
         temporaries live in one scratch block the executable keeps (allocated on first use)."""
         pool = self._pool
         if pool is None or not pool.lock.acquire(False):
-            return self._call_fresh(args, None)
+            return self._call_fresh(args, into)
         try:
             outs = pool.outs
+            dests = None if into is None or self.interruptible else self._destinations(into)
             for j in pool.slots:
+                if dests is not None and dests[j] is not None:
+                    continue
                 out = outs[j]           # (an index loop: enumerate's tuple would hold one more)
                 if out is None or getrefcount(out) > 3:   # the pool's, ``out`` and the call's own
                     self._next_buffer(pool, j)
+            if dests is not None:
+                outs = [o if d is None else d for o, d in zip(outs, dests)]
             scratch = pool.scratch
             if scratch is None:
                 scratch = pool.allocate_scratch()
                 if scratch is None:       # refused: the C function mallocs them (and reports)
-                    return self._call_fresh(args, None)
+                    return self._call_fresh(args, into)
             block = (*args, *outs, scratch)
             if self.interruptible:
                 with Armed() as stop:
@@ -405,6 +412,12 @@ class CompiledProgram:
             return list(outs)
         finally:
             pool.lock.release()
+
+    def _destinations(self, into):
+        """Per output, the destination of ``into`` it is written into directly, or None (one of
+        another shape or dtype is filled by ``Backend.run`` with a copy)."""
+        return [d if d is not None and d.shape == shape and d.dtype == dtype else None
+                for d, (shape, dtype) in zip(into, self.out_types)]
 
     def _next_buffer(self, pool, j):
         """Output ``j``'s last array is still held: write into its spare (the one returned the
@@ -424,11 +437,10 @@ class CompiledProgram:
     def _call_fresh(self, args, into):
         """One call with fresh outputs and the temporaries malloc'ed by the C function."""
         ins = [np.ascontiguousarray(a, dtype=t) for a, t in zip(args, self.in_types)]
-        outs = [_empty_result(shape, dtype, "a result", site)
-                for (shape, dtype), site in zip(self.out_types, self.out_sites)]
-        for i, dest in enumerate(() if self.interruptible else into or ()):
-            if dest is not None and dest.shape == outs[i].shape and dest.dtype == outs[i].dtype:
-                outs[i] = dest
+        dests = self._destinations(into) if into is not None and not self.interruptible else \
+            [None] * len(self.out_types)
+        outs = [_empty_result(shape, dtype, "a result", site) if dest is None else dest
+                for (shape, dtype), site, dest in zip(self.out_types, self.out_sites, dests)]
         in_ptrs = (ctypes.c_void_p * max(1, len(ins)))(*[a.ctypes.data for a in ins])
         out_ptrs = (ctypes.c_void_p * max(1, len(outs)))(*[o.ctypes.data for o in outs])
         info = np.zeros(3 + len(self.warnings), np.int64)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -866,6 +866,8 @@ class ReversePlan:
     eqns: list
     #: the program's output Vars (their shapes and dtypes)
     exe_outputs: list
+    #: how the Gradients are put together from the outputs (``_FusedAssembly``)
+    assembly: object = None
 
 
 def _fused_reverse_plan(record, seed_keys, n, tree) -> ReversePlan:
@@ -931,10 +933,63 @@ def _fused_reverse_plan(record, seed_keys, n, tree) -> ReversePlan:
     program = program_from_dag(inputs, outputs)
     backend = backends.current()
     exe = backend.executable(("graph-reverse", program), lambda: program)
-    return ReversePlan(exe=exe, backend=backend, in_keys=in_keys, cell_keys=cell_keys,
+    plan = ReversePlan(exe=exe, backend=backend, in_keys=in_keys, cell_keys=cell_keys,
                        grad_keys=grad_keys, params=[(k, order) for k, order, _ in param_outs],
                        layout=_gradient_layout(record), eqns=program.eqns,
                        exe_outputs=list(program.outputs))
+    return replace(plan, assembly=_FusedAssembly(plan, record.cells))
+
+
+class _Slot:
+    """An output of a fused reverse program (or a sum of outputs, in order) standing in for its
+    array while :class:`_FusedAssembly` works out once what ``_assemble`` makes of them."""
+
+    __slots__ = ("terms",)
+
+    def __init__(self, terms):
+        self.terms = terms
+
+    def __add__(self, other):
+        return _Slot(self.terms + other.terms)
+
+
+class _FusedAssembly:
+    """What ``_assemble`` and ``fold_params`` make of a fused reverse's outputs, found once per
+    plan by running them on stand-ins (``_Slot``), so a reverse only fills it in: the same names
+    in the same order, the same arrays shared between names, the same sums in the same order,
+    a fresh zero array wherever they make one."""
+
+    def __init__(self, plan, cells):
+        n_g = len(plan.grad_keys)
+        param_parts = {}
+        for j, (name, order) in enumerate(plan.params):
+            param_parts.setdefault(name, []).append((order, _Slot((n_g + j,))))
+        values = _assemble(None, _Computed({k: _Slot((i,)) for i, k in enumerate(plan.grad_keys)}),
+                           param_parts, plan.layout, cells)
+        sources = {}
+        #: ``(name, source index)`` in the Gradients' order; a source: output indices to add
+        #: in order, or the ``(shape, dtype)`` of a fresh zero array
+        self.values = [(name, sources.setdefault(id(v), len(sources))) for name, v in values.items()]
+        self.sources = [None] * len(sources)
+        for v in values.values():
+            self.sources[sources[id(v)]] = v.terms if isinstance(v, _Slot) else (v.shape, v.dtype)
+        #: ``Gradients.parts``: per (node, Param), ``(order, output index)`` oldest first
+        self.parts = [(name, [(order, v.terms[0]) for order, v in parts])
+                      for name, parts in param_parts.items()]
+
+    def fill(self, outputs):
+        """``(values, parts)`` of one reverse whose program gave ``outputs``."""
+        made = []
+        for source in self.sources:
+            if type(source[0]) is int:
+                total = outputs[source[0]]
+                for i in source[1:]:
+                    total = total + outputs[i]
+            else:
+                total = np.zeros(*source)
+            made.append(total)
+        return ({name: made[i] for name, i in self.values},
+                {name: [(order, outputs[i]) for order, i in parts] for name, parts in self.parts})
 
 
 def canonical_sum(v, tree=None):
@@ -967,7 +1022,7 @@ class _Computed:
 def _fused_sweep(record, seeds):
     """The fused reverse program over all samples, or over aligned chunks of
     ``FUSE_SAMPLES`` (the gradients written chunk by chunk into arrays for the caller, the Param
-    sums combined with the canonical tree)."""
+    sums combined with the canonical tree): ``(values, parts)`` as ``_sweep`` returns them."""
     n = record.graph.n
     seed_keys = tuple(sorted(seeds))
     key = (seed_keys, id(backends.current()), tuple(e.index for e in record.tape))
@@ -997,18 +1052,14 @@ def _fused_sweep(record, seeds):
                             into=[g[s:e] for g in grads] + [None] * len(plan.params))
             for acc, v in zip(sums, values[n_g:]):
                 acc.append(v)
-    param_parts = {}
-    for (name, order), parts in zip(plan.params, sums):
-        param_parts.setdefault(name, []).append((order, combine(parts, FUSE_SAMPLES, n)))
-    return _Computed(dict(zip(plan.grad_keys, grads))), param_parts, plan.layout
+    return plan.assembly.fill(grads + [combine(parts, FUSE_SAMPLES, n) for parts in sums])
 
 
 def _sweep(record, seeds, vjps, workspace):
     cells = record.cells
     n = record.graph.n
     if _fusable(record, vjps):
-        adj, param_parts, layout = _fused_sweep(record, seeds)
-        return _assemble(record, adj, param_parts, layout), param_parts
+        return _fused_sweep(record, seeds)
     adj = _Adjoints(seeds)
     param_parts = {}
 
@@ -1064,10 +1115,11 @@ def _sweep(record, seeds, vjps, workspace):
     return _assemble(record, adj, param_parts), param_parts
 
 
-def _assemble(record, adj, param_parts, layout=None):
+def _assemble(record, adj, param_parts, layout=None, cells=None):
     """The Gradients' values: input planes by their bound names, Params summed oldest first.
-    ``layout``: :func:`_gradient_layout` of the record, when the caller has it cached."""
-    cells = record.cells
+    ``layout``: :func:`_gradient_layout` of the record, when the caller has it cached (and
+    ``cells`` its Param cells: then ``record`` is not read)."""
+    cells = record.cells if cells is None else cells
     bindings, params = layout or _gradient_layout(record)
     values = {}
     plain = {}
