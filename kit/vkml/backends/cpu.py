@@ -393,7 +393,7 @@ class CompiledProgram:
                 if out is None or getrefcount(out) > 3:   # the pool's, ``out`` and the call's own
                     self._next_buffer(pool, j)
             if dests is not None:
-                outs = [o if d is None else d for o, d in zip(outs, dests)]
+                outs = [outs[j] if dests[j] is None else dests[j] for j in pool.slots]
             scratch = pool.scratch
             if scratch is None:
                 scratch = pool.allocate_scratch()
@@ -416,8 +416,9 @@ class CompiledProgram:
     def _destinations(self, into):
         """Per output, the destination of ``into`` it is written into directly, or None (one of
         another shape or dtype is filled by ``Backend.run`` with a copy)."""
-        return [d if d is not None and d.shape == shape and d.dtype == dtype else None
-                for d, (shape, dtype) in zip(into, self.out_types)]
+        types = self.out_types
+        return [into[j] if into[j] is not None and into[j].shape == types[j][0] and
+                into[j].dtype == types[j][1] else None for j in range(len(types))]
 
     def _next_buffer(self, pool, j):
         """Output ``j``'s last array is still held: write into its spare (the one returned the

@@ -32,7 +32,7 @@ from .graph import Opaque, Reduce, RepeatWhile, per_sample_values, run_named, th
 from .kernel import Kernel, Launch
 from .reversible import Reversible
 from .record import LoopEntry, OtherEntry, Record, SkipEntry, Step
-from .treesum import chunk_bounds, combine, tree_sum
+from .treesum import tree_sum
 
 
 class Report:
@@ -1037,22 +1037,26 @@ def _fused_sweep(record, seeds):
             [seeds[k] for k in seed_keys]
         values = submit(plan.backend, plan.exe, args, plan.eqns)
         n_g = len(plan.grad_keys)
-        grads, sums = values[:n_g], [[v] for v in values[n_g:]]
+        grads, sums = values[:n_g], values[n_g:]
     else:
-        grads, sums, plan = None, None, None
-        for s, e in chunk_bounds(n, FUSE_SAMPLES):
+        # the gradients and every chunk's Param sums go straight into arrays made once (no
+        # array per chunk); the chunks' sums are subtrees of the canonical tree, so their tree
+        # sum has the one-pass bits (``treesum.combine``)
+        grads, partials, plan = None, None, None
+        for c, s in enumerate(range(0, n, FUSE_SAMPLES)):
+            e = min(s + FUSE_SAMPLES, n)
             plan = plan_for(e - s, FUSE_SAMPLES)
             n_g = len(plan.grad_keys)
             if grads is None:
                 grads = [np.empty((n,) + v.shape[1:], v.dtype) for v in plan.exe_outputs[:n_g]]
-                sums = [[] for _ in plan.params]
+                partials = [np.empty((-(-n // FUSE_SAMPLES),) + v.shape, v.dtype)
+                            for v in plan.exe_outputs[n_g:]]
             args = [record.value(k)[s:e] for k in plan.in_keys] + \
                 [record.cells[k] for k in plan.cell_keys] + [seeds[k][s:e] for k in seed_keys]
-            values = submit(plan.backend, plan.exe, args, plan.eqns,
-                            into=[g[s:e] for g in grads] + [None] * len(plan.params))
-            for acc, v in zip(sums, values[n_g:]):
-                acc.append(v)
-    return plan.assembly.fill(grads + [combine(parts, FUSE_SAMPLES, n) for parts in sums])
+            submit(plan.backend, plan.exe, args, plan.eqns,
+                   into=[g[s:e] for g in grads] + [p[c, ...] for p in partials])
+        sums = [tree_sum(p) for p in partials]
+    return plan.assembly.fill(grads + sums)
 
 
 def _sweep(record, seeds, vjps, workspace):
