@@ -183,7 +183,7 @@ def resolve_seeds(record, seeds, copy=True):
     """Seeds by plane version, checked before anything runs (the two mistakes everyone makes once).
     ``copy=False``: a seed of the plane's dtype is used as it is (the caller makes sure no
     gradient handed back aliases it and nothing writes into it)."""
-    if not isinstance(seeds, Mapping):
+    if type(seeds) is not dict and not isinstance(seeds, Mapping):
         raise ArgumentError(f"seeds must be a dict of output plane name -> per-sample seed, got "
                             f"{type(seeds).__name__}")
     graph = record.graph
@@ -821,11 +821,14 @@ def summed(ct, workspace):
 def _detach(values, seeds, workspace):
     """Copy any gradient that may share memory with one of the caller's ``seeds`` or a buffer of
     ``workspace``, so what is handed back is the caller's own."""
-    copies = {}
+    own = {}                # id -> what to hand back: each array is looked at once
     for name, v in values.items():
-        if isinstance(v, np.ndarray) and v.ndim and (
-                any(np.may_share_memory(v, p) for p in seeds) or workspace.holds(v)):
-            values[name] = copies.setdefault(id(v), v.copy())
+        if isinstance(v, np.ndarray) and v.ndim:
+            got = own.get(id(v))
+            if got is None:
+                got = own[id(v)] = v.copy() if any(np.may_share_memory(v, p) for p in seeds) or \
+                    workspace.holds(v) else v
+            values[name] = got
 
 
 #: Up to this many samples a plain-launch reverse runs as one fused program over all of them.
