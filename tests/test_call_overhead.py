@@ -7,7 +7,8 @@ results and errors of the long way.
   known part and the transposed part in one program), copies no argument, and hands back
   results that survive the next call;
 - arming Ctrl-C around a long compiled call reads the Python handler once, never through
-  ``signal.getsignal`` (which raises and catches an error inside for a function handler);
+  ``signal.getsignal`` (which raises and catches an error inside for a function handler), and a
+  short scan is not armed at all;
 - a graph's fused reverse puts its Gradients together from a recipe made once per plan: the same
   names, order, shared arrays, Param parts and bits as the launch-by-launch sweep; a chunked one
   allocates its gradient and a few small objects, nothing per chunk.
@@ -165,21 +166,24 @@ def test_a_steady_value_and_grad_copies_no_argument(on_cpu):
 # -- arming Ctrl-C ------------------------------------------------------------------------------------
 
 @needs_cc
-def test_an_armed_call_reads_the_python_handler_once_not_through_signal_getsignal(on_cpu,
-                                                                                 monkeypatch):
+def test_an_armed_call_reads_the_handler_once_and_a_short_scan_is_not_armed(on_cpu, monkeypatch):
     if interrupts._library() is None:
         pytest.skip("no interrupt helper library here")
     vg = vkml.value_and_grad(vkml.jit(running_sum_loss))
-    xs = np.linspace(-1.0, 1.0, 50)
-    vg(xs), vg(xs)
+    long_xs = np.linspace(-1.0, 1.0, 2 * cpu.SHORT_WORK)      # more work than SHORT_WORK: armed
+    short_xs = np.linspace(-1.0, 1.0, 1000)                  # far less: never armed
+    for xs in (long_xs, short_xs):
+        vg(xs), vg(xs)
     reads, getsignal_calls = [], []
     read = interrupts.python_handler
     monkeypatch.setattr(interrupts, "python_handler", lambda: reads.append(1) or read())
     monkeypatch.setattr(signal, "getsignal", lambda *a: getsignal_calls.append(a) or
                         pytest.fail("signal.getsignal called by an armed call"))
-    for _ in range(4):
-        np.testing.assert_allclose(vg(xs)[1].numpy(), want_running_sum_grad(xs), rtol=1e-12)
-    assert len(reads) == 4 and getsignal_calls == []
+    for xs, armed in ((long_xs, 3), (short_xs, 0)):
+        del reads[:]
+        for _ in range(3):
+            np.testing.assert_allclose(vg(xs)[1].numpy(), want_running_sum_grad(xs), rtol=1e-9)
+        assert len(reads) == armed and getsignal_calls == []
     assert signal.default_int_handler is read()            # nothing left installed
 
 

@@ -55,7 +55,8 @@ elementwise equations (an optimiser's update) as compiled programs
 (``with_exact_runs_called``).
 
 Ctrl-C stops a long call within a step (``interrupts``): a program holding a
-scan or while loop, and a simulation's per-sample loops, are called with
+while loop or scans of more than ``SHORT_WORK`` element operations, and a
+simulation's per-sample loops, are called with
 vkml's SIGINT handler armed (on the main thread, while Python's default
 handler is in place); it sets a flag that the generated C polls every few
 scan rows or while iterations and before every step of every sample (every
@@ -64,7 +65,7 @@ function then frees its temporaries and returns
 :data:`~.codegen.c_render.INTERRUPTED`; nothing it computed is committed --
 such a program computes into arrays of its own, never straight into the
 caller's -- and the caller gets the KeyboardInterrupt, everything as before
-the call.  Loop-free programs are short and never armed.
+the call.  Loop-free programs and short scans are never armed.
 """
 
 from __future__ import annotations
@@ -314,16 +315,17 @@ def _run_as_call(run, end, later_reads, returned):
 class CompiledProgram:
     """A program's C function, called with contiguous arrays.
 
-    A program holding a loop may run long, so its call is interruptible (armed, see the module
-    docstring) and computes into arrays of its own, never into ``into``: a call stopped
-    half-way then leaves the caller's arrays as they were (``Backend.run`` copies the results
-    in once the call has succeeded)."""
+    A program holding a while loop, or scans doing more than ``SHORT_WORK`` element operations,
+    may run long, so its call is interruptible (armed, see the module docstring) and computes
+    into arrays of its own, never into ``into``: a call stopped half-way then leaves the
+    caller's arrays as they were (``Backend.run`` copies the results in once the call has
+    succeeded).  A shorter scan runs to its end, as a loop-free program does."""
 
     def __init__(self, program, lib, source, lowering):
         self.fn = lib.vk_main
         self.fn.restype = ctypes.c_int
         self.fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-        self.interruptible = _has_loop(program)
+        self.interruptible = _may_run_long(program)
         self.in_types = [v.dtype for v in program.inputs]
         self.out_types = [(v.shape, v.dtype) for v in program.outputs]
         producer = {v: i for i, e in enumerate(program.eqns) for v in e.outputs}
@@ -555,6 +557,38 @@ def _differs_from_numpy(program) -> bool:
         if any(hasattr(p, "eqns") and _differs_from_numpy(p) for p in e.params.values()):
             return True
     return False
+
+
+#: element operations below which a program holding a scan is not armed for Ctrl-C: at most a
+#: few milliseconds of C, while arming costs two ``sigaction`` calls (about a microsecond) on every
+#: call -- a third of a jitted gradient's fixed cost at 10^3 rows
+SHORT_WORK = 1 << 20
+
+
+def _may_run_long(program) -> bool:
+    """Whether a call may run long enough to be worth arming: it holds a while loop (its trip
+    count is unknown) or its loops do more than ``SHORT_WORK`` element operations (roughly)."""
+    return _has_loop(program) and _work(program) > SHORT_WORK
+
+
+def _work(program) -> float:
+    """Element operations ``program`` does, roughly and from above: each equation's largest
+    operand (times the inner dimension for a matrix product or factorisation), a scan's step
+    times its rows, every branch of a conditional; a while loop's are unbounded."""
+    total = 0
+    for e in program.eqns:
+        name = e.prim.name
+        if name == "while":
+            return float("inf")
+        nested = sum(_work(p) for p in e.params.values() if hasattr(p, "eqns"))
+        if name == "scan":
+            total += e.params["length"] * nested
+            continue
+        size = max([v.size for v in (*e.inputs, *e.outputs)] or [1])
+        if name in ("matmul", "cholesky", "solve", "slogdet") and e.inputs and e.inputs[0].shape:
+            size *= e.inputs[0].shape[-1]
+        total += size + nested
+    return total
 
 
 def _has_loop(program) -> bool:

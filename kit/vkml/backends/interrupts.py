@@ -23,7 +23,7 @@ everything is as it was before the call (measured: control is back within
 a millisecond of the signal).  A poll costs nothing measurable (a scan of
 scalar adds, the fastest loop there is, runs at the same speed); arming is
 two ``sigaction`` calls (about a microsecond), which is why loop-free
-programs are never armed.
+programs, and scans too short to be worth it, are never armed.
 
 When a call is NOT armed -- it runs as it always did, the interrupt taking
 effect when it returns:
