@@ -826,9 +826,16 @@ def _detach(values, seeds, workspace):
         if isinstance(v, np.ndarray) and v.ndim:
             got = own.get(id(v))
             if got is None:
-                got = own[id(v)] = v.copy() if any(np.may_share_memory(v, p) for p in seeds) or \
-                    workspace.holds(v) else v
+                got = own[id(v)] = v.copy() if _shares_memory(v, seeds) or workspace.holds(v) \
+                    else v
             values[name] = got
+
+
+def _shares_memory(v, arrays) -> bool:
+    for a in arrays:
+        if np.may_share_memory(v, a):
+            return True
+    return False
 
 
 #: Up to this many samples a plain-launch reverse runs as one fused program over all of them.
@@ -1028,7 +1035,7 @@ def _fused_sweep(record, seeds):
     sums combined with the canonical tree): ``(values, parts)`` as ``_sweep`` returns them."""
     n = record.graph.n
     seed_keys = tuple(sorted(seeds))
-    key = (seed_keys, id(backends.current()), tuple(e.index for e in record.tape))
+    key = (seed_keys, id(backends.current()), len(record.tape))    # plain steps: 0, 1, ... in order
 
     def plan_for(m, tree):
         return record.graph._caches.reverse_plans.get_or_make(
