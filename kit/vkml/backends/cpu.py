@@ -372,8 +372,8 @@ class CompiledProgram:
         block as the items of one tuple (``TUPLE_ITEMS``: a tuple keeps its item pointers in a
         row, the block of array objects ``vk_objs`` reads; cheaper than filling a ctypes array
         item by item).  A destination in ``into`` of the output's shape and dtype is written
-        directly (not by a program holding a loop: see the class docstring), and no array of
-        the executable's own is touched for it.
+        directly (not by an interruptible call: see the class docstring), and no array of the
+        executable's own is touched for it.
 
         The rule for reusing outputs: the executable keeps the arrays it returned in its last two
         calls for each output and writes into one again only if nothing else references it any

@@ -114,7 +114,7 @@ except ImportError:                                  # pragma: no cover (another
 def python_handler():
     """The Python-level SIGINT handler, as ``signal.getsignal`` gives it but without turning it
     into an enum first (for a function handler that raises and catches an error inside: several
-    microseconds, paid twice by every armed call of a gradient before this)."""
+    microseconds, where every armed call reads it)."""
     return _getsignal(signal.SIGINT)
 
 
