@@ -387,15 +387,13 @@ class CompiledProgram:
             return self._call_fresh(args, into)
         try:
             outs = pool.outs
-            dests = None if into is None or self.interruptible else self._destinations(into)
-            for j in pool.slots:
-                if dests is not None and dests[j] is not None:
-                    continue
-                out = outs[j]           # (an index loop: enumerate's tuple would hold one more)
-                if out is None or getrefcount(out) > 3:   # the pool's, ``out`` and the call's own
-                    self._next_buffer(pool, j)
-            if dests is not None:
-                outs = [outs[j] if dests[j] is None else dests[j] for j in pool.slots]
+            if into is None or self.interruptible:
+                for j in pool.slots:
+                    out = outs[j]       # (an index loop: enumerate's tuple would hold one more)
+                    if out is None or getrefcount(out) > 3:   # the pool's, ``out``, the call's
+                        self._next_buffer(pool, j)
+            else:
+                outs = self._pooled_or_into(pool, into)
             scratch = pool.scratch
             if scratch is None:
                 scratch = pool.allocate_scratch()
@@ -414,6 +412,17 @@ class CompiledProgram:
             return list(outs)
         finally:
             pool.lock.release()
+
+    def _pooled_or_into(self, pool, into):
+        """Per output, its destination in ``into`` where one fits (``_destinations``), else the
+        pool's array for it (reused or made as ``call_ready`` says)."""
+        dests = self._destinations(into)
+        outs = pool.outs
+        for j in pool.slots:
+            out = outs[j]
+            if dests[j] is None and (out is None or getrefcount(out) > 3):   # as in call_ready
+                self._next_buffer(pool, j)
+        return [outs[j] if dests[j] is None else dests[j] for j in pool.slots]
 
     def _destinations(self, into):
         """Per output, the destination of ``into`` it is written into directly, or None (one of
