@@ -153,6 +153,36 @@ def test_a_gradient_is_never_the_callers_array_and_survives_the_next_call(backen
         assert not np.may_share_memory(aux2.numpy(), x2)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_gradient_plan_follows_clear_caches_tensor_arguments_and_new_shapes(backend, monkeypatch,
+                                                                            tmp_path):
+    monkeypatch.setenv("VKML_CACHE_DIR", str(tmp_path))
+    with vkml.use_backend(backend):
+        vg = vkml.value_and_grad(vkml.jit(lambda xs: running_sum_loss(xs)))    # never traced yet
+        xs = np.linspace(-1.0, 1.0, 64)
+        before = vkml.stats()
+        vg(xs)
+        first_traces = (vkml.stats() - before).traces        # the function's and its scan step's
+        vg(xs)
+        vkml.clear_caches()                       # the plan's program is gone: traced again
+        before = vkml.stats()
+        _, grad = vg(xs)
+        assert (vkml.stats() - before).traces == first_traces >= 1
+        np.testing.assert_allclose(grad.numpy(), want_running_sum_grad(xs), rtol=1e-12)
+        t = vkml.tensor(xs)                       # a Tensor with a value: a plan of its own
+        for _ in range(2):
+            before = vkml.stats()
+            _, grad = vg(t)
+        assert (vkml.stats() - before).submissions == 1
+        np.testing.assert_allclose(grad.numpy(), want_running_sum_grad(xs), rtol=1e-12)
+        for n in (10, 11, 10):                    # another shape, another key; back again
+            ys = np.linspace(0.0, 1.0, n)
+            np.testing.assert_allclose(vg(ys)[1].numpy(), want_running_sum_grad(ys), rtol=1e-12)
+        needs = vkml.tensor(xs, requires_grad=True)    # the long way: a lazy call, autograd on
+        value, grad = vg(needs)
+        np.testing.assert_allclose(grad.numpy(), want_running_sum_grad(xs), rtol=1e-12)
+
+
 @needs_cc
 def test_a_steady_value_and_grad_copies_no_argument(on_cpu):
     vg = vkml.value_and_grad(vkml.jit(running_sum_loss))
