@@ -850,7 +850,10 @@ FUSE_SAMPLES = 1 << 15
 def _fusable(record, vjps):
     """A tape of plain launches whose vjps vkml derives: its reverse can be ONE program (over
     chunks of samples, one thread)."""
-    return threads() == 1 and all(type(e) is Step and e.node.name not in vjps for e in record.tape)
+    for e in record.tape:
+        if type(e) is not Step or e.node.name in vjps:
+            return False
+    return threads() == 1
 
 
 @dataclass(frozen=True, eq=False)
