@@ -186,6 +186,16 @@ def resolve_seeds(record, seeds, copy=True):
     if type(seeds) is not dict and not isinstance(seeds, Mapping):
         raise ArgumentError(f"seeds must be a dict of output plane name -> per-sample seed, got "
                             f"{type(seeds).__name__}")
+    cache_key = _seed_targets_key(record, seeds)
+    known = record.graph._caches.structure.get(cache_key) if cache_key is not None else None
+    if known is not None:               # the names resolved before: only the arrays to check
+        resolved = {}
+        for (name, key, plane), seed in zip(known, seeds.values()):
+            arr = seed_array(name, seed, plane)
+            resolved[key] = resolved[key] + arr.astype(plane.dtype, copy=False) \
+                if key in resolved else arr.astype(plane.dtype, copy=copy)
+        return resolved
+    targets = []
     graph = record.graph
     written = _outputs_by_name(record.tape)
     writes = _all_writes(graph)
@@ -217,10 +227,28 @@ def resolve_seeds(record, seeds, copy=True):
         arr = seed_array(name, seed, plane)
         if key is None:                    # the writer did not run (a skipped member)
             key = (id(plane), record.final.get(id(plane), 0))
+        targets.append((name, key, plane))
         # a copy: a gradient that passes straight through a kernel must not alias the caller's seed
         resolved[key] = resolved.get(key, 0) + arr.astype(plane.dtype, copy=False) \
             if key in resolved else arr.astype(plane.dtype, copy=copy)
+    if cache_key is not None:
+        graph._caches.structure.put(cache_key, targets)
     return resolved
+
+
+def _seed_targets_key(record, seeds):
+    """The key under which the graph keeps where ``seeds``' names resolve to, for a tape of
+    plain steps (every launch runs the same steps, so it writes the same plane versions) and
+    names that are all strings; None for any other (resolved afresh every time)."""
+    tape = record.tape
+    for e in tape:
+        if type(e) is not Step:
+            return None
+    names = tuple(seeds)
+    for name in names:
+        if type(name) is not str:
+            return None
+    return ("seed targets", names, len(tape))
 
 
 def seed_array(name, seed, plane):
