@@ -388,7 +388,8 @@ class Workspace:
 
     def holds(self, value):
         """Whether ``value`` may share memory with a buffer kept here."""
-        return any(np.may_share_memory(value, b) for b in self._buffers.values())
+        return bool(self._buffers) and any(np.may_share_memory(value, b)
+                                           for b in self._buffers.values())
 
     @property
     def nbytes(self):
