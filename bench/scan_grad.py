@@ -159,7 +159,8 @@ def print_parts(f, args):
         "the result Tensor": median_seconds(lambda: Tensor(Var(shape, dtype, device, None, out)),
                                             repeat=300, number=200),
     }
-    print(f"\n  where a tiny call's {whole * 1e6:.2f} us go ({type(plan.call).__qualname__}):")
+    called = getattr(plan.call, "__qualname__", type(plan.call).__name__)
+    print(f"\n  where a tiny call's {whole * 1e6:.2f} us go (the executable: {called}):")
     rest = whole - sum(v for k, v in stages.items() if not k.startswith("context"))
     for name, secs in stages.items():
         print(f"    {name:42s} {secs * 1e6:6.2f} us" + ("  (in the key)" if name.startswith("context") else ""))
