@@ -6,8 +6,9 @@
 2. Per-call overhead of a jitted tiny function (add two 4-element arrays), vkml against ``jax.jit``,
    both with their own array types as inputs (and with NumPy inputs).
 
-Run: ``scripts/dev bench`` (or ``python bench/scan_grad.py [--quick]``; ``--quick``: 10^3 and 10^4
-rows, fewer rounds).  One thread, the process pinned to one CPU; the sides interleaved in rounds,
+Run: ``scripts/dev bench`` (or ``python bench/scan_grad.py [--quick] [--parts]``; ``--quick``:
+10^3 and 10^4 rows, fewer rounds; full: 10^3 to 10^6 rows; ``--parts``: where a tiny call's time
+goes, stage by stage).  One thread, the process pinned to one CPU; the sides interleaved in rounds,
 each side's time the minimum over rounds of its per-round median (``_timing.py`` says why).  Ratios
 are vkml's time over the peer's (below 1 means vkml is faster).  JAX and PyTorch are optional:
 a missing one is skipped with a note.
@@ -20,7 +21,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import pin, print_table, time_sides  # noqa: E402
+from _timing import median_seconds, pin, print_table, time_sides  # noqa: E402
 
 if __name__ == "__main__":        # before NumPy, JAX and torch load their thread pools
     PINNED = pin()
@@ -84,14 +85,16 @@ def optional(make):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="10^3 and 10^4 rows, fewer rounds (seconds)")
-    quick = ap.parse_args().quick
+    ap.add_argument("--parts", action="store_true", help="split a tiny call's time into its stages")
+    options = ap.parse_args()
+    quick = options.quick
     rounds = 5 if quick else 7
     print(f"vkml {vkml.__version__}, backend {vkml.backend_info()['backend']}; {PINNED}; "
           f"{rounds} rounds\n")
     vk = vkml_scan_grad()
     jx = optional(jax_scan_grad)
     th = optional(torch_scan_grad)
-    for n in (1_000, 10_000) if quick else (1_000, 10_000, 100_000):
+    for n in (1_000, 10_000) if quick else (1_000, 10_000, 100_000, 1_000_000):
         xs = np.random.default_rng(0).normal(size=n)
         want = 2 * np.cumsum(np.cumsum(xs)[::-1])[::-1]
         np.testing.assert_allclose(vk(xs), want, rtol=1e-9)
@@ -130,6 +133,38 @@ def main():
     print_table("per-call overhead of a jitted add of two 4-element float32 arrays", rows,
                 baselines=[r[0] for r in rows if r[0].startswith("jax")], unit="us")
     print(f"  vkml per call: {d.submissions} submission, {d.compiles} compiles, {d.traces} traces")
+    if options.parts:
+        print_parts(f, (a, b))
+
+
+def print_parts(f, args):
+    """Where one tiny call with NumPy arguments spends its time, stage by stage: each stage is
+    timed on its own (medians of many calls), and what is left of the whole call is the calls
+    between them (frames, the plan's lookup and counters).  Reads vkml internals: a diagnostic."""
+    from vkml.ir import Var
+    from vkml.programs import _fast_key
+    from vkml.runtime import call_context
+    from vkml.tensor import Tensor
+    f(*args)
+    (plan,) = [p for k, p in f._fast.items() if k == _fast_key(args)]
+    out = plan.call(args)[0]
+    shape, dtype, device = plan.out_vars[0]
+    whole = median_seconds(lambda: f(*args), repeat=300, number=200)
+    stages = {
+        "context (backend, device, matmul mode)": median_seconds(call_context, repeat=300, number=200),
+        "key: context + the arguments' types": median_seconds(lambda: _fast_key(args), repeat=300,
+                                                              number=200),
+        "the executable (NumPy ops / the C call)": median_seconds(lambda: plan.call(args),
+                                                                  repeat=300, number=200),
+        "the result Tensor": median_seconds(lambda: Tensor(Var(shape, dtype, device, None, out)),
+                                            repeat=300, number=200),
+    }
+    called = getattr(plan.call, "__qualname__", type(plan.call).__name__)
+    print(f"\n  where a tiny call's {whole * 1e6:.2f} us go (the executable: {called}):")
+    rest = whole - sum(v for k, v in stages.items() if not k.startswith("context"))
+    for name, secs in stages.items():
+        print(f"    {name:42s} {secs * 1e6:6.2f} us" + ("  (in the key)" if name.startswith("context") else ""))
+    print(f"    {'the rest: frames, plan lookup, counters':42s} {rest * 1e6:6.2f} us")
 
 
 if __name__ == "__main__":

@@ -90,24 +90,21 @@ _FAST_PLANS = 8
 
 def _fast_key(args):
     """The types of plain concrete arguments (NumPy arrays, Tensors holding a NumPy value and
-    not requiring grad) and the call's context (backend, default device, matmul mode): all a
-    call of such arguments depends on, found without flattening them or making Vars; None for
-    any other call (it takes the full path).  Two Tensors sharing one value make the full path's aliasing key: refused here."""
-    context = call_context()
-    backend = context[0]
-    if backend.name not in _HOST_BACKENDS:
-        return None
-    key = [context]
+    not requiring grad) with their strides, and the call's context (backend, default device,
+    matmul mode): all a call of such arguments depends on, found without flattening them or
+    making Vars; None for any other call (it takes the full path).  Two Tensors sharing one
+    value make the full path's aliasing key: refused here."""
+    key = [call_context()]
     tensors = 0
     for a in args:
-        t = type(a)
-        if t is np.ndarray:
-            key.append((a.shape, a.dtype))
-        elif t is Tensor:
+        if type(a) is np.ndarray:
+            key.append((a.shape, a.dtype, a.strides))
+        elif type(a) is Tensor:
             v = a.ir_var
-            if a.requires_grad or type(v.value) is not np.ndarray:
+            value = v.value
+            if a.requires_grad or type(value) is not np.ndarray:
                 return None
-            key.append((v.shape, v.dtype, v.device, v.weak))
+            key.append((v.shape, v.dtype, v.device, v.weak, value.strides))
             tensors += 1
         else:
             return None
@@ -146,21 +143,42 @@ class _FastPlan:
 
     The arguments' arrays go to the executable as they are: the full path copies a NumPy
     argument into a read-only constant first, which matters only if a result could be a view of
-    it -- such a result is copied here instead."""
+    it -- such a result is copied here instead.  Arguments of the same types and strides as the
+    ones the plan was made for are C-contiguous when those were: a compiled executable is then
+    called without checking them again (``call_ready``)."""
 
-    __slots__ = ("key", "entry", "exe", "eqns", "out_vars", "single", "arrays", "removals", "used")
+    __slots__ = ("key", "entry", "tiered", "call", "eqns", "out_vars", "tree", "single", "arrays",
+                 "removals", "used", "contiguous", "plain")
 
-    def __init__(self, key, entry, exe, args, removals):
-        self.key, self.entry, self.exe, self.removals = key, entry, exe, removals
-        self.eqns = entry.program.eqns
-        self.out_vars = [(o.shape, o.dtype, o.device) for o in entry.program.outputs]
-        self.single = entry.out_tree.kind == "leaf"
+    def __init__(self, key, entry, program, exe, args, removals, tree):
+        """``program``: what the plan runs (the entry's, or one derived from it); ``tree``: the
+        results' treedef (None: ``run`` returns the list of result Tensors)."""
+        self.key, self.entry, self.removals = key, entry, removals
+        self.eqns = program.eqns
+        self.out_vars = [(o.shape, o.dtype, o.device) for o in program.outputs]
+        self.tree = tree
+        self.single = tree is not None and tree.kind == "leaf"
         # the caller's own arrays, when a result could be a view of one (one not made fresh by
         # an arithmetic equation: a reshape, a slice, an argument itself)
         fresh = {o for e in self.eqns if e.prim.name in FRESH for o in e.outputs}
-        aliasing = any(o not in fresh for o in entry.program.outputs)
+        aliasing = any(o not in fresh for o in program.outputs)
         self.arrays = [i for i, a in enumerate(args) if type(a) is np.ndarray] if aliasing else []
+        self.contiguous = all((a if type(a) is np.ndarray else a.ir_var.value).flags.c_contiguous
+                              for a in args)
+        self.plain = all(type(a) is np.ndarray for a in args)   # no Tensor to take the value of
+        self.tiered = exe if type(exe) is Tiered else None     # swapped for its C function when hot
+        self.call = self._direct(exe)
         self.used = False
+
+    def _direct(self, exe):
+        """What to call: a compiled executable's ``call_ready`` where the arguments are known
+        contiguous, else the executable.  A compiled executable's results are arrays of its own,
+        never views of the caller's."""
+        ready = getattr(exe, "call_ready", None)
+        if ready is None:
+            return exe
+        self.arrays = []
+        return ready if self.contiguous else exe
 
     @staticmethod
     def fits(args, entry) -> bool:
@@ -180,24 +198,29 @@ class _FastPlan:
         return True
 
     def run(self, args):
-        values = [a if type(a) is np.ndarray else a.ir_var.value for a in args]
         self.used = True
-        exe = self.exe
         STATS.submissions += 1
+        if not self.plain:
+            args = [a if type(a) is np.ndarray else a.ir_var.value for a in args]
         try:
-            outs = exe(values)
+            outs = self.call(args)
         except ExecutionFailure as failure:
             raise runtime.execution_error(failure, self.eqns) from failure.error
         except MemoryError as error:
             raise runtime.execution_error(error, self.eqns) from None
-        if type(exe) is Tiered and exe.compiled:       # hot: call its C function directly now
-            self.exe = exe.current
+        if self.tiered is not None and self.tiered.compiled:    # hot: its C function from now on
+            self.call, self.tiered = self._direct(self.tiered.current), None
+        if self.single and not self.arrays:
+            shape, dtype, device = self.out_vars[0]
+            return Tensor(Var(shape, dtype, device, None, outs[0]))
         results = []
         for (shape, dtype, device), val in zip(self.out_vars, outs):
             if self.arrays:
                 val = self._unaliased(val, args)
-            results.append(Tensor(Var(shape, dtype, device, value=val)))
-        return results[0] if self.single else unflatten(self.entry.out_tree, results)
+            results.append(Tensor(Var(shape, dtype, device, None, val)))
+        if self.tree is None:
+            return results
+        return results[0] if self.single else unflatten(self.tree, results)
 
     def _unaliased(self, val, args):
         """``val``, copied when it shares memory with one of the caller's arrays."""
@@ -373,13 +396,12 @@ class Jitted:
 
     def __call__(self, *args):
         fast = _fast_key(args)
-        if fast is not None:
-            plan = self._fast.get(fast)
-            if plan is not None and (plan.removals == self._entries.removals or
-                                     plan.valid(self._entries)):
-                self.hits += 1
-                STATS.cache_hits += 1
-                return plan.run(args)
+        plan = self._fast.get(fast)             # (None for a key of None: never stored)
+        if plan is not None and (plan.removals == self._entries.removals or
+                                 plan.valid(self._entries)):
+            self.hits += 1
+            STATS.cache_hits += 1
+            return plan.run(args)
         entry, leaves, in_vars = self._lookup(args)
         requires = False
         for x in leaves:
@@ -391,20 +413,35 @@ class Jitted:
             self._remember(fast, args, entry, in_vars)
         return unflatten(entry.out_tree, outs)
 
-    def _remember(self, fast, args, entry, in_vars):
+    def _plan(self, fast):
+        """The plan kept for ``fast`` while its entry is still cached (counted as a hit), or None."""
+        plan = self._fast.get(fast)
+        if plan is None or not (plan.removals == self._entries.removals or
+                                plan.valid(self._entries)):
+            return None
+        self.hits += 1
+        STATS.cache_hits += 1
+        return plan
+
+    def _remember(self, fast, args, entry, in_vars, derived=None):
         """Keep the plan of a call with plain arguments, so the next call with arguments of the
         same types skips flattening, the key and its Vars (a few plans: a sweep over many shapes
-        replaces them)."""
+        replaces them).  ``derived``: ``(name, make)``, a program derived from the entry that
+        the plan runs instead (its results a list), made once."""
+        backend = runtime.current_backend()
+        if backend.name not in _HOST_BACKENDS or entry.captures:
+            return
         if len(self._fast) >= _FAST_PLANS:
             self._fast.clear()
         key = self._key(flatten(args)[1], in_vars)
         removals = self._entries.removals
         if self._entries.get(key) is not entry or not _FastPlan.fits(args, entry):
             return
-        backend = runtime.current_backend()
-        exe = _executable(self, entry, "primal", entry.program, backend,
-                          [v.value for v in in_vars])
-        self._fast[fast] = _FastPlan(key, entry, exe, args, removals)
+        tag, program, tree = "primal", entry.program, entry.out_tree
+        if derived is not None:
+            tag, program, tree = derived[0], self._derive(entry, derived[0], derived[1]), None
+        exe = _executable(self, entry, tag, program, backend, [v.value for v in in_vars])
+        self._fast[fast] = _FastPlan(key, entry, program, exe, args, removals, tree)
 
     def _touch_fast_plans(self):
         """Calls through fast-call plans skip the programs' cache: before that cache may drop
@@ -762,27 +799,43 @@ def _vjp_call(jitted, args, nums, where):
         need = rg or any(isinstance(c, Tensor) and c.requires_grad for c in cts)
         return _apply_program(jitted, entry, ("transposed",), transposed, ins, need)
 
-    return entry, values, pullback, flags
+    return entry, values, pullback, flags, in_vars
 
 
 def _grad_fn(fn, argnums, has_aux, with_value):
     jitted = jit(fn)
     where = "grad"
 
+    positions = {}          # the argnums as positions, by the number of arguments
+
     def g(*args):
-        nums = _argnums(argnums, len(args))
-        entry, values, pullback, flags = _vjp_call(jitted, args, nums, where)
-        outs = unflatten(entry.out_tree, values)
-        main, aux = (outs[0], outs[1]) if has_aux else (outs, None)
-        if has_aux and (not isinstance(outs, tuple) or len(outs) != 2):
-            raise GradError("grad(has_aux=True): the function must return (value, aux)")
-        if not isinstance(main, Tensor) or main.shape != () or main.dtype.kind != "f":
-            shape = getattr(main, "shape", None)
-            raise GradError(f"{where}: the function must return a floating scalar (0-d) value, "
-                            f"got shape {format_shape(shape) if shape is not None else type(main).__name__}; "
-                            "use vkml.vjp or vkml.jacrev for non-scalar outputs")
-        cts = [np.ones((), dtype=values[0].dtype)] + [np.zeros(v.shape, v.dtype) for v in values[1:]]
-        grads = pullback(cts)
+        nums = positions.get(len(args))
+        if nums is None:
+            nums = positions[len(args)] = _argnums(argnums, len(args))
+        fast = _fast_key(args)
+        plan = jitted._plan(("grad", nums, fast)) if fast is not None else None
+        if plan is not None:            # plain arguments seen before: one fused submission
+            results = plan.run(args)
+            n_values = len(plan.entry.program.outputs)
+            outs = unflatten(plan.entry.out_tree, results[:n_values])
+            grads = results[n_values:]
+            main, aux = (outs[0], outs[1]) if has_aux else (outs, None)
+        else:
+            entry, values, pullback, flags, in_vars = _vjp_call(jitted, args, nums, where)
+            outs = unflatten(entry.out_tree, values)
+            main, aux = (outs[0], outs[1]) if has_aux else (outs, None)
+            if has_aux and (not isinstance(outs, tuple) or len(outs) != 2):
+                raise GradError("grad(has_aux=True): the function must return (value, aux)")
+            if not isinstance(main, Tensor) or main.shape != () or main.dtype.kind != "f":
+                shape = getattr(main, "shape", None)
+                raise GradError(f"{where}: the function must return a floating scalar (0-d) value, "
+                                f"got shape {format_shape(shape) if shape is not None else type(main).__name__}; "
+                                "use vkml.vjp or vkml.jacrev for non-scalar outputs")
+            cts = [np.ones((), dtype=values[0].dtype)] + [np.zeros(v.shape, v.dtype) for v in values[1:]]
+            grads = pullback(cts)
+            if fast is not None:
+                jitted._remember(("grad", nums, fast), args, entry, in_vars,
+                                 _value_and_grad_program(jitted, entry, flags))
         per_arg = _regroup(args, nums, grads)
         result = per_arg[0] if isinstance(argnums, int) else tuple(per_arg)
         if with_value:
@@ -795,15 +848,46 @@ def _grad_fn(fn, argnums, has_aux, with_value):
     return g
 
 
+def _value_and_grad_program(jitted, entry, flags):
+    """``(name, make)`` of the program that computes the function's outputs and the gradient of
+    its first (a scalar) in ONE submission, where ``grad`` runs the known part and then the
+    transposed part: the known part's equations followed by the transposed part's, fed the
+    cotangents ``grad`` feeds it (1 for the scalar, 0 for the rest)."""
+    prog = entry.program
+
+    def make():
+        known, _, transposed, out_u, n_res = _vjp_parts(jitted, entry, flags)
+        n_out, n_known = len(prog.outputs), len(known.outputs) - n_res
+        placeholders = _placeholders_like(prog.inputs)
+        with _grad_disabled():
+            computed = inline(known, placeholders)
+            values, residuals = computed[:n_out], computed[n_known:]
+            cts = [api.constant(np.ones((), values[0].dtype))] + \
+                [api.constant(np.zeros(v.shape, v.dtype)) for v in values[1:]]
+            live = [c for c, u in zip(cts, out_u[n_out:]) if u]
+            grads = inline(transposed, residuals + live) if live else \
+                [api.constant(np.zeros(v.shape, v.dtype)) for v, f in zip(prog.inputs, flags) if f]
+        return program_from_dag(placeholders, values + grads)
+
+    return ("value_and_grad", tuple(flags)), make
+
+
 def _regroup(args, nums, grads):
     """Cotangents of the flattened differentiated leaves, back in the arguments' pytree shapes,
     in the order of ``nums`` (the leaves come in argument order, as they were flattened)."""
     it = iter(grads)
     per_arg = {}
     for i in sorted(set(nums)):
+        if type(args[i]) in _LEAF_TYPES:
+            per_arg[i] = next(it)
+            continue
         leaves, tree = flatten(args[i])
         per_arg[i] = unflatten(tree, [next(it) for _ in leaves])
     return [per_arg[i] for i in nums]
+
+
+#: argument types that are one leaf each (a plain call's)
+_LEAF_TYPES = (np.ndarray, Tensor)
 
 
 def grad(fn, argnums=0, has_aux=False):
@@ -839,7 +923,7 @@ def vjp(fn, *args):
     _check_function(fn, "vjp")
     jitted = jit(fn)
     nums = tuple(range(len(args)))
-    entry, values, pb, flags = _vjp_call(jitted, args, nums, "vjp")
+    entry, values, pb, flags, _ = _vjp_call(jitted, args, nums, "vjp")
     out = unflatten(entry.out_tree, values)
 
     def pullback(ct):
@@ -1644,8 +1728,12 @@ def _passing_keywords(fn, argnums, has_aux, with_value, where):
     has_aux = check_bool(has_aux, "has_aux", where)
     positional = _grad_fn(fn, argnums, has_aux, with_value)
 
+    checked = {}            # the argnums as positions, by the number of arguments
+
     def g(*args, **kwargs):
-        nums = _checked_argnums(argnums, len(args), where)
+        nums = checked.get(len(args))
+        if nums is None:
+            nums = checked[len(args)] = _checked_argnums(argnums, len(args), where)
         if not kwargs:
             return positional(*args)
         fixed = nums[0] if _is_int(argnums) else nums

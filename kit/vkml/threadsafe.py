@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import os
 import threading
 import weakref
@@ -35,17 +36,22 @@ class Setting:
 
     def __init__(self, name: str, default):
         self.name = name
-        self._default = default
-        self._own = contextvars.ContextVar(f"vkml_{name}", default=_UNSET)
+        self._own = contextvars.ContextVar(f"vkml_{name}")
+        self._use_default(default)
 
-    def get(self):
-        value = self._own.get()
-        return self._default if value is _UNSET else value
+    def _use_default(self, value):
+        """``get()``: the caller's own value, else ``value`` -- one C call (``ContextVar.get``
+        with the default as its argument, no Python frame: hot paths read settings per call)."""
+        self._default = value
+        self.get = functools.partial(self._own.get, value)
+
+    def get(self):          # (replaced per instance by ``_use_default``; here for the reader)
+        return self._own.get(self._default)
 
     def set_global(self, value) -> None:
         """The process default, and the caller's own value (so another thread's later global
         call does not change it under the caller)."""
-        self._default = value
+        self._use_default(value)
         self._own.set(value)
 
     def set_local(self, value) -> contextvars.Token:

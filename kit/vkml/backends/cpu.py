@@ -59,7 +59,8 @@ signature) and sibling elementwise results of one shape share one loop nest,
 so an Adam update is one vectorised pass per parameter.
 
 Ctrl-C stops a long call within a step (``interrupts``): a program holding a
-scan or while loop, and a simulation's per-sample loops, are called with
+while loop or scans of more than ``SHORT_WORK`` element operations, and a
+simulation's per-sample loops, are called with
 vkml's SIGINT handler armed (on the main thread, while Python's default
 handler is in place); it sets a flag that the generated C polls every few
 scan rows or while iterations and before every step of every sample (every
@@ -68,7 +69,7 @@ function then frees its temporaries and returns
 :data:`~.codegen.c_render.INTERRUPTED`; nothing it computed is committed --
 such a program computes into arrays of its own, never straight into the
 caller's -- and the caller gets the KeyboardInterrupt, everything as before
-the call.  Loop-free programs are short and never armed.
+the call.  Loop-free programs and short scans are never armed.
 """
 
 from __future__ import annotations
@@ -237,6 +238,21 @@ def _data_offset():
 
 #: where a NumPy array object keeps its data pointer (None: not found, see _data_offset)
 DATA_OFFSET = _data_offset()
+
+
+def _tuple_items():
+    """Where a tuple object keeps its item pointers (in a row, right after its header), checked
+    on a tuple; None if the check fails (then every call takes the unpooled path)."""
+    offset = tuple.__basicsize__
+    probe = (np.empty(1), np.empty(2), object())
+    for i, item in enumerate(probe):
+        if ctypes.c_void_p.from_address(id(probe) + offset + i * tuple.__itemsize__).value != id(item):
+            return None
+    return offset
+
+
+#: where a tuple keeps its items (None: not found, see _tuple_items)
+TUPLE_ITEMS = _tuple_items()
 
 
 def allocation_error(what, shape, dtype):
@@ -497,16 +513,17 @@ def _run_as_call(run, end, later_reads, returned, origin):
 class CompiledProgram:
     """A program's C function, called with contiguous arrays.
 
-    A program holding a loop may run long, so its call is interruptible (armed, see the module
-    docstring) and computes into arrays of its own, never into ``into``: a call stopped
-    half-way then leaves the caller's arrays as they were (``Backend.run`` copies the results
-    in once the call has succeeded)."""
+    A program holding a while loop, or scans doing more than ``SHORT_WORK`` element operations,
+    may run long, so its call is interruptible (armed, see the module docstring) and computes
+    into arrays of its own, never into ``into``: a call stopped half-way then leaves the
+    caller's arrays as they were (``Backend.run`` copies the results in once the call has
+    succeeded).  A shorter scan runs to its end, as a loop-free program does."""
 
     def __init__(self, program, lib, source, lowering):
         self.fn = lib.vk_main
         self.fn.restype = ctypes.c_int
         self.fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-        self.interruptible = _has_loop(program)
+        self.interruptible = _may_run_long(program)
         self.in_types = [v.dtype for v in program.inputs]
         self.out_types = [(v.shape, v.dtype) for v in program.outputs]
         producer = {v: i for i, e in enumerate(program.eqns) for v in e.outputs}
@@ -521,31 +538,40 @@ class CompiledProgram:
     writes_into = True
 
     def _prepare(self, lib, lowering):
-        """What the pooled call reuses (see ``_call_pooled``); None without ``vk_objs``."""
+        """What the pooled call reuses (see ``call_ready``); None without ``vk_objs`` or where
+        a tuple's items cannot be handed over as the block of objects (``TUPLE_ITEMS``)."""
         fn = getattr(lib, "vk_objs", None) if DATA_OFFSET is not None else None
-        if fn is None:
+        if fn is None or TUPLE_ITEMS is None:
             return None
-        fn.restype = ctypes.c_int          # its arguments: c_void_p objects made once, as they are
-        n_in, n_out = len(self.in_types), len(self.out_types)
-        objs = (ctypes.c_void_p * (n_in + n_out + 1))()
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         info = np.zeros(3 + len(self.warnings), np.int64)
-        return _Pool(fn, objs, info, [None] * n_out, scratch_layout(lowering.temps)[1])
+        return _Pool(fn, info, [None] * len(self.out_types), scratch_layout(lowering.temps)[1])
 
     def __call__(self, args, into=None):
         """Run once; ``into`` (see ``Backend.run``): destinations the C function writes directly.
 
-        Without destinations, a call that finds the executable free (not running in another
-        thread) takes the pooled path: its outputs and temporaries are reused across calls."""
-        pool = self._pool
-        if into is None and pool is not None and pool.lock.acquire(False):
-            try:
-                return self._call_pooled(args, pool)
-            finally:
-                pool.lock.release()
-        return self._call_fresh(args, into)
+        The arguments go to ``call_ready`` as C-contiguous arrays of the input dtypes (converted
+        copies where they are not)."""
+        if self._pool is None:
+            return self._call_fresh(args, into)
+        for a, t in zip(args, self.in_types):
+            if type(a) is not np.ndarray or a.dtype is not t or not a.flags.c_contiguous:
+                args = [np.ascontiguousarray(a, dtype=t) for a, t in zip(args, self.in_types)]
+                break
+        return self.call_ready(args, into)
 
-    def _call_pooled(self, args, pool):
-        """One call through ``vk_objs`` with a prepared block of array objects.
+    def call_ready(self, args, into=None):
+        """Run once on ``args`` that are C-contiguous arrays of the input dtypes (the caller
+        checked: a jitted call's plan knows it from its arguments' types, see ``programs``).
+
+        A call that finds the executable free (not running in another thread) reuses its
+        outputs and temporaries, calling ``vk_objs`` with the arguments, outputs and scratch
+        block as the items of one tuple (``TUPLE_ITEMS``: a tuple keeps its item pointers in a
+        row, the block of array objects ``vk_objs`` reads; cheaper than filling a ctypes array
+        item by item).  A destination in ``into`` of the output's shape and dtype is written
+        directly (not by an interruptible call: see the class docstring), and no array of the
+        executable's own is touched for it.
 
         The rule for reusing outputs: the executable keeps the arrays it returned in its last two
         calls for each output and writes into one again only if nothing else references it any
@@ -554,32 +580,54 @@ class CompiledProgram:
         (and kept) when neither is free.
         So a steady-state call whose previous results were dropped allocates nothing; the heap
         temporaries live in one scratch block the executable keeps (allocated on first use)."""
-        objs, outs = pool.objs, pool.outs
-        converted = None
-        i = 0
-        for a, t in zip(args, self.in_types):
-            if type(a) is not np.ndarray or a.dtype is not t or not a.flags.c_contiguous:
-                a = np.ascontiguousarray(a, dtype=t)
-                converted = [a] if converted is None else converted + [a]   # alive for the call
-            objs[i] = id(a)
-            i += 1
-        for j in range(len(outs)):
-            out = outs[j]               # (an index loop: enumerate's tuple would hold one more)
-            if out is None or getrefcount(out) > 3:   # the pool's, ``out`` and the call's own
+        pool = self._pool
+        if pool is None or not pool.lock.acquire(False):
+            return self._call_fresh(args, into)
+        try:
+            outs = pool.outs
+            if into is None or self.interruptible:
+                for j in pool.slots:
+                    out = outs[j]       # (an index loop: enumerate's tuple would hold one more)
+                    if out is None or getrefcount(out) > 3:   # the pool's, ``out``, the call's
+                        self._next_buffer(pool, j)
+            else:
+                outs = self._pooled_or_into(pool, into)
+            scratch = pool.scratch
+            if scratch is None:
+                scratch = pool.allocate_scratch()
+                if scratch is None:       # refused: the C function mallocs them (and reports)
+                    return self._call_fresh(args, into)
+            block = (*args, *outs, scratch)
+            if self.interruptible:
+                with Armed() as stop:
+                    code = pool.fn(id(block) + TUPLE_ITEMS, pool.info_address, stop)
+                if code == INTERRUPTED:
+                    interrupted()
+            else:
+                code = pool.fn(id(block) + TUPLE_ITEMS, pool.info_address, NEVER)
+            if code or pool.warns:
+                self._check(code, pool.info)
+            return list(outs)
+        finally:
+            pool.lock.release()
+
+    def _pooled_or_into(self, pool, into):
+        """Per output, its destination in ``into`` where one fits (``_destinations``), else the
+        pool's array for it (reused or made as ``call_ready`` says)."""
+        dests = self._destinations(into)
+        outs = pool.outs
+        for j in pool.slots:
+            out = outs[j]
+            if dests[j] is None and (out is None or getrefcount(out) > 3):   # as in call_ready
                 self._next_buffer(pool, j)
-                objs[i + j] = id(outs[j])
-        if pool.scratch is None and pool.scratch_bytes:
-            pool.allocate_scratch(i + len(outs))
-        if self.interruptible:
-            with Armed() as stop:
-                code = pool.fn(pool.address, pool.info_address, ctypes.c_void_p(stop))
-            if code == INTERRUPTED:
-                interrupted()
-        else:
-            code = pool.fn(pool.address, pool.info_address, _NEVER)
-        if code or self.warnings:
-            self._check(code, pool.info)
-        return list(outs)
+        return [outs[j] if dests[j] is None else dests[j] for j in pool.slots]
+
+    def _destinations(self, into):
+        """Per output, the destination of ``into`` it is written into directly, or None (one of
+        another shape or dtype is filled by ``Backend.run`` with a copy)."""
+        types = self.out_types
+        return [into[j] if into[j] is not None and into[j].shape == types[j][0] and
+                into[j].dtype == types[j][1] else None for j in range(len(types))]
 
     def _next_buffer(self, pool, j):
         """Output ``j``'s last array is still held: write into its spare (the one returned the
@@ -599,11 +647,10 @@ class CompiledProgram:
     def _call_fresh(self, args, into):
         """One call with fresh outputs and the temporaries malloc'ed by the C function."""
         ins = [np.ascontiguousarray(a, dtype=t) for a, t in zip(args, self.in_types)]
-        outs = [_empty_result(shape, dtype, "a result", site)
-                for (shape, dtype), site in zip(self.out_types, self.out_sites)]
-        for i, dest in enumerate(() if self.interruptible else into or ()):
-            if dest is not None and dest.shape == outs[i].shape and dest.dtype == outs[i].dtype:
-                outs[i] = dest
+        dests = self._destinations(into) if into is not None and not self.interruptible else \
+            [None] * len(self.out_types)
+        outs = [_empty_result(shape, dtype, "a result", site) if dest is None else dest
+                for (shape, dtype), site, dest in zip(self.out_types, self.out_sites, dests)]
         in_ptrs = (ctypes.c_void_p * max(1, len(ins)))(*[a.ctypes.data for a in ins])
         out_ptrs = (ctypes.c_void_p * max(1, len(outs)))(*[o.ctypes.data for o in outs])
         info = np.zeros(3 + len(self.warnings), np.int64)
@@ -632,37 +679,36 @@ class CompiledProgram:
                                    failure_error(self.errors[code - 1], info))
 
 
-#: the interrupt flag of calls that are never armed, as a ready ctypes argument
-_NEVER = ctypes.c_void_p(NEVER)
+#: the scratch block of a program with no temporaries on the heap (never read)
+_NO_SCRATCH = np.empty(1, np.uint8)
 
 
 class _Pool:
-    """What one executable's pooled calls reuse (under ``lock``, one call at a time): the block
-    of array objects handed to ``vk_objs``, the info words, the arrays it returned in the last
-    two calls (``outs`` and ``spares``; see ``CompiledProgram._call_pooled`` for when they are
-    written again) and the scratch block of the heap temporaries."""
+    """What one executable's pooled calls reuse (under ``lock``, one call at a time): the info
+    words, the arrays it returned in the last two calls (``outs`` and ``spares``; see
+    ``CompiledProgram.call_ready`` for when they are written again) and the scratch block of
+    the heap temporaries."""
 
-    def __init__(self, fn, objs, info, outs, scratch_bytes):
-        self.fn, self.objs, self.info, self.outs = fn, objs, info, outs
+    def __init__(self, fn, info, outs, scratch_bytes):
+        self.fn, self.info, self.outs = fn, info, outs
+        self.slots = range(len(outs))
+        self.warns = len(info) > 3        # the program has warning checks: look at their words
         self.spares = [None] * len(outs)
-        self.address = ctypes.c_void_p(ctypes.addressof(objs))
-        self.info_address = ctypes.c_void_p(info.ctypes.data)
+        self.info_address = info.ctypes.data
         self.scratch_bytes = scratch_bytes
-        self.scratch = None
+        self.scratch = None if scratch_bytes else _NO_SCRATCH
         self.lock = threading.Lock()
         #: arrays this pool allocated (outputs and the scratch block): what tests count
         self.allocations = 0
 
-    def allocate_scratch(self, slot):
-        """The temporaries' block, allocated on first use and placed in ``objs[slot]``; if it is
-        refused the slot stays empty (then the C function mallocs them itself and reports a
-        temporary it cannot have, as without a block)."""
+    def allocate_scratch(self):
+        """The temporaries' block, allocated on first use; None if it is refused."""
         try:
             self.scratch = np.empty(self.scratch_bytes, np.uint8)
         except (MemoryError, ValueError):
-            return
+            return None
         self.allocations += 1
-        self.objs[slot] = id(self.scratch)
+        return self.scratch
 
 
 def hot_threshold() -> int:
@@ -718,6 +764,38 @@ def _differs_from_numpy(program) -> bool:
         if any(hasattr(p, "eqns") and _differs_from_numpy(p) for p in e.params.values()):
             return True
     return False
+
+
+#: element operations below which a program holding a scan is not armed for Ctrl-C: at most a
+#: few milliseconds of C, while arming costs two ``sigaction`` calls (about a microsecond) on every
+#: call -- a third of a jitted gradient's fixed cost at 10^3 rows
+SHORT_WORK = 1 << 20
+
+
+def _may_run_long(program) -> bool:
+    """Whether a call may run long enough to be worth arming: it holds a while loop (its trip
+    count is unknown) or its loops do more than ``SHORT_WORK`` element operations (roughly)."""
+    return _has_loop(program) and _work(program) > SHORT_WORK
+
+
+def _work(program) -> float:
+    """Element operations ``program`` does, roughly and from above: each equation's largest
+    operand (times the inner dimension for a matrix product or factorisation), a scan's step
+    times its rows, every branch of a conditional; a while loop's are unbounded."""
+    total = 0
+    for e in program.eqns:
+        name = e.prim.name
+        if name == "while":
+            return float("inf")
+        nested = sum(_work(p) for p in e.params.values() if hasattr(p, "eqns"))
+        if name == "scan":
+            total += e.params["length"] * nested
+            continue
+        size = max([v.size for v in (*e.inputs, *e.outputs)] or [1])
+        if name in ("matmul", "cholesky", "solve", "slogdet") and e.inputs and e.inputs[0].shape:
+            size *= e.inputs[0].shape[-1]
+        total += size + nested
+    return total
 
 
 def _has_loop(program) -> bool:

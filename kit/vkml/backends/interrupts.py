@@ -23,7 +23,7 @@ everything is as it was before the call (measured: control is back within
 a millisecond of the signal).  A poll costs nothing measurable (a scan of
 scalar adds, the fastest loop there is, runs at the same speed); arming is
 two ``sigaction`` calls (about a microsecond), which is why loop-free
-programs are never armed.
+programs, and scans too short to be worth it, are never armed.
 
 When a call is NOT armed -- it runs as it always did, the interrupt taking
 effect when it returns:
@@ -46,6 +46,7 @@ import ctypes
 import os
 import signal
 import threading
+from threading import get_ident
 
 from ..errors import BackendError
 
@@ -102,6 +103,21 @@ int vk_disarm(void) {
 """
 
 _lock = threading.Lock()
+
+
+try:
+    from _signal import getsignal as _getsignal      # CPython's own, below ``signal.getsignal``
+except ImportError:                                  # pragma: no cover (another Python)
+    _getsignal = signal.getsignal
+
+
+def python_handler():
+    """The Python-level SIGINT handler, as ``signal.getsignal`` gives it but without turning it
+    into an enum first (for a function handler that raises and catches an error inside: several
+    microseconds, where every armed call reads it)."""
+    return _getsignal(signal.SIGINT)
+
+
 _helper = []              # [] before the first try; then [library or None]
 #: the flag an unarmed call polls: never set
 _NEVER = ctypes.c_int(0)
@@ -130,6 +146,7 @@ def _build():
     lib.vk_arm.restype = lib.vk_disarm.restype = ctypes.c_int
     lib.vk_arm.argtypes = lib.vk_disarm.argtypes = []
     lib.flag = ctypes.c_int.in_dll(lib, "vk_interrupted")
+    lib.flag_address = ctypes.addressof(lib.flag)
     return lib
 
 
@@ -144,17 +161,17 @@ class Armed:
         self.lib = None
 
     def __enter__(self) -> int:
-        if threading.current_thread() is not threading.main_thread() or \
-                signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        if get_ident() != threading.main_thread().ident or \
+                python_handler() is not signal.default_int_handler:
             return NEVER
-        lib = _library()
+        lib = _helper[0] if _helper else _library()
         if lib is None:
             return NEVER
         try:
             if lib.vk_arm() != 0:
                 return NEVER
             self.lib = lib
-            return ctypes.addressof(lib.flag)
+            return lib.flag_address
         except BaseException:          # a Ctrl-C landing right after vk_arm: not left armed
             lib.vk_disarm()
             raise

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -40,7 +40,7 @@ from .graph import Opaque, Reduce, RepeatWhile, per_sample_values, run_named, th
 from .kernel import Kernel, Launch
 from .reversible import Reversible
 from .record import LoopEntry, OtherEntry, Record, SkipEntry, Step
-from .treesum import chunk_bounds, combine, tree_sum
+from .treesum import tree_sum
 
 
 class Report:
@@ -192,9 +192,17 @@ def resolve_seeds(record, seeds, copy=True, device=False):
     ``copy=False``: a seed of the plane's dtype is used as it is (the caller makes sure no
     gradient handed back aliases it and nothing writes into it).  ``device``: the reverse runs
     on the device (a fused reverse on the cuda backend), so a device array seed stays there."""
-    if not isinstance(seeds, Mapping):
+    if type(seeds) is not dict and not isinstance(seeds, Mapping):
         raise ArgumentError(f"seeds must be a dict of output plane name -> per-sample seed, got "
                             f"{type(seeds).__name__}")
+    cache_key = _seed_targets_key(record, seeds)
+    known = record.graph._caches.structure.get(cache_key) if cache_key is not None else None
+    if known is not None:               # the names resolved before: only the arrays to check
+        resolved = {}
+        for (name, key, plane), seed in zip(known, seeds.values()):
+            _add_seed(resolved, key, name, seed, plane, copy, device)
+        return resolved
+    targets = []
     graph = record.graph
     written = _outputs_by_name(record.tape)
     writes = _all_writes(graph)
@@ -225,14 +233,23 @@ def resolve_seeds(record, seeds, copy=True, device=False):
         key = written.get(cand)
         if key is None:                    # the writer did not run (a skipped member)
             key = (id(plane), record.final.get(id(plane), 0))
-        if device and key not in resolved and hasattr(seed, "__cuda_array_interface__"):
-            resolved[key] = device_seed(name, seed, plane)
-            continue
-        arr = seed_array(name, seed, plane)
-        # a copy: a gradient that passes straight through a kernel must not alias the caller's seed
-        resolved[key] = np.asarray(resolved[key]) + arr.astype(plane.dtype, copy=False) \
-            if key in resolved else arr.astype(plane.dtype, copy=copy)
+        targets.append((name, key, plane))
+        _add_seed(resolved, key, name, seed, plane, copy, device)
+    if cache_key is not None:
+        graph._caches.structure.put(cache_key, targets)
     return resolved
+
+
+def _add_seed(resolved, key, name, seed, plane, copy, device):
+    """Check ``seed`` against ``plane`` and add it into ``resolved[key]`` (two names of one plane
+    version add up).  A device array seed of a reverse on the device stays there."""
+    if device and key not in resolved and hasattr(seed, "__cuda_array_interface__"):
+        resolved[key] = device_seed(name, seed, plane)
+        return
+    arr = seed_array(name, seed, plane)
+    # a copy: a gradient that passes straight through a kernel must not alias the caller's seed
+    resolved[key] = np.asarray(resolved[key]) + arr.astype(plane.dtype, copy=False) \
+        if key in resolved else arr.astype(plane.dtype, copy=copy)
 
 
 def device_seed(name, seed, plane):
@@ -247,6 +264,21 @@ def device_seed(name, seed, plane):
         raise DTypeError(f"seed {name!r} is a device array of {value.dtype}, but plane {name!r} "
                          f"holds {plane.dtype}; pass a seed of {plane.dtype}")
     return value
+
+
+def _seed_targets_key(record, seeds):
+    """The key under which the graph keeps where ``seeds``' names resolve to, for a tape of
+    plain steps (every launch runs the same steps, so it writes the same plane versions) and
+    names that are all strings; None for any other (resolved afresh every time)."""
+    tape = record.tape
+    for e in tape:
+        if type(e) is not Step:
+            return None
+    names = tuple(seeds)
+    for name in names:
+        if type(name) is not str:
+            return None
+    return ("seed targets", names, len(tape))
 
 
 def seed_array(name, seed, plane):
@@ -386,7 +418,8 @@ class Workspace:
 
     def holds(self, value):
         """Whether ``value`` may share memory with a buffer kept here."""
-        return any(np.may_share_memory(value, b) for b in self._buffers.values())
+        return bool(self._buffers) and any(np.may_share_memory(value, b)
+                                           for b in self._buffers.values())
 
     @property
     def nbytes(self):
@@ -850,11 +883,21 @@ def summed(ct, workspace):
 def _detach(values, seeds, workspace):
     """Copy any gradient that may share memory with one of the caller's ``seeds`` or a buffer of
     ``workspace``, so what is handed back is the caller's own."""
-    copies = {}
+    own = {}                # id -> what to hand back: each array is looked at once
     for name, v in values.items():
-        if isinstance(v, np.ndarray) and v.ndim and (
-                any(np.may_share_memory(v, p) for p in seeds) or workspace.holds(v)):
-            values[name] = copies.setdefault(id(v), v.copy())
+        if isinstance(v, np.ndarray) and v.ndim:
+            got = own.get(id(v))
+            if got is None:
+                got = own[id(v)] = v.copy() if _shares_memory(v, seeds) or workspace.holds(v) \
+                    else v
+            values[name] = got
+
+
+def _shares_memory(v, arrays) -> bool:
+    for a in arrays:
+        if np.may_share_memory(v, a):
+            return True
+    return False
 
 
 #: Up to this many samples a plain-launch reverse runs as one fused program over all of them.
@@ -869,8 +912,10 @@ FUSE_SAMPLES = 1 << 15
 def _fusable(record, vjps):
     """A tape of plain launches whose vjps vkml derives: its reverse can be ONE program (over
     chunks of samples, one thread)."""
-    return (threads() == 1 or record.on_device) and \
-        all(type(e) is Step and e.node.name not in vjps for e in record.tape)
+    for e in record.tape:
+        if type(e) is not Step or e.node.name in vjps:
+            return False
+    return threads() == 1 or record.on_device
 
 
 @dataclass(frozen=True, eq=False)
@@ -896,6 +941,8 @@ class ReversePlan:
     eqns: list
     #: the program's output Vars (their shapes and dtypes)
     exe_outputs: list
+    #: how the Gradients are put together from the outputs (``_FusedAssembly``)
+    assembly: object = None
 
 
 def _fused_reverse_plan(record, seed_keys, n, tree) -> ReversePlan:
@@ -961,10 +1008,68 @@ def _fused_reverse_plan(record, seed_keys, n, tree) -> ReversePlan:
     program = program_from_dag(inputs, outputs)
     backend = backends.current()
     exe = backend.executable(("graph-reverse", program), lambda: program)
-    return ReversePlan(exe=exe, backend=backend, in_keys=in_keys, cell_keys=cell_keys,
+    plan = ReversePlan(exe=exe, backend=backend, in_keys=in_keys, cell_keys=cell_keys,
                        grad_keys=grad_keys, params=[(k, order) for k, order, _ in param_outs],
                        layout=_gradient_layout(record), eqns=program.eqns,
                        exe_outputs=list(program.outputs))
+    return replace(plan, assembly=_FusedAssembly(plan, record.cells))
+
+
+class _Slot:
+    """An output of a fused reverse program (or a sum of outputs, in order) standing in for its
+    array while :class:`_FusedAssembly` works out once what ``_assemble`` makes of them."""
+
+    __slots__ = ("terms",)
+
+    def __init__(self, terms):
+        self.terms = terms
+
+    def __add__(self, other):
+        return _Slot(self.terms + other.terms)
+
+
+class _FusedAssembly:
+    """What ``_assemble`` and ``fold_params`` make of a fused reverse's outputs, found once per
+    plan by running them on stand-ins (``_Slot``), so a reverse only fills it in: the same names
+    in the same order, the same arrays shared between names, the same sums in the same order,
+    a fresh zero array wherever they make one."""
+
+    def __init__(self, plan, cells):
+        n_g = len(plan.grad_keys)
+        param_parts = {}
+        for j, (name, order) in enumerate(plan.params):
+            param_parts.setdefault(name, []).append((order, _Slot((n_g + j,))))
+        values = _assemble(None, _Computed({k: _Slot((i,)) for i, k in enumerate(plan.grad_keys)}),
+                           param_parts, plan.layout, cells, zeros=_PlaneZeros)
+        sources = {}
+        #: ``(name, source index)`` in the Gradients' order; a source: output indices to add
+        #: in order, or a fresh zero array: ``_PlaneZeros`` (a plane's gradient) or a Param's
+        #: ``(shape, dtype)``
+        self.values = [(name, sources.setdefault(id(v), len(sources))) for name, v in values.items()]
+        self.sources = [None] * len(sources)
+        for v in values.values():
+            self.sources[sources[id(v)]] = v.terms if isinstance(v, _Slot) else \
+                v if isinstance(v, _PlaneZeros) else (v.shape, v.dtype)
+        #: ``Gradients.parts``: per (node, Param), ``(order, output index)`` oldest first
+        self.parts = [(name, [(order, v.terms[0]) for order, v in parts])
+                      for name, parts in param_parts.items()]
+
+    def fill(self, outputs, on_device=False):
+        """``(values, parts)`` of one reverse whose program gave ``outputs`` (``on_device``: its
+        gradients are device planes, so a plane's zero gradient is made there too)."""
+        made = []
+        for source in self.sources:
+            if isinstance(source, _PlaneZeros):
+                total = source.make(on_device)
+            elif type(source[0]) is int:
+                total = outputs[source[0]]
+                for i in source[1:]:
+                    total = total + outputs[i]
+            else:
+                total = np.zeros(*source)
+            made.append(total)
+        return ({name: made[i] for name, i in self.values},
+                {name: [(order, outputs[i]) for order, i in parts] for name, parts in self.parts})
 
 
 def canonical_sum(v, tree=None):
@@ -997,10 +1102,10 @@ class _Computed:
 def _fused_sweep(record, seeds):
     """The fused reverse program over all samples, or over aligned chunks of
     ``FUSE_SAMPLES`` (the gradients written chunk by chunk into arrays for the caller, the Param
-    sums combined with the canonical tree)."""
+    sums combined with the canonical tree): ``(values, parts)`` as ``_sweep`` returns them."""
     n = record.graph.n
     seed_keys = tuple(sorted(seeds))
-    key = (seed_keys, id(backends.current()), tuple(e.index for e in record.tape))
+    key = (seed_keys, id(backends.current()), len(record.tape))    # plain steps: 0, 1, ... in order
 
     def plan_for(m, tree):
         return record.graph._caches.reverse_plans.get_or_make(
@@ -1014,33 +1119,35 @@ def _fused_sweep(record, seeds):
             [seeds[k] for k in seed_keys]
         values = submit(plan.backend, plan.exe, args, plan.eqns, resident=record.on_device)
         n_g = len(plan.grad_keys)
-        grads, sums = values[:n_g], [[np.asarray(v)] for v in values[n_g:]]
+        grads, sums = values[:n_g], values[n_g:]
+        if record.on_device:
+            sums = [np.asarray(v) for v in sums]
     else:
-        grads, sums, plan = None, None, None
-        for s, e in chunk_bounds(n, FUSE_SAMPLES):
+        # the gradients and every chunk's Param sums go straight into arrays made once (no
+        # array per chunk); the chunks' sums are subtrees of the canonical tree, so their tree
+        # sum has the one-pass bits (``treesum.combine``)
+        grads, partials, plan = None, None, None
+        for c, s in enumerate(range(0, n, FUSE_SAMPLES)):
+            e = min(s + FUSE_SAMPLES, n)
             plan = plan_for(e - s, FUSE_SAMPLES)
             n_g = len(plan.grad_keys)
             if grads is None:
                 grads = [np.empty((n,) + v.shape[1:], v.dtype) for v in plan.exe_outputs[:n_g]]
-                sums = [[] for _ in plan.params]
+                partials = [np.empty((-(-n // FUSE_SAMPLES),) + v.shape, v.dtype)
+                            for v in plan.exe_outputs[n_g:]]
             args = [record.value(k)[s:e] for k in plan.in_keys] + \
                 [record.cells[k] for k in plan.cell_keys] + [seeds[k][s:e] for k in seed_keys]
-            values = submit(plan.backend, plan.exe, args, plan.eqns,
-                            into=[g[s:e] for g in grads] + [None] * len(plan.params))
-            for acc, v in zip(sums, values[n_g:]):
-                acc.append(v)
-    param_parts = {}
-    for (name, order), parts in zip(plan.params, sums):
-        param_parts.setdefault(name, []).append((order, combine(parts, FUSE_SAMPLES, n)))
-    return _Computed(dict(zip(plan.grad_keys, grads))), param_parts, plan.layout
+            submit(plan.backend, plan.exe, args, plan.eqns,
+                   into=[g[s:e] for g in grads] + [p[c, ...] for p in partials])
+        sums = [tree_sum(p) for p in partials]
+    return plan.assembly.fill(grads + sums, record.on_device)
 
 
 def _sweep(record, seeds, vjps, workspace):
     cells = record.cells
     n = record.graph.n
     if _fusable(record, vjps):
-        adj, param_parts, layout = _fused_sweep(record, seeds)
-        return _assemble(record, adj, param_parts, layout, record.on_device), param_parts
+        return _fused_sweep(record, seeds)
     adj = _Adjoints(seeds)
     param_parts = {}
 
@@ -1096,15 +1203,15 @@ def _sweep(record, seeds, vjps, workspace):
     return _assemble(record, adj, param_parts), param_parts
 
 
-def _assemble(record, adj, param_parts, layout=None, device=False):
+def _assemble(record, adj, param_parts, layout=None, cells=None, zeros=np.zeros_like):
     """The Gradients' values: input planes by their bound names, Params summed oldest first.
-    ``layout``: :func:`_gradient_layout` of the record, when the caller has it cached;
-    ``device``: the gradients are device planes (a fused reverse on the cuda backend)."""
-    cells = record.cells
+    ``layout``: :func:`_gradient_layout` of the record, when the caller has it cached (and
+    ``cells`` its Param cells: then ``record`` is not read); ``zeros(plane)``: the gradient of a
+    plane no cotangent reached."""
+    cells = record.cells if cells is None else cells
     bindings, params = layout or _gradient_layout(record)
     values = {}
     plain = {}
-    zeros = _device_zeros if device else np.zeros_like
     for key, plane, names in bindings:
         g = adj.take(key)
         g = zeros(plane) if g is None else g
@@ -1122,9 +1229,17 @@ def _assemble(record, adj, param_parts, layout=None, device=False):
     return values
 
 
-def _device_zeros(plane):
-    """The gradient of a plane no cotangent reached, on the device beside the others."""
-    return backends.current().zeros_plane(plane.shape, plane.dtype)
+class _PlaneZeros:
+    """The gradient of a plane no cotangent reached, as a fused reverse's assembly keeps it: made
+    afresh by every reverse, on the device beside the other gradients when they are there."""
+
+    def __init__(self, plane):
+        self.shape, self.dtype = plane.shape, plane.dtype
+
+    def make(self, on_device):
+        if on_device:
+            return backends.current().zeros_plane(self.shape, self.dtype)
+        return np.zeros(self.shape, self.dtype)
 
 
 def fold_params(param_parts, cells, taken=()):

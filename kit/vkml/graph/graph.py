@@ -36,6 +36,7 @@ import contextvars
 import math
 import operator
 import os
+import sys
 import threading
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -55,6 +56,13 @@ from ..validate import check_choice, check_int
 #: The most runs one ``launch(n)`` takes (2**31): far more than any run finishes, so a larger n
 #: is a mistake, refused rather than left running for ever.
 MAX_LAUNCH_RUNS = 2 ** 31
+
+
+def _sibling(name):
+    """``vkml.graph.<name>``, a module that imports this one (a cycle), from ``sys.modules``: the
+    package imports it before any graph can run, and an import statement in a method called per
+    launch or reverse costs about a microsecond each time."""
+    return sys.modules[f"{__package__}.{name}"]
 
 
 def threads() -> int:
@@ -967,9 +975,8 @@ class Graph(Reversible):
                 self.check_plane_backend("launch")
             workers = threads()                # a bad VKML_THREADS is refused before anything runs
             self._launching = True
-        from .record import run_launches  # local: cycle (record imports this module)
         try:
-            run_launches(self, n, workers)
+            _sibling("record").run_launches(self, n, workers)
         finally:
             self._launching = False
         return self
@@ -1092,8 +1099,8 @@ class Graph(Reversible):
         >>> bool(np.isclose(grads["k"], np.sum(np.cos(2.0 * x) * x)))   # d/dk sum(sin(k x))
         True
         """
-        from .diff import reverse_graph  # local: diff imports graph (a module-level cycle)
-        return reverse_graph(self, record, seeds, wrt=wrt, vjps=vjps, strict=strict, lock=lock)
+        return _sibling("diff").reverse_graph(self, record, seeds, wrt=wrt, vjps=vjps,
+                                              strict=strict, lock=lock)
 
     def __repr__(self):
         return f"<vkml.Graph: {' -> '.join(n.name for n in self.nodes) or 'empty'}>"
