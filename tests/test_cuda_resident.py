@@ -292,8 +292,22 @@ def overwriting(n):
             .add(bend.bind(u=s, x=s, k=1.25, y=y), name="c").build(record=True))
 
 
-GRAPHS = {"two nodes": (two_node, {"y": "seed"}), "overwritten plane": (overwriting, {"c.y": "seed",
-                                                                                       "b.s": "seed2"})}
+@vkml.kernel
+def ignore_z(x, z, k: vkml.Param):
+    return {"y": k * x * x}
+
+
+def unreached(n):
+    """A kernel that reads z but computes nothing from it: z's gradient is zeros no cotangent
+    reached, made beside the others (on the device there)."""
+    rng = np.random.default_rng(2)
+    x, z, y = rng.uniform(-1.0, 1.0, n), rng.uniform(-1.0, 1.0, n), np.zeros(n)
+    return vkml.Graph().add(ignore_z.bind(x=x, z=z, k=0.5, y=y), name="i").build(record=True)
+
+
+GRAPHS = {"two nodes": (two_node, {"y": "seed"}),
+          "overwritten plane": (overwriting, {"c.y": "seed", "b.s": "seed2"}),
+          "unreached input": (unreached, {"y": "seed"})}
 
 
 def seeds_for(graph, names, n, device=None):
