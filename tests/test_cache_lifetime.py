@@ -205,7 +205,10 @@ def test_clear_caches_empties_every_cache_and_the_next_call_traces_and_compiles_
         return [jf(x).numpy().tobytes(), gf(x).numpy().tobytes(), w.grad.numpy().tobytes()]
     first = everything()
     assert everything() == first
-    assert all(vkml.stats().caches.values())
+    # every cache this test fills (another backend made by an earlier test keeps an empty one)
+    current = f"{vkml.backend_info()['backend']} executables"
+    filled = {k for k, v in vkml.stats().caches.items() if v}
+    assert {"backward programs", "derived programs", "jit programs", current} <= filled
     vkml.clear_caches()
     assert set(vkml.stats().caches.values()) == {0}
     assert jf.cache_info()["keys"] == 0
