@@ -345,3 +345,35 @@ def test_sample_loops_on_a_gpu_give_the_cpu_tiers_results(gpu_backend, case):
     got = simulate(case, n=1000)
     assert sum(loops.launches for loops in _loops(gpu_backend)) == before + 2     # run, reverse
     assert_like_cpu(got, want, exact=CASES[case][4])
+
+
+def _checkpoints(backend, n=19):
+    """Every stored checkpoint of the drag case (samples stopping at their own step, most of
+    them long before max_steps) on ``backend``, as host arrays."""
+    kernel, make, max_steps, window, _ = CASES["drag"]
+    vkml.set_backend(backend)
+    try:
+        sim = vkml.simulation(kernel, max_steps=max_steps, record=True, window=window,
+                              **make(n, np.random.default_rng(3)))
+        sim.run()
+        steps = np.asarray(sim.record.steps)
+        return steps, {t: {k: np.array(v) for k, v in ck.items()}
+                       for t, ck in sim.record.checkpoints.items()}
+    finally:
+        vkml.set_backend("numpy")
+
+
+@needs_cxx
+def test_a_stopped_samples_later_checkpoints_hold_its_last_state_on_every_tier():
+    """The compiled loops used to leave the checkpoint rows of a sample that had stopped
+    uninitialised (the reverse never reads them, but ``record.checkpoints`` showed them)."""
+    steps, want = _checkpoints("numpy")
+    assert steps.min() < 24 and steps.max() <= 70      # most rows stop before the later windows
+    got_cpu = _checkpoints("cpu")
+    with fake_driver():
+        got_cuda = _checkpoints("cuda")
+    for got in (got_cpu, got_cuda):
+        assert np.array_equal(got[0], steps) and sorted(got[1]) == sorted(want)
+        for t in want:
+            for k in want[t]:
+                assert want[t][k].tobytes() == got[1][t][k].tobytes(), (t, k)

@@ -304,11 +304,25 @@ def _forward_samples(lines, ind, low, body, st_vars, outs, new_of, extra, term_i
     for i, v in enumerate(st_vars):
         k = _size(v)
         lines.append(f"{ind}for (int64_t c = 0; c < {k}; c++) so{i}[s * {k} + c] = st{i}[c];")
+    _checkpoints_after_stop(lines, ind, st_vars, window, "t", "s", lambda i: f"st{i}")
     # the last step's other outputs (a "terminated" flag, say), as the NumPy path leaves them
     for m, j in enumerate(extra):
         k = _size(outs[j])
         lines.append(f"{ind}if (t > 0) for (int64_t c = 0; c < {k}; c++) "
                      f"(({CTYPE[outs[j].dtype]}*)out[{2 * len(st_vars) + 1 + m}])[s * {k} + c] = ot{j}[c];")
+
+
+def _checkpoints_after_stop(lines, ind, st_vars, window, taken, sample, state):
+    """A sample that stopped before ``max_steps`` holds its last state from then on: the
+    checkpoints of the windows it did not reach get that state (as the NumPy backend keeps a
+    stopped sample's state in every later checkpoint), never uninitialised memory."""
+    lines.append(f"{ind}for (int64_t w = ({taken} + {window} - 1) / {window}; "
+                 f"w < (max_steps + {window} - 1) / {window}; w++) {{")
+    for i, v in enumerate(st_vars):
+        k = _size(v)
+        lines.append(f"{ind}    for (int64_t c = 0; c < {k}; c++) "
+                     f"ck{i}[(w * n + {sample}) * {k} + c] = {state(i)}[c];")
+    lines.append(f"{ind}}}")
 
 
 def _forward_lanes(lines, ind, low, body, st_vars, outs, new_of, extra, term_index, window):
@@ -358,6 +372,8 @@ def _forward_lanes(lines, ind, low, body, st_vars, outs, new_of, extra, term_ind
     for i, v in enumerate(st_vars):
         k = _size(v)
         lines.append(f"{ind}    for (int64_t c = 0; c < {k}; c++) so{i}[(s + l) * {k} + c] = st{i}[l][c];")
+    _checkpoints_after_stop(lines, ind + "    ", st_vars, window, "taken[l]", "(s + l)",
+                            lambda i: f"st{i}[l]")
     # the last step's other outputs (a "terminated" flag, say), as the NumPy path leaves them
     for m, j in enumerate(extra):
         k = _size(outs[j])
