@@ -394,7 +394,9 @@ class Jitted:
             STATS.cache_hits += 1   # a call that found its program traced (and compiled) already
         return entry, leaves, in_vars + list(entry.captures)
 
-    def __call__(self, *args):
+    def __call__(self, *args, **kwargs):
+        if kwargs:
+            return self._keyword_call(args, kwargs)
         fast = _fast_key(args)
         plan = self._fast.get(fast)             # (None for a key of None: never stored)
         if plan is not None and (plan.removals == self._entries.removals or
@@ -412,6 +414,18 @@ class Jitted:
         if fast is not None and not entry.captures:
             self._remember(fast, args, entry, in_vars)
         return unflatten(entry.out_tree, outs)
+
+    #: the jitted function keyword calls go to (made on the first one)
+    _keywords = None
+
+    def _keyword_call(self, args, kwargs):
+        """Keyword arguments are traced arguments, as positional ones are (as in JAX): the call
+        goes to a jitted function taking them as one last positional dict, so their names are
+        part of its key and their values never bake into a program."""
+        inner = self._keywords
+        if inner is None:
+            inner = self._keywords = Jitted(_with_keywords(self.fn))
+        return inner(*args, kwargs)
 
     def _plan(self, fast):
         """The plan kept for ``fast`` while its entry is still cached (counted as a hit), or None."""
@@ -471,8 +485,12 @@ class Jitted:
         >>> info["traces"], info["hits"]
         (1, 1)
         """
-        return {"traces": self.traces, "compiles": self.compiles,
+        info = {"traces": self.traces, "compiles": self.compiles,
                 "derived": self.derivations, "hits": self.hits, "keys": len(self._entries)}
+        if self._keywords is not None:          # keyword calls count as calls of this function
+            for k, v in self._keywords.cache_info().items():
+                info[k] += v
+        return info
 
     def programs(self):
         """Every key's Program (what ``vkml.program`` shows).
@@ -483,7 +501,8 @@ class Jitted:
         >>> len(f.programs())
         2
         """
-        return [e.program for e in self._entries.values()]
+        keyword = self._keywords.programs() if self._keywords is not None else []
+        return [e.program for e in self._entries.values()] + keyword
 
     def derived_programs(self):
         """Every derived program, by name (``jvp``, ``known``, ``linear``, ``transposed``, ...), per key.
@@ -493,8 +512,9 @@ class Jitted:
         >>> sorted(f.derived_programs()[0])
         ['jvp', 'known', 'linear', 'transposed']
         """
+        keyword = self._keywords.derived_programs() if self._keywords is not None else []
         return [{k: v for k, v in e.derived.items() if isinstance(k, str)}
-                for e in self._entries.values()]
+                for e in self._entries.values()] + keyword
 
     def __repr__(self):
         return f"<vkml.jit of {getattr(self.fn, '__qualname__', self.fn)!r}>"
@@ -1055,8 +1075,16 @@ def vmap(fn, in_axes=0, out_axes=0):
     """
     _check_function(fn, "vmap")
     jitted = jit(fn)
+    with_keywords = {}          # number of positional arguments -> the map of fn's keyword caller
 
-    def batched(*args):
+    def batched(*args, **kwargs):
+        if kwargs:              # keyword arguments are mapped over their axis 0, as in JAX
+            mapped = with_keywords.get(len(args))
+            if mapped is None:
+                axes = tuple(in_axes) if isinstance(in_axes, (tuple, list)) else \
+                    (in_axes,) * len(args) if _is_axis(in_axes) or len(args) != 1 else (in_axes,)
+                mapped = with_keywords[len(args)] = vmap(_with_keywords(fn), axes + (0,), out_axes)
+            return mapped(*args, kwargs)
         flags, example, in_vars, sizes = [], [], [], set()
         for a, leaf_axes in zip(args, _in_axes_per_leaf(in_axes, args)):
             leaves, tree = flatten(a)
@@ -1552,7 +1580,9 @@ def checkpoint(fn):
     _check_function(fn, "checkpoint")
     jitted = jit(fn)
 
-    def remat(*args):
+    def remat(*args, **kwargs):
+        if kwargs:              # traced arguments too, passed as one last positional dict
+            return checkpoint(_with_keywords(fn))(*args, kwargs)
         entry, leaves, in_vars = jitted._lookup(args)
         res = bind(remat_p, *in_vars, program=entry.program)
         return unflatten(entry.out_tree, _wrap(res, in_vars))
@@ -1884,8 +1914,16 @@ def _pytree_jacobian(fn, argnums, has_aux, where, one_array):
     has_aux = check_bool(has_aux, "has_aux", where)
     jitted = jit(fn)
     flat_fns = {}
+    with_keywords = []          # the Jacobian of fn's keyword caller, made on the first keyword call
 
-    def jac(*args):
+    def jac(*args, **kwargs):
+        if kwargs:              # keyword arguments go to fn undifferentiated, as in JAX
+            if not with_keywords:
+                fixed = argnums if _is_int(argnums) else tuple(argnums)
+                with_keywords.append(_pytree_jacobian(_with_keywords(fn), fixed, has_aux, where,
+                                                      one_array))
+            _checked_argnums(argnums, len(args), where)
+            return with_keywords[0](*args, kwargs)
         nums = _checked_argnums(argnums, len(args), where)
         wrt = tuple(args[i] for i in nums)
         in_leaves, in_tree = flatten(wrt)
