@@ -58,6 +58,7 @@ from .ir import Program, collect, collect_keyed
 from .ops.api import DEFAULT_DEVICE as _DEVICE_SETTING
 from .ops.api import default_device
 from .ops.linalg import DETERMINISTIC_MATMUL
+from .ops import recipes
 from .ops.core import CURRENT_SITE, user_site
 from .stats import STATS
 from .threadsafe import Cache, Setting, cache_limit, cache_sizes  # noqa: F401 (public)
@@ -399,6 +400,7 @@ def clear_caches() -> None:
     for backend in instances():
         backend.clear_cache()         # a device backend frees what its executables hold
     threadsafe.clear_caches()
+    recipes.clear()
     for forget in ON_CLEAR:
         forget()
 

@@ -25,7 +25,7 @@ import numpy as np
 from . import runtime
 from .errors import ArgumentError, DTypeError, GradError, ShapeError, TracingError
 from .ir import Var, dtype_name, format_shape
-from .ops import api, numeric
+from .ops import api, numeric, recipes
 from .validate import (MAX_ELEMENTS, check_bool, check_dtype, check_real, check_sequence,
                        check_shape, describe, host_memory)
 
@@ -795,19 +795,30 @@ def apply_api(fn, *args, **kwargs):
     """Run an ``api`` function on the Vars of tensor arguments and wrap the result.
 
     Every function on Tensors is one of these calls: vkml's own and ``vkml.numpy``'s."""
+    return _apply(fn, args, kwargs, False)
+
+
+def _apply(fn, args, kwargs, replayable):
+    """:func:`apply_api`; ``replayable``: ``fn``'s equations depend only on its arguments' types
+    and values (not on a tensor's values), so they are recorded once and replayed for arguments
+    of the same types (``vkml.ops.recipes``)."""
+    vargs = [_unwrap(a) for a in args]
+    vkwargs = {k: _unwrap(v) for k, v in kwargs.items()} if kwargs else kwargs
     with runtime.user_line():
-        out = fn(*[_unwrap(a) for a in args], **{k: _unwrap(v) for k, v in kwargs.items()})
+        out = recipes.call(fn, vargs, vkwargs) if replayable else fn(*vargs, **vkwargs)
     requires = runtime.is_grad_enabled() and out.dtype.kind == "f" and \
-        needs_grad(args + tuple(kwargs.values()))
+        needs_grad(args + tuple(kwargs.values()) if kwargs else args)
     t = Tensor(out, requires)
     if runtime.is_eager() and not runtime.is_traced(out):
         realize(t)
     return t
 
 
-def _lift(fn, name=None):
+def _lift(fn, name=None, replayable=True):
+    """The Tensor form of ``api`` function ``fn``; ``replayable=False`` for one that looks at
+    a tensor's values while it binds (so recording its equations once would be wrong)."""
     def op(*args, **kwargs):
-        return apply_api(fn, *args, **kwargs)
+        return _apply(fn, args, kwargs, replayable)
     op.__name__ = name or fn.__name__
     op.__qualname__ = op.__name__
     op.__doc__ = fn.__doc__
@@ -870,8 +881,8 @@ stack = _lift(api.stack)
 flip = _lift(api.flip)
 gather = _lift(api.gather)
 scatter_add = _lift(api.scatter_add)
-take = _lift(api.take)
-take_along_axis = _lift(api.take_along_axis)
+take = _lift(api.take, replayable=False)              # skips wrapping a known index's negatives
+take_along_axis = _lift(api.take_along_axis, replayable=False)
 matmul = _lift(api.matmul)
 dot = matmul
 conv2d = _lift(api.conv2d)
