@@ -802,10 +802,13 @@ def _apply(fn, args, kwargs, replayable):
     """:func:`apply_api`; ``replayable``: ``fn``'s equations depend only on its arguments' types
     and values (not on a tensor's values), so they are recorded once and replayed for arguments
     of the same types (``vkml.ops.recipes``)."""
-    vargs = [_unwrap(a) for a in args]
+    vargs = [a.ir_var if type(a) is Tensor else _unwrap(a) for a in args]
     vkwargs = {k: _unwrap(v) for k, v in kwargs.items()} if kwargs else kwargs
-    with runtime.user_line():
-        out = recipes.call(fn, vargs, vkwargs) if replayable else fn(*vargs, **vkwargs)
+    if replayable:
+        out = recipes.call(fn, vargs, vkwargs, runtime.user_line)
+    else:
+        with runtime.user_line():
+            out = fn(*vargs, **vkwargs)
     requires = runtime.is_grad_enabled() and out.dtype.kind == "f" and \
         needs_grad(args + tuple(kwargs.values()) if kwargs else args)
     t = Tensor(out, requires)

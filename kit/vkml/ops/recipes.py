@@ -59,8 +59,9 @@ _RECIPES: dict = {}
 _COUNTS = {"replayed": 0, "recorded": 0}
 
 
-def call(fn, args, kwargs):
-    """``fn(*args, **kwargs)`` on Vars, from its recipe when one matches, else run and recorded.
+def call(fn, args, kwargs, at_user_line):
+    """``fn(*args, **kwargs)`` on Vars, from its recipe when one matches, else run (inside the
+    block ``at_user_line()``, which names the user's line for its binds) and recorded.
 
     A replayed equation names the user's current line, as a bound one does."""
     key, operands = _key(fn, args, kwargs)
@@ -70,7 +71,8 @@ def call(fn, args, kwargs):
             _COUNTS["replayed"] += 1
             return replay(recipe, operands, current_site())
     start = current_serial()
-    out = fn(*args, **kwargs)
+    with at_user_line():
+        out = fn(*args, **kwargs)
     if key is not None and type(out) is Var:
         recipe = record(operands, out, start)
         if recipe is not None:
@@ -153,7 +155,8 @@ def _key(fn, args, kwargs):
     """``(key, Var operands in order)``, or ``(None, None)`` for a call that cannot be keyed."""
     operands = []
     try:
-        parts = [_arg_key(a, operands) for a in args]
+        parts = [(a.shape, a.dtype, a.device, a.weak, _alias(a, operands)) if type(a) is Var
+                 else _arg_key(a, operands) for a in args]
         if kwargs:
             parts.append(tuple([(k, _arg_key(v, operands)) for k, v in kwargs.items()]))
     except _Unkeyable:
@@ -161,16 +164,20 @@ def _key(fn, args, kwargs):
     return (fn, tuple(parts), default_device(), DETERMINISTIC_MATMUL.get()), operands
 
 
+def _alias(x, operands):
+    """Which earlier operand ``x`` is (None: a new one); ``x`` joins ``operands``."""
+    for i, v in enumerate(operands):
+        if v is x:
+            operands.append(x)
+            return i
+    operands.append(x)
+    return None
+
+
 def _arg_key(x, operands):
     t = type(x)
     if t is Var:
-        alias = None
-        for i, v in enumerate(operands):
-            if v is x:
-                alias = i
-                break
-        operands.append(x)
-        return (x.shape, x.dtype, x.device, x.weak, alias)
+        return (x.shape, x.dtype, x.device, x.weak, _alias(x, operands))
     if t is float:
         return (t, x.hex())              # the sign of a zero counts; NaN matches NaN
     if t is int or t is bool or t is str or x is None:
