@@ -327,6 +327,11 @@ def realize(vars_, keep_history=False) -> None:
 _BACKWARD_PROGRAMS = Cache("backward programs")
 
 
+def _never(var) -> bool:
+    """A backward walks the whole graph: a Var is a leaf only where it has no equation."""
+    return False
+
+
 def backward(root) -> list:
     """The gradients of 0-d ``root`` (a Var) for every registered leaf of its graph that still
     requires grad, added to that tensor's current ``.grad``: ``[(tensor, value), ...]``, from ONE
@@ -334,7 +339,7 @@ def backward(root) -> list:
 
     The backward program is derived from the forward one by linearize + transpose and cached by
     the forward graph's structure, so a training loop derives and compiles it once."""
-    leaves, eqns, graph_key = collect_keyed([root], is_leaf=lambda v: False)
+    leaves, eqns, graph_key = collect_keyed([root], is_leaf=_never)
     targets = []
     for i, leaf in enumerate(leaves):
         t = grad_leaf(leaf)
@@ -357,7 +362,8 @@ def backward(root) -> list:
 
     program, _ = _BACKWARD_PROGRAMS.get_or_make(key, derive)
     backend = current()
-    exe = backend.executable(("backward",) + key, lambda: program)
+    # by the program (it hashes and compares by identity once made), not the graph key again
+    exe = backend.executable(("backward", program), lambda: program)
     seed = np.ones((), dtype=root.dtype)
     args = [l.value for l in leaves] + [seed] + [g.ir_var.value for g in olds]
     outs = submit(backend, exe, args, program.eqns, resident=True)

@@ -53,7 +53,7 @@ class Recipe:
         return f"<Recipe of {len(self.steps)} equations>"
 
 
-#: (function, key of its arguments, settings) -> Recipe; emptied when it reaches cache_limit()
+#: (function, key of its arguments, settings) -> Recipe, at most cache_limit() of them
 _RECIPES: dict = {}
 #: calls answered from a recipe, and recipes recorded (what tests and benches count)
 _COUNTS = {"replayed": 0, "recorded": 0}
@@ -76,11 +76,20 @@ def call(fn, args, kwargs, at_user_line):
     if key is not None and type(out) is Var:
         recipe = record(operands, out, start)
         if recipe is not None:
-            if len(_RECIPES) >= cache_limit():
-                _RECIPES.clear()
             _RECIPES[key] = recipe
+            _trim()
             _COUNTS["recorded"] += 1
     return out
+
+
+def _trim():
+    """Drop the oldest recipes past ``cache_limit()`` (a full cache stays full, so its memory is
+    flat); another thread trimming at the same time may leave one more for later."""
+    while len(_RECIPES) > cache_limit():
+        try:
+            _RECIPES.pop(next(iter(_RECIPES)), None)
+        except (RuntimeError, StopIteration):       # changed by another thread meanwhile
+            return
 
 
 def record(operands, out, start):
