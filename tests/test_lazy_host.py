@@ -181,3 +181,20 @@ def test_replayed_steps_give_the_bits_of_steps_bound_afresh(rng):
 
     for a, b in zip(train(fresh=True), train(fresh=False)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_warm_forward_binds_no_primitive_afresh(mlp, monkeypatch):
+    """The host work a recipe saves: no shape rule, promotion or broadcasting decision runs again."""
+    from vkml.ops import core
+    x, y, params = mlp
+    mlp_loss(x, y, *params)                    # warm: every op has its recipe
+    binds = []
+    real = core.bind_at
+    monkeypatch.setattr(core, "bind_at", lambda *a: binds.append(a[1].name) or real(*a))
+    warm = mlp_loss(x, y, *params)
+    assert binds == []
+    recipes.clear()
+    cold = mlp_loss(x, y, *params)
+    leaves, eqns, _ = collect_keyed([cold.ir_var], is_leaf=lambda v: False)
+    assert len(binds) == len(eqns)             # afresh: one bind per equation of the graph
+    assert graph_key(warm) == graph_key(cold)
