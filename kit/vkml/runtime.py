@@ -327,6 +327,19 @@ def realize(vars_, keep_history=False) -> None:
 _BACKWARD_PROGRAMS = Cache("backward programs")
 
 
+#: dtype -> the read-only 1 that seeds a backward (made once: it is an input, never written)
+_SEEDS = {}
+
+
+def _seed(dtype):
+    seed = _SEEDS.get(dtype)
+    if seed is None:
+        seed = np.ones((), dtype=dtype)
+        seed.flags.writeable = False
+        _SEEDS[dtype] = seed
+    return seed
+
+
 def _never(var) -> bool:
     """A backward walks the whole graph: a Var is a leaf only where it has no equation."""
     return False
@@ -364,8 +377,9 @@ def backward(root) -> list:
     backend = current()
     # by the program (it hashes and compares by identity once made), not the graph key again
     exe = backend.executable(("backward", program), lambda: program)
-    seed = np.ones((), dtype=root.dtype)
-    args = [l.value for l in leaves] + [seed] + [g.ir_var.value for g in olds]
+    args = [l.value for l in leaves]
+    args.append(_seed(root.dtype))
+    args += [g.ir_var.value for g in olds]
     outs = submit(backend, exe, args, program.eqns, resident=True)
     root.value = outs[0]
     return [(t, g) for (_, t), g in zip(targets, outs[1:])]
