@@ -799,9 +799,9 @@ def apply_api(fn, *args, **kwargs):
 
 
 def _apply(fn, args, kwargs, replayable):
-    """:func:`apply_api`; ``replayable``: ``fn``'s equations depend only on its arguments' types
-    and values (not on a tensor's values), so they are recorded once and replayed for arguments
-    of the same types (``vkml.ops.recipes``)."""
+    """:func:`apply_api`; ``replayable``: ``fn``'s equations depend only on its operands' types
+    and its other arguments (never on a tensor's values), so they are recorded once and replayed
+    for operands of the same types (``vkml.ops.recipes``)."""
     vargs = [a.ir_var if type(a) is Tensor else _unwrap(a) for a in args]
     vkwargs = {k: _unwrap(v) for k, v in kwargs.items()} if kwargs else kwargs
     if replayable:
