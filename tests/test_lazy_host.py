@@ -198,3 +198,19 @@ def test_a_warm_forward_binds_no_primitive_afresh(mlp, monkeypatch):
     leaves, eqns, _ = collect_keyed([cold.ir_var], is_leaf=lambda v: False)
     assert len(binds) == len(eqns)             # afresh: one bind per equation of the graph
     assert graph_key(warm) == graph_key(cold)
+
+
+def test_basic_indexing_replays_and_a_tensor_index_is_bound_afresh():
+    x = vkml.tensor(np.arange(12.0).reshape(3, 4))
+    ref = np.arange(12.0).reshape(3, 4)
+    for index in [(slice(None), 1), (slice(None), 2), 1, -1, (Ellipsis, slice(None, None, 2)),
+                  (None, 0), (slice(1, None), slice(None, -1))]:
+        np.testing.assert_array_equal(x[index].numpy(), ref[index])
+    before = recipes.info()
+    np.testing.assert_array_equal(x[:, 2].numpy(), ref[:, 2])     # the same index again
+    assert recipes.info()["replayed"] == before["replayed"] + 1
+    np.testing.assert_array_equal(x[vkml.tensor([0, 2])].numpy(), ref[[0, 2]])
+    np.testing.assert_array_equal(x[vkml.tensor([-1, 0])].numpy(), ref[[-1, 0]])
+    np.testing.assert_array_equal(x[[0, 1]].numpy(), ref[[0, 1]])
+    np.testing.assert_array_equal(x[[-1, 1]].numpy(), ref[[-1, 1]])
+    assert recipes.info()["recorded"] == before["recorded"]

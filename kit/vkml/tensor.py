@@ -213,7 +213,8 @@ class Tensor:
 
     # -- methods delegate to the functional forms -----------------------------------------------
     def __getitem__(self, index):
-        return apply_api(api.getitem, self, _unwrap_index(index))
+        index = _unwrap_index(index)
+        return _apply(api.getitem, (self, index), {}, _is_basic_index(index))
 
     def __setitem__(self, index, value):
         raise ArgumentError("Tensor: values are not written in place (a pending graph may still read "
@@ -778,6 +779,17 @@ def _unwrap_index(index):
     if isinstance(index, tuple):
         return tuple(_unwrap(i) for i in index)
     return _unwrap(index)
+
+
+def _is_basic_index(index) -> bool:
+    """Whether ``index`` holds only ints, slices, None and Ellipsis: then ``getitem``'s equations
+    depend on nothing else and may be replayed; an array or tensor index is looked at (negative
+    entries of a known one are wrapped on the host), so such a call is bound afresh."""
+    for item in index if type(index) is tuple else (index,):
+        if not (type(item) is int or item is None or item is Ellipsis or type(item) is slice
+                and all(type(b) is int or b is None for b in (item.start, item.stop, item.step))):
+            return False
+    return True
 
 
 def needs_grad(args, depth=0):

@@ -205,6 +205,10 @@ def _static_key(x):
         return (t, x)
     if t is tuple:
         return (t, tuple([_static_key(i) for i in x]))
+    if t is slice:                       # an index: x[1:, ::2]
+        return (t, _static_key(x.start), _static_key(x.stop), _static_key(x.step))
+    if x is Ellipsis:
+        return (t,)
     if isinstance(x, np.generic):
         return (t, x.tobytes())
     if t is np.dtype or isinstance(x, type):
