@@ -214,3 +214,21 @@ def test_basic_indexing_replays_and_a_tensor_index_is_bound_afresh():
     np.testing.assert_array_equal(x[[0, 1]].numpy(), ref[[0, 1]])
     np.testing.assert_array_equal(x[[-1, 1]].numpy(), ref[[-1, 1]])
     assert recipes.info()["recorded"] == before["recorded"]
+
+
+def test_cross_entropy_over_the_same_labels_tensor_makes_their_coordinates_once(rng):
+    logits = vkml.tensor(rng.standard_normal((4, 3)))
+    labels = vkml.tensor(np.array([0, 2, 1, 2]))
+    first = nn.cross_entropy(logits, labels)
+    second = nn.cross_entropy(logits, labels)
+    coords = [next(e.inputs[1] for e in collect_keyed([t.ir_var], is_leaf=lambda v: False)[1]
+                   if e.prim.name == "gather") for t in (first, second)]
+    assert coords[0] is coords[1]                       # made once, for that labels tensor
+    assert first.item() == second.item()
+    with pytest.raises(vkml.ArgumentError, match="label 2 is not a class index"):
+        nn.cross_entropy(logits[:, :2], labels)         # fewer classes: checked again
+    with pytest.raises(vkml.ShapeError, match="labels must have shape"):
+        nn.cross_entropy(logits[:3], labels)            # another batch: checked again
+    new_labels = vkml.tensor(np.array([1, 1, 1, 1]))
+    want = -np.mean(np.log(np.exp(logits.numpy()) / np.exp(logits.numpy()).sum(1, keepdims=True))[:, 1])
+    np.testing.assert_allclose(nn.cross_entropy(logits, new_labels).item(), want, rtol=1e-12)
