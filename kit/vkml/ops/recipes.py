@@ -5,8 +5,10 @@ function on every call: argument checks, NumPy's promotion and broadcasting, the
 every primitive it binds.  For operands of the same types and the same other arguments all that
 work ends in the same equations.  Measured on the 784-256-10 MLP of ``bench/mlp_step.py``:
 building its 33-equation forward graph took ~220 us a step, most of it deciding again what the
-step before had decided.  So the first call records the equations it bound (a :class:`Recipe`),
-and a later call with a matching key only makes the new Eqns and Vars: ~60 us for that graph.
+step before had decided.  So a call whose key comes back records the equations it bound (a
+:class:`Recipe`), and every later call with that key only makes the new Eqns and Vars: ~60 us for
+that graph.  A key is recorded the second time it is seen, not the first: a call made once (a
+constant that changes every call, a function traced once) keeps nothing.
 
 The key holds everything the equations can depend on:
 
@@ -55,13 +57,16 @@ class Recipe:
 
 #: (function, key of its arguments, settings) -> Recipe, at most cache_limit() of them
 _RECIPES: dict = {}
+#: hashes of keys whose call ran once (see _seen_before)
+_SEEN: set = set()
 #: calls answered from a recipe, and recipes recorded (what tests and benches count)
 _COUNTS = {"replayed": 0, "recorded": 0}
 
 
 def call(fn, args, kwargs, at_user_line):
     """``fn(*args, **kwargs)`` on Vars, from its recipe when one matches, else run (inside the
-    block ``at_user_line()``, which names the user's line for its binds) and recorded.
+    block ``at_user_line()``, which names the user's line for its binds) and, the second time
+    its key is seen, recorded.
 
     A replayed equation names the user's current line, as a bound one does."""
     key, operands = _key(fn, args, kwargs)
@@ -73,13 +78,26 @@ def call(fn, args, kwargs, at_user_line):
     start = current_serial()
     with at_user_line():
         out = fn(*args, **kwargs)
-    if key is not None and type(out) is Var:
+    if key is not None and type(out) is Var and _seen_before(key):
         recipe = record(operands, out, start)
         if recipe is not None:
             _RECIPES[key] = recipe
             _trim()
             _COUNTS["recorded"] += 1
     return out
+
+
+def _seen_before(key) -> bool:
+    """Whether a call with ``key`` was made before (by the key's hash: a collision only records
+    a recipe one call early).  A call is recorded the second time, so one made once -- a
+    constant that changes every call, a function traced once -- keeps nothing."""
+    h = hash(key)
+    if h in _SEEN:
+        return True
+    if len(_SEEN) >= cache_limit():
+        _SEEN.clear()
+    _SEEN.add(h)
+    return False
 
 
 def _trim():
@@ -142,6 +160,7 @@ def replay(recipe, operands, site):
 def clear() -> None:
     """Forget every recipe (``vkml.clear_caches`` calls this)."""
     _RECIPES.clear()
+    _SEEN.clear()
 
 
 def info() -> dict:
