@@ -201,7 +201,8 @@ def test_a_warm_forward_binds_no_primitive_afresh(mlp, monkeypatch):
     """The host work a recipe saves: no shape rule, promotion or broadcasting decision runs again."""
     from vkml.ops import core
     x, y, params = mlp
-    mlp_loss(x, y, *params)                    # warm: every op has its recipe
+    for _ in range(2):
+        mlp_loss(x, y, *params)                # warm: every op has its recipe
     binds = []
     real = core.bind_at
     monkeypatch.setattr(core, "bind_at", lambda *a: binds.append(a[1].name) or real(*a))
