@@ -235,8 +235,10 @@ def _flat_args(args):
     return list(args), tree, [a.ir_var for a in args]
 
 
-#: argument treedefs by their container signature (see _container_signature), each made once
+#: argument treedefs by their container signature (see _container_signature), each made once;
+#: at most _TREE_SIGNATURES of them (a program's key holds its own treedef, so forgetting is safe)
 _TREES_BY_SIGNATURE = {}
+_TREE_SIGNATURES = 256
 
 
 def _container_signature(tree, leaves, depth):
@@ -273,7 +275,7 @@ def _known_tree(signature, args, leaves):
         found, tree = flatten(args)
         if len(found) != len(leaves) or any(a is not b for a, b in zip(found, leaves)):
             return None
-        if len(_TREES_BY_SIGNATURE) >= _FAST_PLANS * 16:
+        if len(_TREES_BY_SIGNATURE) >= _TREE_SIGNATURES:
             _TREES_BY_SIGNATURE.clear()
         _TREES_BY_SIGNATURE[signature] = tree
     return tree
