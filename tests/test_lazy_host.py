@@ -248,3 +248,18 @@ def test_cross_entropy_over_the_same_labels_tensor_makes_their_coordinates_once(
     new_labels = vkml.tensor(np.array([1, 1, 1, 1]))
     want = -np.mean(np.log(np.exp(logits.numpy()) / np.exp(logits.numpy()).sum(1, keepdims=True))[:, 1])
     np.testing.assert_allclose(nn.cross_entropy(logits, new_labels).item(), want, rtol=1e-12)
+
+
+def test_a_jitted_call_on_lists_of_tensors_and_floats_keeps_its_structure_and_weak_floats():
+    """The optimiser's call shape: containers are found by their signature, floats stay weak."""
+    f = vkml.jit(lambda ps, hyper: [p * hyper[0] + (0.0 if hyper[1] is None else hyper[1])
+                                    for p in ps])
+    ps = [vkml.tensor(np.ones(2, np.float32)), vkml.tensor(np.arange(3.0))]
+    for scale in (2.0, 3.0):
+        out = f(ps, (scale, 0.5))
+        assert out[0].dtype == np.float32 and out[1].dtype == np.float64
+        np.testing.assert_array_equal(out[1].numpy(), np.arange(3.0) * scale + 0.5)
+    assert f.cache_info()["traces"] == 1             # a float is an input, not structure
+    f(ps, [2.0, 0.5])                                # a list where a tuple was: another structure
+    f(ps, (2.0, None))                               # None is structure too
+    assert f.cache_info()["traces"] == 3
