@@ -274,42 +274,47 @@ def collect_keyed(outputs, is_leaf=None):
 
 
 def _walk(outputs, is_leaf, keyed):
-    """Depth-first, operands in order, so the order (and the key) is deterministic."""
+    """Depth-first, operands in order, so the order (and the key) is deterministic.
+
+    The stack holds Vars to visit and, once a Var's operands are pushed, its Eqn to emit after
+    them: no per-visit tuples.  This runs on every realize and backward (~1 us per equation)."""
     if is_leaf is None:
         is_leaf = _has_value
     leaves, order, parts = [], [], []
     ids = {}
-    seen_eqns = set()
-    stack = [(v, False) for v in reversed(outputs)]
+    emitted = set()
+    stack = list(reversed(outputs))
+    pop, push = stack.pop, stack.append
     while stack:
-        var, expanded = stack.pop()
-        if expanded:
-            e = var.eqn
-            if id(e) not in seen_eqns:
-                seen_eqns.add(id(e))
-                order.append(e)
-                if keyed:
-                    parts.append((e.prim.name, params_key(e.params),
-                                  tuple([ids[v] for v in e.inputs])))
-                for o in e.outputs:
-                    ids[o] = len(ids)
-            continue
-        if var in ids:
-            continue
-        if var.eqn is None or is_leaf(var):
-            ids[var] = len(ids)
-            leaves.append(var)
+        item = pop()
+        if type(item) is Eqn:
+            if item in emitted:
+                continue
+            emitted.add(item)
+            order.append(item)
             if keyed:
-                parts.append((var.shape, var.dtype, var.device))
+                params = item.params
+                parts.append((item.prim.name, tuple(sorted(params.items())) if params else (),
+                              tuple(map(ids.__getitem__, item.inputs))))
+            for o in item.outputs:
+                ids[o] = len(ids)
             continue
-        e = var.eqn
-        if id(e) in seen_eqns:
+        if item in ids:
             continue
-        ids[var] = None                      # on the stack: do not expand twice
-        stack.append((var, True))
+        e = item.eqn
+        if e is None or is_leaf(item):
+            ids[item] = len(ids)
+            leaves.append(item)
+            if keyed:
+                parts.append((item.shape, item.dtype, item.device))
+            continue
+        if e in emitted:
+            continue
+        ids[item] = None                     # on the stack: do not expand twice
+        push(e)
         for src in reversed(e.inputs):
             if src not in ids:
-                stack.append((src, False))
+                push(src)
     if keyed:
         parts.append(tuple([ids[v] for v in outputs]))
     return leaves, order, tuple(parts)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import weakref
 
 import numpy as np
 
@@ -477,6 +478,11 @@ def log_softmax(x, axis=-1) -> Tensor:
     return _log_softmax(x, axis)
 
 
+#: labels Var -> ((rows, classes), its (row, label) coordinates): a Var's value never changes,
+#: so a loss over the same labels tensor every step checks them and makes them once (~10 us)
+_COORDINATES = weakref.WeakKeyDictionary()
+
+
 def _labels(labels, n, classes):
     """Class indices, checked against ``classes`` when known.
 
@@ -486,6 +492,9 @@ def _labels(labels, n, classes):
     labels come back as an (n, 1) column for ``take_along_axis``.
     """
     if isinstance(labels, Tensor):
+        made = _COORDINATES.get(labels.ir_var)
+        if made is not None and made[0] == (n, classes):
+            return made[1]
         if labels.dtype.kind not in "iu":
             raise DTypeError(f"cross_entropy: labels must be integer class indices, got "
                              f"{labels.dtype.name}; cast them with .astype(np.int64)")
@@ -506,7 +515,10 @@ def _labels(labels, n, classes):
         bad = int(known.min() if known.min() < 0 else known.max())
         raise ArgumentError(f"cross_entropy: label {bad} is not a class index in [0, {classes})")
     # (row, label) coordinates made on the host: the pick is then ONE gather equation
-    return tensor(np.stack([np.arange(n, dtype=np.int64), known.astype(np.int64)], axis=1))
+    coords = tensor(np.stack([np.arange(n, dtype=np.int64), known.astype(np.int64)], axis=1))
+    if isinstance(labels, Tensor):
+        _COORDINATES[labels.ir_var] = ((n, classes), coords)
+    return coords
 
 
 def cross_entropy(logits, labels) -> Tensor:

@@ -58,6 +58,7 @@ from .ir import Program, collect, collect_keyed
 from .ops.api import DEFAULT_DEVICE as _DEVICE_SETTING
 from .ops.api import default_device
 from .ops.linalg import DETERMINISTIC_MATMUL
+from .ops import recipes
 from .ops.core import CURRENT_SITE, user_site
 from .stats import STATS
 from .threadsafe import Cache, Setting, cache_limit, cache_sizes  # noqa: F401 (public)
@@ -326,6 +327,24 @@ def realize(vars_, keep_history=False) -> None:
 _BACKWARD_PROGRAMS = Cache("backward programs")
 
 
+#: dtype -> the read-only 1 that seeds a backward (made once: it is an input, never written)
+_SEEDS = {}
+
+
+def _seed(dtype):
+    seed = _SEEDS.get(dtype)
+    if seed is None:
+        seed = np.ones((), dtype=dtype)
+        seed.flags.writeable = False
+        _SEEDS[dtype] = seed
+    return seed
+
+
+def _never(var) -> bool:
+    """A backward walks the whole graph: a Var is a leaf only where it has no equation."""
+    return False
+
+
 def backward(root) -> list:
     """The gradients of 0-d ``root`` (a Var) for every registered leaf of its graph that still
     requires grad, added to that tensor's current ``.grad``: ``[(tensor, value), ...]``, from ONE
@@ -333,7 +352,7 @@ def backward(root) -> list:
 
     The backward program is derived from the forward one by linearize + transpose and cached by
     the forward graph's structure, so a training loop derives and compiles it once."""
-    leaves, eqns, graph_key = collect_keyed([root], is_leaf=lambda v: False)
+    leaves, eqns, graph_key = collect_keyed([root], is_leaf=_never)
     targets = []
     for i, leaf in enumerate(leaves):
         t = grad_leaf(leaf)
@@ -356,9 +375,11 @@ def backward(root) -> list:
 
     program, _ = _BACKWARD_PROGRAMS.get_or_make(key, derive)
     backend = current()
-    exe = backend.executable(("backward",) + key, lambda: program)
-    seed = np.ones((), dtype=root.dtype)
-    args = [l.value for l in leaves] + [seed] + [g.ir_var.value for g in olds]
+    # by the program (it hashes and compares by identity once made), not the graph key again
+    exe = backend.executable(("backward", program), lambda: program)
+    args = [l.value for l in leaves]
+    args.append(_seed(root.dtype))
+    args += [g.ir_var.value for g in olds]
     outs = submit(backend, exe, args, program.eqns, resident=True)
     root.value = outs[0]
     return [(t, g) for (_, t), g in zip(targets, outs[1:])]
@@ -399,6 +420,7 @@ def clear_caches() -> None:
     for backend in instances():
         backend.clear_cache()         # a device backend frees what its executables hold
     threadsafe.clear_caches()
+    recipes.clear()
     for forget in ON_CLEAR:
         forget()
 

@@ -25,7 +25,7 @@ import numpy as np
 from . import runtime
 from .errors import ArgumentError, DTypeError, GradError, ShapeError, TracingError
 from .ir import Var, dtype_name, format_shape
-from .ops import api, numeric
+from .ops import api, numeric, recipes
 from .validate import (MAX_ELEMENTS, check_bool, check_dtype, check_real, check_sequence,
                        check_shape, describe, host_memory)
 
@@ -213,7 +213,8 @@ class Tensor:
 
     # -- methods delegate to the functional forms -----------------------------------------------
     def __getitem__(self, index):
-        return apply_api(api.getitem, self, _unwrap_index(index))
+        index = _unwrap_index(index)
+        return _apply(api.getitem, (self, index), {}, _is_basic_index(index))
 
     def __setitem__(self, index, value):
         raise ArgumentError("Tensor: values are not written in place (a pending graph may still read "
@@ -780,6 +781,17 @@ def _unwrap_index(index):
     return _unwrap(index)
 
 
+def _is_basic_index(index) -> bool:
+    """Whether ``index`` holds only ints, slices, None and Ellipsis: then ``getitem``'s equations
+    depend on nothing else and may be replayed; an array or tensor index is looked at (negative
+    entries of a known one are wrapped on the host), so such a call is bound afresh."""
+    for item in index if type(index) is tuple else (index,):
+        if not (type(item) is int or item is None or item is Ellipsis or type(item) is slice
+                and all(type(b) is int or b is None for b in (item.start, item.stop, item.step))):
+            return False
+    return True
+
+
 def needs_grad(args, depth=0):
     """Whether a Tensor among ``args`` (or in lists and tuples among them) requires grad."""
     for a in args:
@@ -795,19 +807,33 @@ def apply_api(fn, *args, **kwargs):
     """Run an ``api`` function on the Vars of tensor arguments and wrap the result.
 
     Every function on Tensors is one of these calls: vkml's own and ``vkml.numpy``'s."""
-    with runtime.user_line():
-        out = fn(*[_unwrap(a) for a in args], **{k: _unwrap(v) for k, v in kwargs.items()})
+    return _apply(fn, args, kwargs, False)
+
+
+def _apply(fn, args, kwargs, replayable):
+    """:func:`apply_api`; ``replayable``: ``fn``'s equations depend only on its operands' types
+    and its other arguments (never on a tensor's values), so they are recorded once and replayed
+    for operands of the same types (``vkml.ops.recipes``)."""
+    vargs = [a.ir_var if type(a) is Tensor else _unwrap(a) for a in args]
+    vkwargs = {k: _unwrap(v) for k, v in kwargs.items()} if kwargs else kwargs
+    if replayable:
+        out = recipes.call(fn, vargs, vkwargs, runtime.user_line)
+    else:
+        with runtime.user_line():
+            out = fn(*vargs, **vkwargs)
     requires = runtime.is_grad_enabled() and out.dtype.kind == "f" and \
-        needs_grad(args + tuple(kwargs.values()))
+        needs_grad(args + tuple(kwargs.values()) if kwargs else args)
     t = Tensor(out, requires)
     if runtime.is_eager() and not runtime.is_traced(out):
         realize(t)
     return t
 
 
-def _lift(fn, name=None):
+def _lift(fn, name=None, replayable=True):
+    """The Tensor form of ``api`` function ``fn``; ``replayable=False`` for one that looks at
+    a tensor's values while it binds (so recording its equations once would be wrong)."""
     def op(*args, **kwargs):
-        return apply_api(fn, *args, **kwargs)
+        return _apply(fn, args, kwargs, replayable)
     op.__name__ = name or fn.__name__
     op.__qualname__ = op.__name__
     op.__doc__ = fn.__doc__
@@ -870,8 +896,8 @@ stack = _lift(api.stack)
 flip = _lift(api.flip)
 gather = _lift(api.gather)
 scatter_add = _lift(api.scatter_add)
-take = _lift(api.take)
-take_along_axis = _lift(api.take_along_axis)
+take = _lift(api.take, replayable=False)              # skips wrapping a known index's negatives
+take_along_axis = _lift(api.take_along_axis, replayable=False)
 matmul = _lift(api.matmul)
 dot = matmul
 conv2d = _lift(api.conv2d)

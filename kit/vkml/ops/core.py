@@ -122,6 +122,12 @@ def bind_at(where, prim: Primitive, args, params):
 CURRENT_SITE = contextvars.ContextVar("vkml_source_site", default=None)
 
 
+def current_site():
+    """The user's line the binds made now name: the one set for the op being built, else the
+    first frame outside vkml."""
+    return CURRENT_SITE.get() or user_site()
+
+
 def bind(prim: Primitive, *args, **params):
     """Bind ``prim`` at the user's current line (the line error messages will name)."""
     return bind_at(CURRENT_SITE.get() or user_site(), prim, args, params)
