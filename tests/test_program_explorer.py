@@ -204,10 +204,11 @@ def test_sizes_and_counts_are_shown():
         assert row in text, panel
     kept = viz.saved_residuals(tanh_loss, W)      # the same numbers through the jit's caches
     assert f"kept for the backward: {len(kept)} values, {kept.total:,} bytes" in text
-    # grad runs the known part and the transposed part: two submissions, counted by vkml.stats()
-    assert ex.view.stats.submissions == 2
+    # grad runs the known part and then the transposed part as one fused program: one
+    # submission, counted by vkml.stats()
+    assert ex.view.stats.submissions == 1
     s = ex.view.stats
-    assert (f"running grad once at these arguments: 2 submissions, {s.compiles} compile"
+    assert (f"running grad once at these arguments: 1 submission, {s.compiles} compile"
             in text)
     assert "result float64 [3]" in text
     ex.derivation.value = "jvp"                   # one program: one submission

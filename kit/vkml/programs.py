@@ -524,9 +524,11 @@ class Jitted:
         """A derived program of ``entry``, made once per derivation ``name``."""
         prog = entry.derived.get(name)
         if prog is None:
-            before = STATS.derivations
+            before, counted = STATS.derivations, self.derivations
             prog = entry.derived[name] = make()
-            self.derivations += max(1, STATS.derivations - before)
+            # at least this one; derivations ``make`` made through _derive are counted already
+            nested = self.derivations - counted
+            self.derivations += max(1, STATS.derivations - before - nested)
         return prog
 
     def cache_info(self) -> dict:
@@ -896,16 +898,11 @@ def _grad_fn(fn, argnums, has_aux, with_value):
             grads = results[n_values:]
             main, aux = (outs[0], outs[1]) if has_aux else (outs, None)
         else:
+            # the first call runs the part that reads no tangent, then the transposed part,
+            # and keeps the plan of one program doing both for the next calls (compiled now, so
+            # a second call with these arguments' types compiles nothing)
             entry, values, pullback, flags, in_vars = _vjp_call(jitted, args, nums, where)
-            outs = unflatten(entry.out_tree, values)
-            main, aux = (outs[0], outs[1]) if has_aux else (outs, None)
-            if has_aux and (not isinstance(outs, tuple) or len(outs) != 2):
-                raise GradError("grad(has_aux=True): the function must return (value, aux)")
-            if not isinstance(main, Tensor) or main.shape != () or main.dtype.kind != "f":
-                shape = getattr(main, "shape", None)
-                raise GradError(f"{where}: the function must return a floating scalar (0-d) value, "
-                                f"got shape {format_shape(shape) if shape is not None else type(main).__name__}; "
-                                "use vkml.vjp or vkml.jacrev for non-scalar outputs")
+            main, aux = _scalar_main(unflatten(entry.out_tree, values), has_aux, where)
             cts = [np.ones((), dtype=values[0].dtype)] + [np.zeros(v.shape, v.dtype) for v in values[1:]]
             grads = pullback(cts)
             if fast is not None:
@@ -921,6 +918,20 @@ def _grad_fn(fn, argnums, has_aux, with_value):
     g.cache_info = jitted.cache_info
     g.jitted = jitted
     return g
+
+
+def _scalar_main(outs, has_aux, where):
+    """``(main, aux)`` of a function's results (Tensors, or the Vars of its program), checked:
+    ``main`` a floating scalar, and with ``has_aux`` the results a pair."""
+    if has_aux and (not isinstance(outs, tuple) or len(outs) != 2):
+        raise GradError("grad(has_aux=True): the function must return (value, aux)")
+    main, aux = (outs[0], outs[1]) if has_aux else (outs, None)
+    if not isinstance(main, (Tensor, Var)) or main.shape != () or main.dtype.kind != "f":
+        shape = getattr(main, "shape", None)
+        raise GradError(f"{where}: the function must return a floating scalar (0-d) value, "
+                        f"got shape {format_shape(shape) if shape is not None else type(main).__name__}; "
+                        "use vkml.vjp or vkml.jacrev for non-scalar outputs")
+    return main, aux
 
 
 def _value_and_grad_program(jitted, entry, flags):
