@@ -31,6 +31,15 @@ ulps of NumPy's own SIMD versions (tests use rtol 1e-12 in float64, 1e-5 in
 float32).  So a program holding either is compiled at once, never switched,
 and one whose matmul is too big for generated loops (``MATMUL_LIMIT``) stays
 on NumPy on every call: every program gives the same bits on every call.
+A simulation's per-sample loops (``SampleLoops``) go further where glibc's
+vector math library is there (``vector_math``): a group of ``VK_LANES``
+samples is stepped in SIMD registers and sin/cos/exp/... are libmvec's vector
+versions, also within a few ulps of libm's and NumPy's.  Every sample always
+goes through the same vector calls (padding lanes past the last sample,
+stopped samples computed and discarded), and the reverse recomputes a window
+with the same code as the forward, so a sample's bits still never depend on
+the number of samples, the threads or the memory budget's passes; + - * /
+and sqrt keep NumPy's bits there too.
 
 Generated code cannot corrupt the process: value sizes are checked before
 anything is compiled (``base.check_sizes``), every temporary's allocation is

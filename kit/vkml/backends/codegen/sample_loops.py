@@ -7,7 +7,9 @@ step kernel's per-sample program is lowered to scalar C and wrapped in
 the state stays in registers, a sample stops at its own ``terminated``, and
 the recorded checkpoints are written as the loop passes them.  Where a step
 cannot fail part-way, a C thread steps ``VK_LANES`` samples in turn (see
-:data:`LANES`): each still does its own operations in its own order.  The reverse
+:data:`LANES`): each still does its own operations in its own order; on the
+cpu tier with glibc's vector math the lanes step together in SIMD registers
+(:func:`_forward_simd`, ``vector_math``).  The reverse
 is one function too: per sample, each window from the last is recomputed
 from its checkpoint into a local buffer and the adjoint is stepped back
 through it with the kernel's per-sample vjp program.
