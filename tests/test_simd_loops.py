@@ -182,7 +182,7 @@ def test_gradients_against_finite_differences_and_the_numpy_backend():
 @needs_libmvec
 def test_scalar_libm_when_vector_math_is_off_differs_by_a_few_ulps_at_most(monkeypatch):
     with vkml.use_backend("cpu"):
-        _, vector = run_and_reverse(64, window=5)
+        _, vector = run_and_reverse(64, window=5)   # the loops read VKML_VECTOR_MATH when built
     monkeypatch.setenv("VKML_VECTOR_MATH", "0")
     with vkml.use_backend("cpu"):
         sim, scalar = run_and_reverse(64, window=9)             # other loops: built anew
@@ -207,3 +207,35 @@ def test_kernels_without_transcendentals_keep_numpys_bits():
                             np.asarray(grads["x"]), np.asarray(grads["v"]), np.asarray(grads["rate"])]
     for got, want in zip(out["cpu"], out["numpy"]):
         assert np.array_equal(got, want)
+
+
+def test_math_imports_reads_scalar_and_vector_versions_off_symbol_names():
+    data = b"\0free\0sin\0_ZGVeN8v_cos\0_ZGVdN4vv_pow\0sinh\0_ZGVeN8v_sinf\0"
+    assert cpu.math_imports(data, ("sin", "cos", "pow", "exp", "sinf")) == {
+        "sin": {"sin"}, "cos": {"_ZGVeN8v_cos"}, "pow": {"_ZGVdN4vv_pow"}, "sinf": {"_ZGVeN8v_sinf"}}
+
+
+@needs_libmvec
+def test_a_call_the_compiler_left_scalar_sends_the_loops_back_to_scalar_libm(monkeypatch):
+    """If a built library imports a scalar sin next to the vector one (a loop GCC did not
+    vectorise), the forward and the reverse's recomputation could differ: both are built again
+    with scalar libm, and give exactly what VKML_VECTOR_MATH=0 gives."""
+    real = cpu.math_imports
+
+    def with_a_scalar_sin(data, names):
+        found = real(data, names)
+        if "sin" in found:
+            found["sin"] = found["sin"] | {"sin"}
+        return found
+    monkeypatch.setattr(cpu, "math_imports", with_a_scalar_sin)
+    with vkml.use_backend("cpu"):
+        sim, mixed = run_and_reverse(50, window=11)
+        assert sim._compiled_loops().vector_math is False
+    monkeypatch.undo()
+    monkeypatch.setenv("VKML_VECTOR_MATH", "0")
+    with vkml.use_backend("cpu"):
+        plain, scalar = run_and_reverse(50, window=12)    # loops of their own (the window does
+        assert plain._compiled_loops() is not sim._compiled_loops()   # not change a bit)
+        assert plain._compiled_loops().vector_math is False
+    for key in ("theta_T", "omega_T", "steps", "d_theta", "d_omega", "d_length", "d_damping"):
+        assert np.array_equal(mixed[key], scalar[key]), key
