@@ -190,6 +190,7 @@ def library(source: str, extra_flags=(), inspect=None):
     flags = FLAGS + (GCC_FLAGS if is_gcc(cc) else []) + list(extra_flags)
     signature = [cpu_signature()] if "-march=native" in flags else []
     key = hashlib.sha256("\0".join([source, cc] + flags + signature).encode()).hexdigest()[:32]
+
     def load(data, folder):
         if inspect is not None:
             inspect(data)
@@ -945,7 +946,10 @@ class SampleLoops:
         self.step, self.n_state, self.window, self.wrt = step, n_state, window, wrt
         spec = (step, vjp, n_state, n_fixed, n_params, out_names, state_names, term_index, wrt,
                 window)
-        self.vector_math = bool(vector_math()) and self._build(*spec, vector_math())
+        try:
+            self.vector_math = bool(vector_math()) and self._build(*spec, vector_math())
+        except BackendError:      # a compiler that refuses the vector declarations: scalar libm
+            self.vector_math = False
         if not self.vector_math:
             self._build(*spec, ())
 
