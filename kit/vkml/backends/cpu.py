@@ -39,7 +39,9 @@ goes through the same vector calls (padding lanes past the last sample,
 stopped samples computed and discarded), and the reverse recomputes a window
 with the same code as the forward, so a sample's bits still never depend on
 the number of samples, the threads or the memory budget's passes; + - * /
-and sqrt keep NumPy's bits there too.
+and sqrt keep NumPy's bits there too.  (A ``"full"`` or ``"binomial"``
+schedule is stepped by compiled per-step programs with scalar libm: its
+gradients agree with a window schedule's within a few ulps, not bit for bit.)
 
 Generated code cannot corrupt the process: value sizes are checked before
 anything is compiled (``base.check_sizes``), every temporary's allocation is
