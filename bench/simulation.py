@@ -378,6 +378,9 @@ def main():
           f"{'eagle (' + why + ')' if ok else 'eagle UNAVAILABLE: ' + why} vs hand-written NumPy")
     print(f"{PINNED}; NumPy {np.__version__}")
     print(describe_vkml())
+    info = vkml.backend_info()
+    if "simulation vector math" in info:           # the cpu tier: scalar libm or libmvec
+        print(f"cpu tier simulation loops' vector math (VKML_VECTOR_MATH): {info['simulation vector math']}")
     summary = []
     for steps in steps_list:
         rounds, reps = (3, 1) if steps > 400 else (5, 2)

@@ -7,7 +7,8 @@ before the last step and ``snapshots`` checkpoints wherever it likes (the run pa
 state once anyway); the reverse needs the state before each step, and a recomputed step is one
 step the reverse takes forward again to rebuild a state it does not hold.  The measured counts
 of real reverses are checked against the schedules' predictions, and the gradients of every
-schedule against ``window="full"`` (which recomputes nothing) bit for bit.
+schedule against ``window="full"`` (which recomputes nothing) bit for bit (within a few ulps for
+a window schedule on the cpu tier, whose compiled loops call the vector sin).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pytest
 
 import vkml
 from backends_under_test import BACKENDS
+from vkml.backends import cpu
 from vkml.graph.schedules import Binomial, Full, Window, walk
 
 MOST_STEPS, MOST_SNAPSHOTS = 130, 7
@@ -153,8 +155,18 @@ def test_measured_counts_match_the_prediction_and_gradients_match_full(vk_backen
             assert (report.recomputed_steps, report.peak_states) == walk(sim.schedule, max_steps, last)
             assert report.recomputed_steps <= sim.schedule.predicted_recomputed_steps(max_steps)
             for name in ("theta", "omega", "length", "damping"):
-                assert np.asarray(grads[name]).tobytes() == np.asarray(reference[name]).tobytes(), \
-                    (window, kw, name)
+                got, want = np.asarray(grads[name]), np.asarray(reference[name])
+                if vector_sin(vk_backend, window):
+                    np.testing.assert_allclose(got, want, rtol=1e-12, err_msg=f"{window} {kw} {name}")
+                else:
+                    assert got.tobytes() == want.tobytes(), (window, kw, name)
+
+
+def vector_sin(backend, window):
+    """Whether a window schedule's sin on this backend is the cpu tier's vector version (its
+    per-sample loops call glibc's libmvec), which differs from the scalar libm that "full" and
+    "binomial" use there by a few ulps: those compare within 1e-12, not bit for bit."""
+    return backend == "cpu" and isinstance(window, int) and bool(cpu.vector_math())
 
 
 def test_binomial_recomputes_fewer_steps_than_before_on_a_real_run():

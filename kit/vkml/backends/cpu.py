@@ -31,6 +31,17 @@ ulps of NumPy's own SIMD versions (tests use rtol 1e-12 in float64, 1e-5 in
 float32).  So a program holding either is compiled at once, never switched,
 and one whose matmul is too big for generated loops (``MATMUL_LIMIT``) stays
 on NumPy on every call: every program gives the same bits on every call.
+A simulation's per-sample loops (``SampleLoops``) go further where glibc's
+vector math library is there (``vector_math``): a group of ``VK_LANES``
+samples is stepped in SIMD registers and sin/cos/exp/... are libmvec's vector
+versions, also within a few ulps of libm's and NumPy's.  Every sample always
+goes through the same vector calls (padding lanes past the last sample,
+stopped samples computed and discarded), and the reverse recomputes a window
+with the same code as the forward, so a sample's bits still never depend on
+the number of samples, the threads or the memory budget's passes; + - * /
+and sqrt keep NumPy's bits there too.  (A ``"full"`` or ``"binomial"``
+schedule is stepped by compiled per-step programs with scalar libm: its
+gradients agree with a window schedule's within a few ulps, not bit for bit.)
 
 Generated code cannot corrupt the process: value sizes are checked before
 anything is compiled (``base.check_sizes``), every temporary's allocation is
@@ -80,6 +91,7 @@ import hashlib
 import heapq
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -98,7 +110,7 @@ from . import disk_cache
 from .base import Backend, ExecutionFailure, check_sizes, failure_error, register
 from .codegen.c_render import ALLOCATION_FAILED, INTERRUPTED, POLL, render, scratch_layout
 from .codegen.lower import Lowering, Unsupported
-from .codegen.sample_loops import forward_source, reverse_source
+from .codegen.sample_loops import SIMD_MARKER, VECTOR_MATH, forward_source, reverse_source
 from .interrupts import NEVER, Armed, interrupted
 from .numpy_backend import compile_program as compile_numpy
 
@@ -168,20 +180,69 @@ def cache_dir() -> str:
     return disk_cache.cache_dir("cpu")
 
 
-def library(source: str, extra_flags=()):
+def library(source: str, extra_flags=(), inspect=None):
     """The compiled library for ``source``: from the disk cache if a trusted one is there, else built.
 
     Returns ``(ctypes.CDLL, compiled)`` where ``compiled`` says whether the compiler ran.  What
     is trusted, and how a library is loaded from the very bytes that were checked, is in
-    ``disk_cache``."""
+    ``disk_cache``; ``inspect``, if given, is called with those bytes before they are loaded."""
     cc = compiler()
     if cc is None:
         raise BackendError("no C compiler found (set $CC or install gcc)")
     flags = FLAGS + (GCC_FLAGS if is_gcc(cc) else []) + list(extra_flags)
     signature = [cpu_signature()] if "-march=native" in flags else []
     key = hashlib.sha256("\0".join([source, cc] + flags + signature).encode()).hexdigest()[:32]
+
+    def load(data, folder):
+        if inspect is not None:
+            inspect(data)
+        return _load(data, folder)
     return disk_cache.cached("cpu", key, ".so", lambda folder: _compile_c(cc, flags, source, folder),
-                             _load)
+                             load)
+
+
+def vector_math() -> frozenset:
+    """The libm functions a simulation's compiled loops may call in glibc's vector versions
+    (libmvec), stepping ``VK_LANES`` samples at once in SIMD registers: those of
+    ``sample_loops.VECTOR_MATH`` that libmvec has for every x86-64 register width.  Empty (the
+    scalar libm calls, as elsewhere) without libmvec, off x86-64, or with
+    ``VKML_VECTOR_MATH=0``.  A vector sin is within a few ulps of libm's, as libm's is of NumPy's:
+    only the cpu tier's transcendentals change, never +, -, *, / or sqrt."""
+    if os.environ.get("VKML_VECTOR_MATH", "1") == "0":
+        return frozenset()
+    return _libmvec_functions()
+
+
+@functools.lru_cache(maxsize=None)
+def _libmvec_functions() -> frozenset:
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return frozenset()
+    try:
+        libmvec = ctypes.CDLL("libmvec.so.1")
+    except OSError:
+        return frozenset()
+    found = set()
+    for name, (ctype, arity) in VECTOR_MATH.items():
+        lanes = 2 if ctype == "double" else 4          # in a 128-bit register
+        variants = [f"_ZGV{isa}N{lanes * wide}{'v' * arity}_{name}"
+                    for isa, wide in (("b", 1), ("c", 2), ("d", 2), ("e", 4))]
+        if all(hasattr(libmvec, v) for v in variants):
+            found.add(name)
+    return frozenset(found)
+
+
+def math_imports(data: bytes, names) -> dict:
+    """For each function of ``names``, the versions the shared library ``data`` imports: its
+    scalar name and any vector ones (``_ZGV..._name``), read off the library's symbol names."""
+    found = {}
+    for name in names:
+        raw = name.encode()
+        versions = set(re.findall(rb"(?<=\0)_ZGV[a-zA-Z]N\d+v+_" + raw + rb"(?=\0)", data))
+        if b"\0" + raw + b"\0" in data:
+            versions.add(raw)
+        if versions:
+            found[name] = {v.decode() for v in versions}
+    return found
 
 
 def _load(data: bytes, folder) -> ctypes.CDLL:
@@ -873,7 +934,9 @@ class CpuBackend(Backend):
         info = super().info()
         flags = FLAGS + (GCC_FLAGS if self.compiler and is_gcc(self.compiler) else [])
         info.update({"compiler": self.compiler, "cache": cache_dir(), "flags": " ".join(flags),
-                     "numpy fallbacks": self.fallbacks})
+                     "numpy fallbacks": self.fallbacks,
+                     "simulation vector math": ("libmvec: " + " ".join(sorted(vector_math()))
+                                                if vector_math() else "none (scalar libm)")})
         return info
 
 
@@ -883,16 +946,41 @@ class SampleLoops:
     def __init__(self, step, vjp, *, n_state, n_fixed, n_params, out_names, state_names, term_index,
                  wrt, window):
         self.step, self.n_state, self.window, self.wrt = step, n_state, window, wrt
+        spec = (step, vjp, n_state, n_fixed, n_params, out_names, state_names, term_index, wrt,
+                window)
+        try:
+            self.vector_math = bool(vector_math()) and self._build(*spec, vector_math())
+        except BackendError:      # a compiler that refuses the vector declarations: scalar libm
+            self.vector_math = False
+        if not self.vector_math:
+            self._build(*spec, ())
+
+    def _build(self, step, vjp, n_state, n_fixed, n_params, out_names, state_names, term_index,
+               wrt, window, math):
+        """Compile the forward and the reverse, the libm functions ``math`` in vector versions.
+        Returns whether they are in SIMD lanes with every such call a vector one, of one
+        version per function in both: only then does the reverse recompute a window with the
+        forward's very bits, whatever a compiler chose to vectorise.  Otherwise (the step can
+        fail part-way, or the compiler left a call scalar) the caller builds again without."""
         self.errors = {"forward": [], "reverse": []}
         fwd = forward_source(step, n_state, n_fixed, n_params, out_names, state_names, term_index,
-                             window, errors=self.errors["forward"])
+                             window, errors=self.errors["forward"], vector_math=math)
         rev = reverse_source(step, vjp, n_state, n_fixed, n_params, out_names, state_names, wrt,
-                             window, errors=self.errors["reverse"])
-        self._fwd_lib, _ = library(fwd, ["-fopenmp"])
-        self._rev_lib, _ = library(rev, ["-fopenmp"])
+                             window, errors=self.errors["reverse"], vector_math=math)
+        simd = bool(math) and SIMD_MARKER in fwd and SIMD_MARKER in rev
+        if math and not simd:
+            return False
+        imports = {}
+
+        def inspect(data):
+            for name, versions in math_imports(data, math).items():
+                imports.setdefault(name, set()).update(versions)
+        self._fwd_lib, _ = library(fwd, ["-fopenmp"], inspect)
+        self._rev_lib, _ = library(rev, ["-fopenmp"], inspect)
         for fn in (self._fwd_lib.vk_fwd, self._rev_lib.vk_rev):
             fn.restype = ctypes.c_int
             fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        return simd and all(len(v) == 1 and name not in v for name, v in imports.items())
 
     def _call(self, direction, fn, ins, outs, n, max_steps, threads):
         """One call of the compiled loops, interruptible (see the module docstring); a sample that

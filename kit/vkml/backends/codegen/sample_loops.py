@@ -7,7 +7,9 @@ step kernel's per-sample program is lowered to scalar C and wrapped in
 the state stays in registers, a sample stops at its own ``terminated``, and
 the recorded checkpoints are written as the loop passes them.  Where a step
 cannot fail part-way, a C thread steps ``VK_LANES`` samples in turn (see
-:data:`LANES`): each still does its own operations in its own order.  The reverse
+:data:`LANES`): each still does its own operations in its own order; on the
+cpu tier with glibc's vector math the lanes step together in SIMD registers
+(:func:`_forward_simd`, ``vector_math``).  The reverse
 is one function too: per sample, each window from the last is recomputed
 from its checkpoint into a local buffer and the adjoint is stepped back
 through it with the kernel's per-sample vjp program.
@@ -206,9 +208,12 @@ def _state_outputs(out_names, state_names):
     return {i: out_names.index(name) for i, name in enumerate(state_names)}
 
 
-def _sample(lanes):
+def _sample(lanes, simd=False):
     """The sample a loop body works on and the row of its per-sample state: ``s`` itself, or, in
-    lanes, sample ``s + l`` in row ``l``."""
+    lanes, sample ``s + l`` in row ``l`` (in SIMD lanes, ``row[l]``: a padding lane past the
+    last sample reads sample ``s``'s fixed planes)."""
+    if simd:
+        return ("row[l]", "[l]")
     return ("(s + l)", "[l]") if lanes else ("s", "")
 
 
@@ -226,7 +231,7 @@ def _steps_in_lanes(*lows_and_bodies):
 
 
 def forward_source(step, n_state, n_fixed, n_params, out_names, state_names, term_index, window,
-                   target="c", errors=None):
+                   target="c", errors=None, vector_math=()):
     """``vk_fwd``: in = state planes, fixed planes, params; out = final state planes,
     steps (int64, one per sample), then one checkpoint array per state plane
     (``[ceil(max_steps / window), n, ...]``), then the last step's other outputs.
@@ -235,9 +240,14 @@ def forward_source(step, n_state, n_fixed, n_params, out_names, state_names, ter
     the interrupt flag; CUDA: ``vk_fwd(in, out, n, max_steps)`` with device pointer tables, the
     status words after the outputs.  ``errors``: a list the primitive names of the error codes
     are appended to.  Where the step cannot fail part-way, a thread steps ``VK_LANES`` samples
-    in turn (:func:`_forward_lanes`), else one (:func:`_forward_samples`)."""
+    in turn (:func:`_forward_lanes`), else one (:func:`_forward_samples`); ``vector_math``
+    (C only): the libm functions to call in their vector versions, the lanes then stepped
+    across SIMD registers (:func:`_forward_simd`)."""
     low, body = _lower_forward(step, n_state, n_fixed, n_params, lanes=True)
     lanes = _steps_in_lanes((low, body))
+    simd = lanes and target == "c" and bool(vector_math)
+    if simd:
+        low, body = _lower_forward(step, n_state, n_fixed, n_params, lanes=True, simd=True)
     if not lanes:
         low, body = _lower_forward(step, n_state, n_fixed, n_params, lanes=False)
         if errors is not None:
@@ -245,7 +255,8 @@ def forward_source(step, n_state, n_fixed, n_params, out_names, state_names, ter
     st_vars, fx_vars, pr_vars, outs = _split(step, n_state, n_fixed)
     new_of = _state_outputs(out_names, state_names)
     extra = [j for j in range(len(outs)) if j not in new_of.values()]
-    lines = _open_function(target, "vk_fwd", low.statics, 2 * n_state + 1 + len(extra))
+    statics = (_simd_declarations(vector_math) if simd else []) + low.statics
+    lines = _open_function(target, "vk_fwd", statics, 2 * n_state + 1 + len(extra))
     for i, v in enumerate(st_vars):
         lines.append(_ptr(f"si{i}", v, f"in[{i}]", const=True))
         lines.append(_ptr(f"so{i}", v, f"out[{i}]"))
@@ -256,16 +267,16 @@ def forward_source(step, n_state, n_fixed, n_params, out_names, state_names, ter
         lines.append(_ptr(f"p{i}", v, f"in[{n_state + n_fixed + i}]"))
     lines.append(f"    int64_t* steps = (int64_t*)out[{n_state}];")
     ind = _open_sample_loop(lines, target, lanes=lanes)
-    loop = _forward_lanes if lanes else _forward_samples
+    loop = _forward_simd if simd else _forward_lanes if lanes else _forward_samples
     loop(lines, ind, low, body, st_vars, outs, new_of, extra, term_index, window)
     _close_function(lines, target)
     return "\n".join(lines) + "\n"
 
 
-def _lower_forward(step, n_state, n_fixed, n_params, lanes):
+def _lower_forward(step, n_state, n_fixed, n_params, lanes, simd=False):
     """The step lowered for the forward loop (reading the state ``st{i}``, writing ``ot{j}``),
     its per-sample buffers checked: (lowering, body)."""
-    sample, row = _sample(lanes)
+    sample, row = _sample(lanes, simd)
     st_vars, fx_vars, _, outs = _split(step, n_state, n_fixed)
     low = _lowering()
     in_ptrs = [f"st{i}{row}" for i in range(n_state)] + \
@@ -367,6 +378,12 @@ def _forward_lanes(lines, ind, low, body, st_vars, outs, new_of, extra, term_ind
     lines.append(f"{ind}    }}")
     lines.append(f"{ind}    if (!any_running) break;")
     lines.append(f"{ind}}}")
+    _lanes_results(lines, ind, st_vars, outs, extra, window)
+
+
+def _lanes_results(lines, ind, st_vars, outs, extra, window):
+    """The end of a forward lanes loop: each real sample's steps, final state, the checkpoints
+    after its stop and the last step's other outputs, from its row ``l``."""
     lines.append(f"{ind}for (int l = 0; l < VK_LANES && s + l < n; l++) {{")
     lines.append(f"{ind}    steps[s + l] = taken[l];")
     for i, v in enumerate(st_vars):
@@ -382,16 +399,150 @@ def _forward_lanes(lines, ind, low, body, st_vars, outs, new_of, extra, term_ind
     lines.append(f"{ind}}}")
 
 
+# -- SIMD lanes (C): every lane takes every step, the libm calls in their vector versions -------
+
+#: the libm functions the lowering calls that glibc's vector math library (libmvec) has in vector
+#: versions: C name -> (type, arguments)
+VECTOR_MATH = {f"{name}{suffix}": (ctype, 2 if name in ("pow", "atan2") else 1)
+               for name in ("exp", "log", "sin", "cos", "tanh", "pow", "log1p", "expm1", "erf",
+                            "atan2")
+               for suffix, ctype in (("", "double"), ("f", "float"))}
+
+#: the line that marks a source whose lanes are stepped across SIMD registers
+SIMD_MARKER = "/* vkml: sample lanes stepped in SIMD, libm calls in vector versions */"
+
+
+#: functions called through a name of their own (an assembler label to libm's): GCC fuses a
+#: ``sin`` and a ``cos`` of one argument into a scalar ``sincos`` call, which has no vector
+#: version and keeps the loop scalar (a sine's vjp holds both)
+_RENAMED = ("cos", "cosf")
+
+
+def _simd_declarations(names):
+    """``names`` (of :data:`VECTOR_MATH`) declared to the compiler as having vector versions, so
+    a ``#pragma omp simd`` loop calling them calls libmvec's ``_ZGV...`` functions instead."""
+    lines = [SIMD_MARKER]
+    for name in sorted(names):
+        ctype, arity = VECTOR_MATH[name]
+        args = ", ".join([ctype] * arity)
+        lines.append("#pragma omp declare simd notinbranch")
+        if name in _RENAMED:
+            lines += [f'__attribute__((const)) {ctype} vk_simd_{name}({args}) __asm__("{name}");',
+                      f"#define {name} vk_simd_{name}"]
+        else:
+            lines.append(f"{ctype} {name}({args});")
+    return lines
+
+
+def _keep_if(lines, ind, on, dst, src, k):
+    """``dst = src`` where ``on`` holds, else ``dst`` kept (a select)."""
+    lines.append(_per_element(ind, k, lambda c: f"{dst}[{c}] = {on} ? {src}[{c}] : {dst}[{c}];"))
+
+
+def _simd_lanes_loop(lines, ind, low, body, decls, results):
+    """A ``#pragma omp simd`` loop over the lanes computing ``body`` for each (its values
+    declared by ``decls``, lines without indent), storing every lane's ``results`` (``(lane
+    array, value, elements)``) unconditionally.  No branch and no select in it: GCC 12
+    vectorises a loop with a condition only if its calls are builtins, and the selects that
+    keep a stopped lane's values are done after it, in a loop of their own (:func:`_keep_if`).
+    Each single element is assigned without an inner loop, which would keep it scalar at -O2."""
+    lines.append(f"{ind}#pragma omp simd")
+    lines.append(f"{ind}for (int l = 0; l < VK_LANES; l++) {{")
+    li = ind + "    "
+    lines += [li + d for d in decls]
+    _decl_temps(low, lines, li)
+    emit(body, lines, li)
+    for dst, src, k in results:
+        lines.append(_per_element(li, k, lambda c: f"{dst}[l][{c}] = {src}[{c}];"))
+    lines.append(f"{ind}}}")
+
+
+def _per_element(ind, k, assign):
+    """``assign(c)`` for each of ``k`` elements: a loop, or the one statement when ``k`` is 1."""
+    if k == 1:
+        return ind + assign("0")
+    return f"{ind}for (int64_t c = 0; c < {k}; c++) {assign('c')}"
+
+
+def _lane_type(dtype):
+    """The C type a lane keeps a value of ``dtype`` in across steps: an integer narrower than 64
+    bits (a "terminated" flag) widened to int64_t, since GCC vectorises no loop over double lanes
+    that stores bytes (the value is the same; it is narrowed back when written out)."""
+    dtype = np.dtype(dtype)
+    return "int64_t" if dtype.kind in "biu" and dtype.itemsize < 8 else CTYPE[dtype]
+
+
+def _forward_simd(lines, ind, low, body, st_vars, outs, new_of, extra, term_index, window):
+    """The forward loop's body for the ``VK_LANES`` samples from ``s``, the lanes stepped together
+    across SIMD registers (:func:`_simd_lanes_loop`).  Every lane computes every step, so every
+    sample goes through the very same vector calls wherever it sits: a lane past the last sample
+    steps a copy of sample ``s`` (its fixed planes through ``row[l]``), a stopped sample's steps
+    are computed and discarded, and nothing traps.  So a sample's bits do not depend on ``n``,
+    the threads or the passes it is run in."""
+    for i, v in enumerate(st_vars):
+        lines.append(f"{ind}{CTYPE[v.dtype]} st{i}[VK_LANES][{_size(v)}], nt{i}[VK_LANES][{_size(v)}];")
+    for m, j in enumerate(extra):
+        ctype, k = _lane_type(outs[j].dtype), _size(outs[j])
+        lines.append(f"{ind}{ctype} ex{m}[VK_LANES][{k}], nex{m}[VK_LANES][{k}];")
+    lines.append(f"{ind}int64_t taken[VK_LANES], running[VK_LANES], row[VK_LANES], "
+                 f"stops[VK_LANES][1];")
+    lines.append(f"{ind}for (int l = 0; l < VK_LANES; l++) {{")
+    lines.append(f"{ind}    taken[l] = 0; running[l] = s + l < n; row[l] = running[l] ? s + l : s;")
+    for i, v in enumerate(st_vars):
+        k = _size(v)
+        lines.append(f"{ind}    for (int64_t c = 0; c < {k}; c++) st{i}[l][c] = si{i}[row[l] * {k} + c];")
+    for m, j in enumerate(extra):
+        lines.append(f"{ind}    for (int64_t c = 0; c < {_size(outs[j])}; c++) ex{m}[l][c] = 0;")
+    lines.append(f"{ind}}}")
+    lines.append(f"{ind}for (int64_t t = 0; t < max_steps; t++) {{")
+    lines.append(ind + "    " + _POLL)
+    lines.append(f"{ind}    if (t % {window} == 0) for (int l = 0; l < VK_LANES; l++) {{")
+    lines.append(f"{ind}        if (!running[l]) continue;")
+    for i, v in enumerate(st_vars):
+        k = _size(v)
+        lines.append(f"{ind}        for (int64_t c = 0; c < {k}; c++) "
+                     f"ck{i}[((t / {window}) * n + s + l) * {k} + c] = st{i}[l][c];")
+    lines.append(f"{ind}    }}")
+    decls = [f"{CTYPE[v.dtype]} ot{j}[{_size(v)}];" for j, v in enumerate(outs)]
+    results = [(f"nt{i}", f"ot{new_of[i]}", _size(v)) for i, v in enumerate(st_vars)]
+    results += [(f"nex{m}", f"ot{j}", _size(outs[j])) for m, j in enumerate(extra)]
+    if term_index is not None:
+        results.append(("stops", f"ot{term_index}", 1))
+    _simd_lanes_loop(lines, ind + "    ", low, body, decls, results)
+    lines.append(f"{ind}    int64_t any_running = 0;")
+    lines.append(f"{ind}    for (int l = 0; l < VK_LANES; l++) {{")
+    li = ind + "        "
+    lines.append(f"{li}int64_t on = running[l];")
+    for i, v in enumerate(st_vars):
+        _keep_if(lines, li, "on", f"st{i}[l]", f"nt{i}[l]", _size(v))
+    for m, j in enumerate(extra):
+        _keep_if(lines, li, "on", f"ex{m}[l]", f"nex{m}[l]", _size(outs[j]))
+    lines.append(f"{li}taken[l] = on ? t + 1 : taken[l];")
+    if term_index is not None:
+        lines.append(f"{li}running[l] = on & (stops[l][0] == 0);")
+    lines.append(f"{li}any_running |= running[l];")
+    lines.append(f"{ind}    }}")
+    lines.append(f"{ind}    if (!any_running) break;")
+    lines.append(f"{ind}}}")
+    _lanes_results(lines, ind, st_vars, outs, extra, window)
+
+
 def reverse_source(step, vjp, n_state, n_fixed, n_params, out_names, state_names, wrt, window,
-                   target="c", errors=None):
+                   target="c", errors=None, vector_math=()):
     """``vk_rev``: in = checkpoints per state plane, steps, fixed planes, params,
     seeds per state plane; out = state gradients, then gradients of the floating fixed planes and
     per-sample Param cotangents (in ``wrt`` order).  Called as ``vk_fwd`` is (``max_steps``
     unused).  Where neither the step nor its vjp can fail part-way, a thread reverses
-    ``VK_LANES`` samples together (:func:`_reverse_lanes`), else one (:func:`_reverse_samples`)."""
+    ``VK_LANES`` samples together (:func:`_reverse_lanes`), else one (:func:`_reverse_samples`);
+    ``vector_math`` as for :func:`forward_source` (:func:`_reverse_simd`)."""
     fwd_low, fwd_body, bwd_low, bwd_body = _lower_reverse(
         step, vjp, n_state, n_fixed, n_params, out_names, state_names, wrt, window, lanes=True)
     lanes = _steps_in_lanes((fwd_low, fwd_body), (bwd_low, bwd_body))
+    simd = lanes and target == "c" and bool(vector_math)
+    if simd:
+        fwd_low, fwd_body, bwd_low, bwd_body = _lower_reverse(
+            step, vjp, n_state, n_fixed, n_params, out_names, state_names, wrt, window, lanes=True,
+            simd=True)
     if not lanes:
         fwd_low, fwd_body, bwd_low, bwd_body = _lower_reverse(
             step, vjp, n_state, n_fixed, n_params, out_names, state_names, wrt, window, lanes=False)
@@ -400,7 +551,8 @@ def reverse_source(step, vjp, n_state, n_fixed, n_params, out_names, state_names
     ins = step.inputs
     st_vars, fx_vars, pr_vars, outs = _split(step, n_state, n_fixed)
     _check_local(st_vars, window, target)
-    lines = _open_function(target, "vk_rev", fwd_low.statics + bwd_low.statics, len(wrt))
+    statics = (_simd_declarations(vector_math) if simd else []) + fwd_low.statics + bwd_low.statics
+    lines = _open_function(target, "vk_rev", statics, len(wrt))
     pos = 0
     for i, v in enumerate(st_vars):
         lines.append(_ptr(f"ck{i}", v, f"in[{pos}]", const=True))
@@ -419,7 +571,7 @@ def reverse_source(step, vjp, n_state, n_fixed, n_params, out_names, state_names
     for k, w_pos in enumerate(wrt):
         lines.append(_ptr(f"go{k}", ins[w_pos], f"out[{k}]"))
     ind = _open_sample_loop(lines, target, lanes=lanes)
-    loop = _reverse_lanes if lanes else _reverse_samples
+    loop = _reverse_simd if simd else _reverse_lanes if lanes else _reverse_samples
     loop(lines, ind, fwd_low, fwd_body, bwd_low, bwd_body, ins, st_vars, outs,
          _state_outputs(out_names, state_names), wrt, window)
     _close_function(lines, target, [f"buf{i}" for i in range(n_state)])
@@ -427,13 +579,13 @@ def reverse_source(step, vjp, n_state, n_fixed, n_params, out_names, state_names
 
 
 def _lower_reverse(step, vjp, n_state, n_fixed, n_params, out_names, state_names, wrt, window,
-                   lanes):
+                   lanes, simd=False):
     """The step and its vjp lowered for the reverse loop, their per-sample buffers checked:
     (forward lowering, forward body, vjp lowering, vjp body).  The step recomputes a window from
     ``cur{i}`` into ``nx{j}``; the vjp reads the state held in the window buffer ``buf{i}`` and the
     cotangents ``ct{i}`` (``zo{j}``, zeros, for the outputs that are no state) and writes
     ``g{k}``."""
-    sample, row = _sample(lanes)
+    sample, row = _sample(lanes, simd)
     ins = step.inputs
     st_vars, fx_vars, _, outs = _split(step, n_state, n_fixed)
     new_of = _state_outputs(out_names, state_names)
@@ -445,7 +597,10 @@ def _lower_reverse(step, vjp, n_state, n_fixed, n_params, out_names, state_names
     bwd_low = _lowering()
     bwd_low.counter = 10000                   # distinct temporary names from the forward body
     bwd_low.errors = fwd_low.errors           # one numbering of the error codes for both bodies
-    held = f"l * {window} + (t - w)" if lanes else "t - w"
+    # the window buffers: a sample's steps in a row; in SIMD lanes, the lanes of a step in a row
+    # (the lanes' loop then reads them contiguously, not strided: GCC 12 keeps a strided read
+    # scalar there)
+    held = "(t - w) * VK_LANES + l" if simd else f"l * {window} + (t - w)" if lanes else "t - w"
     state_at = [f"(buf{i} + ({held}) * {_size(v)})" for i, v in enumerate(st_vars)]
     ct_in = []
     for j, v in enumerate(outs):
@@ -596,6 +751,99 @@ def _reverse_lanes(lines, ind, fwd_low, fwd_body, bwd_low, bwd_body, ins, st_var
             lines.append(f"{li}for (int64_t c = 0; c < {size}; c++) ct{w_pos}[l][c] = g{k}[c];")
         else:
             lines.append(f"{li}for (int64_t c = 0; c < {size}; c++) acc{k}[l][c] += g{k}[c];")
+    lines.append(f"{ind}        }}")
+    lines.append(f"{ind}    }}")
+    lines.append(f"{ind}}}")
+    lines.append(f"{ind}for (int l = 0; l < VK_LANES && s + l < n; l++) {{")
+    for k, w_pos in enumerate(wrt):
+        size = _size(ins[w_pos])
+        src = f"ct{w_pos}[l]" if w_pos < n_state else f"acc{k}[l]"
+        lines.append(f"{ind}    for (int64_t c = 0; c < {size}; c++) go{k}[(s + l) * {size} + c] = {src}[c];")
+    lines.append(f"{ind}}}")
+
+
+def _reverse_simd(lines, ind, fwd_low, fwd_body, bwd_low, bwd_body, ins, st_vars, outs, new_of,
+                  wrt, window):
+    """The reverse loop's body for the ``VK_LANES`` samples from ``s``, the lanes stepped together
+    across SIMD registers as in :func:`_forward_simd` (the recomputation of a window is the very
+    same vector code as the forward's steps, so it gives the recorded states' bits).  A lane
+    outside its own windows and steps computes and discards; its window buffer rows start
+    zeroed, so it never reads uninitialised memory."""
+    n_state = len(st_vars)
+    for i, v in enumerate(st_vars):
+        k = _size(v)
+        lines.append(f"{ind}{CTYPE[v.dtype]} ct{i}[VK_LANES][{k}], cur{i}[VK_LANES][{k}], "
+                     f"nc{i}[VK_LANES][{k}];")
+        lines.append(f"{ind}VK_WINDOW({CTYPE[v.dtype]}, buf{i}, {window * k} * VK_LANES);")
+    for k, w_pos in enumerate(wrt):
+        v = ins[w_pos]
+        lines.append(f"{ind}{CTYPE[v.dtype]} gs{k}[VK_LANES][{_size(v)}];")
+        if w_pos >= n_state:
+            lines.append(f"{ind}{CTYPE[v.dtype]} acc{k}[VK_LANES][{_size(v)}];")
+    lines.append(f"{ind}int64_t last[VK_LANES], row[VK_LANES], longest = 0;")
+    for i, v in enumerate(st_vars):
+        size = window * _size(v)
+        lines.append(f"{ind}VK_WINDOW_ALLOC({CTYPE[v.dtype]}, buf{i}, {size} * VK_LANES);")
+        lines.append(f"{ind}for (int64_t c = 0; c < {size} * VK_LANES; c++) buf{i}[c] = 0;")
+    lines.append(f"{ind}for (int l = 0; l < VK_LANES; l++) {{")
+    lines.append(f"{ind}    row[l] = s + l < n ? s + l : s;")
+    lines.append(f"{ind}    last[l] = s + l < n ? steps[s + l] : 0;")
+    lines.append(f"{ind}    if (last[l] > longest) longest = last[l];")
+    for i, v in enumerate(st_vars):
+        k = _size(v)
+        lines.append(f"{ind}    for (int64_t c = 0; c < {k}; c++) "
+                     f"ct{i}[l][c] = s + l < n ? seed{i}[(s + l) * {k} + c] : 0;")
+        lines.append(f"{ind}    for (int64_t c = 0; c < {k}; c++) cur{i}[l][c] = 0;")
+    for k, w_pos in enumerate(wrt):
+        if w_pos >= n_state:
+            lines.append(f"{ind}    for (int64_t c = 0; c < {_size(ins[w_pos])}; c++) acc{k}[l][c] = 0;")
+    lines.append(f"{ind}}}")
+    lines.append(f"{ind}for (int64_t w = longest > 0 ? ((longest - 1) / {window}) * {window} : -1; "
+                 f"w >= 0; w -= {window}) {{")
+    lines.append(f"{ind}    int64_t end = w + {window} < longest ? w + {window} : longest;")
+    lines.append(f"{ind}    for (int l = 0; l < VK_LANES; l++) {{")
+    lines.append(f"{ind}        if (w >= last[l]) continue;")
+    for i, v in enumerate(st_vars):
+        k = _size(v)
+        lines.append(f"{ind}        for (int64_t c = 0; c < {k}; c++) "
+                     f"cur{i}[l][c] = ck{i}[((w / {window}) * n + s + l) * {k} + c];")
+    lines.append(f"{ind}    }}")
+    lane_end = f"(w + {window} < last[l] ? w + {window} : last[l])"
+    lines.append(f"{ind}    for (int64_t t = w; t < end; t++) {{")
+    lines.append(ind + "        " + _POLL)
+    lines.append(f"{ind}        for (int l = 0; l < VK_LANES; l++) {{")
+    lines.append(f"{ind}            if (t >= {lane_end}) continue;")
+    for i, v in enumerate(st_vars):
+        k = _size(v)
+        lines.append(f"{ind}            for (int64_t c = 0; c < {k}; c++) "
+                     f"buf{i}[((t - w) * VK_LANES + l) * {k} + c] = cur{i}[l][c];")
+    lines.append(f"{ind}        }}")
+    decls = [f"{CTYPE[v.dtype]} nx{j}[{_size(v)}];" for j, v in enumerate(outs)]
+    results = [(f"nc{i}", f"nx{new_of[i]}", _size(v)) for i, v in enumerate(st_vars)]
+    _simd_lanes_loop(lines, ind + "        ", fwd_low, fwd_body, decls, results)
+    lines.append(f"{ind}        for (int l = 0; l < VK_LANES; l++) {{")
+    li = ind + "            "
+    lines.append(f"{li}int64_t on = t < {lane_end} - 1;")
+    for i, v in enumerate(st_vars):
+        _keep_if(lines, li, "on", f"cur{i}[l]", f"nc{i}[l]", _size(v))
+    lines.append(f"{ind}        }}")
+    lines.append(f"{ind}    }}")
+    lines.append(f"{ind}    for (int64_t t = end - 1; t >= w; t--) {{")
+    lines.append(ind + "        " + _POLL)
+    decls = [f"{CTYPE[v.dtype]} zo{j}[{_size(v)}] = {{0}};" for j, v in enumerate(outs)
+             if j not in new_of.values()]
+    decls += [f"{CTYPE[ins[w_pos].dtype]} g{k}[{_size(ins[w_pos])}];" for k, w_pos in enumerate(wrt)]
+    results = [(f"gs{k}", f"g{k}", _size(ins[w_pos])) for k, w_pos in enumerate(wrt)]
+    _simd_lanes_loop(lines, ind + "        ", bwd_low, bwd_body, decls, results)
+    lines.append(f"{ind}        for (int l = 0; l < VK_LANES; l++) {{")
+    lines.append(f"{li}int64_t on = t < last[l];")
+    for k, w_pos in enumerate(wrt):
+        size = _size(ins[w_pos])
+        if w_pos < n_state:
+            _keep_if(lines, li, "on", f"ct{w_pos}[l]", f"gs{k}[l]", size)
+        else:
+            lines.append(_per_element(li, size, lambda c, k=k: f"acc{k}[l][{c}] = "
+                                      f"on ? acc{k}[l][{c}] + gs{k}[l][{c}] : acc{k}[l][{c}];"))
     lines.append(f"{ind}        }}")
     lines.append(f"{ind}    }}")
     lines.append(f"{ind}}}")
