@@ -676,30 +676,42 @@ def _reverse_samples(lines, ind, fwd_low, fwd_body, bwd_low, bwd_body, ins, st_v
         lines.append(f"{ind}for (int64_t c = 0; c < {size}; c++) go{k}[s * {size} + c] = {src}[c];")
 
 
-def _reverse_lanes(lines, ind, fwd_low, fwd_body, bwd_low, bwd_body, ins, st_vars, outs, new_of,
-                   wrt, window):
-    """The reverse loop's body for the ``VK_LANES`` samples from ``s`` (see :data:`LANES`).  The
-    lanes walk the windows together, from the last window of the longest-running sample down; a
-    sample takes part in a window, a recomputed step and a reversed step exactly when it would
-    alone, so each does its own operations in its own order."""
+def _open_lanes_reverse(lines, ind, ins, st_vars, wrt, window, simd):
+    """What both lane-group reverses start with: per lane its cotangents ``ct``, current state
+    ``cur``, Param accumulators ``acc`` and window buffer ``buf``; each lane's last step and the
+    group's longest run; then the loop over windows from the last, opened, with each lane that
+    takes part in the window given its checkpoint.  ``simd``: also the vector results ``nc`` and
+    ``gs``, a ``row`` per lane (a padding lane reads its group's first sample), and the state
+    and window buffers zeroed, since every lane computes every step."""
     n_state = len(st_vars)
     for i, v in enumerate(st_vars):
         k = _size(v)
-        lines.append(f"{ind}{CTYPE[v.dtype]} ct{i}[VK_LANES][{k}], cur{i}[VK_LANES][{k}];")
+        extra = f", nc{i}[VK_LANES][{k}]" if simd else ""
+        lines.append(f"{ind}{CTYPE[v.dtype]} ct{i}[VK_LANES][{k}], cur{i}[VK_LANES][{k}]{extra};")
         lines.append(f"{ind}VK_WINDOW({CTYPE[v.dtype]}, buf{i}, {window * k} * VK_LANES);")
     for k, w_pos in enumerate(wrt):
+        v = ins[w_pos]
+        if simd:
+            lines.append(f"{ind}{CTYPE[v.dtype]} gs{k}[VK_LANES][{_size(v)}];")
         if w_pos >= n_state:
-            lines.append(f"{ind}{CTYPE[ins[w_pos].dtype]} acc{k}[VK_LANES][{_size(ins[w_pos])}];")
-    lines.append(f"{ind}int64_t last[VK_LANES], longest = 0;")
+            lines.append(f"{ind}{CTYPE[v.dtype]} acc{k}[VK_LANES][{_size(v)}];")
+    lines.append(f"{ind}int64_t last[VK_LANES], {'row[VK_LANES], ' if simd else ''}longest = 0;")
     for i, v in enumerate(st_vars):
-        lines.append(f"{ind}VK_WINDOW_ALLOC({CTYPE[v.dtype]}, buf{i}, {window * _size(v)} * VK_LANES);")
+        size = window * _size(v)
+        lines.append(f"{ind}VK_WINDOW_ALLOC({CTYPE[v.dtype]}, buf{i}, {size} * VK_LANES);")
+        if simd:
+            lines.append(f"{ind}for (int64_t c = 0; c < {size} * VK_LANES; c++) buf{i}[c] = 0;")
     lines.append(f"{ind}for (int l = 0; l < VK_LANES; l++) {{")
+    if simd:
+        lines.append(f"{ind}    row[l] = s + l < n ? s + l : s;")
     lines.append(f"{ind}    last[l] = s + l < n ? steps[s + l] : 0;")
     lines.append(f"{ind}    if (last[l] > longest) longest = last[l];")
     for i, v in enumerate(st_vars):
         k = _size(v)
         lines.append(f"{ind}    for (int64_t c = 0; c < {k}; c++) "
                      f"ct{i}[l][c] = s + l < n ? seed{i}[(s + l) * {k} + c] : 0;")
+        if simd:
+            lines.append(f"{ind}    for (int64_t c = 0; c < {k}; c++) cur{i}[l][c] = 0;")
     for k, w_pos in enumerate(wrt):
         if w_pos >= n_state:
             lines.append(f"{ind}    for (int64_t c = 0; c < {_size(ins[w_pos])}; c++) acc{k}[l][c] = 0;")
@@ -714,6 +726,26 @@ def _reverse_lanes(lines, ind, fwd_low, fwd_body, bwd_low, bwd_body, ins, st_var
         lines.append(f"{ind}        for (int64_t c = 0; c < {k}; c++) "
                      f"cur{i}[l][c] = ck{i}[((w / {window}) * n + s + l) * {k} + c];")
     lines.append(f"{ind}    }}")
+
+
+def _lanes_gradients_out(lines, ind, ins, n_state, wrt):
+    """Each real lane's gradients (a state's cotangent, a Param's accumulated sum) written out."""
+    lines.append(f"{ind}for (int l = 0; l < VK_LANES && s + l < n; l++) {{")
+    for k, w_pos in enumerate(wrt):
+        size = _size(ins[w_pos])
+        src = f"ct{w_pos}[l]" if w_pos < n_state else f"acc{k}[l]"
+        lines.append(f"{ind}    for (int64_t c = 0; c < {size}; c++) go{k}[(s + l) * {size} + c] = {src}[c];")
+    lines.append(f"{ind}}}")
+
+
+def _reverse_lanes(lines, ind, fwd_low, fwd_body, bwd_low, bwd_body, ins, st_vars, outs, new_of,
+                   wrt, window):
+    """The reverse loop's body for the ``VK_LANES`` samples from ``s`` (see :data:`LANES`).  The
+    lanes walk the windows together, from the last window of the longest-running sample down; a
+    sample takes part in a window, a recomputed step and a reversed step exactly when it would
+    alone, so each does its own operations in its own order."""
+    n_state = len(st_vars)
+    _open_lanes_reverse(lines, ind, ins, st_vars, wrt, window, simd=False)
     lines.append(f"{ind}    for (int64_t t = w; t < end; t++) {{")
     lines.append(ind + "        " + _POLL)
     lines.append(f"{ind}        for (int l = 0; l < VK_LANES; l++) {{")
@@ -754,12 +786,7 @@ def _reverse_lanes(lines, ind, fwd_low, fwd_body, bwd_low, bwd_body, ins, st_var
     lines.append(f"{ind}        }}")
     lines.append(f"{ind}    }}")
     lines.append(f"{ind}}}")
-    lines.append(f"{ind}for (int l = 0; l < VK_LANES && s + l < n; l++) {{")
-    for k, w_pos in enumerate(wrt):
-        size = _size(ins[w_pos])
-        src = f"ct{w_pos}[l]" if w_pos < n_state else f"acc{k}[l]"
-        lines.append(f"{ind}    for (int64_t c = 0; c < {size}; c++) go{k}[(s + l) * {size} + c] = {src}[c];")
-    lines.append(f"{ind}}}")
+    _lanes_gradients_out(lines, ind, ins, n_state, wrt)
 
 
 def _reverse_simd(lines, ind, fwd_low, fwd_body, bwd_low, bwd_body, ins, st_vars, outs, new_of,
@@ -770,44 +797,7 @@ def _reverse_simd(lines, ind, fwd_low, fwd_body, bwd_low, bwd_body, ins, st_vars
     outside its own windows and steps computes and discards; its window buffer rows start
     zeroed, so it never reads uninitialised memory."""
     n_state = len(st_vars)
-    for i, v in enumerate(st_vars):
-        k = _size(v)
-        lines.append(f"{ind}{CTYPE[v.dtype]} ct{i}[VK_LANES][{k}], cur{i}[VK_LANES][{k}], "
-                     f"nc{i}[VK_LANES][{k}];")
-        lines.append(f"{ind}VK_WINDOW({CTYPE[v.dtype]}, buf{i}, {window * k} * VK_LANES);")
-    for k, w_pos in enumerate(wrt):
-        v = ins[w_pos]
-        lines.append(f"{ind}{CTYPE[v.dtype]} gs{k}[VK_LANES][{_size(v)}];")
-        if w_pos >= n_state:
-            lines.append(f"{ind}{CTYPE[v.dtype]} acc{k}[VK_LANES][{_size(v)}];")
-    lines.append(f"{ind}int64_t last[VK_LANES], row[VK_LANES], longest = 0;")
-    for i, v in enumerate(st_vars):
-        size = window * _size(v)
-        lines.append(f"{ind}VK_WINDOW_ALLOC({CTYPE[v.dtype]}, buf{i}, {size} * VK_LANES);")
-        lines.append(f"{ind}for (int64_t c = 0; c < {size} * VK_LANES; c++) buf{i}[c] = 0;")
-    lines.append(f"{ind}for (int l = 0; l < VK_LANES; l++) {{")
-    lines.append(f"{ind}    row[l] = s + l < n ? s + l : s;")
-    lines.append(f"{ind}    last[l] = s + l < n ? steps[s + l] : 0;")
-    lines.append(f"{ind}    if (last[l] > longest) longest = last[l];")
-    for i, v in enumerate(st_vars):
-        k = _size(v)
-        lines.append(f"{ind}    for (int64_t c = 0; c < {k}; c++) "
-                     f"ct{i}[l][c] = s + l < n ? seed{i}[(s + l) * {k} + c] : 0;")
-        lines.append(f"{ind}    for (int64_t c = 0; c < {k}; c++) cur{i}[l][c] = 0;")
-    for k, w_pos in enumerate(wrt):
-        if w_pos >= n_state:
-            lines.append(f"{ind}    for (int64_t c = 0; c < {_size(ins[w_pos])}; c++) acc{k}[l][c] = 0;")
-    lines.append(f"{ind}}}")
-    lines.append(f"{ind}for (int64_t w = longest > 0 ? ((longest - 1) / {window}) * {window} : -1; "
-                 f"w >= 0; w -= {window}) {{")
-    lines.append(f"{ind}    int64_t end = w + {window} < longest ? w + {window} : longest;")
-    lines.append(f"{ind}    for (int l = 0; l < VK_LANES; l++) {{")
-    lines.append(f"{ind}        if (w >= last[l]) continue;")
-    for i, v in enumerate(st_vars):
-        k = _size(v)
-        lines.append(f"{ind}        for (int64_t c = 0; c < {k}; c++) "
-                     f"cur{i}[l][c] = ck{i}[((w / {window}) * n + s + l) * {k} + c];")
-    lines.append(f"{ind}    }}")
+    _open_lanes_reverse(lines, ind, ins, st_vars, wrt, window, simd=True)
     lane_end = f"(w + {window} < last[l] ? w + {window} : last[l])"
     lines.append(f"{ind}    for (int64_t t = w; t < end; t++) {{")
     lines.append(ind + "        " + _POLL)
@@ -847,9 +837,4 @@ def _reverse_simd(lines, ind, fwd_low, fwd_body, bwd_low, bwd_body, ins, st_vars
     lines.append(f"{ind}        }}")
     lines.append(f"{ind}    }}")
     lines.append(f"{ind}}}")
-    lines.append(f"{ind}for (int l = 0; l < VK_LANES && s + l < n; l++) {{")
-    for k, w_pos in enumerate(wrt):
-        size = _size(ins[w_pos])
-        src = f"ct{w_pos}[l]" if w_pos < n_state else f"acc{k}[l]"
-        lines.append(f"{ind}    for (int64_t c = 0; c < {size}; c++) go{k}[(s + l) * {size} + c] = {src}[c];")
-    lines.append(f"{ind}}}")
+    _lanes_gradients_out(lines, ind, ins, n_state, wrt)
