@@ -54,3 +54,16 @@ def eager():
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
+
+
+@pytest.fixture
+def emulated_cuda():
+    """``(cuda backend, emulated driver state)``: the cuda backend on the host emulation of the
+    driver (``cuda_emulation.fake_driver``); the NumPy backend again afterwards."""
+    from cuda_emulation import fake_driver
+    with fake_driver() as driver:
+        backend = vkml.set_backend("cuda")
+        try:
+            yield backend, driver
+        finally:
+            vkml.set_backend("numpy")

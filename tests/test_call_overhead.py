@@ -14,9 +14,7 @@ results and errors of the long way.
   allocates its gradient and a few small objects, nothing per chunk.
 """
 
-import gc
 import signal
-import tracemalloc
 
 import numpy as np
 import pytest
@@ -24,6 +22,7 @@ import pytest
 import vkml
 from vkml.backends import cpu, interrupts
 from backends_under_test import BACKENDS
+from test_graph_allocations import call_peak   # one call's tracemalloc peak, collector off
 
 needs_cc = pytest.mark.skipif(cpu.compiler() is None, reason="needs a C compiler")
 
@@ -33,23 +32,6 @@ def on_cpu(monkeypatch, tmp_path):
     monkeypatch.setenv("VKML_CACHE_DIR", str(tmp_path))
     with vkml.use_backend("cpu"):
         yield
-
-
-def call_peak(fn):
-    """Bytes ``fn()`` allocates at its peak above what was held when it started (collector off)."""
-    gc.collect()
-    gc.disable()
-    tracemalloc.start()
-    try:
-        tracemalloc.reset_peak()
-        base, _ = tracemalloc.get_traced_memory()
-        kept = fn()
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-        gc.enable()
-    del kept
-    return peak - base
 
 
 def running_sum_loss(xs):

@@ -34,20 +34,9 @@ import numpy as np
 import pytest
 
 import vkml
-from cuda_emulation import CXX, fake_driver
+from cuda_emulation import CXX
 
 needs_cxx = pytest.mark.skipif(CXX is None, reason="no C++ compiler for the emulated kernels")
-
-
-@pytest.fixture
-def emulated():
-    """``(cuda backend, emulated driver state)``; the NumPy backend again afterwards."""
-    with fake_driver() as driver:
-        backend = vkml.set_backend("cuda")
-        try:
-            yield backend, driver
-        finally:
-            vkml.set_backend("numpy")
 
 
 class ForeignArray:
@@ -95,8 +84,8 @@ def moved(driver, before):
 # -- the device-array foundation ---------------------------------------------------------------------
 
 @needs_cxx
-def test_a_numpy_plane_is_copied_to_the_device_once_and_read_back_explicitly(emulated):
-    backend, driver = emulated
+def test_a_numpy_plane_is_copied_to_the_device_once_and_read_back_explicitly(emulated_cuda):
+    backend, driver = emulated_cuda
     x = np.arange(12.0).reshape(4, 3)
     before = copies(driver)
     plane = backend.to_plane(x)
@@ -115,8 +104,8 @@ def test_a_numpy_plane_is_copied_to_the_device_once_and_read_back_explicitly(emu
 
 
 @needs_cxx
-def test_a_foreign_device_array_is_wrapped_without_a_copy_and_kept_alive(emulated):
-    backend, driver = emulated
+def test_a_foreign_device_array_is_wrapped_without_a_copy_and_kept_alive(emulated_cuda):
+    backend, driver = emulated_cuda
     x = np.linspace(0.0, 1.0, 10, dtype=np.float32)
     foreign = ForeignArray(driver, x)
     spare, allocations = backend.gpu.pool.spare_bytes, driver.allocations
@@ -139,8 +128,8 @@ def test_a_foreign_device_array_is_wrapped_without_a_copy_and_kept_alive(emulate
 
 
 @needs_cxx
-def test_writes_to_a_foreign_plane_land_in_the_foreign_memory(emulated):
-    backend, driver = emulated
+def test_writes_to_a_foreign_plane_land_in_the_foreign_memory(emulated_cuda):
+    backend, driver = emulated_cuda
     foreign = ForeignArray(driver, np.zeros(5))
     plane = backend.to_plane(foreign)
     backend.copy_plane_into(plane, backend.to_plane(np.arange(5.0)))
@@ -155,9 +144,9 @@ def test_writes_to_a_foreign_plane_land_in_the_foreign_memory(emulated):
     ("null", vkml.ArgumentError, "null"),
     ("no data", vkml.ArgumentError, "version-3"),
 ])
-def test_foreign_arrays_vkml_cannot_use_as_they_are_are_refused_changing_nothing(emulated, case,
+def test_foreign_arrays_vkml_cannot_use_as_they_are_are_refused_changing_nothing(emulated_cuda, case,
                                                                                    error, match):
-    backend, driver = emulated
+    backend, driver = emulated_cuda
     x = np.arange(12.0).reshape(3, 4)
     foreign = {
         "strided": lambda: ForeignArray(driver, x, strides=(8, 24)),         # a transposed view
@@ -178,8 +167,8 @@ def test_foreign_arrays_vkml_cannot_use_as_they_are_are_refused_changing_nothing
 
 
 @needs_cxx
-def test_contiguous_strides_an_empty_array_and_a_read_only_one_are_taken(emulated):
-    backend, driver = emulated
+def test_contiguous_strides_an_empty_array_and_a_read_only_one_are_taken(emulated_cuda):
+    backend, driver = emulated_cuda
     x = np.arange(6, dtype=np.int32).reshape(2, 3)
     plane = backend.to_plane(ForeignArray(driver, x, strides=(12, 4)))     # C strides, spelled out
     assert np.array_equal(plane.numpy(), x)
@@ -194,8 +183,8 @@ def test_contiguous_strides_an_empty_array_and_a_read_only_one_are_taken(emulate
 
 
 @needs_cxx
-def test_plane_copies_stay_on_the_device(emulated):
-    backend, driver = emulated
+def test_plane_copies_stay_on_the_device(emulated_cuda):
+    backend, driver = emulated_cuda
     plane = backend.to_plane(np.arange(8.0))
     before = copies(driver)
     copy = backend.copy_plane(plane)
@@ -213,8 +202,8 @@ def test_plane_copies_stay_on_the_device(emulated):
 @pytest.mark.parametrize("src, error", [
     (np.zeros(7), vkml.ShapeError), (np.zeros(8, np.float32), vkml.DTypeError),
     ("device-wrong-shape", vkml.ShapeError)])
-def test_copy_plane_into_refuses_a_mismatch_changing_nothing(emulated, src, error):
-    backend, driver = emulated
+def test_copy_plane_into_refuses_a_mismatch_changing_nothing(emulated_cuda, src, error):
+    backend, driver = emulated_cuda
     plane = backend.to_plane(np.arange(8.0))
     if isinstance(src, str):
         src = backend.to_plane(np.zeros((2, 4)))
@@ -225,8 +214,8 @@ def test_copy_plane_into_refuses_a_mismatch_changing_nothing(emulated, src, erro
 
 
 @needs_cxx
-def test_a_host_array_of_a_dtype_the_gpu_does_not_compute_with_is_refused(emulated):
-    backend, driver = emulated
+def test_a_host_array_of_a_dtype_the_gpu_does_not_compute_with_is_refused(emulated_cuda):
+    backend, driver = emulated_cuda
     with pytest.raises(vkml.DTypeError, match="complex128"):
         backend.to_plane(np.zeros(3, np.complex128))
     assert driver.copies["htod"] == 0
@@ -350,8 +339,8 @@ def replay_copies(driver, before_log, exe):
 
 @needs_cxx
 @pytest.mark.parametrize("case", list(GRAPHS))
-def test_launch_and_reverse_move_no_plane_across_pcie_and_give_numpys_bits(emulated, case):
-    backend, driver = emulated
+def test_launch_and_reverse_move_no_plane_across_pcie_and_give_numpys_bits(emulated_cuda, case):
+    backend, driver = emulated_cuda
     make, names = GRAPHS[case]
     n = 1000                                           # not a power of two: the tree is padded
     want_planes, want_nbytes, want_grads = on_numpy(make, names, n)
@@ -400,10 +389,10 @@ def test_launch_and_reverse_move_no_plane_across_pcie_and_give_numpys_bits(emula
 
 
 @needs_cxx
-def test_the_fused_reverse_over_more_samples_than_one_host_chunk_has_numpys_bits(emulated):
+def test_the_fused_reverse_over_more_samples_than_one_host_chunk_has_numpys_bits(emulated_cuda):
     """On the device the reverse is one program over all the samples; on the host it runs in
     chunks of FUSE_SAMPLES whose Param sums are subtrees of the canonical tree: same bits."""
-    backend, driver = emulated
+    backend, driver = emulated_cuda
     from vkml.graph.diff import FUSE_SAMPLES
     n = FUSE_SAMPLES + 1000
     want_planes, _, want_grads = on_numpy(two_node, {"y": "seed"}, n)
@@ -419,8 +408,8 @@ def test_the_fused_reverse_over_more_samples_than_one_host_chunk_has_numpys_bits
 
 
 @needs_cxx
-def test_planes_bound_as_foreign_device_arrays_are_used_without_a_copy(emulated):
-    backend, driver = emulated
+def test_planes_bound_as_foreign_device_arrays_are_used_without_a_copy(emulated_cuda):
+    backend, driver = emulated_cuda
     n = 300
     want_planes, _, want_grads = on_numpy(two_node, {"y": "seed"}, n)
     vkml.set_backend("cuda")
@@ -442,8 +431,8 @@ def test_planes_bound_as_foreign_device_arrays_are_used_without_a_copy(emulated)
 
 
 @needs_cxx
-def test_refusals_on_device_planes_change_nothing(emulated):
-    backend, driver = emulated
+def test_refusals_on_device_planes_change_nothing(emulated_cuda):
+    backend, driver = emulated_cuda
     n = 64
     g = two_node(n)
     g.launch()
@@ -478,8 +467,8 @@ def test_refusals_on_device_planes_change_nothing(emulated):
 
 
 @needs_cxx
-def test_a_graph_lives_on_the_backend_it_was_built_on(emulated):
-    backend, driver = emulated
+def test_a_graph_lives_on_the_backend_it_was_built_on(emulated_cuda):
+    backend, driver = emulated_cuda
     g = two_node(16)
     vkml.set_backend("numpy")
     with pytest.raises(vkml.ArgumentError, match="built on the cuda backend"):
@@ -491,8 +480,8 @@ def test_a_graph_lives_on_the_backend_it_was_built_on(emulated):
 
 
 @needs_cxx
-def test_update_keep_and_rebuild_on_device_planes(emulated):
-    backend, driver = emulated
+def test_update_keep_and_rebuild_on_device_planes(emulated_cuda):
+    backend, driver = emulated_cuda
     n = 100
     vkml.set_backend("numpy")
     ref = two_node(n)
@@ -523,8 +512,8 @@ def test_update_keep_and_rebuild_on_device_planes(emulated):
 
 
 @needs_cxx
-def test_a_launch_failing_on_the_device_changes_no_device_plane(emulated):
-    backend, driver = emulated
+def test_a_launch_failing_on_the_device_changes_no_device_plane(emulated_cuda):
+    backend, driver = emulated_cuda
     n = 8
     i = np.arange(n) % 3
     u, y = np.linspace(1.0, 2.0, n), np.zeros(n)
@@ -542,8 +531,8 @@ def test_a_launch_failing_on_the_device_changes_no_device_plane(emulated):
 
 
 @needs_cxx
-def test_several_runs_back_up_the_written_planes_on_the_device(emulated):
-    backend, driver = emulated
+def test_several_runs_back_up_the_written_planes_on_the_device(emulated_cuda):
+    backend, driver = emulated_cuda
     n = 32
     s = np.random.default_rng(1).uniform(0.1, 1.0, n)
     vkml.set_backend("numpy")
@@ -559,11 +548,11 @@ def test_several_runs_back_up_the_written_planes_on_the_device(emulated):
 
 
 @needs_cxx
-def test_an_opaque_node_brings_the_planes_to_the_host_explicitly_and_back(emulated):
+def test_an_opaque_node_brings_the_planes_to_the_host_explicitly_and_back(emulated_cuda):
     """A node that runs Python on the values needs them on the host: each device plane made from
     a NumPy array is copied down once before the launch and each written one up once after; the
     kernels in between run on the GPU on host arguments (staged in, copied back)."""
-    backend, driver = emulated
+    backend, driver = emulated_cuda
     n = 50
 
     def make():
@@ -599,11 +588,11 @@ def halve(s, k: vkml.Param):
 
 
 @needs_cxx
-def test_guards_and_loops_run_on_host_copies_with_numpys_bits(emulated):
+def test_guards_and_loops_run_on_host_copies_with_numpys_bits(emulated_cuda):
     """skippable and repeat_while evaluate their guards in Python: the graph's planes made from
     NumPy arrays go through the host around the launch; a plane bound as a device array stays
     where it is (its kernels read it on the device)."""
-    backend, driver = emulated
+    backend, driver = emulated_cuda
     n = 40
 
     def make(x):
@@ -631,8 +620,8 @@ def test_guards_and_loops_run_on_host_copies_with_numpys_bits(emulated):
 
 
 @needs_cxx
-def test_host_threads_do_not_split_a_launch_on_the_device(emulated, monkeypatch):
-    backend, driver = emulated
+def test_host_threads_do_not_split_a_launch_on_the_device(emulated_cuda, monkeypatch):
+    backend, driver = emulated_cuda
     monkeypatch.setenv("VKML_THREADS", "2")
     n = 600                                         # more than two host chunks' worth
     g = two_node(n)

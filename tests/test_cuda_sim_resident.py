@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 import vkml
-from cuda_emulation import CXX, fake_driver
+from cuda_emulation import CXX
 from test_cuda_codegen import NVCC
 from test_cuda_loops import _drag, _pendulum, drag
 from test_cuda_resident import ForeignArray, moved
@@ -43,15 +43,6 @@ N, MAX_STEPS, WINDOW = 64, 70, 8
 STATE = ("x", "v", "t")                      # the drag model's state planes
 
 
-@pytest.fixture
-def emulated():
-    """``(cuda backend, emulated driver state)``; the NumPy backend again afterwards."""
-    with fake_driver() as driver:
-        backend = vkml.set_backend("cuda")
-        try:
-            yield backend, driver
-        finally:
-            vkml.set_backend("numpy")
 
 
 def drag_planes(n=N, dtype=np.float64, seed=0):
@@ -103,8 +94,8 @@ def assert_bits(got, want):
 
 # -- nothing but a control block and a status block crosses PCIe --------------------------------------
 
-def test_the_planes_go_to_the_device_once_and_run_and_reverse_move_none(emulated):
-    backend, driver = emulated
+def test_the_planes_go_to_the_device_once_and_run_and_reverse_move_none(emulated_cuda):
+    backend, driver = emulated_cuda
     planes = drag_planes()
     before = dict(driver.copies)
     sim = make(planes)
@@ -128,8 +119,8 @@ def test_the_planes_go_to_the_device_once_and_run_and_reverse_move_none(emulated
     assert grads["x"].shape == (N,) and grads["k"].shape == ()
 
 
-def test_a_numpy_seed_is_one_copy_and_a_missing_one_none(emulated):
-    backend, driver = emulated
+def test_a_numpy_seed_is_one_copy_and_a_missing_one_none(emulated_cuda):
+    backend, driver = emulated_cuda
     planes = drag_planes()
     sim = make(planes)
     sim.run()
@@ -138,8 +129,8 @@ def test_a_numpy_seed_is_one_copy_and_a_missing_one_none(emulated):
     assert moved(driver, before) == {"htod": 2, "dtoh": 2, "dtod": 0}
 
 
-def test_the_record_keeps_its_checkpoints_and_steps_on_the_device(emulated):
-    backend, driver = emulated
+def test_the_record_keeps_its_checkpoints_and_steps_on_the_device(emulated_cuda):
+    backend, driver = emulated_cuda
     sim = make(drag_planes())
     sim.run()
     rec = sim.record
@@ -169,8 +160,8 @@ def test_the_record_keeps_its_checkpoints_and_steps_on_the_device(emulated):
 
 
 @pytest.mark.parametrize("max_steps", [MAX_STEPS, 4 * MAX_STEPS])
-def test_a_run_allocates_a_fixed_number_of_arrays_whatever_its_steps(emulated, max_steps):
-    backend, driver = emulated
+def test_a_run_allocates_a_fixed_number_of_arrays_whatever_its_steps(emulated_cuda, max_steps):
+    backend, driver = emulated_cuda
     sim = make(drag_planes(), max_steps=max_steps)
     counts = []
     for _ in range(3):
@@ -182,8 +173,8 @@ def test_a_run_allocates_a_fixed_number_of_arrays_whatever_its_steps(emulated, m
     assert counts[0] == 3 + 3 + 1 + 1 + 1 and counts[2] == 0
 
 
-def test_a_run_that_fails_commits_nothing(emulated):
-    backend, driver = emulated
+def test_a_run_that_fails_commits_nothing(emulated_cuda):
+    backend, driver = emulated_cuda
 
     @vkml.kernel
     def hop(x, table: vkml.Param):
@@ -203,7 +194,7 @@ def test_a_run_that_fails_commits_nothing(emulated):
 # -- the NumPy backend's bits ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_states_steps_and_gradients_have_the_numpy_backends_bits(emulated, dtype):
+def test_states_steps_and_gradients_have_the_numpy_backends_bits(emulated_cuda, dtype):
     planes = drag_planes(300, dtype)
     want = on_numpy(planes)
     sim = make({k: np.copy(v) for k, v in planes.items()})
@@ -213,7 +204,7 @@ def test_states_steps_and_gradients_have_the_numpy_backends_bits(emulated, dtype
     assert_bits(got, want)
 
 
-def test_the_pendulums_bits_too(emulated):
+def test_the_pendulums_bits_too(emulated_cuda):
     planes = _pendulum(200, np.random.default_rng(1))
     want = on_numpy(planes, pendulum, max_steps=100, window=9)
     got = outcome(make({k: np.copy(v) for k, v in planes.items()}, pendulum, max_steps=100,
@@ -221,8 +212,8 @@ def test_the_pendulums_bits_too(emulated):
     assert_bits(got, want)
 
 
-def test_a_budget_forcing_passes_keeps_the_bits_and_copies_only_checkpoint_windows(emulated):
-    backend, driver = emulated
+def test_a_budget_forcing_passes_keeps_the_bits_and_copies_only_checkpoint_windows(emulated_cuda):
+    backend, driver = emulated_cuda
     n = 1000                                   # four passes of 256 samples, the last one short
     planes = drag_planes(n)
     budget = 256 * make(drag_planes(4)).per_sample_bytes + 1
@@ -246,7 +237,7 @@ def test_a_budget_forcing_passes_keeps_the_bits_and_copies_only_checkpoint_windo
 
 
 @pytest.mark.parametrize("window", ["binomial", "full"])
-def test_schedules_stepped_from_the_host_have_the_numpy_backends_bits(emulated, window):
+def test_schedules_stepped_from_the_host_have_the_numpy_backends_bits(emulated_cuda, window):
     planes = drag_planes(100)
     want = on_numpy(planes, window=window)
     sim = make({k: np.copy(v) for k, v in planes.items()}, window=window)
@@ -256,8 +247,8 @@ def test_schedules_stepped_from_the_host_have_the_numpy_backends_bits(emulated, 
 
 # -- another library's device arrays -----------------------------------------------------------------
 
-def test_a_foreign_device_array_is_a_plane_without_a_copy_and_updated_in_place(emulated):
-    backend, driver = emulated
+def test_a_foreign_device_array_is_a_plane_without_a_copy_and_updated_in_place(emulated_cuda):
+    backend, driver = emulated_cuda
     planes = drag_planes()
     want = on_numpy(planes)
     foreign = {k: ForeignArray(driver, planes[k]) for k in ("x", "v", "c")}
@@ -274,8 +265,8 @@ def test_a_foreign_device_array_is_a_plane_without_a_copy_and_updated_in_place(e
                  host(grads)), want)
 
 
-def test_device_planes_and_seeds_that_do_not_fit_are_refused_and_change_nothing(emulated):
-    backend, driver = emulated
+def test_device_planes_and_seeds_that_do_not_fit_are_refused_and_change_nothing(emulated_cuda):
+    backend, driver = emulated_cuda
     planes = drag_planes()
     with pytest.raises(vkml.DTypeError, match="typestr"):
         make(dict(planes, x=ForeignArray(driver, planes["x"].astype(np.float16))))
@@ -299,8 +290,8 @@ def test_device_planes_and_seeds_that_do_not_fit_are_refused_and_change_nothing(
     assert {k: np.asarray(v).tobytes() for k, v in sim.planes.items()} == state
 
 
-def test_a_kept_record_copies_its_fixed_planes_on_the_device(emulated):
-    backend, driver = emulated
+def test_a_kept_record_copies_its_fixed_planes_on_the_device(emulated_cuda):
+    backend, driver = emulated_cuda
     planes = drag_planes()
     sim = make(planes)
     sim.run()
@@ -318,16 +309,16 @@ def test_a_kept_record_copies_its_fixed_planes_on_the_device(emulated):
 
 # -- the budget where the Record lives, and the host-stepped paths ---------------------------------------
 
-def test_the_default_budget_is_half_the_free_memory_where_the_record_lives(emulated):
-    backend, driver = emulated
+def test_the_default_budget_is_half_the_free_memory_where_the_record_lives(emulated_cuda):
+    backend, driver = emulated_cuda
     assert make(drag_planes()).memory_budget == backend.free_memory() // 2
     from vkml.graph.simulation import available_memory
     host_stepped = make(drag_planes(), window="binomial")
     assert host_stepped.memory_budget == available_memory() <= backend.free_memory() // 2
 
 
-def test_a_model_node_steps_from_the_host_and_its_copies_are_counted_per_step(emulated):
-    backend, driver = emulated
+def test_a_model_node_steps_from_the_host_and_its_copies_are_counted_per_step(emulated_cuda):
+    backend, driver = emulated_cuda
 
     @vkml.kernel
     def pushed(x, corr, k: vkml.Param):
@@ -352,8 +343,8 @@ def test_a_model_node_steps_from_the_host_and_its_copies_are_counted_per_step(em
     assert copies_of(10) == {"htod": 2 * 10, "dtoh": 2 * 10, "dtod": 0}
 
 
-def test_a_simulation_on_the_gpu_is_refused_on_another_backend(emulated):
-    backend, driver = emulated
+def test_a_simulation_on_the_gpu_is_refused_on_another_backend(emulated_cuda):
+    backend, driver = emulated_cuda
     sim = make(drag_planes())
     sim.run()
     vkml.set_backend("numpy")

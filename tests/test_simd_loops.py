@@ -19,6 +19,7 @@ import pytest
 import vkml
 from vkml.backends import cpu
 from vkml.backends.codegen.sample_loops import SIMD_MARKER
+from test_simulation import pendulum   # the damped pendulum with a per-sample stop
 
 DT = 0.01
 H = 1e-6
@@ -31,14 +32,6 @@ needs_libmvec = pytest.mark.skipif(not cpu.vector_math() or cpu.compiler() is No
 #: loops fall back to scalar libm (checked by the tests that do not need this mark)
 needs_vector_loops = pytest.mark.skipif("-march=native" not in cpu.FLAGS,
                                         reason="the loops are not built for this CPU (-march=native)")
-
-
-@vkml.kernel
-def pendulum(theta, omega, t, t_end, length: vkml.Param, damping: vkml.Param):
-    acc = -9.81 / length * vkml.sin(theta) - damping * omega
-    om = omega + DT * acc
-    tn = t + DT
-    return {"theta": theta + DT * om, "omega": om, "t": tn, "terminated": tn >= t_end}
 
 
 @vkml.kernel
