@@ -110,8 +110,9 @@ def test_the_generated_c_and_its_libraries_call_only_vector_versions(monkeypatch
                 inspect(data)
         return real_library(source, extra_flags, both)
     monkeypatch.setattr(cpu, "library", spy)
+    vkml.clear_caches()                  # loops built afresh (not ones an earlier test made)
     with vkml.use_backend("cpu"):
-        loops = pendulum_sim(24, window=7)._compiled_loops()   # a new window: new loops
+        loops = pendulum_sim(24, window=7)._compiled_loops()
     assert loops.vector_math is True
     fwd = [imports for source, imports in seen if "vk_fwd" in source and SIMD_MARKER in source]
     rev = [imports for source, imports in seen if "vk_rev" in source and SIMD_MARKER in source]
@@ -185,7 +186,9 @@ def test_scalar_libm_when_vector_math_is_off_differs_by_a_few_ulps_at_most(monke
         _, vector = run_and_reverse(64, window=5)   # the loops read VKML_VECTOR_MATH when built
     monkeypatch.setenv("VKML_VECTOR_MATH", "0")
     with vkml.use_backend("cpu"):
-        sim, scalar = run_and_reverse(64, window=9)             # other loops: built anew
+        # the same simulation again: the vector math in use is part of the loops' key, so
+        # these are other loops, built with scalar libm
+        sim, scalar = run_and_reverse(64, window=5)
         assert sim._compiled_loops().vector_math is False
         assert vkml.backend_info()["simulation vector math"] == "none (scalar libm)"
     assert np.array_equal(vector["steps"], scalar["steps"])

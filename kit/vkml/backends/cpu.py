@@ -928,7 +928,9 @@ class CpuBackend(Backend):
                 return SampleLoops(step, vjp, **dict(spec))
             except Unsupported:
                 return False              # remembered: the lowering does not cover this step
-        return self._cached(("sample-loops", step, vjp, spec), make) or None
+        # the vector math in use is part of the key: VKML_VECTOR_MATH=0 set later gets loops of
+        # scalar libm, not ones built before with vector math
+        return self._cached(("sample-loops", step, vjp, spec, vector_math()), make) or None
 
     def info(self):
         info = super().info()
