@@ -67,3 +67,11 @@ def emulated_cuda():
             yield backend, driver
         finally:
             vkml.set_backend("numpy")
+
+
+@pytest.fixture
+def on_cpu(monkeypatch, tmp_path):
+    """The compiled cpu tier for the test, with a disk cache of its own (so it compiles)."""
+    monkeypatch.setenv("VKML_CACHE_DIR", str(tmp_path))
+    with vkml.use_backend("cpu"):
+        yield

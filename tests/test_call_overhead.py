@@ -23,23 +23,9 @@ import vkml
 from vkml.backends import cpu, interrupts
 from backends_under_test import BACKENDS
 from test_graph_allocations import call_peak   # one call's tracemalloc peak, collector off
+from test_pictures import running_sum as running_sum_loss   # the tutorial's running-sum scan
 
 needs_cc = pytest.mark.skipif(cpu.compiler() is None, reason="needs a C compiler")
-
-
-@pytest.fixture
-def on_cpu(monkeypatch, tmp_path):
-    monkeypatch.setenv("VKML_CACHE_DIR", str(tmp_path))
-    with vkml.use_backend("cpu"):
-        yield
-
-
-def running_sum_loss(xs):
-    def step(acc, row):
-        nxt = acc + row
-        return nxt, nxt
-    _, sums = vkml.scan(step, np.float64(0.0), xs)
-    return vkml.sum(sums * sums)
 
 
 def want_running_sum_grad(xs):

@@ -24,13 +24,6 @@ from vkml.backends import cpu
 pytestmark = pytest.mark.skipif(cpu.compiler() is None, reason="needs a C compiler")
 
 
-@pytest.fixture
-def on_cpu(monkeypatch, tmp_path):
-    monkeypatch.setenv("VKML_CACHE_DIR", str(tmp_path))
-    with vkml.use_backend("cpu"):
-        yield
-
-
 def _compiled(jitted):
     """The compiled C executable behind a jitted function's only variant."""
     (entry,) = jitted._entries.values()

@@ -589,6 +589,15 @@ class GraphCaches:
         self.structure = Cache("graph structure")
 
 
+def refuse_other_backend(owner, error, message):
+    """Raise ``error(message)`` (``{owner}`` and ``{current}`` filled with the backends' names)
+    when the current backend is not ``owner``, the one holding a graph's or a simulation's planes
+    in its device memory: another backend would not see their values."""
+    current = backends.current()
+    if current is not owner:
+        raise error(message.format(owner=owner.name, current=current.name))
+
+
 class Graph(Reversible):
     """Per-sample kernels bound to planes, run in the order added (see the module docstring).
 
@@ -855,11 +864,12 @@ class Graph(Reversible):
         >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build()
         >>> g.check_plane_backend("launch")         # planes in host memory: any backend runs it
         """
-        if self._device and backends.current() is not self._plane_backend:
-            raise ArgumentError(f"{where}: this graph was built on the {self._plane_backend.name} "
-                                f"backend, which holds its planes in device memory, but the current "
-                                f"backend is {backends.current().name}; switch back, or read the "
-                                "planes (graph.planes[name].numpy()) and build a graph on this one")
+        if self._device:
+            refuse_other_backend(self._plane_backend, ArgumentError,
+                                 f"{where}: this graph was built on the {{owner}} backend, which "
+                                 "holds its planes in device memory, but the current backend is "
+                                 "{current}; switch back, or read the planes "
+                                 "(graph.planes[name].numpy()) and build a graph on this one")
 
     def _device_planes(self, bound):
         """``{id(bound plane): its device plane}`` when the current backend keeps planes in device

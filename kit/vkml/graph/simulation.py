@@ -66,8 +66,8 @@ from ..progress import progress as progress_bar
 from ..transforms import vjp_program
 from ..transforms.ad import derived
 from ..transforms.control import reorder_inputs
-from .graph import Opaque, changed_plane_message, execution_error, plane_signature, run_named, threads, \
-    user_error
+from .graph import Opaque, changed_plane_message, execution_error, plane_signature, \
+    refuse_other_backend, run_named, threads, user_error
 from .kernel import Launch
 from .reversible import Reversible
 # (the schedules, binomial_cost, default_window and MAX_STEPS are re-exported from here)
@@ -423,11 +423,10 @@ class Simulation(Reversible):
         On the GPU the simulation runs on its own device planes: only the backend is checked.
         """
         if self.on_device:
-            if backends.current() is not self._backend:
-                raise BackendError(f"{where}: this simulation keeps its planes on the "
-                                   f"{self._backend.name} backend, but the current backend is "
-                                   f"{backends.current().name}; vkml.set_backend("
-                                   f"{self._backend.name!r}) first (or make it again here)")
+            refuse_other_backend(self._backend, BackendError,
+                                 f"{where}: this simulation keeps its planes on the {{owner}} "
+                                 "backend, but the current backend is {current}; "
+                                 "vkml.set_backend('{owner}') first (or make it again here)")
             return
         for name in names if names is not None else self._planes:
             plane = self._planes[name]
