@@ -142,6 +142,9 @@ def _extra_entries():
         "expand_dims", "squeeze", "flatten", "broadcast_to", "var", "std", "__mod__")}
     out.update({f"{t}(fn)": (lambda good, t=t: _transformed(good, t)) for t in TRANSFORMS
                 if t not in ("custom_jvp", "custom_vjp")})
+    # the same transforms called with a keyword argument (traced; mapped over axis 0 by vmap)
+    out.update({f"{t}(fn, keyword)": (lambda good, t=t: _transformed_with_keyword(good, t))
+                for t in CALLED_TRANSFORMS})
     out.update({
         "Graph.add": lambda good: good.vkml.Graph().add,
         "Graph.launch": lambda good: good.graph(record=False).launch,
@@ -219,6 +222,14 @@ def _transformed(good, name):
     if name == "checkpoint":
         return vkml.checkpoint(lambda x: x * 2.0)
     return getattr(vkml, name)(fn)
+
+
+def _transformed_with_keyword(good, name):
+    """Transform ``name`` of a function taking a keyword argument ``scale``."""
+    import vkml
+    if name in ("vmap", "checkpoint"):
+        return getattr(vkml, name)(lambda x, scale=2.0: x * scale)
+    return getattr(vkml, name)(lambda x, scale=2.0: (x * x * scale).sum())
 
 
 def _namespace_entries():
@@ -418,6 +429,9 @@ def _good_kwargs(good, entry):
         return {"max_steps": 5, "x": np.linspace(0.1, 0.9, 4), "k": 0.8}
     if entry == "kernel.bind":
         return {"x": np.ones(4), "u": np.zeros(4)}
+    if entry.endswith("(fn, keyword)"):
+        # vmap maps a keyword argument over axis 0, as the positional one
+        return {"scale": np.full(good.t.shape[0], 2.0) if entry.startswith("vmap") else 2.0}
     return {}
 
 
