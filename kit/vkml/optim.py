@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import abc
 import math
+from sys import getrefcount
 
 import numpy as np
 
@@ -241,6 +242,9 @@ class CompiledStep:
         self._order = None
         #: one jitted step per structure of its arguments (see ``__call__``)
         self._programs = {}
+        #: the arrays of parameters and state this step made and still holds, by ``id``: the
+        #: only ones it ever overwrites (see ``_destinations``)
+        self._owned = {}
 
     def _whole(self, params, states, batch, hyper):
         """The traced step: the loss and its gradient in the parameters, then the update."""
@@ -279,13 +283,59 @@ class CompiledStep:
         program = self._programs.get(tree)
         if program is None:
             program = self._programs[tree] = jit(_Unflattened(self._whole, tree))
-        loss, grads, new = program(*[_weak_scalar(x) if type(x) in (float, int, bool) else x
-                                     for x in leaves])
+        args = [_weak_scalar(x) if type(x) in (float, int, bool) else x for x in leaves]
+        into = []
+
+        def destinations(plan):
+            into[:] = self._destinations(plan, dsts, args, 1 + len(params))
+            return into
+
+        loss, grads, new = program._call_overwriting(args, destinations)
         for p, g in zip(params, grads):
             p.grad = g
         assign(dsts, new)
+        self._owned = {id(a): a for a, t in zip(into[1 + len(params):], new)
+                       if a is not None and t.ir_var.value is a}
         opt._stepped(active)
         return loss
+
+    def _destinations(self, plan, dsts, args, first):
+        """Where the step's program computes the new value of each destination ``dsts[d]``
+        (result ``first + d``; None elsewhere): in the destination's own array where the
+        executable may compute that result over that argument (``_FastPlan.overwritable``) and
+        nothing but the optimiser reaches the array (``_exclusive``): the update reads
+        ``p[i]``, ``m[i]`` and ``v[i]`` and writes them, no fresh parameter-sized buffer, no
+        cold cache lines.  Where someone else holds the array (``old = p.detach()``,
+        ``p.numpy()``, a pending expression of ``p``), in an array of the step's own instead,
+        so the holder keeps the old values and the next step may write in place again."""
+        allowed = plan.overwritable()
+        into = [None] * len(plan.out_vars)
+        if not allowed:
+            return into
+        position = {id(a.ir_var.value): k for k, a in enumerate(args) if type(a) is Tensor}
+        for d, dst in enumerate(dsts):
+            value = dst.ir_var.value
+            k = position.get(id(value))
+            if k is None or k not in allowed.get(first + d, ()):
+                continue
+            if self._exclusive(dst, args[k]):
+                into[first + d] = value
+            else:
+                into[first + d] = np.empty(dst.shape, dst.dtype)
+        return into
+
+    def _exclusive(self, dst, arg) -> bool:
+        """Whether the optimiser alone reaches ``dst``'s array: the step made it (``_owned``),
+        and the only references to it and to its Var are the step's own (``sys.getrefcount``:
+        exact in CPython; ``_HOLDERS`` counts them) -- no Tensor, view, list or pending
+        expression of anyone else's, which would see its values change."""
+        var = dst.ir_var
+        value = var.value
+        if self._owned.get(id(value)) is not value or type(value) is not np.ndarray or \
+                not value.flags.writeable or not value.flags.c_contiguous or value.base is not None:
+            return False
+        array_holders = _HOLDERS["array"] + (arg.ir_var is not var)     # a parameter's detached leaf
+        return getrefcount(value) == array_holders and getrefcount(var) == _HOLDERS["var"]
 
     def cache_info(self):
         """Traces, compiles and hits of the step's programs (see ``vkml.jit``), summed over the
@@ -342,6 +392,12 @@ def _weak_scalar(x):
 
 
 _FLOAT64 = np.dtype(np.float64)
+
+#: the references ``CompiledStep._exclusive`` finds to an array and to the Var of a destination
+#: only the optimiser reaches: the array's from ``_owned``, its Var, ``value`` there and in
+#: ``_destinations``, and ``getrefcount``'s argument; the Var's from its Tensor, ``var`` and
+#: the argument
+_HOLDERS = {"array": 5, "var": 3}
 
 
 class SGD(Optimizer):

@@ -152,7 +152,7 @@ class _FastPlan:
     called without checking them again (``call_ready``)."""
 
     __slots__ = ("key", "entry", "tiered", "call", "eqns", "out_vars", "tree", "single", "arrays",
-                 "removals", "used", "contiguous", "plain")
+                 "removals", "used", "contiguous", "plain", "exe")
 
     def __init__(self, key, entry, program, exe, args, removals, tree):
         """``program``: what the plan runs (the entry's, or one derived from it); ``tree``: the
@@ -172,6 +172,7 @@ class _FastPlan:
         self.plain = all(type(a) is np.ndarray for a in args)   # no Tensor to take the value of
         self.tiered = exe if type(exe) is Tiered else None     # swapped for its C function when hot
         self.call = self._direct(exe)
+        self.exe = exe
         self.used = False
 
     def _direct(self, exe):
@@ -201,13 +202,21 @@ class _FastPlan:
         self.removals = removals
         return True
 
-    def run(self, args):
+    def overwritable(self) -> dict:
+        """Per result, the arguments (by index) the executable may compute it in (see
+        ``run``'s ``into``); asked once by a caller that donates buffers."""
+        return getattr(self.exe, "overwritable", {})
+
+    def run(self, args, into=None):
+        """Run on ``args``; ``into`` (None or one array or None per result): destinations the
+        executable computes results in where it can -- an argument's own array only where
+        ``overwritable`` allows that argument for that result."""
         self.used = True
         STATS.submissions += 1
         if not self.plain:
             args = [a if type(a) is np.ndarray else a.ir_var.value for a in args]
         try:
-            outs = self.call(args)
+            outs = self.call(args) if into is None else self.call(args, into)
         except ExecutionFailure as failure:
             raise runtime.execution_error(failure, self.eqns) from failure.error
         except MemoryError as error:
@@ -218,8 +227,8 @@ class _FastPlan:
             shape, dtype, device = self.out_vars[0]
             return Tensor(Var(shape, dtype, device, None, outs[0]))
         results = []
-        for (shape, dtype, device), val in zip(self.out_vars, outs):
-            if self.arrays:
+        for j, ((shape, dtype, device), val) in enumerate(zip(self.out_vars, outs)):
+            if self.arrays and (into is None or into[j] is not val):     # (a donated argument's)
                 val = self._unaliased(val, args)
             results.append(Tensor(Var(shape, dtype, device, None, val)))
         if self.tree is None:
@@ -469,6 +478,16 @@ class Jitted:
         if fast is not None and not entry.captures:
             self._remember(fast, args, entry, in_vars)
         return unflatten(entry.out_tree, outs)
+
+    def _call_overwriting(self, args, destinations):
+        """``self(*args)``, with results computed over arguments the caller owns: on the fast
+        path, ``destinations(plan)`` gives ``into`` for ``_FastPlan.run`` (None: none); a call
+        without a plan takes the full path and overwrites nothing (the next one has a plan).
+        An optimiser's compiled step updates parameters and moments in place with it."""
+        plan = self._plan(_fast_key(args))
+        if plan is None:
+            return self(*args)
+        return plan.run(args, destinations(plan))
 
     #: the jitted function keyword calls go to (made on the first one)
     _keywords = None

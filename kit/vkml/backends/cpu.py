@@ -109,7 +109,7 @@ from ..stats import STATS
 from . import disk_cache
 from .base import Backend, ExecutionFailure, check_sizes, failure_error, register
 from .codegen.c_render import ALLOCATION_FAILED, INTERRUPTED, POLL, render, scratch_layout
-from .codegen.lower import Lowering, Unsupported
+from .codegen.lower import Lowering, Unsupported, overwritable
 from .codegen.sample_loops import SIMD_MARKER, VECTOR_MATH, forward_source, reverse_source
 from .interrupts import NEVER, Armed, interrupted
 from .numpy_backend import compile_program as compile_numpy
@@ -281,6 +281,7 @@ def c_source(program):
     ins = [f"a{i}" for i in range(len(program.inputs))]
     outs = [f"o{i}" for i in range(len(program.outputs))]
     stmts = low.program(program, ins, outs)
+    low.overwritable = overwritable(stmts, ins, outs, program)
     return render(low, stmts, len(ins), [v.dtype for v in program.inputs],
                   len(outs), [v.dtype for v in program.outputs], data_offset=DATA_OFFSET), low
 
@@ -439,6 +440,9 @@ class _NamedAsOriginal:
 
     def __init__(self, run, program):
         self.run, self.program, self.source = run, program, getattr(run, "source", None)
+        # the rewritten program has the original's arguments and results
+        self.overwritable = getattr(run, "overwritable", {})
+        self.views = getattr(run, "views", None)
 
     def __call__(self, args, into=None):
         try:
@@ -593,6 +597,11 @@ class CompiledProgram:
         self.errors, self.error_sites = lowering.errors, lowering.error_sites
         self.messages, self.warnings = lowering.messages, lowering.warnings
         self.temps = [(v.shape, v.dtype, producer.get(v, 0)) for v in lowering.temp_vars]
+        #: results the C function may compute in an argument's buffer (see ``lower.overwritable``);
+        #: none for an interruptible call, which never writes the caller's arrays
+        self.overwritable = {} if self.interruptible else lowering.overwritable
+        #: per result, the arguments it may be a view of: none (results are its own arrays)
+        self.views = [frozenset()] * len(program.outputs)
         self._keep = lib
         self._pool = self._prepare(lib, lowering)
 
@@ -793,6 +802,30 @@ class Tiered:
         self.compiled = False
 
     writes_into = True
+    _overwritable = None
+
+    @property
+    def overwritable(self) -> dict:
+        """The results each run may compute in an argument's buffer (see ``lower.overwritable``):
+        what both the NumPy run and the C function allow, so the answer holds before and after
+        the switch."""
+        if self._overwritable is None:
+            allowed = getattr(self.current, "overwritable", {})
+            if not self.compiled:
+                try:
+                    c_allows = {} if _may_run_long(self.program) else \
+                        c_source(self.program)[1].overwritable
+                except Unsupported:
+                    c_allows = allowed
+                allowed = {j: ks & c_allows[j] for j, ks in allowed.items() if ks & c_allows.get(j, set())}
+            self._overwritable = allowed
+        return self._overwritable
+
+    @property
+    def views(self):
+        """Per result, the arguments it may be a view of: the NumPy run's before the switch (more
+        than the C function's, whose results are its own arrays, so an answer given then holds)."""
+        return getattr(self.current, "views", None)
 
     def __call__(self, args, into=None):
         if self.remaining <= 0 and not self.compiled:

@@ -189,6 +189,71 @@ def _broadcasts_natively(consumer, narrowed):
         return False
 
 
+def _views(program, nested) -> dict:
+    """Per value of ``program``, the program arguments (by index) whose memory it may share: an
+    argument its own, a fresh result (``FRESH``) none, a nested call's result what that call's
+    executable says (``nested[id(eqn)].views``), anything else all of its operands' (a
+    reshape, a broadcast, a transpose are views)."""
+    views = {v: frozenset([k]) for k, v in enumerate(program.inputs)}
+    for e in program.eqns:
+        operands = [views.get(v, frozenset()) for v in e.inputs]
+        every = frozenset().union(*operands)
+        inner = getattr(nested.get(id(e)), "views", None)
+        for j, o in enumerate(e.outputs):
+            if e.prim.name in FRESH:
+                views[o] = frozenset()
+            elif inner is not None:
+                views[o] = frozenset().union(*[operands[k] for k in inner[j]])
+            else:
+                views[o] = every
+    return views
+
+
+def _overwritable(program, plan, views, nested) -> dict:
+    """Per result ``j``, the arguments ``k`` the run may compute it in (``Backend.run``'s
+    ``into[j]`` may be ``args[k]``): the result is made by an elementwise ufunc (NumPy copies an
+    operand that overlaps ``out`` where it must) or by a nested call that allows it for that
+    argument, and nothing reads the argument, or a view of it, after that line -- no later
+    equation and no other result."""
+    line_of = {i: n for n, (i, *_rest) in enumerate(plan)}
+    producer = {o: i for i, e in enumerate(program.eqns) for o in e.outputs}
+    last_read = {}
+    for n, (_, _, ins, _, _) in enumerate(plan):
+        for v in ins:
+            for k in views.get(v, ()):
+                last_read[k] = n
+    held = {}                       # per argument, the results that may be views of it
+    for v in program.outputs:
+        for k in views.get(v, ()):
+            held[k] = held.get(k, 0) + 1
+    times = {}
+    for v in program.outputs:
+        times[v] = times.get(v, 0) + 1
+    found = {}
+    for j, v in enumerate(program.outputs):
+        n = line_of.get(producer.get(v))
+        if n is None or v.shape == () or times[v] > 1:
+            continue
+        e = program.eqns[producer[v]]
+        if e.prim.name in _UFUNCS:
+            allowed = range(len(program.inputs))
+        elif id(e) in nested:
+            inner = getattr(nested[id(e)], "overwritable", {}).get(e.outputs.index(v), ())
+            allowed = [k for k, a in enumerate(program.inputs)
+                       if any(e.inputs[q] is a for q in inner) and
+                       all(q in inner and e.inputs[q] is a
+                           for q, w in enumerate(e.inputs) if k in views.get(w, ()))]
+        else:
+            continue
+        mine = views.get(v, frozenset())
+        ks = frozenset(k for k in allowed
+                       if (program.inputs[k].shape, program.inputs[k].dtype) == (v.shape, v.dtype)
+                       and last_read.get(k, -1) <= n and held.get(k, 0) == (k in mine))
+        if ks:
+            found[j] = ks
+    return found
+
+
 def compile_program(program, compile_nested=None):
     """Generate, compile and return ``run(args) -> list of arrays`` for ``program``.
 
@@ -205,6 +270,10 @@ def compile_program(program, compile_nested=None):
         # a constant captured from a GPU tensor is brought to the host once, here
         namespace[f"c{i}"] = np.asarray(value) if isinstance(value, DeviceValue) else value
     plan = _plan(program)
+    # the executables of nested calls, which may compute results straight into ``into``
+    nested = {id(e): compile_nested(e.params["program"]) for e in program.eqns
+              if e.prim.name == "call"}
+    views = _views(program, nested)
     last_use = {}
     for k, (_, _, ins, _, _) in enumerate(plan):
         for v in ins:
@@ -246,6 +315,12 @@ def compile_program(program, compile_nested=None):
         dead = sorted({names[v] for v in ins
                        if last_use.get(v) == k and v not in outputs and names[v][0] == "v"})
         call = f"{fn}({args})"
+        into_call = [direct.get(v) for v in outs_v]
+        if id(eqn) in nested and any(d is not None for d in into_call):
+            # a nested call computes its results that are ours straight into their destinations
+            namespace[f"n{i}"] = nested[id(eqn)]
+            dests = ", ".join("None" if d is None else f"into[{d}]" for d in into_call)
+            call = f"(n{i}([{plain}], [{dests}]) if into is not None else {call})"
         if kind in ("ufunc", "call") and eqn.prim.name in _UFUNCS and outs_v[0] in direct:
             namespace[f"u{i}"] = _UFUNCS[eqn.prim.name]
             j = direct[outs_v[0]]
@@ -283,7 +358,11 @@ def compile_program(program, compile_nested=None):
 
     run.source = source
     run.writes_into = True
-    return _collecting(run) if holds_checks(program, "warn") else run
+    run.views = [views.get(v, frozenset()) for v in program.outputs]
+    run.overwritable = _overwritable(program, plan, views, nested)
+    if holds_checks(program, "warn"):
+        run = _collecting(run)
+    return run
 
 
 def _collecting(run):
@@ -295,6 +374,7 @@ def _collecting(run):
 
     checked_run.source = run.source
     checked_run.writes_into = True
+    checked_run.views, checked_run.overwritable = run.views, run.overwritable
     return checked_run
 
 

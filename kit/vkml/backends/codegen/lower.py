@@ -841,3 +841,92 @@ class _Env:
         """The expression of elementwise/movement equation ``e`` at output index ``idx``: its
         rule's."""
         return self.lowering.rules[e.prim.name].expression(self, e, idx)
+
+
+# -- which results may be written over which arguments ----------------------------------------------
+
+def overwritable(stmts, in_ptrs, out_ptrs, program) -> dict:
+    """Per result ``j`` of ``program`` lowered to ``stmts``, the arguments ``k`` whose buffer the
+    result may be computed in (``{j: frozenset(k, ...)}``, only results that have one): what
+    lets an optimiser's step update a parameter and its moments where they are.
+
+    The statements run in order, so result ``o`` may share argument ``a``'s buffer when every
+    line reading ``a`` runs before the lines storing ``o`` have changed an element it reads:
+    each such line comes no later than each store (a line after a store would read a new
+    value), and a line sharing a loop with a store lies in the same innermost nest over the
+    result's shape and reads ``a`` only at the element the store writes (the nest's flat
+    index, one element per iteration; an elementwise update reads ``p[i]``, ``m[i]`` and
+    ``v[i]`` and then writes them).  A buffer named without an index (handed to a helper)
+    is never shared."""
+    lines = []
+    _flat_lines(stmts, (), lines)
+    found = {}
+    for j, (o, ov) in enumerate(zip(out_ptrs, program.outputs)):
+        if ov.shape == () or program.outputs.count(ov) > 1 or not _indexed_only(o, lines):
+            continue
+        stores = [(n, _indices(o, text)[0]) for n, (text, _) in enumerate(lines)
+                  if re.match(rf"{re.escape(o)}\[", text)]
+        ks = frozenset(k for k, (a, av) in enumerate(zip(in_ptrs, program.inputs))
+                       if (av.shape, av.dtype) == (ov.shape, ov.dtype) and stores and
+                       _indexed_only(a, lines) and _reads_before(a, ov.shape, stores, lines))
+        if ks:
+            found[j] = ks
+    return found
+
+
+def _flat_lines(stmts, loops, out):
+    """Every line of ``stmts`` (loop, branch and while tests included) in the order it is
+    written, with the loops around it (a ``While`` counts as a loop without an index)."""
+    for s in stmts:
+        if isinstance(s, str):
+            out.append((s, loops))
+        elif isinstance(s, Loop):
+            _flat_lines(s.body, loops + (s,), out)
+        elif isinstance(s, While):
+            out.append((s.test, loops + (s,)))
+            _flat_lines(s.body, loops + (s,), out)
+        elif isinstance(s, If):
+            out.append((s.test, loops))
+            _flat_lines(s.body, loops, out)
+        else:                                   # a Block
+            _flat_lines(s.body, loops, out)
+
+
+def _indices(name, text) -> list:
+    """The index expressions of every ``name[...]`` in a line of C."""
+    found = []
+    for m in re.finditer(rf"(?<![A-Za-z0-9_]){re.escape(name)}\[", text):
+        depth, start = 1, m.end()
+        for end in range(start, len(text)):
+            depth += {"[": 1, "]": -1}.get(text[end], 0)
+            if depth == 0:
+                found.append(text[start:end])
+                break
+    return found
+
+
+def _indexed_only(name, lines) -> bool:
+    """Whether every use of buffer ``name`` in ``lines`` is an element (``name[...]``)."""
+    bare = re.compile(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_\[])")
+    return not any(bare.search(text) for text, _ in lines)
+
+
+def _reads_before(a, shape, stores, lines) -> bool:
+    """Whether every line reading buffer ``a`` is done with each element before a store of
+    ``stores`` (line number, index) writes it (see ``overwritable``)."""
+    for n, (text, loops) in enumerate(lines):
+        reads = _indices(a, text)
+        if not reads:
+            continue
+        for at, index in stores:
+            if n > at:
+                return False
+            store_loops = lines[at][1]
+            if not (loops and store_loops and loops[0] is store_loops[0]):
+                continue                        # separate nests: this one ends before the store's
+            if loops != store_loops or not all(isinstance(lp, Loop) for lp in loops) or \
+                    tuple(lp.extent for lp in loops) != tuple(shape) or \
+                    index != linear_index([lp.var for lp in loops], shape) or \
+                    any(r != index for r in reads):
+                return False
+    return True
