@@ -35,8 +35,8 @@ import numpy as np
 from .errors import ArgumentError, DTypeError, ShapeError
 from .ir import Var, dtype_name
 from .ops.api import constant, default_device
-from .programs import jit, value_and_grad
-from .pytree import flatten, unflatten
+from .programs import flatten_known, jit, value_and_grad
+from .pytree import unflatten
 from .runtime import no_grad
 from .tensor import Tensor, assign, sqrt, zeros_like
 from .validate import check_callable, check_real, check_sequence, describe
@@ -245,6 +245,9 @@ class CompiledStep:
         #: the arrays of parameters and state this step made and still holds, by ``id``: the
         #: only ones it ever overwrites (see ``_destinations``)
         self._owned = {}
+        #: the last fast-call plan of its programs and the destinations it may overwrite there
+        #: (``_donatable``)
+        self._slots = (None, [])
 
     def _whole(self, params, states, batch, hyper):
         """The traced step: the loss and its gradient in the parameters, then the update."""
@@ -279,7 +282,7 @@ class CompiledStep:
         order, dsts, states, hyper = opt._host(active)
         self._order = order
         params = [opt.params[i] for i in order]
-        leaves, tree = flatten((_values(params), states, batch, hyper))
+        leaves, tree = flatten_known((_values(params), states, batch, hyper))
         program = self._programs.get(tree)
         if program is None:
             program = self._programs[tree] = jit(_Unflattened(self._whole, tree))
@@ -293,7 +296,12 @@ class CompiledStep:
         loss, grads, new = program._call_overwriting(args, destinations)
         for p, g in zip(params, grads):
             p.grad = g
-        assign(dsts, new)
+        if all(t.ir_var.value is not None for t in new):
+            for d, t in zip(dsts, new):      # what ``assign`` does with computed values, unchecked:
+                d.ir_var = t.ir_var          # the program made them to the destinations' types
+                d._register_leaf()
+        else:
+            assign(dsts, new)
         self._owned = {id(a): a for a, t in zip(into[1 + len(params):], new)
                        if a is not None and t.ir_var.value is a}
         opt._stepped(active)
@@ -308,21 +316,33 @@ class CompiledStep:
         cold cache lines.  Where someone else holds the array (``old = p.detach()``,
         ``p.numpy()``, a pending expression of ``p``), in an array of the step's own instead,
         so the holder keeps the old values and the next step may write in place again."""
-        allowed = plan.overwritable()
         into = [None] * len(plan.out_vars)
-        if not allowed:
-            return into
-        position = {id(a.ir_var.value): k for k, a in enumerate(args) if type(a) is Tensor}
-        for d, dst in enumerate(dsts):
+        if self._slots[0] is not plan:
+            self._slots = (plan, self._donatable(plan, dsts, args, first))
+        for d, k in self._slots[1]:
+            dst = dsts[d]
             value = dst.ir_var.value
-            k = position.get(id(value))
-            if k is None or k not in allowed.get(first + d, ()):
-                continue
+            if args[k].ir_var.value is not value:
+                continue                        # (the destination is not this argument)
             if self._exclusive(dst, args[k]):
                 into[first + d] = value
             else:
                 into[first + d] = np.empty(dst.shape, dst.dtype)
         return into
+
+    @staticmethod
+    def _donatable(plan, dsts, args, first):
+        """``(d, k)`` for each destination ``dsts[d]`` whose array is argument ``k``, which its new
+        value (result ``first + d``) may be computed over (``_FastPlan.overwritable``): found once
+        per plan (the leaves of one structure come in one order)."""
+        allowed = plan.overwritable()
+        position = {id(a.ir_var.value): k for k, a in enumerate(args) if type(a) is Tensor}
+        slots = []
+        for d, dst in enumerate(dsts):
+            k = position.get(id(dst.ir_var.value))
+            if k is not None and k in allowed.get(first + d, ()):
+                slots.append((d, k))
+        return slots
 
     def _exclusive(self, dst, arg) -> bool:
         """Whether the optimiser alone reaches ``dst``'s array: the step made it (``_owned``),
@@ -331,8 +351,7 @@ class CompiledStep:
         expression of anyone else's, which would see its values change."""
         var = dst.ir_var
         value = var.value
-        if self._owned.get(id(value)) is not value or type(value) is not np.ndarray or \
-                not value.flags.writeable or not value.flags.c_contiguous or value.base is not None:
+        if self._owned.get(id(value)) is not value:    # (made by the step: a whole, writable array)
             return False
         array_holders = _HOLDERS["array"] + (arg.ir_var is not var)     # a parameter's detached leaf
         return getrefcount(value) == array_holders and getrefcount(var) == _HOLDERS["var"]
