@@ -297,3 +297,47 @@ def test_in_place_adam_matches_an_independent_float64_adam(backend):
     for g, want, p0 in zip(got, ps, init):
         assert not np.allclose(g, p0)
         np.testing.assert_allclose(g, want, rtol=0, atol=2e-5)
+
+
+# -- the rule on lowered statements, line by line ------------------------------------------------
+
+def _rule(stmts, shapes=((4, 3), (4, 3)), outs=((4, 3),)):
+    """``lower.overwritable`` of hand-written statements over buffers a0, a1, ... -> o0, ..."""
+    from vkml.backends.codegen.lower import overwritable
+    from vkml.ir import Program, Var
+    ins = [Var(s, np.dtype(np.float32)) for s in shapes]
+    outputs = [Var(s, np.dtype(np.float32)) for s in outs]
+    program = Program(ins, [], outputs)
+    return overwritable(stmts, [f"a{k}" for k in range(len(ins))],
+                        [f"o{j}" for j in range(len(outputs))], program)
+
+
+def _nest(*lines, extents=(4, 3)):
+    from vkml.backends.codegen.statements import Loop
+    return [Loop("i0", extents[0], [Loop("i1", extents[1], list(lines))])]
+
+
+def test_the_statement_rule_allows_reads_done_before_the_store_at_its_element():
+    index = "(i0)*3 + i1"
+    fused = _nest(f"o0[{index}] = (a0[{index}] + a1[{index}]);")
+    assert _rule(fused) == {0: frozenset({0, 1})}
+    earlier_nest = _nest(f"t0[{index}] = a1[{index}];") + _nest(f"o0[{index}] = a0[{index}];")
+    assert _rule(earlier_nest) == {0: frozenset({0, 1})}
+
+
+def test_the_statement_rule_refuses_late_reads_other_elements_and_bare_pointers():
+    index = "(i0)*3 + i1"
+    read_after = _nest(f"o0[{index}] = a0[{index}];", f"t1[{index}] = a1[{index}] * a0[{index}];")
+    assert _rule(read_after) == {0: frozenset({1})}       # a1 is read before: it may go
+    other_element = _nest(f"o0[{index}] = a0[(3 - i0)*3 + i1];")
+    assert 0 not in _rule(other_element).get(0, frozenset())
+    bare = _nest(f"o0[{index}] = a0[{index}];") + ["vk_copy(t0, a0, 12);"]
+    assert 0 not in _rule(bare).get(0, frozenset())
+    later_nest = _nest(f"o0[{index}] = a1[{index}];") + _nest(f"t0[{index}] = a0[{index}];")
+    assert 0 not in _rule(later_nest).get(0, frozenset())
+    # a store that is not the line's first word is still a store
+    hidden_store = _nest(f"t9[0] = 1; o0[{index}] += a1[{index}];") + _nest(f"t0[{index}] = a0[{index}];")
+    assert 0 not in _rule(hidden_store).get(0, frozenset())
+    # a nest that is not over the result's elements one by one: refused
+    short = _nest(f"o0[{index}] = a0[{index}];", extents=(2, 3))
+    assert 0 not in _rule(short).get(0, frozenset())

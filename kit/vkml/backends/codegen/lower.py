@@ -864,8 +864,8 @@ def overwritable(stmts, in_ptrs, out_ptrs, program) -> dict:
     for j, (o, ov) in enumerate(zip(out_ptrs, program.outputs)):
         if ov.shape == () or program.outputs.count(ov) > 1 or not _indexed_only(o, lines):
             continue
-        stores = [(n, _indices(o, text)[0]) for n, (text, _) in enumerate(lines)
-                  if re.match(rf"{re.escape(o)}\[", text)]
+        stores = [(n, index) for n, (text, _) in enumerate(lines)
+                  for index in _indices(o, text, stores=True)]
         ks = frozenset(k for k, (a, av) in enumerate(zip(in_ptrs, program.inputs))
                        if (av.shape, av.dtype) == (ov.shape, ov.dtype) and stores and
                        _indexed_only(a, lines) and _reads_before(a, ov.shape, stores, lines))
@@ -892,17 +892,23 @@ def _flat_lines(stmts, loops, out):
             _flat_lines(s.body, loops, out)
 
 
-def _indices(name, text) -> list:
-    """The index expressions of every ``name[...]`` in a line of C."""
+def _indices(name, text, stores=False) -> list:
+    """The index expressions of every ``name[...]`` in a line of C (``stores``: of those that are
+    assigned to, ``name[i] = ...`` or ``name[i] += ...``)."""
     found = []
     for m in re.finditer(rf"(?<![A-Za-z0-9_]){re.escape(name)}\[", text):
         depth, start = 1, m.end()
         for end in range(start, len(text)):
             depth += {"[": 1, "]": -1}.get(text[end], 0)
             if depth == 0:
-                found.append(text[start:end])
+                if not stores or _ASSIGNED.match(text, end + 1):
+                    found.append(text[start:end])
                 break
     return found
+
+
+#: an assignment after an element (``= ``, ``+= ``, ..., not ``==``)
+_ASSIGNED = re.compile(r"\s*(?:[-+*/%&|^]|<<|>>)?=(?!=)")
 
 
 def _indexed_only(name, lines) -> bool:
