@@ -222,6 +222,15 @@ class CompiledStep:
     its ``.grad`` and the optimiser's state hold their new values, as after
     ``opt.zero_grad(); loss.backward(); opt.step()``.
 
+    A steady step updates the parameters and the optimiser's state where
+    they are: the program computes each new value in the array of the old
+    one, when it reads that array only before writing it (an update reads
+    ``p[i]``, ``m[i]``, ``v[i]`` and then writes them) and nothing but the
+    optimiser reaches the array.  A value you hold never changes: after
+    ``old = p.detach()``, ``a = p.numpy()``, ``g = p.grad`` or a pending
+    expression of ``p``, that step writes new arrays and ``old``, ``a``, ``g``
+    keep their values.  The bits are those of a step that writes new arrays.
+
     As with :func:`vkml.jit`: tensors ``loss_fn`` reads that are neither
     the parameters nor the batch are constants of the program (pass
     anything that changes in ``batch``), and Python control flow runs once,

@@ -59,7 +59,11 @@ the result, or an optimiser moved on to the next step's values); an array
 anyone still holds is never written.  Heap temporaries come from one scratch
 block it keeps.  So a steady-state call allocates nothing and touches no fresh
 page (glibc hands large freed blocks back to the system, and every fresh page
-faults).  A call passes the C function one prepared block of array objects,
+faults).  A caller may also hand it destinations that are its own arguments
+(an optimiser's parameters and moments, updated where they are) for the
+results the lowered statements allow (``lower.overwritable``: every read of
+the argument comes before the result's stores, or at the very element a
+store writes).  A call passes the C function one prepared block of array objects,
 whose data pointers the C code reads itself (``DATA_OFFSET``).  A program kept
 on NumPy for a BLAS-sized product still runs its runs of equations that give
 NumPy's bits in C (an optimiser's update, a ReLU's mask, a bias gradient's

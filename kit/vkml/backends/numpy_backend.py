@@ -258,7 +258,11 @@ def compile_program(program, compile_nested=None):
     """Generate, compile and return ``run(args) -> list of arrays`` for ``program``.
 
     ``compile_nested(program)`` compiles the programs that scan and call
-    equations hold (the backend passes its cached compile).
+    equations hold (the backend passes its cached compile).  The run says, per
+    result, the arguments it may be a view of (``views``) and those a caller may
+    hand as the result's destination (``overwritable``, see ``_overwritable``);
+    a nested call computes the results that are the program's own straight into
+    their destinations.
     """
     compile_nested = compile_nested or compile_program
     names = {}
