@@ -17,10 +17,13 @@ interleaved, in rounds: a side's time is the minimum over rounds of its per-roun
 (``_timing.py`` says why).
 
     python3 bench/mlp_step.py [--quick] [--repeat 200] [--threads 1] [--parts] [--profile]
+                              [--compiled-parts]
 
 ``--parts`` splits vkml's step into building the forward graph, backward (host side: collecting the
 graph and its key; and the derived program's run), and the optimiser step (host side; and the update
 program's run), beside the NumPy step's forward+backward and Adam, so it shows where vkml's time goes.
+``--compiled-parts`` does the same for compile_step: its program's run against the Python around it,
+page faults per step, and whether parameters and moments are updated in their own arrays.
 """
 
 import argparse
@@ -41,6 +44,9 @@ def parse_args(argv=None):
                         help="also split vkml's step into host work and program runs, part by part")
     parser.add_argument("--profile", action="store_true",
                         help="also profile vkml's step with cProfile")
+    parser.add_argument("--compiled-parts", action="store_true",
+                        help="also split compile_step's step into its program's run and the Python "
+                             "around it, with page faults per step")
     args = parser.parse_args(argv)
     args.repeat = args.repeat or (50 if args.quick else 200)
     args.rounds = args.rounds or 5
@@ -188,6 +194,8 @@ def main():
 
     if args.parts:
         parts(parts_ref)
+    if args.compiled_parts:
+        compiled_parts()
     if args.profile:
         import cProfile
         import pstats
@@ -244,6 +252,58 @@ def parts(ref):
     ref_rows = [("forward + manual backward", median_seconds(ref.forward_backward, repeat=args.repeat)),
                 ("Adam, in place", median_seconds(lambda: ref.adam(grads), repeat=args.repeat))]
     print_table("the hand-written NumPy step, part by part:", ref_rows)
+
+
+def compiled_parts():
+    """Where compile_step's time goes: its program's run (jit's fast path: the executable and the
+    results' Tensors) and the Python around it (the optimiser's host part, flattening, handing
+    the results over); the page faults a step takes (a fresh page faults; a steady step should
+    touch none); the equations of its program; and whether it updates the parameters and
+    moments where they are (the same arrays after a step)."""
+    import resource
+    import statistics
+    import time
+    import weakref
+
+    plan_class = vkml.programs._FastPlan
+    run = plan_class.run
+    inside = [0.0]
+
+    def timed_run(self, *a, **k):
+        t0 = time.perf_counter()
+        try:
+            return run(self, *a, **k)
+        finally:
+            inside[0] += time.perf_counter() - t0
+
+    whole, program = [], []
+    plan_class.run = timed_run
+    try:
+        for i in range(args.warmup + args.repeat):
+            inside[0] = 0.0
+            t0 = time.perf_counter()
+            vkml_compiled_step()
+            if i >= args.warmup:
+                whole.append(time.perf_counter() - t0)
+                program.append(inside[0])
+    finally:
+        plan_class.run = run
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(args.repeat):
+        vkml_compiled_step()
+    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / args.repeat
+    state = MLP._compiled.opt
+    arrays = lambda: [t.ir_var.value for t in [*state.params, *state.exp_avg, *state.exp_avg_sq]]
+    refs = [weakref.ref(a) for a in arrays()]
+    vkml_compiled_step()
+    in_place = sum(r() is a for r, a in zip(refs, arrays()))
+    whole_s, program_s = statistics.median(whole), statistics.median(program)
+    print_table("compile_step's step, part by part (medians):",
+                [("whole step", whole_s), ("its program's run", program_s),
+                 ("Python around the run", whole_s - program_s)])
+    eqns = sum(len(p.eqns) for p in MLP._compiled.programs())
+    print(f"page faults per step: {faults:.2f}; equations in the step's program: {eqns}; "
+          f"parameter and moment arrays updated in place: {in_place} of {len(refs)}")
 
 
 def ab_workloads(quick):
