@@ -338,6 +338,45 @@ def test_the_statement_rule_refuses_late_reads_other_elements_and_bare_pointers(
     # a store that is not the line's first word is still a store
     hidden_store = _nest(f"t9[0] = 1; o0[{index}] += a1[{index}];") + _nest(f"t0[{index}] = a0[{index}];")
     assert 0 not in _rule(hidden_store).get(0, frozenset())
+    # a check that may stop the function after a store, or in the store's nest: refused
+    check = "if (a1[0] < 0) { *err = 1; goto done; }"
+    checked_after = _nest(f"o0[{index}] = a0[{index}];") + [check]
+    assert 0 not in _rule(checked_after).get(0, frozenset())
+    checked_in_nest = _nest(f"if (a1[{index}] < 0) {{ *err = 1; goto done; }}",
+                            f"o0[{index}] = a0[{index}];")
+    assert _rule(checked_in_nest) == {}
+    checked_before = [check] + _nest(f"o0[{index}] = a0[{index}];")
+    assert _rule(checked_before) == {0: frozenset({0, 1})}
     # a nest that is not over the result's elements one by one: refused
     short = _nest(f"o0[{index}] = a0[{index}];", extents=(2, 3))
     assert 0 not in _rule(short).get(0, frozenset())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_step_refused_for_a_bad_label_changes_nothing_and_the_next_ones_keep_the_bits(backend):
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((5, 6)).astype(np.float32)
+    good, bad = np.array([0, 3, 1, 2, 3]), np.array([0, 3, 7, 2, 3])   # 7: no such class
+
+    def build():
+        nn.manual_seed(4)
+        model = nn.Linear(6, 4)
+        opt = optim.Adam(model.parameters(), lr=LR)
+        return opt, opt.compile_step(lambda xb, yb: nn.cross_entropy(model(xb), yb))
+
+    with vkml.use_backend(backend):
+        opt, step = build()
+        ref_opt, ref_step = build()
+        for _ in range(3):
+            step(x, good), ref_step(x, good)
+        refs = [weakref.ref(a) for a in _arrays(opt)]
+        step(x, good), ref_step(x, good)
+        assert _same_arrays(opt, refs)                 # the steps are in place
+        before = [np.array(a) for a in _arrays(opt)]
+        with pytest.raises(vkml.VkmlError):
+            step(x, bad)
+        assert [a.tobytes() for a in _arrays(opt)] == [b.tobytes() for b in before]
+        assert opt.steps == ref_opt.steps
+        for _ in range(2):
+            step(x, good), ref_step(x, good)
+        assert [a.tobytes() for a in _arrays(opt)] == [a.tobytes() for a in _arrays(ref_opt)]

@@ -113,7 +113,7 @@ from ..stats import STATS
 from . import disk_cache
 from .base import Backend, ExecutionFailure, check_sizes, failure_error, register
 from .codegen.c_render import ALLOCATION_FAILED, INTERRUPTED, POLL, render, scratch_layout
-from .codegen.lower import Lowering, Unsupported, overwritable
+from .codegen.lower import Lowering, Unsupported, may_fail, overwritable
 from .codegen.sample_loops import SIMD_MARKER, VECTOR_MATH, forward_source, reverse_source
 from .interrupts import NEVER, Armed, interrupted
 from .numpy_backend import compile_program as compile_numpy
@@ -286,6 +286,7 @@ def c_source(program):
     outs = [f"o{i}" for i in range(len(program.outputs))]
     stmts = low.program(program, ins, outs)
     low.overwritable = overwritable(stmts, ins, outs, program)
+    low.may_fail = may_fail(stmts)
     return render(low, stmts, len(ins), [v.dtype for v in program.inputs],
                   len(outs), [v.dtype for v in program.outputs], data_offset=DATA_OFFSET), low
 
@@ -447,6 +448,7 @@ class _NamedAsOriginal:
         # the rewritten program has the original's arguments and results
         self.overwritable = getattr(run, "overwritable", {})
         self.views = getattr(run, "views", None)
+        self.may_fail = getattr(run, "may_fail", True)
 
     def __call__(self, args, into=None):
         try:
@@ -602,10 +604,14 @@ class CompiledProgram:
         self.messages, self.warnings = lowering.messages, lowering.warnings
         self.temps = [(v.shape, v.dtype, producer.get(v, 0)) for v in lowering.temp_vars]
         #: results the C function may compute in an argument's buffer (see ``lower.overwritable``);
-        #: none for an interruptible call, which never writes the caller's arrays
-        self.overwritable = {} if self.interruptible else lowering.overwritable
+        #: none for an interruptible call, which never writes the caller's arrays, nor for one
+        #: issuing warnings after it has written them (a filter may make them errors)
+        self.overwritable = {} if self.interruptible or self.warnings else lowering.overwritable
         #: per result, the arguments it may be a view of: none (results are its own arrays)
         self.views = [frozenset()] * len(program.outputs)
+        #: whether a call may stop with an error (a check in its code, an interrupt, a warning
+        #: issued after it that the caller's filters may turn into one)
+        self.may_fail = self.interruptible or lowering.may_fail or bool(self.warnings)
         self._keep = lib
         self._pool = self._prepare(lib, lowering)
 
@@ -816,20 +822,35 @@ class Tiered:
         if self._overwritable is None:
             allowed = getattr(self.current, "overwritable", {})
             if not self.compiled:
-                try:
-                    c_allows = {} if _may_run_long(self.program) else \
-                        c_source(self.program)[1].overwritable
-                except Unsupported:
-                    c_allows = allowed
-                allowed = {j: ks & c_allows[j] for j, ks in allowed.items() if ks & c_allows.get(j, set())}
+                c_allows = self._c_facts()[0]
+                allowed = {j: ks & c_allows[j] for j, ks in allowed.items()
+                           if ks & c_allows.get(j, set())}
             self._overwritable = allowed
         return self._overwritable
+
+    def _c_facts(self):
+        """``(overwritable, may_fail)`` of the C function it will switch to (lowered, not
+        compiled); those of the NumPy run where C does not cover the program."""
+        try:
+            low = c_source(self.program)[1]
+        except Unsupported:
+            return getattr(self.current, "overwritable", {}), getattr(self.current, "may_fail", True)
+        if _may_run_long(self.program) or low.warnings:
+            return {}, True
+        return low.overwritable, low.may_fail
 
     @property
     def views(self):
         """Per result, the arguments it may be a view of: the NumPy run's before the switch (more
         than the C function's, whose results are its own arrays, so an answer given then holds)."""
         return getattr(self.current, "views", None)
+
+    @property
+    def may_fail(self) -> bool:
+        """Whether a call may stop with an error, before or after the switch."""
+        if self.compiled:
+            return getattr(self.current, "may_fail", True)
+        return getattr(self.current, "may_fail", True) or self._c_facts()[1]
 
     def __call__(self, args, into=None):
         if self.remaining <= 0 and not self.compiled:

@@ -209,12 +209,29 @@ def _views(program, nested) -> dict:
     return views
 
 
+#: primitives whose NumPy run cannot stop with an error on operands of the program's shapes
+#: (arithmetic, comparisons, selections, views, products, sums; NumPy's default error handling)
+_CANNOT_FAIL = set(_UFUNCS) | {"div", "cast", "where", "eq", "ne", "lt", "le", "gt", "ge",
+                               "logical_and", "logical_or", "logical_not", "stop_gradient",
+                               "broadcast_in_dim", "reshape", "transpose", "slice", "flip",
+                               "pad", "concatenate", "matmul", "reduce_sum"}
+
+
+def _may_fail(eqn, nested) -> bool:
+    """Whether equation ``eqn`` may stop the run with an error (a nested call: if its
+    executable says so)."""
+    if id(eqn) in nested:
+        return getattr(nested[id(eqn)], "may_fail", True)
+    return eqn.prim.name not in _CANNOT_FAIL
+
+
 def _overwritable(program, plan, views, nested) -> dict:
     """Per result ``j``, the arguments ``k`` the run may compute it in (``Backend.run``'s
     ``into[j]`` may be ``args[k]``): the result is made by an elementwise ufunc (NumPy copies an
     operand that overlaps ``out`` where it must) or by a nested call that allows it for that
     argument, and nothing reads the argument, or a view of it, after that line -- no later
-    equation and no other result."""
+    equation and no other result -- nor may stop the run with an error (a failed run leaves
+    the caller's arrays as they were)."""
     line_of = {i: n for n, (i, *_rest) in enumerate(plan)}
     producer = {o: i for i, e in enumerate(program.eqns) for o in e.outputs}
     last_read = {}
@@ -229,10 +246,12 @@ def _overwritable(program, plan, views, nested) -> dict:
     times = {}
     for v in program.outputs:
         times[v] = times.get(v, 0) + 1
+    last_failing = max((n for n, (i, *_rest) in enumerate(plan)
+                        if _may_fail(program.eqns[i], nested)), default=-1)
     found = {}
     for j, v in enumerate(program.outputs):
         n = line_of.get(producer.get(v))
-        if n is None or v.shape == () or times[v] > 1:
+        if n is None or v.shape == () or times[v] > 1 or last_failing > n:
             continue
         e = program.eqns[producer[v]]
         if e.prim.name in _UFUNCS:
@@ -363,8 +382,10 @@ def compile_program(program, compile_nested=None):
     run.source = source
     run.writes_into = True
     run.views = [views.get(v, frozenset()) for v in program.outputs]
-    run.overwritable = _overwritable(program, plan, views, nested)
-    if holds_checks(program, "warn"):
+    warns = holds_checks(program, "warn")     # issued after the run: a filter may make them errors
+    run.may_fail = warns or any(_may_fail(e, nested) for e in program.eqns)
+    run.overwritable = {} if warns else _overwritable(program, plan, views, nested)
+    if warns:
         run = _collecting(run)
     return run
 
@@ -379,6 +400,7 @@ def _collecting(run):
     checked_run.source = run.source
     checked_run.writes_into = True
     checked_run.views, checked_run.overwritable = run.views, run.overwritable
+    checked_run.may_fail = run.may_fail
     return checked_run
 
 

@@ -857,21 +857,42 @@ def overwritable(stmts, in_ptrs, out_ptrs, program) -> dict:
     result's shape and reads ``a`` only at the element the store writes (the nest's flat
     index, one element per iteration; an elementwise update reads ``p[i]``, ``m[i]`` and
     ``v[i]`` and then writes them).  A buffer named without an index (handed to a helper)
-    is never shared."""
+    is never shared, nor is one stored before a check that may stop the function (an index
+    out of range): a call that fails leaves the caller's arrays as they were."""
     lines = []
     _flat_lines(stmts, (), lines)
+    checks = [n for n, (text, _) in enumerate(lines) if "goto " in text]
     found = {}
     for j, (o, ov) in enumerate(zip(out_ptrs, program.outputs)):
         if ov.shape == () or program.outputs.count(ov) > 1 or not _indexed_only(o, lines):
             continue
         stores = [(n, index) for n, (text, _) in enumerate(lines)
                   for index in _indices(o, text, stores=True)]
+        if any(_may_run_after(c, at, lines) for c in checks for at, _ in stores):
+            continue
         ks = frozenset(k for k, (a, av) in enumerate(zip(in_ptrs, program.inputs))
                        if (av.shape, av.dtype) == (ov.shape, ov.dtype) and stores and
                        _indexed_only(a, lines) and _reads_before(a, ov.shape, stores, lines))
         if ks:
             found[j] = ks
     return found
+
+
+def may_fail(stmts) -> bool:
+    """Whether the lowered statements hold a check that may stop the function with an error."""
+    lines = []
+    _flat_lines(stmts, (), lines)
+    return any("goto " in text for text, _ in lines)
+
+
+def _shares_a_loop(n, m, lines) -> bool:
+    loops, others = lines[n][1], lines[m][1]
+    return bool(loops and others and loops[0] is others[0])
+
+
+def _may_run_after(n, m, lines) -> bool:
+    """Whether line ``n`` may run after line ``m`` has: it comes later, or a loop holds both."""
+    return n > m or _shares_a_loop(n, m, lines)
 
 
 def _flat_lines(stmts, loops, out):
@@ -928,7 +949,7 @@ def _reads_before(a, shape, stores, lines) -> bool:
             if n > at:
                 return False
             store_loops = lines[at][1]
-            if not (loops and store_loops and loops[0] is store_loops[0]):
+            if not _shares_a_loop(n, at, lines):
                 continue                        # separate nests: this one ends before the store's
             if loops != store_loops or not all(isinstance(lp, Loop) for lp in loops) or \
                     tuple(lp.extent for lp in loops) != tuple(shape) or \
