@@ -380,3 +380,27 @@ def test_a_step_refused_for_a_bad_label_changes_nothing_and_the_next_ones_keep_t
         for _ in range(2):
             step(x, good), ref_step(x, good)
         assert [a.tobytes() for a in _arrays(opt)] == [a.tobytes() for a in _arrays(ref_opt)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_lazy_steps_between_compiled_ones_keep_the_bits(backend, monkeypatch):
+    x, y = _data()
+    xt, yt = vkml.tensor(x), vkml.tensor(y)
+
+    def run():
+        w, b, opt, loss = _problem()
+        step = opt.compile_step(loss)
+        for i in range(7):
+            if i % 3 == 2:                        # a lazy step now and then
+                opt.zero_grad()
+                loss(xt, yt).backward()
+                opt.step()
+            else:
+                step(x, y)
+        return [np.array(a) for a in _arrays(opt)]
+
+    with vkml.use_backend(backend):
+        in_place = run()
+        _out_of_place(monkeypatch)
+        out_of_place = run()
+    assert [a.tobytes() for a in in_place] == [a.tobytes() for a in out_of_place]
