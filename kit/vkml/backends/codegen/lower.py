@@ -164,6 +164,14 @@ class Lowering:
             consts[v] = value
         stmts = []
         env = _Env(self, buffers, consts, producer)
+        if self.fuse_loops and self.depth == 1:
+            # a 0-d argument is read once, into a local, before the loops: read in a loop, it
+            # must be loaded again after every store (which may be to its buffer), and a nest
+            # storing a bool (a ReLU's mask) beside it then stays scalar
+            for v, p in zip(prog.inputs, in_ptrs):
+                if v.shape == () and uses.get(v):
+                    stmts.append(f"const {CTYPE[v.dtype]} {p}_s = {p}[0];")
+                    env.scalars[v] = f"{p}_s"
         depth = {}
         group = None             # the loop nest elementwise results join (``fuse_loops``)
         for k, e in enumerate(prog.eqns):
@@ -815,6 +823,8 @@ class _Env:
         self.consts = consts
         self.producer = producer
         self.inline = set()
+        #: 0-d arguments read from a local (see ``Lowering._program``)
+        self.scalars = {}
 
     def pointer(self, v):
         """A buffer holding ``v`` (a constant gets a static array of its own)."""
@@ -826,6 +836,8 @@ class _Env:
         raise Unsupported("operand without a buffer")
 
     def read(self, v, idx):
+        if v in self.scalars:
+            return self.scalars[v]
         if v in self.buffers:
             return f"{self.buffers[v]}[{linear_index(idx, v.shape)}]"
         if v in self.consts:
