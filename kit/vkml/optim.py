@@ -300,6 +300,7 @@ class CompiledStep:
 
         def destinations(plan):
             into[:] = self._destinations(plan, dsts, args, 1 + len(params))
+            self._gradients_into(plan, params, into)
             return into
 
         loss, grads, new = program._call_overwriting(args, destinations)
@@ -311,7 +312,7 @@ class CompiledStep:
                 d._register_leaf()
         else:
             assign(dsts, new)
-        self._owned = {id(a): a for a, t in zip(into[1 + len(params):], new)
+        self._owned = {id(a): a for a, t in zip(into[1:], [*grads, *new])
                        if a is not None and t.ir_var.value is a}
         opt._stepped(active)
         return loss
@@ -338,6 +339,31 @@ class CompiledStep:
             else:
                 into[first + d] = np.empty(dst.shape, dst.dtype)
         return into
+
+    def _gradients_into(self, plan, params, into):
+        """Each parameter's new gradient (result ``1 + i``) into the array of its last one where
+        the step made it and nothing else holds it (``g = p.grad`` keeps its values), else into
+        one of the step's own: no gradient-sized allocation in a steady step."""
+        written = plan.writes_directly()
+        for i, p in enumerate(params):
+            if 1 + i in written:
+                old = self._own_gradient(p)
+                into[1 + i] = old if old is not None else np.empty(p.shape, p.dtype)
+
+    def _own_gradient(self, param):
+        """The array of ``param.grad`` when the step made it and alone reaches it (its Tensor,
+        Var and array referenced only from the parameter and here: ``_HOLDERS``), else None."""
+        grad = param.grad
+        if type(grad) is not Tensor:
+            return None
+        var = grad.ir_var
+        value = var.value
+        if self._owned.get(id(value)) is not value:
+            return None
+        if getrefcount(grad) == _HOLDERS["grad"] and getrefcount(var) == _HOLDERS["var"] and \
+                getrefcount(value) == _HOLDERS["grad array"]:
+            return value
+        return None
 
     @staticmethod
     def _donatable(plan, dsts, args, first):
@@ -424,8 +450,9 @@ _FLOAT64 = np.dtype(np.float64)
 #: the references ``CompiledStep._exclusive`` finds to an array and to the Var of a destination
 #: only the optimiser reaches: the array's from ``_owned``, its Var, ``value`` there and in
 #: ``_destinations``, and ``getrefcount``'s argument; the Var's from its Tensor, ``var`` and
-#: the argument
-_HOLDERS = {"array": 5, "var": 3}
+#: the argument.  ``_own_gradient``'s: a gradient Tensor's from its parameter, ``grad`` and the
+#: argument; its array's from ``_owned``, its Var, ``value`` and the argument
+_HOLDERS = {"array": 5, "var": 3, "grad": 3, "grad array": 4}
 
 
 class SGD(Optimizer):

@@ -207,6 +207,10 @@ class _FastPlan:
         ``run``'s ``into``); asked once by a caller that donates buffers."""
         return getattr(self.exe, "overwritable", {})
 
+    def writes_directly(self) -> frozenset:
+        """The results the executable computes straight into a destination given for them."""
+        return getattr(self.exe, "writes_directly", frozenset())
+
     def run(self, args, into=None):
         """Run on ``args``; ``into`` (None or one array or None per result): destinations the
         executable computes results in where it can -- an argument's own array only where

@@ -449,6 +449,7 @@ class _NamedAsOriginal:
         self.overwritable = getattr(run, "overwritable", {})
         self.views = getattr(run, "views", None)
         self.may_fail = getattr(run, "may_fail", True)
+        self.writes_directly = getattr(run, "writes_directly", frozenset())
 
     def __call__(self, args, into=None):
         try:
@@ -609,6 +610,8 @@ class CompiledProgram:
         self.overwritable = {} if self.interruptible or self.warnings else lowering.overwritable
         #: per result, the arguments it may be a view of: none (results are its own arrays)
         self.views = [frozenset()] * len(program.outputs)
+        #: the results it computes straight into a destination given for them (``into``)
+        self.writes_directly = frozenset() if self.interruptible else frozenset(range(len(program.outputs)))
         #: whether a call may stop with an error (a check in its code, an interrupt, a warning
         #: issued after it that the caller's filters may turn into one)
         self.may_fail = self.interruptible or lowering.may_fail or bool(self.warnings)
@@ -844,6 +847,15 @@ class Tiered:
         """Per result, the arguments it may be a view of: the NumPy run's before the switch (more
         than the C function's, whose results are its own arrays, so an answer given then holds)."""
         return getattr(self.current, "views", None)
+
+    @property
+    def writes_directly(self) -> frozenset:
+        """The results computed straight into a given destination, before and after the switch
+        (the C function writes every one, unless it is interruptible)."""
+        mine = getattr(self.current, "writes_directly", frozenset())
+        if self.compiled:
+            return mine
+        return frozenset() if _may_run_long(self.program) else mine
 
     @property
     def may_fail(self) -> bool:

@@ -90,9 +90,10 @@ _UFUNCS = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "max": np.maxi
 _FRESH = FRESH = set(_UFUNCS) | {"div", "matmul", "reduce_sum", "reduce_max", "pad", "concatenate"}
 
 
-def _matmul_swapped(a, b):
-    """(a @ b).T computed as b.T @ a.T, so the result comes out contiguous, not a transposed view."""
-    return np.matmul(np.swapaxes(b, -1, -2), np.swapaxes(a, -1, -2))
+def _matmul_swapped(a, b, out=None):
+    """(a @ b).T computed as b.T @ a.T, so the result comes out contiguous, not a transposed view
+    (into ``out`` when given: a caller's destination, BLAS writing it directly)."""
+    return np.matmul(np.swapaxes(b, -1, -2), np.swapaxes(a, -1, -2), out=out)
 
 
 def _is_last_two_swap(perm):
@@ -307,6 +308,7 @@ def compile_program(program, compile_nested=None):
     direct = {v: j for j, v in enumerate(program.outputs)
               if program.outputs.count(v) == 1 and v.shape != ()}
     tmp = itertools.count()
+    written = set()          # results computed straight into a destination given for them
     lines, line_eqn = [], []
     for k, (i, kind, ins, outs_v, reuse) in enumerate(plan):
         eqn = program.eqns[i]
@@ -344,9 +346,17 @@ def compile_program(program, compile_nested=None):
             namespace[f"n{i}"] = nested[id(eqn)]
             dests = ", ".join("None" if d is None else f"into[{d}]" for d in into_call)
             call = f"(n{i}([{plain}], [{dests}]) if into is not None else {call})"
+            inner = getattr(nested[id(eqn)], "writes_directly", frozenset())
+            written.update(d for q, d in enumerate(into_call) if d is not None and q in inner)
+        if kind == "matmul_swapped" and outs_v[0] in direct:     # (a weight's gradient)
+            j = direct[outs_v[0]]
+            written.add(j)
+            call = f"({fn}({plain}, into[{j}]) if into is not None and into[{j}] is not None " \
+                   f"else {call})"
         if kind in ("ufunc", "call") and eqn.prim.name in _UFUNCS and outs_v[0] in direct:
             namespace[f"u{i}"] = _UFUNCS[eqn.prim.name]
             j = direct[outs_v[0]]
+            written.add(j)
             call = f"(u{i}({plain}, out=into[{j}]) if into is not None and into[{j}] is not None " \
                    f"else {call})"
         lines.append(f"    {target} = {call}" + (f"; del {', '.join(dead)}" if dead else ""))
@@ -382,6 +392,7 @@ def compile_program(program, compile_nested=None):
     run.source = source
     run.writes_into = True
     run.views = [views.get(v, frozenset()) for v in program.outputs]
+    run.writes_directly = frozenset(written)
     warns = holds_checks(program, "warn")     # issued after the run: a filter may make them errors
     run.may_fail = warns or any(_may_fail(e, nested) for e in program.eqns)
     run.overwritable = {} if warns else _overwritable(program, plan, views, nested)
@@ -400,7 +411,7 @@ def _collecting(run):
     checked_run.source = run.source
     checked_run.writes_into = True
     checked_run.views, checked_run.overwritable = run.views, run.overwritable
-    checked_run.may_fail = run.may_fail
+    checked_run.may_fail, checked_run.writes_directly = run.may_fail, run.writes_directly
     return checked_run
 
 
