@@ -226,7 +226,8 @@ class CompiledStep:
     they are: the program computes each new value in the array of the old
     one, when it reads that array only before writing it (an update reads
     ``p[i]``, ``m[i]``, ``v[i]`` and then writes them) and nothing but the
-    optimiser reaches the array.  A value you hold never changes: after
+    optimiser reaches the array; each gradient goes into the array of the
+    last one the same way.  A value you hold never changes: after
     ``old = p.detach()``, ``a = p.numpy()``, ``g = p.grad`` or a pending
     expression of ``p``, that step writes new arrays and ``old``, ``a``, ``g``
     keep their values.  The bits are those of a step that writes new arrays.
