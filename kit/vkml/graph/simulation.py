@@ -820,7 +820,7 @@ class Simulation(Reversible):
             g = np.asarray(node_cts[nm])
             host_acc[nm] = g if nm not in host_acc else host_acc[nm] + g
         read = {k for node in self.nodes for k in node.reads}
-        host = {k: np.asarray(v) for k, v in ct_state.items() if k in read}
+        host = {k: np.array(v) for k, v in ct_state.items() if k in read}     # its own, writeable
         self._node_vjps(vjps, {k: np.asarray(v) for k, v in cur.items() if k in read},
                         {k: np.asarray(v) for k, v in fixed.items() if k in read}, {},
                         {k: np.asarray(v) for k, v in node_cts.items() if k not in summed_here},
