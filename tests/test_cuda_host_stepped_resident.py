@@ -135,16 +135,17 @@ def test_a_reverse_moves_no_plane_counted_per_reversed_and_recomputed_step(emula
     assert counts == {"htod": 0, "dtoh": 1, "dtod": 0}          # read once per Record, explicitly
     vkml.diff.reverse(rec, seeds)                                 # compiles the programs
     sim.run()
-    rec = sim.record
-    rec.steps
+    rec = sim.record                      # (a fresh Record: its counts not read on the host)
     got = []
     counts, largest = copies_during(driver, lambda: got.append(vkml.diff.reverse(rec, seeds)))
     recomputed = got[0].report.recomputed_steps
     assert recomputed > 0                                         # binomial with one snapshot
-    # per reversed and per recomputed step: the table and the block in, the status words out;
-    # then the Param 'k': its sum over samples, computed on the device, one number out
+    # first the longest and fewest steps, found on the device: its table in, its status words
+    # and the two counts out; per reversed and per recomputed step: the table and the block in,
+    # the status words out; then the Param 'k': its sum over samples, computed on the device,
+    # one number out
     submissions = max_steps + recomputed
-    assert counts == {"htod": 2 * submissions, "dtoh": submissions + 1, "dtod": 0}
+    assert counts == {"htod": 1 + 2 * submissions, "dtoh": 3 + submissions + 1, "dtod": 0}
     assert largest <= SMALL_INPUT_BYTES < N * 8
     grads = got[0]
     assert {k: type(g) for k, g in grads.items()} == {

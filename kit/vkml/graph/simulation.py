@@ -777,9 +777,11 @@ class Simulation(Reversible):
         """``_reverse_slice`` on device arrays: each reversed step one submission
         (``DeviceSteps.back_step``), each recomputed step one (``DeviceSteps.advance``)."""
         backend, stepper = self._backend, self._stepper
-        host_steps = record.steps[sl]            # read once per Record (for the plan's length)
         steps = device_rows(record.steps_plane, sl)
-        T = int(host_steps.max(initial=0))
+        T, fewest = stepper.span(steps)
+        # a model node's vjp runs on the samples still running at a step: the counts on the host
+        # (its values are copied anyway); else only the longest and fewest steps come back
+        host_steps = record.steps[sl] if self.nodes else _Span(steps.shape[0], fewest)
         fixed = {k: device_rows(v, sl) for k, v in record.fixed.items()}
         ct_state = {s: ct0[s] if s in ct0 else
                     backend.zeros_plane(device_rows(record.initial[s], sl).shape,
@@ -1118,6 +1120,17 @@ class Simulation(Reversible):
 
 class _FakeNode:
     name = None
+
+
+class _Span:
+    """What a schedule's plan reads of the step counts of a pass kept on the device: how many
+    samples it has and the fewest steps one took (``Simulation._fewest_steps``)."""
+
+    def __init__(self, size, fewest):
+        self.size, self._fewest = size, fewest
+
+    def min(self):
+        return self._fewest
 
 
 def _pass_sum(backend, cotangents, size):

@@ -151,6 +151,20 @@ class DeviceSteps:
             running = bool(np.asarray(outs[-1]))
         return new, rest, stopped, steps, running
 
+    def span(self, steps):
+        """``(most, fewest)`` steps a sample of the device array ``steps`` took: computed on the
+        device, two words read back (the reverse needs no more of the Record's counts)."""
+        m = steps.shape[0]
+        if not m:
+            return 0, 0
+        if ("span", m) not in self._forward:
+            counts = Var((m,), np.dtype(np.int64))
+            self._forward["span", m] = self._compile(
+                "simulation-device-span", program_from_dag([counts], [api.max(counts), api.min(counts)]))
+        exe, program = self._forward["span", m]
+        most, fewest = self._submit(exe, program, [steps], "simulation reverse")
+        return int(np.asarray(most)), int(np.asarray(fewest))
+
     # -- reverse ---------------------------------------------------------------------------------
     def backward(self, m, first):
         """``(executable, program, layout)`` of one reverse step over ``m`` samples; ``first``:
