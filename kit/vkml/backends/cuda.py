@@ -95,10 +95,12 @@ backups are copies on the device (``copy_plane``); per-sample gradients are
 DeviceArrays.  A graph with nodes that run Python on the values (opaque
 nodes, guards, loops, reductions) copies its planes to the host and the
 written ones back, explicitly, around each launch (``record._steps``).
-A simulation the per-sample loops cover keeps its planes, checkpoints, step
-counts and gradients in device memory too (``graph/simulation.py``,
-``cuda_loops.py``); its default ``memory_budget`` is half the free device
-memory.
+A simulation keeps its planes, checkpoints, step counts and gradients in
+device memory too: one the per-sample loops cover runs as two kernels
+(``cuda_loops.py``), any other is stepped from the host with one program per
+step on device arrays (``graph/simulation_device.py``; a model node's values
+are copied to the host and back around it, explicitly); its default
+``memory_budget`` is half the free device memory.
 """
 
 from __future__ import annotations

@@ -26,9 +26,7 @@ not fit, it runs in passes of ``256 * 2**q`` aligned samples, the largest
 that fits, and combines the passes' Param sums with the canonical tree --
 they are subtrees of the one-pass tree, so the bits do not depend on the
 budget.  Its default is half the free memory where the Record lives: the
-GPU's on the cuda backend (see below), else half the available host RAM
-(and, on a GPU backend stepping from the host, at most half the GPU's free
-memory, where each step computes).
+GPU's on the cuda backend (see below), else half the available host RAM.
 
 On the cuda backend a simulation the per-sample loops cover (one kernel, the
 window schedule) lives in device memory: its planes are copied to the GPU
@@ -42,10 +40,23 @@ gradients are device arrays (Param gradients are summed on the GPU with the
 canonical tree and come back as NumPy values); no plane crosses PCIe.  A
 budget's passes read their samples of every plane through views (pointer
 offsets, no copy) and of the checkpoints through one device-to-device copy
-per window.  A simulation stepped from the host (model nodes, the ``"full"``
-and ``"binomial"`` schedules, a step the loops do not cover) keeps NumPy
-planes and Records on the host, and each step's submission copies what it
-reads to the GPU and its results back.
+per window.
+
+A simulation stepped from the host (model nodes, the ``"full"`` and
+``"binomial"`` schedules, a step the loops do not cover) lives in device
+memory as well (``graph/simulation_device.py``): each step is one program on
+device arrays in and out -- the state, the per-sample step counts and
+"stopped" flags, the checkpoints (a stored state is the step's own output,
+never written again: only the initial state is copied, on the device) and,
+in the reverse, the adjoints and the per-sample Param sums.  A step sends its
+pointer table and its small arguments (Param values, the step's index) and
+reads back its status words and, forward, one word saying whether any sample
+still runs; the reverse first finds the longest and fewest steps on the
+device (two words).  A model node runs user Python on host values: the planes
+it reads are copied to the host and those it writes to the device on every
+step, and in the reverse the adjoints its vjp reads and adds to, explicitly.
+Device arrays are taken as planes here too, and a failing run writes no
+plane.
 """
 
 from __future__ import annotations
