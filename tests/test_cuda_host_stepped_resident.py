@@ -315,3 +315,150 @@ def test_a_kept_record_copies_its_inputs_on_the_device_and_survives_a_later_run(
     sim.run()
     again = {k: np.asarray(v) for k, v in vkml.diff.reverse(rec, seeds).items()}
     assert {k: v.tobytes() for k, v in again.items()} == {k: v.tobytes() for k, v in first.items()}
+
+
+# -- graphs reversed launch by launch: guards, loops, a hand-written vjp kernel ---------------------------
+
+@vkml.kernel
+def square(x, c: vkml.Param):
+    return {"u": x * x + c}
+
+
+@vkml.kernel
+def relax(s, k: vkml.Param):
+    return {"s": s * k + vkml.sqrt(s * s + 1.0)}
+
+
+@vkml.kernel
+def halve(s, k: vkml.Param):
+    return {"s": s * k}
+
+
+@vkml.kernel
+def bend(u, x, k: vkml.Param):
+    return {"y": k * u / (1.0 + x * x) - vkml.sqrt(u + 1.0)}
+
+
+@vkml.kernel(vjp_of=bend)
+def bend_vjp(u, x, k: vkml.Param, y_bar):
+    d = 1.0 + x * x
+    return {"u_bar": y_bar * (k / d - 0.5 / vkml.sqrt(u + 1.0)),
+            "x_bar": y_bar * (-2.0 * k * u * x / (d * d)), "k_bar": y_bar * u / d}
+
+
+def guarded(x, n=N, iterations=5):
+    """square, then relax under a skippable, then halve repeated: guards that are cells."""
+    s, u = np.linspace(1.0, 2.0, n), np.zeros(n)
+    loop = vkml.repeat_while(halve.bind(s=s, k=0.5), vkml.SkipGuard.nonzero(np.ones(1)),
+                             max_iters=iterations)
+    return (vkml.Graph().add(square.bind(x=x, c=0.5, u=u), name="sq")
+            .add(vkml.skippable(relax.bind(s=s, k=0.5), vkml.SkipGuard.nonzero(np.ones(1))),
+                 name="maybe")
+            .add(loop, name="loop").build(record=True))
+
+
+def two_node(n=N):
+    x = np.random.default_rng(0).uniform(-1.0, 1.0, n)
+    u, y = np.zeros(n), np.zeros(n)
+    return (vkml.Graph().add(square.bind(x=x, c=0.5, u=u), name="square")
+            .add(bend.bind(u=u, x=x, k=1.5, y=y), name="bend").build(record=True))
+
+
+def graph_outcome(g, seeds, vjps=None):
+    rev = vkml.diff.Reverse(g, vjps=vjps)
+    g.launch()
+    grads = rev(g.record, seeds)
+    return {k: np.asarray(v) for k, v in g.planes.items()}, {k: np.asarray(v) for k, v in grads.items()}
+
+
+def same_bits(got, want):
+    assert got.keys() == want.keys()
+    for k in want:
+        assert got[k].dtype == want[k].dtype and got[k].tobytes() == want[k].tobytes(), k
+
+
+def test_guards_and_loops_launch_and_reverse_on_the_device_counted_per_submission(emulated_cuda):
+    backend, driver = emulated_cuda
+    x = np.linspace(0.1, 0.9, N)
+    seeds = {"s": np.ones(N), "u": np.linspace(1.0, 2.0, N)}
+    vkml.set_backend("numpy")
+    want = graph_outcome(guarded(x.copy()), seeds)
+    vkml.set_backend("cuda")
+    g = guarded(x.copy())
+    rev = vkml.diff.Reverse(g)
+    device_seeds = {k: backend.to_plane(v) for k, v in seeds.items()}
+    counts, largest = copies_during(driver, g.launch)
+    rec = g.record
+    assert rec.on_device and rec.iterations == {"loop": 5}
+    (loop,) = [e for e in rec.tape if type(e).__name__ == "LoopEntry"]
+    # 7 submissions (sq, maybe, 5 iterations of the loop): each its table and its small block
+    # (the Param cell) in, its status words out.  On the device: the backup of the two planes
+    # the launch writes (u, s), each result into its plane, the Record's copies of the versions
+    # of s read before their overwrite, the loop's checkpoints
+    assert counts == {"htod": 2 * 7, "dtoh": 7,
+                      "dtod": 2 + 7 + len(rec.saved) + len(loop.checkpoints)}
+    assert largest < N * 8
+    grads = []
+    counts, largest = copies_during(driver, lambda: grads.append(rev(rec, device_seeds)))
+    windows = sorted(loop.checkpoints)
+    recomputed = sum(min(c + loop.window, 5) - c - 1 for c in windows)
+    submissions = 5 + recomputed + 2              # the loop's vjps and recomputed steps, maybe, sq
+    # each submission: table and block in, status out; one Param sum per reversed launch out (5 of
+    # the loop's 'k', maybe's 'k', sq's 'c'); on the device: the loop's states rebuilt from copies
+    # of its checkpoints
+    assert counts == {"htod": 2 * submissions, "dtoh": submissions + 7, "dtod": len(windows)}
+    assert largest < N * 8
+    assert {k for k, v in grads[0].items() if isinstance(v, DeviceArray)} == {"sq.x", "x", "maybe.s", "s"}
+    same_bits({k: np.asarray(v) for k, v in g.planes.items()}, want[0])
+    same_bits({k: np.asarray(v) for k, v in grads[0].items()}, want[1])
+
+
+def test_a_hand_written_vjp_kernel_reverses_on_the_device_with_the_numpy_backends_bits(
+        emulated_cuda):
+    backend, driver = emulated_cuda
+    seeds = {"y": np.linspace(1.0, 2.0, N)}
+    vjps = {"bend": bend_vjp}
+    vkml.set_backend("numpy")
+    want = graph_outcome(two_node(), seeds, vjps)
+    vkml.set_backend("cuda")
+    g = two_node()
+    rev = vkml.diff.Reverse(g, vjps=vjps)
+    device_seeds = {"y": backend.to_plane(seeds["y"])}
+    g.launch()
+    assert g.record.on_device
+    grads = []
+    counts, largest = copies_during(driver, lambda: grads.append(rev(g.record, device_seeds)))
+    # bend's vjp kernel and square's derived vjp: table and block (the Param cell) in, status
+    # out; x's two adjoints added on the device (table in, status out); 'k' and 'c' summed on
+    # the device, one value out each
+    assert counts == {"htod": 2 + 2 + 1, "dtoh": 3 + 2, "dtod": 0} and largest < N * 8
+    assert isinstance(grads[0]["x"], DeviceArray) and isinstance(grads[0]["k"], np.ndarray)
+    same_bits({k: np.asarray(v) for k, v in grads[0].items()}, want[1])
+
+
+def test_a_guarded_launch_that_fails_on_the_device_changes_nothing(emulated_cuda):
+    @vkml.kernel
+    def hop(s, table: vkml.Param):
+        return {"s": s + 1.0 + 0.0 * vkml.take(table, s.astype(np.int64))}
+
+    s = np.linspace(0.0, 0.5, 8)
+    # the third iteration reads index 3 of a table of 3
+    loop = vkml.repeat_while(hop.bind(s=s, table=np.arange(3.0)), vkml.SkipGuard.nonzero(np.ones(1)),
+                             max_iters=6)
+    g = vkml.Graph().add(loop, name="loop").build(record=True)
+    before = {k: np.asarray(v).copy() for k, v in g.planes.items()}
+    with pytest.raises(vkml.ExecutionError, match="hop"):
+        g.launch()
+    assert {k: np.asarray(v).tobytes() for k, v in g.planes.items()} == \
+        {k: v.tobytes() for k, v in before.items()}
+    assert g.generation == 0 and g.record is None
+
+
+def test_a_guard_that_is_a_function_still_runs_on_host_copies(emulated_cuda):
+    backend, driver = emulated_cuda
+    s = np.linspace(1.0, 2.0, N)
+    loop = vkml.repeat_while(halve.bind(s=s, k=0.5), lambda: s.max() > 0.3, max_iters=8)
+    g = vkml.Graph().add(loop, name="loop").build(record=True)
+    g.launch()
+    # the function reads the NumPy array itself: the planes go through it, explicitly
+    assert not g.record.on_device and g.record.iterations == {"loop": 3}
