@@ -25,9 +25,9 @@ array (a CuPy array, a PyTorch CUDA tensor: anything with
 Records, reverses and gradients stay in device memory; your NumPy arrays no
 longer follow the launches.  ``graph.planes`` gives every plane by name;
 read one on the host with ``.numpy()`` (or ``np.asarray``).  Nodes that run
-Python on the values (opaque nodes, guards, repeat_while, reductions) need
-the values on the host: a graph holding one copies its planes there and
-back around each launch, explicitly.
+Python on the values (opaque nodes, reductions, guards that are functions)
+need the values on the host: a graph holding one copies its planes there and
+back around each launch, explicitly (guards that are cells do not).
 """
 
 from __future__ import annotations
