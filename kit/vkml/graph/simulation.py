@@ -319,8 +319,7 @@ class Simulation(Reversible):
         #: which states the run stores and how the reverse rebuilds the others
         self.schedule = schedule_for(window, max_steps, snapshots)
         #: whether the planes, the Record and the gradients live in device memory (see the module
-        #: docstring): on a backend that keeps planes there, where its per-sample loops cover the
-        #: simulation
+        #: docstring): on a backend that keeps planes there
         self.on_device = backend.keeps_planes_on_device
         #: on the device: whether the per-sample loops run it (else it is stepped from the host,
         #: one program on device arrays per step: graph/simulation_device.py)
