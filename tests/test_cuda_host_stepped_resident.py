@@ -170,6 +170,25 @@ def test_a_model_node_copies_its_reads_and_writes_explicitly_per_step(emulated_c
         assert counts == {"htod": 3 * max_steps, "dtoh": 2 * max_steps, "dtod": 2}
 
 
+@pytest.mark.parametrize("max_steps", [4, 8])
+def test_a_model_nodes_reverse_copies_are_counted_per_step(emulated_cuda, max_steps):
+    backend, driver = emulated_cuda
+    sim = until_done_sim(np.linspace(0.5, 1.0, N), np.zeros(N), max_steps=max_steps, window="full")
+    sim.run()
+    seeds = {"x": backend.to_plane(np.ones(N))}
+    counts, _ = copies_during(driver, lambda: vkml.diff.reverse(sim.record, seeds,
+                                                                vjps={"model": model_vjp}))
+    # once: the longest and fewest steps found on the device (its table in, its status words and
+    # the two counts out), the step counts read for the node's vjp (which runs on the samples
+    # still running), the Param 'k' summed on the device (one value out).  Per reversed step, in:
+    # the node's 'corr' recomputed on the host, the vjp program's table and block, the state
+    # adjoint the node's vjp added to; out: the program's status words, the adjoint of 'corr' and
+    # the state adjoint for the node's vjp.  The state the node reads is a step's output, whose
+    # host copy the run already made (a device value keeps it); only step 0's, the Record's copy
+    # of the initial plane, is read again, twice (for the node and for its vjp)
+    assert counts == {"htod": 1 + 4 * max_steps, "dtoh": 3 + 1 + 1 + 3 * max_steps + 2, "dtod": 0}
+
+
 # -- the NumPy backend's bits -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("window", ["full", "binomial"])
