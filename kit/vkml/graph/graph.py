@@ -97,7 +97,7 @@ class all_or_nothing:          # noqa: N801 - used as a ``with`` statement, like
     __slots__ = ("backups", "attrs")
 
     def __init__(self, planes=(), restore=()):
-        self.backups = list({id(p): (p, p.copy()) for p in planes}.values())
+        self.backups = [(p, p.copy()) for p in {id(p): p for p in planes}.values()]  # each plane once
         self.attrs = [(obj, name, getattr(obj, name)) for obj, name in restore]
 
     def __enter__(self):
