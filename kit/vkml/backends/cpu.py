@@ -110,7 +110,8 @@ from . import disk_cache
 from .base import Backend, ExecutionFailure, check_sizes, failure_error, register
 from .codegen.c_render import ALLOCATION_FAILED, INTERRUPTED, POLL, render, scratch_layout
 from .codegen.lower import Lowering, Unsupported
-from .codegen.sample_loops import SIMD_MARKER, VECTOR_MATH, forward_source, reverse_source
+from .codegen.sample_loops import forward_source, reverse_source
+from .codegen.vector_nests import SIMD_MARKER, VECTOR_MATH
 from .interrupts import NEVER, Armed, interrupted
 from .numpy_backend import compile_program as compile_numpy
 
@@ -245,6 +246,13 @@ def math_imports(data: bytes, names) -> dict:
     return found
 
 
+def all_vector(imports) -> bool:
+    """Whether a library's libm imports (``math_imports``) are all vector versions, one per
+    function: then every call of a function gives its result through the very same code (no
+    loop the compiler left scalar, no tail of a loop run through the scalar function)."""
+    return all(len(versions) == 1 and name not in versions for name, versions in imports.items())
+
+
 def _load(data: bytes, folder) -> ctypes.CDLL:
     """The library ``data`` (checked bytes), loaded from a private copy in ``folder``."""
     try:
@@ -270,10 +278,11 @@ def _compile_c(cc, flags, source, folder) -> bytes:
             return f.read()
 
 
-def c_source(program):
+def c_source(program, vector_math=()):
     """The C source of ``program`` and its lowering (whose ``errors``, ``error_sites`` and
     ``temp_vars`` decode what the function reports; raises Unsupported for what the lowering
-    cannot compile)."""
+    cannot compile).  ``vector_math``: the libm functions its elementwise loop nests call in
+    vector versions (``codegen.vector_nests``)."""
     low = Lowering()
     low.checks = True
     low.fuse_loops = True
@@ -282,7 +291,8 @@ def c_source(program):
     outs = [f"o{i}" for i in range(len(program.outputs))]
     stmts = low.program(program, ins, outs)
     return render(low, stmts, len(ins), [v.dtype for v in program.inputs],
-                  len(outs), [v.dtype for v in program.outputs], data_offset=DATA_OFFSET), low
+                  len(outs), [v.dtype for v in program.outputs], data_offset=DATA_OFFSET,
+                  vector_math=vector_math), low
 
 
 def _data_offset():
@@ -808,6 +818,11 @@ class Tiered:
         return self.current(args)
 
 
+#: the keys (their first item) of the programs a graph builds -- a kernel batched over the samples,
+#: a whole fused launch or reverse -- whose elementwise loops call libm's vector versions
+#: (``vector_math``); jitted programs and lazy tensors keep scalar libm
+GRAPH_PROGRAMS = frozenset({"graph", "graph-launch", "graph-reverse"})
+
 #: primitives whose C lowering calls libm, where NumPy may use its own (SIMD) implementation:
 #: within a few ulps of each other, not bit for bit
 LIBM = frozenset({"exp", "log", "sin", "cos", "tanh", "pow", "log1p", "expm1", "erf", "atan2"})
@@ -882,7 +897,7 @@ class CpuBackend(Backend):
             warnings.warn("vkml: no C compiler found; the 'cpu' backend runs programs on NumPy",
                           RuntimeWarning, stacklevel=3)
 
-    def _compile(self, program):
+    def _compile(self, program, math=frozenset()):
         if self.compiler is None:
             return self._numpy(program)
         if _too_big(program):
@@ -891,15 +906,24 @@ class CpuBackend(Backend):
             return run if rewritten is program else _NamedAsOriginal(run, rewritten)
         hot = hot_threshold()
         if hot == 0 or _has_loop(program) or _differs_from_numpy(program):
-            return self._compile_c(program) or self._numpy(program)
+            return self._compile_c(program, math) or self._numpy(program)
         return Tiered(self, program, self._numpy(program, fallback=False), hot)
 
-    def _compile_c(self, program):
-        """The program's C function, or None when the lowering does not cover it."""
+    def _compile_c(self, program, math=frozenset()):
+        """The program's C function, or None when the lowering does not cover it.  ``math``:
+        libm functions to call in vector versions (a graph's programs, ``GRAPH_PROGRAMS``); the
+        library is built again with scalar libm unless every such call came out vectorised."""
         try:
-            source, lowering = c_source(program)
+            source, lowering = c_source(program, math)
         except Unsupported:
             return None
+        if SIMD_MARKER in source:
+            imports = {}
+            lib, _ = library(source, ["-fopenmp-simd"],
+                             lambda data: imports.update(math_imports(data, math)))
+            if all_vector(imports):
+                return CompiledProgram(program, lib, source, lowering)
+            source, lowering = c_source(program)
         lib, _ = library(source)
         return CompiledProgram(program, lib, source, lowering)
 
@@ -915,7 +939,11 @@ class CpuBackend(Backend):
         return self.executable(("nested", program), lambda: program)
 
     def executable(self, key, make_program):
-        return self._cached(key, lambda: self._compile(check_sizes(make_program())),
+        # a graph's programs call libm in vector versions; which ones is part of their key
+        # (VKML_VECTOR_MATH=0 set later gets programs of scalar libm, not ones built before)
+        math = vector_math() if key[0] in GRAPH_PROGRAMS else frozenset()
+        return self._cached(key + (math,) if math else key,
+                            lambda: self._compile(check_sizes(make_program()), math),
                             from_disk=lambda exe: isinstance(exe, CompiledProgram))
 
     def sample_loops(self, step, vjp, spec):
@@ -934,11 +962,12 @@ class CpuBackend(Backend):
 
     def info(self):
         info = super().info()
+        math = "libmvec: " + " ".join(sorted(vector_math())) if vector_math() else "none (scalar libm)"
         flags = FLAGS + (GCC_FLAGS if self.compiler and is_gcc(self.compiler) else [])
         info.update({"compiler": self.compiler, "cache": cache_dir(), "flags": " ".join(flags),
                      "numpy fallbacks": self.fallbacks,
-                     "simulation vector math": ("libmvec: " + " ".join(sorted(vector_math()))
-                                                if vector_math() else "none (scalar libm)")})
+                     "simulation vector math": math,
+                     "graph vector math": math})
         return info
 
 
@@ -982,7 +1011,7 @@ class SampleLoops:
         for fn in (self._fwd_lib.vk_fwd, self._rev_lib.vk_rev):
             fn.restype = ctypes.c_int
             fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-        return simd and all(len(v) == 1 and name not in v for name, v in imports.items())
+        return simd and all_vector(imports)
 
     def _call(self, direction, fn, ins, outs, n, max_steps, threads):
         """One call of the compiled loops, interruptible (see the module docstring); a sample that
