@@ -93,6 +93,7 @@ import os
 import platform
 import re
 import shutil
+import struct
 import subprocess
 import tempfile
 import threading
@@ -234,7 +235,19 @@ def _libmvec_functions() -> frozenset:
 
 def math_imports(data: bytes, names) -> dict:
     """For each function of ``names``, the versions the shared library ``data`` imports: its
-    scalar name and any vector ones (``_ZGV..._name``), read off the library's symbol names."""
+    scalar name and any vector ones (``_ZGV..._name``), read off the library's symbol names --
+    its table of undefined dynamic symbols where ``data`` is an ELF library (a plain search of
+    the names would miss a scalar ``cos``: the linker stores it as the tail of the string
+    ``_ZGVeN8v_cos``), else the names as they appear in the bytes."""
+    imported = elf_imports(data)
+    if imported is not None:
+        found = {}
+        for symbol in imported:
+            vector = _VECTOR_SYMBOL.fullmatch(symbol)
+            name = vector.group(1) if vector else symbol
+            if name in names:
+                found.setdefault(name, set()).add(symbol)
+        return found
     found = {}
     for name in names:
         raw = name.encode()
@@ -244,6 +257,35 @@ def math_imports(data: bytes, names) -> dict:
         if versions:
             found[name] = {v.decode() for v in versions}
     return found
+
+
+#: a vector version's symbol (the x86-64 vector function ABI's name): ``_ZGVeN8v_sin``
+_VECTOR_SYMBOL = re.compile(r"_ZGV[a-zA-Z]N\d+v+_(\w+)")
+
+
+def elf_imports(data: bytes):
+    """The names of the undefined symbols of the dynamic symbol table of ``data``, a 64-bit
+    little-endian ELF shared library (what it imports); None for anything else."""
+    if data[:4] != b"\x7fELF" or data[4:6] != b"\x02\x01" or len(data) < 64:
+        return None
+    try:
+        shoff, = struct.unpack_from("<Q", data, 0x28)
+        shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+        sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize)
+                    for i in range(shnum)]
+        names = set()
+        for _, kind, _, _, offset, size, link, _, _, entsize in sections:
+            if kind != 11 or not entsize:            # SHT_DYNSYM
+                continue
+            strings = sections[link][4]
+            for at in range(offset, offset + size, entsize):
+                st_name, _, _, st_shndx = struct.unpack_from("<IBBH", data, at)
+                if st_shndx == 0 and st_name:          # undefined: imported
+                    start = strings + st_name
+                    names.add(data[start:data.index(b"\0", start)].decode())
+        return names
+    except (struct.error, ValueError, IndexError, UnicodeDecodeError):
+        return None
 
 
 def all_vector(imports) -> bool:
@@ -941,10 +983,15 @@ class CpuBackend(Backend):
     def executable(self, key, make_program):
         # a graph's programs call libm in vector versions; which ones is part of their key
         # (VKML_VECTOR_MATH=0 set later gets programs of scalar libm, not ones built before)
-        math = vector_math() if key[0] in GRAPH_PROGRAMS else frozenset()
+        math = self.graph_variant() if key[0] in GRAPH_PROGRAMS else frozenset()
         return self._cached(key + (math,) if math else key,
                             lambda: self._compile(check_sizes(make_program()), math),
                             from_disk=lambda exe: isinstance(exe, CompiledProgram))
+
+    def graph_variant(self):
+        """What a graph's programs are built with beyond their structure: the libm functions
+        they call in vector versions (``vector_math``)."""
+        return vector_math()
 
     def sample_loops(self, step, vjp, spec):
         """Compiled per-sample simulation loops (see ``codegen.sample_loops``), or None."""

@@ -102,10 +102,14 @@ def render(lowering, stmts, n_in, in_types, n_out, out_types, name="vk_main", da
     whose calls in elementwise loop nests run in vector blocks (``vector_nests``; the source
     then needs ``-fopenmp-simd``)."""
     lines = [prelude()]
-    stmts, blocks = vectorised(stmts, vector_math)
+    buffers = {f"a{i}": CTYPE[t] for i, t in enumerate(in_types)}
+    buffers.update({f"o{i}": CTYPE[t] for i, t in enumerate(out_types)})
+    buffers.update({tname: ctype for tname, ctype, _ in lowering.temps})
+    stmts, blocks = vectorised(stmts, vector_math, buffers)
     if blocks:
         lines += simd_declarations(vector_math)
     lines += lowering.statics
+    lines += blocks
     offsets, _ = scratch_layout(lowering.temps)
     lines.append("static int vk_main_body(void** in, void** out, int64_t* info, const volatile int* vk_stop, "
                  "char* vk_scratch) {")

@@ -5,26 +5,33 @@ sample, and the loop nest that computes ``sin(k * u)`` for 10^3 samples
 spent most of its time in glibc's scalar ``sin``; libmvec's vector ``sin``
 computes 4 or 8 of them at once.
 
-The catch is the loop's tail.  Left to itself, the compiler runs a vectorised
-loop's leftover elements through the scalar function, so a sample's bits would
-depend on where it sits (the number of samples, a thread's chunk, a memory
-budget's pass).  Here every element goes through the very same vector code:
-a nest over ``N`` elements runs in blocks of :data:`BLOCK` elements, each a
-``#pragma omp simd`` loop of exactly ``BLOCK`` iterations (a multiple of every
-vector width, so there is no tail inside a block), the last block moved back
-to end at ``N`` (it recomputes a few elements with the same code and stores the
-same values again); and a nest of fewer than ``BLOCK`` elements runs one block
-on private copies padded with its last element, of which only the first
-``N`` results are stored.  A lane's result depends only on that lane's
-operands, so every element gets the same bits wherever it is.
+The catch is that a sample's bits must not depend on where it sits (the
+number of samples, a thread's chunk, a memory budget's pass), while the
+program is generated for one number of samples.  Left to itself, the
+compiler runs a vectorised loop's leftover elements through the scalar
+function, and whether it vectorises a loop at all may change with the loop's
+length.  So every element goes through the very same code:
 
-Only a *flat* nest is rewritten: a perfect nest of counted loops whose body
-stores one element of its own index per line (``t3[i1] = sin(a0[i1]);``) and
-reads buffers only at that index or at a fixed one (a Param's ``a2[0]``) --
-what the lowering makes of an elementwise chain.  Anything else keeps its
-scalar calls; the backend's check of the built library (every call of one
-vector version, none scalar) then builds the program again with scalar libm
-throughout, so one program never mixes the two.
+- a nest's body is one *block function* computing :data:`BLOCK` consecutive
+  elements from an offset, a ``#pragma omp simd`` loop of exactly ``BLOCK``
+  iterations (a whole number of vectors at every register width: no tail),
+  whose text does not depend on the number of elements and which the
+  compiler may neither inline nor specialise (``noipa``): it is compiled the
+  same way in every program;
+- the nest calls it block after block, the last block moved back to end at
+  the last element (a few elements are computed twice, the same values
+  stored again); a nest of fewer than ``BLOCK`` elements calls it once on
+  private copies padded with its last element and stores only its own.
+
+A lane's result depends only on that lane's operands, so every element gets
+the same bits wherever it is.  Only a *flat* nest is rewritten: a perfect
+nest of counted loops whose body stores one element of its own index per
+line (``t3[i1] = sin(a0[i1]);``) and reads buffers only at that index or at
+a fixed one (a Param's ``a2[0]``) -- what the lowering makes of an
+elementwise chain.  Anything else keeps its scalar calls; the backend's
+check of the built library (every call of one vector version, none scalar)
+then builds the program again with scalar libm throughout, so one program
+never mixes the two.
 """
 
 from __future__ import annotations
@@ -67,109 +74,143 @@ def simd_declarations(names):
     return lines
 
 
-#: elements one vector block computes: 8 doubles (or floats) fill one AVX-512 register, two
+#: elements one block function computes: 8 doubles (or floats) fill one AVX-512 register, two
 #: AVX2 or four SSE ones, so a block is a whole number of vector iterations at every width
 BLOCK = 8
 
-#: the element index of a rewritten nest (one flat index over the whole nest)
+#: the element index of a rewritten nest's lines (one flat index over the whole nest)
 _FLAT = "vk_f"
 
 
-def vectorised(stmts, names):
+def vectorised(stmts, names, ctypes):
     """``stmts`` with every flat nest (see the module docstring) that calls one of the functions
-    ``names`` rewritten into vector blocks; ``(statements, how many nests were rewritten)``."""
+    ``names`` rewritten into calls of a block function; ``(statements, block functions' C)``.
+    ``ctypes``: the C element type of every buffer a nest may touch, by name."""
     calls = re.compile(r"(?<![\w])(?:" + "|".join(sorted(map(re.escape, names))) + r")\(") \
         if names else None
-    out, count = [], 0
+    out, functions = [], []
     for s in stmts:
-        flat = _flat_nest(s) if calls is not None and isinstance(s, Loop) else None
-        if flat is not None and any(calls.search(line) for line in flat[1]):
-            out.append(_blocks(*flat))
-            count += 1
+        nest = _Nest.of(s) if calls is not None and isinstance(s, Loop) else None
+        if nest is not None and any(calls.search(line) for line in nest.body) and \
+                all(b in ctypes for b in nest.buffers()):
+            name = f"vk_block{len(functions)}"
+            functions.append(nest.block_function(name, ctypes))
+            out.append(nest.calls(name, ctypes))
         else:
             out.append(s)
-    return out, count
-
-
-def _flat_nest(loop):
-    """``(elements, body)`` of a flat nest, its body's lines indexed by :data:`_FLAT`; None for
-    any other statement."""
-    idx, extents = [], []
-    while True:
-        if not isinstance(loop.extent, int):
-            return None
-        idx.append(loop.var)
-        extents.append(loop.extent)
-        if len(loop.body) == 1 and isinstance(loop.body[0], Loop):
-            loop = loop.body[0]
-            continue
-        if not loop.body or not all(isinstance(line, str) for line in loop.body):
-            return None
-        break
-    from .lower import linear_index   # local: lower imports statements, as this module does
-    here = f"[{linear_index(idx, extents)}]"
-    body = []
-    for line in loop.body:
-        m = _STORE.match(line)
-        if m is None or not line.startswith(here + " = ", m.end(1)):
-            return None
-        if any(f"[{index}]" != here and not index.isdigit() for index in _INDEX.findall(line)):
-            return None
-        line = line.replace(here, f"[{_FLAT}]")
-        if len(_AT_FLAT.findall(line)) != line.count(f"[{_FLAT}]"):
-            return None             # read through a cast pointer (a constant's array): not copied
-        body.append(line)
-    elements = 1
-    for e in extents:
-        elements *= e
-    return elements, body
+    return out, functions
 
 
 #: a line storing one element: ``name[...] = ...;``
 _STORE = re.compile(r"^([A-Za-z_]\w*)\[.*;$")
-#: every index a line reads or writes at (no nested brackets: a gather's index is not flat)
-_INDEX = re.compile(r"\[([^\[\]]*)\]")
-#: a buffer read or written at the flat index
-_AT_FLAT = re.compile(r"(?<![\w])([A-Za-z_]\w*)\[" + _FLAT + r"\]")
+#: a buffer read or written, and the index it is read at (no nested brackets)
+_ACCESS = re.compile(r"(?<![\w])([A-Za-z_]\w*)\[([^\[\]]*)\]")
 
 
-def _blocks(elements, body):
-    """The statements of a flat nest of ``elements`` in vector blocks (module docstring)."""
-    if elements >= BLOCK:
-        start = "vk_b0"
-        return Loop("vk_b", -(-elements // BLOCK), [
-            f"const int64_t {start} = vk_b * {BLOCK} + {BLOCK} <= {elements} ? vk_b * {BLOCK} "
-            f": {elements - BLOCK};",
-            # a count of exactly BLOCK (not up to start + BLOCK, which may wrap around under
-            # -fwrapv: the compiler would then keep a scalar tail)
-            "#pragma omp simd",
-            f"for (int64_t vk_l = 0; vk_l < {BLOCK}; vk_l++) {{",
-            *["    " + line.replace(f"[{_FLAT}]", f"[{start} + vk_l]") for line in body],
-            "}"])
-    return Block(_padded_block(elements, body))
+class _Nest:
+    """A flat nest: ``elements`` in all, its loop variables ``idx`` over ``extents``, and its
+    lines, each storing one element at the flat index :data:`_FLAT` (``body``).  A buffer
+    the nest does not store may be read at another index of the loop variables (a Param
+    broadcast along a per-sample vector, ``t1[i4]``): ``gathers`` maps each such read to the
+    private array a block gathers it into first."""
 
+    def __init__(self, idx, extents, body, gathers):
+        self.idx, self.extents, self.body, self.gathers = idx, extents, body, gathers
+        self.elements = 1
+        for e in extents:
+            self.elements *= e
 
-def _padded_block(elements, body):
-    """One block over private copies of the nest's buffers, padded with its last element: the
-    buffers it reads are copied in, the ones it stores are copied out for the first
-    ``elements`` only."""
-    stored = [_STORE.match(line).group(1) for line in body]
-    touched = []
-    for line in body:
-        for name in _AT_FLAT.findall(line):
-            if name not in touched:
-                touched.append(name)
-    read = [name for name in touched if name not in stored]
-    lines = [f"__typeof__({name}[0]) vk_p_{name}[{BLOCK}];" for name in touched]
-    last = f"({_FLAT} < {elements} ? {_FLAT} : {elements - 1})"
-    if read:
-        lines.append(f"for (int64_t {_FLAT} = 0; {_FLAT} < {BLOCK}; {_FLAT}++) {{ " +
-                     " ".join(f"vk_p_{name}[{_FLAT}] = {name}[{last}];" for name in read) + " }")
-    private = [_AT_FLAT.sub(lambda m: f"vk_p_{m.group(1)}[{_FLAT}]", line) for line in body]
-    lines += ["#pragma omp simd",
-              f"for (int64_t {_FLAT} = 0; {_FLAT} < {BLOCK}; {_FLAT}++) {{",
-              *["    " + line for line in private],
-              "}",
-              f"for (int64_t {_FLAT} = 0; {_FLAT} < {elements}; {_FLAT}++) {{ " +
-              " ".join(f"{name}[{_FLAT}] = vk_p_{name}[{_FLAT}];" for name in dict.fromkeys(stored)) + " }"]
-    return lines
+    @classmethod
+    def of(cls, loop):
+        """The flat nest ``loop`` is, or None."""
+        idx, extents = [], []
+        while True:
+            if not isinstance(loop.extent, int):
+                return None
+            idx.append(loop.var)
+            extents.append(loop.extent)
+            if len(loop.body) == 1 and isinstance(loop.body[0], Loop):
+                loop = loop.body[0]
+                continue
+            if not loop.body or not all(isinstance(line, str) for line in loop.body):
+                return None
+            break
+        from .lower import linear_index   # local: lower imports statements, as this module does
+        here = linear_index(idx, extents)
+        stored = [_STORE.match(line).group(1) if _STORE.match(line) else None for line in loop.body]
+        if None in stored:
+            return None
+        body, gathers = [], {}
+        for line, target in zip(loop.body, stored):
+            if not line.startswith(f"{target}[{here}] = ") or \
+                    line.count("[") != len(_ACCESS.findall(line)):
+                return None            # a nested index, or a read through a cast pointer
+            for name, index in _ACCESS.findall(line):
+                if index == here or index.isdigit():
+                    continue
+                if name in stored:
+                    return None        # another element of what the nest computes
+                gathers.setdefault((name, index), f"vk_g{len(gathers)}")
+            for (name, index), g in gathers.items():
+                line = re.sub(rf"(?<![\w]){re.escape(f'{name}[{index}]')}", f"{g}[vk_l]", line)
+            body.append(re.sub(rf"(?<![\w])([A-Za-z_]\w*)\[{re.escape(here)}\]",
+                               lambda m: f"{m.group(1)}[{_FLAT}]", line))
+        return cls(idx, extents, body, gathers)
+
+    def buffers(self):
+        """The buffers the nest touches, in order of appearance (then those it gathers from)."""
+        seen = [name for line in self.body for name, _ in _ACCESS.findall(line)
+                if not name.startswith("vk_g")]
+        return list(dict.fromkeys(seen + [name for name, _ in self.gathers]))
+
+    def stored(self):
+        return list(dict.fromkeys(_STORE.match(line).group(1) for line in self.body))
+
+    def at_flat(self):
+        """The buffers read or written at the flat index."""
+        return list(dict.fromkeys(name for line in self.body for name, index in _ACCESS.findall(line)
+                                  if index == _FLAT))
+
+    def block_function(self, name, ctypes):
+        """The C of block function ``name``: the nest's lines for the ``BLOCK`` elements from
+        ``vk_at`` of ``vk_n``, each buffer a parameter of its own name.  Its text holds neither
+        the number of elements nor where the block starts (they are arguments)."""
+        params = ", ".join(f"{ctypes[b]}* {b}" for b in self.buffers())
+        lines = [f"__attribute__((noipa)) static void {name}(int64_t vk_at, int64_t vk_n, "
+                 f"{params}) {{", "    (void)vk_n;"]
+        if self.gathers:
+            from .lower import row_major_strides   # local: see _Nest.of
+            strides = row_major_strides(self.extents)
+            coords = [f"const int64_t {v} = ({_FLAT} / {st})" + (f" % {e};" if k else ";")
+                      for k, (v, st, e) in enumerate(zip(self.idx, strides, self.extents))]
+            lines += [f"    {ctypes[b]} {g}[{BLOCK}];" for (b, _), g in self.gathers.items()]
+            lines += [f"    for (int64_t vk_l = 0; vk_l < {BLOCK}; vk_l++) {{",
+                      f"        const int64_t {_FLAT} = vk_at + vk_l < vk_n ? vk_at + vk_l : vk_n - 1;"]
+            lines += ["        " + c for c in coords]
+            lines += [f"        (void){v};" for v in self.idx]
+            lines += [f"        {g}[vk_l] = {b}[{index}];" for (b, index), g in self.gathers.items()]
+            lines.append("    }")
+        lines += ["    #pragma omp simd",
+                  f"    for (int64_t vk_l = 0; vk_l < {BLOCK}; vk_l++) {{"]
+        lines += ["        " + line.replace(f"[{_FLAT}]", "[vk_at + vk_l]") for line in self.body]
+        lines += ["    }", "}"]
+        return "\n".join(lines)
+
+    def calls(self, name, ctypes):
+        """The nest as calls of its block function (module docstring)."""
+        n = self.elements
+        if n >= BLOCK:
+            at = f"(vk_b * {BLOCK} + {BLOCK} <= {n} ? vk_b * {BLOCK} : {n - BLOCK})"
+            return Loop("vk_b", -(-n // BLOCK), [f"{name}({at}, {n}, {', '.join(self.buffers())});"])
+        # fewer elements than a block: private copies of what is read and written at the flat
+        # index, padded with the last element
+        flat, stored = self.at_flat(), self.stored()
+        lines = [f"{ctypes[b]} vk_p_{b}[{BLOCK}];" for b in flat]
+        last = f"({_FLAT} < {n} ? {_FLAT} : {n - 1})"
+        lines += [f"for (int64_t {_FLAT} = 0; {_FLAT} < {BLOCK}; {_FLAT}++) vk_p_{b}[{_FLAT}] = {b}[{last}];"
+                  for b in flat if b not in stored]
+        args = ", ".join(f"vk_p_{b}" if b in flat else b for b in self.buffers())
+        lines.append(f"{name}(0, {n}, {args});")
+        lines += [f"for (int64_t {_FLAT} = 0; {_FLAT} < {n}; {_FLAT}++) {b}[{_FLAT}] = vk_p_{b}[{_FLAT}];"
+                  for b in stored]
+        return Block(lines)
