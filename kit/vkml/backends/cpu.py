@@ -948,26 +948,34 @@ class CpuBackend(Backend):
             return run if rewritten is program else _NamedAsOriginal(run, rewritten)
         hot = hot_threshold()
         if hot == 0 or _has_loop(program) or _differs_from_numpy(program):
-            return self._compile_c(program, math) or self._numpy(program)
+            return (math and self._compile_vector(program, math)) or self._compile_c(program) or \
+                self._numpy(program)
         return Tiered(self, program, self._numpy(program, fallback=False), hot)
 
-    def _compile_c(self, program, math=frozenset()):
-        """The program's C function, or None when the lowering does not cover it.  ``math``:
-        libm functions to call in vector versions (a graph's programs, ``GRAPH_PROGRAMS``); the
-        library is built again with scalar libm unless every such call came out vectorised."""
+    def _compile_c(self, program):
+        """The program's C function, or None when the lowering does not cover it."""
+        try:
+            source, lowering = c_source(program)
+        except Unsupported:
+            return None
+        lib, _ = library(source)
+        return CompiledProgram(program, lib, source, lowering)
+
+    def _compile_vector(self, program, math):
+        """The program's C function with the libm functions ``math`` called in vector versions
+        in its elementwise loops (a graph's programs, ``GRAPH_PROGRAMS``); None where no loop
+        calls one, or where a call came out scalar in the built library (then the caller builds
+        it with scalar libm throughout: one program never mixes the two)."""
         try:
             source, lowering = c_source(program, math)
         except Unsupported:
             return None
-        if SIMD_MARKER in source:
-            imports = {}
-            lib, _ = library(source, ["-fopenmp-simd"],
-                             lambda data: imports.update(math_imports(data, math)))
-            if all_vector(imports):
-                return CompiledProgram(program, lib, source, lowering)
-            source, lowering = c_source(program)
-        lib, _ = library(source)
-        return CompiledProgram(program, lib, source, lowering)
+        if SIMD_MARKER not in source:
+            return None
+        imports = {}
+        lib, _ = library(source, ["-fopenmp-simd"],
+                         lambda data: imports.update(math_imports(data, math)))
+        return CompiledProgram(program, lib, source, lowering) if all_vector(imports) else None
 
     def _numpy(self, program, fallback=True):
         """The program on the NumPy backend: a fallback (counted in ``info()``) when C does not
