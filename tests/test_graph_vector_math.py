@@ -111,6 +111,20 @@ def test_a_samples_bits_do_not_depend_on_the_threads(on_cpu, monkeypatch):
 
 
 @needs_libmvec
+def test_a_samples_bits_do_not_depend_on_the_reverses_chunks(on_cpu, monkeypatch):
+    """A reverse over more samples than FUSE_SAMPLES runs its program over aligned chunks (here
+    of 256, the last one of 233): the same bits as one program over all of them."""
+    whole = run(1001)
+    monkeypatch.setattr(vkml.graph.diff, "FUSE_SAMPLES", 256)
+    chunked = run(1001)
+    sizes = {key[1].inputs[0].shape[0] for key in vkml.backends.current()._executables._data
+             if key[0] == "graph-reverse"}
+    assert {256, 233} <= sizes
+    for name in whole[2]:
+        assert whole[2][name].tobytes() == chunked[2][name].tobytes(), name
+
+
+@needs_libmvec
 def test_per_sample_vectors_keep_their_bits_too(on_cpu):
     """A plane of 3 values per sample: the loop runs over n * 3 elements, still in blocks."""
     @vkml.kernel
