@@ -40,8 +40,22 @@ stopped samples computed and discarded), and the reverse recomputes a window
 with the same code as the forward, so a sample's bits still never depend on
 the number of samples, the threads or the memory budget's passes; + - * /
 and sqrt keep NumPy's bits there too.  (A ``"full"`` or ``"binomial"``
-schedule is stepped by compiled per-step programs with scalar libm: its
-gradients agree with a window schedule's within a few ulps, not bit for bit.)
+schedule is stepped by compiled per-step programs, a graph's programs: where
+all their loops come out in vector blocks, as the pendulum's do, they call the
+very vector functions of the window schedule's loops and give its bits; else
+they run on scalar libm, within a few ulps of it.)
+A graph's programs -- a kernel batched over the samples, a whole fused
+launch or reverse (``GRAPH_PROGRAMS``) -- call the same vector versions in
+their elementwise loops: each loop runs in blocks of 8 elements through one
+block function compiled the same way whatever the number of samples, the
+last block moved back over the end and a short loop padded
+(``codegen.vector_nests``), so a sample's bits do not depend on the number of
+samples, a thread's chunk or a reverse's chunk either.  Jitted programs and
+lazy tensors keep scalar libm: their bits on this tier stay what they were.
+The library of a vector build is checked after compiling (its imported
+symbols: every libm call of one vector version, none scalar) and built again
+with scalar libm otherwise; ``VKML_VECTOR_MATH=0`` asks for scalar libm
+everywhere, and ``vkml.backend_info()`` says which is in use.
 
 Generated code cannot corrupt the process: value sizes are checked before
 anything is compiled (``base.check_sizes``), every temporary's allocation is
@@ -204,9 +218,9 @@ def library(source: str, extra_flags=(), inspect=None):
 
 
 def vector_math() -> frozenset:
-    """The libm functions a simulation's compiled loops may call in glibc's vector versions
-    (libmvec), stepping ``VK_LANES`` samples at once in SIMD registers: those of
-    ``sample_loops.VECTOR_MATH`` that libmvec has for every x86-64 register width.  Empty (the
+    """The libm functions a simulation's compiled loops and a graph's programs may call in glibc's
+    vector versions (libmvec), several samples at once in SIMD registers: those of
+    ``vector_nests.VECTOR_MATH`` that libmvec has for every x86-64 register width.  Empty (the
     scalar libm calls, as elsewhere) without libmvec, off x86-64, or with
     ``VKML_VECTOR_MATH=0``.  A vector sin is within a few ulps of libm's, as libm's is of NumPy's:
     only the cpu tier's transcendentals change, never +, -, *, / or sqrt."""

@@ -94,7 +94,7 @@ def vectorised(stmts, names, ctypes):
         if nest is not None and any(calls.search(line) for line in nest.body) and \
                 all(b in ctypes for b in nest.buffers()):
             name = f"vk_block{len(functions)}"
-            functions.append(nest.block_function(name, ctypes))
+            functions.append(nest.block_function(name, ctypes, calls))
             out.append(nest.calls(name, ctypes))
         else:
             out.append(s)
@@ -171,10 +171,13 @@ class _Nest:
         return list(dict.fromkeys(name for line in self.body for name, index in _ACCESS.findall(line)
                                   if index == _FLAT))
 
-    def block_function(self, name, ctypes):
+    def block_function(self, name, ctypes, calls):
         """The C of block function ``name``: the nest's lines for the ``BLOCK`` elements from
         ``vk_at`` of ``vk_n``, each buffer a parameter of its own name.  Its text holds neither
-        the number of elements nor where the block starts (they are arguments)."""
+        the number of elements nor where the block starts (they are arguments).  The lines
+        after the last one that calls a vector function (``calls``) run in a loop of their own
+        after the vector loop: a comparison stored as a byte (a simulation's "terminated") would
+        keep GCC 12 from vectorising a loop of doubles."""
         params = ", ".join(f"{ctypes[b]}* {b}" for b in self.buffers())
         lines = [f"__attribute__((noipa)) static void {name}(int64_t vk_at, int64_t vk_n, "
                  f"{params}) {{", "    (void)vk_n;"]
@@ -190,10 +193,15 @@ class _Nest:
             lines += [f"        (void){v};" for v in self.idx]
             lines += [f"        {g}[vk_l] = {b}[{index}];" for (b, index), g in self.gathers.items()]
             lines.append("    }")
-        lines += ["    #pragma omp simd",
-                  f"    for (int64_t vk_l = 0; vk_l < {BLOCK}; vk_l++) {{"]
-        lines += ["        " + line.replace(f"[{_FLAT}]", "[vk_at + vk_l]") for line in self.body]
-        lines += ["    }", "}"]
+        last = max(i for i, line in enumerate(self.body) if calls.search(line))
+        for pragma, part in (("    #pragma omp simd", self.body[:last + 1]), (None, self.body[last + 1:])):
+            if not part:
+                continue
+            lines += ([pragma] if pragma else []) + \
+                [f"    for (int64_t vk_l = 0; vk_l < {BLOCK}; vk_l++) {{"]
+            lines += ["        " + line.replace(f"[{_FLAT}]", "[vk_at + vk_l]") for line in part]
+            lines.append("    }")
+        lines.append("}")
         return "\n".join(lines)
 
     def calls(self, name, ctypes):
