@@ -257,3 +257,21 @@ def test_a_function_libmvec_lacks_keeps_its_loop_scalar_and_the_program_falls_ba
     vkml.clear_caches()
     assert lacking.tobytes() == launch().tobytes()
 
+
+
+@needs_libmvec
+@pytest.mark.skipif("-march=native" not in cpu.FLAGS, reason="not built for this CPU's registers")
+def test_a_full_schedule_gives_the_window_schedules_bits(on_cpu):
+    """A "full" schedule steps the pendulum with per-step graph programs, a window schedule with
+    the per-sample loops: both call the same vector sin, so the gradients are the same bits (the
+    step's terminated flag, a byte, is stored after the vector loop, which it would keep scalar)."""
+    from test_simd_loops import pendulum_sim
+    grads = {}
+    for window in (5, "full"):
+        sim = pendulum_sim(50, window=window)
+        sim.run()
+        got = vkml.diff.reverse(sim.record, {"theta": np.ones(50), "omega": np.ones(50)})
+        grads[window] = {name: np.asarray(got[name]) for name in ("theta", "omega", "length")}
+    for name, value in grads[5].items():
+        assert value.tobytes() == grads["full"][name].tobytes(), name
+    assert sum(SIMD_MARKER in s for s in graph_sources()) >= 2
