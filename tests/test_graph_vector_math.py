@@ -275,3 +275,33 @@ def test_a_full_schedule_gives_the_window_schedules_bits(on_cpu):
     for name, value in grads[5].items():
         assert value.tobytes() == grads["full"][name].tobytes(), name
     assert sum(SIMD_MARKER in s for s in graph_sources()) >= 2
+
+
+def nest(n, line):
+    """A loop over ``n`` elements storing ``line`` (the lowering's text, index ``i1``)."""
+    from vkml.backends.codegen.statements import Loop
+    return [Loop("i1", n, [line])]
+
+
+TYPES = {"a0": "double", "a1": "double", "o0": "double", "t1": "double"}
+
+
+def test_a_block_functions_text_does_not_depend_on_the_number_of_elements():
+    from vkml.backends.codegen.vector_nests import vectorised
+    line = "o0[i1] = sin((a1[0] * a0[i1]));"
+    texts = {n: vectorised(nest(n, line), {"sin"}, TYPES)[1] for n in (1, 7, 8, 9, 1001)}
+    assert all(len(t) == 1 for t in texts.values())
+    assert len({t[0] for t in texts.values()}) == 1          # one text for every length
+    assert "noipa" in texts[9][0] and "#pragma omp simd" in texts[9][0]
+
+
+def test_nests_that_are_not_flat_keep_their_scalar_loops():
+    """A read a condition guards (a pad's), another element of what the nest computes, an
+    empty loop and a loop with no vector function are left as they are."""
+    from vkml.backends.codegen.vector_nests import vectorised
+    for n, line in [(1024, "o0[i1] = ((i1 < 1000) ? sin(a0[(i1)]) : 0.0);"),
+                    (1000, "o0[i1] = sin(o0[(999 - i1)]);"),
+                    (0, "o0[i1] = sin(a0[i1]);"),
+                    (1000, "o0[i1] = (a0[i1] * a0[i1]);")]:
+        stmts = nest(n, line)
+        assert vectorised(stmts, {"sin"}, TYPES) == (stmts, []), line

@@ -91,7 +91,7 @@ def vectorised(stmts, names, ctypes):
     out, functions = [], []
     for s in stmts:
         nest = _Nest.of(s) if calls is not None and isinstance(s, Loop) else None
-        if nest is not None and any(calls.search(line) for line in nest.body) and \
+        if nest is not None and nest.elements and any(calls.search(line) for line in nest.body) and \
                 all(b in ctypes for b in nest.buffers()):
             name = f"vk_block{len(functions)}"
             functions.append(nest.block_function(name, ctypes, calls))
@@ -150,6 +150,9 @@ class _Nest:
                     continue
                 if name in stored:
                     return None        # another element of what the nest computes
+                if "?" in line:
+                    return None        # a read a condition may guard (a pad's): gathered, it
+                    #                    would be read unguarded
                 gathers.setdefault((name, index), f"vk_g{len(gathers)}")
             for (name, index), g in gathers.items():
                 line = re.sub(rf"(?<![\w]){re.escape(f'{name}[{index}]')}", f"{g}[vk_l]", line)
