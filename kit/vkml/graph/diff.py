@@ -278,9 +278,10 @@ def _seed_targets_key(record, seeds):
     plain steps (every launch runs the same steps, so it writes the same plane versions) and
     names that are all strings; None for any other (resolved afresh every time)."""
     tape = record.tape
-    for e in tape:
-        if type(e) is not Step:
-            return None
+    if not record.steps_only:
+        for e in tape:
+            if type(e) is not Step:
+                return None
     names = tuple(seeds)
     for name in names:
         if type(name) is not str:
@@ -653,7 +654,7 @@ def reverse_graph(graph, record, seeds, wrt=None, vjps=None, strict=False, lock=
         if graph._device:
             graph.check_plane_backend("reverse")
         # the seeds are only read (never written in place) unless an opaque node's vjp gets them
-        plain = not any(isinstance(e, OtherEntry) for e in record.tape)
+        plain = record.steps_only or not any(isinstance(e, OtherEntry) for e in record.tape)
         key_seeds = resolve_seeds(record, seeds, copy=not plain, device=record.on_device)
         flags = graph_bitwise(graph)
         wrt = wrt_names(wrt)
@@ -922,9 +923,10 @@ FUSE_SAMPLES = 1 << 15
 def _fusable(record, vjps):
     """A tape of plain launches whose vjps vkml derives: its reverse can be ONE program (over
     chunks of samples, one thread)."""
-    for e in record.tape:
-        if type(e) is not Step or e.node.name in vjps:
-            return False
+    if vjps or not record.steps_only:
+        for e in record.tape:
+            if type(e) is not Step or e.node.name in vjps:
+                return False
     return threads() == 1 or record.on_device
 
 

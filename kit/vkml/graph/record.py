@@ -57,6 +57,9 @@ class _Run:
         self.saved = {}
         self.planes = {}
         self.tape = []
+        #: whether the tape is plain kernel launches only (a fused launch's): a reverse then
+        #: skips looking through it for other kinds of entry
+        self.steps_only = False
 
     def on(self, plane):
         """The plane the run works on for bound plane ``plane`` (its device plane, if any)."""
@@ -152,8 +155,9 @@ class LaunchPlan:
     #: is one of them is copied, never aliased)
     inputs: frozenset
     held: frozenset
-    #: the tape, the same every launch: (node, launch, reads, writes) per node
-    template: list
+    #: the tape, the same every launch: one Step per node, shared by every Record of this plan
+    #: (nothing writes a Record's tape)
+    tape: list
     #: the plane versions after the launch, and every plane by id
     version: dict
     planes: dict
@@ -197,7 +201,7 @@ def _fused_plan(graph, recording) -> LaunchPlan:
                 saved.append((before, cur[pid]))
             cur[pid] = var
             writes[nm] = versions.wrote(pid)
-        template.append((node, launch, reads, writes))
+        template.append(Step(node, launch, reads, writes, len(template)))
     version = versions.version
     written = [pid for pid in version if version[pid] > 0]
     planes = {id(p): p for node in graph.nodes for p in
@@ -227,7 +231,7 @@ def _fused_plan(graph, recording) -> LaunchPlan:
         read_ids = frozenset(id(a) for a in in_planes)
     return LaunchPlan(exe=exe, backend=backend, in_planes=in_planes, cells=list(cell_vars),
                       written=written, saved=[k for k, _ in saved], into=into, inputs=read_ids,
-                      held=read_ids | {id(p) for p in written}, template=template,
+                      held=read_ids | {id(p) for p in written}, tape=template,
                       version=dict(version), planes=planes, eqns=program.eqns,
                       resident=bool(device))
 
@@ -244,10 +248,12 @@ def _run_fused(graph, recording):
     for plane, dest, value in zip(plan.written, plan.into, values):
         if dest is None:
             plane[...] = value.copy() if id(value) in plan.inputs else value
-    run.versions.version = dict(plan.version)
-    run.planes = dict(plan.planes)
-    run.tape = [Step(node, launch, reads, writes, i)
-                for i, (node, launch, reads, writes) in enumerate(plan.template)]
+    # the plan's own versions, planes and tape: the same every launch, and never written (the
+    # Record reads them), so shared rather than copied per launch
+    run.versions.version = plan.version
+    run.planes = plan.planes
+    run.tape = plan.tape
+    run.steps_only = True
     return run
 
 
@@ -457,8 +463,11 @@ class Record:
         self.saved = run.saved
         #: whether the planes and copies it reads are device planes (see ``Graph.planes``)
         self.on_device = run.on_device
-        self.final = dict(run.versions.version)
-        self.planes = dict(run.planes)
+        # (the run's own dicts, or its plan's: nothing writes them after the run)
+        self.final = run.versions.version
+        self.planes = run.planes
+        #: a tape of plain kernel launches only (see ``_Run.steps_only``)
+        self.steps_only = run.steps_only
         # the Param values this launch used: a one-value copy per Param, so that an
         # update() after this Record was reversed cannot leak into a later reverse of it
         self.cells = {k: v.copy() for k, v in graph.cells.items()}
