@@ -106,6 +106,8 @@ class Lowering:
         self.warnings = []       # the messages of warning checks, by warning slot
         self.checks = False      # whether the renderer reports checks (else they run on NumPy)
         self.fuse_loops = False  # whether sibling elementwise loops share one nest (``_LoopGroup``)
+        #: whether the 0-d arguments are read into locals before the loops (``_program``)
+        self.scalars_in_locals = False
         self.counter = 0
         self.depth = 0           # programs being lowered (1: the top-level one)
         self.site = 0            # the top-level equation being lowered
@@ -164,7 +166,7 @@ class Lowering:
             consts[v] = value
         stmts = []
         env = _Env(self, buffers, consts, producer)
-        if self.fuse_loops and self.depth == 1:
+        if self.scalars_in_locals and self.depth == 1:
             # a 0-d argument is read once, into a local, before the loops: read in a loop, it
             # must be loaded again after every store (which may be to its buffer), and a nest
             # storing a bool (a ReLU's mask) beside it then stays scalar
