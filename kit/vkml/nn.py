@@ -31,8 +31,7 @@ import weakref
 import numpy as np
 
 from .errors import ArgumentError, DTypeError, IndexOutOfRangeError, ShapeError
-from .ops.core import CURRENT_SITE
-from .runtime import user_line
+from .runtime import user_code, user_line
 from .tensor import (Tensor, conv2d, flatten, gather, matmul, max_pool2d, mean, relu, reshape,
                      sigmoid, softmax, sqrt, take, take_along_axis, tanh, tensor, transpose, var)
 from .tensor import log_softmax as _log_softmax
@@ -162,16 +161,8 @@ class Module:
         finds that line once for all its operations (``user_line``), not once per operation (a
         walk up the stack each); a user's own forward is its operations' line, so inside it each
         operation finds its line again, as outside any module."""
-        if _own_forward(type(self)):
-            with user_line():
-                return self.forward(*args, **kwargs)
-        if CURRENT_SITE.get() is None:
+        with user_line() if _own_forward(type(self)) else user_code():
             return self.forward(*args, **kwargs)
-        token = CURRENT_SITE.set(None)
-        try:
-            return self.forward(*args, **kwargs)
-        finally:
-            CURRENT_SITE.reset(token)
 
     # -- what it holds -------------------------------------------------------------------------
     def named_children(self):

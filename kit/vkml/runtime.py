@@ -66,7 +66,7 @@ from .transforms import vjp_program
 from .validate import check_bool, check_int
 
 __all__ = ["set_eager", "is_eager", "eager", "no_grad", "enable_grad", "is_grad_enabled",
-           "set_backend", "use_backend", "current_backend", "current_device", "user_line",
+           "set_backend", "use_backend", "current_backend", "current_device", "user_line", "user_code",
            "submit", "compute", "realize", "is_traced", "register_grad_leaf", "grad_leaf",
            "is_grad_leaf", "backward", "set_cache_limit", "cache_limit", "cache_sizes",
            "clear_caches", "deterministic_matmul", "is_deterministic_matmul"]
@@ -226,6 +226,22 @@ class user_line:
 
     def __enter__(self):
         self._token = CURRENT_SITE.set(user_site()) if CURRENT_SITE.get() is None else None
+        return self
+
+    def __exit__(self, *exc):
+        if self._token is not None:
+            CURRENT_SITE.reset(self._token)
+
+
+class user_code:
+    """``with user_code():`` -- every bind in the block finds the user's line itself: the block
+    runs the user's own code (a module's ``forward``) inside a ``user_line`` block of vkml's,
+    whose line would otherwise name the call of the whole model instead."""
+
+    __slots__ = ("_token",)
+
+    def __enter__(self):
+        self._token = CURRENT_SITE.set(None) if CURRENT_SITE.get() is not None else None
         return self
 
     def __exit__(self, *exc):
