@@ -290,3 +290,177 @@ def test_an_operation_of_vkmls_own_module_names_the_line_that_called_the_model()
     out = layer(vkml.ones((4, 3)))
     assert out.ir_var.eqn.where[0].co_filename == __file__
     assert out.ir_var.eqn.where[1] == line
+
+
+# -- backward finds a graph made of replayed ops without walking it ---------------------------------
+
+from vkml import runtime  # noqa: E402
+
+
+def tape_counts():
+    return dict(runtime.TAPE_COUNTS)
+
+
+def test_a_warm_step_finds_its_graph_without_walking_it():
+    model, x, y = small_mlp()
+    opt = optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(4):
+        opt.zero_grad()
+        before, stats = tape_counts(), vkml.stats()
+        nn.cross_entropy(model(x), y).backward()
+        opt.step()
+    cost = vkml.stats() - stats
+    assert tape_counts()["from tape"] - before["from tape"] == 1
+    assert tape_counts()["walked"] == before["walked"]
+    assert cost.derivations == 0 and cost.compiles == 0 and cost.submissions == 2
+
+
+def _grads(params):
+    return [None if p.grad is None else p.grad.numpy().tobytes() for p in params]
+
+
+def _fresh(build, params):
+    """The gradients of ``build()`` with every cache emptied first (so its graph is walked)."""
+    vkml.clear_caches()
+    for p in params:
+        p.zero_grad()
+    build().backward()
+    return _grads(params)
+
+
+rng0 = np.random.default_rng(7)
+W = [rng0.standard_normal((4, 5)), rng0.standard_normal((4, 5)), rng0.standard_normal(4)]
+XS = rng0.standard_normal((6, 5))
+
+
+def _variants():
+    """Pairs of losses whose graphs differ in one thing a too-coarse key could miss."""
+    def leaves():
+        return [vkml.tensor(w, requires_grad=True) for w in W] + [vkml.tensor(XS)]
+
+    def op(which):
+        w1, w2, b, x = ps = leaves()
+        f = vkml.tanh if which else vkml.sin
+        return ps, lambda: vkml.sum(f(x @ w1.T + b))
+
+    def shape(which):
+        w1, w2, b, x = ps = leaves()
+        rows = vkml.tensor(XS[:4]) if which else x
+        return ps, lambda: vkml.sum(vkml.tanh(rows @ w1.T + b))
+
+    def dtype(which):
+        w1, w2, b, x = ps = leaves()
+        if which:
+            ps = [vkml.tensor(np.float32(w), requires_grad=True) for w in W] + \
+                [vkml.tensor(np.float32(XS))]
+            w1, w2, b, x = ps
+        return ps, lambda: vkml.sum(vkml.tanh(x @ w1.T + b))
+
+    def used_twice(which):
+        w1, w2, b, x = ps = leaves()
+
+        def loss():
+            h = vkml.tanh(x @ w1.T + b)
+            g = h if which else vkml.tanh(x @ w2.T + b)   # one node twice, or two of one shape
+            return vkml.sum(h * g)
+        return ps, loss
+
+    def other_leaf(which):
+        w1, w2, b, x = ps = leaves()
+        return ps, lambda: vkml.sum(vkml.tanh(x @ (w2 if which else w1).T + b))
+
+    def frozen(which):
+        w1, w2, b, x = ps = leaves()
+        if which:
+            w1.requires_grad_(False)
+        return ps, lambda: vkml.sum(vkml.tanh(x @ w1.T + b) * vkml.tanh(x @ w2.T))
+
+    def wiring(which):
+        w1, w2, b, x = ps = leaves()
+
+        def loss():
+            s, c = vkml.sin(w1), vkml.cos(w1)       # the same ops in the same order ...
+            return vkml.sum((c - s if which else s - c) * w2)   # ... wired the other way
+        return ps, loss
+
+    return {"op": op, "shape": shape, "dtype": dtype, "used twice": used_twice,
+            "other leaf": other_leaf, "frozen": frozen, "wiring": wiring}
+
+
+@pytest.mark.parametrize("variant", sorted(_variants()))
+def test_graphs_that_differ_in_one_thing_never_share_a_backward(variant):
+    make = _variants()[variant]
+    sides = [make(0), make(1)]
+    want = [_fresh(build, ps) for ps, build in sides]
+    assert want[0] != want[1]
+    before = tape_counts()
+    for k in range(10):                     # both warm, then alternating: each finds its own
+        ps, build = sides[k % 2]
+        for p in ps:
+            p.zero_grad()
+        build().backward()
+        assert _grads(ps) == want[k % 2], (variant, k)
+    assert tape_counts()["from tape"] - before["from tape"] >= 4
+
+
+def test_the_frozen_parameter_gets_no_gradient_and_the_others_autograds():
+    ps, build = _variants()["frozen"](1)
+    w1, w2, b, x = ps
+    for _ in range(3):
+        w2.zero_grad()
+        build().backward()
+    assert w1.grad is None
+    want = autograd.grad(lambda v: anp.sum(anp.tanh(XS @ W[0].T + v[1]) * anp.tanh(XS @ v[0].T)))(
+        [W[1], W[2]])
+    np.testing.assert_allclose(w2.grad.numpy(), want[0], rtol=1e-12)
+    np.testing.assert_allclose(b.grad.numpy(), want[1] * 3, rtol=1e-12)   # never zeroed: 3 steps
+
+
+def test_a_graph_with_an_op_bound_afresh_is_walked():
+    w = vkml.tensor(np.arange(5.0), requires_grad=True)
+    for _ in range(3):
+        w.zero_grad()
+        idx = vkml.tensor(np.array([4, 0, 4]))
+        before = tape_counts()
+        vkml.sum(vkml.take(w * w, idx)).backward()      # take reads its index: never replayed
+        assert tape_counts()["walked"] == before["walked"] + 1
+    np.testing.assert_array_equal(w.grad.numpy(), [0.0, 0.0, 0.0, 0.0, 16.0])
+
+
+def test_a_second_backward_of_one_loss_and_a_loss_made_in_another_thread_are_walked():
+    import threading
+    model, x, y = small_mlp()
+    for _ in range(3):
+        nn.cross_entropy(model(x), y).backward()
+    loss = nn.cross_entropy(model(x), y)
+    for p in model.parameters():
+        p.zero_grad()
+    loss.backward()
+    once = _grads(model.parameters())
+    before = tape_counts()
+    loss.backward()                                     # the tape was used up by the first
+    assert tape_counts()["walked"] == before["walked"] + 1
+    twice = [p.grad.numpy() for p in model.parameters()]
+    for g, g1 in zip(twice, once):
+        np.testing.assert_array_equal(g, 2 * np.frombuffer(g1, np.float32).reshape(g.shape))
+    made = []
+    thread = threading.Thread(target=lambda: made.append(nn.cross_entropy(model(x), y)))
+    thread.start()
+    thread.join()
+    for p in model.parameters():
+        p.zero_grad()
+    before = tape_counts()
+    made[0].backward()
+    assert tape_counts()["walked"] == before["walked"] + 1
+    assert _grads(model.parameters()) == once
+
+
+def test_graphs_built_and_never_observed_leave_the_tape_bounded():
+    from vkml.ops import recipes
+    w = vkml.tensor(np.ones(3), requires_grad=True)
+    for _ in range(recipes.TAPE_LIMIT + 50):
+        w * 2.0
+    assert len(recipes._TAPE.records) <= recipes.TAPE_LIMIT
+    (w * 2.0).sum().backward()                          # still right (walked)
+    np.testing.assert_array_equal(w.grad.numpy(), [2.0, 2.0, 2.0])
+    assert recipes._TAPE.records == []
