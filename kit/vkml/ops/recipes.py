@@ -22,6 +22,10 @@ The caller says which functions may be replayed: only those whose equations depe
 but the key (``take`` looks at the values of a known index, so it is not one).  An argument the
 key cannot describe (an array, a list holding tensors) just runs the function, as does a call
 whose result reaches Vars it was not given.
+
+Each thread also keeps a tape of the replays it made since its last backward or realize
+(:func:`tape_graph`): a backward whose graph is made of them alone finds it from the tape, one
+lookup per op, instead of walking every equation.
 """
 
 from __future__ import annotations
