@@ -283,8 +283,9 @@ class _HostCopies:
 
 def test_a_graph_and_a_simulation_keep_their_planes_on_the_gpu(cuda, monkeypatch):
     """After build, a launch, a reverse, a simulation's run and its reverse copy no plane between
-    host and device (a plane here is 24 kB; what may cross is a Param sum of 8 bytes), and the
-    planes read back explicitly have the NumPy backend's bits."""
+    host and device (a plane here is 24 kB; what may cross is a Param sum of 8 bytes), also for a
+    simulation stepped from the host (the binomial schedule: one program on device arrays per
+    step), and the planes read back explicitly have the NumPy backend's bits."""
     n, dt = 3000, 0.01
 
     @vkml.kernel
@@ -302,6 +303,8 @@ def test_a_graph_and_a_simulation_keep_their_planes_on_the_gpu(cuda, monkeypatch
         g = vkml.Graph().add(poly.bind(x=x, a=0.3, y=np.zeros(n)), name="poly").build(record=True)
         sim = vkml.simulation(drag, max_steps=50, record=True, window=8, x=x.copy(), v=np.zeros(n),
                               k=1.5)
+        stepped = vkml.simulation(drag, max_steps=50, record=True, window="binomial", snapshots=3,
+                                  x=x.copy(), v=np.zeros(n), k=1.5)
         # the seeds made on the device first (a NumPy seed is copied in once, by the user's choice)
         seed_y, seed_x = np.cos(x), np.ones(n)
         if name == "cuda":
@@ -311,9 +314,12 @@ def test_a_graph_and_a_simulation_keep_their_planes_on_the_gpu(cuda, monkeypatch
         grads = vkml.diff.reverse(g.record, {"y": seed_y})
         sim.run()
         sg = vkml.diff.Reverse(sim)(sim.record, {"x": seed_x})
+        stepped.run()
+        hg = vkml.diff.reverse(stepped.record, {"x": seed_x, "v": seed_x})
         moved = copies.at_least(n * 8, since) if copies else None
         out = [np.asarray(v) for v in (g.planes["y"], grads["x"], grads["a"], sim.planes["x"],
-                                       sim.planes["v"], sg["x"], sg["k"])]
+                                       sim.planes["v"], sg["x"], sg["k"], stepped.planes["x"],
+                                       hg["x"], hg["v"], hg["k"])]
         return out, moved
 
     want, _ = run("numpy", None)

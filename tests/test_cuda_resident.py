@@ -20,8 +20,9 @@ host-to-device, device-to-host, device-to-device) and every allocation.
   gradients (one value each) -- with the NumPy backend's bits (planes,
   per-sample gradients, canonical-tree Param sums); the Record's copies,
   ``keep()`` and backups are copies on the device; refusals change nothing;
-  graphs whose nodes run Python (opaque nodes, guards, loops) go through the
-  host explicitly, and those copies are counted too.
+  graphs whose nodes run Python on the values (opaque nodes, reductions) go
+  through the host explicitly, and those copies are counted too; guards and
+  loops whose guards are cells run on the device.
 """
 
 from __future__ import annotations
@@ -588,10 +589,11 @@ def halve(s, k: vkml.Param):
 
 
 @needs_cxx
-def test_guards_and_loops_run_on_host_copies_with_numpys_bits(emulated_cuda):
-    """skippable and repeat_while evaluate their guards in Python: the graph's planes made from
-    NumPy arrays go through the host around the launch; a plane bound as a device array stays
-    where it is (its kernels read it on the device)."""
+def test_guards_and_loops_run_on_the_device_with_numpys_bits(emulated_cuda):
+    """skippable and repeat_while whose guards are SkipGuard cells (read on the host, not planes
+    of the graph) run node by node on the device planes, and so does their reverse; a plane
+    bound as a device array is used where it lies (test_cuda_host_stepped_resident counts the
+    copies)."""
     backend, driver = emulated_cuda
     n = 40
 
@@ -614,7 +616,7 @@ def test_guards_and_loops_run_on_host_copies_with_numpys_bits(emulated_cuda):
     g = make(x)
     assert g.planes["x"].ptr == x.ptr
     g.launch()
-    assert not g.record.on_device and g.record.iterations == {"loop": 5}
+    assert g.record.on_device and g.record.iterations == {"loop": 5}
     same_bits({k: v.numpy() for k, v in g.planes.items()}, dict(ref.planes))
     same_bits({k: np.asarray(v) for k, v in vkml.diff.reverse(g.record, seeds).items()}, want)
 

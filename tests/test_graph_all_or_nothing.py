@@ -901,3 +901,17 @@ def test_a_strict_simulation_reverse_of_a_table_read_by_index_changes_nothing():
     refused(lambda: vkml.diff.reverse(sim.record, {"x": np.ones(N)}, strict=True),
             lambda: sim_state(sim), RefusedError, r"strict=True.*\['table'\] in lookup_drift")
     assert not sim.record.reversed
+
+
+def test_a_plane_listed_twice_is_backed_up_once_and_restored(vk_backend):
+    """The all-or-nothing block copies each plane once however often it is listed (two nodes
+    writing the same plane list it twice), and still puts it back when the call fails."""
+    from vkml.graph.graph import all_or_nothing
+    plane = np.arange(4.0)
+    block = all_or_nothing([plane, plane, plane])
+    assert len(block.backups) == 1
+    with pytest.raises(ExecutionError, match="nothing was changed"):
+        with all_or_nothing([plane, plane]):
+            plane[:] = -1.0
+            raise RuntimeError("a user's node failed")
+    assert plane.tolist() == [0.0, 1.0, 2.0, 3.0]

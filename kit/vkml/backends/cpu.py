@@ -40,8 +40,22 @@ stopped samples computed and discarded), and the reverse recomputes a window
 with the same code as the forward, so a sample's bits still never depend on
 the number of samples, the threads or the memory budget's passes; + - * /
 and sqrt keep NumPy's bits there too.  (A ``"full"`` or ``"binomial"``
-schedule is stepped by compiled per-step programs with scalar libm: its
-gradients agree with a window schedule's within a few ulps, not bit for bit.)
+schedule is stepped by compiled per-step programs, a graph's programs: where
+all their loops come out in vector blocks, as the pendulum's do, they call the
+very vector functions of the window schedule's loops and give its bits; else
+they run on scalar libm, within a few ulps of it.)
+A graph's programs -- a kernel batched over the samples, a whole fused
+launch or reverse (``GRAPH_PROGRAMS``) -- call the same vector versions in
+their elementwise loops: each loop runs in blocks of 8 elements through one
+block function compiled the same way whatever the number of samples, the
+last block moved back over the end and a short loop padded
+(``codegen.vector_nests``), so a sample's bits do not depend on the number of
+samples, a thread's chunk or a reverse's chunk either.  Jitted programs and
+lazy tensors keep scalar libm: their bits on this tier stay what they were.
+The library of a vector build is checked after compiling (its imported
+symbols: every libm call of one vector version, none scalar) and built again
+with scalar libm otherwise; ``VKML_VECTOR_MATH=0`` asks for scalar libm
+everywhere, and ``vkml.backend_info()`` says which is in use.
 
 Generated code cannot corrupt the process: value sizes are checked before
 anything is compiled (``base.check_sizes``), every temporary's allocation is
@@ -93,6 +107,7 @@ import os
 import platform
 import re
 import shutil
+import struct
 import subprocess
 import tempfile
 import threading
@@ -110,7 +125,8 @@ from . import disk_cache
 from .base import Backend, ExecutionFailure, check_sizes, failure_error, register
 from .codegen.c_render import ALLOCATION_FAILED, INTERRUPTED, POLL, render, scratch_layout
 from .codegen.lower import Lowering, Unsupported
-from .codegen.sample_loops import SIMD_MARKER, VECTOR_MATH, forward_source, reverse_source
+from .codegen.sample_loops import forward_source, reverse_source
+from .codegen.vector_nests import SIMD_MARKER, VECTOR_MATH
 from .interrupts import NEVER, Armed, interrupted
 from .numpy_backend import compile_program as compile_numpy
 
@@ -202,9 +218,9 @@ def library(source: str, extra_flags=(), inspect=None):
 
 
 def vector_math() -> frozenset:
-    """The libm functions a simulation's compiled loops may call in glibc's vector versions
-    (libmvec), stepping ``VK_LANES`` samples at once in SIMD registers: those of
-    ``sample_loops.VECTOR_MATH`` that libmvec has for every x86-64 register width.  Empty (the
+    """The libm functions a simulation's compiled loops and a graph's programs may call in glibc's
+    vector versions (libmvec), several samples at once in SIMD registers: those of
+    ``vector_nests.VECTOR_MATH`` that libmvec has for every x86-64 register width.  Empty (the
     scalar libm calls, as elsewhere) without libmvec, off x86-64, or with
     ``VKML_VECTOR_MATH=0``.  A vector sin is within a few ulps of libm's, as libm's is of NumPy's:
     only the cpu tier's transcendentals change, never +, -, *, / or sqrt."""
@@ -233,7 +249,19 @@ def _libmvec_functions() -> frozenset:
 
 def math_imports(data: bytes, names) -> dict:
     """For each function of ``names``, the versions the shared library ``data`` imports: its
-    scalar name and any vector ones (``_ZGV..._name``), read off the library's symbol names."""
+    scalar name and any vector ones (``_ZGV..._name``), read off the library's symbol names --
+    its table of undefined dynamic symbols where ``data`` is an ELF library (a plain search of
+    the names would miss a scalar ``cos``: the linker stores it as the tail of the string
+    ``_ZGVeN8v_cos``), else the names as they appear in the bytes."""
+    imported = elf_imports(data)
+    if imported is not None:
+        found = {}
+        for symbol in imported:
+            vector = _VECTOR_SYMBOL.fullmatch(symbol)
+            name = vector.group(1) if vector else symbol
+            if name in names:
+                found.setdefault(name, set()).add(symbol)
+        return found
     found = {}
     for name in names:
         raw = name.encode()
@@ -243,6 +271,42 @@ def math_imports(data: bytes, names) -> dict:
         if versions:
             found[name] = {v.decode() for v in versions}
     return found
+
+
+#: a vector version's symbol (the x86-64 vector function ABI's name): ``_ZGVeN8v_sin``
+_VECTOR_SYMBOL = re.compile(r"_ZGV[a-zA-Z]N\d+v+_(\w+)")
+
+
+def elf_imports(data: bytes):
+    """The names of the undefined symbols of the dynamic symbol table of ``data``, a 64-bit
+    little-endian ELF shared library (what it imports); None for anything else."""
+    if data[:4] != b"\x7fELF" or data[4:6] != b"\x02\x01" or len(data) < 64:
+        return None
+    try:
+        shoff, = struct.unpack_from("<Q", data, 0x28)
+        shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+        sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize)
+                    for i in range(shnum)]
+        names = set()
+        for _, kind, _, _, offset, size, link, _, _, entsize in sections:
+            if kind != 11 or not entsize:            # SHT_DYNSYM
+                continue
+            strings = sections[link][4]
+            for at in range(offset, offset + size, entsize):
+                st_name, _, _, st_shndx = struct.unpack_from("<IBBH", data, at)
+                if st_shndx == 0 and st_name:          # undefined: imported
+                    start = strings + st_name
+                    names.add(data[start:data.index(b"\0", start)].decode())
+        return names
+    except (struct.error, ValueError, IndexError, UnicodeDecodeError):
+        return None
+
+
+def all_vector(imports) -> bool:
+    """Whether a library's libm imports (``math_imports``) are all vector versions, one per
+    function: then every call of a function gives its result through the very same code (no
+    loop the compiler left scalar, no tail of a loop run through the scalar function)."""
+    return all(len(versions) == 1 and name not in versions for name, versions in imports.items())
 
 
 def _load(data: bytes, folder) -> ctypes.CDLL:
@@ -270,10 +334,11 @@ def _compile_c(cc, flags, source, folder) -> bytes:
             return f.read()
 
 
-def c_source(program):
+def c_source(program, vector_math=()):
     """The C source of ``program`` and its lowering (whose ``errors``, ``error_sites`` and
     ``temp_vars`` decode what the function reports; raises Unsupported for what the lowering
-    cannot compile)."""
+    cannot compile).  ``vector_math``: the libm functions its elementwise loop nests call in
+    vector versions (``codegen.vector_nests``)."""
     low = Lowering()
     low.checks = True
     low.fuse_loops = True
@@ -282,7 +347,8 @@ def c_source(program):
     outs = [f"o{i}" for i in range(len(program.outputs))]
     stmts = low.program(program, ins, outs)
     return render(low, stmts, len(ins), [v.dtype for v in program.inputs],
-                  len(outs), [v.dtype for v in program.outputs], data_offset=DATA_OFFSET), low
+                  len(outs), [v.dtype for v in program.outputs], data_offset=DATA_OFFSET,
+                  vector_math=vector_math), low
 
 
 def _data_offset():
@@ -808,6 +874,11 @@ class Tiered:
         return self.current(args)
 
 
+#: the keys (their first item) of the programs a graph builds -- a kernel batched over the samples,
+#: a whole fused launch or reverse -- whose elementwise loops call libm's vector versions
+#: (``vector_math``); jitted programs and lazy tensors keep scalar libm
+GRAPH_PROGRAMS = frozenset({"graph", "graph-launch", "graph-reverse"})
+
 #: primitives whose C lowering calls libm, where NumPy may use its own (SIMD) implementation:
 #: within a few ulps of each other, not bit for bit
 LIBM = frozenset({"exp", "log", "sin", "cos", "tanh", "pow", "log1p", "expm1", "erf", "atan2"})
@@ -882,7 +953,7 @@ class CpuBackend(Backend):
             warnings.warn("vkml: no C compiler found; the 'cpu' backend runs programs on NumPy",
                           RuntimeWarning, stacklevel=3)
 
-    def _compile(self, program):
+    def _compile(self, program, math=frozenset()):
         if self.compiler is None:
             return self._numpy(program)
         if _too_big(program):
@@ -891,7 +962,8 @@ class CpuBackend(Backend):
             return run if rewritten is program else _NamedAsOriginal(run, rewritten)
         hot = hot_threshold()
         if hot == 0 or _has_loop(program) or _differs_from_numpy(program):
-            return self._compile_c(program) or self._numpy(program)
+            return (math and self._compile_vector(program, math)) or self._compile_c(program) or \
+                self._numpy(program)
         return Tiered(self, program, self._numpy(program, fallback=False), hot)
 
     def _compile_c(self, program):
@@ -902,6 +974,22 @@ class CpuBackend(Backend):
             return None
         lib, _ = library(source)
         return CompiledProgram(program, lib, source, lowering)
+
+    def _compile_vector(self, program, math):
+        """The program's C function with the libm functions ``math`` called in vector versions
+        in its elementwise loops (a graph's programs, ``GRAPH_PROGRAMS``); None where no loop
+        calls one, or where a call came out scalar in the built library (then the caller builds
+        it with scalar libm throughout: one program never mixes the two)."""
+        try:
+            source, lowering = c_source(program, math)
+        except Unsupported:
+            return None
+        if SIMD_MARKER not in source:
+            return None
+        imports = {}
+        lib, _ = library(source, ["-fopenmp-simd"],
+                         lambda data: imports.update(math_imports(data, math)))
+        return CompiledProgram(program, lib, source, lowering) if all_vector(imports) else None
 
     def _numpy(self, program, fallback=True):
         """The program on the NumPy backend: a fallback (counted in ``info()``) when C does not
@@ -915,8 +1003,17 @@ class CpuBackend(Backend):
         return self.executable(("nested", program), lambda: program)
 
     def executable(self, key, make_program):
-        return self._cached(key, lambda: self._compile(check_sizes(make_program())),
+        # a graph's programs call libm in vector versions; which ones is part of their key
+        # (VKML_VECTOR_MATH=0 set later gets programs of scalar libm, not ones built before)
+        math = self.graph_variant() if key[0] in GRAPH_PROGRAMS else frozenset()
+        return self._cached(key + (math,) if math else key,
+                            lambda: self._compile(check_sizes(make_program()), math),
                             from_disk=lambda exe: isinstance(exe, CompiledProgram))
+
+    def graph_variant(self):
+        """What a graph's programs are built with beyond their structure: the libm functions
+        they call in vector versions (``vector_math``)."""
+        return vector_math()
 
     def sample_loops(self, step, vjp, spec):
         """Compiled per-sample simulation loops (see ``codegen.sample_loops``), or None."""
@@ -934,11 +1031,12 @@ class CpuBackend(Backend):
 
     def info(self):
         info = super().info()
+        math = "libmvec: " + " ".join(sorted(vector_math())) if vector_math() else "none (scalar libm)"
         flags = FLAGS + (GCC_FLAGS if self.compiler and is_gcc(self.compiler) else [])
         info.update({"compiler": self.compiler, "cache": cache_dir(), "flags": " ".join(flags),
                      "numpy fallbacks": self.fallbacks,
-                     "simulation vector math": ("libmvec: " + " ".join(sorted(vector_math()))
-                                                if vector_math() else "none (scalar libm)")})
+                     "simulation vector math": math,
+                     "graph vector math": math})
         return info
 
 
@@ -982,7 +1080,7 @@ class SampleLoops:
         for fn in (self._fwd_lib.vk_fwd, self._rev_lib.vk_rev):
             fn.restype = ctypes.c_int
             fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-        return simd and all(len(v) == 1 and name not in v for name, v in imports.items())
+        return simd and all_vector(imports)
 
     def _call(self, direction, fn, ins, outs, n, max_steps, threads):
         """One call of the compiled loops, interruptible (see the module docstring); a sample that

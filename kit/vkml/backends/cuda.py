@@ -92,13 +92,18 @@ planes in and out: no plane crosses PCIe, only the pointer table, the
 small-argument block (the Param cells) and the status words, and the Param gradients (one value each) come back to the host.  The
 Record's copies of overwritten versions, ``keep()`` and a refused call's
 backups are copies on the device (``copy_plane``); per-sample gradients are
-DeviceArrays.  A graph with nodes that run Python on the values (opaque
-nodes, guards, loops, reductions) copies its planes to the host and the
-written ones back, explicitly, around each launch (``record._steps``).
-A simulation the per-sample loops cover keeps its planes, checkpoints, step
-counts and gradients in device memory too (``graph/simulation.py``,
-``cuda_loops.py``); its default ``memory_budget`` is half the free device
-memory.
+DeviceArrays.  A graph with skippables and repeat_whiles guarded by cells runs
+node by node on its device planes (each node one submission; the guard cell
+is read on the host), and its reverse too.  A graph with nodes that run
+Python on the values (opaque nodes, reductions, guards that are functions)
+copies its planes to the host and the written ones back, explicitly, around
+each launch (``record._steps``).
+A simulation keeps its planes, checkpoints, step counts and gradients in
+device memory too: one the per-sample loops cover runs as two kernels
+(``cuda_loops.py``), any other is stepped from the host with one program per
+step on device arrays (``graph/simulation_device.py``; a model node's values
+are copied to the host and back around it, explicitly); its default
+``memory_budget`` is half the free device memory.
 """
 
 from __future__ import annotations

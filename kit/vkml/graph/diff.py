@@ -17,8 +17,14 @@ program on the device planes: per-sample gradients come back as device
 arrays (``.numpy()`` reads one on the host; ``__cuda_array_interface__``
 hands it to CuPy or PyTorch without a copy), Param gradients (one value
 each) as host values; a seed may be a device array too.  A reverse that
-goes launch by launch (a hand-written vjp kernel, opaque nodes, guards,
-loops) computes on the GPU from host arguments and hands back host arrays.
+goes launch by launch (a hand-written vjp kernel, guards, loops) of a Record
+whose planes are on the device stays there too: each launch's vjp runs on
+the device planes and keeps its adjoints on the device, adjoints meeting at
+a plane version are added there in the same order, and each Param's sum
+over samples is computed there (one value back per launch).  Opaque nodes
+run user Python on host values, so a graph holding one runs on host copies
+of its planes (see ``record._steps``) and its reverse computes from host
+arrays.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from ..ops import api
 from ..runtime import submit
 from ..transforms import inline
 from .graph import Opaque, Reduce, RepeatWhile, per_sample_values, run_named, threads, user_error
+from . import device
 from .kernel import Kernel, Launch
 from .reversible import Reversible
 from .record import LoopEntry, OtherEntry, Record, SkipEntry, Step
@@ -271,9 +278,10 @@ def _seed_targets_key(record, seeds):
     plain steps (every launch runs the same steps, so it writes the same plane versions) and
     names that are all strings; None for any other (resolved afresh every time)."""
     tape = record.tape
-    for e in tape:
-        if type(e) is not Step:
-            return None
+    if not record.steps_only:
+        for e in tape:
+            if type(e) is not Step:
+                return None
     names = tuple(seeds)
     for name in names:
         if type(name) is not str:
@@ -646,9 +654,8 @@ def reverse_graph(graph, record, seeds, wrt=None, vjps=None, strict=False, lock=
         if graph._device:
             graph.check_plane_backend("reverse")
         # the seeds are only read (never written in place) unless an opaque node's vjp gets them
-        plain = not any(isinstance(e, OtherEntry) for e in record.tape)
-        on_device = record.on_device and _fusable(record, vjps)
-        key_seeds = resolve_seeds(record, seeds, copy=not plain, device=on_device)
+        plain = record.steps_only or not any(isinstance(e, OtherEntry) for e in record.tape)
+        key_seeds = resolve_seeds(record, seeds, copy=not plain, device=record.on_device)
         flags = graph_bitwise(graph)
         wrt = wrt_names(wrt)
         if wrt is not None:
@@ -721,7 +728,7 @@ def _check_vjp_kernel(vjp_kernel, launch, node_name):
                                f"{kern.name}: its {name}_bar disagrees with {against}")
 
 
-def _run_user_vjp(vjp_kernel, launch, inputs, params, cts, n):
+def _run_user_vjp(vjp_kernel, launch, inputs, params, cts, n, resident=False):
     """A vjp kernel over ``n`` samples: ``{input or Param name: per-sample cotangent}``."""
     batch, in_names, param_names, out_names = launch.batched_user_vjp(vjp_kernel)
     kern = launch.kernel
@@ -730,7 +737,8 @@ def _run_user_vjp(vjp_kernel, launch, inputs, params, cts, n):
     pvals = dict(zip(kern.params, params))
     args = [by_name[nm] for nm in in_names] + [pvals[nm] for nm in param_names]
     flags = [True] * len(in_names) + [False] * len(param_names)
-    outs = run_named(batch, n, args, flags, f"vjp kernel {vjp_kernel.name}")
+    outs = device.run_resident(batch, n, args, f"vjp kernel {vjp_kernel.name}") if resident else \
+        run_named(batch, n, args, flags, f"vjp kernel {vjp_kernel.name}")
     return {nm[:-4]: v for nm, v in zip(out_names, outs) if nm.endswith("_bar")}
 
 
@@ -811,11 +819,13 @@ def reverse(record, seeds, *, wrt=None, vjps=None, strict=False):
 # -- the sweep -------------------------------------------------------------------------------------
 
 class _Adjoints:
-    """Adjoints per plane version, added in the fixed order: seed first, then readers as they ran."""
+    """Adjoints per plane version, added in the fixed order: seed first, then readers as they ran
+    (``plus``: how two are added -- on the device for a Record there)."""
 
-    def __init__(self, seeds):
+    def __init__(self, seeds, plus=None):
         self.seed = dict(seeds)
         self.parts = {}
+        self.plus = plus
 
     def add(self, key, order, value):
         self.parts.setdefault(key, []).append((order, value))
@@ -823,8 +833,8 @@ class _Adjoints:
     def take(self, key):
         parts = sorted(self.parts.pop(key, []), key=lambda p: p[0])
         total = self.seed.pop(key, None)
-        for _, v in parts:
-            total = v if total is None else total + v      # never in place: nothing is copied
+        for _, v in parts:                                 # never in place: nothing is copied
+            total = v if total is None else total + v if self.plus is None else self.plus(total, v)
         return total
 
 
@@ -832,24 +842,25 @@ def _zeros(n, var):
     return np.zeros((n,) + var.shape, var.dtype)
 
 
-def reverse_launch(launch, node, inputs, cells, cts, n, vjp=None, into=None):
+def reverse_launch(launch, node, inputs, cells, cts, n, vjp=None, into=None, resident=False):
     """One launch's vjp over all samples: input cotangents and per-sample Param cotangents.
     ``vjp``: a hand-written vjp kernel passed as ``vjps={node: kernel}``, used instead of the
     derived one (an input or Param it returns no ``_bar`` for gets none).  ``into``: for the
     derived vjp, a destination (or None) per result (:func:`adjoint_buffers`).  Shared with a
-    simulation's reverse, which steps back one launch at a time too."""
+    simulation's reverse, which steps back one launch at a time too.  ``resident``: the
+    arguments are device planes and the cotangents stay on the device (``device.py``)."""
     kern = launch.kernel
     params = [cells[(node.name, p)] for p in kern.params]
     if isinstance(vjp, Kernel):
-        got = _run_user_vjp(vjp, launch, inputs, params, cts, n)
+        got = _run_user_vjp(vjp, launch, inputs, params, cts, n, resident)
         ins = {nm: got[nm] for nm in kern.inputs if nm in got and launch.reads[nm].dtype.kind == "f"}
         prm = {p: got[p] for p in kern.params if p in got and launch.params[p].dtype.kind == "f"}
         return ins, prm
     batch, wrt = launch.batched_vjp()
     flags = [True] * len(kern.inputs) + [False] * len(kern.params) + [True] * len(cts)
-    outs = run_named(batch, n, list(inputs) + params + list(cts), flags,
-                     f"the vjp of node {node.name!r} ({kern.name})" if node.name else
-                     f"the vjp of {kern.name}", into)
+    where = f"the vjp of node {node.name!r} ({kern.name})" if node.name else f"the vjp of {kern.name}"
+    outs = device.run_resident(batch, n, list(inputs) + params + list(cts), where) if resident \
+        else run_named(batch, n, list(inputs) + params + list(cts), flags, where, into)
     ins, prm = {}, {}
     for pos, ct in zip(wrt, outs):
         if pos < len(kern.inputs):
@@ -912,9 +923,10 @@ FUSE_SAMPLES = 1 << 15
 def _fusable(record, vjps):
     """A tape of plain launches whose vjps vkml derives: its reverse can be ONE program (over
     chunks of samples, one thread)."""
-    for e in record.tape:
-        if type(e) is not Step or e.node.name in vjps:
-            return False
+    if vjps or not record.steps_only:
+        for e in record.tape:
+            if type(e) is not Step or e.node.name in vjps:
+                return False
     return threads() == 1 or record.on_device
 
 
@@ -1144,12 +1156,33 @@ def _fused_sweep(record, seeds):
 
 
 def _sweep(record, seeds, vjps, workspace):
-    cells = record.cells
-    n = record.graph.n
     if _fusable(record, vjps):
         return _fused_sweep(record, seeds)
-    adj = _Adjoints(seeds)
+    if record.on_device:
+        return _device_sweep(record, seeds, vjps)
+    return _sweep_steps(record, seeds, vjps, workspace)
+
+
+def _device_sweep(record, seeds, vjps):
+    """:func:`_sweep_steps` on a Record whose planes live on the device: seeds made device
+    arrays (a NumPy seed: one copy in), every adjoint kept there; a gradient that is a seed
+    itself (a plane nothing read after it was seeded) handed back as a copy."""
+    backend = backends.current()
+    on_device = {k: backend.to_plane(v) for k, v in seeds.items()}
+    values, parts = _sweep_steps(record, on_device, vjps, None, resident=True)
+    given = {id(v) for v in on_device.values()}
+    return {k: backend.copy_plane(v) if id(v) in given else v for k, v in values.items()}, parts
+
+
+def _sweep_steps(record, seeds, vjps, workspace, resident=False):
+    """The tape reversed launch by launch (``resident``: on device planes, see the module
+    docstring)."""
+    cells = record.cells
+    n = record.graph.n
+    adj = _Adjoints(seeds, device.plus if resident else None)
     param_parts = {}
+    zeros = (lambda shape, dtype: device.zeros(shape, dtype)) if resident else workspace.zeros
+    param_sum = device.tree_sum if resident else (lambda ct: summed(ct, workspace))
 
     def reverse_step(step, order):
         launch = step.launch
@@ -1157,20 +1190,20 @@ def _sweep(record, seeds, vjps, workspace):
         for name, var in zip(launch.out_names, launch.program.outputs):
             ct = adj.take(step.writes[name])
             live = live or ct is not None
-            cts.append(workspace.zeros((n,) + var.shape, var.dtype) if ct is None else ct)
+            cts.append(zeros((n,) + var.shape, var.dtype) if ct is None else ct)
         if not live:
             return
         inputs = [record.value(step.reads[nm]) for nm in launch.kernel.inputs]
         vjp = vjps.get(step.node.name)
         # the adjoint of a graph input (a version-0 read) is handed back: a fresh array
-        into = None if vjp is not None else \
+        into = None if vjp is not None or resident else \
             adjoint_buffers(launch, lambda nm: step.reads[nm][1] == 0, ("step", step.index),
                             workspace, n)
-        ins, prm = reverse_launch(launch, step.node, inputs, cells, cts, n, vjp, into)
+        ins, prm = reverse_launch(launch, step.node, inputs, cells, cts, n, vjp, into, resident)
         for nm, ct in ins.items():
             adj.add(step.reads[nm], order, ct)
         for p, ct in prm.items():
-            param_parts.setdefault((step.node.name, p), []).append((order, summed(ct, workspace)))
+            param_parts.setdefault((step.node.name, p), []).append((order, param_sum(ct)))
 
     for entry in reversed(record.tape):
         order = (entry.index, 0)
@@ -1180,7 +1213,7 @@ def _sweep(record, seeds, vjps, workspace):
             if entry.guard and entry.step is not None:   # the recorded guard, never evaluated again
                 reverse_step(entry.step, order)
         elif isinstance(entry, LoopEntry):
-            _reverse_loop(entry, record, adj, param_parts, n, vjps.get(entry.node.name))
+            _reverse_loop(entry, record, adj, param_parts, n, vjps.get(entry.node.name), resident)
         elif isinstance(entry, OtherEntry):
             op = entry.node.op
             if isinstance(op, Reduce):
@@ -1200,7 +1233,8 @@ def _sweep(record, seeds, vjps, workspace):
                     raise user_error(err, f"the vjp of opaque node {entry.node.name!r}")
                 for k, ct in user_vjp_gradients(entry.node, got, entry.reads, primals).items():
                     adj.add(entry.reads[k], order, ct)
-    return _assemble(record, adj, param_parts), param_parts
+    plane_zeros = (lambda plane: device.zeros(plane.shape, plane.dtype)) if resident else np.zeros_like
+    return _assemble(record, adj, param_parts, zeros=plane_zeros), param_parts
 
 
 def _assemble(record, adj, param_parts, layout=None, cells=None, zeros=np.zeros_like):
@@ -1309,9 +1343,11 @@ def _fold(parts, like):
         if total is None else total
 
 
-def _reverse_loop(entry, record, adj, param_parts, n, vjp=None):
+def _reverse_loop(entry, record, adj, param_parts, n, vjp=None, resident=False):
     """A repeat_while reversed from its recorded iteration count, newest iteration first; its states
-    are rebuilt from the checkpoints on private copies, so the planes are never written."""
+    are rebuilt from the checkpoints on private copies, so the planes are never written
+    (``resident``: on the device, see the module docstring)."""
+    zeros_of = (lambda n, var: device.zeros((n,) + var.shape, var.dtype)) if resident else _zeros
     launch, node = entry.launch, entry.node
     kern = launch.kernel
     state = entry.state
@@ -1328,7 +1364,7 @@ def _reverse_loop(entry, record, adj, param_parts, n, vjp=None):
         return
     prog = launch.program
     var_of = dict(zip(launch.out_names, prog.outputs))
-    ct_state = {s: out_cts[s] if out_cts[s] is not None else _zeros(n, var_of[s]) for s in state}
+    ct_state = {s: out_cts[s] if out_cts[s] is not None else zeros_of(n, var_of[s]) for s in state}
     fixed = {nm: record.value(entry.start_reads[nm]) for nm in kern.inputs if nm not in state}
     cells = record.cells
     batch = launch.batched()
@@ -1342,9 +1378,10 @@ def _reverse_loop(entry, record, adj, param_parts, n, vjp=None):
         for it in range(c, end):
             states.append(dict(cur))
             if it < end - 1:
-                outs = run_named(batch, n, [cur[nm] if nm in state else fixed[nm]
-                                            for nm in kern.inputs] + params, flags,
-                                 f"node {node.name!r} ({kern.name})")
+                args = [cur[nm] if nm in state else fixed[nm] for nm in kern.inputs] + params
+                where = f"node {node.name!r} ({kern.name})"
+                outs = device.run_resident(batch, n, args, where) if resident else \
+                    run_named(batch, n, args, flags, where)
                 new = dict(zip(launch.out_names, outs))
                 cur = {s: new[s] for s in state}
         for it in reversed(range(c, end)):
@@ -1356,14 +1393,15 @@ def _reverse_loop(entry, record, adj, param_parts, n, vjp=None):
                 elif it == entry.iterations - 1 and out_cts[name] is not None:
                     cts.append(out_cts[name])
                 else:
-                    cts.append(_zeros(n, var_of[name]))
-            ins_ct, prm = reverse_launch(launch, node, ins, cells, cts, n, vjp)
+                    cts.append(zeros_of(n, var_of[name]))
+            ins_ct, prm = reverse_launch(launch, node, ins, cells, cts, n, vjp, resident=resident)
             for s in state:
-                ct_state[s] = ins_ct.get(s, _zeros(n, var_of[s]))
+                ct_state[s] = ins_ct.get(s, zeros_of(n, var_of[s]))
             for nm, ct in ins_ct.items():
                 if nm not in state:
                     adj.add(entry.start_reads[nm], (entry.index, it), ct)
             for p, ct in prm.items():
-                param_parts.setdefault((node.name, p), []).append(((entry.index, it), tree_sum(ct)))
+                param_parts.setdefault((node.name, p), []).append(
+                    ((entry.index, it), device.tree_sum(ct) if resident else tree_sum(ct)))
     for s in state:
         adj.add(entry.start_reads[s], (entry.index, 0), ct_state[s])

@@ -25,9 +25,9 @@ array (a CuPy array, a PyTorch CUDA tensor: anything with
 Records, reverses and gradients stay in device memory; your NumPy arrays no
 longer follow the launches.  ``graph.planes`` gives every plane by name;
 read one on the host with ``.numpy()`` (or ``np.asarray``).  Nodes that run
-Python on the values (opaque nodes, guards, repeat_while, reductions) need
-the values on the host: a graph holding one copies its planes there and
-back around each launch, explicitly.
+Python on the values (opaque nodes, reductions, guards that are functions)
+need the values on the host: a graph holding one copies its planes there and
+back around each launch, explicitly (guards that are cells do not).
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ class all_or_nothing:          # noqa: N801 - used as a ``with`` statement, like
     __slots__ = ("backups", "attrs")
 
     def __init__(self, planes=(), restore=()):
-        self.backups = list({id(p): (p, p.copy()) for p in planes}.values())
+        self.backups = [(p, p.copy()) for p in {id(p): p for p in planes}.values()]  # each plane once
         self.attrs = [(obj, name, getattr(obj, name)) for obj, name in restore]
 
     def __enter__(self):

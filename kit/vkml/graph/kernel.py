@@ -458,7 +458,11 @@ class _SizedBatch:
 
     def executable(self, n):
         backend = backends.current()
-        key = (id(backend), n)
+        # (with the backend's choice of code for a graph's programs: the cpu tier's vector math,
+        # read when a graph's programs are made, so a graph built after VKML_VECTOR_MATH=0 was
+        # set gets programs of scalar libm even for a kernel an earlier graph batched)
+        variant = getattr(backend, "graph_variant", None)
+        key = (id(backend), n, variant() if variant is not None else None)
         hit = self._by_size.get(key)
         if hit is None:
             bp = self.program(n)

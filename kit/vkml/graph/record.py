@@ -29,8 +29,9 @@ from ..ir import Var, program_from_dag
 from ..runtime import submit
 from ..transforms import inline
 from .versions import PlaneVersions
-from .graph import Launch, Opaque, Reduce, RepeatWhile, Skippable, all_or_nothing, run_named, threads, \
-    user_error
+from .device import run_resident
+from .graph import Launch, Opaque, Reduce, RepeatWhile, SkipGuard, Skippable, all_or_nothing, \
+    run_named, threads, user_error
 
 
 class Step:
@@ -48,39 +49,50 @@ class _Run:
 
     def __init__(self, recording):
         self.recording = recording
-        #: whether the planes and copies are device planes (a fused launch on the cuda backend)
+        #: whether the planes and copies are device planes (a launch on the cuda backend)
         self.on_device = False
+        #: id of a bound plane -> the device plane the run works on (node by node on the device)
+        self.device = {}
         self.versions = PlaneVersions(recording)
         self.saved = {}
         self.planes = {}
         self.tape = []
+        #: whether the tape is plain kernel launches only (a fused launch's): a reverse then
+        #: skips looking through it for other kinds of entry
+        self.steps_only = False
+
+    def on(self, plane):
+        """The plane the run works on for bound plane ``plane`` (its device plane, if any)."""
+        return self.device.get(id(plane), plane)
 
     def cur(self, plane):
-        self.planes[id(plane)] = plane
+        self.planes[id(plane)] = self.on(plane)
         return self.versions.current(id(plane))
 
     def note_read(self, plane):
-        self.planes[id(plane)] = plane
+        self.planes[id(plane)] = self.on(plane)
         return self.versions.note_read(id(plane))
 
     def write(self, plane, value, copies=True):
         """Write ``value`` into ``plane``, copying the version it overwrites first where the rule
         says so; ``copies=False``: a loop's later iteration, whose versions the loop rebuilds
         from its own checkpoints."""
-        self.planes[id(plane)] = plane
+        target = self.planes[id(plane)] = self.on(plane)
         key = self.versions.copy_before_write(id(plane)) if copies else None
         if key is not None:
-            self.saved[key] = plane.copy()            # just before the overwrite
-        plane[...] = value
+            self.saved[key] = target.copy()           # just before the overwrite
+        target[...] = value
         return self.versions.wrote(id(plane))
 
 
 def _run_launch(run, node, launch, cells, copies=True):
     kern = launch.kernel
-    args = [launch.reads[n] for n in kern.inputs] + [cells[(node.name, p)] for p in kern.params]
+    args = [run.on(launch.reads[n]) for n in kern.inputs] + [cells[(node.name, p)] for p in kern.params]
     flags = [True] * len(kern.inputs) + [False] * len(kern.params)
     reads = {n: run.note_read(launch.reads[n]) for n in kern.inputs}
-    outs = run_named(launch.batched(), launch.n, args, flags, f"node {node.name!r} ({kern.name})")
+    where = f"node {node.name!r} ({kern.name})"
+    outs = run_resident(launch.batched(), launch.n, args, where) if run.on_device else \
+        run_named(launch.batched(), launch.n, args, flags, where)
     writes = {}
     for name, value in zip(launch.out_names, outs):
         writes[name] = run.write(launch.writes[name], value, copies)
@@ -143,8 +155,9 @@ class LaunchPlan:
     #: is one of them is copied, never aliased)
     inputs: frozenset
     held: frozenset
-    #: the tape, the same every launch: (node, launch, reads, writes) per node
-    template: list
+    #: the tape, the same every launch: one Step per node, shared by every Record of this plan
+    #: (nothing writes a Record's tape)
+    tape: list
     #: the plane versions after the launch, and every plane by id
     version: dict
     planes: dict
@@ -188,7 +201,7 @@ def _fused_plan(graph, recording) -> LaunchPlan:
                 saved.append((before, cur[pid]))
             cur[pid] = var
             writes[nm] = versions.wrote(pid)
-        template.append((node, launch, reads, writes))
+        template.append(Step(node, launch, reads, writes, len(template)))
     version = versions.version
     written = [pid for pid in version if version[pid] > 0]
     planes = {id(p): p for node in graph.nodes for p in
@@ -218,7 +231,7 @@ def _fused_plan(graph, recording) -> LaunchPlan:
         read_ids = frozenset(id(a) for a in in_planes)
     return LaunchPlan(exe=exe, backend=backend, in_planes=in_planes, cells=list(cell_vars),
                       written=written, saved=[k for k, _ in saved], into=into, inputs=read_ids,
-                      held=read_ids | {id(p) for p in written}, template=template,
+                      held=read_ids | {id(p) for p in written}, tape=template,
                       version=dict(version), planes=planes, eqns=program.eqns,
                       resident=bool(device))
 
@@ -235,10 +248,12 @@ def _run_fused(graph, recording):
     for plane, dest, value in zip(plan.written, plan.into, values):
         if dest is None:
             plane[...] = value.copy() if id(value) in plan.inputs else value
-    run.versions.version = dict(plan.version)
-    run.planes = dict(plan.planes)
-    run.tape = [Step(node, launch, reads, writes, i)
-                for i, (node, launch, reads, writes) in enumerate(plan.template)]
+    # the plan's own versions, planes and tape: the same every launch, and never written (the
+    # Record reads them), so shared rather than copied per launch
+    run.versions.version = plan.version
+    run.planes = plan.planes
+    run.tape = plan.tape
+    run.steps_only = True
     return run
 
 
@@ -280,9 +295,12 @@ def launch_backup(graph, runs, fused):
     if not (runs > 1 or can_fail and not fused):
         return []
     planes = graph.written_planes()
-    # on the cuda backend the device planes are the graph's: several runs back them up on the
-    # device (one run on the host writes them only once it has succeeded: ``_steps``)
-    return [graph._device.get(id(p), p) for p in planes] if graph._device and runs > 1 else planes
+    # on the cuda backend the device planes are the graph's: several runs, or one run node by
+    # node on the device, back them up on the device (one run on host copies writes them only
+    # once it has succeeded: ``_steps``)
+    on_device = graph._device and (runs > 1 or steps_on_device(graph))
+    return list({id(p): graph._device.get(id(p), p) for p in planes}.values()) if on_device \
+        else planes
 
 
 def fused_launch(graph, workers=None) -> bool:
@@ -311,14 +329,39 @@ def run_graph(graph, recording, fused=None):
     return Record(graph, run)
 
 
+def steps_on_device(graph) -> bool:
+    """Whether a node-by-node run of ``graph`` works on its device planes (cuda): its nodes are
+    kernel launches, skippables and repeat_whiles whose guards are ``SkipGuard`` cells the
+    graph does not hold as planes (a guard reads only its cell, on the host; every kernel runs
+    on the device planes).  Opaque nodes, reductions and guards that are functions run Python
+    that may read any plane, so such a graph runs on host copies (:func:`_steps`)."""
+    if not graph._device:
+        return False
+
+    def on_device(node):
+        op = node.op
+        if type(op) is Launch:
+            return True
+        if isinstance(op, (Skippable, RepeatWhile)):
+            return isinstance(op.guard, SkipGuard) and id(op.guard.cell) not in graph._device
+        return False
+    return all(on_device(node) for node in graph.nodes)
+
+
 def _steps(graph, recording, keep=True):
-    """:func:`_run_steps`, on the host where the graph's planes live on the device (cuda): the
-    nodes that run Python on the values (opaque nodes, guards, reductions, loops) need them
+    """:func:`_run_steps`, on the device planes where :func:`steps_on_device` says so (every
+    kernel's results stay there; the Record's copies and a loop's checkpoints are device copies);
+    otherwise on the host where the graph's planes live on the device (cuda): the nodes that
+    run Python on the values (opaque nodes, reductions, guards that are functions) need them
     there.  Every device plane made from a NumPy array you bound is copied into that array
     first (one device-to-host copy each), the steps run on those arrays (their kernels still
     run on the GPU, on host arguments), and then -- once every step has succeeded, and only
     with ``keep`` -- each written one is copied back to its device plane (one host-to-device
-    copy each).  Planes you bound as device arrays stay on the device throughout."""
+    copy each).  Planes you bound as device arrays stay on the device throughout.  ``keep=False``
+    (a failed fused launch run again to name the failing node): always on host copies, which it
+    leaves as they are."""
+    if keep and steps_on_device(graph):
+        return _run_steps(graph, recording, graph._device)
     if not graph._mirrors:
         return _run_steps(graph, recording)
     for host, device in graph._mirrors:
@@ -341,9 +384,12 @@ def _guard(node, guard):
         raise user_error(err, f"the guard of node {node.name!r}")
 
 
-def _run_steps(graph, recording):
-    """Run the nodes one by one on the planes; the run's tape and copies."""
+def _run_steps(graph, recording, device=None):
+    """Run the nodes one by one on the planes (``device``: on these device planes, by id of the
+    bound plane); the run's tape and copies."""
     run = _Run(recording)
+    if device:
+        run.device, run.on_device = device, True
     cells = graph.cells
     for node in graph.nodes:
         op = node.op
@@ -383,7 +429,7 @@ def _run_repeat(run, node, op, cells):
     it = 0
     while it < op.max_iters and _guard(node, op.guard):
         if run.recording and it % op.window == 0:
-            entry.checkpoints[it] = {n: launch.reads[n].copy() for n in state}
+            entry.checkpoints[it] = {n: run.on(launch.reads[n]).copy() for n in state}
         # the first iteration overwrites versions others may have read: the copy rule applies;
         # the later ones overwrite only the loop's own, rebuilt from its checkpoints
         _run_launch(run, node, launch, cells, copies=it == 0)
@@ -417,8 +463,11 @@ class Record:
         self.saved = run.saved
         #: whether the planes and copies it reads are device planes (see ``Graph.planes``)
         self.on_device = run.on_device
-        self.final = dict(run.versions.version)
-        self.planes = dict(run.planes)
+        # (the run's own dicts, or its plan's: nothing writes them after the run)
+        self.final = run.versions.version
+        self.planes = run.planes
+        #: a tape of plain kernel launches only (see ``_Run.steps_only``)
+        self.steps_only = run.steps_only
         # the Param values this launch used: a one-value copy per Param, so that an
         # update() after this Record was reversed cannot leak into a later reverse of it
         self.cells = {k: v.copy() for k, v in graph.cells.items()}

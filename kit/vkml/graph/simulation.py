@@ -26,9 +26,7 @@ not fit, it runs in passes of ``256 * 2**q`` aligned samples, the largest
 that fits, and combines the passes' Param sums with the canonical tree --
 they are subtrees of the one-pass tree, so the bits do not depend on the
 budget.  Its default is half the free memory where the Record lives: the
-GPU's on the cuda backend (see below), else half the available host RAM
-(and, on a GPU backend stepping from the host, at most half the GPU's free
-memory, where each step computes).
+GPU's on the cuda backend (see below), else half the available host RAM.
 
 On the cuda backend a simulation the per-sample loops cover (one kernel, the
 window schedule) lives in device memory: its planes are copied to the GPU
@@ -42,10 +40,23 @@ gradients are device arrays (Param gradients are summed on the GPU with the
 canonical tree and come back as NumPy values); no plane crosses PCIe.  A
 budget's passes read their samples of every plane through views (pointer
 offsets, no copy) and of the checkpoints through one device-to-device copy
-per window.  A simulation stepped from the host (model nodes, the ``"full"``
-and ``"binomial"`` schedules, a step the loops do not cover) keeps NumPy
-planes and Records on the host, and each step's submission copies what it
-reads to the GPU and its results back.
+per window.
+
+A simulation stepped from the host (model nodes, the ``"full"`` and
+``"binomial"`` schedules, a step the loops do not cover) lives in device
+memory as well (``graph/simulation_device.py``): each step is one program on
+device arrays in and out -- the state, the per-sample step counts and
+"stopped" flags, the checkpoints (a stored state is the step's own output,
+never written again: only the initial state is copied, on the device) and,
+in the reverse, the adjoints and the per-sample Param sums.  A step sends its
+pointer table and its small arguments (Param values, the step's index) and
+reads back its status words and, forward, one word saying whether any sample
+still runs; the reverse first finds the longest and fewest steps on the
+device (two words).  A model node runs user Python on host values: the planes
+it reads are copied to the host and those it writes to the device on every
+step, and in the reverse the adjoints its vjp reads and adds to, explicitly.
+Device arrays are taken as planes here too, and a failing run writes no
+plane.
 """
 
 from __future__ import annotations
@@ -72,6 +83,7 @@ from .kernel import Launch
 from .reversible import Reversible
 # (the schedules, binomial_cost, default_window and MAX_STEPS are re-exported from here)
 from .schedules import Binomial, Full, Window, binomial_cost, default_window, schedule_for  # noqa: F401
+from .simulation_device import DeviceSteps, device_rows
 from .simulation_checks import MAX_STEPS, check_arguments, check_seeds, check_wrt, \
     seed_cotangents  # noqa: F401
 from .treesum import MIN_PASS, chunk_bounds, combine, pass_size, tree_sum
@@ -307,18 +319,13 @@ class Simulation(Reversible):
         #: which states the run stores and how the reverse rebuilds the others
         self.schedule = schedule_for(window, max_steps, snapshots)
         #: whether the planes, the Record and the gradients live in device memory (see the module
-        #: docstring): on a backend that keeps planes there, where its per-sample loops cover the
-        #: simulation
-        self.on_device = backend.keeps_planes_on_device and self._compiled_loops() is not None
-        on_gpu = sorted({name for op in [launch] + nodes
-                         for name, p in list(op.reads.items()) + list(op.writes.items())
-                         if not isinstance(p, np.ndarray)})
-        if on_gpu and not self.on_device:
-            raise ArgumentError(f"simulation: planes {on_gpu} are device arrays, but this "
-                                "simulation steps from the host (model nodes, a 'full' or "
-                                "'binomial' schedule, or a step the GPU loops do not cover); pass "
-                                "NumPy arrays (a.numpy(), cupy.asnumpy(a)) or use window=<steps>")
+        #: docstring): on a backend that keeps planes there
+        self.on_device = backend.keeps_planes_on_device
+        #: on the device: whether the per-sample loops run it (else it is stepped from the host,
+        #: one program on device arrays per step: graph/simulation_device.py)
+        self.loops_on_device = self.on_device and self._compiled_loops() is not None
         self._device = self._device_planes(backend) if self.on_device else None
+        self._stepper = DeviceSteps(self, backend) if self.on_device else None
         self._backend = backend
         # what the memory budget plans for per sample: the stored states and the reverse's
         self.per_sample_bytes = self.schedule.budget_states(max_steps) * self.state_bytes
@@ -344,12 +351,13 @@ class Simulation(Reversible):
             if getattr(plane, "readonly", False) or not plane.flags.writeable:
                 raise ArgumentError(f"simulation: plane {name!r} is read-only, but the step writes "
                                     "it; bind a writeable array")
+        bound = [item for op in [launch] + self.nodes
+                 for item in list(op.reads.items()) + list(op.writes.items())]
         copies = {}
-        for plane in list(launch.reads.values()) + list(launch.writes.values()):
+        for _, plane in bound:
             if id(plane) not in copies:
                 copies[id(plane)] = backend.to_plane(plane)
-        return {name: copies[id(plane)]
-                for name, plane in list(launch.reads.items()) + list(launch.writes.items())}
+        return {name: copies[id(plane)] for name, plane in bound}
 
     @property
     def planes(self) -> dict:
@@ -478,7 +486,8 @@ class Simulation(Reversible):
         self.check_planes("simulation.run")
         threads()                              # a bad VKML_THREADS is refused before anything runs
         if self.on_device:
-            return self._run_on_device(self._compiled_loops())
+            loops = self._compiled_loops()
+            return self._run_on_device(loops) if loops is not None else self._run_stepped_on_device()
         # all or nothing: the steps run on private copies of the state, written into the planes
         # (and the generation and Record changed) only once every step has succeeded
         launch = self.launch
@@ -688,6 +697,149 @@ class Simulation(Reversible):
                 np.zeros(np.shape(record.cells[p]), np.float64)
         return values, stats
 
+    # -- on the GPU, stepped from the host: one program on device arrays per step ----------------
+    def _run_stepped_on_device(self):
+        """The host-stepped run on the device planes (``simulation_device.py``): every step one
+        submission on device arrays; the planes are written once every step has succeeded."""
+        launch, backend, planes = self.launch, self._backend, self._device
+        n = self.n
+        state = {s: planes[s] for s in self.state}
+        fixed = {nm: planes[nm] for nm in launch.kernel.inputs if nm not in self.state}
+        for node in self.nodes:
+            for k in node.writes:
+                fixed.setdefault(k, planes[k])
+        stopped = backend.zeros_plane((n,), np.bool_)
+        steps = backend.zeros_plane((n,), np.int64)
+        stored, rest = {}, None
+        store_at = self.schedule.stored_steps(self.max_steps) if self.record_mode else ()
+        store_at = store_at if isinstance(store_at, range) else set(store_at)
+        running = n > 0
+        with _progress(self.progress, self.max_steps, "simulation") as bar:
+            for t in range(self.max_steps):
+                if not running:
+                    break
+                if t in store_at:         # a step's output is never written again: kept as it is
+                    stored[t] = {s: backend.copy_plane(v) if v is planes[s] else v
+                                 for s, v in state.items()}
+                extra = self._node_values_on_device(state, fixed)
+                state, rest, stopped, steps, flag = self._stepper.step(
+                    state, dict(fixed, **extra), stopped, steps)
+                running = flag is not False
+                bar.update(1)
+        for s in self.state:
+            if state[s] is not planes[s]:
+                backend.copy_plane_into(planes[s], state[s])
+        for name, value in (rest or {}).items():
+            backend.copy_plane_into(planes[name], value)
+        self.generation += 1
+        if self.record_mode:
+            self._record = SimulationRecord(
+                self, self.generation, steps, stored, {s: planes[s] for s in self.state}, fixed,
+                {p: np.array(launch.params[p], copy=True) for p in launch.kernel.params})
+        return self
+
+    def _node_values_on_device(self, cur, fixed):
+        """The model nodes' outputs as device arrays: a node runs Python on host values, so its
+        reads are copied to the host and its writes to the device (explicit, every step)."""
+        extra = {}
+        for node in self.nodes:
+            reads = {k: np.asarray(cur[k] if k in cur else fixed.get(k, self._device[k]))
+                     for k in node.reads}
+            for k, v in node.run(reads).items():
+                extra[k] = self._backend.to_plane(np.asarray(v, dtype=node.writes[k].dtype))
+        return extra
+
+    def _reverse_stepped_on_device(self, record, ct0, vjps):
+        """The host-stepped reverse on device arrays, pass by pass (as ``_reverse_passes``):
+        per-sample gradients stay device arrays, Param gradients are summed on the device."""
+        backend = self._backend
+        n, size = self.n, self.pass_size
+        bounds = [(0, n)] if size >= n else chunk_bounds(n, size)
+        stats = {"chunks": len(bounds), "recomputed": 0, "peak": 0}
+        parts, partials = [], {}
+        for s0, e0 in bounds:
+            sl = slice(s0, e0)
+            res = self._reverse_slice_on_device(
+                record, sl, {k: device_rows(v, sl) for k, v in ct0.items()}, vjps, stats)
+            parts.append((sl, res))
+            for p, acc in res["params"].items():
+                partials.setdefault(p, []).append(
+                    _pass_sum(backend, acc, size if len(bounds) > 1 else e0 - s0))
+        values = {}
+        for key in ("state", "fixed"):
+            for name in parts[0][1][key]:
+                got = [res[key][name] for _, res in parts]
+                if len(parts) == 1:      # the caller's own: never a seed handed back as it is
+                    seeds = [v for v in ct0.values()]
+                    values[name] = backend.copy_plane(got[0]) if any(got[0] is v for v in seeds) \
+                        else got[0]
+                    continue
+                full = backend.empty_plane((n,) + tuple(got[0].shape[1:]), got[0].dtype)
+                for (sl, _), g in zip(parts, got):
+                    backend.copy_plane_into(device_rows(full, sl), g)
+                values[name] = full
+        for p in self.launch.kernel.params:
+            values[p] = (partials[p][0] if len(bounds) == 1 else combine(partials[p], size, n)) \
+                if p in partials else np.zeros(np.shape(record.cells[p]), np.float64)
+        return values, stats
+
+    def _reverse_slice_on_device(self, record, sl, ct0, vjps, stats):
+        """``_reverse_slice`` on device arrays: each reversed step one submission
+        (``DeviceSteps.back_step``), each recomputed step one (``DeviceSteps.advance``)."""
+        backend, stepper = self._backend, self._stepper
+        steps = device_rows(record.steps_plane, sl)
+        T, fewest = stepper.span(steps)
+        # a model node's vjp runs on the samples still running at a step: the counts on the host
+        # (its values are copied anyway); else only the longest and fewest steps come back
+        host_steps = record.steps[sl] if self.nodes else _Span(steps.shape[0], fewest)
+        fixed = {k: device_rows(v, sl) for k, v in record.fixed.items()}
+        ct_state = {s: ct0[s] if s in ct0 else
+                    backend.zeros_plane(device_rows(record.initial[s], sl).shape,
+                                        record.initial[s].dtype) for s in self.state}
+        acc = [None]
+        host_acc = {}                # inputs a model node reads too: summed on the host
+        summed_here = stepper.host_summed(sl.stop - sl.start)
+
+        def back_step(t, cur, extra):
+            new_ct, acc[0], node_cts = stepper.back_step(cur, dict(fixed, **extra), ct_state,
+                                                         steps, t, acc[0])
+            ct_state.update(new_ct)
+            if node_cts:
+                self._node_vjps_on_device(vjps, cur, fixed, extra, node_cts, ct_state, host_acc,
+                                          summed_here, t < host_steps)
+
+        self._follow_plan(
+            self.schedule.plan(self.max_steps, T), record.stored, sl, T, fixed, host_steps,
+            back_step, stats,
+            advance=lambda cur, u, everyone: stepper.advance(
+                cur, dict(fixed, **self._node_values_on_device(cur, fixed)), steps, u),
+            node_values=lambda cur: self._node_values_on_device(cur, fixed))
+        got = acc[0] or {}
+        params = {p: got[("param", p)] if ("param", p) in got else
+                  np.zeros((sl.stop - sl.start,) + np.shape(record.cells[p]), np.float64)
+                  for p in self.launch.kernel.params}
+        fixed_grads = {nm: g for (kind, nm), g in got.items() if kind == "fixed"}
+        fixed_grads.update({nm: backend.to_plane(g) for nm, g in host_acc.items()})
+        return {"state": ct_state, "fixed": fixed_grads, "params": params}
+
+    def _node_vjps_on_device(self, vjps, cur, fixed, extra, node_cts, ct_state, host_acc,
+                             summed_here, active):
+        """The model nodes' vjps (user Python) on host copies: what they read, the adjoints of
+        what they wrote and the state adjoints they add to go to the host, and those adjoints
+        come back (explicit copies, every reversed step); the inputs they read keep their
+        adjoint sums on the host, in the NumPy path's order."""
+        for nm in summed_here:
+            g = np.asarray(node_cts[nm])
+            host_acc[nm] = g if nm not in host_acc else host_acc[nm] + g
+        read = {k for node in self.nodes for k in node.reads}
+        host = {k: np.array(v) for k, v in ct_state.items() if k in read}     # its own, writeable
+        self._node_vjps(vjps, {k: np.asarray(v) for k, v in cur.items() if k in read},
+                        {k: np.asarray(v) for k, v in fixed.items() if k in read}, {},
+                        {k: np.asarray(v) for k, v in node_cts.items() if k not in summed_here},
+                        host, host_acc, active)
+        for k, v in host.items():
+            ct_state[k] = self._backend.to_plane(v)
+
     def _readers_busy(self):
         rec = self._record
         return rec is not None and rec._readers > 0
@@ -792,8 +944,10 @@ class Simulation(Reversible):
         return flags
 
     def _reverse_passes(self, record, ct0, vjps, workspace):
-        if self.on_device and record.checkpoint_arrays is not None:
-            return self._reverse_on_device(record, ct0)
+        if self.on_device:
+            if record.checkpoint_arrays is not None:
+                return self._reverse_on_device(record, ct0)
+            return self._reverse_stepped_on_device(record, ct0, vjps)
         n = self.n
         size = self.pass_size
         bounds = [(0, n)] if size >= n else chunk_bounds(n, size)
@@ -893,17 +1047,22 @@ class Simulation(Reversible):
                   for p in kern.params}
         return {"state": ct_state, "fixed": fixed_acc, "params": params}
 
-    def _follow_plan(self, plan, stored, sl, last, fixed, steps, back_step, stats):
+    def _follow_plan(self, plan, stored, sl, last, fixed, steps, back_step, stats, advance=None,
+                     node_values=None):
         """Carry out a schedule's reverse plan (see graph/schedules.py): recompute states from the
         Record's ``stored`` ones or from recomputed ones, reverse each step on its state, and free
         a recomputed state once its step is reversed.  Counts the states it needs at once the way
-        the schedule predicts them: a stored state until its step is reversed."""
+        the schedule predicts them: a stored state until its step is reversed.  ``advance`` and
+        ``node_values``: how a step is recomputed and the model nodes run (on the device: see
+        ``_reverse_stepped_on_device``), else on the host."""
+        advance = advance or (lambda cur, u, everyone: self._advance(cur, fixed, steps, u, everyone))
+        node_values = node_values or (lambda cur: self._node_values(cur, fixed))
         made = {}
         fewest = self._fewest_steps(steps)
         alive = sum(1 for t in stored if t < last)
 
         def state(t):
-            return made[t] if t in made else {s: stored[t][s][sl] for s in self.state}
+            return made[t] if t in made else {s: device_rows(stored[t][s], sl) for s in self.state}
 
         peak = alive
         with _progress(self.progress, last, "reverse steps") as bar:      # closed by a Ctrl-C too
@@ -913,7 +1072,7 @@ class Simulation(Reversible):
                     peak = max(peak, alive + len(made) + 1)
                     cur = state(c)
                     for u in range(c, t):
-                        cur = self._advance(cur, fixed, steps, u, everyone=u < fewest)
+                        cur = advance(cur, u, u < fewest)
                         stats["recomputed"] += 1
                     made[t] = cur
                 else:
@@ -923,7 +1082,7 @@ class Simulation(Reversible):
                     else:
                         cur = state(t)
                         alive -= t in stored
-                    back_step(t, cur, self._node_values(cur, fixed))
+                    back_step(t, cur, node_values(cur))
                     bar.update(1)
         stats["peak"] = max(stats["peak"], peak)
 
@@ -971,6 +1130,17 @@ class Simulation(Reversible):
 
 class _FakeNode:
     name = None
+
+
+class _Span:
+    """What a schedule's plan reads of the step counts of a pass kept on the device: how many
+    samples it has and the fewest steps one took (``Simulation._fewest_steps``)."""
+
+    def __init__(self, size, fewest):
+        self.size, self._fewest = size, fewest
+
+    def min(self):
+        return self._fewest
 
 
 def _pass_sum(backend, cotangents, size):

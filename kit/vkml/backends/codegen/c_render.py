@@ -23,6 +23,7 @@ from pathlib import Path
 
 from .lower import CTYPE
 from .statements import Block, If, Loop, While
+from .vector_nests import simd_declarations, vectorised
 
 # No #include: parsing system headers is most of a small compile's time, so the few
 # declarations generated code needs are written out here.
@@ -93,12 +94,22 @@ CSIZE = {"double": 8, "float": 4, "int64_t": 8, "int32_t": 4, "int8_t": 1, "uint
          "uint32_t": 4, "uint64_t": 8}
 
 
-def render(lowering, stmts, n_in, in_types, n_out, out_types, name="vk_main", data_offset=None):
+def render(lowering, stmts, n_in, in_types, n_out, out_types, name="vk_main", data_offset=None,
+           vector_math=()):
     """The program as C: ``name(in, out, info, vk_stop)`` over data pointers, its temporaries
     malloc'ed and freed per call; with ``data_offset`` (where a NumPy array object keeps its data
-    pointer) also ``vk_objs`` (see :func:`_objects_entry`)."""
+    pointer) also ``vk_objs`` (see :func:`_objects_entry`).  ``vector_math``: libm functions
+    whose calls in elementwise loop nests run in vector blocks (``vector_nests``; the source
+    then needs ``-fopenmp-simd``)."""
     lines = [prelude()]
+    buffers = {f"a{i}": CTYPE[t] for i, t in enumerate(in_types)}
+    buffers.update({f"o{i}": CTYPE[t] for i, t in enumerate(out_types)})
+    buffers.update({tname: ctype for tname, ctype, _ in lowering.temps})
+    stmts, blocks = vectorised(stmts, vector_math, buffers)
+    if blocks:
+        lines += simd_declarations(vector_math)
     lines += lowering.statics
+    lines += blocks
     offsets, _ = scratch_layout(lowering.temps)
     lines.append("static int vk_main_body(void** in, void** out, int64_t* info, const volatile int* vk_stop, "
                  "char* vk_scratch) {")

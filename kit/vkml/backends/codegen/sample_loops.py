@@ -57,6 +57,8 @@ import numpy as np
 from .c_render import ALLOCATION_FAILED, INTERRUPTED, STACK_LIMIT, emit, prelude
 from .cuda_render import prelude as cuda_prelude
 from .lower import CTYPE, Lowering, Unsupported
+# the vector math every compiled loop shares (SIMD_MARKER and VECTOR_MATH are read from here too)
+from .vector_nests import SIMD_MARKER, VECTOR_MATH, simd_declarations  # noqa: F401
 
 
 def _size(v):
@@ -255,7 +257,7 @@ def forward_source(step, n_state, n_fixed, n_params, out_names, state_names, ter
     st_vars, fx_vars, pr_vars, outs = _split(step, n_state, n_fixed)
     new_of = _state_outputs(out_names, state_names)
     extra = [j for j in range(len(outs)) if j not in new_of.values()]
-    statics = (_simd_declarations(vector_math) if simd else []) + low.statics
+    statics = (simd_declarations(vector_math) if simd else []) + low.statics
     lines = _open_function(target, "vk_fwd", statics, 2 * n_state + 1 + len(extra))
     for i, v in enumerate(st_vars):
         lines.append(_ptr(f"si{i}", v, f"in[{i}]", const=True))
@@ -401,38 +403,6 @@ def _lanes_results(lines, ind, st_vars, outs, extra, window):
 
 # -- SIMD lanes (C): every lane takes every step, the libm calls in their vector versions -------
 
-#: the libm functions the lowering calls that glibc's vector math library (libmvec) has in vector
-#: versions: C name -> (type, arguments)
-VECTOR_MATH = {f"{name}{suffix}": (ctype, 2 if name in ("pow", "atan2") else 1)
-               for name in ("exp", "log", "sin", "cos", "tanh", "pow", "log1p", "expm1", "erf",
-                            "atan2")
-               for suffix, ctype in (("", "double"), ("f", "float"))}
-
-#: the line that marks a source whose lanes are stepped across SIMD registers
-SIMD_MARKER = "/* vkml: sample lanes stepped in SIMD, libm calls in vector versions */"
-
-
-#: functions called through a name of their own (an assembler label to libm's): GCC fuses a
-#: ``sin`` and a ``cos`` of one argument into a scalar ``sincos`` call, which has no vector
-#: version and keeps the loop scalar (a sine's vjp holds both)
-_RENAMED = ("cos", "cosf")
-
-
-def _simd_declarations(names):
-    """``names`` (of :data:`VECTOR_MATH`) declared to the compiler as having vector versions, so
-    a ``#pragma omp simd`` loop calling them calls libmvec's ``_ZGV...`` functions instead."""
-    lines = [SIMD_MARKER]
-    for name in sorted(names):
-        ctype, arity = VECTOR_MATH[name]
-        args = ", ".join([ctype] * arity)
-        lines.append("#pragma omp declare simd notinbranch")
-        if name in _RENAMED:
-            lines += [f'__attribute__((const)) {ctype} vk_simd_{name}({args}) __asm__("{name}");',
-                      f"#define {name} vk_simd_{name}"]
-        else:
-            lines.append(f"{ctype} {name}({args});")
-    return lines
-
 
 def _keep_if(lines, ind, on, dst, src, k):
     """``dst = src`` where ``on`` holds, else ``dst`` kept (a select)."""
@@ -551,7 +521,7 @@ def reverse_source(step, vjp, n_state, n_fixed, n_params, out_names, state_names
     ins = step.inputs
     st_vars, fx_vars, pr_vars, outs = _split(step, n_state, n_fixed)
     _check_local(st_vars, window, target)
-    statics = (_simd_declarations(vector_math) if simd else []) + fwd_low.statics + bwd_low.statics
+    statics = (simd_declarations(vector_math) if simd else []) + fwd_low.statics + bwd_low.statics
     lines = _open_function(target, "vk_rev", statics, len(wrt))
     pos = 0
     for i, v in enumerate(st_vars):

@@ -1,0 +1,227 @@
+"""Elementwise loop nests in SIMD registers, their libm calls in glibc's vector versions (libmvec).
+
+Why: a graph kernel's launch and reverse are batched programs over every
+sample, and the loop nest that computes ``sin(k * u)`` for 10^3 samples
+spent most of its time in glibc's scalar ``sin``; libmvec's vector ``sin``
+computes 4 or 8 of them at once.
+
+The catch is that a sample's bits must not depend on where it sits (the
+number of samples, a thread's chunk, a memory budget's pass), while the
+program is generated for one number of samples.  Left to itself, the
+compiler runs a vectorised loop's leftover elements through the scalar
+function, and whether it vectorises a loop at all may change with the loop's
+length.  So every element goes through the very same code:
+
+- a nest's body is one *block function* computing :data:`BLOCK` consecutive
+  elements from an offset, a ``#pragma omp simd`` loop of exactly ``BLOCK``
+  iterations (a whole number of vectors at every register width: no tail),
+  whose text does not depend on the number of elements and which the
+  compiler may neither inline nor specialise (``noipa``): it is compiled the
+  same way in every program;
+- the nest calls it block after block, the last block moved back to end at
+  the last element (a few elements are computed twice, the same values
+  stored again); a nest of fewer than ``BLOCK`` elements calls it once on
+  private copies padded with its last element and stores only its own.
+
+A lane's result depends only on that lane's operands, so every element gets
+the same bits wherever it is.  Only a *flat* nest is rewritten: a perfect
+nest of counted loops whose body stores one element of its own index per
+line (``t3[i1] = sin(a0[i1]);``) and reads buffers only at that index or at
+a fixed one (a Param's ``a2[0]``) -- what the lowering makes of an
+elementwise chain.  Anything else keeps its scalar calls; the backend's
+check of the built library (every call of one vector version, none scalar)
+then builds the program again with scalar libm throughout, so one program
+never mixes the two.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .statements import Block, Loop
+
+#: the libm functions the lowering calls that glibc's vector math library (libmvec) has in vector
+#: versions: C name -> (type, arguments)
+VECTOR_MATH = {f"{name}{suffix}": (ctype, 2 if name in ("pow", "atan2") else 1)
+               for name in ("exp", "log", "sin", "cos", "tanh", "pow", "log1p", "expm1", "erf",
+                            "atan2")
+               for suffix, ctype in (("", "double"), ("f", "float"))}
+
+#: the line that marks a source whose loops run in SIMD registers, calling libm's vector versions
+#: (a simulation's sample lanes, a graph program's vector blocks)
+SIMD_MARKER = "/* vkml: sample lanes stepped in SIMD, libm calls in vector versions */"
+
+
+#: functions called through a name of their own (an assembler label to libm's): GCC fuses a
+#: ``sin`` and a ``cos`` of one argument into a scalar ``sincos`` call, which has no vector
+#: version and keeps the loop scalar (a sine's vjp holds both)
+_RENAMED = ("cos", "cosf")
+
+
+def simd_declarations(names):
+    """``names`` (of :data:`VECTOR_MATH`) declared to the compiler as having vector versions, so
+    a ``#pragma omp simd`` loop calling them calls libmvec's ``_ZGV...`` functions instead."""
+    lines = [SIMD_MARKER]
+    for name in sorted(names):
+        ctype, arity = VECTOR_MATH[name]
+        args = ", ".join([ctype] * arity)
+        lines.append("#pragma omp declare simd notinbranch")
+        if name in _RENAMED:
+            lines += [f'__attribute__((const)) {ctype} vk_simd_{name}({args}) __asm__("{name}");',
+                      f"#define {name} vk_simd_{name}"]
+        else:
+            lines.append(f"{ctype} {name}({args});")
+    return lines
+
+
+#: elements one block function computes: 8 doubles (or floats) fill one AVX-512 register, two
+#: AVX2 or four SSE ones, so a block is a whole number of vector iterations at every width
+BLOCK = 8
+
+#: the element index of a rewritten nest's lines (one flat index over the whole nest)
+_FLAT = "vk_f"
+
+
+def vectorised(stmts, names, ctypes):
+    """``stmts`` with every flat nest (see the module docstring) that calls one of the functions
+    ``names`` rewritten into calls of a block function; ``(statements, block functions' C)``.
+    ``ctypes``: the C element type of every buffer a nest may touch, by name."""
+    calls = re.compile(r"(?<![\w])(?:" + "|".join(sorted(map(re.escape, names))) + r")\(") \
+        if names else None
+    out, functions = [], []
+    for s in stmts:
+        nest = _Nest.of(s) if calls is not None and isinstance(s, Loop) else None
+        if nest is not None and nest.elements and any(calls.search(line) for line in nest.body) and \
+                all(b in ctypes for b in nest.buffers()):
+            name = f"vk_block{len(functions)}"
+            functions.append(nest.block_function(name, ctypes, calls))
+            out.append(nest.calls(name, ctypes))
+        else:
+            out.append(s)
+    return out, functions
+
+
+#: a line storing one element: ``name[...] = ...;``
+_STORE = re.compile(r"^([A-Za-z_]\w*)\[.*;$")
+#: a buffer read or written, and the index it is read at (no nested brackets)
+_ACCESS = re.compile(r"(?<![\w])([A-Za-z_]\w*)\[([^\[\]]*)\]")
+
+
+class _Nest:
+    """A flat nest: ``elements`` in all, its loop variables ``idx`` over ``extents``, and its
+    lines, each storing one element at the flat index :data:`_FLAT` (``body``).  A buffer
+    the nest does not store may be read at another index of the loop variables (a Param
+    broadcast along a per-sample vector, ``t1[i4]``): ``gathers`` maps each such read to the
+    private array a block gathers it into first."""
+
+    def __init__(self, idx, extents, body, gathers):
+        self.idx, self.extents, self.body, self.gathers = idx, extents, body, gathers
+        self.elements = 1
+        for e in extents:
+            self.elements *= e
+
+    @classmethod
+    def of(cls, loop):
+        """The flat nest ``loop`` is, or None."""
+        idx, extents = [], []
+        while True:
+            if not isinstance(loop.extent, int):
+                return None
+            idx.append(loop.var)
+            extents.append(loop.extent)
+            if len(loop.body) == 1 and isinstance(loop.body[0], Loop):
+                loop = loop.body[0]
+                continue
+            if not loop.body or not all(isinstance(line, str) for line in loop.body):
+                return None
+            break
+        from .lower import linear_index   # local: lower imports statements, as this module does
+        here = linear_index(idx, extents)
+        stored = [_STORE.match(line).group(1) if _STORE.match(line) else None for line in loop.body]
+        if None in stored:
+            return None
+        body, gathers = [], {}
+        for line, target in zip(loop.body, stored):
+            if not line.startswith(f"{target}[{here}] = ") or \
+                    line.count("[") != len(_ACCESS.findall(line)):
+                return None            # a nested index, or a read through a cast pointer
+            for name, index in _ACCESS.findall(line):
+                if index == here or index.isdigit():
+                    continue
+                if name in stored:
+                    return None        # another element of what the nest computes
+                if "?" in line:
+                    return None        # a read a condition may guard (a pad's): gathered, it
+                    #                    would be read unguarded
+                gathers.setdefault((name, index), f"vk_g{len(gathers)}")
+            for (name, index), g in gathers.items():
+                line = re.sub(rf"(?<![\w]){re.escape(f'{name}[{index}]')}", f"{g}[vk_l]", line)
+            body.append(re.sub(rf"(?<![\w])([A-Za-z_]\w*)\[{re.escape(here)}\]",
+                               lambda m: f"{m.group(1)}[{_FLAT}]", line))
+        return cls(idx, extents, body, gathers)
+
+    def buffers(self):
+        """The buffers the nest touches, in order of appearance (then those it gathers from)."""
+        seen = [name for line in self.body for name, _ in _ACCESS.findall(line)
+                if not name.startswith("vk_g")]
+        return list(dict.fromkeys(seen + [name for name, _ in self.gathers]))
+
+    def stored(self):
+        return list(dict.fromkeys(_STORE.match(line).group(1) for line in self.body))
+
+    def at_flat(self):
+        """The buffers read or written at the flat index."""
+        return list(dict.fromkeys(name for line in self.body for name, index in _ACCESS.findall(line)
+                                  if index == _FLAT))
+
+    def block_function(self, name, ctypes, calls):
+        """The C of block function ``name``: the nest's lines for the ``BLOCK`` elements from
+        ``vk_at`` of ``vk_n``, each buffer a parameter of its own name.  Its text holds neither
+        the number of elements nor where the block starts (they are arguments).  The lines
+        after the last one that calls a vector function (``calls``) run in a loop of their own
+        after the vector loop: a comparison stored as a byte (a simulation's "terminated") would
+        keep GCC 12 from vectorising a loop of doubles."""
+        params = ", ".join(f"{ctypes[b]}* {b}" for b in self.buffers())
+        lines = [f"__attribute__((noipa)) static void {name}(int64_t vk_at, int64_t vk_n, "
+                 f"{params}) {{", "    (void)vk_n;"]
+        if self.gathers:
+            from .lower import row_major_strides   # local: see _Nest.of
+            strides = row_major_strides(self.extents)
+            coords = [f"const int64_t {v} = ({_FLAT} / {st})" + (f" % {e};" if k else ";")
+                      for k, (v, st, e) in enumerate(zip(self.idx, strides, self.extents))]
+            lines += [f"    {ctypes[b]} {g}[{BLOCK}];" for (b, _), g in self.gathers.items()]
+            lines += [f"    for (int64_t vk_l = 0; vk_l < {BLOCK}; vk_l++) {{",
+                      f"        const int64_t {_FLAT} = vk_at + vk_l < vk_n ? vk_at + vk_l : vk_n - 1;"]
+            lines += ["        " + c for c in coords]
+            lines += [f"        (void){v};" for v in self.idx]
+            lines += [f"        {g}[vk_l] = {b}[{index}];" for (b, index), g in self.gathers.items()]
+            lines.append("    }")
+        last = max(i for i, line in enumerate(self.body) if calls.search(line))
+        for pragma, part in (("    #pragma omp simd", self.body[:last + 1]), (None, self.body[last + 1:])):
+            if not part:
+                continue
+            lines += ([pragma] if pragma else []) + \
+                [f"    for (int64_t vk_l = 0; vk_l < {BLOCK}; vk_l++) {{"]
+            lines += ["        " + line.replace(f"[{_FLAT}]", "[vk_at + vk_l]") for line in part]
+            lines.append("    }")
+        lines.append("}")
+        return "\n".join(lines)
+
+    def calls(self, name, ctypes):
+        """The nest as calls of its block function (module docstring)."""
+        n = self.elements
+        if n >= BLOCK:
+            at = f"(vk_b * {BLOCK} + {BLOCK} <= {n} ? vk_b * {BLOCK} : {n - BLOCK})"
+            return Loop("vk_b", -(-n // BLOCK), [f"{name}({at}, {n}, {', '.join(self.buffers())});"])
+        # fewer elements than a block: private copies of what is read and written at the flat
+        # index, padded with the last element
+        flat, stored = self.at_flat(), self.stored()
+        lines = [f"{ctypes[b]} vk_p_{b}[{BLOCK}];" for b in flat]
+        last = f"({_FLAT} < {n} ? {_FLAT} : {n - 1})"
+        lines += [f"for (int64_t {_FLAT} = 0; {_FLAT} < {BLOCK}; {_FLAT}++) vk_p_{b}[{_FLAT}] = {b}[{last}];"
+                  for b in flat if b not in stored]
+        args = ", ".join(f"vk_p_{b}" if b in flat else b for b in self.buffers())
+        lines.append(f"{name}(0, {n}, {args});")
+        lines += [f"for (int64_t {_FLAT} = 0; {_FLAT} < {n}; {_FLAT}++) {b}[{_FLAT}] = vk_p_{b}[{_FLAT}];"
+                  for b in stored]
+        return Block(lines)
