@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 import weakref
 
 import numpy as np
 
 from .errors import ArgumentError, DTypeError, IndexOutOfRangeError, ShapeError
+from .runtime import user_code, user_line
 from .tensor import (Tensor, conv2d, flatten, gather, matmul, max_pool2d, mean, relu, reshape,
                      sigmoid, softmax, sqrt, take, take_along_axis, tanh, tensor, transpose, var)
 from .tensor import log_softmax as _log_softmax
@@ -155,7 +157,12 @@ class Module:
         raise NotImplementedError(f"{type(self).__name__} must define forward()")
 
     def __call__(self, *args, **kwargs):
-        return self.forward(*args, **kwargs)
+        """``forward``, its operations naming the user's line in errors.  A forward of vkml's own
+        finds that line once for all its operations (``user_line``), not once per operation (a
+        walk up the stack each); a user's own forward is its operations' line, so inside it each
+        operation finds its line again, as outside any module."""
+        with user_line() if _own_forward(type(self)) else user_code():
+            return self.forward(*args, **kwargs)
 
     # -- what it holds -------------------------------------------------------------------------
     def named_children(self):
@@ -521,6 +528,20 @@ def _labels(labels, n, classes):
     return coords
 
 
+#: Module class -> whether its ``forward`` is vkml's own code (see ``Module.__call__``)
+_OWN_FORWARD: dict = {}
+#: where vkml's own code lives
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _own_forward(cls) -> bool:
+    own = _OWN_FORWARD.get(cls)
+    if own is None:
+        code = getattr(cls.forward, "__code__", None)
+        own = _OWN_FORWARD[cls] = code is not None and code.co_filename.startswith(_PACKAGE_DIR)
+    return own
+
+
 def cross_entropy(logits, labels) -> Tensor:
     """Mean negative log-likelihood of ``labels`` under ``softmax(logits)`` (``F.cross_entropy``).
 
@@ -534,6 +555,11 @@ def cross_entropy(logits, labels) -> Tensor:
     >>> vkml.nn.cross_entropy(logits, np.array([0, 1]))
     tensor(0.69314718, dtype=float64)
     """
+    with user_line():          # one walk up the stack for the user's line, not one per operation
+        return _cross_entropy(logits, labels)
+
+
+def _cross_entropy(logits, labels) -> Tensor:
     if not isinstance(logits, Tensor):
         logits = tensor(logits)
     if logits.ndim != 2:

@@ -137,9 +137,9 @@ class Optimizer(abc.ABC):
         order, dsts, states, hyper = self._host(active)
         params = [self.params[i] for i in order]
         with no_grad():
-            srcs = _update_program(type(self))(_values(params), [p.grad for p in params], states,
-                                               hyper)
-        assign(dsts, srcs)
+            srcs = _update_program(type(self))(_plain_values(params), [p.grad for p in params],
+                                               states, hyper)
+        _store(dsts, srcs)
         self._stepped(active)
 
     def compile_step(self, loss_fn) -> "CompiledStep":
@@ -198,6 +198,91 @@ def _values(tensors):
     return [t.detach() for t in tensors]
 
 
+def _plain_values(tensors):
+    """The parameters as the update program's arguments: a parameter's NumPy array itself where
+    it holds one (no Tensor or Var made per step; the program needs no gradient of its own),
+    else the value cut from the gradient graph (:func:`_values`)."""
+    return [t.ir_var.value if type(t.ir_var.value) is np.ndarray else t.detach() for t in tensors]
+
+
+def _store(dsts, srcs):
+    """``assign(dsts, srcs)`` for sources the update program just computed: each destination
+    takes its source's Var as it is (a new value, held by nothing else), so a step makes no
+    Var per destination.  A source that is still pending or of another type than its
+    destination (a subclass's ``_math`` gone wrong) goes through :func:`assign`, which checks
+    every pair before writing any."""
+    for d, s in zip(dsts, srcs):
+        v, w = d.ir_var, s.ir_var
+        if w.value is None or w.shape != v.shape or w.dtype != v.dtype or w.device != v.device:
+            assign(dsts, srcs)
+            return
+    for d, s in zip(dsts, srcs):
+        d.ir_var = s.ir_var
+        if d.requires_grad:
+            d._register_leaf()
+
+
+class _FlatUpdate:
+    """An optimiser class's ``_math`` as jitted programs called with one flat tuple of arrays.
+
+    ``step`` hands the update (parameters, gradients, state, hyperparameters) over as the leaves
+    of that pytree, one jitted program per tree structure (as :class:`CompiledStep` does), so a
+    step after the first takes the jitted function's fast path: no flattening into Vars, no key
+    and no signature per call, only the executable's run.  The programs are the ones
+    ``jit(cls._math)`` traces (Python floats enter as weak scalars either way), so the values
+    are the same bits."""
+
+    def __init__(self, math):
+        self.math = math
+        #: one jitted update per tree structure of its arguments, and the same by nesting
+        #: (``_nesting``: found faster than the tree)
+        self._programs, self._by_nesting = {}, {}
+
+    def __call__(self, params, grads, states, hyper):
+        args = (params, grads, states, hyper)
+        leaves = []
+        try:
+            shape = _nesting(args, leaves)
+        except _OtherContainer:       # a dict, a named tuple, ...: the general flattening
+            shape = None
+        program = self._by_nesting.get(shape) if shape is not None else None
+        if program is None:
+            leaves, tree = flatten(args)
+            program = self._programs.get(tree)
+            if program is None:
+                program = self._programs[tree] = jit(_Unflattened(self.math, tree))
+            if shape is not None:
+                self._by_nesting[shape] = program
+        return program(*[_weak_scalar(x) if type(x) in (float, int, bool) else x for x in leaves])
+
+    def cache_info(self):
+        """Traces, compiles and hits of the update's programs, summed over their structures."""
+        total = {"traces": 0, "compiles": 0, "derived": 0, "hits": 0, "keys": 0}
+        for program in self._programs.values():
+            for name, count in program.cache_info().items():
+                total[name] += count
+        return total
+
+
+class _OtherContainer(Exception):
+    """The update's arguments hold a container other than a list or tuple."""
+
+
+def _nesting(tree, leaves):
+    """The nesting of lists, tuples and Nones in ``tree`` (hashable; the same nesting is the same
+    pytree structure), its leaves appended to ``leaves`` in pytree order: what ``flatten`` finds,
+    without asking of every node which kind of container it is (~25 us a step on the bench MLP)."""
+    t = type(tree)
+    if t is list or t is tuple:
+        return (t, tuple([_nesting(x, leaves) for x in tree]))
+    if tree is None:
+        return None
+    if t is Tensor or t is np.ndarray or t is float or t is int or t is bool:
+        leaves.append(tree)
+        return 0
+    raise _OtherContainer
+
+
 _UPDATE_PROGRAMS = {}
 
 
@@ -205,7 +290,7 @@ def _update_program(cls):
     """``cls._math`` jitted (one per optimiser class, so its programs are shared by instances)."""
     program = _UPDATE_PROGRAMS.get(cls)
     if program is None:
-        program = _UPDATE_PROGRAMS[cls] = jit(cls._math)
+        program = _UPDATE_PROGRAMS[cls] = _FlatUpdate(cls._math)
     return program
 
 

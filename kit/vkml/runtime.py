@@ -66,7 +66,7 @@ from .transforms import vjp_program
 from .validate import check_bool, check_int
 
 __all__ = ["set_eager", "is_eager", "eager", "no_grad", "enable_grad", "is_grad_enabled",
-           "set_backend", "use_backend", "current_backend", "current_device", "user_line",
+           "set_backend", "use_backend", "current_backend", "current_device", "user_line", "user_code",
            "submit", "compute", "realize", "is_traced", "register_grad_leaf", "grad_leaf",
            "is_grad_leaf", "backward", "set_cache_limit", "cache_limit", "cache_sizes",
            "clear_caches", "deterministic_matmul", "is_deterministic_matmul"]
@@ -233,6 +233,22 @@ class user_line:
             CURRENT_SITE.reset(self._token)
 
 
+class user_code:
+    """``with user_code():`` -- every bind in the block finds the user's line itself: the block
+    runs the user's own code (a module's ``forward``) inside a ``user_line`` block of vkml's,
+    whose line would otherwise name the call of the whole model instead."""
+
+    __slots__ = ("_token",)
+
+    def __enter__(self):
+        self._token = CURRENT_SITE.set(None) if CURRENT_SITE.get() is not None else None
+        return self
+
+    def __exit__(self, *exc):
+        if self._token is not None:
+            CURRENT_SITE.reset(self._token)
+
+
 # -- the grad-leaf registry -----------------------------------------------------------------------
 
 #: leaf Var -> weakref to the Tensor whose ``.grad`` receives its gradient.
@@ -291,6 +307,7 @@ def execution_error(error, eqns):
 def compute(out_vars) -> list:
     """The values of ``out_vars`` (none holding one yet), computed in ONE submission on the
     current backend; the pending graph is compiled once per structure."""
+    recipes.reset_tape()        # the replays so far made graphs observed now (or not at all)
     leaves, eqns, key = collect_keyed(out_vars)
     for leaf in leaves:
         if leaf.value is None:
@@ -340,6 +357,42 @@ def _seed(dtype):
     return seed
 
 
+#: key of a graph made of recorded replays (``recipes.tape_graph``) -> (where each leaf of the
+#: walk is among the tape's leaves, the walk's structural key)
+_TAPE_PLANS = Cache("backward tape plans")
+#: backwards that found their graph from the tape, and those that walked it (tests count them)
+TAPE_COUNTS = {"from tape": 0, "walked": 0}
+
+
+def _backward_graph(root):
+    """``(leaves, equations, key)`` of the whole graph behind ``root``, as ``collect_keyed``
+    gives them; equations None when they were not needed to find the rest.
+
+    A training step builds the same graph every step, op by op from recipes, so a graph made of
+    this thread's recorded replays alone is found from them (``recipes.tape_graph``: about one
+    lookup per op) and, once its key was seen, the walk over every equation -- ~30 us on the
+    bench MLP's 33 -- is skipped: the leaves come in the walk's order from where the first walk
+    found them, with its structural key.  Anything else is walked, as is the first graph of
+    each key (and its plan kept)."""
+    found = recipes.tape_graph(root)
+    recipes.reset_tape()
+    if found is not None:
+        key, tape_leaves = found
+        plan = _TAPE_PLANS.get(key)
+        if plan is not None:
+            order, graph_key = plan
+            TAPE_COUNTS["from tape"] += 1
+            return [tape_leaves[j] for j in order], None, graph_key
+    TAPE_COUNTS["walked"] += 1
+    leaves, eqns, graph_key = collect_keyed([root], is_leaf=_never)
+    if found is not None:
+        where = {v: j for j, v in enumerate(tape_leaves)}
+        order = [where.get(v) for v in leaves]
+        if None not in order:
+            _TAPE_PLANS.put(key, (order, graph_key))
+    return leaves, eqns, graph_key
+
+
 def _never(var) -> bool:
     """A backward walks the whole graph: a Var is a leaf only where it has no equation."""
     return False
@@ -352,7 +405,7 @@ def backward(root) -> list:
 
     The backward program is derived from the forward one by linearize + transpose and cached by
     the forward graph's structure, so a training loop derives and compiles it once."""
-    leaves, eqns, graph_key = collect_keyed([root], is_leaf=_never)
+    leaves, eqns, graph_key = _backward_graph(root)
     targets = []
     for i, leaf in enumerate(leaves):
         t = grad_leaf(leaf)
@@ -371,7 +424,8 @@ def backward(root) -> list:
 
     def derive():
         STATS.derivations += 1
-        return vjp_program(Program(leaves, eqns, [root]), wrt, has_old)
+        whole = eqns if eqns is not None else collect_keyed([root], is_leaf=_never)[1]
+        return vjp_program(Program(leaves, whole, [root]), wrt, has_old)
 
     program, _ = _BACKWARD_PROGRAMS.get_or_make(key, derive)
     backend = current()

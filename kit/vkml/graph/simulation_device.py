@@ -119,7 +119,7 @@ class DeviceSteps:
         exe, program = self.replay(steps.shape[0])
         args = [state[s] for s in self.sim.state] + [fixed[nm] for nm in self.fixed_names] + \
             [self.sim.launch.params[p] for p in self.kern.params] + [steps, np.int64(t)]
-        return dict(zip(self.sim.state, self._submit(exe, program, args,
+        return dict(zip(self.sim.state, self._run_resident(exe, program, args,
                                                      f"simulation step {self.kern.name}")))
 
     def _inputs(self, m):
@@ -140,7 +140,7 @@ class DeviceSteps:
         exe, program = self.forward(m)
         args = [state[s] for s in sim.state] + [fixed[nm] for nm in self.fixed_names] + \
             [launch.params[p] for p in self.kern.params] + [stopped, steps]
-        outs = self._submit(exe, program, args, f"simulation step {self.kern.name}")
+        outs = self._run_resident(exe, program, args, f"simulation step {self.kern.name}")
         k = len(sim.state)
         others = [nm for nm in launch.out_names if nm not in sim.state]
         new = dict(zip(sim.state, outs[:k]))
@@ -162,7 +162,7 @@ class DeviceSteps:
             self._forward["span", m] = self._compile(
                 "simulation-device-span", program_from_dag([counts], [api.max(counts), api.min(counts)]))
         exe, program = self._forward["span", m]
-        most, fewest = self._submit(exe, program, [steps], "simulation reverse")
+        most, fewest = self._run_resident(exe, program, [steps], "simulation reverse")
         return int(np.asarray(most)), int(np.asarray(fewest))
 
     # -- reverse ---------------------------------------------------------------------------------
@@ -239,7 +239,7 @@ class DeviceSteps:
         args = [cur[s] for s in sim.state] + [fixed[nm] for nm in self.fixed_names] + \
             [launch.params[p] for p in self.kern.params] + [ct_state[s] for s in sim.state] + \
             [steps, np.int64(t)] + ([] if acc is None else [acc[key] for key in layout["acc"]])
-        outs = self._submit(exe, program, args, f"the vjp of simulation step {self.kern.name}")
+        outs = self._run_resident(exe, program, args, f"the vjp of simulation step {self.kern.name}")
         k, a = len(sim.state), len(layout["acc"])
         return (dict(zip(sim.state, outs[:k])), dict(zip(layout["acc"], outs[k:k + a])),
                 dict(zip(layout["node_cts"], outs[k + a:])))
@@ -257,7 +257,7 @@ class DeviceSteps:
     def _compile(self, tag, program):
         return self.backend.executable((tag, program), lambda: program), program
 
-    def _submit(self, exe, program, args, where):
+    def _run_resident(self, exe, program, args, where):
         try:
             return submit(self.backend, exe, args, program.eqns, resident=True)
         except ExecutionError as error:

@@ -22,9 +22,15 @@ The caller says which functions may be replayed: only those whose equations depe
 but the key (``take`` looks at the values of a known index, so it is not one).  An argument the
 key cannot describe (an array, a list holding tensors) just runs the function, as does a call
 whose result reaches Vars it was not given.
+
+Each thread also keeps a tape of the replays it made since its last backward or realize
+(:func:`tape_graph`): a backward whose graph is made of them alone finds it from the tape, one
+lookup per op, instead of walking every equation.
 """
 
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 
@@ -34,7 +40,7 @@ from .api import default_device
 from .core import current_site
 from .linalg import DETERMINISTIC_MATMUL
 
-__all__ = ["Recipe", "call", "record", "replay", "clear", "info"]
+__all__ = ["Recipe", "call", "record", "replay", "clear", "info", "tape_graph", "reset_tape"]
 
 
 class Recipe:
@@ -74,7 +80,13 @@ def call(fn, args, kwargs, at_user_line):
         recipe = _RECIPES.get(key)
         if recipe is not None:
             _COUNTS["replayed"] += 1
-            return replay(recipe, operands, current_site())
+            vals = _replay(recipe, operands, current_site())
+            out = vals[recipe.out]
+            tape = _TAPE.records
+            n, m = len(operands), len(recipe.consts)
+            if len(tape) < TAPE_LIMIT and recipe.out >= n + m:   # (a result made here)
+                tape.append((recipe, operands, vals[n:n + m], out))
+            return out
     start = current_serial()
     with at_user_line():
         out = fn(*args, **kwargs)
@@ -140,6 +152,11 @@ def record(operands, out, start):
 
 def replay(recipe, operands, site):
     """The result of ``recipe`` for new ``operands``: new Eqns and Vars, made at ``site``."""
+    return _replay(recipe, operands, site)[recipe.out]
+
+
+def _replay(recipe, operands, site):
+    """Every Var of ``recipe`` replayed on ``operands``, by slot (operands, constants, outputs)."""
     vals = list(operands)
     for shape, dtype, device, weak, value in recipe.consts:
         vals.append(Var(shape, dtype, device, value=value, weak=weak))
@@ -154,13 +171,88 @@ def replay(recipe, operands, site):
             made = tuple([Var(shape, dtype, device, eqn) for shape, dtype, device in outs])
             eqn.outputs = made
             vals += made
-    return vals[recipe.out]
+    return vals
 
 
 def clear() -> None:
     """Forget every recipe (``vkml.clear_caches`` calls this)."""
     _RECIPES.clear()
     _SEEN.clear()
+    reset_tape()
+
+
+# -- the tape: which replays a graph is made of -----------------------------------------------------
+
+class _Tape(threading.local):
+    """This thread's replays since its last backward or realize: ``(recipe, operands, constants,
+    result)`` each, in the order they were made."""
+
+    def __init__(self):
+        self.records = []
+
+
+_TAPE = _Tape()
+#: replays a tape keeps at most (a loop that builds graphs and never observes them stops adding)
+TAPE_LIMIT = 256
+
+
+def reset_tape() -> None:
+    """Forget this thread's replays (a backward or a realize consumed the graphs they made)."""
+    _TAPE.records = []
+
+
+def tape_graph(root):
+    """``(key, leaves)`` of the graph behind Var ``root`` when it is made of this thread's
+    recorded replays alone, else None; found without walking its equations.
+
+    The replays ``root`` depends on are found through their operands, from ``root`` back; an
+    operand that is neither the result of one of them nor a leaf (an op bound afresh, a replay
+    of another thread or of before the tape was reset) means the graph is not all here: None.
+    The key lists those replays in the order they were made: each one's recipe (by identity:
+    its equations and constants) and where each operand comes from, an earlier replay of the
+    list or a leaf, numbered in the order first met.  ``leaves``: those leaves, each replay's
+    constants among them after its operands -- every leaf of the graph, and perhaps a few more
+    (an operand a recipe's equations do not read); the key fixes which.  Equal keys are equal
+    graphs, leaves in the same places."""
+    records = _TAPE.records
+    made = {}
+    for i, rec in enumerate(records):
+        made[rec[3]] = i
+    start = made.get(root)
+    if start is None:
+        return None
+    needed, stack = {start}, [start]
+    while stack:
+        for v in records[stack.pop()][1]:
+            i = made.get(v)
+            if i is None:
+                if v.eqn is not None:
+                    return None
+            elif i not in needed:
+                needed.add(i)
+                stack.append(i)
+    order = sorted(needed)
+    place = {}                       # a result's number in the list, a leaf's as -1 - index
+    leaves, key = [], []
+    for n, i in enumerate(order):
+        recipe, operands, consts, out = records[i]
+        refs = []
+        for v in operands:
+            j = made.get(v)
+            if j is not None and j in needed:
+                refs.append(place[records[j][3]])
+                continue
+            ref = place.get(v)
+            if ref is None:
+                ref = place[v] = -1 - len(leaves)
+                leaves.append(v)
+            refs.append(ref)
+        for c in consts:
+            place[c] = -1 - len(leaves)
+            leaves.append(c)
+        key.append((recipe, tuple(refs)))
+        place[out] = n
+    return tuple(key), leaves
 
 
 def info() -> dict:
