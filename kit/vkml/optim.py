@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import abc
 import math
+import sys
 from sys import getrefcount
 
 import numpy as np
@@ -234,53 +235,28 @@ class _FlatUpdate:
 
     def __init__(self, math):
         self.math = math
-        #: one jitted update per tree structure of its arguments, and the same by nesting
-        #: (``_nesting``: found faster than the tree)
-        self._programs, self._by_nesting = {}, {}
+        #: one jitted update per tree structure of its arguments
+        self._programs = {}
 
     def __call__(self, params, grads, states, hyper):
-        args = (params, grads, states, hyper)
-        leaves = []
-        try:
-            shape = _nesting(args, leaves)
-        except _OtherContainer:       # a dict, a named tuple, ...: the general flattening
-            shape = None
-        program = self._by_nesting.get(shape) if shape is not None else None
+        leaves, tree = flatten_known((params, grads, states, hyper))
+        program = self._programs.get(tree)
         if program is None:
-            leaves, tree = flatten(args)
-            program = self._programs.get(tree)
-            if program is None:
-                program = self._programs[tree] = jit(_Unflattened(self.math, tree))
-            if shape is not None:
-                self._by_nesting[shape] = program
+            program = self._programs[tree] = jit(_Unflattened(self.math, tree))
         return program(*[_weak_scalar(x) if type(x) in (float, int, bool) else x for x in leaves])
 
     def cache_info(self):
         """Traces, compiles and hits of the update's programs, summed over their structures."""
-        total = {"traces": 0, "compiles": 0, "derived": 0, "hits": 0, "keys": 0}
-        for program in self._programs.values():
-            for name, count in program.cache_info().items():
-                total[name] += count
-        return total
+        return _summed_cache_info(self._programs.values())
 
 
-class _OtherContainer(Exception):
-    """The update's arguments hold a container other than a list or tuple."""
-
-
-def _nesting(tree, leaves):
-    """The nesting of lists, tuples and Nones in ``tree`` (hashable; the same nesting is the same
-    pytree structure), its leaves appended to ``leaves`` in pytree order: what ``flatten`` finds,
-    without asking of every node which kind of container it is (~25 us a step on the bench MLP)."""
-    t = type(tree)
-    if t is list or t is tuple:
-        return (t, tuple([_nesting(x, leaves) for x in tree]))
-    if tree is None:
-        return None
-    if t is Tensor or t is np.ndarray or t is float or t is int or t is bool:
-        leaves.append(tree)
-        return 0
-    raise _OtherContainer
+def _summed_cache_info(programs) -> dict:
+    """The ``cache_info`` counts of jitted ``programs`` (one per argument structure), summed."""
+    total = {"traces": 0, "compiles": 0, "derived": 0, "hits": 0, "keys": 0}
+    for program in programs:
+        for name, count in program.cache_info().items():
+            total[name] += count
+    return total
 
 
 _UPDATE_PROGRAMS = {}
@@ -392,12 +368,7 @@ class CompiledStep:
         loss, grads, new = program._call_overwriting(args, destinations)
         for p, g in zip(params, grads):
             p.grad = g
-        if all(t.ir_var.value is not None for t in new):
-            for d, t in zip(dsts, new):      # what ``assign`` does with computed values, unchecked:
-                d.ir_var = t.ir_var          # the program made them to the destinations' types
-                d._register_leaf()
-        else:
-            assign(dsts, new)
+        _store(dsts, new)
         self._owned = {id(a): a for a, t in zip(into[1:], [*grads, *new])
                        if a is not None and t.ir_var.value is a}
         opt._stepped(active)
@@ -444,7 +415,7 @@ class CompiledStep:
             return None
         var = grad.ir_var
         value = var.value
-        if self._owned.get(id(value)) is not value:
+        if not _COUNTS_KNOWN or self._owned.get(id(value)) is not value:
             return None
         if getrefcount(grad) == _HOLDERS["grad"] and getrefcount(var) == _HOLDERS["var"] and \
                 getrefcount(value) == _HOLDERS["grad array"]:
@@ -472,7 +443,7 @@ class CompiledStep:
         expression of anyone else's, which would see its values change."""
         var = dst.ir_var
         value = var.value
-        if self._owned.get(id(value)) is not value:    # (made by the step: a whole, writable array)
+        if not _COUNTS_KNOWN or self._owned.get(id(value)) is not value:   # (made by the step)
             return False
         array_holders = _HOLDERS["array"] + (arg.ir_var is not var)     # a parameter's detached leaf
         return getrefcount(value) == array_holders and getrefcount(var) == _HOLDERS["var"]
@@ -489,11 +460,7 @@ class CompiledStep:
         >>> info["traces"], info["hits"]
         (1, 1)
         """
-        total = {"traces": 0, "compiles": 0, "derived": 0, "hits": 0, "keys": 0}
-        for program in self._programs.values():
-            for name, count in program.cache_info().items():
-                total[name] += count
-        return total
+        return _summed_cache_info(self._programs.values())
 
     def programs(self):
         """The step's traced programs, one per structure it was called with (what
@@ -539,6 +506,11 @@ _FLOAT64 = np.dtype(np.float64)
 #: the argument.  ``_own_gradient``'s: a gradient Tensor's from its parameter, ``grad`` and the
 #: argument; its array's from ``_owned``, its Var, ``value`` and the argument
 _HOLDERS = {"array": 5, "var": 3, "grad": 3, "grad array": 4}
+#: where those counts hold: CPython up to 3.13, whose every local name holds a reference.
+#: Later versions may borrow references for locals, which would undercount a user's holder;
+#: there (and on other interpreters) the step computes into arrays of its own, as it does
+#: whenever the counts say someone else holds one
+_COUNTS_KNOWN = sys.implementation.name == "cpython" and sys.version_info < (3, 14)
 
 
 class SGD(Optimizer):

@@ -278,14 +278,14 @@ _TREE_SIGNATURES = 256
 
 
 def _container_signature(tree, leaves, depth):
-    """The shape of ``tree`` -- tuples, lists and None over Tensors and floats -- as nested tuples
+    """The shape of ``tree`` -- tuples, lists and None over Tensors, arrays and numbers -- as nested tuples
     that hash and compare in C, its leaves appended to ``leaves``; None for anything else.
 
     Flattening an optimiser's arguments node by node and comparing the treedefs they make cost
     ~20 us a step (a treedef compares in Python); this signature finds the one treedef made for
     its shape the first time, so the key compares it by identity."""
     t = type(tree)
-    if t is Tensor or t is float:
+    if t is Tensor or t is np.ndarray or t is float or t is int or t is bool:
         leaves.append(tree)
         return 0
     if tree is None:
@@ -303,8 +303,9 @@ def _container_signature(tree, leaves, depth):
 
 def flatten_known(tree):
     """``pytree.flatten(tree)``, its treedef found by signature (``_container_signature``) where
-    ``tree`` is tuples, lists and None over Tensors and floats -- a compiled training step's
-    arguments, flattened every step -- and so the same object each time."""
+    ``tree`` is tuples, lists and None over Tensors, arrays and numbers -- a compiled training
+    step's or an optimiser update's arguments, flattened every step -- and so the same object
+    each time."""
     leaves = []
     found = _known_tree(_container_signature(tree, leaves, 0), tree, leaves)
     return (leaves, found) if found is not None else flatten(tree)
