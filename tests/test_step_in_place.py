@@ -435,3 +435,27 @@ def test_lazy_steps_between_compiled_ones_keep_the_bits(backend, monkeypatch):
         _out_of_place(monkeypatch)
         out_of_place = run()
     assert [a.tobytes() for a in in_place] == [a.tobytes() for a in out_of_place]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_where_reference_counts_are_not_known_exact_steps_compute_into_new_arrays(backend, monkeypatch):
+    """On an interpreter whose reference counts may leave a holder out (``EXACT_REFCOUNTS``
+    False), the step never concludes it alone holds an array: every step computes into arrays
+    of its own, with the same bits as the in-place steps."""
+    x, y = _data()
+    with vkml.use_backend(backend):
+        w, b, opt, loss = _problem()
+        step = opt.compile_step(loss)
+        for _ in range(3):
+            step(x, y)
+        in_place = [np.array(a) for a in _arrays(opt)]
+    monkeypatch.setattr(optim, "EXACT_REFCOUNTS", False)
+    with vkml.use_backend(backend):
+        w, b, opt, loss = _problem()
+        step = opt.compile_step(loss)
+        step(x, y)
+        for _ in range(2):
+            refs = [weakref.ref(a) for a in _arrays(opt)]
+            step(x, y)
+            assert not any(r() is a for r, a in zip(refs, _arrays(opt)))
+        assert all(np.array_equal(a, v) for a, v in zip(_arrays(opt), in_place))

@@ -17,6 +17,7 @@ is a leaf: an input of the program that reads it.
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 
@@ -29,6 +30,13 @@ DTYPES = tuple(np.dtype(d) for d in ("bool", "int32", "int64", "float32", "float
 def dtype_name(dtype) -> str:
     return np.dtype(dtype).name
 
+
+#: whether ``sys.getrefcount`` counts every holder, so code may conclude from a count that
+#: nothing else reaches an object (a dead graph freed at once, an optimiser's array updated in
+#: place): CPython up to 3.13, where every local name holds a reference.  Later versions may
+#: borrow references for locals and undercount; other interpreters count differently.  Where
+#: this is False that code takes its general path (the cycle collector, new arrays)
+EXACT_REFCOUNTS = sys.implementation.name == "cpython" and sys.version_info < (3, 14)
 
 _NEXT_SERIAL = [0]
 

@@ -28,13 +28,12 @@ from __future__ import annotations
 
 import abc
 import math
-import sys
 from sys import getrefcount
 
 import numpy as np
 
 from .errors import ArgumentError, DTypeError, ShapeError
-from .ir import Var, dtype_name
+from .ir import EXACT_REFCOUNTS, Var, dtype_name
 from .ops.api import constant, default_device
 from .programs import flatten_known, jit, value_and_grad
 from .pytree import unflatten
@@ -415,7 +414,7 @@ class CompiledStep:
             return None
         var = grad.ir_var
         value = var.value
-        if not _COUNTS_KNOWN or self._owned.get(id(value)) is not value:
+        if not EXACT_REFCOUNTS or self._owned.get(id(value)) is not value:
             return None
         if getrefcount(grad) == _HOLDERS["grad"] and getrefcount(var) == _HOLDERS["var"] and \
                 getrefcount(value) == _HOLDERS["grad array"]:
@@ -443,7 +442,7 @@ class CompiledStep:
         expression of anyone else's, which would see its values change."""
         var = dst.ir_var
         value = var.value
-        if not _COUNTS_KNOWN or self._owned.get(id(value)) is not value:   # (made by the step)
+        if not EXACT_REFCOUNTS or self._owned.get(id(value)) is not value:   # (made by the step)
             return False
         array_holders = _HOLDERS["array"] + (arg.ir_var is not var)     # a parameter's detached leaf
         return getrefcount(value) == array_holders and getrefcount(var) == _HOLDERS["var"]
@@ -506,11 +505,6 @@ _FLOAT64 = np.dtype(np.float64)
 #: the argument.  ``_own_gradient``'s: a gradient Tensor's from its parameter, ``grad`` and the
 #: argument; its array's from ``_owned``, its Var, ``value`` and the argument
 _HOLDERS = {"array": 5, "var": 3, "grad": 3, "grad array": 4}
-#: where those counts hold: CPython up to 3.13, whose every local name holds a reference.
-#: Later versions may borrow references for locals, which would undercount a user's holder;
-#: there (and on other interpreters) the step computes into arrays of its own, as it does
-#: whenever the counts say someone else holds one
-_COUNTS_KNOWN = sys.implementation.name == "cpython" and sys.version_info < (3, 14)
 
 
 class SGD(Optimizer):

@@ -25,7 +25,7 @@ import numpy as np
 
 from . import runtime
 from .errors import ArgumentError, DTypeError, GradError, ShapeError, TracingError
-from .ir import Var, dtype_name, format_shape
+from .ir import EXACT_REFCOUNTS, Var, dtype_name, format_shape
 from .ops import api, numeric, recipes
 from .validate import (MAX_ELEMENTS, check_bool, check_dtype, check_real, check_sequence,
                        check_shape, describe, host_memory)
@@ -61,6 +61,8 @@ class Tensor:
         waits for Python's cycle collector; until then it holds every array it reads (last
         step's parameters, a realized loss) and the collector's passes over such graphs cost a
         training loop tens of microseconds a step.  See :func:`_release`."""
+        if not EXACT_REFCOUNTS:
+            return
         try:
             var = self.ir_var
             if var.eqn is None:
