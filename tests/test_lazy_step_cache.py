@@ -19,6 +19,7 @@ import vkml
 from vkml import nn, optim
 from vkml.ir import collect, current_serial
 from vkml.programs import jit
+from test_nn_optim import _loss_oracle
 
 HERE = os.path.basename(__file__)
 
@@ -130,14 +131,7 @@ def test_a_var_held_outside_a_tensor_keeps_its_equation(no_collector):
 
 def test_gradients_of_a_small_mlp_match_autograd_and_finite_differences_step_after_step():
     model, x, y = small_mlp(dtype=np.float64)
-    xs = x.numpy()
-
-    def oracle(w1, b1, w2, b2):
-        h = anp.maximum(xs @ w1.T + b1, 0.0)
-        z = h @ w2.T + b2
-        z = z - anp.max(z, axis=1, keepdims=True)
-        logp = z - anp.log(anp.sum(anp.exp(z), axis=1, keepdims=True))
-        return -anp.mean(logp[np.arange(len(y)), y])
+    oracle = _loss_oracle(x.numpy(), y)
 
     opt = optim.SGD(model.parameters(), lr=0.1)
     for _ in range(3):                          # graphs of earlier steps freed in between
