@@ -364,7 +364,8 @@ class CompiledStep:
             self._gradients_into(plan, params, into)
             return into
 
-        loss, grads, new = program._call_overwriting(args, destinations)
+        results = program._call_overwriting(args, destinations)    # (loss, grads..., new...)
+        loss, grads, new = results[0], results[1:1 + len(params)], results[1 + len(params):]
         for p, g in zip(params, grads):
             p.grad = g
         _store(dsts, new)

@@ -211,10 +211,11 @@ class _FastPlan:
         """The results the executable computes straight into a destination given for them."""
         return getattr(self.exe, "writes_directly", frozenset())
 
-    def run(self, args, into=None):
+    def run(self, args, into=None, flat=False):
         """Run on ``args``; ``into`` (None or one array or None per result): destinations the
         executable computes results in where it can -- an argument's own array only where
-        ``overwritable`` allows that argument for that result."""
+        ``overwritable`` allows that argument for that result.  ``flat``: return the list of
+        result Tensors, not their tree (a caller that splits them itself skips unflattening)."""
         self.used = True
         STATS.submissions += 1
         if not self.plain:
@@ -227,7 +228,7 @@ class _FastPlan:
             raise runtime.execution_error(error, self.eqns) from None
         if self.tiered is not None and self.tiered.compiled:    # hot: its C function from now on
             self.call, self.tiered = self._direct(self.tiered.current), None
-        if self.single and not self.arrays:
+        if self.single and not self.arrays and not flat:
             shape, dtype, device = self.out_vars[0]
             return Tensor(Var(shape, dtype, device, None, outs[0]))
         results = []
@@ -235,7 +236,7 @@ class _FastPlan:
             if self.arrays and (into is None or into[j] is not val):     # (a donated argument's)
                 val = self._unaliased(val, args)
             results.append(Tensor(Var(shape, dtype, device, None, val)))
-        if self.tree is None:
+        if self.tree is None or flat:
             return results
         return results[0] if self.single else unflatten(self.tree, results)
 
@@ -494,14 +495,15 @@ class Jitted:
         return unflatten(entry.out_tree, outs)
 
     def _call_overwriting(self, args, destinations):
-        """``self(*args)``, with results computed over arguments the caller owns: on the fast
-        path, ``destinations(plan)`` gives ``into`` for ``_FastPlan.run`` (None: none); a call
-        without a plan takes the full path and overwrites nothing (the next one has a plan).
-        An optimiser's compiled step updates parameters and moments in place with it."""
+        """The leaves of ``self(*args)`` as a flat list, with results computed over arguments
+        the caller owns: on the fast path, ``destinations(plan)`` gives ``into`` for
+        ``_FastPlan.run`` (None: none); a call without a plan takes the full path and
+        overwrites nothing (the next one has a plan).  An optimiser's compiled step updates
+        parameters and moments in place with it, and splits the flat results itself."""
         plan = self._plan(_fast_key(args))
         if plan is None:
-            return self(*args)
-        return plan.run(args, destinations(plan))
+            return flatten(self(*args))[0]
+        return plan.run(args, destinations(plan), flat=True)
 
     #: the jitted function keyword calls go to (made on the first one)
     _keywords = None
