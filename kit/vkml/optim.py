@@ -193,16 +193,16 @@ class Optimizer(abc.ABC):
         """Called after the values were written: advance host-side state (step counts)."""
 
 
-def _values(tensors):
-    """The parameters as plain values for the update program (it needs no gradient of its own)."""
-    return [t.detach() for t in tensors]
-
-
 def _plain_values(tensors):
     """The parameters as the update program's arguments: a parameter's NumPy array itself where
     it holds one (no Tensor or Var made per step; the program needs no gradient of its own),
-    else the value cut from the gradient graph (:func:`_values`)."""
+    else the value cut from the gradient graph (``detach``)."""
     return [t.ir_var.value if type(t.ir_var.value) is np.ndarray else t.detach() for t in tensors]
+
+
+def _array_of(arg):
+    """The array a step's argument (an array, or a Tensor holding one) gives the program."""
+    return arg if type(arg) is np.ndarray else arg.ir_var.value
 
 
 def _store(dsts, srcs):
@@ -352,11 +352,12 @@ class CompiledStep:
         order, dsts, states, hyper = opt._host(active)
         self._order = order
         params = [opt.params[i] for i in order]
-        leaves, tree = flatten_known((_values(params), states, batch, hyper))
+        # (one list of the leaves alive at a time: ``_exclusive`` counts the references to them)
+        args, tree = flatten_known((_plain_values(params), states, batch, hyper))
         program = self._programs.get(tree)
         if program is None:
             program = self._programs[tree] = jit(_Unflattened(self._whole, tree))
-        args = [_weak_scalar(x) if type(x) in (float, int, bool) else x for x in leaves]
+        args = [_weak_scalar(x) if type(x) in (float, int, bool) else x for x in args]
         into = []
 
         def destinations(plan):
@@ -389,9 +390,9 @@ class CompiledStep:
         for d, k in self._slots[1]:
             dst = dsts[d]
             value = dst.ir_var.value
-            if args[k].ir_var.value is not value:
+            if _array_of(args[k]) is not value:
                 continue                        # (the destination is not this argument)
-            if self._exclusive(dst, args[k]):
+            if self._exclusive(dst, args[k] is not dst):
                 into[first + d] = value
             else:
                 into[first + d] = np.empty(dst.shape, dst.dtype)
@@ -428,7 +429,10 @@ class CompiledStep:
         value (result ``first + d``) may be computed over (``_FastPlan.overwritable``): found once
         per plan (the leaves of one structure come in one order)."""
         allowed = plan.overwritable()
-        position = {id(a.ir_var.value): k for k, a in enumerate(args) if type(a) is Tensor}
+        position = {}
+        for k, a in enumerate(args):            # (the first argument holding an array)
+            if type(a) is Tensor or type(a) is np.ndarray:
+                position.setdefault(id(_array_of(a)), k)
         slots = []
         for d, dst in enumerate(dsts):
             k = position.get(id(dst.ir_var.value))
@@ -436,16 +440,17 @@ class CompiledStep:
                 slots.append((d, k))
         return slots
 
-    def _exclusive(self, dst, arg) -> bool:
+    def _exclusive(self, dst, in_args) -> bool:
         """Whether the optimiser alone reaches ``dst``'s array: the step made it (``_owned``),
         and the only references to it and to its Var are the step's own (``sys.getrefcount``:
         exact in CPython; ``_HOLDERS`` counts them) -- no Tensor, view, list or pending
-        expression of anyone else's, which would see its values change."""
+        expression of anyone else's, which would see its values change.  ``in_args``: the
+        step's arguments hold the array itself (a parameter's), not ``dst``."""
         var = dst.ir_var
         value = var.value
         if not EXACT_REFCOUNTS or self._owned.get(id(value)) is not value:   # (made by the step)
             return False
-        array_holders = _HOLDERS["array"] + (arg.ir_var is not var)     # a parameter's detached leaf
+        array_holders = _HOLDERS["array"] + in_args     # (the argument list's reference)
         return getrefcount(value) == array_holders and getrefcount(var) == _HOLDERS["var"]
 
     def cache_info(self):
@@ -502,7 +507,8 @@ _FLOAT64 = np.dtype(np.float64)
 
 #: the references ``CompiledStep._exclusive`` finds to an array and to the Var of a destination
 #: only the optimiser reaches: the array's from ``_owned``, its Var, ``value`` there and in
-#: ``_destinations``, and ``getrefcount``'s argument; the Var's from its Tensor, ``var`` and
+#: ``_destinations``, and ``getrefcount``'s argument (one more for a parameter's array: the
+#: step's argument list holds it itself); the Var's from its Tensor, ``var`` and
 #: the argument.  ``_own_gradient``'s: a gradient Tensor's from its parameter, ``grad`` and the
 #: argument; its array's from ``_owned``, its Var, ``value`` and the argument
 _HOLDERS = {"array": 5, "var": 3, "grad": 3, "grad array": 4}
