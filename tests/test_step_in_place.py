@@ -74,7 +74,7 @@ def _allowed_and_results(jitted, args, into_of):
         seen["allowed"] = plan.overwritable()
         return into_of(seen["allowed"])
 
-    outs = jitted._call_overwriting(args, destinations)
+    outs = [vkml.Tensor(v) for v in jitted._call_overwriting(args, destinations)]
     return seen.get("allowed"), [np.array(o.numpy()) for o in outs], outs
 
 

@@ -139,7 +139,7 @@ class Optimizer(abc.ABC):
         with no_grad():
             srcs = _update_program(type(self))(_plain_values(params), [p.grad for p in params],
                                                states, hyper)
-        _store(dsts, srcs)
+        _store(dsts, [s.ir_var for s in srcs])
         self._stepped(active)
 
     def compile_step(self, loss_fn) -> "CompiledStep":
@@ -206,18 +206,18 @@ def _array_of(arg):
 
 
 def _store(dsts, srcs):
-    """``assign(dsts, srcs)`` for sources the update program just computed: each destination
-    takes its source's Var as it is (a new value, held by nothing else), so a step makes no
-    Var per destination.  A source that is still pending or of another type than its
-    destination (a subclass's ``_math`` gone wrong) goes through :func:`assign`, which checks
-    every pair before writing any."""
-    for d, s in zip(dsts, srcs):
-        v, w = d.ir_var, s.ir_var
+    """``assign(dsts, srcs)`` for the Vars ``srcs`` of values the update program just computed:
+    each destination takes its source's Var as it is (a new value, held by nothing else), so a
+    step makes no Var per destination.  A source that is still pending or of another type than
+    its destination (a subclass's ``_math`` gone wrong) goes through :func:`assign`, which
+    checks every pair before writing any."""
+    for d, w in zip(dsts, srcs):
+        v = d.ir_var
         if w.value is None or w.shape != v.shape or w.dtype != v.dtype or w.device != v.device:
-            assign(dsts, srcs)
+            assign(dsts, [Tensor(w) for w in srcs])
             return
-    for d, s in zip(dsts, srcs):
-        d.ir_var = s.ir_var
+    for d, w in zip(dsts, srcs):
+        d.ir_var = w
         if d.requires_grad:
             d._register_leaf()
 
@@ -365,13 +365,13 @@ class CompiledStep:
             self._gradients_into(plan, params, into)
             return into
 
-        results = program._call_overwriting(args, destinations)    # (loss, grads..., new...)
-        loss, grads, new = results[0], results[1:1 + len(params)], results[1 + len(params):]
-        for p, g in zip(params, grads):
-            p.grad = g
-        _store(dsts, new)
-        self._owned = {id(a): a for a, t in zip(into[1:], [*grads, *new])
-                       if a is not None and t.ir_var.value is a}
+        # the results' Vars: the loss, the gradients, the new values (these need no Tensor)
+        outs = program._call_overwriting(args, destinations)
+        loss = Tensor(outs[0])
+        for p, g in zip(params, outs[1:1 + len(params)]):
+            p.grad = Tensor(g)
+        _store(dsts, outs[1 + len(params):])
+        self._owned = {id(a): a for a, v in zip(into[1:], outs[1:]) if a is not None and v.value is a}
         opt._stepped(active)
         return loss
 

@@ -215,7 +215,8 @@ class _FastPlan:
         """Run on ``args``; ``into`` (None or one array or None per result): destinations the
         executable computes results in where it can -- an argument's own array only where
         ``overwritable`` allows that argument for that result.  ``flat``: return the list of
-        result Tensors, not their tree (a caller that splits them itself skips unflattening)."""
+        result Vars, not a tree of Tensors (a caller that splits them itself skips
+        unflattening, and makes Tensors only of the results it hands out)."""
         self.used = True
         STATS.submissions += 1
         if not self.plain:
@@ -235,7 +236,8 @@ class _FastPlan:
         for j, ((shape, dtype, device), val) in enumerate(zip(self.out_vars, outs)):
             if self.arrays and (into is None or into[j] is not val):     # (a donated argument's)
                 val = self._unaliased(val, args)
-            results.append(Tensor(Var(shape, dtype, device, None, val)))
+            var = Var(shape, dtype, device, None, val)
+            results.append(var if flat else Tensor(var))
         if self.tree is None or flat:
             return results
         return results[0] if self.single else unflatten(self.tree, results)
@@ -495,14 +497,14 @@ class Jitted:
         return unflatten(entry.out_tree, outs)
 
     def _call_overwriting(self, args, destinations):
-        """The leaves of ``self(*args)`` as a flat list, with results computed over arguments
-        the caller owns: on the fast path, ``destinations(plan)`` gives ``into`` for
+        """The Vars of ``self(*args)``'s results as one flat list, with results computed over
+        arguments the caller owns: on the fast path, ``destinations(plan)`` gives ``into`` for
         ``_FastPlan.run`` (None: none); a call without a plan takes the full path and
         overwrites nothing (the next one has a plan).  An optimiser's compiled step updates
         parameters and moments in place with it, and splits the flat results itself."""
         plan = self._plan(_fast_key(args))
         if plan is None:
-            return flatten(self(*args))[0]
+            return [t.ir_var for t in flatten(self(*args))[0]]
         return plan.run(args, destinations(plan), flat=True)
 
     #: the jitted function keyword calls go to (made on the first one)
