@@ -8,7 +8,7 @@ Counted and compared, never timed:
   hot);
 - after warm-up a step writes every parameter and moment where it is (the same arrays step after
   step: SGD with momentum and Adam, both backends) and, on the cpu tier, allocates no
-  parameter-sized buffer;
+  parameter-sized buffer, and makes one Var per result and per changed number only;
 - a value the user holds never changes under them (a detached parameter, ``numpy()``, ``.grad``,
   the optimiser's state, a pending expression of a parameter): that step computes into an array
   of its own, and the next one is in place again once the holder lets go;
@@ -158,6 +158,30 @@ def test_steady_steps_write_parameters_and_state_where_they_are(backend, kind):
             step(x, y)
         assert _same_arrays(opt, refs)
         assert all(not np.array_equal(a, v) for a, v in zip(_arrays(opt), values))   # they moved
+
+
+@pytest.mark.parametrize("kind", ["adam", "sgd"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_steady_step_makes_a_var_per_result_and_per_changed_number_only(backend, kind):
+    """The Python around the program makes no Var per parameter argument (a parameter goes in as
+    its array) nor per hyperparameter that stays the same (the last step's weak scalar): one per
+    result -- the loss, each gradient, each new parameter and moment -- and one per number that
+    changed (Adam's two bias-corrected factors; SGD's numbers stay the same)."""
+    x, y = _data()
+    with vkml.use_backend(backend):
+        w, b, opt, loss = _problem(kind)
+        step = opt.compile_step(loss)
+        for _ in range(3):
+            step(x, y)
+        made = []
+        for _ in range(3):
+            before = vkml.ir.current_serial()
+            step(x, y)
+            made.append(vkml.ir.current_serial() - before)
+    params = 2
+    results = 1 + params + (3 * params if kind == "adam" else 2 * params)
+    changed = 2 if kind == "adam" else 0
+    assert made == [results + changed] * 3
 
 
 @pytest.mark.skipif("cpu" not in BACKENDS, reason="needs a C compiler")

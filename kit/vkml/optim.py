@@ -318,6 +318,8 @@ class CompiledStep:
         #: the last fast-call plan of its programs and the destinations it may overwrite there
         #: (``_donatable``)
         self._slots = (None, [])
+        #: the last step's Python numbers as weak scalars, by ``(type, value)`` (``_arguments``)
+        self._scalars = {}
 
     def _whole(self, params, states, batch, hyper):
         """The traced step: the loss and its gradient in the parameters, then the update."""
@@ -357,7 +359,7 @@ class CompiledStep:
         program = self._programs.get(tree)
         if program is None:
             program = self._programs[tree] = jit(_Unflattened(self._whole, tree))
-        args = [_weak_scalar(x) if type(x) in (float, int, bool) else x for x in args]
+        args = self._arguments(args)
         into = []
 
         def destinations(plan):
@@ -374,6 +376,26 @@ class CompiledStep:
         self._owned = {id(a): a for a, v in zip(into[1:], outs[1:]) if a is not None and v.value is a}
         opt._stepped(active)
         return loss
+
+    def _arguments(self, leaves):
+        """The program's arguments: ``leaves``, each Python number as a weak scalar Tensor
+        (``_weak_scalar``) -- the last step's where the number is the same, so a hyperparameter
+        that does not change (``lr``, Adam's ``1 - beta``) makes no Tensor per step.  Zero is
+        made anew (``0.0 == -0.0``: for other numbers equal means the same bits); a weak scalar
+        is never written, so sharing one between steps changes no value."""
+        last, scalars, args = self._scalars, {}, []
+        for x in leaves:
+            t = type(x)
+            if t is float or t is int or t is bool:
+                key = (t, x)
+                scalar = last.get(key) if x else None
+                if scalar is None:
+                    scalar = _weak_scalar(x)
+                scalars[key] = scalar
+                x = scalar
+            args.append(x)
+        self._scalars = scalars
+        return args
 
     def _destinations(self, plan, dsts, args, first):
         """Where the step's program computes the new value of each destination ``dsts[d]``
