@@ -74,7 +74,8 @@ def _allowed_and_results(jitted, args, into_of):
         seen["allowed"] = plan.overwritable()
         return into_of(seen["allowed"])
 
-    outs = [vkml.Tensor(v) for v in jitted._call_overwriting(args, destinations)]
+    outs = [o if isinstance(o, vkml.Tensor) else vkml.Tensor(o)       # (Vars on the fast path)
+            for o in jitted._call_overwriting(args, destinations)]
     return seen.get("allowed"), [np.array(o.numpy()) for o in outs], outs
 
 
@@ -467,3 +468,19 @@ def test_where_reference_counts_are_not_known_exact_steps_compute_into_new_array
             step(x, y)
             assert not any(r() is a for r, a in zip(refs, _arrays(opt)))
         assert all(np.array_equal(a, v) for a, v in zip(_arrays(opt), in_place))
+
+
+def test_a_batch_that_requires_grad_gives_a_loss_that_keeps_its_graph():
+    """Such a call takes the full path every time: its loss is the full path's own Tensor, so
+    ``loss.backward()`` reaches the batch (the gradient of ``sum(w * x)`` in ``x`` is ``w``
+    as the step found it)."""
+    w = nn.Parameter([1.0, -2.0])
+    step = optim.Adam([w], lr=0.1).compile_step(lambda x: (w * x).sum())
+    for _ in range(3):
+        before = np.array(w.numpy())
+        x = vkml.tensor(np.array([1.0, 2.0], np.float32), requires_grad=True)
+        loss = step(x)
+        assert loss.requires_grad
+        loss.backward()
+        assert np.array_equal(x.grad.numpy(), before)
+        assert not np.array_equal(w.numpy(), before)

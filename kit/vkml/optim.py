@@ -214,7 +214,7 @@ def _store(dsts, srcs):
     for d, w in zip(dsts, srcs):
         v = d.ir_var
         if w.value is None or w.shape != v.shape or w.dtype != v.dtype or w.device != v.device:
-            assign(dsts, [Tensor(w) for w in srcs])
+            assign(dsts, [Tensor(s) for s in srcs])
             return
     for d, w in zip(dsts, srcs):
         d.ir_var = w
@@ -367,12 +367,12 @@ class CompiledStep:
             self._gradients_into(plan, params, into)
             return into
 
-        # the results' Vars: the loss, the gradients, the new values (these need no Tensor)
         outs = program._call_overwriting(args, destinations)
-        loss = Tensor(outs[0])
-        for p, g in zip(params, outs[1:1 + len(params)]):
-            p.grad = Tensor(g)
-        _store(dsts, outs[1 + len(params):])
+        loss, grads, new = _split_results(outs, len(params))
+        for p, g in zip(params, grads):
+            p.grad = g
+        _store(dsts, new)
+        # (``into`` is empty where the full path ran: it overwrote nothing)
         self._owned = {id(a): a for a, v in zip(into[1:], outs[1:]) if a is not None and v.value is a}
         opt._stepped(active)
         return loss
@@ -500,6 +500,15 @@ class CompiledStep:
         1
         """
         return [p for program in self._programs.values() for p in program.programs()]
+
+
+def _split_results(outs, count):
+    """The loss and the ``count`` gradients as Tensors and the new values' Vars, from a step
+    program's flat results: Vars on the fast path (a Tensor only for what the step hands out),
+    the full path's Tensors otherwise (as they are: one that requires grad keeps it)."""
+    if type(outs[0]) is Var:
+        return Tensor(outs[0]), [Tensor(v) for v in outs[1:1 + count]], outs[1 + count:]
+    return outs[0], outs[1:1 + count], [t.ir_var for t in outs[1 + count:]]
 
 
 class _Unflattened:

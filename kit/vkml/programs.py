@@ -505,14 +505,15 @@ class Jitted:
         return unflatten(entry.out_tree, outs)
 
     def _call_overwriting(self, args, destinations):
-        """The Vars of ``self(*args)``'s results as one flat list, with results computed over
-        arguments the caller owns: on the fast path, ``destinations(plan)`` gives ``into`` for
-        ``_FastPlan.run`` (None: none); a call without a plan takes the full path and
-        overwrites nothing (the next one has a plan).  An optimiser's compiled step updates
-        parameters and moments in place with it, and splits the flat results itself."""
+        """``self(*args)``'s results as one flat list, with results computed over arguments the
+        caller owns: on the fast path, ``destinations(plan)`` gives ``into`` for
+        ``_FastPlan.run`` (None: none) and the list holds the results' Vars; a call without a
+        plan takes the full path, overwrites nothing (the next one has a plan) and gives its
+        result Tensors.  An optimiser's compiled step updates parameters and moments in place
+        with it, and splits the flat results itself."""
         plan = self._plan(_fast_key(args))
         if plan is None:
-            return [t.ir_var for t in flatten(self(*args))[0]]
+            return flatten(self(*args))[0]
         return plan.run(args, destinations(plan), flat=True)
 
     #: the jitted function keyword calls go to (made on the first one)
