@@ -75,3 +75,19 @@ def on_cpu(monkeypatch, tmp_path):
     monkeypatch.setenv("VKML_CACHE_DIR", str(tmp_path))
     with vkml.use_backend("cpu"):
         yield
+
+
+@pytest.fixture
+def scalar_sin_left_in(monkeypatch):
+    """The check of a built library made to find a scalar ``sin`` next to the vector one (as if
+    the compiler had left a loop unvectorised), so the code under test must fall back to
+    scalar libm throughout."""
+    from vkml.backends import cpu
+    real = cpu.math_imports
+
+    def with_a_scalar_sin(data, names):
+        found = real(data, names)
+        if "sin" in found:
+            found["sin"] = found["sin"] | {"sin"}
+        return found
+    monkeypatch.setattr(cpu, "math_imports", with_a_scalar_sin)

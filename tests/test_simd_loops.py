@@ -219,18 +219,11 @@ def test_math_imports_reads_scalar_and_vector_versions_off_symbol_names():
 
 
 @needs_libmvec
-def test_a_call_the_compiler_left_scalar_sends_the_loops_back_to_scalar_libm(monkeypatch):
+def test_a_call_the_compiler_left_scalar_sends_the_loops_back_to_scalar_libm(scalar_sin_left_in,
+                                                                             monkeypatch):
     """If a built library imports a scalar sin next to the vector one (a loop GCC did not
     vectorise), the forward and the reverse's recomputation could differ: both are built again
     with scalar libm, and give exactly what VKML_VECTOR_MATH=0 gives."""
-    real = cpu.math_imports
-
-    def with_a_scalar_sin(data, names):
-        found = real(data, names)
-        if "sin" in found:
-            found["sin"] = found["sin"] | {"sin"}
-        return found
-    monkeypatch.setattr(cpu, "math_imports", with_a_scalar_sin)
     with vkml.use_backend("cpu"):
         sim, mixed = run_and_reverse(50, window=11)
         assert sim._compiled_loops().vector_math is False

@@ -299,8 +299,7 @@ def launch_backup(graph, runs, fused):
     # node on the device, back them up on the device (one run on host copies writes them only
     # once it has succeeded: ``_steps``)
     on_device = graph._device and (runs > 1 or steps_on_device(graph))
-    return list({id(p): graph._device.get(id(p), p) for p in planes}.values()) if on_device \
-        else planes
+    return [graph._device.get(id(p), p) for p in planes] if on_device else planes
 
 
 def fused_launch(graph, workers=None) -> bool:
