@@ -159,6 +159,9 @@ def _extra_entries():
         "kernel.bind": lambda good: _square().bind,
         "optim.SGD": lambda good: good.vkml.optim.SGD,
         "optim.Adam": lambda good: good.vkml.optim.Adam,
+        "Optimizer.compile_step": lambda good: good.vkml.optim.Adam(
+            [good.vkml.nn.Parameter(np.ones(3))]).compile_step,
+        "CompiledStep(batch)": _compiled_step,
         "nn.Linear": lambda good: good.vkml.nn.Linear,
         "nn.Conv2d": lambda good: good.vkml.nn.Conv2d,
         "nn.cross_entropy": lambda good: good.vkml.nn.cross_entropy,
@@ -188,6 +191,17 @@ def _reverse_method_of_a_graph(good):
     """``Graph.reverse`` of a recorded, launched graph (kept as ``good.g``)."""
     good.g = good.graph()
     return good.g.reverse
+
+
+def _compiled_step(good):
+    """A compiled Adam step, run twice so the next call may update its arrays in place (a bad
+    batch must leave them as they are)."""
+    vkml = good.vkml
+    w = vkml.nn.Parameter(np.linspace(-1.0, 1.0, 6).reshape(2, 3))
+    step = vkml.optim.Adam([w], lr=0.1).compile_step(lambda x: ((w * x) ** 2).sum())
+    step(np.ones((2, 3)))
+    step(np.ones((2, 3)))
+    return step
 
 
 def _recorded_simulation(good):
@@ -361,6 +375,8 @@ def _good_args(good, entry):
         "numpy.take_along_axis": lambda: [t, vkml.tensor(np.zeros((2, 1), np.int64)), 1],
         "numpy.tile": lambda: [t, 2], "numpy.vstack": lambda: [[t, t]], "numpy.zeros": lambda: [(2, 3)],
         "optim.SGD": lambda: [[t], 0.1], "optim.Adam": lambda: [[t]],
+        "Optimizer.compile_step": lambda: [lambda: vkml.tensor(1.0)],
+        "CompiledStep(batch)": lambda: [np.ones((2, 3))],
         "nn.Linear": lambda: [3, 2], "nn.Conv2d": lambda: [1, 2, 3],
         "nn.cross_entropy": lambda: [t, vkml.tensor([0, 1])], "nn.mse_loss": lambda: [t, t],
         "graph.opaque": lambda: [lambda **kw: {"y": kw["x"]}, {"x": np.ones(4)}, {"y": np.zeros(4)}],
