@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import itertools
 import sys
+from collections import Counter
 
 import numpy as np
 
@@ -240,13 +241,9 @@ def _overwritable(program, plan, views, nested) -> dict:
         for v in ins:
             for k in views.get(v, ()):
                 last_read[k] = n
-    held = {}                       # per argument, the results that may be views of it
-    for v in program.outputs:
-        for k in views.get(v, ()):
-            held[k] = held.get(k, 0) + 1
-    times = {}
-    for v in program.outputs:
-        times[v] = times.get(v, 0) + 1
+    # per argument, the results that may be views of it; per value, how often it is a result
+    held = Counter(k for v in program.outputs for k in views.get(v, ()))
+    times = Counter(program.outputs)
     last_failing = max((n for n, (i, *_rest) in enumerate(plan)
                         if _may_fail(program.eqns[i], nested)), default=-1)
     found = {}

@@ -13,6 +13,7 @@ from .. import backends
 from ..backends import ExecutionFailure
 from ..ir import Var, program_from_dag
 from ..ops import api
+from ..threadsafe import Cache
 from .graph import execution_error
 
 
@@ -29,17 +30,18 @@ def run_resident(batch, n, args, where):
 def plus(a, b):
     """``a + b`` of two device arrays of one shape and dtype, computed on the device."""
     backend = backends.current()
-    key = (id(backend), tuple(a.shape), a.dtype)
-    exe = _PLUS.get(key)
-    if exe is None:
+
+    def make():
         x, y = Var(a.shape, a.dtype), Var(b.shape, b.dtype)
         program = program_from_dag([x, y], [api.add(x, y)])
-        exe = _PLUS[key] = backend.executable(("graph-device-plus", program), lambda: program)
+        return backend.executable(("graph-device-plus", program), lambda: program)
+    exe, _ = _PLUS.get_or_make((id(backend), tuple(a.shape), a.dtype), make)
     return backend.run(exe, [a, b], resident=True)[0]
 
 
-#: the executables of :func:`plus`, by backend, shape and dtype
-_PLUS = {}
+#: the executables of :func:`plus`, by backend, shape and dtype (bounded, cleared with the
+#: other caches)
+_PLUS = Cache("device additions")
 
 
 def zeros(shape, dtype):
