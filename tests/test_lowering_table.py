@@ -67,6 +67,7 @@ def _functions(table):
     for rule in table.values():
         out.add(getattr(rule, "lower", None) if isinstance(rule, Statement) else None)
         out.add(getattr(rule, "checked", None))
+        out.add(getattr(rule, "loops", None))       # (a product's plain loops, beside its GEMM)
     return out - {None}
 
 

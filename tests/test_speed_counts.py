@@ -8,11 +8,9 @@ and the errors of the full path.
 - a jitted call with plain arguments (NumPy arrays, Tensors with values) takes a prepared
   plan: one submission, no trace, the full path's results and errors, a result never a view of
   the caller's (mutable) array, and clearing the caches traces again;
-- a training step's submissions stay constant per step, and a step kept on NumPy for its BLAS
-  products runs its update as compiled C with the bits of the NumPy backend.
+- a training step's submissions stay constant per step.
 """
 
-import gc
 import threading
 
 import numpy as np
@@ -211,37 +209,3 @@ def test_a_training_steps_submissions_are_constant(compiled, monkeypatch, tmp_pa
     monkeypatch.setenv("VKML_CACHE_DIR", str(tmp_path))
     _, counts = _mlp("cpu", 6, compiled)
     assert len(set(counts[1:])) == 1 and counts[-1] == (1 if compiled else 2), counts
-
-
-def test_a_step_kept_on_numpy_runs_its_update_in_c_with_numpys_bits(monkeypatch, tmp_path):
-    """The 300x240 product is too big for generated loops, so the step runs on NumPy; the Adam
-    update (a long run of exact equations) is a nested program the cpu tier compiles -- and
-    the parameters after a few steps are the NumPy backend's, bit for bit."""
-    monkeypatch.setenv("VKML_CACHE_DIR", str(tmp_path))
-    with_numpy, _ = _mlp("numpy", 4, True)
-    with_cpu, _ = _mlp("cpu", 4, True)
-    assert with_cpu == with_numpy
-    compiled = [exe for exe in vkml.backends.base._backend_named("cpu", "test")._executables.values()
-                if isinstance(getattr(exe, "current", exe), cpu.CompiledProgram)]
-    assert compiled, "the update should have been compiled"
-    gc.collect()
-
-
-def test_exact_runs_become_calls_and_others_stay():
-    prog = vkml.program(lambda x, w: vkml.exp(x @ w) * 2.0 + 1.0 - x.sum(),
-                        np.ones((300, 300)), np.ones((300, 300)))
-    rewritten = cpu.with_exact_runs_called(prog)
-    names = [e.prim.name for e in rewritten.eqns]
-    assert names == ["matmul", "exp", "call"]      # the BLAS product and libm's exp stay NumPy's
-    run = [e.prim.name for e in rewritten.eqns[2].params["program"].eqns]
-    assert "reduce_sum" in run and "mul" in run and "add" in run   # the sum joined the exact run
-    assert rewritten.outputs == prog.outputs and rewritten.inputs == prog.inputs
-    x, w = np.random.default_rng(2).normal(size=(2, 300, 300))
-    with vkml.use_backend("numpy"):
-        want = vkml.jit(lambda x, w: vkml.exp(x @ w) * 2.0 + 1.0 - x.sum())(x, w).numpy()
-    with vkml.use_backend("cpu"):
-        f = vkml.jit(lambda x, w: vkml.exp(x @ w) * 2.0 + 1.0 - x.sum())
-        for _ in range(3):                      # NumPy, then the run compiled: the same bits
-            assert f(x, w).numpy().tobytes() == want.tobytes()
-    short = vkml.program(lambda x: x * 2.0, np.ones(3))
-    assert cpu.with_exact_runs_called(short) is short

@@ -8,9 +8,8 @@
 - the Adam update is one loop nest per parameter (the new moments are used in the iteration
   that computes them); a result that reads a nest's value at another element gets a nest of
   its own, with NumPy's bits;
-- in a program kept on NumPy for its BLAS products, sums, gathers and the ReLU mask run as
-  compiled C: exact equations are grouped across the products they do not wait for, and a
-  broadcast is never a compiled run's result;
+- a failure in a program whose calls were spliced and whose products were turned around still
+  names the user's operation;
 - code built for this CPU's widest vectors is cached under this CPU's signature.
 """
 
@@ -42,8 +41,8 @@ def _batch():
 
 
 def _model():
-    """The bench's network at a smaller width: its first product (64x300 @ 300x240) is BLAS-sized,
-    so on the cpu tier the step is a NumPy program with compiled runs."""
+    """The bench's network at a smaller width: its products (64x300 @ 300x240 and the gradients')
+    are GEMM calls on the cpu tier, the whole step one C function."""
     nn.manual_seed(3)
     d_in, d_hid, d_out = SIZES
     model = nn.Sequential(nn.Linear(d_in, d_hid), nn.ReLU(), nn.Linear(d_hid, d_out))
@@ -112,10 +111,10 @@ def test_a_steady_step_compiles_nothing_allocates_nothing_and_skips_the_full_cal
         model, opt = _model()
         step = opt.compile_step(lambda xb, yb: nn.cross_entropy(model(xb), yb))
         xt, yt = vkml.tensor(x), vkml.tensor(y)
-        for _ in range(4):                       # traced, then NumPy runs, then compiled runs
+        for _ in range(4):                       # traced and compiled, then steady
             step(xt, yt)
         pools = [exe._pool for exe in _compiled_programs() if exe._pool is not None]
-        assert pools, "the step's exact runs should be compiled"
+        assert pools, "the step should be compiled"
         before = [pool.allocations for pool in pools]
         full_calls = []
         lookup = vkml.programs.Jitted._lookup
@@ -180,56 +179,6 @@ def test_a_result_read_at_another_element_gets_a_nest_of_its_own(monkeypatch):
     assert [g.tobytes() for g in got] == [w.tobytes() for w in want]
 
 
-def _calls(program):
-    return [e for e in program.eqns if e.prim.name == "call"]
-
-
-def test_a_bias_gradient_joins_the_relu_masks_compiled_run():
-    """The backward of a layer: the mask's select waits for a product, the bias gradient (a sum
-    over the batch) for the select, the weight gradient (another product) too.  In the traced
-    order the sum comes after the second product, alone; grouped, select and sum are one run."""
-    def backward(a, w, mask, x):
-        g = vkml.where(mask, a @ w, 0.0)
-        return x.T @ g, g.sum(axis=0)
-    rng = np.random.default_rng(1)
-    args = (rng.standard_normal((64, 300)), rng.standard_normal((300, 240)),
-            rng.random((64, 240)) > 0.5, rng.standard_normal((64, 300)))
-    rewritten = cpu.with_exact_runs_called(vkml.program(backward, *args))
-    (call,) = _calls(rewritten)
-    assert {"where", "reduce_sum"} <= {e.prim.name for e in call.params["program"].eqns}
-    assert [e.prim.name for e in rewritten.eqns].count("matmul") == 2
-    with vkml.use_backend("numpy"):
-        want = [w.numpy() for w in vkml.jit(backward)(*args)]
-    with vkml.use_backend("cpu"):
-        f = vkml.jit(backward)
-        for _ in range(3):                    # NumPy, then the run compiled: the same bits
-            assert [g.numpy().tobytes() for g in f(*args)] == [w.tobytes() for w in want]
-
-
-def test_a_broadcast_is_never_a_compiled_runs_result():
-    """A broadcast traced before a product but read only after it moves next to its reader:
-    materialised as a run's result it would be a full array written and read again."""
-    def f(a, w, b):
-        bb = vkml.broadcast_to(b, (64, 240))
-        h = (a * 2.0 + 1.0 - a) @ w
-        return h + bb
-    rng = np.random.default_rng(2)
-    args = (rng.standard_normal((64, 300)), rng.standard_normal((300, 240)),
-            rng.standard_normal(240))
-    program = vkml.program(f, *args)
-    assert program.eqns[0].prim.name == "broadcast_in_dim"      # traced first
-    rewritten = cpu.with_exact_runs_called(program)
-    (call,) = _calls(rewritten)
-    made = {o: e.prim.name for e in call.params["program"].eqns for o in e.outputs}
-    assert all(made[o] != "broadcast_in_dim" for o in call.params["program"].outputs)
-    with vkml.use_backend("numpy"):
-        want = vkml.jit(f)(*args).numpy()
-    with vkml.use_backend("cpu"):
-        g = vkml.jit(f)
-        for _ in range(3):
-            assert g(*args).numpy().tobytes() == want.tobytes()
-
-
 def test_code_for_this_cpus_vectors_is_cached_under_its_signature(monkeypatch):
     if "-march=native" not in cpu.FLAGS:
         pytest.skip("native code is built on x86-64 only (or VKML_CPU_NATIVE=0)")
@@ -256,37 +205,14 @@ def test_parameters_of_one_shape_get_a_nest_each():
     assert all(len(re.findall(r"\bo\d+\[[^\]]*\] = ", n)) == 3 for n in nests)
 
 
-def test_the_steps_numpy_program_holds_only_products_libm_and_compiled_runs():
-    """The traced step is calls within calls (the loss and its gradient); kept on NumPy, their
-    equations are spliced into one program, whose exact runs become compiled calls: what is
-    left to NumPy is the five BLAS products, the transposes they read, the maximum and libm's
-    exp and log -- no nested NumPy program, and no scalar passed from one run to the next."""
-    x, y = _batch()
-    with vkml.use_backend("numpy"):
-        model, opt = _model()
-        step = opt.compile_step(lambda xb, yb: nn.cross_entropy(model(xb), yb))
-        step(vkml.tensor(x), vkml.tensor(y))
-    (program,) = step.programs()
-    assert any(e.prim.name == "call" and "matmul" in {q.prim.name for q in e.params["program"].eqns}
-               for e in program.eqns)                       # the traced step nests its gradient
-    rewritten = cpu.with_exact_runs_called(program)
-    left = [e.prim.name for e in rewritten.eqns if e.prim.name != "call"]
-    assert left.count("matmul") == 5
-    assert set(left) <= {"matmul", "transpose", "reduce_max", "exp", "log", "broadcast_in_dim",
-                         "add"}
-    returned = set(rewritten.outputs)
-    for call in _calls(rewritten):
-        inner = {q.prim.name for q in call.params["program"].eqns}
-        assert all(cpu._exact(q) for q in call.params["program"].eqns), inner
-        assert all(o.shape != () or o in returned for o in call.outputs)
-
-
 def test_a_failure_in_a_rewritten_program_names_the_equation_that_failed():
-    """Runs, splicing and reordering change a BLAS-sized program's equations; a failure still
-    names the user's operation (here a gather inside a compiled run), on NumPy's first run and
-    on the compiled ones after, and the next good call works."""
+    """Splicing calls and turning a transposed product around change a program's equations; a
+    failure still names the user's operation (a gather after them) on every call, and the next
+    good call works."""
+    inner = vkml.jit(lambda x, w: (x.T @ w).T)          # a call holding a transposed product
+
     def f(x, w, i):
-        return vkml.exp((x @ w * 2.0 + 1.0 - 3.0)[i] * 2.0)
+        return vkml.exp((inner(x, w) * 2.0 + 1.0 - 3.0)[i] * 2.0)
     x, w = np.ones((300, 300)), np.full((300, 300), 1e-3)
     with vkml.use_backend("cpu"):
         g = vkml.jit(f)
@@ -295,4 +221,4 @@ def test_a_failure_in_a_rewritten_program_names_the_equation_that_failed():
                 g(x, w, np.array([5, 400]))
         got = g(x, w, np.array([5, 299])).numpy()
     with vkml.use_backend("numpy"):
-        assert got.tobytes() == vkml.jit(f)(x, w, np.array([5, 299])).numpy().tobytes()
+        np.testing.assert_allclose(got, vkml.jit(f)(x, w, np.array([5, 299])).numpy(), rtol=1e-12)

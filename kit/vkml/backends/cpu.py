@@ -25,12 +25,15 @@ the same bits too; so does ``cumsum`` (in index order everywhere) and a
 deterministic matmul (the tree over k).  A program made of these may
 therefore start on NumPy and switch to C when hot (``Tiered``) without
 changing a bit.  Two things differ: a default ``matmul`` adds over k in
-index order in C but in BLAS's order on NumPy, and exp/log/sin/cos/tanh/pow
+index order in C (at every size: a big float product is one call of a
+blocked, vectorised GEMM that adds in that very order, ``codegen.products``)
+but in BLAS's order on NumPy, and exp/log/sin/cos/tanh/pow
 (and the other libm functions, ``LIBM``) come from libm in C, within a few
 ulps of NumPy's own SIMD versions (tests use rtol 1e-12 in float64, 1e-5 in
-float32).  So a program holding either is compiled at once, never switched,
-and one whose matmul is too big for generated loops (``MATMUL_LIMIT``) stays
-on NumPy on every call: every program gives the same bits on every call.
+float32).  So a program holding either is compiled at once, never switched:
+every program gives the same bits on every call.  (The index order does not
+depend on the machine's vector width or the GEMM's blocking either: a
+product's bits on this tier are the same on every x86-64 or ARM machine.)
 A simulation's per-sample loops (``SampleLoops``) go further where glibc's
 vector math library is there (``vector_math``): a group of ``VK_LANES``
 samples is stepped in SIMD registers and sin/cos/exp/... are libmvec's vector
@@ -78,10 +81,11 @@ faults).  A caller may also hand it destinations that are its own arguments
 results the lowered statements allow (``lower.overwritable``: every read of
 the argument comes before the result's stores, or at the very element a
 store writes).  A call passes the C function one prepared block of array objects,
-whose data pointers the C code reads itself (``DATA_OFFSET``).  A program kept
-on NumPy for a BLAS-sized product still runs its runs of equations that give
-NumPy's bits in C (an optimiser's update, a ReLU's mask, a bias gradient's
-sum, a cross-entropy's gather) as compiled programs (``with_exact_runs_called``).
+whose data pointers the C code reads itself (``DATA_OFFSET``).  A traced
+training step -- forward, gradient and update, its calls spliced into one
+program (``_calls_inlined``) -- is therefore one C function: its products are
+GEMM calls that read transposed operands in place, and its updates are
+vectorised loop nests writing the parameters and moments where they are.
 
 Code is built for this CPU (``-march=native`` on x86-64, keyed by the CPU's
 signature) and sibling elementwise results of one shape share one loop nest,
@@ -106,7 +110,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
-import heapq
 import os
 import platform
 import re
@@ -121,14 +124,15 @@ from sys import getrefcount
 import numpy as np
 
 from ..errors import BackendError, ExecutionError
-from ..ir import Eqn, Program, Var, program_from_dag
+from ..ir import Var, program_from_dag
 from ..ops.checks import warn_at_user
-from ..ops.core import PRIMITIVES, rebind
+from ..ops.core import rebind
 from ..stats import STATS
 from . import disk_cache
 from .base import Backend, ExecutionFailure, check_sizes, failure_error, register
 from .codegen.c_render import ALLOCATION_FAILED, INTERRUPTED, POLL, render, scratch_layout
 from .codegen.lower import Lowering, Unsupported, may_fail, overwritable
+from .codegen.products import transposed_products
 from .codegen.sample_loops import forward_source, reverse_source
 from .codegen.vector_nests import SIMD_MARKER, VECTOR_MATH
 from .interrupts import NEVER, Armed, interrupted
@@ -343,7 +347,13 @@ def c_source(program, vector_math=()):
     ``temp_vars`` decode what the function reports; raises Unsupported for what the lowering
     cannot compile).  ``vector_math``: the libm functions its elementwise loop nests call in
     vector versions (``codegen.vector_nests``)."""
+    origin = {}
+    flat = _calls_inlined(program, origin)       # (a product and its transpose may be in two calls)
+    program = transposed_products(flat, None if flat is program else
+                                  [origin[id(e)] for e in flat.eqns])
     low = Lowering()
+    low.sites = program.sites
+    low.gemm = True
     low.checks = True
     low.fuse_loops = True
     # (not where nests become vector block functions: those take every buffer they read)
@@ -407,10 +417,6 @@ def _empty_result(shape, dtype, what, index):
         raise ExecutionFailure(index, allocation_error(what, shape, dtype)) from None
 
 
-#: matmuls bigger than this run on NumPy (BLAS) rather than in generated loops
-MATMUL_LIMIT = 1 << 16
-
-
 def _blas_matmuls(program):
     """The default-order matrix products of ``program`` and the programs nested in it."""
     for e in program.eqns:
@@ -419,112 +425,6 @@ def _blas_matmuls(program):
         for p in e.params.values():
             if hasattr(p, "eqns"):
                 yield from _blas_matmuls(p)
-
-
-def _too_big(program) -> bool:
-    """Whether a default-order matmul is too big for generated loops: the program stays on NumPy
-    (BLAS) on every call.  A deterministic product is the same tree in C and NumPy: never too big."""
-    return any(e.inputs[0].size * e.inputs[1].shape[-1] > MATMUL_LIMIT for e in _blas_matmuls(program))
-
-
-#: primitives whose C lowering gives NumPy's bits on floats and integers alike: correctly
-#: rounded IEEE arithmetic, comparisons, selections, sums (the canonical tree on both; integer
-#: sums wrap on both), and moving or picking elements (no libm function: those may differ in
-#: the last bits between C and NumPy; no maximum: which of two equal zeros it keeps may differ)
-EXACT = frozenset({"add", "sub", "mul", "neg", "abs", "sqrt", "broadcast_in_dim", "stop_gradient",
-                   "eq", "ne", "lt", "le", "gt", "ge", "where", "logical_and", "logical_or",
-                   "logical_not", "reduce_sum", "reshape", "slice", "flip", "pad",
-                   "concatenate", "gather", "scatter_add"})
-#: a run of exact equations is compiled to C when it has this many and writes this many
-#: elements: NumPy spends 1-3 us per equation even on small arrays (a canonical-tree sum
-#: more), about what one call of a compiled program costs, so three are worth a call; a run
-#: of scalars (hyperparameter arithmetic) is not
-RUN_MIN_EQNS, RUN_MIN_ELEMENTS = 3, 64
-
-
-def _exact(e) -> bool:
-    """Whether equation ``e`` computes the same bits in generated C as on NumPy (a division and
-    a cast only between floats, where they are one IEEE operation)."""
-    if e.prim.name in EXACT:
-        return True
-    if e.prim.name in ("div", "cast"):
-        return e.outputs[0].dtype.kind == "f" and e.inputs[0].dtype.kind == "f"
-    return False
-
-
-def with_exact_runs_called(program):
-    """``program`` with each long run of exact equations (``_exact``; an optimiser's update, a
-    ReLU's mask) made one ``call`` of a program of its own: a program that must stay on NumPy
-    for its BLAS-sized matrix products still runs those runs as compiled, vectorised C (the
-    nested program compiles as any other), with the same bits.  ``program`` itself when it
-    has no such run.  The equations are first ordered so that exact ones that do not wait for
-    the others come together (``_exact_together``): a bias's gradient (a sum) then joins the
-    ReLU mask's run it reads, instead of waiting alone behind a matrix product; and the
-    programs of ``call`` equations are spliced in first (``_calls_inlined``).
-
-    The result's ``origin`` maps each of its equations, and each equation of its runs, to the
-    index of the equation of ``program`` it computes (by ``id``): a failure is named by it
-    (``_original_failure``)."""
-    origin = {}
-    original, program = program, _calls_inlined(program, origin)
-    if program is original:
-        origin = {id(e): i for i, e in enumerate(program.eqns)}
-    eqns = _exact_together(program.eqns)
-    runs, start = [], None
-    for i, e in enumerate(eqns + [None]):
-        if e is not None and _exact(e):
-            start = i if start is None else start
-            continue
-        if start is not None and i - start >= RUN_MIN_EQNS and \
-                max(v.size for q in eqns[start:i] for v in q.outputs) >= RUN_MIN_ELEMENTS:
-            runs.append((start, i))
-        start = None
-    if not runs:
-        return original
-    later_reads = {}
-    for i, e in enumerate(eqns):
-        for v in e.inputs:
-            later_reads[v] = i              # the last equation reading v
-    returned = set(program.outputs)
-    calls = []
-    for start, end in reversed(runs):
-        calls.append(_run_as_call(eqns[start:end], end, later_reads, returned, origin))
-        eqns[start:end] = [calls[-1]]
-    result = Program(program.inputs, eqns, program.outputs, program.consts)
-    result.runs = {id(c) for c in calls}
-    kept = eqns + [e for c in calls for e in c.params["program"].eqns]
-    result.origin = {id(e): origin[id(e)] for e in kept}
-    return result
-
-
-def _original_failure(program, failure):
-    """``failure`` of ``program`` (a result of ``with_exact_runs_called``) as the failure of the
-    equation of the original program that failed (inside a run: the run's equation)."""
-    e, error = program.eqns[failure.index], failure.error
-    if id(e) in program.runs and isinstance(error, ExecutionFailure):
-        e, error = e.params["program"].eqns[error.index], error.error
-    return ExecutionFailure(program.origin[id(e)], error)
-
-
-class _NamedAsOriginal:
-    """The executable of a rewritten program (``with_exact_runs_called``) whose failures name
-    the equation of the program it was made from, as every executable's do."""
-
-    writes_into = True
-
-    def __init__(self, run, program):
-        self.run, self.program, self.source = run, program, getattr(run, "source", None)
-        # the rewritten program has the original's arguments and results
-        self.overwritable = getattr(run, "overwritable", {})
-        self.views = getattr(run, "views", None)
-        self.may_fail = getattr(run, "may_fail", True)
-        self.writes_directly = getattr(run, "writes_directly", frozenset())
-
-    def __call__(self, args, into=None):
-        try:
-            return self.run(args, into)
-        except ExecutionFailure as failure:
-            raise _original_failure(self.program, failure) from failure.error
 
 
 def _calls_inlined(program, origin):
@@ -557,98 +457,6 @@ def _replayed(program, args, origin, site=None) -> list:
                 origin[id(outs[0].eqn)] = here
         env.update(zip(e.outputs, outs))
     return [env.get(v, v) for v in program.outputs]
-
-
-def _exact_together(eqns) -> list:
-    """``eqns`` in an order that keeps every equation after those it reads and puts exact ones
-    (``_exact``) together: once an exact equation runs, every exact one that is ready runs
-    next, before the others; among equations of one kind the earlier first."""
-    producer = {v: i for i, e in enumerate(eqns) for v in e.outputs}
-    waiting = [len({producer[v] for v in e.inputs if v in producer}) for e in eqns]
-    readers = [[] for _ in eqns]
-    for i, e in enumerate(eqns):
-        for j in {producer[v] for v in e.inputs if v in producer}:
-            readers[j].append(i)
-    ready = {True: [], False: []}
-    for i, n in enumerate(waiting):
-        if n == 0:
-            heapq.heappush(ready[_exact(eqns[i])], i)
-    order, kind = [], bool(eqns) and _exact(eqns[0])
-    while ready[True] or ready[False]:
-        if not ready[kind]:
-            kind = not kind
-        i = heapq.heappop(ready[kind])
-        order.append(eqns[i])
-        for j in readers[i]:
-            waiting[j] -= 1
-            if waiting[j] == 0:
-                heapq.heappush(ready[_exact(eqns[j])], j)
-    return _views_sunk(order)
-
-
-#: equations NumPy runs as views, costing nothing until read
-VIEWS = frozenset({"broadcast_in_dim", "reshape", "stop_gradient"})
-
-
-def _sinks(e) -> bool:
-    """Whether ``e`` is best computed just before its first reader: a view (``VIEWS``), or
-    arithmetic on scalars (a hyperparameter's cast)."""
-    return e.prim.name in VIEWS or all(v.shape == () for v in (*e.inputs, *e.outputs))
-
-
-def _views_sunk(eqns) -> list:
-    """``eqns`` with each view and scalar equation (``_sinks``) moved down to just before its
-    first reader: it is then in the run of the equation that reads it, never a run's result
-    of its own (a broadcast made in one run and read in the next would be materialised
-    between them; a scalar returned by one run and passed to the next costs two arrays)."""
-    first_reader = {}
-    for k, e in enumerate(eqns):
-        for v in e.inputs:
-            first_reader.setdefault(v, k)
-    before = [[] for _ in eqns]             # the views that go just before each equation
-    stays = []
-    for k, e in enumerate(eqns):
-        if _sinks(e) and len(e.outputs) == 1 and e.outputs[0] in first_reader:
-            before[first_reader[e.outputs[0]]].append(k)
-        else:
-            stays.append(k)
-    order = []
-
-    def emit(k):
-        for j in before[k]:
-            emit(j)
-        order.append(eqns[k])
-    for k in stays:
-        emit(k)
-    return order
-
-
-def _run_as_call(run, end, later_reads, returned, origin):
-    """One ``call`` equation computing the equations ``run`` (which end before equation
-    ``end``): it reads what the run reads from outside, and gives the values read after it or
-    returned by the program.  Its equations (and the call, as its first) take their sources
-    in ``origin`` from the run's."""
-    made, ins = set(), []
-    for e in run:
-        for v in e.inputs:
-            if v not in made and v not in ins:
-                ins.append(v)
-        made.update(e.outputs)
-    outs = [v for e in run for v in e.outputs if v in returned or later_reads.get(v, -1) >= end]
-    fresh = {v: Var(v.shape, v.dtype, v.device) for v in ins}
-    body = []
-    for e in run:
-        for v in e.outputs:
-            fresh[v] = Var(v.shape, v.dtype, v.device)
-        body.append(Eqn(e.prim, [fresh[v] for v in e.inputs], [fresh[v] for v in e.outputs],
-                        e.params, e.where))
-        for v in e.outputs:
-            fresh[v].eqn = body[-1]
-        origin[id(body[-1])] = origin[id(e)]
-    sub = Program([fresh[v] for v in ins], body, [fresh[v] for v in outs])
-    call = Eqn(PRIMITIVES["call"], ins, outs, {"program": sub})
-    origin[id(call)] = origin[id(run[0])]
-    return call
 
 
 class CompiledProgram:
@@ -1029,10 +837,6 @@ class CpuBackend(Backend):
     def _compile(self, program, math=frozenset()):
         if self.compiler is None:
             return self._numpy(program)
-        if _too_big(program):
-            rewritten = with_exact_runs_called(program)
-            run = self._numpy(rewritten)
-            return run if rewritten is program else _NamedAsOriginal(run, rewritten)
         hot = hot_threshold()
         if hot == 0 or _has_loop(program) or _differs_from_numpy(program):
             return (math and self._compile_vector(program, math)) or self._compile_c(program) or \

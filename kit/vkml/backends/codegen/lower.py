@@ -110,6 +110,13 @@ class Lowering:
         self.scalars_in_locals = False
         self.counter = 0
         self.depth = 0           # programs being lowered (1: the top-level one)
+        #: per equation of the top-level program, the index it is named by in errors (None: its
+        #: own; a rewritten program's ``sites``, see ``products.transposed_products``)
+        self.sites = None
+        #: whether big float products are one GEMM call each (``products``; the C tier's
+        #: programs), and whether one is (the renderer then includes the GEMM)
+        self.gemm = False
+        self.uses_gemm = False
         self.site = 0            # the top-level equation being lowered
 
     def fresh(self, prefix):
@@ -156,7 +163,11 @@ class Lowering:
         stored = set()
         for e in prog.eqns:
             rule = self.rules.get(e.prim.name)
-            if rule is None or rule.stores_operands(e):
+            if rule is None:
+                stored.update(e.inputs)
+            elif hasattr(rule, "stored_operands"):      # (a rule choosing which to store)
+                stored.update(rule.stored_operands(self, e, producer, uses))
+            elif rule.stores_operands(e):
                 stored.update(e.inputs)
         buffers = {}
         consts = {}
@@ -178,7 +189,7 @@ class Lowering:
         group = None             # the loop nest elementwise results join (``fuse_loops``)
         for k, e in enumerate(prog.eqns):
             if self.depth == 1:
-                self.site = k
+                self.site = k if self.sites is None else self.sites[k]
             rule = self.rules.get(e.prim.name)
             inline = all(o not in outputs for o in e.outputs) and len(e.outputs) == 1 and \
                 rule is not None and rule.fusible(e) and uses.get(e.outputs[0], 0) == 1 and \
@@ -947,9 +958,15 @@ _ASSIGNED = re.compile(r"\s*(?:[-+*/%&|^]|<<|>>)?=(?!=)")
 
 
 def _indexed_only(name, lines) -> bool:
-    """Whether every use of buffer ``name`` in ``lines`` is an element (``name[...]``)."""
+    """Whether every use of buffer ``name`` in ``lines`` is an element (``name[...]``) or a
+    whole read by a helper (``HelperCall.reads``)."""
     bare = re.compile(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_\[])")
-    return not any(bare.search(text) for text, _ in lines)
+    return not any(bare.search(text) and name not in _whole_reads(text) for text, _ in lines)
+
+
+def _whole_reads(text) -> frozenset:
+    """The buffers a line reads as a whole (a helper's call, ``HelperCall``)."""
+    return getattr(text, "reads", frozenset())
 
 
 def _reads_before(a, shape, stores, lines) -> bool:
@@ -957,7 +974,8 @@ def _reads_before(a, shape, stores, lines) -> bool:
     ``stores`` (line number, index) writes it (see ``overwritable``)."""
     for n, (text, loops) in enumerate(lines):
         reads = _indices(a, text)
-        if not reads:
+        whole = a in _whole_reads(text)
+        if not reads and not whole:
             continue
         for at, index in stores:
             if n > at:
@@ -965,7 +983,7 @@ def _reads_before(a, shape, stores, lines) -> bool:
             store_loops = lines[at][1]
             if not _shares_a_loop(n, at, lines):
                 continue                        # separate nests: this one ends before the store's
-            if loops != store_loops or not all(isinstance(lp, Loop) for lp in loops) or \
+            if whole or loops != store_loops or not all(isinstance(lp, Loop) for lp in loops) or \
                     tuple(lp.extent for lp in loops) != tuple(shape) or \
                     index != linear_index([lp.var for lp in loops], shape) or \
                     any(r != index for r in reads):

@@ -38,6 +38,7 @@ from __future__ import annotations
 import numpy as np
 
 from .lower import CTYPE, Lowering, linear_index, row_major_strides
+from .products import by_gemm, gemm_operands, lower_gemm
 
 #: the unsigned type of an integer's width: integer arithmetic that may overflow is done in it
 _UNSIGNED = {1: "uint8_t", 2: "uint16_t", 4: "uint32_t", 8: "uint64_t"}
@@ -115,6 +116,27 @@ class Statement:
 
     def stores_operands(self, e):
         return True
+
+
+class Product(Statement):
+    """The ``matmul`` rule: one GEMM call (``products``) for a big float product where the
+    lowering allows it (``Lowering.gemm``: the C tier's programs), else the plain loops.  Only
+    the GEMM reads a transposed operand in place, so only it has the transpose's source stored
+    rather than the transpose."""
+
+    def __init__(self, loops):
+        super().__init__(self._lower)
+        self.loops = loops
+
+    @staticmethod
+    def _gemm(low, e):
+        return low.gemm and by_gemm(e)
+
+    def stored_operands(self, low, e, producer, uses):
+        return gemm_operands(e, producer, uses) if self._gemm(low, e) else e.inputs
+
+    def _lower(self, low, e, env, targets):
+        return (lower_gemm if self._gemm(low, e) else self.loops)(low, e, env, targets)
 
 
 # -- elementwise expressions ---------------------------------------------------------------------
@@ -305,7 +327,7 @@ C_RULES = {
     "reduce_sum": Statement(Lowering._lower_reduce_sum),
     "reduce_max": Statement(Lowering._lower_reduce_max),
     "argmax": Statement(Lowering._lower_argmax),
-    "matmul": Statement(Lowering._lower_matmul),
+    "matmul": Product(Lowering._lower_matmul),
     "gather": Statement(Lowering._lower_gather),
     "scatter_add": Statement(Lowering._lower_scatter_add),
     "checked": Statement(Lowering._lower_checked),

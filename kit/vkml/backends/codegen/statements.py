@@ -74,3 +74,16 @@ class SampleLoop:
 
     def __init__(self, var, extent, body, temps):
         self.var, self.extent, self.body, self.temps = var, extent, body, temps
+
+
+class HelperCall(str):
+    """A line of C calling a helper that reads whole buffers, ``reads`` (their names), before it
+    returns (a matrix product's GEMM): a ``str`` printed as it is, whose reads the analysis of
+    which results may be computed over an argument (``lower.overwritable``) counts as reads of
+    every element at this line.  Every other buffer the line names (the helper's destination)
+    counts as used as a whole, so no result is ever computed over it."""
+
+    def __new__(cls, text, reads):
+        line = super().__new__(cls, text)
+        line.reads = frozenset(reads)
+        return line

@@ -1,0 +1,171 @@
+"""Matrix products in the cpu tier's C: one call of a blocked, vectorised GEMM each.
+
+Why: a default ``matmul`` in generated C adds each output's products over k in index order.
+Written as three loops that order is slow (a scalar dependency chain per output), so programs
+with big products used to stay on NumPy, whose BLAS picks its own order -- and then every
+equation around the product paid NumPy's dispatch too.  ``gemm.GEMM_C`` computes the very same
+sums (each output's accumulator starts at 0 and adds its products for k = 0, 1, ... in turn,
+no fused multiply-add) blocked for the caches and in SIMD registers across outputs, so a
+product has one set of bits on this tier whatever its size, the machine's vector width or
+the blocking.
+
+Two things make the call cheap to feed:
+
+- an operand that is a transpose (of a transpose ...) of a buffer is read in place, the
+  GEMM taking any element strides: a product's operands are never copied to be transposed;
+- a transposed product ``transpose(a @ b)`` whose product nothing else reads is computed as
+  ``transpose(b) @ transpose(a)`` (``transposed_products``): the same products added in the
+  same order (IEEE products commute exactly), written straight in the layout wanted -- a
+  weight's gradient ``(dy^T x)`` is never transposed in a second pass.
+
+Small products (fewer than ``GEMM_MIN`` multiply-adds) keep the plain loops: the bits are
+the same, and packing would cost more than it saves.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...ir import Eqn, Program, Var
+from .gemm import PACK_BYTES
+from .lower import CTYPE, row_major_strides
+from .statements import HelperCall, Loop
+
+#: the fewest multiply-adds of a product computed by the GEMM (the plain loops below it)
+GEMM_MIN = 1 << 12
+
+#: the dtypes the GEMM computes in (integer products keep the plain loops)
+GEMM_DTYPES = frozenset({np.dtype(np.float32), np.dtype(np.float64)})
+
+
+def _last_two_swapped(ndim):
+    return tuple(range(ndim - 2)) + (ndim - 1, ndim - 2)
+
+
+def _is_swap(e) -> bool:
+    """Whether ``e`` transposes the last two axes of its operand and no other."""
+    return e.prim.name == "transpose" and e.params["perm"] == _last_two_swapped(e.inputs[0].ndim)
+
+
+def by_gemm(e) -> bool:
+    """Whether matrix product ``e`` is computed by the GEMM: a default-order float product with
+    at least ``GEMM_MIN`` multiply-adds."""
+    return e.prim.name == "matmul" and "order" not in e.params and \
+        e.outputs[0].dtype in GEMM_DTYPES and e.inputs[0].size * e.inputs[1].shape[-1] >= GEMM_MIN
+
+
+def transposed_products(program, sites=None) -> Program:
+    """``program`` with each ``transpose(a @ b)`` (the last two axes swapped) whose product
+    only that transpose reads computed as ``transpose(b) @ transpose(a)``.  The result's
+    ``sites`` gives, per equation, what the equation it comes from is named by in an error:
+    ``sites[k]`` for equation ``k`` of ``program`` (its index without ``sites``)."""
+    sites = list(range(len(program.eqns))) if sites is None else list(sites)
+    producer = {o: e for e in program.eqns for o in e.outputs}
+    readers = {}
+    for e in program.eqns:
+        for v in e.inputs:
+            readers[v] = readers.get(v, 0) + 1
+    for v in program.outputs:
+        readers[v] = readers.get(v, 0) + 1
+    swapped = {}                   # id(transpose) -> the product it transposes
+    for e in program.eqns:
+        p = producer.get(e.inputs[0]) if e.inputs else None
+        if _is_swap(e) and p is not None and by_gemm(p) and readers[e.inputs[0]] == 1:
+            swapped[id(e)] = p
+    dropped = {id(p) for p in swapped.values()}
+    eqns, named = [], []
+    for k, e in enumerate(program.eqns):
+        if id(e) in dropped:
+            continue
+        p = swapped.get(id(e))
+        if p is None:
+            eqns.append(e)
+            named.append(sites[k])
+            continue
+        a, b = p.inputs
+        bt, at = (Var(v.shape[:-2] + v.shape[:-3:-1], v.dtype, v.device) for v in (b, a))
+        perm = _last_two_swapped(a.ndim)
+        eqns += [Eqn(e.prim, [b], [bt], {"perm": perm}, e.where),
+                 Eqn(e.prim, [a], [at], {"perm": perm}, e.where),
+                 Eqn(p.prim, [bt, at], list(e.outputs), p.params, p.where)]
+        named += [sites[k]] * 3
+    result = Program(program.inputs, eqns, program.outputs, program.consts) if swapped else program
+    result.sites = named
+    return result
+
+
+def _in_place(env, v):
+    """``(buffer, element strides)`` where ``v`` can be read without a copy: a buffer, or a
+    transpose (of a transpose ...) of one; None otherwise."""
+    if v in env.scalars:
+        return None
+    if v in env.buffers or v in env.consts:
+        return env.pointer(v), row_major_strides(v.shape)
+    if v in env.inline and env.producer[v].prim.name == "transpose":
+        t = env.producer[v]
+        inner = _in_place(env, t.inputs[0])
+        if inner is not None:
+            buffer, strides = inner
+            return buffer, [strides[q] for q in t.params["perm"]]
+    return None
+
+
+def _operand(low, env, v, stmts):
+    """``(buffer, strides)`` of operand ``v``: read in place where it can be, else first stored
+    into a temporary of its own (statements appended to ``stmts``)."""
+    found = _in_place(env, v)
+    if found is not None:
+        return found
+    buffer = low.temp(v)
+    stmts += low.store(v.shape, buffer, lambda idx: env.read(v, idx))
+    return buffer, row_major_strides(v.shape)
+
+
+def _pack(low, dtype):
+    """The GEMM's packing scratch for ``dtype`` (one temporary per program and dtype, 64-byte
+    aligned), as a C expression."""
+    packs = low.__dict__.setdefault("gemm_packs", {})
+    if dtype not in packs:
+        name = low.temp(Var(((PACK_BYTES + 64) // dtype.itemsize,), dtype))
+        t = CTYPE[dtype]
+        packs[dtype] = f"({t}*)((char*){name} + ((64 - ((unsigned long long){name} & 63)) & 63))"
+    return packs[dtype]
+
+
+def _offset(idx, strides):
+    terms = [f"{i} * {s}LL" for i, s in zip(idx, strides) if s]
+    return " + ".join(terms) if terms else "0"
+
+
+def gemm_operands(e, producer, uses) -> list:
+    """The values a GEMM-computed product ``e`` has stored: each operand, or for one that is a
+    transpose read only here (of a transpose ...), that transpose's source, read in place."""
+    stored = []
+    for v in e.inputs:
+        while uses.get(v) == 1 and v in producer and producer[v].prim.name == "transpose":
+            v = producer[v].inputs[0]
+        stored.append(v)
+    return stored
+
+
+def lower_gemm(low, e, env, targets) -> list:
+    """Product ``e`` as one ``vk_gemm_<type>`` call per matrix of its batch (a loop over them)."""
+    a, b = e.inputs
+    out = e.outputs[0]
+    stmts = []
+    pa, sa = _operand(low, env, a, stmts)
+    pb, sb = _operand(low, env, b, stmts)
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    idx = [low.fresh("i") for _ in out.shape[:-2]]
+    so = row_major_strides(out.shape)
+    call = HelperCall(
+        f"vk_gemm_{CTYPE[out.dtype]}({m}LL, {n}LL, {k}LL, "
+        f"{pa} + {_offset(idx, sa)}, {sa[-2]}LL, {sa[-1]}LL, "
+        f"{pb} + {_offset(idx, sb)}, {sb[-2]}LL, {sb[-1]}LL, "
+        f"{targets[0]} + {_offset(idx, so)}, {so[-2]}LL, {so[-1]}LL, {_pack(low, out.dtype)});",
+        reads=(pa, pb))
+    body = [call]
+    for v, extent in reversed(list(zip(idx, out.shape))):
+        body = [Loop(v, extent, body)]
+    low.uses_gemm = True
+    return stmts + body

@@ -1,0 +1,181 @@
+"""Matrix products on the cpu tier: one GEMM call each, with the plain loops' bits at every size.
+
+- a float product adds each output's products over k in index order, whether the plain loops
+  (small) or the blocked GEMM (big) compute it: checked bit for bit against an oracle written in
+  NumPy (an accumulator updated once per k), which BLAS's own order does not match;
+- transposed operands are read in place and a transposed product ``(a @ b).T`` is computed as
+  ``b.T @ a.T`` straight into its destination (no copy of either);
+- a program with big products is one C function (no NumPy fallback), and a training step
+  updates its parameters where they are even though a GEMM reads them;
+- which results may be computed over an argument counts a GEMM's operands as read whole at its
+  call, and never lets a GEMM write over an argument.
+"""
+
+import weakref
+
+import numpy as np
+import pytest
+
+import vkml
+from vkml.backends import cpu
+from vkml.backends.codegen import products
+
+pytestmark = pytest.mark.skipif(cpu.compiler() is None, reason="needs a C compiler")
+
+
+@pytest.fixture(autouse=True)
+def private_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("VKML_CACHE_DIR", str(tmp_path))
+
+
+def index_order(a, b):
+    """``a @ b`` (batched over leading axes) with each output's products added for k = 0, 1, ...
+    into an accumulator of the dtype starting at 0: every NumPy float operation rounds once."""
+    acc = np.zeros(a.shape[:-1] + b.shape[-1:], a.dtype)
+    with np.errstate(all="ignore"):             # (inf * 0 is NaN there as here)
+        for k in range(a.shape[-1]):
+            acc = acc + a[..., :, k, None] * b[..., None, k, :]
+    return acc
+
+
+def _same_bits(x, y):
+    return x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
+
+
+def _operands(dtype, *shapes, seed=0):
+    rng = np.random.default_rng(seed)
+    # magnitudes spread over 2^-20..2^20: sums that lose low bits, so the order shows
+    return [(rng.standard_normal(s) * 2.0 ** rng.integers(-20, 20, s)).astype(dtype) for s in shapes]
+
+
+CASES = [
+    ("x @ w", lambda x, w: x @ w, [(64, 300), (300, 70)]),
+    ("x @ w.T (w read transposed)", lambda x, w: x @ w.T, [(64, 300), (70, 300)]),
+    ("x.T @ d (x read transposed)", lambda x, d: x.T @ d, [(64, 300), (64, 70)]),
+    ("(d.T @ x).T (a transposed product)", lambda d, x: (d.T @ x).T, [(64, 70), (64, 300)]),
+    ("batched", lambda a, b: a @ b, [(3, 40, 50), (3, 50, 60)]),
+    ("batched, both transposed", lambda a, b: vkml.swapaxes(a, -1, -2) @ vkml.swapaxes(b, -1, -2),
+     [(3, 50, 40), (3, 60, 50)]),
+    ("small (plain loops)", lambda a, b: a @ b, [(5, 7), (7, 3)]),
+]
+
+
+def _numpy_view(fn, args):
+    """What ``fn`` computes, with NumPy operands (the oracle's inputs and layout)."""
+    return fn(*[vkml.tensor(a) for a in args])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name,fn,shapes", CASES, ids=[c[0] for c in CASES])
+def test_a_product_has_the_index_order_bits_at_every_size(name, fn, shapes, dtype):
+    args = _operands(dtype, *shapes)
+    with vkml.use_backend("numpy"):
+        blas = fn(*[vkml.tensor(a) for a in args]).numpy()
+    # the oracle: the same expression, its product in index order
+    np_fn = {"x @ w": lambda x, w: index_order(x, w),
+             "x @ w.T (w read transposed)": lambda x, w: index_order(x, w.T),
+             "x.T @ d (x read transposed)": lambda x, d: index_order(x.T, d),
+             "(d.T @ x).T (a transposed product)": lambda d, x: index_order(d.T, x).T,
+             "batched": index_order,
+             "batched, both transposed": lambda a, b: index_order(a.swapaxes(-1, -2), b.swapaxes(-1, -2)),
+             "small (plain loops)": index_order}[name]
+    want = np_fn(*args)
+    with vkml.use_backend("cpu"):
+        f = vkml.jit(fn)
+        for _ in range(2):
+            got = f(*args).numpy()
+            assert _same_bits(np.ascontiguousarray(got), np.ascontiguousarray(want)), name
+        lazy = fn(*[vkml.tensor(a) for a in args]).numpy()
+    assert _same_bits(np.ascontiguousarray(lazy), np.ascontiguousarray(want))
+    np.testing.assert_allclose(got, blas, rtol=1e-4 if dtype == np.float32 else 1e-10,
+                               atol=float(np.abs(blas).max()) * 1e-5)
+
+
+def test_the_oracle_tells_orders_apart():
+    """BLAS's blocked order gives other bits than the index order on these operands: a test that
+    passes on the index order would fail on BLAS's (so it checks the order, not just values)."""
+    x, w = _operands(np.float32, (64, 300), (300, 70))
+    assert not _same_bits(x @ w, index_order(x, w))
+
+
+def test_special_values_pass_through_the_gemm_as_through_the_loops():
+    x, w = _operands(np.float32, (64, 300), (300, 70), seed=3)
+    x[0, 0], x[1, 5], x[2, :] = np.nan, np.inf, -0.0
+    w[7, 3], w[:, 9] = -np.inf, 0.0
+    with vkml.use_backend("cpu"):
+        got = vkml.jit(lambda x, w: x @ w)(x, w).numpy()
+    assert _same_bits(got, index_order(x, w))
+
+
+def _program(fn, *args):
+    return vkml.program(fn, *[np.asarray(a) for a in args])
+
+
+def test_a_transposed_product_is_computed_in_the_layout_wanted():
+    """``(d.T @ x).T`` becomes ``x.T @ d``: one GEMM writing the result buffer itself, its
+    operands read in place (no temporary holds a transpose or the product)."""
+    d, x = _operands(np.float32, (64, 70), (64, 300))
+    program = _program(lambda d, x: (d.T @ x).T, d, x)
+    rewritten = products.transposed_products(program)
+    assert [e.prim.name for e in program.eqns] == ["transpose", "matmul", "transpose"]
+    assert [e.prim.name for e in rewritten.eqns] == ["transpose"] * 3 + ["matmul"]
+    assert rewritten.sites == [0, 2, 2, 2]              # named by the user's transpose
+    source, low = cpu.c_source(program)
+    (call,) = [line for line in source.splitlines() if "vk_gemm_float(" in line and "LL," in line]
+    assert "o0 + 0" in call and "a0 + 0" in call and "a1 + 0" in call
+    assert not low.temp_vars[:-1]                       # only the GEMM's packing scratch
+
+
+def test_a_product_read_elsewhere_keeps_its_transpose():
+    d, x = _operands(np.float32, (64, 70), (64, 300))
+    program = _program(lambda d, x: (lambda m: (m.T, m.sum()))(d.T @ x), d, x)
+    assert products.transposed_products(program).eqns == program.eqns
+
+
+def test_small_and_integer_products_keep_the_plain_loops():
+    source, low = cpu.c_source(_program(lambda a, b: a @ b, np.ones((5, 7)), np.ones((7, 3))))
+    assert "vk_gemm" not in source and not low.uses_gemm
+    ints = np.arange(64 * 300).reshape(64, 300) % 7, np.arange(300 * 70).reshape(300, 70) % 5
+    source, _ = cpu.c_source(_program(lambda a, b: a @ b, *ints))
+    assert "vk_gemm" not in source
+    with vkml.use_backend("cpu"):
+        got = vkml.jit(lambda a, b: a @ b)(*ints).numpy()
+    np.testing.assert_array_equal(got, ints[0] @ ints[1])
+
+
+def test_an_argument_read_by_a_gemm_may_be_updated_after_it():
+    p, x = _operands(np.float32, (80, 80), (80, 80))
+    update = _program(lambda p, x: p - 0.5 * (x @ p), p, x)
+    # (over x too: the GEMM is done with it before the update's first store)
+    assert cpu.c_source(update)[1].overwritable == {0: frozenset({0, 1})}
+    # the product itself is never computed over an operand
+    assert cpu.c_source(_program(lambda p, x: x @ p, p, x))[1].overwritable == {}
+    # an argument a GEMM reads after the result's stores must keep its values until then
+    late = _program(lambda p, x: (p + 1.0, x @ p), p, x)
+    assert 0 not in cpu.c_source(late)[1].overwritable.get(0, frozenset())
+    with vkml.use_backend("cpu"):
+        a, b = vkml.jit(lambda p, x: (p + 1.0, x @ p))(p, x)
+    assert _same_bits(b.numpy(), index_order(x, p))
+
+
+def test_a_training_step_with_big_products_is_one_c_function_updating_in_place():
+    x = np.random.default_rng(1).standard_normal((64, 300)).astype(np.float32)
+    y = np.random.default_rng(2).integers(0, 10, 64)
+    with vkml.use_backend("cpu"):
+        fallbacks = vkml.backend_info()["numpy fallbacks"]
+        vkml.nn.manual_seed(0)
+        model = vkml.nn.Sequential(vkml.nn.Linear(300, 240), vkml.nn.ReLU(), vkml.nn.Linear(240, 10))
+        opt = vkml.optim.Adam(model.parameters(), lr=1e-3)
+        step = opt.compile_step(lambda xb, yb: vkml.nn.cross_entropy(model(xb), yb))
+        xt, yt = vkml.tensor(x), vkml.tensor(y)
+        for _ in range(3):
+            step(xt, yt)
+        arrays = [weakref.ref(p.ir_var.value) for p in model.parameters()]   # (holding none)
+        before = vkml.stats()
+        step(xt, yt)
+        assert (vkml.stats() - before).submissions == 1
+        assert all(p.ir_var.value is a() for p, a in zip(model.parameters(), arrays))
+        assert vkml.backend_info()["numpy fallbacks"] == fallbacks
+    (program,) = step.programs()
+    source, _ = cpu.c_source(program)
+    assert source.count("vk_gemm_float(") - source.count("static void vk_gemm_float(") == 5
