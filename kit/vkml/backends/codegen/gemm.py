@@ -29,15 +29,16 @@ MR = {"float": 8, "double": 8}
 NV = {"float": 2, "double": 2}
 #: the k-block: a B micro-panel of KC x NR stays in the L1 cache while the tile rows stream past
 KC = {"float": 256, "double": 256}
-#: rows of A packed at once (a multiple of MR): the packed A block stays in the L2 cache
+#: rows of A worked on against one packed B block before the next (a multiple of MR): they stay
+#: in the L2 cache while every B micro-panel passes
 MC = {"float": 128, "double": 64}
 #: columns of B packed at once (a multiple of NR at every vector width)
 NC = {"float": 512, "double": 256}
 
 SIZEOF = {"float": 4, "double": 8}
 
-#: bytes of scratch the caller passes as ``pack`` (the packed A block after the packed B block)
-PACK_BYTES = max((MC[t] * KC[t] + KC[t] * NC[t]) * SIZEOF[t] for t in SIZEOF)
+#: bytes of scratch the caller passes as ``pack``: one packed B block
+PACK_BYTES = max(KC[t] * NC[t] * SIZEOF[t] for t in SIZEOF)
 
 _VECTOR_TYPES = r"""
 #if defined(__AVX512F__)
@@ -78,38 +79,15 @@ static void vk_gemm_pack_b_$T(int64_t kc, int64_t n, const $T* B, int64_t sbk, i
     }
 }
 
-/* A[i0.., k0..] (m x kc, m <= MR) -> dst[k * MR + i], rows m..MR-1 zero */
-static void vk_gemm_pack_a_$T(int64_t m, int64_t kc, const $T* A, int64_t sam, int64_t sak,
-                              $T* dst)
-{
-    const int64_t mr = $MR;
-    if (sam <= sak) {
-        for (int64_t k = 0; k < kc; k++) {
-            const $T* src = A + k * sak;
-            $T* col = dst + k * mr;
-            int64_t i = 0;
-            for (; i < m; i++) col[i] = src[i * sam];
-            for (; i < mr; i++) col[i] = 0;
-        }
-    } else {
-        for (int64_t i = 0; i < m; i++) {
-            const $T* src = A + i * sam;
-            for (int64_t k = 0; k < kc; k++) dst[k * mr + i] = src[k * sak];
-        }
-        for (int64_t k = 0; k < kc; k++)
-            for (int64_t i = m; i < mr; i++) dst[k * mr + i] = 0;
-    }
-}
-
 $KERNEL
 
 /* one MR x NR tile of C at c (m x n of it real), general strides: through a private tile */
-static void vk_gemm_tile_$T(int64_t kc, const $T* ap, const $T* bp, $T* c, int64_t scm,
-                            int64_t scn, int64_t m, int64_t n, int first)
+static void vk_gemm_tile_$T(int64_t kc, const $T* a, int64_t sam, int64_t sak, const $T* bp,
+                            $T* c, int64_t scm, int64_t scn, int64_t m, int64_t n, int first)
 {
     const int64_t nr = VK_GEMM_NR_$T;
     if (scn == 1 && m == $MR && n == nr) {
-        vk_gemm_kernel_$T(kc, ap, bp, c, scm, first);
+        vk_gemm_kernel_$T(kc, a, sam, sak, m, bp, c, scm, first);
         return;
     }
     $T tile[$MR * VK_GEMM_NR_$T] __attribute__((aligned(64)));
@@ -117,10 +95,25 @@ static void vk_gemm_tile_$T(int64_t kc, const $T* ap, const $T* bp, $T* c, int64
         for (int64_t i = 0; i < $MR; i++)
             for (int64_t j = 0; j < nr; j++)
                 tile[i * nr + j] = (i < m && j < n) ? c[i * scm + j * scn] : 0;
-    vk_gemm_kernel_$T(kc, ap, bp, tile, nr, first);
+    vk_gemm_kernel_$T(kc, a, sam, sak, m, bp, tile, nr, first);
     for (int64_t i = 0; i < m; i++)
         for (int64_t j = 0; j < n; j++)
             c[i * scm + j * scn] = tile[i * nr + j];
+}
+
+/* rough cycles of one orientation: the padded tiles' arithmetic, packing B (a transposing copy
+   costs more than a row copy), and C's tiles through the private tile where C's rows are not
+   contiguous (once per k-block) */
+static double vk_gemm_cost_$T(int64_t M, int64_t N, int64_t K, int64_t sbk, int64_t sbn,
+                              int64_t scn)
+{
+    const int64_t mr = $MR, nr = VK_GEMM_NR_$T;
+    double tiles = (double)((M + mr - 1) / mr * mr) * (double)((N + nr - 1) / nr * nr);
+    double work = tiles * (double)K * (2.0 / (2 * 2 * VK_GEMM_L_$T));
+    double pack = (double)K * (double)N * (sbn == 1 ? 0.25 : (sbn <= sbk ? 1.0 : 1.5));
+    double blocks = (double)((K + $KC - 1) / $KC);
+    double scatter = scn == 1 ? 0.0 : (double)M * (double)N * 2.0 * blocks;
+    return work + pack + scatter;
 }
 
 static void vk_gemm_$T(int64_t M, int64_t N, int64_t K,
@@ -135,10 +128,8 @@ static void vk_gemm_$T(int64_t M, int64_t N, int64_t K,
             for (int64_t j = 0; j < N; j++) C[i * scm + j * scn] = 0;
         return;
     }
-    /* the transposed product C^T = B^T A^T when it pads the tiles less */
-    int64_t pad = ((M + mr - 1) / mr * mr) * ((N + nr - 1) / nr * nr);
-    int64_t pad_t = ((N + mr - 1) / mr * mr) * ((M + nr - 1) / nr * nr);
-    if (pad_t < pad) {
+    /* the transposed product C^T = B^T A^T where it costs less */
+    if (vk_gemm_cost_$T(N, M, K, sak, sam, scm) < vk_gemm_cost_$T(M, N, K, sbk, sbn, scn)) {
         int64_t t;
         const $T* p;
         t = M; M = N; N = t;
@@ -148,7 +139,6 @@ static void vk_gemm_$T(int64_t M, int64_t N, int64_t K,
         t = scm; scm = scn; scn = t;
     }
     $T* bpack = pack;
-    $T* apack = pack + $KC * $NC;
     int64_t kblocks = (K + $KC - 1) / $KC;
     int64_t kstep = (K + kblocks - 1) / kblocks;
     for (int64_t jc = 0; jc < N; jc += $NC) {
@@ -160,12 +150,10 @@ static void vk_gemm_$T(int64_t M, int64_t N, int64_t K,
                                   sbk, sbn, bpack + jr * kc);
             for (int64_t ic = 0; ic < M; ic += $MC) {
                 int64_t mc = M - ic < $MC ? M - ic : $MC;
-                for (int64_t ir = 0; ir < mc; ir += mr)
-                    vk_gemm_pack_a_$T(mc - ir < mr ? mc - ir : mr, kc,
-                                      A + (ic + ir) * sam + pc * sak, sam, sak, apack + ir * kc);
                 for (int64_t jr = 0; jr < nc; jr += nr)
                     for (int64_t ir = 0; ir < mc; ir += mr)
-                        vk_gemm_tile_$T(kc, apack + ir * kc, bpack + jr * kc,
+                        vk_gemm_tile_$T(kc, A + (ic + ir) * sam + pc * sak, sam, sak,
+                                        bpack + jr * kc,
                                         C + (ic + ir) * scm + (jc + jr) * scn, scm, scn,
                                         mc - ir < mr ? mc - ir : mr, nc - jr < nr ? nc - jr : nr,
                                         pc == 0);
@@ -178,15 +166,20 @@ static void vk_gemm_$T(int64_t M, int64_t N, int64_t K,
 
 def _kernel(t: str) -> str:
     """The micro-kernel's C text: an MR x NR tile held in MR * NV named vector registers, each
-    output one accumulator that gets, per k, one rounded product added (never fused)."""
+    output one accumulator that gets, per k, one rounded product added (never fused).  A is read
+    in place (``a`` at A[i0, k0], rows ``sam`` apart, k ``sak`` apart): its values are broadcast
+    one at a time, so its layout costs little and it needs no packing; rows past the ``m`` real
+    ones read the last real row again (their results are discarded)."""
     mr, nv = MR[t], NV[t]
     v = f"vk_gemm_v{t}"
     lanes = f"VK_GEMM_L_{t}"
     accs = [[f"c{i}_{j}" for j in range(nv)] for i in range(mr)]
     flat = [a for row in accs for a in row]
-    lines = [f"static void vk_gemm_kernel_{t}(int64_t kc, const {t}* restrict ap, "
-             f"const {t}* restrict bp, {t}* c, int64_t ldc, int first)",
+    lines = [f"static void vk_gemm_kernel_{t}(int64_t kc, const {t}* a, int64_t sam, int64_t sak, "
+             f"int64_t m, const {t}* restrict bp, {t}* c, int64_t ldc, int first)",
              "{",
+             "    " + " ".join(f"const int64_t o{i} = ({i} < m ? {i} : m - 1) * sam;"
+                               for i in range(mr)),
              f"    {v} {', '.join(flat)};",
              "    if (first) {",
              f"        {v} zero = {{0}};",
@@ -200,9 +193,9 @@ def _kernel(t: str) -> str:
               "        " + " ".join(f"{v} b{j} = *(const {v}*)(bp + {j} * {lanes});"
                                     for j in range(nv))]
     for i in range(mr):
-        lines.append(f"        {{ {t} a = ap[{i}]; " + " ".join(
-            f"{accs[i][j]} = {accs[i][j]} + a * b{j};" for j in range(nv)) + " }")
-    lines += [f"        ap += {mr}; bp += {nv} * {lanes};",
+        lines.append(f"        {{ {t} ai = a[o{i}]; " + " ".join(
+            f"{accs[i][j]} = {accs[i][j]} + ai * b{j};" for j in range(nv)) + " }")
+    lines += [f"        a += sak; bp += {nv} * {lanes};",
               "    }"]
     for i in range(mr):
         lines.append("    " + " ".join(
