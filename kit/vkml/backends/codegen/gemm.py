@@ -50,17 +50,40 @@ _VECTOR_TYPES = r"""
 #endif
 typedef float vk_gemm_vfloat __attribute__((vector_size(VK_GEMM_VBYTES), aligned(4), may_alias));
 typedef double vk_gemm_vdouble __attribute__((vector_size(VK_GEMM_VBYTES), aligned(8), may_alias));
+/* __builtin_shufflevector: clang, and GCC from version 12 */
+#if !defined(VK_GEMM_NO_SHUFFLE) && (defined(__clang__) || __GNUC__ >= 12)
+#define VK_GEMM_SHUFFLE 1
+#else
+#define VK_GEMM_SHUFFLE 0
+#endif
 """
 
 _DRIVER = Template(r"""
 #define VK_GEMM_L_$T (VK_GEMM_VBYTES / (int)sizeof($T))
 #define VK_GEMM_NR_$T ($NV * VK_GEMM_L_$T)
 
+typedef $T vk_gemm_v8$T __attribute__((vector_size(8 * sizeof($T)), aligned(sizeof($T)),
+                                      may_alias));
+
+#if VK_GEMM_SHUFFLE
+/* dst[kk * ld + jj] = src[jj * ss + kk] for an 8 x 8 block (k contiguous in src): three rounds
+   of interleaving the rows i and i + 4 transpose it in registers */
+static void vk_gemm_transpose8_$T(const $T* src, int64_t ss, $T* dst, int64_t ld)
+{
+$TRANSPOSE8
+}
+#endif
+
 /* B[k0.., j0..] (kc x n, n <= NR) -> dst[k * NR + j], columns n..NR-1 zero */
 static void vk_gemm_pack_b_$T(int64_t kc, int64_t n, const $T* B, int64_t sbk, int64_t sbn,
                               $T* dst)
 {
     const int64_t nr = VK_GEMM_NR_$T;
+    if (sbn == 1 && n == nr) {                  /* rows of B: copies */
+        for (int64_t k = 0; k < kc; k++)
+            for (int64_t j = 0; j < VK_GEMM_NR_$T; j++) dst[k * nr + j] = B[k * sbk + j];
+        return;
+    }
     if (sbn <= sbk) {
         for (int64_t k = 0; k < kc; k++) {
             const $T* src = B + k * sbk;
@@ -69,14 +92,23 @@ static void vk_gemm_pack_b_$T(int64_t kc, int64_t n, const $T* B, int64_t sbk, i
             for (; j < n; j++) row[j] = src[j * sbn];
             for (; j < nr; j++) row[j] = 0;
         }
-    } else {
-        for (int64_t j = 0; j < n; j++) {
-            const $T* src = B + j * sbn;
-            for (int64_t k = 0; k < kc; k++) dst[k * nr + j] = src[k * sbk];
-        }
-        for (int64_t k = 0; k < kc; k++)
-            for (int64_t j = n; j < nr; j++) dst[k * nr + j] = 0;
+        return;
     }
+    int64_t j8 = 0, k8 = 0;
+#if VK_GEMM_SHUFFLE
+    if (sbk == 1) {                             /* columns of B contiguous: 8 x 8 transposes */
+        j8 = n / 8 * 8, k8 = kc / 8 * 8;
+        for (int64_t j = 0; j < j8; j += 8)
+            for (int64_t k = 0; k < k8; k += 8)
+                vk_gemm_transpose8_$T(B + j * sbn + k, sbn, dst + k * nr + j, nr);
+    }
+#endif
+    for (int64_t j = 0; j < n; j++) {
+        const $T* src = B + j * sbn;
+        for (int64_t k = j < j8 ? k8 : 0; k < kc; k++) dst[k * nr + j] = src[k * sbk];
+    }
+    for (int64_t k = 0; k < kc; k++)
+        for (int64_t j = n; j < nr; j++) dst[k * nr + j] = 0;
 }
 
 $KERNEL
@@ -91,6 +123,15 @@ static void vk_gemm_tile_$T(int64_t kc, const $T* a, int64_t sam, int64_t sak, c
         return;
     }
     $T tile[$MR * VK_GEMM_NR_$T] __attribute__((aligned(64)));
+    if (m == $MR && n == nr && scm == 1) {      /* a full tile of a column-major C */
+        if (!first)
+            for (int64_t j = 0; j < VK_GEMM_NR_$T; j++)
+                for (int64_t i = 0; i < $MR; i++) tile[i * nr + j] = c[i + j * scn];
+        vk_gemm_kernel_$T(kc, a, sam, sak, m, bp, tile, nr, first);
+        for (int64_t j = 0; j < VK_GEMM_NR_$T; j++)
+            for (int64_t i = 0; i < $MR; i++) c[i + j * scn] = tile[i * nr + j];
+        return;
+    }
     if (!first)
         for (int64_t i = 0; i < $MR; i++)
             for (int64_t j = 0; j < nr; j++)
@@ -110,7 +151,7 @@ static double vk_gemm_cost_$T(int64_t M, int64_t N, int64_t K, int64_t sbk, int6
     const int64_t mr = $MR, nr = VK_GEMM_NR_$T;
     double tiles = (double)((M + mr - 1) / mr * mr) * (double)((N + nr - 1) / nr * nr);
     double work = tiles * (double)K * (2.0 / (2 * 2 * VK_GEMM_L_$T));
-    double pack = (double)K * (double)N * (sbn == 1 ? 0.25 : (sbn <= sbk ? 1.0 : 1.5));
+    double pack = (double)K * (double)N * (sbn == 1 ? 0.1 : (sbk == 1 && VK_GEMM_SHUFFLE ? 0.3 : 1.5));
     double blocks = (double)((K + $KC - 1) / $KC);
     double scatter = scn == 1 ? 0.0 : (double)M * (double)N * 2.0 * blocks;
     return work + pack + scatter;
@@ -204,9 +245,25 @@ def _kernel(t: str) -> str:
     return "\n".join(lines)
 
 
+def _transpose8(t: str) -> str:
+    """The body of the 8 x 8 transpose, written out (named registers, no arrays: an array of
+    vectors would live in memory at -O2)."""
+    v8 = f"vk_gemm_v8{t}"
+    lines = ["    " + " ".join(f"{v8} r0_{i} = *(const {v8}*)(src + {i} * ss);" for i in range(8))]
+    for rnd in range(3):
+        for i in range(4):
+            a, b = f"r{rnd}_{i}", f"r{rnd}_{i + 4}"
+            lines.append(f"    {v8} r{rnd + 1}_{2 * i} = __builtin_shufflevector({a}, {b}, "
+                         "0, 8, 1, 9, 2, 10, 3, 11);")
+            lines.append(f"    {v8} r{rnd + 1}_{2 * i + 1} = __builtin_shufflevector({a}, {b}, "
+                         "4, 12, 5, 13, 6, 14, 7, 15);")
+    lines.append("    " + " ".join(f"*({v8}*)(dst + {i} * ld) = r3_{i};" for i in range(8)))
+    return "\n".join(lines)
+
+
 def _source(t: str) -> str:
     return _DRIVER.substitute(T=t, MR=MR[t], NV=NV[t], KC=KC[t], MC=MC[t], NC=NC[t],
-                              KERNEL=_kernel(t))
+                              KERNEL=_kernel(t), TRANSPOSE8=_transpose8(t))
 
 
 #: the C text of ``vk_gemm_float`` and ``vk_gemm_double`` (after the program's prelude types)
