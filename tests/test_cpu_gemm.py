@@ -27,9 +27,11 @@ void vk_test_gemm_{t}(int64_t M, int64_t N, int64_t K, const {t}* A, int64_t sam
 {{ vk_gemm_{t}(M, N, K, A, sam, sak, B, sbk, sbn, C, scm, scn, pack); }}
 """ for t in ("float", "double"))
 
-#: vector widths the routine is built for: the machine's own, and the narrower fallbacks
-#: (-mno-... after -march=native turns the wider instruction sets off)
-WIDTHS = {"native": (), "avx2": ("-mno-avx512f",), "sse": ("-mno-avx",)}
+#: builds of the routine: the machine's own vector width, the narrower fallbacks (-mno-... after
+#: -march=native turns the wider instruction sets off), and the scalar transposing copy a
+#: compiler without __builtin_shufflevector gets
+WIDTHS = {"native": (), "avx2": ("-mno-avx512f",), "sse": ("-mno-avx",),
+          "no shuffles": ("-DVK_GEMM_NO_SHUFFLE",)}
 
 
 @functools.lru_cache(maxsize=None)
@@ -233,13 +235,16 @@ def test_a_fused_multiply_add_would_be_caught():
     assert_same_bits(product(a, b), naive(a, b))
 
 
-@pytest.mark.parametrize("width", ["avx2", "sse"])
+@pytest.mark.parametrize("width", ["avx2", "sse", "no shuffles"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_narrower_vector_widths_give_the_same_bits(width, dtype):
+def test_other_builds_give_the_same_bits(width, dtype):
     rng = np.random.default_rng(13)
-    for m, n, k in [(1, 1, 1), (9, 33, 31), (64, 10, 256), (129, 20, 300), (3, 520, 5)]:
+    for m, n, k in [(1, 1, 1), (9, 33, 31), (64, 10, 256), (129, 20, 300), (3, 520, 5),
+                    (40, 70, 90)]:
         a, b = cancelling(rng, dtype, (m, k)), cancelling(rng, dtype, (k, n))
-        assert_same_bits(product(layout(a, "transposed", rng), b, width), naive(a, b))
+        for how_a, how_b in [("transposed", "row"), ("row", "transposed")]:
+            got = product(layout(a, how_a, rng), layout(b, how_b, rng), width)
+            assert_same_bits(got, naive(a, b))
 
 
 def test_pack_bytes_is_a_modest_fixed_size():
