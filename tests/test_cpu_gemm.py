@@ -32,6 +32,10 @@ void vk_test_gemm_{t}(int64_t M, int64_t N, int64_t K, const {t}* A, int64_t sam
 #: compiler without __builtin_shufflevector gets
 WIDTHS = {"native": (), "avx2": ("-mno-avx512f",), "sse": ("-mno-avx",),
           "no shuffles": ("-DVK_GEMM_NO_SHUFFLE",)}
+#: the routine picks one of four ways by a cost estimate (wide or narrow tile, on the product
+#: or on its transpose); these builds take one way always, so each is checked on every shape
+WAYS = ["wide", "wide on the transpose", "narrow", "narrow on the transpose"]
+WIDTHS.update({way: (f"-DVK_GEMM_WAY={n}",) for n, way in enumerate(WAYS)})
 
 
 @functools.lru_cache(maxsize=None)
@@ -245,6 +249,18 @@ def test_other_builds_give_the_same_bits(width, dtype):
         for how_a, how_b in [("transposed", "row"), ("row", "transposed")]:
             got = product(layout(a, how_a, rng), layout(b, how_b, rng), width)
             assert_same_bits(got, naive(a, b))
+
+
+@pytest.mark.parametrize("way", WAYS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_every_way_gives_the_same_bits(way, dtype):
+    rng = np.random.default_rng(17)
+    layouts = ["row", "transposed", "strided"]
+    for n, (m, n_, k) in enumerate(SHAPES):
+        a, b = cancelling(rng, dtype, (m, k)), cancelling(rng, dtype, (k, n_))
+        a_view, b_view = layout(a, layouts[n % 3], rng), layout(b, layouts[n // 3 % 3], rng)
+        c = np.full((n_ + 1, m), np.nan, dtype)[1:].T if n % 2 else np.full((m, n_), np.nan, dtype)
+        assert_same_bits(run_gemm(a_view, b_view, c, way), naive(a, b))
 
 
 def test_pack_bytes_is_a_modest_fixed_size():
