@@ -103,12 +103,13 @@ def random(rng, shape, dtype):
     return rng.standard_normal(shape).astype(dtype)
 
 
-# sizes around the vector width, the register tile and the blocks: 0, 1, odd, prime, N < lanes,
-# and M, N, K past MC, NC and KC (K = 600 splits into three k-blocks)
+# sizes around the vector width, the register tiles and the blocks: 0, 1, odd, prime, N < lanes,
+# and M, N, K past MC, NC and KC (the k-block: several of them continue from C's stored values)
 SHAPES = [(0, 5, 3), (4, 0, 3), (3, 4, 0), (1, 1, 1), (1, 7, 1), (7, 1, 5), (2, 3, 4),
           (5, 10, 9), (13, 17, 19), (8, 32, 16), (9, 33, 31), (16, 15, 1), (31, 47, 64),
           (64, 10, 256), (10, 64, 37), (97, 3, 101), (3, 97, 257), (129, 40, 300),
-          (17, 513, 11), (300, 37, 600)]
+          (17, 513, 11), (300, 37, 600), (9, 40, 2 * gemm.KC["float"] + 3),
+          (33, 20, gemm.KC["float"] + 1), (5, 3, 3 * gemm.KC["double"] - 1)]
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -142,6 +143,19 @@ def test_any_operand_strides(dtype, how_a, how_b):
         a0, b0 = random(rng, (m, k), dtype), random(rng, (k, n), dtype)
         a, b = layout(a0, how_a, rng), layout(b0, how_b, rng)
         assert_same_bits(product(a, b), naive(a0, b0))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_operands_with_zero_strides(dtype):
+    """A row or column broadcast over the other axis (stride 0) reads the same values again."""
+    rng = np.random.default_rng(19)
+    for m, n, k in [(20, 40, 30), (3, 70, 9)]:
+        row, col = random(rng, (1, k), dtype), random(rng, (k, 1), dtype)
+        a, b = np.broadcast_to(row, (m, k)), np.broadcast_to(col, (k, n))
+        assert element_strides(a)[0] == 0 and element_strides(b)[1] == 0
+        assert_same_bits(product(a, b), naive(np.array(a), np.array(b)))
+        one = np.broadcast_to(random(rng, (1, 1), dtype), (k, n))
+        assert_same_bits(product(a, one), naive(np.array(a), np.array(one)))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
