@@ -23,15 +23,17 @@ from __future__ import annotations
 from string import Template
 
 #: the register tiles: rows of A (MR) by vectors of B (NV; NR = NV * lanes) -- a wide one for
-#: most products and a narrow one for results a few columns wide
-VARIANTS = {"wide": (8, 2), "narrow": (16, 1)}
+#: most products and a narrow one for results a few columns wide -- with AVX-512's 32 vector
+#: registers, and with the 16 of AVX2 and SSE (MR * NV accumulators, NV values of B and a
+#: broadcast value of A must fit, or the accumulators spill to memory)
+VARIANTS = {"wide": {32: (8, 2), 16: (6, 2)}, "narrow": {32: (16, 1), 16: (12, 1)}}
 #: the k-block (values of k per packed B block): long, since the B micro-panel streams well
 #: from the L2 cache and every further k-block reloads and restores C's tiles
 KC = {"float": 1024, "double": 512}
 #: columns of B packed at once (a multiple of every variant's NR at every vector width)
 NC = {"float": 256, "double": 256}
 #: rows of A worked on against one packed B block before the next (a multiple of every MR)
-MC = {"float": 128, "double": 64}
+MC = {"float": 96, "double": 48}
 
 SIZEOF = {"float": 4, "double": 8}
 
@@ -234,13 +236,12 @@ static void vk_gemm_$T(int64_t M, int64_t N, int64_t K,
 _SLOWER = {"wide": 1.0, "narrow": 1.06}
 
 
-def _kernel(t: str, variant: str) -> str:
+def _kernel(t: str, variant: str, mr: int, nv: int) -> str:
     """The micro-kernel's C text: an MR x NR tile held in MR * NV named vector registers, each
     output one accumulator that gets, per k, one rounded product added (never fused).  A is read
     in place (``a`` at A[i0, k0], rows ``sam`` apart, k ``sak`` apart): its values are broadcast
     one at a time, so its layout costs little and it needs no packing; rows past the ``m`` real
     ones read the last real row again (their results are discarded)."""
-    mr, nv = VARIANTS[variant]
     s = f"{t}_{variant}"
     v = f"vk_gemm_v{t}"
     lanes = f"VK_GEMM_L_{t}"
@@ -293,10 +294,13 @@ def _transpose8(t: str) -> str:
 def _source(t: str) -> str:
     """``vk_gemm_<t>`` and everything it calls."""
     parts = [_TYPE.substitute(T=t, KC=KC[t], TRANSPOSE8=_transpose8(t))]
-    for variant, (mr, nv) in VARIANTS.items():
-        parts.append(_VARIANT.substitute(T=t, S=f"{t}_{variant}", MR=mr, NV=nv, KC=KC[t],
-                                         NC=NC[t], MC=MC[t], SLOWER=_SLOWER[variant],
-                                         KERNEL=_kernel(t, variant)))
+    for variant, tiles in VARIANTS.items():
+        for registers, (mr, nv) in tiles.items():
+            parts.append("\n#if VK_GEMM_VBYTES == 64\n" if registers == 32 else "\n#else\n")
+            parts.append(_VARIANT.substitute(T=t, S=f"{t}_{variant}", MR=mr, NV=nv, KC=KC[t],
+                                             NC=NC[t], MC=MC[t], SLOWER=_SLOWER[variant],
+                                             KERNEL=_kernel(t, variant, mr, nv)))
+        parts.append("#endif\n")
     parts.append(_ENTRY.substitute(T=t))
     return "".join(parts)
 
