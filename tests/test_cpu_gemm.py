@@ -28,10 +28,10 @@ void vk_test_gemm_{t}(int64_t M, int64_t N, int64_t K, const {t}* A, int64_t sam
 """ for t in ("float", "double"))
 
 #: builds of the routine: the machine's own vector width, the narrower fallbacks (-mno-... after
-#: -march=native turns the wider instruction sets off), and the scalar transposing copy a
-#: compiler without __builtin_shufflevector gets
+#: -march=native turns the wider instruction sets off), the scalar transposing copy a compiler
+#: without __builtin_shufflevector gets, and a row-major B always packed (never read in place)
 WIDTHS = {"native": (), "avx2": ("-mno-avx512f",), "sse": ("-mno-avx",),
-          "no shuffles": ("-DVK_GEMM_NO_SHUFFLE",)}
+          "no shuffles": ("-DVK_GEMM_NO_SHUFFLE",), "B rows packed": ("-DVK_GEMM_ROWS_IN_PLACE=0",)}
 #: the routine picks one of four ways by a cost estimate (wide or narrow tile, on the product
 #: or on its transpose); these builds take one way always, so each is checked on every shape
 WAYS = ["wide", "wide on the transpose", "narrow", "narrow on the transpose"]
@@ -253,7 +253,7 @@ def test_a_fused_multiply_add_would_be_caught():
     assert_same_bits(product(a, b), naive(a, b))
 
 
-@pytest.mark.parametrize("width", ["avx2", "sse", "no shuffles"])
+@pytest.mark.parametrize("width", ["avx2", "sse", "no shuffles", "B rows packed"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_other_builds_give_the_same_bits(width, dtype):
     rng = np.random.default_rng(13)

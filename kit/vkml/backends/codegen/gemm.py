@@ -50,6 +50,10 @@ _COMMON = r"""
 #endif
 typedef float vk_gemm_vfloat __attribute__((vector_size(VK_GEMM_VBYTES), aligned(4), may_alias));
 typedef double vk_gemm_vdouble __attribute__((vector_size(VK_GEMM_VBYTES), aligned(8), may_alias));
+/* tests turn off reading a row-major B in place */
+#ifndef VK_GEMM_ROWS_IN_PLACE
+#define VK_GEMM_ROWS_IN_PLACE 1
+#endif
 /* __builtin_shufflevector: clang, and GCC from version 12 */
 #if !defined(VK_GEMM_NO_SHUFFLE) && (defined(__clang__) || __GNUC__ >= 12)
 #define VK_GEMM_SHUFFLE 1
@@ -118,7 +122,9 @@ static double vk_gemm_cost_$T(int64_t M, int64_t N, int64_t K, int64_t sbk, int6
 {
     double tiles = (double)((M + mr - 1) / mr * mr) * (double)((N + nr - 1) / nr * nr);
     double work = tiles * (double)K * (2.0 / (2 * 2 * VK_GEMM_L_$T)) * slower;
-    double pack = (double)K * (double)N * (sbn == 1 ? 0.1 : (sbk == 1 && VK_GEMM_SHUFFLE ? 0.3 : 1.5));
+    double pack = (double)K * (double)N *
+        (sbn == 1 ? (VK_GEMM_ROWS_IN_PLACE && M <= 4 * mr ? 0.0 : 0.1)
+                  : (sbk == 1 && VK_GEMM_SHUFFLE ? 0.3 : 1.5));
     double blocks = (double)((K + $KC - 1) / $KC);
     double scatter = scn == 1 ? 0.0 : (double)M * (double)N * 2.0 * blocks;
     return work + pack + scatter;
@@ -133,11 +139,11 @@ $KERNEL
 
 /* one MR x NR tile of C at c (m x n of it real), general strides: through a private tile */
 static void vk_gemm_tile_$S(int64_t kc, const $T* a, int64_t sam, int64_t sak, const $T* bp,
-                            $T* c, int64_t scm, int64_t scn, int64_t m, int64_t n, int first)
+                            int64_t ldb, $T* c, int64_t scm, int64_t scn, int64_t m, int64_t n, int first)
 {
     const int64_t nr = VK_GEMM_NR_$S;
     if (scn == 1 && m == $MR && n == nr) {
-        vk_gemm_kernel_$S(kc, a, sam, sak, m, bp, c, scm, first);
+        vk_gemm_kernel_$S(kc, a, sam, sak, m, bp, ldb, c, scm, first);
         return;
     }
     $T tile[$MR * VK_GEMM_NR_$S] __attribute__((aligned(64)));
@@ -145,7 +151,7 @@ static void vk_gemm_tile_$S(int64_t kc, const $T* a, int64_t sam, int64_t sak, c
         if (!first)
             for (int64_t j = 0; j < VK_GEMM_NR_$S; j++)
                 for (int64_t i = 0; i < $MR; i++) tile[i * nr + j] = c[i + j * scn];
-        vk_gemm_kernel_$S(kc, a, sam, sak, m, bp, tile, nr, first);
+        vk_gemm_kernel_$S(kc, a, sam, sak, m, bp, ldb, tile, nr, first);
         for (int64_t j = 0; j < VK_GEMM_NR_$S; j++)
             for (int64_t i = 0; i < $MR; i++) c[i + j * scn] = tile[i * nr + j];
         return;
@@ -154,7 +160,7 @@ static void vk_gemm_tile_$S(int64_t kc, const $T* a, int64_t sam, int64_t sak, c
         for (int64_t i = 0; i < $MR; i++)
             for (int64_t j = 0; j < nr; j++)
                 tile[i * nr + j] = (i < m && j < n) ? c[i * scm + j * scn] : 0;
-    vk_gemm_kernel_$S(kc, a, sam, sak, m, bp, tile, nr, first);
+    vk_gemm_kernel_$S(kc, a, sam, sak, m, bp, ldb, tile, nr, first);
     for (int64_t i = 0; i < m; i++)
         for (int64_t j = 0; j < n; j++)
             c[i * scm + j * scn] = tile[i * nr + j];
@@ -173,6 +179,10 @@ static void vk_gemm_$S(int64_t M, int64_t N, int64_t K,
                        $T* C, int64_t scm, int64_t scn, $T* bpack)
 {
     const int64_t mr = $MR, nr = VK_GEMM_NR_$S;
+    /* a full panel of a row-major B read by a few tiles only: the kernel reads B's rows where
+       they are (for many tiles a packed copy pays: rows far apart thrash the L1 cache) */
+    const int rows_in_place = VK_GEMM_ROWS_IN_PLACE && sbn == 1 && M <= 4 * mr;
+#define VK_GEMM_IN_PLACE(jr) (rows_in_place && nc - (jr) >= nr)
     int64_t kblocks = (K + $KC - 1) / $KC;
     int64_t kstep = (K + kblocks - 1) / kblocks;
     for (int64_t jc = 0; jc < N; jc += $NC) {
@@ -180,17 +190,21 @@ static void vk_gemm_$S(int64_t M, int64_t N, int64_t K,
         for (int64_t pc = 0; pc < K; pc += kstep) {
             int64_t kc = K - pc < kstep ? K - pc : kstep;
             for (int64_t jr = 0; jr < nc; jr += nr)
-                vk_gemm_pack_b_$T(kc, nc - jr < nr ? nc - jr : nr, B + pc * sbk + (jc + jr) * sbn,
-                                  sbk, sbn, bpack + jr * kc, nr);
+                if (!VK_GEMM_IN_PLACE(jr))
+                    vk_gemm_pack_b_$T(kc, nc - jr < nr ? nc - jr : nr,
+                                      B + pc * sbk + (jc + jr) * sbn, sbk, sbn, bpack + jr * kc, nr);
             for (int64_t ic = 0; ic < M; ic += $MC) {
                 int64_t mc = M - ic < $MC ? M - ic : $MC;
-                for (int64_t jr = 0; jr < nc; jr += nr)
+                for (int64_t jr = 0; jr < nc; jr += nr) {
+                    int in_place = VK_GEMM_IN_PLACE(jr);
+                    const $T* bp = in_place ? B + pc * sbk + jc + jr : bpack + jr * kc;
                     for (int64_t ir = 0; ir < mc; ir += mr)
                         vk_gemm_tile_$S(kc, A + (ic + ir) * sam + pc * sak, sam, sak,
-                                        bpack + jr * kc,
+                                        bp, in_place ? sbk : nr,
                                         C + (ic + ir) * scm + (jc + jr) * scn, scm, scn,
                                         mc - ir < mr ? mc - ir : mr, nc - jr < nr ? nc - jr : nr,
                                         pc == 0);
+                }
             }
         }
     }
@@ -248,7 +262,7 @@ def _kernel(t: str, variant: str, mr: int, nv: int) -> str:
     accs = [[f"c{i}_{j}" for j in range(nv)] for i in range(mr)]
     flat = [a for row in accs for a in row]
     lines = [f"static void vk_gemm_kernel_{s}(int64_t kc, const {t}* a, int64_t sam, int64_t sak, "
-             f"int64_t m, const {t}* restrict bp, {t}* c, int64_t ldc, int first)",
+             f"int64_t m, const {t}* restrict bp, int64_t ldb, {t}* c, int64_t ldc, int first)",
              "{"]
     lines += [f"    const int64_t o{i} = ({i} < m ? {i} : m - 1) * sam;" for i in range(mr)]
     lines += [f"    {v} {', '.join(flat)};",
@@ -266,7 +280,7 @@ def _kernel(t: str, variant: str, mr: int, nv: int) -> str:
     for i in range(mr):
         lines.append(f"        {{ {t} ai = a[o{i}]; " + " ".join(
             f"{accs[i][j]} = {accs[i][j]} + ai * b{j};" for j in range(nv)) + " }")
-    lines += [f"        a += sak; bp += {nv} * {lanes};",
+    lines += ["        a += sak; bp += ldb;",
               "    }"]
     for i in range(mr):
         lines.append("    " + " ".join(
