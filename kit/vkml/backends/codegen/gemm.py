@@ -82,6 +82,8 @@ $TRANSPOSE8
 static void vk_gemm_pack_b_$T(int64_t kc, int64_t n, const $T* B, int64_t sbk, int64_t sbn,
                               $T* dst, int64_t nr)
 {
+    if (n < nr)                                 /* padding columns: zeros (one call, not one a row) */
+        __builtin_memset(dst, 0, (unsigned long)(kc * nr) * sizeof($T));
     if (sbn == 1 && n == nr) {                  /* rows of B: copies */
         for (int64_t k = 0; k < kc; k++)
             for (int64_t j = 0; j < nr; j++) dst[k * nr + j] = B[k * sbk + j];
@@ -90,10 +92,7 @@ static void vk_gemm_pack_b_$T(int64_t kc, int64_t n, const $T* B, int64_t sbk, i
     if (sbn <= sbk) {
         for (int64_t k = 0; k < kc; k++) {
             const $T* src = B + k * sbk;
-            $T* row = dst + k * nr;
-            int64_t j = 0;
-            for (; j < n; j++) row[j] = src[j * sbn];
-            for (; j < nr; j++) row[j] = 0;
+            for (int64_t j = 0; j < n; j++) dst[k * nr + j] = src[j * sbn];
         }
         return;
     }
@@ -110,8 +109,6 @@ static void vk_gemm_pack_b_$T(int64_t kc, int64_t n, const $T* B, int64_t sbk, i
         const $T* src = B + j * sbn;
         for (int64_t k = j < j8 ? k8 : 0; k < kc; k++) dst[k * nr + j] = src[k * sbk];
     }
-    for (int64_t k = 0; k < kc; k++)
-        for (int64_t j = n; j < nr; j++) dst[k * nr + j] = 0;
 }
 
 /* rough cycles of one orientation and tile: the padded tiles' arithmetic, packing B (a
