@@ -115,7 +115,8 @@ def main(argv=None):
     print(f"numpy {np.__version__}; pack scratch {gemm.PACK_BYTES} bytes")
     t0 = time.perf_counter()
     lib, compiled = cpu.library(prelude() + gemm.GEMM_C + WRAPPERS)
-    print(f"compiled in {time.perf_counter() - t0:.2f} s" if compiled else "compiled library from the cache")
+    print(f"compiled in {time.perf_counter() - t0:.2f} s" if compiled
+          else "compiled library from the cache")
     rng = np.random.default_rng(0)
     head = ("product", "M x N x K", "dtype", "gemm GFLOPS", "numpy GFLOPS", "gemm/numpy")
     rows = []
@@ -126,7 +127,8 @@ def main(argv=None):
                      f"{g['numpy']:.1f}", f"{g['gemm'] / g['numpy']:.2f}x"))
     widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
     for r in [head] + rows:
-        print("  " + "  ".join([r[0].ljust(widths[0])] + [x.rjust(w) for x, w in zip(r[1:], widths[1:])]))
+        cells = [r[0].ljust(widths[0])] + [x.rjust(w) for x, w in zip(r[1:], widths[1:])]
+        print("  " + "  ".join(cells))
     return 0
 
 

@@ -88,7 +88,8 @@ def bits(x):
 def assert_same_bits(got, want):
     nan = np.isnan(want)
     assert np.array_equal(np.isnan(got), nan), "NaNs in other places"
-    g, w = bits(np.where(nan, 0, got).astype(got.dtype)), bits(np.where(nan, 0, want).astype(want.dtype))
+    g = bits(np.where(nan, 0, got).astype(got.dtype))
+    w = bits(np.where(nan, 0, want).astype(want.dtype))
     bad = np.argwhere(g != w)
     assert bad.size == 0, (f"{len(bad)} outputs differ, first at {tuple(bad[0])}: "
                            f"{got[tuple(bad[0])]!r} != {want[tuple(bad[0])]!r}")

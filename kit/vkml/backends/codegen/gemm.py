@@ -9,8 +9,9 @@ order constrains only the sequence of additions *into one output*, not which out
 together.  A register-blocked micro-kernel keeps an MR x NR tile of outputs in vector registers --
 MR * NR / lanes independent accumulators, enough to keep the CPU's separate multiply and add pipes
 busy -- and walks k, one product and one add per output per step, in order: a row of NR values of
-B (from a panel packed so that they are adjacent, GotoBLAS/BLIS style) times one value of A
-broadcast (read in place, any strides).  A K longer than the k-block is split; each block
+B times one value of A broadcast.  B's rows come from a panel packed so that they are adjacent
+(GotoBLAS/BLIS style; a row-major B that only a few tiles read is read in place), A's values from
+A itself, any strides: a broadcast value costs the same from anywhere.  A K longer than the k-block is split; each block
 continues from the values stored in C, which hold the accumulator exactly because it has the
 element type.  Rows and columns past the matrix's edge are padded (their results discarded);
 k never is (adding 0 * 0 would turn an accumulator of -0.0 into +0.0).  From a rough cost of
@@ -82,7 +83,7 @@ $TRANSPOSE8
 static void vk_gemm_pack_b_$T(int64_t kc, int64_t n, const $T* B, int64_t sbk, int64_t sbn,
                               $T* dst, int64_t nr)
 {
-    if (n < nr)                                 /* padding columns: zeros (one call, not one a row) */
+    if (n < nr)                          /* padding columns: zeros (one call, not one per row) */
         __builtin_memset(dst, 0, (unsigned long)(kc * nr) * sizeof($T));
     if (sbn == 1 && n == nr) {                  /* rows of B: copies */
         for (int64_t k = 0; k < kc; k++)
@@ -136,7 +137,8 @@ $KERNEL
 
 /* one MR x NR tile of C at c (m x n of it real), general strides: through a private tile */
 static void vk_gemm_tile_$S(int64_t kc, const $T* a, int64_t sam, int64_t sak, const $T* bp,
-                            int64_t ldb, $T* c, int64_t scm, int64_t scn, int64_t m, int64_t n, int first)
+                            int64_t ldb, $T* c, int64_t scm, int64_t scn, int64_t m, int64_t n,
+                            int first)
 {
     const int64_t nr = VK_GEMM_NR_$S;
     if (scn == 1 && m == $MR && n == nr) {
@@ -189,7 +191,8 @@ static void vk_gemm_$S(int64_t M, int64_t N, int64_t K,
             for (int64_t jr = 0; jr < nc; jr += nr)
                 if (!VK_GEMM_IN_PLACE(jr))
                     vk_gemm_pack_b_$T(kc, nc - jr < nr ? nc - jr : nr,
-                                      B + pc * sbk + (jc + jr) * sbn, sbk, sbn, bpack + jr * kc, nr);
+                                      B + pc * sbk + (jc + jr) * sbn, sbk, sbn, bpack + jr * kc,
+                                      nr);
             for (int64_t ic = 0; ic < M; ic += $MC) {
                 int64_t mc = M - ic < $MC ? M - ic : $MC;
                 for (int64_t jr = 0; jr < nc; jr += nr) {
