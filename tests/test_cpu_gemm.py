@@ -30,17 +30,17 @@ void vk_test_gemm_{t}(int64_t M, int64_t N, int64_t K, const {t}* A, int64_t sam
 #: builds of the routine: the machine's own vector width, the narrower fallbacks (-mno-... after
 #: -march=native turns the wider instruction sets off), the scalar transposing copy a compiler
 #: without __builtin_shufflevector gets, and a row-major B always packed (never read in place)
-WIDTHS = {"native": (), "avx2": ("-mno-avx512f",), "sse": ("-mno-avx",),
+BUILDS = {"native": (), "avx2": ("-mno-avx512f",), "sse": ("-mno-avx",),
           "no shuffles": ("-DVK_GEMM_NO_SHUFFLE",), "B rows packed": ("-DVK_GEMM_ROWS_IN_PLACE=0",)}
 #: the routine picks one of four ways by a cost estimate (wide or narrow tile, on the product
 #: or on its transpose); these builds take one way always, so each is checked on every shape
 WAYS = ["wide", "wide on the transpose", "narrow", "narrow on the transpose"]
-WIDTHS.update({way: (f"-DVK_GEMM_WAY={n}",) for n, way in enumerate(WAYS)})
+BUILDS.update({way: (f"-DVK_GEMM_WAY={n}",) for n, way in enumerate(WAYS)})
 
 
 @functools.lru_cache(maxsize=None)
-def library(width="native"):
-    lib, _ = cpu.library(prelude() + gemm.GEMM_C + WRAPPERS, extra_flags=WIDTHS[width])
+def library(build="native"):
+    lib, _ = cpu.library(prelude() + gemm.GEMM_C + WRAPPERS, extra_flags=BUILDS[build])
     return lib
 
 
@@ -56,13 +56,13 @@ def pack_buffer(guard=256):
     return raw, start
 
 
-def run_gemm(a, b, c, width="native"):
+def run_gemm(a, b, c, build="native"):
     """C := A @ B through the C routine, A, B, C any (non-negative) strided views."""
     t = CTYPES[a.dtype.type]
     (m, k), (k2, n) = a.shape, b.shape
     assert k == k2 and c.shape == (m, n) and a.dtype == b.dtype == c.dtype
     raw, start = pack_buffer()
-    fn = getattr(library(width), f"vk_test_gemm_{t}")
+    fn = getattr(library(build), f"vk_test_gemm_{t}")
     i64 = ctypes.c_int64
     fn(i64(m), i64(n), i64(k), ctypes.c_void_p(a.ctypes.data), *map(i64, element_strides(a)),
        ctypes.c_void_p(b.ctypes.data), *map(i64, element_strides(b)),
@@ -95,9 +95,9 @@ def assert_same_bits(got, want):
                            f"{got[tuple(bad[0])]!r} != {want[tuple(bad[0])]!r}")
 
 
-def product(a, b, width="native"):
+def product(a, b, build="native"):
     c = np.full((a.shape[0], b.shape[1]), np.nan, a.dtype)
-    return run_gemm(a, b, c, width)
+    return run_gemm(a, b, c, build)
 
 
 def random(rng, shape, dtype):
@@ -254,15 +254,15 @@ def test_a_fused_multiply_add_would_be_caught():
     assert_same_bits(product(a, b), naive(a, b))
 
 
-@pytest.mark.parametrize("width", ["avx2", "sse", "no shuffles", "B rows packed"])
+@pytest.mark.parametrize("build", ["avx2", "sse", "no shuffles", "B rows packed"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_other_builds_give_the_same_bits(width, dtype):
+def test_other_builds_give_the_same_bits(build, dtype):
     rng = np.random.default_rng(13)
     for m, n, k in [(1, 1, 1), (9, 33, 31), (64, 10, 256), (129, 20, 300), (3, 520, 5),
                     (40, 70, 90)]:
         a, b = cancelling(rng, dtype, (m, k)), cancelling(rng, dtype, (k, n))
         for how_a, how_b in [("transposed", "row"), ("row", "transposed")]:
-            got = product(layout(a, how_a, rng), layout(b, how_b, rng), width)
+            got = product(layout(a, how_a, rng), layout(b, how_b, rng), build)
             assert_same_bits(got, naive(a, b))
 
 
