@@ -32,9 +32,9 @@ void vk_test_gemm_{t}(int64_t M, int64_t N, int64_t K, const {t}* A, int64_t sam
 #: without __builtin_shufflevector gets, and a row-major B always packed (never read in place)
 BUILDS = {"native": (), "avx2": ("-mno-avx512f",), "sse": ("-mno-avx",),
           "no shuffles": ("-DVK_GEMM_NO_SHUFFLE",), "B rows packed": ("-DVK_GEMM_ROWS_IN_PLACE=0",)}
-#: the routine picks one of four ways by a cost estimate (wide or narrow tile, on the product
-#: or on its transpose); these builds take one way always, so each is checked on every shape
-WAYS = ["wide", "wide on the transpose", "narrow", "narrow on the transpose"]
+#: the routine picks a way by a cost estimate (a tile, on the product or on its transpose, in
+#: this order); these builds take one way always, so each is checked on every shape
+WAYS = [f"{tile}{on}" for tile in gemm.VARIANTS for on in ("", " on the transpose")]
 BUILDS.update({way: (f"-DVK_GEMM_WAY={n}",) for n, way in enumerate(WAYS)})
 
 
@@ -105,12 +105,14 @@ def random(rng, shape, dtype):
 
 
 # sizes around the vector width, the register tiles and the blocks: 0, 1, odd, prime, N < lanes,
-# and M, N, K past MC, NC and KC (the k-block: several of them continue from C's stored values)
+# M, N, K past MC, NC and KC (the k-block: several of them continue from C's stored values),
+# tiny products and long dot products (the plain loop), vector-matrix products (the row tile)
 SHAPES = [(0, 5, 3), (4, 0, 3), (3, 4, 0), (1, 1, 1), (1, 7, 1), (7, 1, 5), (2, 3, 4),
           (5, 10, 9), (13, 17, 19), (8, 32, 16), (9, 33, 31), (16, 15, 1), (31, 47, 64),
           (64, 10, 256), (10, 64, 37), (97, 3, 101), (3, 97, 257), (129, 40, 300),
           (17, 513, 11), (300, 37, 600), (9, 40, 2 * gemm.KC["float"] + 3),
-          (33, 20, gemm.KC["float"] + 1), (5, 3, 3 * gemm.KC["double"] - 1)]
+          (33, 20, gemm.KC["float"] + 1), (5, 3, 3 * gemm.KC["double"] - 1),
+          (1, 1, 784), (2, 3, 700), (1, 300, 40), (70, 1, 33)]
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -15,8 +15,9 @@ A itself, any strides: a broadcast value costs the same from anywhere.  A K long
 continues from the values stored in C, which hold the accumulator exactly because it has the
 element type.  Rows and columns past the matrix's edge are padded (their results discarded);
 k never is (adding 0 * 0 would turn an accumulator of -0.0 into +0.0).  From a rough cost of
-each (padding, packing, scattering C), the routine picks a wide or a narrow tile and the product
-or its transpose ``C^T = B^T A^T`` (the same products, ``a * b == b * a``, in the same order).
+each (padding, packing, scattering C), the routine picks a tile (wide, narrow or one row) and
+the product or its transpose ``C^T = B^T A^T`` (the same products, ``a * b == b * a``, in the
+same order).  A tiny product runs as the plain loop itself.
 """
 
 from __future__ import annotations
@@ -24,10 +25,12 @@ from __future__ import annotations
 from string import Template
 
 #: the register tiles: rows of A (MR) by vectors of B (NV; NR = NV * lanes) -- a wide one for
-#: most products and a narrow one for results a few columns wide -- with AVX-512's 32 vector
-#: registers, and with the 16 of AVX2 and SSE (MR * NV accumulators, NV values of B and a
-#: broadcast value of A must fit, or the accumulators spill to memory)
-VARIANTS = {"wide": {32: (8, 2), 16: (6, 2)}, "narrow": {32: (16, 1), 16: (12, 1)}}
+#: most products, a narrow one for results a few columns wide and a single row for a
+#: vector-matrix product -- with AVX-512's 32 vector registers, and with the 16 of AVX2 and SSE
+#: (MR * NV accumulators, NV values of B and a broadcast value of A must fit, or the
+#: accumulators spill to memory)
+VARIANTS = {"wide": {32: (8, 2), 16: (6, 2)}, "narrow": {32: (16, 1), 16: (12, 1)},
+            "row": {32: (1, 4), 16: (1, 4)}}
 #: the k-block (values of k per packed B block): long, since the B micro-panel streams well
 #: from the L2 cache and every further k-block reloads and restores C's tiles
 KC = {"float": 1024, "double": 512}
@@ -37,6 +40,10 @@ NC = {"float": 256, "double": 256}
 MC = {"float": 96, "double": 48}
 
 SIZEOF = {"float": 4, "double": 8}
+
+#: products of fewer multiply-adds than this run as the plain loop (the blocked routine's set-up
+#: would cost more than the loop itself)
+TINY = 512
 
 #: bytes of scratch the caller passes as ``pack``: one packed B block
 PACK_BYTES = max(KC[t] * NC[t] * SIZEOF[t] for t in SIZEOF)
@@ -123,6 +130,8 @@ static double vk_gemm_cost_$T(int64_t M, int64_t N, int64_t K, int64_t sbk, int6
     double pack = (double)K * (double)N *
         (sbn == 1 ? (VK_GEMM_ROWS_IN_PLACE && M <= 4 * mr ? 0.0 : 0.1)
                   : (sbk == 1 && VK_GEMM_SHUFFLE ? 0.3 : 1.5));
+    if (N % nr)                                 /* the edge panel: zeroed, then filled */
+        pack += (double)K * (double)nr * 0.25;
     double blocks = (double)((K + $KC - 1) / $KC);
     double scatter = scn == 1 ? 0.0 : (double)M * (double)N * 2.0 * blocks;
     return work + pack + scatter;
@@ -165,7 +174,7 @@ static void vk_gemm_tile_$S(int64_t kc, const $T* a, int64_t sam, int64_t sak, c
             c[i * scm + j * scn] = tile[i * nr + j];
 }
 
-static double vk_gemm_cost_$S(int64_t M, int64_t N, int64_t K, int64_t sbk, int64_t sbn,
+static double vk_gemm_${S}_cost(int64_t M, int64_t N, int64_t K, int64_t sbk, int64_t sbn,
                               int64_t scn)
 {
     return vk_gemm_cost_$T(M, N, K, sbk, sbn, scn, $MR, VK_GEMM_NR_$S, $SLOWER);
@@ -211,43 +220,78 @@ static void vk_gemm_$S(int64_t M, int64_t N, int64_t K,
 }
 """)
 
-# the entry point of one element type: the cheapest tile and orientation
+# the entry point of one element type: the plain loop for a tiny product, else the cheapest way
 _ENTRY = Template(r"""
+/* the naive loop itself */
+static void vk_gemm_plain_$T(int64_t M, int64_t N, int64_t K,
+                             const $T* A, int64_t sam, int64_t sak,
+                             const $T* B, int64_t sbk, int64_t sbn,
+                             $T* C, int64_t scm, int64_t scn)
+{
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            $T acc = 0;
+            for (int64_t k = 0; k < K; k++)
+                acc = acc + A[i * sam + k * sak] * B[k * sbk + j * sbn];
+            C[i * scm + j * scn] = acc;
+        }
+}
+
 static void vk_gemm_$T(int64_t M, int64_t N, int64_t K,
                        const $T* A, int64_t sam, int64_t sak,
                        const $T* B, int64_t sbk, int64_t sbn,
                        $T* C, int64_t scm, int64_t scn, $T* pack)
 {
     if (M <= 0 || N <= 0) return;
+    /* the plain loop: about a cycle a multiply-add (its sums wait on each other) */
+    double plain = (double)M * (double)N * (double)K;
+#ifndef VK_GEMM_WAY
+    if (plain < $TINY) {
+        vk_gemm_plain_$T(M, N, K, A, sam, sak, B, sbk, sbn, C, scm, scn);
+        return;
+    }
+#endif
     if (K <= 0) {
         for (int64_t i = 0; i < M; i++)
             for (int64_t j = 0; j < N; j++) C[i * scm + j * scn] = 0;
         return;
     }
-    /* the four ways: each tile, on the product or on its transpose C^T = B^T A^T */
-    double cost[4] = {vk_gemm_cost_${T}_wide(M, N, K, sbk, sbn, scn),
-                      vk_gemm_cost_${T}_wide(N, M, K, sak, sam, scm),
-                      vk_gemm_cost_${T}_narrow(M, N, K, sbk, sbn, scn),
-                      vk_gemm_cost_${T}_narrow(N, M, K, sak, sam, scm)};
+    /* the ways: each tile, on the product or on its transpose C^T = B^T A^T */
+    double cost[$WAYS] = {$COSTS};
     int way = 0;
-    for (int w = 1; w < 4; w++)
+    for (int w = 1; w < $WAYS; w++)
         if (cost[w] < cost[way]) way = w;
 #ifdef VK_GEMM_WAY
     way = VK_GEMM_WAY;                          /* tests: every way on every input */
+#else
+    if (plain <= cost[way]) {                   /* a few long dot products */
+        vk_gemm_plain_$T(M, N, K, A, sam, sak, B, sbk, sbn, C, scm, scn);
+        return;
+    }
 #endif
-    if (way == 0)
-        vk_gemm_${T}_wide(M, N, K, A, sam, sak, B, sbk, sbn, C, scm, scn, pack);
-    else if (way == 1)
-        vk_gemm_${T}_wide(N, M, K, B, sbn, sbk, A, sak, sam, C, scn, scm, pack);
-    else if (way == 2)
-        vk_gemm_${T}_narrow(M, N, K, A, sam, sak, B, sbk, sbn, C, scm, scn, pack);
-    else
-        vk_gemm_${T}_narrow(N, M, K, B, sbn, sbk, A, sak, sam, C, scn, scm, pack);
+    switch (way) {
+$CALLS
+    }
 }
 """)
 
-#: how much slower per product a variant's kernel runs than the wide one (measured on Zen 5)
-_SLOWER = {"wide": 1.0, "narrow": 1.06}
+
+def _entry(t: str) -> str:
+    """``vk_gemm_<t>``: every variant on the product (way 2 v) and on its transpose (2 v + 1)."""
+    costs, calls = [], []
+    for n, variant in enumerate(VARIANTS):
+        f = f"vk_gemm_{t}_{variant}"
+        costs += [f"{f}_cost(M, N, K, sbk, sbn, scn)", f"{f}_cost(N, M, K, sak, sam, scm)"]
+        calls += [f"    case {2 * n}: {f}(M, N, K, A, sam, sak, B, sbk, sbn, C, scm, scn, pack); "
+                  "break;",
+                  f"    case {2 * n + 1}: {f}(N, M, K, B, sbn, sbk, A, sak, sam, C, scn, scm, pack); "
+                  "break;"]
+    return _ENTRY.substitute(T=t, TINY=TINY, WAYS=len(costs), COSTS=",\n        ".join(costs),
+                             CALLS="\n".join(calls))
+
+#: how much slower per product a variant's kernel runs than the wide one (measured on Zen 5; the
+#: row's 4 accumulators wait on the adder's latency)
+_SLOWER = {"wide": 1.0, "narrow": 1.06, "row": 1.5}
 
 
 def _kernel(t: str, variant: str, mr: int, nv: int) -> str:
@@ -315,7 +359,7 @@ def _source(t: str) -> str:
                                              NC=NC[t], MC=MC[t], SLOWER=_SLOWER[variant],
                                              KERNEL=_kernel(t, variant, mr, nv)))
         parts.append("#endif\n")
-    parts.append(_ENTRY.substitute(T=t))
+    parts.append(_entry(t))
     return "".join(parts)
 
 
