@@ -1,0 +1,289 @@
+"""The cpu tier's blocked matrix product (``codegen/gemm.py``) against the naive loop's bits.
+
+The oracle is written in NumPy, independently of the C: ``acc = 0`` then ``acc = acc + A[:, k] *
+B[k, :]`` for k in order, every NumPy float operation rounding to the element type exactly as C's
+does.  Results are compared bit for bit; the one freedom allowed is *which* NaN comes out where the
+oracle has a NaN: the naive C loop itself does not fix that (x86 returns the first operand's NaN
+and the compiler may swap the operands of a commutative ``*`` or ``+``), so any NaN matches any
+NaN, while -0.0, infinities and subnormals must match exactly.
+"""
+
+import ctypes
+import functools
+
+import numpy as np
+import pytest
+
+from vkml.backends import cpu
+from vkml.backends.codegen import gemm
+from vkml.backends.codegen.c_render import prelude
+
+CTYPES = {np.float32: "float", np.float64: "double"}
+
+WRAPPERS = "".join(f"""
+void vk_test_gemm_{t}(int64_t M, int64_t N, int64_t K, const {t}* A, int64_t sam, int64_t sak,
+                      const {t}* B, int64_t sbk, int64_t sbn, {t}* C, int64_t scm, int64_t scn,
+                      {t}* pack)
+{{ vk_gemm_{t}(M, N, K, A, sam, sak, B, sbk, sbn, C, scm, scn, pack); }}
+""" for t in ("float", "double"))
+
+#: builds of the routine: the machine's own vector width, the narrower fallbacks (-mno-... after
+#: -march=native turns the wider instruction sets off), the scalar transposing copy a compiler
+#: without __builtin_shufflevector gets, and a row-major B always packed (never read in place)
+BUILDS = {"native": (), "avx2": ("-mno-avx512f",), "sse": ("-mno-avx",),
+          "no shuffles": ("-DVK_GEMM_NO_SHUFFLE",), "B rows packed": ("-DVK_GEMM_ROWS_IN_PLACE=0",)}
+#: the routine picks a way by a cost estimate (a tile, on the product or on its transpose, in
+#: this order); these builds take one way always, so each is checked on every shape
+WAYS = [f"{tile}{on}" for tile in gemm.VARIANTS for on in ("", " on the transpose")]
+BUILDS.update({way: (f"-DVK_GEMM_WAY={n}",) for n, way in enumerate(WAYS)})
+
+
+@functools.lru_cache(maxsize=None)
+def library(build="native"):
+    lib, _ = cpu.library(prelude() + gemm.GEMM_C + WRAPPERS, extra_flags=BUILDS[build])
+    return lib
+
+
+def element_strides(x):
+    assert all(s >= 0 for s in x.strides)
+    return [s // x.itemsize for s in x.strides]
+
+
+def pack_buffer(guard=256):
+    """PACK_BYTES aligned to 64, followed by ``guard`` bytes of a pattern the routine must leave."""
+    raw = np.full(gemm.PACK_BYTES + 64 + guard, 0xA5, np.uint8)
+    start = (-raw.ctypes.data) % 64
+    return raw, start
+
+
+def run_gemm(a, b, c, build="native", lib=None):
+    """C := A @ B through the C routine (of ``build``, or in ``lib``), A, B, C any
+    (non-negative) strided views."""
+    t = CTYPES[a.dtype.type]
+    (m, k), (k2, n) = a.shape, b.shape
+    assert k == k2 and c.shape == (m, n) and a.dtype == b.dtype == c.dtype
+    raw, start = pack_buffer()
+    fn = getattr(lib or library(build), f"vk_test_gemm_{t}")
+    i64 = ctypes.c_int64
+    fn(i64(m), i64(n), i64(k), ctypes.c_void_p(a.ctypes.data), *map(i64, element_strides(a)),
+       ctypes.c_void_p(b.ctypes.data), *map(i64, element_strides(b)),
+       ctypes.c_void_p(c.ctypes.data), *map(i64, element_strides(c)),
+       ctypes.c_void_p(raw.ctypes.data + start))
+    assert (raw[start + gemm.PACK_BYTES:] == 0xA5).all(), "wrote past PACK_BYTES of the scratch"
+    return c
+
+
+def naive(a, b):
+    """The oracle: k in index order, each product and each sum rounded to the element type."""
+    acc = np.zeros((a.shape[0], b.shape[1]), a.dtype)
+    with np.errstate(all="ignore"):              # inf - inf and overflow are expected inputs
+        for k in range(a.shape[1]):
+            acc = acc + (a[:, k, None] * b[None, k, :])
+    return acc
+
+
+def bits(x):
+    return x.view(np.uint32 if x.dtype == np.float32 else np.uint64)
+
+
+def assert_same_bits(got, want):
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan), "NaNs in other places"
+    g = bits(np.where(nan, 0, got).astype(got.dtype))
+    w = bits(np.where(nan, 0, want).astype(want.dtype))
+    bad = np.argwhere(g != w)
+    assert bad.size == 0, (f"{len(bad)} outputs differ, first at {tuple(bad[0])}: "
+                           f"{got[tuple(bad[0])]!r} != {want[tuple(bad[0])]!r}")
+
+
+def product(a, b, build="native"):
+    c = np.full((a.shape[0], b.shape[1]), np.nan, a.dtype)
+    return run_gemm(a, b, c, build)
+
+
+def random(rng, shape, dtype):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+# sizes around the vector width, the register tiles and the blocks: 0, 1, odd, prime, N < lanes,
+# M, N, K past MC, NC and KC (the k-block: several of them continue from C's stored values),
+# tiny products and long dot products (the plain loop), vector-matrix products (the row tile)
+SHAPES = [(0, 5, 3), (4, 0, 3), (3, 4, 0), (1, 1, 1), (1, 7, 1), (7, 1, 5), (2, 3, 4),
+          (5, 10, 9), (13, 17, 19), (8, 32, 16), (9, 33, 31), (16, 15, 1), (31, 47, 64),
+          (64, 10, 256), (10, 64, 37), (97, 3, 101), (3, 97, 257), (129, 40, 300),
+          (17, 513, 11), (300, 37, 600), (9, 40, 2 * gemm.KC["float"] + 3),
+          (33, 20, gemm.KC["float"] + 1), (5, 3, 3 * gemm.KC["double"] - 1),
+          (1, 1, 784), (2, 3, 700), (1, 300, 40), (70, 1, 33)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_row_major_shapes_match_the_naive_loop(dtype, shape):
+    rng = np.random.default_rng(hash(shape) % 2**32)
+    m, n, k = shape
+    a, b = random(rng, (m, k), dtype), random(rng, (k, n), dtype)
+    assert_same_bits(product(a, b), naive(a, b))
+
+
+def layout(x, how, rng):
+    """``x`` (a fresh array) laid out as ``how``: row-major, transposed (column-major), or a
+    strided view inside a bigger array of garbage."""
+    if how == "row":
+        return x.copy()
+    if how == "transposed":
+        return np.ascontiguousarray(x.T).T
+    big = rng.standard_normal((x.shape[0] * 2 + 1, x.shape[1] * 3 + 2)).astype(x.dtype)
+    view = big[1::2, 2::3][: x.shape[0], : x.shape[1]]
+    view[...] = x
+    return view
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("how_a", ["row", "transposed", "strided"])
+@pytest.mark.parametrize("how_b", ["row", "transposed", "strided"])
+def test_any_operand_strides(dtype, how_a, how_b):
+    rng = np.random.default_rng(7)
+    for m, n, k in [(37, 45, 300), (64, 10, 70), (5, 130, 9)]:
+        a0, b0 = random(rng, (m, k), dtype), random(rng, (k, n), dtype)
+        a, b = layout(a0, how_a, rng), layout(b0, how_b, rng)
+        assert_same_bits(product(a, b), naive(a0, b0))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_operands_with_zero_strides(dtype):
+    """A row or column broadcast over the other axis (stride 0) reads the same values again."""
+    rng = np.random.default_rng(19)
+    for m, n, k in [(20, 40, 30), (3, 70, 9)]:
+        row, col = random(rng, (1, k), dtype), random(rng, (k, 1), dtype)
+        a, b = np.broadcast_to(row, (m, k)), np.broadcast_to(col, (k, n))
+        assert element_strides(a)[0] == 0 and element_strides(b)[1] == 0
+        assert_same_bits(product(a, b), naive(np.array(a), np.array(b)))
+        one = np.broadcast_to(random(rng, (1, 1), dtype), (k, n))
+        assert_same_bits(product(a, one), naive(np.array(a), np.array(one)))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("how_c", ["column-major", "strided", "row-major inside wider rows"])
+def test_destinations_of_any_strides_and_nothing_written_around_them(dtype, how_c):
+    rng = np.random.default_rng(11)
+    for m, n, k in [(19, 70, 260), (64, 33, 20), (1, 9, 3), (40, 1, 513)]:
+        a, b = random(rng, (m, k), dtype), random(rng, (k, n), dtype)
+        # (shape of the surrounding array, C as a view of it)
+        shape, view = {"column-major": ((n + 2, m), lambda x: x[1:n + 1].T),   # columns: rows
+                       "strided": ((3 * m + 2, 2 * n + 1), lambda x: x[1::3, 1::2][:m, :n]),
+                       "row-major inside wider rows": ((m + 2, n + 5),
+                                                       lambda x: x[1:m + 1, 2:n + 2])}[how_c]
+        sentinel = dtype(-7.25)
+        big = np.full(shape, sentinel, dtype)
+        c = run_gemm(a, b, view(big))
+        assert_same_bits(c, naive(a, b))
+        outside = np.ones(shape, bool)
+        view(outside)[...] = False
+        assert outside.sum() > 0 and (big[outside] == sentinel).all(), "wrote outside C"
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_nan_inf_signed_zeros_and_subnormals_come_out_as_the_naive_loop_gives_them(dtype):
+    rng = np.random.default_rng(3)
+    tiny = np.finfo(dtype).smallest_subnormal
+    huge = np.finfo(dtype).max
+    specials = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, tiny, -tiny, 3 * tiny, huge, -huge,
+                         np.finfo(dtype).tiny, 1.0, -1.0], dtype)
+    for m, n, k in [(9, 40, 7), (33, 17, 300), (4, 4, 1)]:
+        a = rng.choice(specials, (m, k)).astype(dtype)
+        b = rng.choice(specials, (k, n)).astype(dtype)
+        assert_same_bits(product(a, b), naive(a, b))
+    # -0.0 products only: the naive loop gives +0 (0 + -0), never -0
+    a, b = np.full((3, 5), -0.0, dtype), np.full((5, 18), 1.0, dtype)
+    got = product(a, b)
+    assert_same_bits(got, naive(a, b))
+    assert not np.signbit(got).any()
+    # subnormal products and sums that stay subnormal (nothing flushed to zero)
+    a = np.full((5, 6), tiny * 4, dtype)
+    b = np.full((6, 19), 0.5, dtype)
+    got = product(a, b)
+    assert_same_bits(got, naive(a, b))
+    assert (got == dtype(tiny * 12)).all()
+
+
+def cancelling(rng, dtype, shape):
+    """Values over a huge range of magnitudes and both signs: most sums depend on their order."""
+    return (rng.standard_normal(shape) * 10.0 ** rng.integers(-6, 7, shape)).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_order_of_the_sum_matters_and_is_kept(dtype):
+    """On this input a reordered sum, a fused multiply-add, and BLAS each differ from the naive
+    loop, so a routine doing any of them would fail here."""
+    rng = np.random.default_rng(5)
+    m, n, k = 24, 40, 300
+    a, b = cancelling(rng, dtype, (m, k)), cancelling(rng, dtype, (k, n))
+    want = naive(a, b)
+    assert_same_bits(product(a, b), want)
+    reversed_sum = naive(a[:, ::-1], b[::-1])
+    assert (bits(reversed_sum) != bits(want)).any()
+    assert (bits(np.matmul(a, b)) != bits(want)).any()
+    pairwise = np.ascontiguousarray(a[:, None, :] * b.T[None, :, :]).sum(axis=-1)  # along k
+    assert (bits(pairwise.astype(dtype)) != bits(want)).any()
+    # k split in two halves summed separately, then added: what a wrong k-blocking would do
+    half = k // 2
+    split = naive(a[:, :half], b[:half]) + naive(a[:, half:], b[half:])
+    assert (bits(split) != bits(want)).any()
+
+
+def test_a_fused_multiply_add_would_be_caught():
+    """acc = -(1 + 2^-11), then + (1 + 2^-12)^2: rounded first, the product is 1 + 2^-11 and the
+    sum 0; fused, the sum keeps the product's last bit, 2^-24."""
+    e = np.float32(1 + 2.0 ** -12)
+    a = np.array([[1.0, e]], np.float32)
+    b = np.array([[-(1 + 2.0 ** -11)], [e]], np.float32)
+    fused = np.float32(np.float64(b[0, 0]) + np.float64(e) * np.float64(e))
+    assert fused == np.float32(2.0 ** -24)
+    want = naive(a, b)
+    assert want[0, 0] == 0 and fused != want[0, 0]
+    assert_same_bits(product(a, b), want)
+    # the same pair of values inside a full register tile and a long k
+    rng = np.random.default_rng(9)
+    a = random(rng, (16, 400), np.float32)
+    b = random(rng, (400, 48), np.float32)
+    a[:, 298], a[:, 299] = 1.0, e
+    b[298], b[299] = -(1 + 2.0 ** -11), e
+    assert_same_bits(product(a, b), naive(a, b))
+
+
+@pytest.mark.parametrize("build", ["avx2", "sse", "no shuffles", "B rows packed"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_other_builds_give_the_same_bits(build, dtype):
+    rng = np.random.default_rng(13)
+    for m, n, k in [(1, 1, 1), (9, 33, 31), (64, 10, 256), (129, 20, 300), (3, 520, 5),
+                    (40, 70, 90)]:
+        a, b = cancelling(rng, dtype, (m, k)), cancelling(rng, dtype, (k, n))
+        for how_a, how_b in [("transposed", "row"), ("row", "transposed")]:
+            got = product(layout(a, how_a, rng), layout(b, how_b, rng), build)
+            assert_same_bits(got, naive(a, b))
+
+
+@pytest.mark.parametrize("way", WAYS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_every_way_gives_the_same_bits(way, dtype):
+    rng = np.random.default_rng(17)
+    layouts = ["row", "transposed", "strided"]
+    for n, (m, n_, k) in enumerate(SHAPES):
+        a, b = cancelling(rng, dtype, (m, k)), cancelling(rng, dtype, (k, n_))
+        a_view, b_view = layout(a, layouts[n % 3], rng), layout(b, layouts[n // 3 % 3], rng)
+        c = np.full((n_ + 1, m), np.nan, dtype)[1:].T if n % 2 else np.full((m, n_), np.nan, dtype)
+        assert_same_bits(run_gemm(a_view, b_view, c, way), naive(a, b))
+
+
+def test_one_element_type_alone_compiles_and_computes():
+    wrapper = WRAPPERS.split("void vk_test_gemm_double")[0]
+    lib, _ = cpu.library(prelude() + gemm.gemm_c(("float",)) + wrapper)
+    assert "vk_gemm_double" not in gemm.gemm_c(("float",))
+    rng = np.random.default_rng(23)
+    a, b = random(rng, (20, 30), np.float32), random(rng, (30, 40), np.float32)
+    assert_same_bits(run_gemm(a, b, np.zeros((20, 40), np.float32), lib=lib), naive(a, b))
+
+
+def test_pack_bytes_is_a_modest_fixed_size():
+    assert isinstance(gemm.PACK_BYTES, int) and 0 < gemm.PACK_BYTES <= 1 << 20
+    assert gemm.PACK_BYTES % 64 == 0
