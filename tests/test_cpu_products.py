@@ -134,7 +134,7 @@ def test_a_product_read_elsewhere_keeps_its_transpose():
 
 def test_small_and_integer_products_keep_the_plain_loops():
     source, low = cpu.c_source(_program(lambda a, b: a @ b, np.ones((5, 7)), np.ones((7, 3))))
-    assert "vk_gemm" not in source and not low.uses_gemm
+    assert "vk_gemm" not in source and not low.gemm_types
     ints = np.arange(64 * 300).reshape(64, 300) % 7, np.arange(300 * 70).reshape(300, 70) % 5
     source, _ = cpu.c_source(_program(lambda a, b: a @ b, *ints))
     assert "vk_gemm" not in source

@@ -172,12 +172,12 @@ def cpu_signature() -> str:
 # the vectoriser never reorders a float sum or contracts a multiply-add, and +, -, *, / and sqrt
 # are the same correctly rounded operations in SIMD, so every result keeps its bits.
 FLAGS = ["-O2", "-pipe", "-fPIC", "-shared", "-std=c99", "-ffp-contract=off", "-fno-fast-math",
-         "-fno-strict-aliasing", "-fno-math-errno", "-fwrapv", "-ftree-vectorize",
-         "-fvect-cost-model=dynamic"] + native_flags()
-#: flags only GCC takes.  vect-max-version-for-alias-checks: a loop nest storing several results
+         "-fno-strict-aliasing", "-fno-math-errno", "-fwrapv", "-ftree-vectorize"] + native_flags()
+#: flags only GCC takes (clang refuses them): the dynamic cost model above, and
+#: vect-max-version-for-alias-checks: a loop nest storing several results
 #: (an Adam update: moments and parameter in one pass) needs more run-time overlap checks than
 #: GCC's default 10 allows; past them it stays scalar (5.7x slower on that update).
-GCC_FLAGS = ["--param=vect-max-version-for-alias-checks=64"]
+GCC_FLAGS = ["-fvect-cost-model=dynamic", "--param=vect-max-version-for-alias-checks=64"]
 
 
 @functools.lru_cache(maxsize=None)

@@ -114,9 +114,9 @@ class Lowering:
         #: own; a rewritten program's ``sites``, see ``products.transposed_products``)
         self.sites = None
         #: whether big float products are one GEMM call each (``products``; the C tier's
-        #: programs), and whether one is (the renderer then includes the GEMM)
+        #: programs), and the C types of those that are (the renderer includes their GEMMs)
         self.gemm = False
-        self.uses_gemm = False
+        self.gemm_types = set()
         self.site = 0            # the top-level equation being lowered
 
     def fresh(self, prefix):

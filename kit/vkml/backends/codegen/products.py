@@ -167,5 +167,5 @@ def lower_gemm(low, e, env, targets) -> list:
     body = [call]
     for v, extent in reversed(list(zip(idx, out.shape))):
         body = [Loop(v, extent, body)]
-    low.uses_gemm = True
+    low.gemm_types.add(CTYPE[out.dtype])
     return stmts + body
