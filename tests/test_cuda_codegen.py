@@ -768,3 +768,14 @@ def test_importing_vkml_imports_no_pycuda():
     code = "import sys, vkml; vkml.backend_info(); print(any(m.startswith('pycuda') for m in sys.modules))"
     out = subprocess.run([os.sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_reshape_of_an_empty_array_divides_no_index_by_zero():
+    """Reshaping an empty array reads no element: its index expressions name no axis extent of
+    0 (``i / 0``, which nvcc warns about and the fuzz counts as a defect)."""
+    def f(y, t):
+        return vkml.reshape(vkml.broadcast_to(y * 2, (2, 3, 0)), (0, 6)), t > 0
+    for lowering_of in (lambda p: module_source([cuda_plan(p)]),
+                        lambda p: vkml.backends.cpu.c_source(p)[0]):
+        source = lowering_of(vkml.program(f, np.ones((2, 1, 1), np.int64), np.ones(4)))
+        assert "o0[" in source and not re.search(r"/ 0\)|% 0\b", source)

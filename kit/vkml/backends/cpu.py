@@ -124,7 +124,7 @@ from sys import getrefcount
 import numpy as np
 
 from ..errors import BackendError, ExecutionError
-from ..ir import Var, program_from_dag
+from ..ir import Program, Var, program_from_dag
 from ..ops.checks import warn_at_user
 from ..ops.core import rebind
 from ..stats import STATS
@@ -429,32 +429,40 @@ def _blas_matmuls(program):
 
 def _calls_inlined(program, origin):
     """``program`` with the equations of every ``call`` (a jitted function's, the forward and
-    the backward of a gradient) in place of the call: a run of exact equations may then span
-    what the calls cut apart (a loss's last equations and its gradient's first), and no call
-    costs a NumPy program's frame of Python.  ``program`` itself when it holds no call.
-    ``origin`` receives, by ``id``, the index in ``program`` of each new equation's source (a
-    call's, for the equations spliced in its place)."""
+    the backward of a gradient) in place of the call: a product and the transpose of its
+    result may then meet (``codegen.products``), fusion spans what the calls cut apart (a
+    loss's last equations and its gradient's first), and no call's results are copied out.
+    ``program`` itself when it holds no call.  ``origin`` receives, by ``id``, the index in
+    ``program`` of each new equation's source (a call's, for the equations spliced in its
+    place).  A run-time check whose result nothing reads (a loop's inside a gradient's
+    forward) is kept: its warning or error still comes."""
     if not any(e.prim.name == "call" for e in program.eqns):
         return program
     inputs = [Var(v.shape, v.dtype, v.device, weak=v.weak) for v in program.inputs]
-    return program_from_dag(inputs, _replayed(program, inputs, origin))
+    checks = []
+    outputs = _replayed(program, inputs, origin, checks)
+    whole = program_from_dag(inputs, outputs + checks)
+    return Program(whole.inputs, whole.eqns, outputs, whole.consts)
 
 
-def _replayed(program, args, origin, site=None) -> list:
+def _replayed(program, args, origin, checks, site=None) -> list:
     """The Vars of ``program``'s outputs, its equations bound again on Vars ``args`` (a call's
     equations replayed in its place, recursively); each new equation's source in ``origin``:
-    its own index, or ``site`` (the top-level call's) inside a call."""
+    its own index, or ``site`` (the top-level call's) inside a call.  The results of the
+    run-time checks (``checked``) are appended to ``checks``."""
     env = dict(zip(program.inputs, args))
     for i, e in enumerate(program.eqns):
         operands = [env.get(v, v) for v in e.inputs]
         here = i if site is None else site
         if e.prim.name == "call":
-            outs = _replayed(e.params["program"], operands, origin, here)
+            outs = _replayed(e.params["program"], operands, origin, checks, here)
         else:
             outs = rebind(e, operands)
             outs = outs if e.prim.multiple_results else [outs]
             if outs:
                 origin[id(outs[0].eqn)] = here
+            if e.prim.name == "checked":
+                checks += outs
         env.update(zip(e.outputs, outs))
     return [env.get(v, v) for v in program.outputs]
 

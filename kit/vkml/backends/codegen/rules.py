@@ -250,6 +250,8 @@ def _flip(read, e, idx):
 
 def _reshape(read, e, idx):
     x = e.inputs[0]
+    if x.size == 0:         # never read (no loop runs); no index divided by an empty axis's 0
+        return read(x, ["0"] * x.ndim)
     lin = linear_index(idx, e.outputs[0].shape)
     return read(x, [f"((({lin}) / {s}) % {d})" if d > 1 else "0"
                     for d, s in zip(x.shape, row_major_strides(x.shape))])
