@@ -349,10 +349,10 @@ def c_source(program, vector_math=()):
     vector versions (``codegen.vector_nests``)."""
     origin = {}
     flat = _calls_inlined(program, origin)       # (a product and its transpose may be in two calls)
-    program = transposed_products(flat, None if flat is program else
-                                  [origin[id(e)] for e in flat.eqns])
+    program, sites = transposed_products(flat, None if flat is program else
+                                         [origin[id(e)] for e in flat.eqns])
     low = Lowering()
-    low.sites = program.sites
+    low.sites = sites
     low.gemm = True
     low.checks = True
     low.fuse_loops = True

@@ -54,11 +54,12 @@ def by_gemm(e) -> bool:
         e.outputs[0].dtype in GEMM_DTYPES and e.inputs[0].size * e.inputs[1].shape[-1] >= GEMM_MIN
 
 
-def transposed_products(program, sites=None) -> Program:
-    """``program`` with each ``transpose(a @ b)`` (the last two axes swapped) whose product
-    only that transpose reads computed as ``transpose(b) @ transpose(a)``.  The result's
-    ``sites`` gives, per equation, what the equation it comes from is named by in an error:
-    ``sites[k]`` for equation ``k`` of ``program`` (its index without ``sites``)."""
+def transposed_products(program, sites=None):
+    """``(program', sites')``: ``program`` with each ``transpose(a @ b)`` (the last two axes
+    swapped) whose product only that transpose reads computed as ``transpose(b) @ transpose(a)``
+    (``program`` itself when there is none), and per equation of it what the equation it comes
+    from is named by in an error: ``sites[k]`` for equation ``k`` of ``program`` (its index
+    without ``sites``)."""
     sites = list(range(len(program.eqns))) if sites is None else list(sites)
     producer = {o: e for e in program.eqns for o in e.outputs}
     readers = {}
@@ -89,9 +90,9 @@ def transposed_products(program, sites=None) -> Program:
                  Eqn(e.prim, [a], [at], {"perm": perm}, e.where),
                  Eqn(p.prim, [bt, at], list(e.outputs), p.params, p.where)]
         named += [sites[k]] * 3
-    result = Program(program.inputs, eqns, program.outputs, program.consts) if swapped else program
-    result.sites = named
-    return result
+    if not swapped:
+        return program, named
+    return Program(program.inputs, eqns, program.outputs, program.consts), named
 
 
 def _in_place(env, v):
