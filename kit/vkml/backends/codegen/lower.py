@@ -117,6 +117,7 @@ class Lowering:
         #: programs), and the C types of those that are (the renderer includes their GEMMs)
         self.gemm = False
         self.gemm_types = set()
+        self.gemm_packs = {}     # dtype -> the GEMM's packing scratch (``products._pack``)
         self.site = 0            # the top-level equation being lowered
 
     def fresh(self, prefix):

@@ -125,7 +125,7 @@ def _operand(low, env, v, stmts):
 def _pack(low, dtype):
     """The GEMM's packing scratch for ``dtype`` (one temporary per program and dtype, 64-byte
     aligned), as a C expression."""
-    packs = low.__dict__.setdefault("gemm_packs", {})
+    packs = low.gemm_packs
     if dtype not in packs:
         name = low.temp(Var(((PACK_BYTES + 64) // dtype.itemsize,), dtype))
         t = CTYPE[dtype]
