@@ -24,6 +24,8 @@ the same, and packing would cost more than it saves.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 
 from ...ir import Eqn, Program, Var
@@ -62,12 +64,8 @@ def transposed_products(program, sites=None):
     without ``sites``)."""
     sites = list(range(len(program.eqns))) if sites is None else list(sites)
     producer = {o: e for e in program.eqns for o in e.outputs}
-    readers = {}
-    for e in program.eqns:
-        for v in e.inputs:
-            readers[v] = readers.get(v, 0) + 1
-    for v in program.outputs:
-        readers[v] = readers.get(v, 0) + 1
+    readers = Counter(v for e in program.eqns for v in e.inputs)
+    readers.update(program.outputs)
     swapped = {}                   # id(transpose) -> the product it transposes
     for e in program.eqns:
         p = producer.get(e.inputs[0]) if e.inputs else None
