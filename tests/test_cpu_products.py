@@ -179,3 +179,21 @@ def test_a_training_step_with_big_products_is_one_c_function_updating_in_place()
     (program,) = step.programs()
     source, _ = cpu.c_source(program)
     assert source.count("vk_gemm_float(") - source.count("static void vk_gemm_float(") == 5
+
+
+def test_threads_split_a_products_rows_and_change_no_bit(monkeypatch):
+    """With ``VKML_THREADS=2`` a big product's blocks of rows go to two OpenMP threads (GCC
+    builds): every output is still one thread's sum in index order, so the bits are the
+    one-thread bits.  A bad ``VKML_THREADS`` is refused by name."""
+    a, b = _operands(np.float64, (300, 200), (200, 150), seed=5)
+    want = index_order(a, b)
+    for threads in ("1", "2"):
+        monkeypatch.setenv("VKML_THREADS", threads)
+        with vkml.use_backend("cpu"):
+            got = vkml.jit(lambda a, b: a @ b)(a, b).numpy()
+        assert _same_bits(got, want), threads
+        low = cpu.c_source(_program(lambda a, b: a @ b, a, b))[1]
+        assert cpu._product_threads(low) == (int(threads) if cpu.is_gcc(cpu.compiler()) else 1)
+    monkeypatch.setenv("VKML_THREADS", "many")
+    with vkml.use_backend("cpu"), pytest.raises(vkml.ArgumentError, match="VKML_THREADS"):
+        vkml.jit(lambda a, b: a @ b + 1.0)(a, b)

@@ -14,7 +14,7 @@ import threading
 
 import numpy as np
 
-from ..errors import BackendError, ExecutionError, ShapeError
+from ..errors import ArgumentError, BackendError, ExecutionError, ShapeError
 from ..ir import dtype_name, format_shape
 from ..ops import api
 from ..stats import STATS, Stats, reset_stats, stats  # noqa: F401  (re-exported)
@@ -31,6 +31,21 @@ class ExecutionFailure(ExecutionError):
         super().__init__(f"equation {index} of the program failed: {error}")
         self.index = index
         self.error = error
+
+
+def threads() -> int:
+    """Threads a computation may split its work over (``VKML_THREADS``, default 1): a graph's
+    samples, a simulation's per-sample loops, the cpu tier's big matrix products.  Work is split
+    so that every result is computed by one thread in one order: the bits never depend on it."""
+    text = os.environ.get("VKML_THREADS") or "1"
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ArgumentError(f"VKML_THREADS must be a positive whole number of threads, got {text!r}; "
+                            "set it to e.g. 1 or 4 (or unset it)")
+    return value
 
 
 def failure_error(name, info):

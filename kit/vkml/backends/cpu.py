@@ -129,7 +129,7 @@ from ..ops.checks import warn_at_user
 from ..ops.core import rebind
 from ..stats import STATS
 from . import disk_cache
-from .base import Backend, ExecutionFailure, check_sizes, failure_error, register
+from .base import Backend, ExecutionFailure, check_sizes, failure_error, register, threads
 from .codegen.c_render import ALLOCATION_FAILED, INTERRUPTED, POLL, render, scratch_layout
 from .codegen.lower import Lowering, Unsupported, may_fail, overwritable
 from .codegen.products import transposed_products
@@ -828,6 +828,15 @@ def _has_loop(program) -> bool:
     return False
 
 
+def _product_threads(lowering) -> int:
+    """The threads a program's big products split their rows over: ``VKML_THREADS`` (read when
+    the program is compiled) where it has any and GCC builds it with OpenMP; 1 otherwise.  The
+    bits do not change: each output is computed by one thread, in index order."""
+    if not lowering.gemm_types or not is_gcc(compiler()):
+        return 1
+    return threads()
+
+
 class CpuBackend(Backend):
     """Programs compiled to C (see the module docstring); NumPy for what C does not cover."""
 
@@ -857,7 +866,10 @@ class CpuBackend(Backend):
             source, lowering = c_source(program)
         except Unsupported:
             return None
-        lib, _ = library(source)
+        threads = _product_threads(lowering)
+        lib, _ = library(source, ["-fopenmp"] if threads > 1 else [])
+        if threads > 1:
+            ctypes.c_int.in_dll(lib, "vk_gemm_threads").value = threads
         return CompiledProgram(program, lib, source, lowering)
 
     def _compile_vector(self, program, math):

@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextvars
 import math
 import operator
-import os
 import sys
 import threading
 from collections.abc import Mapping
@@ -45,6 +44,7 @@ import numpy as np
 
 from .. import backends
 from ..backends import ExecutionFailure
+from ..backends.base import threads  # noqa: F401  (the graph modules' name for it)
 from ..errors import ArgumentError, Busy, DTypeError, ExecutionError, RecordError, RefusedError, \
     ShapeError, VkmlError
 from .kernel import Kernel, Launch
@@ -63,19 +63,6 @@ def _sibling(name):
     package imports it before any graph can run, and an import statement in a method called per
     launch or reverse costs about a microsecond each time."""
     return sys.modules[f"{__package__}.{name}"]
-
-
-def threads() -> int:
-    """Threads the NumPy backend splits samples over (``VKML_THREADS``, default 1)."""
-    text = os.environ.get("VKML_THREADS") or "1"
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ArgumentError(f"VKML_THREADS must be a positive whole number of threads, got {text!r}; "
-                            "set it to e.g. 1 or 4 (or unset it)")
-    return value
 
 
 # -- all or nothing ---------------------------------------------------------------------------

@@ -68,6 +68,9 @@ typedef double vk_gemm_vdouble __attribute__((vector_size(VK_GEMM_VBYTES), align
 #else
 #define VK_GEMM_SHUFFLE 0
 #endif
+/* the threads a product's blocks of rows are split over, in a library built with OpenMP (the
+   backend sets it from VKML_THREADS): each output is still computed by one thread, in order */
+int vk_gemm_threads = 1;
 """
 
 # what one element type shares between its variants
@@ -202,6 +205,7 @@ static void vk_gemm_$S(int64_t M, int64_t N, int64_t K,
                     vk_gemm_pack_b_$T(kc, nc - jr < nr ? nc - jr : nr,
                                       B + pc * sbk + (jc + jr) * sbn, sbk, sbn, bpack + jr * kc,
                                       nr);
+#pragma omp parallel for schedule(static) num_threads(vk_gemm_threads) if (vk_gemm_threads > 1 && M > $MC)
             for (int64_t ic = 0; ic < M; ic += $MC) {
                 int64_t mc = M - ic < $MC ? M - ic : $MC;
                 for (int64_t jr = 0; jr < nc; jr += nr) {
