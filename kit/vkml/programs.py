@@ -92,23 +92,31 @@ _FLAT_TREES = {}
 _FAST_PLANS = 8
 
 
+#: (one global name, not ``np.ndarray``'s two lookups: ``_fast_key`` reads it per argument)
+_NDARRAY = np.ndarray
+
+
 def _fast_key(args):
     """The types of plain concrete arguments (NumPy arrays, Tensors holding a NumPy value and
     not requiring grad) with their strides, and the call's context (backend, default device,
     matmul mode): all a call of such arguments depends on, found without flattening them or
     making Vars; None for any other call (it takes the full path).  Two Tensors sharing one
-    value make the full path's aliasing key: refused here."""
-    key = [call_context()]
+    value make the full path's aliasing key: refused here.
+
+    The key is one flat tuple (no tuple per argument: less to build, hash and compare); an
+    array's part ends with its strides, a Tensor's has its device (a string) there instead,
+    so arrays and Tensors never make the same key."""
+    key = [*call_context()]
     tensors = 0
     for a in args:
-        if type(a) is np.ndarray:
-            key.append((a.shape, a.dtype, a.strides))
+        if type(a) is _NDARRAY:
+            key += (a.shape, a.dtype, a.strides)
         elif type(a) is Tensor:
             v = a.ir_var
             value = v.value
             if a.requires_grad or type(value) is not np.ndarray:
                 return None
-            key.append((v.shape, v.dtype, v.device, v.weak, value.strides))
+            key += (v.shape, v.dtype, v.device, v.weak, value.strides)
             tensors += 1
         else:
             return None
@@ -152,7 +160,7 @@ class _FastPlan:
     called without checking them again (``call_ready``)."""
 
     __slots__ = ("key", "entry", "tiered", "call", "eqns", "out_vars", "tree", "single", "arrays",
-                 "removals", "used", "contiguous", "plain", "exe")
+                 "removals", "used", "contiguous", "plain", "exe", "lone")
 
     def __init__(self, key, entry, program, exe, args, removals, tree):
         """``program``: what the plan runs (the entry's, or one derived from it); ``tree``: the
@@ -178,11 +186,14 @@ class _FastPlan:
     def _direct(self, exe):
         """What to call: a compiled executable's ``call_ready`` where the arguments are known
         contiguous, else the executable.  A compiled executable's results are arrays of its own,
-        never views of the caller's."""
+        never views of the caller's.  Sets ``lone``: the call has one result, handed out as it is
+        (``run``'s shortest way)."""
         ready = getattr(exe, "call_ready", None)
+        if ready is not None:
+            self.arrays = []
+        self.lone = self.single and not self.arrays
         if ready is None:
             return exe
-        self.arrays = []
         return ready if self.contiguous else exe
 
     @staticmethod
@@ -229,7 +240,7 @@ class _FastPlan:
             raise runtime.execution_error(error, self.eqns) from None
         if self.tiered is not None and self.tiered.compiled:    # hot: its C function from now on
             self.call, self.tiered = self._direct(self.tiered.current), None
-        if self.single and not self.arrays and not flat:
+        if self.lone and not flat:
             shape, dtype, device = self.out_vars[0]
             return Tensor(Var(shape, dtype, device, None, outs[0]))
         results = []
