@@ -110,3 +110,39 @@ def test_only_a_program_of_a_few_microseconds_keeps_the_gil(size, quick, monkeyp
         assert isinstance(exe._pool.fn, cpu._HOLDING_GIL) is quick
         for _ in range(2):
             assert np.array_equal(f(x).numpy(), x * 3.0 - 1.0)
+
+
+def test_a_plain_calls_key_starts_with_the_call_context():
+    from vkml.programs import _fast_key
+    from vkml.runtime import call_context
+    args = (np.ones(3), vkml.tensor(np.ones(3)))
+    for backend in BACKENDS:
+        with vkml.use_backend(backend):
+            for mode in (False, True):
+                with vkml.deterministic_matmul(mode):
+                    context = call_context()
+                    assert _fast_key(args)[:len(context)] == context
+                    assert len(_fast_key(args)) == len(context) + 3 + 5    # an array, a Tensor
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_calls_alternating_between_plans_each_get_their_own(backend, monkeypatch, tmp_path):
+    monkeypatch.setenv("VKML_CACHE_DIR", str(tmp_path))
+    with vkml.use_backend(backend):
+        f = vkml.jit(lambda a, b: a * b)
+        small, big = np.arange(3.0), np.arange(5.0)
+        t = vkml.tensor(np.full(3, 2.0))
+        for _ in range(4):                  # the last call's plan is another one each time
+            assert f(small, small).numpy().tolist() == [0.0, 1.0, 4.0]
+            assert f(big, big).numpy().tolist() == [0.0, 1.0, 4.0, 9.0, 16.0]
+            assert f(small, t).numpy().tolist() == [0.0, 2.0, 4.0]
+            assert f(big.reshape(5, 1), big).shape == (5, 5)
+        # (an array and a Tensor of one type share a program, not a plan)
+        assert f.cache_info()["traces"] == 3 and len(f._fast) == 4
+        before = vkml.stats()
+        f(big, big), f(big, big)
+        assert (vkml.stats() - before).traces == 0
+        vkml.clear_caches()                 # the last call's plan goes with the others
+        before = vkml.stats()
+        assert f(big, big).numpy().tolist() == [0.0, 1.0, 4.0, 9.0, 16.0]
+        assert (vkml.stats() - before).traces == 1

@@ -287,7 +287,7 @@ def _result_tensor(shape, dtype, device, value):
 
 def _forget_fast_plans():
     for jitted in list(_LIVE):
-        jitted._fast.clear()
+        jitted._forget_plans()
 
 
 runtime.ON_CLEAR.append(_forget_fast_plans)
@@ -485,8 +485,11 @@ class Jitted:
         # one program per key, the least recently used dropped past vkml.set_cache_limit
         self._entries = _ProgramCache("jit programs")
         self.traces = self.compiles = self.derivations = self.hits = 0
-        # fast-call plans (see _FastPlan), by the arguments' types and the backend
+        # fast-call plans (see _FastPlan), by the arguments' types and the backend, and the
+        # (key, plan) of the last call that found one: the next call of the same types then
+        # compares its key, without hashing it (one tuple: read and replaced at once)
         self._fast = {}
+        self._last = (None, None)
         functools.update_wrapper(self, fn)
         if not hasattr(self, "__name__"):       # a callable object: named by its class
             self.__name__ = type(fn).__name__
@@ -523,7 +526,11 @@ class Jitted:
         if kwargs:
             return self._keyword_call(args, kwargs)
         fast = _fast_key(args)
-        plan = self._fast.get(fast)             # (None for a key of None: never stored)
+        last, plan = self._last
+        if fast != last:
+            plan = self._fast.get(fast)         # (None for a key of None: never stored)
+            if plan is not None:
+                self._last = (fast, plan)
         if plan is not None and (plan.removals == self._entries.removals or
                                  plan.valid(self._entries)):
             self.hits += 1
@@ -583,7 +590,7 @@ class Jitted:
         if backend.name not in _HOST_BACKENDS or entry.captures:
             return
         if len(self._fast) >= _FAST_PLANS:
-            self._fast.clear()
+            self._forget_plans()
         key = self._key(flatten(args)[1], in_vars)
         removals = self._entries.removals
         if self._entries.get(key) is not entry or not _FastPlan.fits(args, entry):
@@ -593,6 +600,11 @@ class Jitted:
             tag, program, tree = derived[0], self._derive(entry, derived[0], derived[1]), None
         exe = _executable(self, entry, tag, program, backend, [v.value for v in in_vars])
         self._fast[fast] = _FastPlan(key, entry, program, exe, args, removals, tree)
+
+    def _forget_plans(self):
+        """Drop every fast-call plan (the last call's too)."""
+        self._fast.clear()
+        self._last = (None, None)
 
     def _touch_fast_plans(self):
         """Calls through fast-call plans skip the programs' cache: before that cache may drop
