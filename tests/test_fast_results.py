@@ -4,6 +4,8 @@
   of its Var and of the Tensor holds what the constructors would have put there;
 - the NumPy backend's generated run hands a ufunc's result out without ``np.asarray``: every
   result is still an array, 0-d ones included;
+- a plain call's key starts with the call context; calls alternating between plans each get
+  their own, and Tensors sharing one value take the full path wherever they stand;
 - a compiled executable whose pool is taken (a call running in another thread) computes on
   fresh arrays and leaves the pool's alone; a program of a few microseconds is called holding
   the GIL, a longer one lets other threads run meanwhile, with the same results.
@@ -146,3 +148,24 @@ def test_calls_alternating_between_plans_each_get_their_own(backend, monkeypatch
         before = vkml.stats()
         assert f(big, big).numpy().tolist() == [0.0, 1.0, 4.0, 9.0, 16.0]
         assert (vkml.stats() - before).traces == 1
+
+
+def _host(x):
+    return x.numpy() if isinstance(x, vkml.Tensor) else x
+
+
+def test_tensors_sharing_a_value_take_the_full_path_wherever_they_stand():
+    from vkml.programs import _fast_key
+    f = vkml.jit(lambda a, b, c: a * 100.0 + b * 10.0 + c)
+    t, u, w = (vkml.tensor(np.full(2, float(k))) for k in (1, 2, 3))
+    for a, b, c in [(t, u, w), (t, u, u), (u, t, u), (u, u, t), (t, t, t), (t, u, t),
+                    (t, u, np.ones(2))]:
+        shared = len({id(x) for x in (a, b, c) if isinstance(x, vkml.Tensor)}) < \
+            sum(isinstance(x, vkml.Tensor) for x in (a, b, c))
+        assert (_fast_key((a, b, c)) is None) is shared
+        want = (_host(a) * 100.0 + _host(b) * 10.0 + _host(c)).tolist()
+        for _ in range(2):
+            assert f(a, b, c).numpy().tolist() == want
+    g = vkml.jit(lambda a, b: a * 2.0 + b)
+    assert _fast_key((t, t)) is None and _fast_key((t, u)) is not None
+    assert g(t, u).numpy().tolist() == [4.0, 4.0] and g(t, t).numpy().tolist() == [3.0, 3.0]

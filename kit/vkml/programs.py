@@ -109,19 +109,22 @@ def _fast_key(args):
     so arrays and Tensors never make the same key."""
     key = [*call_context()]
     tensors = 0
+    first = None            # the first Tensor's value: with two Tensors, the only one to share
     for a in args:
         if type(a) is _NDARRAY:
             key += (a.shape, a.dtype, a.strides)
         elif type(a) is Tensor:
             v = a.ir_var
             value = v.value
-            if a.requires_grad or type(value) is not np.ndarray:
+            if a.requires_grad or type(value) is not np.ndarray or value is first:
                 return None
+            if first is None:
+                first = value
             key += (v.shape, v.dtype, v.device, v.weak, value.strides)
             tensors += 1
         else:
             return None
-    if tensors > 1 and len({id(a.ir_var.value) for a in args if type(a) is Tensor}) < tensors:
+    if tensors > 2 and len({id(a.ir_var.value) for a in args if type(a) is Tensor}) < tensors:
         return None
     return tuple(key)
 
