@@ -235,7 +235,7 @@ class _FastPlan:
         self.used = True
         STATS.submissions += 1
         if not self.plain:
-            args = [a if type(a) is np.ndarray else a.ir_var.value for a in args]
+            args = [a if type(a) is _NDARRAY else a.ir_var.value for a in args]
         try:
             outs = self.call(args) if into is None else self.call(args, into)
         except ExecutionFailure as failure:
