@@ -81,7 +81,10 @@ faults).  A caller may also hand it destinations that are its own arguments
 results the lowered statements allow (``lower.overwritable``: every read of
 the argument comes before the result's stores, or at the very element a
 store writes).  A call passes the C function one prepared block of array objects,
-whose data pointers the C code reads itself (``DATA_OFFSET``).  A traced
+whose data pointers the C code reads itself (``DATA_OFFSET``); a program of at
+most ``QUICK_WORK`` element operations keeps the GIL through the call (a tiny
+call would spend a tenth of its time handing it over and taking it back),
+longer ones let other threads run meanwhile.  A traced
 training step -- forward, gradient and update, its calls spliced into one
 program (``_calls_inlined``) -- is therefore one C function: its products are
 GEMM calls that read transposed operands in place, and its updates are
