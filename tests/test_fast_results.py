@@ -169,3 +169,21 @@ def test_tensors_sharing_a_value_take_the_full_path_wherever_they_stand():
     g = vkml.jit(lambda a, b: a * 2.0 + b)
     assert _fast_key((t, t)) is None and _fast_key((t, u)) is not None
     assert g(t, u).numpy().tolist() == [4.0, 4.0] and g(t, t).numpy().tolist() == [3.0, 3.0]
+
+
+def test_a_jitted_function_wraps_as_update_wrapper_does():
+    import functools
+
+    def body(x: np.ndarray, y) -> np.ndarray:
+        """Adds."""
+        return x + y
+    body.note = "kept"
+    f = vkml.jit(body)
+
+    class Plain:
+        pass
+    want = functools.update_wrapper(Plain(), body)
+    for name in (*functools.WRAPPER_ASSIGNMENTS, "__wrapped__", "note"):
+        assert getattr(f, name) == getattr(want, name), name
+    assert not hasattr(f, vkml.programs._OWN_JIT) and vkml.jit(body) is f
+    assert f(np.ones(2), np.ones(2)).numpy().tolist() == [2.0, 2.0]

@@ -473,6 +473,23 @@ def _realize_captures(outs, placeholders, start):
 
 # -- jit ----------------------------------------------------------------------------------------
 
+def _wrap_function(jitted, fn):
+    """``functools.update_wrapper(jitted, fn)`` (name, docstring, ``fn``'s own attributes but
+    vkml's, ``__wrapped__``), attribute by attribute: reading an object's ``__dict__`` makes
+    CPython keep its attributes in a dict of their own from then on, and every attribute
+    ``Jitted.__call__`` reads or counts would cost ~10 ns more."""
+    for name in functools.WRAPPER_ASSIGNMENTS:
+        try:
+            value = getattr(fn, name)
+        except AttributeError:
+            continue
+        setattr(jitted, name, value)
+    for name, value in getattr(fn, "__dict__", {}).items():
+        if name not in (_OWN_JIT, _OWN_CALLER):
+            setattr(jitted, name, value)
+    jitted.__wrapped__ = fn
+
+
 class Jitted:
     """A function traced once per key into a Program and compiled once per variant.
 
@@ -493,11 +510,9 @@ class Jitted:
         # compares its key, without hashing it (one tuple: read and replaced at once)
         self._fast = {}
         self._last = (None, None)
-        functools.update_wrapper(self, fn)
+        _wrap_function(self, fn)
         if not hasattr(self, "__name__"):       # a callable object: named by its class
             self.__name__ = type(fn).__name__
-        for name in (_OWN_JIT, _OWN_CALLER):    # update_wrapper copied fn's __dict__: not ours
-            self.__dict__.pop(name, None)
         _LIVE.add(self)
 
     @staticmethod
