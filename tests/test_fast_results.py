@@ -187,3 +187,16 @@ def test_a_jitted_function_wraps_as_update_wrapper_does():
         assert getattr(f, name) == getattr(want, name), name
     assert not hasattr(f, vkml.programs._OWN_JIT) and vkml.jit(body) is f
     assert f(np.ones(2), np.ones(2)).numpy().tolist() == [2.0, 2.0]
+
+
+def test_a_callable_objects_attributes_never_replace_the_jitteds_own():
+    class Doubler:
+        def __init__(self):
+            self.fn, self.hits, self.cache_info, self.note = None, "many", "info", "kept"
+
+        def __call__(self, a):
+            return a * 2.0
+    f = vkml.jit(Doubler())
+    for _ in range(3):
+        assert f(np.ones(2)).numpy().tolist() == [2.0, 2.0]
+    assert f.__name__ == "Doubler" and f.note == "kept" and f.cache_info()["hits"] == 2

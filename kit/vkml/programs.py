@@ -474,10 +474,12 @@ def _realize_captures(outs, placeholders, start):
 # -- jit ----------------------------------------------------------------------------------------
 
 def _wrap_function(jitted, fn):
-    """``functools.update_wrapper(jitted, fn)`` (name, docstring, ``fn``'s own attributes but
-    vkml's, ``__wrapped__``), attribute by attribute: reading an object's ``__dict__`` makes
-    CPython keep its attributes in a dict of their own from then on, and every attribute
-    ``Jitted.__call__`` reads or counts would cost ~10 ns more."""
+    """``functools.update_wrapper(jitted, fn)`` (name, docstring, ``fn``'s own attributes,
+    ``__wrapped__``), attribute by attribute: reading an object's ``__dict__`` makes CPython
+    keep its attributes in a dict of their own from then on, and every attribute
+    ``Jitted.__call__`` reads or counts would cost ~10 ns more.  An attribute of ``fn`` named
+    as one of the Jitted's own (a callable object's ``fn`` or ``hits``, a method's name) or as
+    vkml's marks is not copied: it would break the Jitted."""
     for name in functools.WRAPPER_ASSIGNMENTS:
         try:
             value = getattr(fn, name)
@@ -485,7 +487,7 @@ def _wrap_function(jitted, fn):
             continue
         setattr(jitted, name, value)
     for name, value in getattr(fn, "__dict__", {}).items():
-        if name not in (_OWN_JIT, _OWN_CALLER):
+        if name not in (_OWN_JIT, _OWN_CALLER) and not hasattr(jitted, name):
             setattr(jitted, name, value)
     jitted.__wrapped__ = fn
 
