@@ -141,10 +141,8 @@ def print_parts(f, args):
     """Where one tiny call with NumPy arguments spends its time, stage by stage: each stage is
     timed on its own (medians of many calls), and what is left of the whole call is the calls
     between them (frames, the plan's lookup and counters).  Reads vkml internals: a diagnostic."""
-    from vkml.ir import Var
-    from vkml.programs import _fast_key
+    from vkml.programs import _fast_key, _result_tensor
     from vkml.runtime import call_context
-    from vkml.tensor import Tensor
     f(*args)
     (plan,) = [p for k, p in f._fast.items() if k == _fast_key(args)]
     out = plan.call(args)[0]
@@ -156,7 +154,7 @@ def print_parts(f, args):
                                                               number=200),
         "the executable (NumPy ops / the C call)": median_seconds(lambda: plan.call(args),
                                                                   repeat=300, number=200),
-        "the result Tensor": median_seconds(lambda: Tensor(Var(shape, dtype, device, None, out)),
+        "the result Tensor": median_seconds(lambda: _result_tensor(shape, dtype, device, out),
                                             repeat=300, number=200),
     }
     called = getattr(plan.call, "__qualname__", type(plan.call).__name__)

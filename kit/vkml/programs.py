@@ -34,7 +34,8 @@ from .backends.base import ExecutionFailure
 from .backends.cpu import Tiered
 from .backends.numpy_backend import FRESH
 from .errors import ArgumentError, DTypeError, GradError, ShapeError, TracingError, VkmlError
-from .ir import Program, Var, collect, current_serial, dtype_name, format_shape, program_from_dag
+from .ir import (_NEXT_SERIAL, Program, Var, collect, current_serial, dtype_name, format_shape,
+                 program_from_dag)
 from .ops import api, bind
 from .ops.checks import checked
 from .printer import pp_program
@@ -92,27 +93,38 @@ _FLAT_TREES = {}
 _FAST_PLANS = 8
 
 
+#: (one global name, not ``np.ndarray``'s two lookups: ``_fast_key`` reads it per argument)
+_NDARRAY = np.ndarray
+
+
 def _fast_key(args):
     """The types of plain concrete arguments (NumPy arrays, Tensors holding a NumPy value and
     not requiring grad) with their strides, and the call's context (backend, default device,
     matmul mode): all a call of such arguments depends on, found without flattening them or
     making Vars; None for any other call (it takes the full path).  Two Tensors sharing one
-    value make the full path's aliasing key: refused here."""
-    key = [call_context()]
+    value make the full path's aliasing key: refused here.
+
+    The key is one flat tuple (no tuple per argument: less to build, hash and compare); an
+    array's part ends with its strides, a Tensor's has its device (a string) there instead,
+    so arrays and Tensors never make the same key."""
+    key = [*call_context()]
     tensors = 0
+    first = None            # the first Tensor's value: with two Tensors, the only one to share
     for a in args:
-        if type(a) is np.ndarray:
-            key.append((a.shape, a.dtype, a.strides))
+        if type(a) is _NDARRAY:
+            key += (a.shape, a.dtype, a.strides)
         elif type(a) is Tensor:
             v = a.ir_var
             value = v.value
-            if a.requires_grad or type(value) is not np.ndarray:
+            if a.requires_grad or type(value) is not np.ndarray or value is first:
                 return None
-            key.append((v.shape, v.dtype, v.device, v.weak, value.strides))
+            if first is None:
+                first = value
+            key += (v.shape, v.dtype, v.device, v.weak, value.strides)
             tensors += 1
         else:
             return None
-    if tensors > 1 and len({id(a.ir_var.value) for a in args if type(a) is Tensor}) < tensors:
+    if tensors > 2 and len({id(a.ir_var.value) for a in args if type(a) is Tensor}) < tensors:
         return None
     return tuple(key)
 
@@ -152,7 +164,7 @@ class _FastPlan:
     called without checking them again (``call_ready``)."""
 
     __slots__ = ("key", "entry", "tiered", "call", "eqns", "out_vars", "tree", "single", "arrays",
-                 "removals", "used", "contiguous", "plain", "exe")
+                 "removals", "used", "contiguous", "plain", "exe", "lone")
 
     def __init__(self, key, entry, program, exe, args, removals, tree):
         """``program``: what the plan runs (the entry's, or one derived from it); ``tree``: the
@@ -178,11 +190,14 @@ class _FastPlan:
     def _direct(self, exe):
         """What to call: a compiled executable's ``call_ready`` where the arguments are known
         contiguous, else the executable.  A compiled executable's results are arrays of its own,
-        never views of the caller's."""
+        never views of the caller's.  Sets ``lone``: the call has one result, handed out as it is
+        (``run``'s shortest way)."""
         ready = getattr(exe, "call_ready", None)
+        if ready is not None:
+            self.arrays = []
+        self.lone = self.single and not self.arrays
         if ready is None:
             return exe
-        self.arrays = []
         return ready if self.contiguous else exe
 
     @staticmethod
@@ -220,7 +235,7 @@ class _FastPlan:
         self.used = True
         STATS.submissions += 1
         if not self.plain:
-            args = [a if type(a) is np.ndarray else a.ir_var.value for a in args]
+            args = [a if type(a) is _NDARRAY else a.ir_var.value for a in args]
         try:
             outs = self.call(args) if into is None else self.call(args, into)
         except ExecutionFailure as failure:
@@ -229,9 +244,9 @@ class _FastPlan:
             raise runtime.execution_error(error, self.eqns) from None
         if self.tiered is not None and self.tiered.compiled:    # hot: its C function from now on
             self.call, self.tiered = self._direct(self.tiered.current), None
-        if self.single and not self.arrays and not flat:
+        if self.lone and not flat:
             shape, dtype, device = self.out_vars[0]
-            return Tensor(Var(shape, dtype, device, None, outs[0]))
+            return _result_tensor(shape, dtype, device, outs[0])
         results = []
         for j, ((shape, dtype, device), val) in enumerate(zip(self.out_vars, outs)):
             if self.arrays and (into is None or into[j] is not val):     # (a donated argument's)
@@ -249,9 +264,33 @@ class _FastPlan:
         return val
 
 
+_new = object.__new__
+
+
+def _result_tensor(shape, dtype, device, value):
+    """``Tensor(Var(shape, dtype, device, value=value))``, made field by field: a tiny jitted
+    call's result without the two ``__init__`` calls (a twentieth of the call's time).  Every
+    field the constructors set is set here, to the same values (tests/test_fast_results.py
+    checks it against them, so a new field cannot be missed)."""
+    var = _new(Var)
+    var.serial = serial = _NEXT_SERIAL[0]
+    _NEXT_SERIAL[0] = serial + 1
+    var.shape = shape
+    var.dtype = dtype
+    var.device = device
+    var.weak = False
+    var.eqn = None
+    var.value = value
+    result = _new(Tensor)
+    result.ir_var = var
+    result.requires_grad = False
+    result.grad = None
+    return result
+
+
 def _forget_fast_plans():
     for jitted in list(_LIVE):
-        jitted._fast.clear()
+        jitted._forget_plans()
 
 
 runtime.ON_CLEAR.append(_forget_fast_plans)
@@ -434,6 +473,25 @@ def _realize_captures(outs, placeholders, start):
 
 # -- jit ----------------------------------------------------------------------------------------
 
+def _wrap_function(jitted, fn):
+    """``functools.update_wrapper(jitted, fn)`` (name, docstring, ``fn``'s own attributes,
+    ``__wrapped__``), attribute by attribute: reading an object's ``__dict__`` makes CPython
+    keep its attributes in a dict of their own from then on, and every attribute
+    ``Jitted.__call__`` reads or counts would cost ~10 ns more.  An attribute of ``fn`` named
+    as one of the Jitted's own (a callable object's ``fn`` or ``hits``, a method's name) or as
+    vkml's marks is not copied: it would break the Jitted."""
+    for name in functools.WRAPPER_ASSIGNMENTS:
+        try:
+            value = getattr(fn, name)
+        except AttributeError:
+            continue
+        setattr(jitted, name, value)
+    for name, value in getattr(fn, "__dict__", {}).items():
+        if name not in (_OWN_JIT, _OWN_CALLER) and not hasattr(jitted, name):
+            setattr(jitted, name, value)
+    jitted.__wrapped__ = fn
+
+
 class Jitted:
     """A function traced once per key into a Program and compiled once per variant.
 
@@ -449,13 +507,14 @@ class Jitted:
         # one program per key, the least recently used dropped past vkml.set_cache_limit
         self._entries = _ProgramCache("jit programs")
         self.traces = self.compiles = self.derivations = self.hits = 0
-        # fast-call plans (see _FastPlan), by the arguments' types and the backend
+        # fast-call plans (see _FastPlan), by the arguments' types and the backend, and the
+        # (key, plan) of the last call that found one: the next call of the same types then
+        # compares its key, without hashing it (one tuple: read and replaced at once)
         self._fast = {}
-        functools.update_wrapper(self, fn)
+        self._last = (None, None)
+        _wrap_function(self, fn)
         if not hasattr(self, "__name__"):       # a callable object: named by its class
             self.__name__ = type(fn).__name__
-        for name in (_OWN_JIT, _OWN_CALLER):    # update_wrapper copied fn's __dict__: not ours
-            self.__dict__.pop(name, None)
         _LIVE.add(self)
 
     @staticmethod
@@ -487,7 +546,11 @@ class Jitted:
         if kwargs:
             return self._keyword_call(args, kwargs)
         fast = _fast_key(args)
-        plan = self._fast.get(fast)             # (None for a key of None: never stored)
+        last, plan = self._last
+        if fast != last:
+            plan = self._fast.get(fast)         # (None for a key of None: never stored)
+            if plan is not None:
+                self._last = (fast, plan)
         if plan is not None and (plan.removals == self._entries.removals or
                                  plan.valid(self._entries)):
             self.hits += 1
@@ -547,7 +610,7 @@ class Jitted:
         if backend.name not in _HOST_BACKENDS or entry.captures:
             return
         if len(self._fast) >= _FAST_PLANS:
-            self._fast.clear()
+            self._forget_plans()
         key = self._key(flatten(args)[1], in_vars)
         removals = self._entries.removals
         if self._entries.get(key) is not entry or not _FastPlan.fits(args, entry):
@@ -557,6 +620,11 @@ class Jitted:
             tag, program, tree = derived[0], self._derive(entry, derived[0], derived[1]), None
         exe = _executable(self, entry, tag, program, backend, [v.value for v in in_vars])
         self._fast[fast] = _FastPlan(key, entry, program, exe, args, removals, tree)
+
+    def _forget_plans(self):
+        """Drop every fast-call plan (the last call's too)."""
+        self._fast.clear()
+        self._last = (None, None)
 
     def _touch_fast_plans(self):
         """Calls through fast-call plans skip the programs' cache: before that cache may drop

@@ -81,7 +81,10 @@ faults).  A caller may also hand it destinations that are its own arguments
 results the lowered statements allow (``lower.overwritable``: every read of
 the argument comes before the result's stores, or at the very element a
 store writes).  A call passes the C function one prepared block of array objects,
-whose data pointers the C code reads itself (``DATA_OFFSET``).  A traced
+whose data pointers the C code reads itself (``DATA_OFFSET``); a program of at
+most ``QUICK_WORK`` element operations keeps the GIL through the call (a tiny
+call would spend a tenth of its time handing it over and taking it back),
+longer ones let other threads run meanwhile.  A traced
 training step -- forward, gradient and update, its calls spliced into one
 program (``_calls_inlined``) -- is therefore one C function: its products are
 GEMM calls that read transposed operands in place, and its updates are
@@ -117,7 +120,6 @@ import shutil
 import struct
 import subprocess
 import tempfile
-import threading
 import warnings
 from sys import getrefcount
 
@@ -481,6 +483,8 @@ class CompiledProgram:
         self.fn.restype = ctypes.c_int
         self.fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         self.interruptible = _may_run_long(program)
+        #: whether a call is too short for letting other threads run during it to pay
+        self.quick = _work(program) <= QUICK_WORK
         self.in_types = [v.dtype for v in program.inputs]
         self.out_types = [(v.shape, v.dtype) for v in program.outputs]
         producer = {v: i for i, e in enumerate(program.eqns) for v in e.outputs}
@@ -513,6 +517,8 @@ class CompiledProgram:
             return None
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        if self.quick:          # called holding the GIL: no release and take-back around it
+            fn = _HOLDING_GIL(ctypes.cast(fn, ctypes.c_void_p).value)
         info = np.zeros(3 + len(self.warnings), np.int64)
         return _Pool(fn, info, [None] * len(self.out_types), scratch_layout(lowering.temps)[1])
 
@@ -549,7 +555,12 @@ class CompiledProgram:
         So a steady-state call whose previous results were dropped allocates nothing; the heap
         temporaries live in one scratch block the executable keeps (allocated on first use)."""
         pool = self._pool
-        if pool is None or not pool.lock.acquire(False):
+        if pool is None:
+            return self._call_fresh(args, into)
+        free = pool.free
+        try:
+            free.pop()              # the pool's token (an atomic list.pop)
+        except IndexError:          # held by a call running in another thread: fresh arrays
             return self._call_fresh(args, into)
         try:
             outs = pool.outs
@@ -577,7 +588,7 @@ class CompiledProgram:
                 self._check(code, pool.info)
             return list(outs)
         finally:
-            pool.lock.release()
+            free.append(True)
 
     def _pooled_or_into(self, pool, into):
         """Per output, its destination in ``into`` where one fits (``_destinations``), else the
@@ -652,10 +663,11 @@ _NO_SCRATCH = np.empty(1, np.uint8)
 
 
 class _Pool:
-    """What one executable's pooled calls reuse (under ``lock``, one call at a time): the info
-    words, the arrays it returned in the last two calls (``outs`` and ``spares``; see
-    ``CompiledProgram.call_ready`` for when they are written again) and the scratch block of
-    the heap temporaries."""
+    """What one executable's pooled calls reuse (one call at a time: the one that took the
+    token from ``free``, a one-item list -- ``list.pop`` and ``append`` are atomic, and cost a
+    third of a lock's acquire and release): the info words, the arrays it returned in the last
+    two calls (``outs`` and ``spares``; see ``CompiledProgram.call_ready`` for when they are
+    written again) and the scratch block of the heap temporaries."""
 
     def __init__(self, fn, info, outs, scratch_bytes):
         self.fn, self.info, self.outs = fn, info, outs
@@ -665,7 +677,7 @@ class _Pool:
         self.info_address = info.ctypes.data
         self.scratch_bytes = scratch_bytes
         self.scratch = None if scratch_bytes else _NO_SCRATCH
-        self.lock = threading.Lock()
+        self.free = [True]
         #: arrays this pool allocated (outputs and the scratch block): what tests count
         self.allocations = 0
 
@@ -791,6 +803,14 @@ def _differs_from_numpy(program) -> bool:
 #: few milliseconds of C, while arming costs two ``sigaction`` calls (about a microsecond) on every
 #: call -- a third of a jitted gradient's fixed cost at 10^3 rows
 SHORT_WORK = 1 << 20
+
+#: element operations (``_work``) of a program whose C function is called holding the GIL: a
+#: few microseconds at most, less than other threads would gain from running meanwhile, and
+#: releasing and taking back the GIL costs a tiny call a tenth of its time
+QUICK_WORK = 1 << 14
+
+#: a C function's ``vk_objs`` prototype for calls that keep the GIL (``CompiledProgram.quick``)
+_HOLDING_GIL = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
 
 
 def _may_run_long(program) -> bool:

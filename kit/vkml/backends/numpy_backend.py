@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import sys
 from collections import Counter
 
 import numpy as np
@@ -358,33 +357,30 @@ def compile_program(program, compile_nested=None):
                    f"else {call})"
         lines.append(f"    {target} = {call}" + (f"; del {', '.join(dead)}" if dead else ""))
         line_eqn.append(i)
-    header = ["def _run(args, into=None):", f"    {', '.join(names[v] for v in program.inputs)}"
-              f"{',' if program.inputs else ''} = args" if program.inputs else "    pass"]
-    ret = "    return [" + ", ".join(f"_asarray({names[v]})" for v in program.outputs) + "]"
-    source = "\n".join(header + lines + [ret]) + "\n"
-    # one file name for all: CPython keeps every distinct code file name for good, and a
-    # failing equation's frame is found by its code object below
-    exec(compile(source, "<vkml program>", "exec"), namespace)
-    fn = namespace["_run"]
+    # one function, no wrapper: it fits ``into`` to the results (a destination of another shape
+    # or dtype is not written directly) and maps an error to its equation (``_failure``)
+    header = ["def run(args, into=None):",
+              "    if into is not None:",
+              "        into = [d if d is not None and (d.shape, d.dtype) == aval else None "
+              "for d, aval in zip(into, _avals)]",
+              "    try:",
+              f"        {', '.join(names[v] for v in program.inputs)}"
+              f"{',' if program.inputs else ''} = args" if program.inputs else "        pass"]
+    body = ["    " + line for line in lines]
+    # a NumPy ufunc's result of at least one axis is an array already; others may be scalars
+    arrays = {v for i, kind, _, outs_v, _ in plan if kind in ("ufunc", "call") and
+              _UFUNCS.get(program.eqns[i].prim.name) is program.eqns[i].prim.impl and
+              not program.eqns[i].params for v in outs_v if v.shape}
+    ret = "        return [" + ", ".join(names[v] if v in arrays else f"_asarray({names[v]})"
+                                     for v in program.outputs) + "]"
+    handler = ["    except Exception as error:", "        raise _failure(error) from error"]
+    source = "\n".join(header + body + [ret] + handler) + "\n"
     first_line = len(header) + 1
-
-    avals = [(v.shape, v.dtype) for v in program.outputs]
-
-    def run(args, into=None):
-        if into is not None:
-            into = [d if d is not None and (d.shape, d.dtype) == aval else None
-                    for d, aval in zip(into, avals)]
-        try:
-            return fn(args, into)
-        except Exception as error:  # find which equation raised
-            tb = sys.exc_info()[2]
-            while tb is not None and tb.tb_frame.f_code is not fn.__code__:
-                tb = tb.tb_next
-            if tb is None:
-                raise
-            line = tb.tb_lineno - first_line
-            raise ExecutionFailure(line_eqn[line] if 0 <= line < len(line_eqn) else 0, error) \
-                from error
+    namespace["_avals"] = [(v.shape, v.dtype) for v in program.outputs]
+    namespace["_failure"] = functools.partial(_failure, first_line, line_eqn)
+    # one file name for all: CPython keeps every distinct code file name for good
+    exec(compile(source, "<vkml program>", "exec"), namespace)
+    run = namespace["run"]
 
     run.source = source
     run.writes_into = True
@@ -396,6 +392,13 @@ def compile_program(program, compile_nested=None):
     if warns:
         run = _collecting(run)
     return run
+
+
+def _failure(first_line, line_eqn, error):
+    """The ExecutionFailure of ``error``, raised at a line of a generated run (its traceback's
+    first frame: the run caught it): the equation of that line, or the first one."""
+    line = error.__traceback__.tb_lineno - first_line
+    return ExecutionFailure(line_eqn[line] if 0 <= line < len(line_eqn) else 0, error)
 
 
 def _collecting(run):
