@@ -865,6 +865,15 @@ def apply_api(fn, *args, **kwargs):
     return _apply(fn, args, kwargs, False)
 
 
+def apply_replayable(fn, *args, **kwargs):
+    """:func:`apply_api` for a function on Vars whose equations depend only on its operands'
+    types and its other arguments, never on a tensor's values: they are recorded once and
+    replayed for operands of the same types (``vkml.ops.recipes``).  A layer that builds its
+    forward as one such function pays one operation's host work per call, not one per
+    operation inside it (the bench MLP's Linear: three), and binds the same equations."""
+    return _apply(fn, args, kwargs, True)
+
+
 def _apply(fn, args, kwargs, replayable):
     """:func:`apply_api`; ``replayable``: ``fn``'s equations depend only on its operands' types
     and its other arguments (never on a tensor's values), so they are recorded once and replayed
