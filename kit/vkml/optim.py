@@ -213,7 +213,8 @@ def _store(dsts, srcs):
     checks every pair before writing any."""
     for d, w in zip(dsts, srcs):
         v = d.ir_var
-        if w.value is None or w.shape != v.shape or w.dtype != v.dtype or w.device != v.device:
+        if w.value is None or w.shape != v.shape or w.dtype is not v.dtype and \
+                w.dtype != v.dtype or w.device != v.device:
             assign(dsts, [Tensor(s) for s in srcs])
             return
     for d, w in zip(dsts, srcs):
@@ -242,24 +243,31 @@ class _FlatUpdate:
         program = self._programs.get(tree)
         if program is None:
             program = self._programs[tree] = jit(_Unflattened(self.math, tree))
-        return program(*[_update_argument(x) for x in leaves])
+        return program(*_update_arguments(leaves))
 
     def cache_info(self):
         """Traces, compiles and hits of the update's programs, summed over their structures."""
         return _summed_cache_info(self._programs.values())
 
 
-def _update_argument(x):
-    """A leaf of the update's arguments as its jitted program takes it: a Python number as a weak
-    scalar, a gradient or a state tensor holding a NumPy array as that array (as the parameters
-    are passed: ``_plain_values``; the program's key is then found from the array's type alone,
-    a few microseconds a step less than from a tensor's), anything else as it is."""
-    t = type(x)
-    if t is Tensor:
-        v = x.ir_var
-        return v.value if type(v.value) is np.ndarray and not v.weak and not x.requires_grad \
-            else x
-    return _weak_scalar(x) if t is float or t is int or t is bool else x
+def _update_arguments(leaves):
+    """The leaves of the update's arguments as its jitted program takes them: a Python number as
+    a weak scalar, a gradient or a state tensor holding a NumPy array as that array (as the
+    parameters are passed: ``_plain_values``; the program's key is then found from the array's
+    type alone, a few microseconds a step less than from a tensor's), anything else as it is."""
+    args = []
+    for x in leaves:
+        t = type(x)
+        if t is Tensor:
+            v = x.ir_var
+            value = v.value
+            args.append(value if type(value) is np.ndarray and not v.weak and not x.requires_grad
+                        else x)
+        elif t is float or t is int or t is bool:
+            args.append(_weak_scalar(x))
+        else:
+            args.append(x)
+    return args
 
 
 def _summed_cache_info(programs) -> dict:
