@@ -139,7 +139,7 @@ class Optimizer(abc.ABC):
         with no_grad():
             srcs = _update_program(type(self))(_plain_values(params), [p.grad for p in params],
                                                states, hyper)
-        _store(dsts, [s.ir_var for s in srcs])
+        _store(dsts, srcs)
         self._stepped(active)
 
     def compile_step(self, loss_fn) -> "CompiledStep":
@@ -239,15 +239,24 @@ class _FlatUpdate:
         self._programs = {}
 
     def __call__(self, params, grads, states, hyper):
+        """The Vars of the new values, in the destinations' order.  Taken from the jitted call
+        as one flat list (``_call_overwriting``, overwriting nothing): on its fast path no
+        Tensor is made per new value only to be unwrapped again."""
         leaves, tree = flatten_known((params, grads, states, hyper))
         program = self._programs.get(tree)
         if program is None:
             program = self._programs[tree] = jit(_Unflattened(self.math, tree))
-        return program(*_update_arguments(leaves))
+        outs = program._call_overwriting(_update_arguments(leaves), _overwrite_nothing)
+        return [o if type(o) is Var else o.ir_var for o in outs]
 
     def cache_info(self):
         """Traces, compiles and hits of the update's programs, summed over their structures."""
         return _summed_cache_info(self._programs.values())
+
+
+def _overwrite_nothing(plan):
+    """No destinations for a jitted call's results: each new value gets an array of its own."""
+    return None
 
 
 def _update_arguments(leaves):
