@@ -422,10 +422,15 @@ def backward(root) -> list:
                                "use vkml.grad inside traced functions")
     if not targets:
         raise GradError("backward: no leaf of this graph requires grad")
-    olds = [t.grad for _, t in targets if t.grad is not None]
-    realize([g.ir_var for g in olds], [g.requires_grad for g in olds])
-    has_old = tuple(t.grad is not None for _, t in targets)
-    wrt = tuple(i for i, _ in targets)
+    wrt, has_old, olds = [], [], []
+    for i, t in targets:
+        wrt.append(i)
+        has_old.append(t.grad is not None)
+        if t.grad is not None:
+            olds.append(t.grad)
+    if olds:
+        realize([g.ir_var for g in olds], [g.requires_grad for g in olds])
+    wrt, has_old = tuple(wrt), tuple(has_old)
     key = (graph_key, wrt, has_old)
 
     def derive():
