@@ -84,7 +84,7 @@ def test_a_layers_shape_error_still_names_the_layer():
         layer(vkml.ones((4, 5)))
 
 
-# -- the tape in one pass ---------------------------------------------------------------------------
+# -- the tape in one pass --------------------------------------------------------------------
 
 def _both_ways(root, monkeypatch):
     """``tape_graph(root)`` as found, and as the walk back from the root finds it."""

@@ -58,8 +58,8 @@ class Recipe:
 
     def __init__(self, consts, steps, out):
         self.consts, self.steps, self.out = consts, steps, out
-        self.plan = tuple([(prim, _picker(inputs), params, outs[0] if len(outs) == 1 else None, outs)
-                           for prim, inputs, params, outs in steps])
+        self.plan = tuple([(prim, _picker(inputs), params, outs[0] if len(outs) == 1 else None,
+                            outs) for prim, inputs, params, outs in steps])
 
     def __repr__(self):
         return f"<Recipe of {len(self.steps)} equations>"
