@@ -51,15 +51,15 @@ class Recipe:
     read-only array is shared by every replay); ``steps``: ``(primitive, input slots, params,
     output types)`` in binding order; ``out``: the slot of the result.  Slots number the operands
     first, then the constants, then every equation's outputs in order.  ``plan``: the steps as
-    :func:`_replay` runs them, each equation's inputs taken by one call (:func:`_picker`).
+    :func:`_replay` runs them, each equation's inputs taken by one call (:func:`_picker`), and
+    a single output's type spelled out.
     """
 
     __slots__ = ("consts", "steps", "out", "plan")
 
     def __init__(self, consts, steps, out):
         self.consts, self.steps, self.out = consts, steps, out
-        self.plan = tuple([(prim, _picker(inputs), params, outs[0] if len(outs) == 1 else None,
-                            outs) for prim, inputs, params, outs in steps])
+        self.plan = tuple([_planned(*step) for step in steps])
 
     def __repr__(self):
         return f"<Recipe of {len(self.steps)} equations>"
@@ -165,10 +165,10 @@ def _replay(recipe, operands, site):
     for shape, dtype, device, weak, value in recipe.consts:
         vals.append(Var(shape, dtype, device, value=value, weak=weak))
     append = vals.append
-    for prim, pick, params, single, outs in recipe.plan:
+    for prim, pick, params, outs, shape, dtype, device in recipe.plan:
         eqn = Eqn(prim, pick(vals), None, params, site)
-        if single is not None:
-            made = Var(*single, eqn)
+        if shape is not None:           # one result (its shape; None for several)
+            made = Var(shape, dtype, device, eqn)
             eqn.outputs = (made,)
             append(made)
         else:
@@ -176,6 +176,13 @@ def _replay(recipe, operands, site):
             eqn.outputs = made
             vals += made
     return vals
+
+
+def _planned(prim, inputs, params, outs):
+    """A step as :func:`_replay` runs it: its inputs' picker, and its one output's type spelled
+    out (shape None when it has several)."""
+    shape, dtype, device = outs[0] if len(outs) == 1 else (None, None, None)
+    return prim, _picker(inputs), params, outs, shape, dtype, device
 
 
 def _picker(slots):
