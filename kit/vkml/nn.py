@@ -32,7 +32,6 @@ import numpy as np
 
 from .errors import ArgumentError, DTypeError, IndexOutOfRangeError, ShapeError
 from .ops import api
-from .ops.core import CURRENT_SITE
 from .runtime import user_code, user_line
 from .tensor import (Tensor, apply_replayable, conv2d, flatten, max_pool2d, mean, relu, reshape,
                      sigmoid, softmax, sqrt, take, take_along_axis, tanh, tensor, var)
@@ -163,12 +162,7 @@ class Module:
         finds that line once for all its operations (``user_line``), not once per operation (a
         walk up the stack each); a user's own forward is its operations' line, so inside it each
         operation finds its line again, as outside any module."""
-        if _own_forward(type(self)):
-            if CURRENT_SITE.get() is not None:      # inside vkml's own forward: its line stands
-                return self.forward(*args, **kwargs)
-            with user_line():
-                return self.forward(*args, **kwargs)
-        with user_code():
+        with user_line() if _own_forward(type(self)) else user_code():
             return self.forward(*args, **kwargs)
 
     # -- what it holds -------------------------------------------------------------------------
