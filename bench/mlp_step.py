@@ -228,10 +228,10 @@ def parts(ref):
     # backend.run: its plan's run is timed whole (the executable, and the result tensors it makes)
     plan_run = vkml.programs._FastPlan.run
 
-    def timed_plan_run(plan, run_args):
+    def timed_plan_run(plan, run_args, *rest, **options):
         t0 = time.perf_counter()
         try:
-            return plan_run(plan, run_args)
+            return plan_run(plan, run_args, *rest, **options)
         finally:
             in_program[0] += time.perf_counter() - t0
 

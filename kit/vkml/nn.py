@@ -31,9 +31,10 @@ import weakref
 import numpy as np
 
 from .errors import ArgumentError, DTypeError, IndexOutOfRangeError, ShapeError
+from .ops import api
 from .runtime import user_code, user_line
-from .tensor import (Tensor, conv2d, flatten, gather, matmul, max_pool2d, mean, relu, reshape,
-                     sigmoid, softmax, sqrt, take, take_along_axis, tanh, tensor, transpose, var)
+from .tensor import (Tensor, apply_replayable, conv2d, flatten, max_pool2d, mean, relu, reshape,
+                     sigmoid, softmax, sqrt, take, take_along_axis, tanh, tensor, var)
 from .tensor import log_softmax as _log_softmax
 from .threadsafe import Setting
 from .validate import (check_bool, check_dtype, check_int, check_real, check_sequence, check_shape, describe,
@@ -333,12 +334,18 @@ class Linear(Module):
         if x.ndim == 0 or x.shape[-1] != self.in_features:
             raise ShapeError(f"Linear({self.in_features}, {self.out_features}): the input's last "
                              f"dimension must be {self.in_features}, got shape {x.shape}")
-        y = matmul(x, transpose(self.weight))
-        return y + self.bias if self.bias is not None else y
+        return apply_replayable(_affine, x, self.weight, self.bias)
 
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}")
+
+
+def _affine(x, weight, bias):
+    """``x @ weight.T + bias`` (no bias: None) on Vars: Linear's forward as one replayed call,
+    binding the equations ``matmul(x, transpose(weight)) + bias`` binds op by op."""
+    y = api.matmul(x, api.transpose(weight))
+    return y if bias is None else api.add(y, bias)
 
 
 class Conv2d(Module):
@@ -566,11 +573,16 @@ def _cross_entropy(logits, labels) -> Tensor:
         raise ShapeError(f"cross_entropy: logits must be (batch, classes), got shape {logits.shape}")
     n, classes = logits.shape
     idx = _labels(labels, n, classes)
-    logp = _log_softmax(logits, -1)
     # known labels come as (row, label) coordinates, pending ones as an (n, 1) column
-    known = idx.ir_var.value is not None
-    picked = gather(logp, idx) if known else take_along_axis(logp, idx, 1)
-    return -mean(picked)
+    if idx.ir_var.value is not None:
+        return apply_replayable(_picked_nll, logits, idx)
+    return -mean(take_along_axis(_log_softmax(logits, -1), idx, 1))
+
+
+def _picked_nll(logits, coords):
+    """``-mean(gather(log_softmax(logits), coords))`` on Vars: the loss over known labels as one
+    replayed call, binding the equations the four operations bind one by one."""
+    return api.neg(api.mean(api.gather(api.log_softmax(logits, -1), coords)))
 
 
 def mse(pred, target) -> Tensor:

@@ -358,39 +358,45 @@ def _seed(dtype):
 
 
 #: key of a graph made of recorded replays (``recipes.tape_graph``) -> (where each leaf of the
-#: walk is among the tape's leaves, the walk's structural key)
+#: walk is among the tape's leaves, the walk's structural key, the backward programs derived
+#: for it: (which leaves get gradients, which accumulate) -> Program)
 _TAPE_PLANS = Cache("backward tape plans")
+#: backward programs a plan keeps at most (a loop uses one or two: which leaves have a .grad)
+_PLAN_PROGRAMS = 8
 #: backwards that found their graph from the tape, and those that walked it (tests count them)
 TAPE_COUNTS = {"from tape": 0, "walked": 0}
 
 
 def _backward_graph(root):
-    """``(leaves, equations, key)`` of the whole graph behind ``root``, as ``collect_keyed``
-    gives them; equations None when they were not needed to find the rest.
+    """``(leaves, equations, key, programs)`` of the whole graph behind ``root``, as
+    ``collect_keyed`` gives them; equations None when they were not needed to find the rest;
+    ``programs``: the backward programs its plan keeps (None when walked without one).
 
     A training step builds the same graph every step, op by op from recipes, so a graph made of
     this thread's recorded replays alone is found from them (``recipes.tape_graph``: about one
     lookup per op) and, once its key was seen, the walk over every equation -- ~30 us on the
     bench MLP's 33 -- is skipped: the leaves come in the walk's order from where the first walk
     found them, with its structural key.  Anything else is walked, as is the first graph of
-    each key (and its plan kept)."""
+    each key (and its plan kept).  The plan also keeps the backward programs found for it:
+    the structural key is a tuple as large as the graph, and hashing it again to find the
+    program in ``_BACKWARD_PROGRAMS`` cost ~7 us a step."""
     found = recipes.tape_graph(root)
     recipes.reset_tape()
     if found is not None:
         key, tape_leaves = found
         plan = _TAPE_PLANS.get(key)
         if plan is not None:
-            order, graph_key = plan
+            order, graph_key, programs = plan
             TAPE_COUNTS["from tape"] += 1
-            return [tape_leaves[j] for j in order], None, graph_key
+            return [tape_leaves[j] for j in order], None, graph_key, programs
     TAPE_COUNTS["walked"] += 1
     leaves, eqns, graph_key = collect_keyed([root], is_leaf=_never)
     if found is not None:
         where = {v: j for j, v in enumerate(tape_leaves)}
         order = [where.get(v) for v in leaves]
         if None not in order:
-            _TAPE_PLANS.put(key, (order, graph_key))
-    return leaves, eqns, graph_key
+            _TAPE_PLANS.put(key, (order, graph_key, {}))
+    return leaves, eqns, graph_key, None
 
 
 def _never(var) -> bool:
@@ -405,7 +411,7 @@ def backward(root) -> list:
 
     The backward program is derived from the forward one by linearize + transpose and cached by
     the forward graph's structure, so a training loop derives and compiles it once."""
-    leaves, eqns, graph_key = _backward_graph(root)
+    leaves, eqns, graph_key, programs = _backward_graph(root)
     targets = []
     for i, leaf in enumerate(leaves):
         t = grad_leaf(leaf)
@@ -416,10 +422,15 @@ def backward(root) -> list:
                                "use vkml.grad inside traced functions")
     if not targets:
         raise GradError("backward: no leaf of this graph requires grad")
-    olds = [t.grad for _, t in targets if t.grad is not None]
-    realize([g.ir_var for g in olds], [g.requires_grad for g in olds])
-    has_old = tuple(t.grad is not None for _, t in targets)
-    wrt = tuple(i for i, _ in targets)
+    wrt, has_old, olds = [], [], []
+    for i, t in targets:
+        wrt.append(i)
+        has_old.append(t.grad is not None)
+        if t.grad is not None:
+            olds.append(t.grad)
+    if olds:
+        realize([g.ir_var for g in olds], [g.requires_grad for g in olds])
+    wrt, has_old = tuple(wrt), tuple(has_old)
     key = (graph_key, wrt, has_old)
 
     def derive():
@@ -427,7 +438,11 @@ def backward(root) -> list:
         whole = eqns if eqns is not None else collect_keyed([root], is_leaf=_never)[1]
         return vjp_program(Program(leaves, whole, [root]), wrt, has_old)
 
-    program, _ = _BACKWARD_PROGRAMS.get_or_make(key, derive)
+    program = programs.get(key[1:]) if programs is not None else None
+    if program is None:
+        program, _ = _BACKWARD_PROGRAMS.get_or_make(key, derive)
+        if programs is not None and len(programs) < _PLAN_PROGRAMS:
+            programs[key[1:]] = program
     backend = current()
     # by the program (it hashes and compares by identity once made), not the graph key again
     exe = backend.executable(("backward", program), lambda: program)

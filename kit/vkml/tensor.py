@@ -65,8 +65,8 @@ class Tensor:
             return
         try:
             var = self.ir_var
-            if var.eqn is None:
-                return
+            if var.eqn is None or getrefcount(var) > _HELD_BY_DYING_TENSOR:
+                return      # a leaf, or still read: by a later equation, a tensor, the tape
             stack = [var]
             del var
             self.ir_var = None
@@ -687,6 +687,11 @@ def tensor(data, dtype=None, requires_grad: bool = False) -> Tensor:
     return t
 
 
+#: references to a pending Var in ``Tensor.__del__`` when only its own equation holds it besides
+#: the dying tensor: the tensor's slot, the equation's outputs, the local name and
+#: ``getrefcount``'s argument.  Any more and ``_release`` would leave it (an intermediate
+#: result that a later equation reads), so the tensor does not ask it
+_HELD_BY_DYING_TENSOR = 4
 #: references to a Var that nothing else can reach while ``_release`` looks at it: its
 #: equation's outputs, the local name, and ``getrefcount``'s own argument (the same for the
 #: equation: the Var's ``eqn``, the local name, the argument)
@@ -860,19 +865,36 @@ def apply_api(fn, *args, **kwargs):
     return _apply(fn, args, kwargs, False)
 
 
+def apply_replayable(fn, *args, **kwargs):
+    """:func:`apply_api` for a function on Vars whose equations depend only on its operands'
+    types and its other arguments, never on a tensor's values: they are recorded once and
+    replayed for operands of the same types (``vkml.ops.recipes``).  A layer that builds its
+    forward as one such function pays one operation's host work per call, not one per
+    operation inside it (the bench MLP's Linear: three), and binds the same equations."""
+    return _apply(fn, args, kwargs, True)
+
+
 def _apply(fn, args, kwargs, replayable):
     """:func:`apply_api`; ``replayable``: ``fn``'s equations depend only on its operands' types
     and its other arguments (never on a tensor's values), so they are recorded once and replayed
     for operands of the same types (``vkml.ops.recipes``)."""
-    vargs = [a.ir_var if type(a) is Tensor else _unwrap(a) for a in args]
+    # one loop, not a comprehension and a second pass for needs_grad: this runs for every op
+    vargs, wants_grad, other = [], False, bool(kwargs)
+    for a in args:
+        if type(a) is Tensor:
+            vargs.append(a.ir_var)
+            wants_grad = wants_grad or a.requires_grad
+        else:
+            vargs.append(_unwrap(a))
+            other = True
     vkwargs = {k: _unwrap(v) for k, v in kwargs.items()} if kwargs else kwargs
     if replayable:
         out = recipes.call(fn, vargs, vkwargs, runtime.user_line)
     else:
         with runtime.user_line():
             out = fn(*vargs, **vkwargs)
-    requires = runtime.is_grad_enabled() and out.dtype.kind == "f" and \
-        needs_grad(args + tuple(kwargs.values()) if kwargs else args)
+    requires = runtime.is_grad_enabled() and out.dtype.kind == "f" and (wants_grad or other and \
+        needs_grad(args + tuple(kwargs.values()) if kwargs else args))
     t = Tensor(out, requires)
     if runtime.is_eager() and not runtime.is_traced(out):
         realize(t)

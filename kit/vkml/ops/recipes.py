@@ -31,6 +31,7 @@ lookup per op, instead of walking every equation.
 from __future__ import annotations
 
 import threading
+from operator import itemgetter
 
 import numpy as np
 
@@ -49,13 +50,16 @@ class Recipe:
     ``consts``: ``(shape, dtype, device, weak, value)`` of each constant the call made (its
     read-only array is shared by every replay); ``steps``: ``(primitive, input slots, params,
     output types)`` in binding order; ``out``: the slot of the result.  Slots number the operands
-    first, then the constants, then every equation's outputs in order.
+    first, then the constants, then every equation's outputs in order.  ``plan``: the steps as
+    :func:`_replay` runs them, each equation's inputs taken by one call (:func:`_picker`), and
+    a single output's type spelled out.
     """
 
-    __slots__ = ("consts", "steps", "out")
+    __slots__ = ("consts", "steps", "out", "plan")
 
     def __init__(self, consts, steps, out):
         self.consts, self.steps, self.out = consts, steps, out
+        self.plan = tuple([_planned(*step) for step in steps])
 
     def __repr__(self):
         return f"<Recipe of {len(self.steps)} equations>"
@@ -160,18 +164,37 @@ def _replay(recipe, operands, site):
     vals = list(operands)
     for shape, dtype, device, weak, value in recipe.consts:
         vals.append(Var(shape, dtype, device, value=value, weak=weak))
-    for prim, inputs, params, outs in recipe.steps:
-        eqn = Eqn(prim, tuple([vals[i] for i in inputs]), None, params, site)
-        if len(outs) == 1:
-            shape, dtype, device = outs[0]
+    append = vals.append
+    for prim, pick, params, outs, shape, dtype, device in recipe.plan:
+        eqn = Eqn(prim, pick(vals), None, params, site)
+        if shape is not None:           # one result (its shape; None for several)
             made = Var(shape, dtype, device, eqn)
             eqn.outputs = (made,)
-            vals.append(made)
+            append(made)
         else:
             made = tuple([Var(shape, dtype, device, eqn) for shape, dtype, device in outs])
             eqn.outputs = made
             vals += made
     return vals
+
+
+def _planned(prim, inputs, params, outs):
+    """A step as :func:`_replay` runs it: its inputs' picker, and its one output's type spelled
+    out (shape None when it has several)."""
+    shape, dtype, device = outs[0] if len(outs) == 1 else (None, None, None)
+    return prim, _picker(inputs), params, outs, shape, dtype, device
+
+
+def _picker(slots):
+    """A function of the slot list that gives the Vars in ``slots`` as a tuple: a replay takes
+    each equation's inputs with one call (a comprehension per equation cost a replay of the
+    bench MLP's forward several microseconds)."""
+    if len(slots) >= 2:
+        return itemgetter(*slots)
+    if len(slots) == 1:
+        slot = slots[0]
+        return lambda vals: (vals[slot],)
+    return lambda vals: ()
 
 
 def clear() -> None:
@@ -215,6 +238,10 @@ def tape_graph(root):
     (an operand a recipe's equations do not read); the key fixes which.  Equal keys are equal
     graphs, leaves in the same places."""
     records = _TAPE.records
+    if records and records[-1][3] is root:
+        found = _whole_tape(records)
+        if found is not None:
+            return found
     made = {}
     for i, rec in enumerate(records):
         made[rec[3]] = i
@@ -255,6 +282,34 @@ def tape_graph(root):
     return tuple(key), leaves
 
 
+def _whole_tape(records):
+    """:func:`tape_graph` of the last replay when every replay on the tape leads to it (a
+    training step's forward: each op reads the one before), found in one pass over the tape
+    instead of a walk back from the root and a second pass in order; None otherwise.  The same
+    key and leaves as the walk gives: with every replay needed, a replay's number in the list is
+    its place on the tape."""
+    made, place, leaves, key, unread = {}, {}, [], [], set()
+    for n, (recipe, operands, consts, out) in enumerate(records):
+        refs = []
+        for v in operands:
+            j = made.get(v)
+            if j is not None:
+                unread.discard(j)
+            else:
+                if v.eqn is not None:           # made by something not on the tape
+                    return None
+                j = place.get(v)
+                if j is None:
+                    j = place[v] = -1 - len(leaves)
+                    leaves.append(v)
+            refs.append(j)
+        leaves += consts
+        key.append((recipe, tuple(refs)))
+        made[out] = n
+        unread.add(n)
+    return (tuple(key), leaves) if len(unread) == 1 else None
+
+
 def info() -> dict:
     """How many calls were replayed, how many recipes recorded, and how many are kept now.
 
@@ -273,10 +328,12 @@ class _Unkeyable(Exception):
 
 def _key(fn, args, kwargs):
     """``(key, Var operands in order)``, or ``(None, None)`` for a call that cannot be keyed."""
-    operands = []
+    operands, parts = [], []
+    add = parts.append
     try:
-        parts = [(a.shape, a.dtype, a.device, a.weak, _alias(a, operands)) if type(a) is Var
-                 else _arg_key(a, operands) for a in args]
+        for a in args:          # a loop, not a comprehension: this runs for every op on tensors
+            add((a.shape, a.dtype, a.device, a.weak, _alias(a, operands)) if type(a) is Var
+                else _arg_key(a, operands))
         if kwargs:
             parts.append(tuple([(k, _arg_key(v, operands)) for k, v in kwargs.items()]))
     except _Unkeyable:
@@ -285,13 +342,11 @@ def _key(fn, args, kwargs):
 
 
 def _alias(x, operands):
-    """Which earlier operand ``x`` is (None: a new one); ``x`` joins ``operands``."""
-    for i, v in enumerate(operands):
-        if v is x:
-            operands.append(x)
-            return i
+    """Which earlier operand ``x`` is (None: a new one); ``x`` joins ``operands``.  (A Var
+    compares by identity, so ``in`` and ``index`` find ``x`` itself.)"""
+    i = operands.index(x) if x in operands else None
     operands.append(x)
-    return None
+    return i
 
 
 def _arg_key(x, operands):
