@@ -39,6 +39,7 @@ def dtype_name(dtype) -> str:
 EXACT_REFCOUNTS = sys.implementation.name == "cpython" and sys.version_info < (3, 14)
 
 _NEXT_SERIAL = [0]
+_new_object = object.__new__
 
 
 def current_serial() -> int:
@@ -73,6 +74,21 @@ class Var:
         self.device = device
         self.eqn = eqn
         self.value = value
+
+    @classmethod
+    def holding(cls, shape, dtype, device, value):
+        """``Var(shape, dtype, device, value=value)`` made field by field: a jitted call's result
+        without the ``__init__`` call (a tiny call makes one per result)."""
+        var = _new_object(cls)
+        var.serial = serial = _NEXT_SERIAL[0]
+        _NEXT_SERIAL[0] = serial + 1
+        var.shape = shape
+        var.dtype = dtype
+        var.device = device
+        var.weak = False
+        var.eqn = None
+        var.value = value
+        return var
 
     @property
     def aval(self):

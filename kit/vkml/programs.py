@@ -34,7 +34,7 @@ from .backends.base import ExecutionFailure
 from .backends.cpu import Tiered
 from .backends.numpy_backend import FRESH
 from .errors import ArgumentError, DTypeError, GradError, ShapeError, TracingError, VkmlError
-from .ir import (_NEXT_SERIAL, Program, Var, collect, current_serial, dtype_name, format_shape,
+from .ir import (Program, Var, collect, current_serial, dtype_name, format_shape,
                  program_from_dag)
 from .ops import api, bind
 from .ops.checks import checked
@@ -265,6 +265,7 @@ class _FastPlan:
 
 
 _new = object.__new__
+_holding = Var.holding
 
 
 def _result_tensor(shape, dtype, device, value):
@@ -272,17 +273,8 @@ def _result_tensor(shape, dtype, device, value):
     call's result without the two ``__init__`` calls (a twentieth of the call's time).  Every
     field the constructors set is set here, to the same values (tests/test_fast_results.py
     checks it against them, so a new field cannot be missed)."""
-    var = _new(Var)
-    var.serial = serial = _NEXT_SERIAL[0]
-    _NEXT_SERIAL[0] = serial + 1
-    var.shape = shape
-    var.dtype = dtype
-    var.device = device
-    var.weak = False
-    var.eqn = None
-    var.value = value
     result = _new(Tensor)
-    result.ir_var = var
+    result.ir_var = _holding(shape, dtype, device, value)
     result.requires_grad = False
     result.grad = None
     return result
