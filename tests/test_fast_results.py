@@ -20,6 +20,7 @@ from vkml.ir import Var, current_serial
 from vkml.tensor import Tensor
 
 from backends_under_test import BACKENDS
+from test_speed_counts import _compiled
 
 
 def _fields(obj):
@@ -68,14 +69,6 @@ def test_the_numpy_run_hands_out_arrays_only(shape):
 needs_cc = pytest.mark.skipif(cpu.compiler() is None, reason="needs a C compiler")
 
 
-def _executable(f):
-    (entry,) = f._entries.values()
-    (exe,) = entry.executables.values()
-    exe = getattr(exe, "current", exe)
-    assert isinstance(exe, cpu.CompiledProgram), type(exe)
-    return exe
-
-
 @needs_cc
 def test_a_call_finding_the_pool_taken_computes_on_arrays_of_its_own(monkeypatch, tmp_path):
     monkeypatch.setenv("VKML_CACHE_DIR", str(tmp_path))
@@ -83,7 +76,7 @@ def test_a_call_finding_the_pool_taken_computes_on_arrays_of_its_own(monkeypatch
         f = vkml.jit(lambda x: x * 2.0 + 1.0)
         x = np.arange(6.0)
         f(x), f(x)
-        pool = _executable(f)._pool
+        pool = _compiled(f)._pool
         pooled = f(x).numpy()                       # the pool's array, dropped by its Tensor
         allocations = pool.allocations
         pool.free.pop()                             # as a call running in another thread does
@@ -107,7 +100,7 @@ def test_only_a_program_of_a_few_microseconds_keeps_the_gil(size, quick, monkeyp
         f = vkml.jit(lambda x: x * 3.0 - 1.0)
         x = np.linspace(-1, 1, size)
         f(x), f(x)
-        exe = _executable(f)
+        exe = _compiled(f)
         assert exe.quick is quick
         assert isinstance(exe._pool.fn, cpu._HOLDING_GIL) is quick
         for _ in range(2):
