@@ -224,10 +224,11 @@ def programs_scenario(target):
     rows = calibrated(lambda rows: lambda: scan_gradient(rows)(np.float64(0.5)).numpy(), 1000, target)
     grad = scan_gradient(rows)
     want, numbers["scan_grad_s"] = timed(lambda: grad(np.float64(0.5)).numpy())
-    before = grad.cache_info()
+    made = lambda: {k: v for k, v in grad.cache_info().items() if k != "hits"}  # noqa: E731
+    before = made()
     interrupted("scan_grad", lambda: grad(np.float64(0.5)).numpy())
     checks["scan: the next call gives the reference bits"] = same(grad(np.float64(0.5)).numpy(), want)
-    checks["scan: nothing traced or compiled again"] = grad.cache_info() == before
+    checks["scan: nothing traced or compiled again"] = made() == before
 
     loop, want = long_loop(target)
     interrupted("while", lambda: loop(np.float64(0.5)).numpy())

@@ -78,7 +78,12 @@ class Var:
     @classmethod
     def holding(cls, shape, dtype, device, value):
         """``Var(shape, dtype, device, value=value)`` made field by field: a jitted call's result
-        without the ``__init__`` call (a tiny call makes one per result)."""
+        without the ``__init__`` call (a tiny call makes one per result).
+
+        >>> v = vkml.Var.holding((2,), np.dtype("float64"), "CPU", np.zeros(2))
+        >>> v.type_str(), v.eqn is None, v.value.tolist()
+        ('float64 [2] at CPU', True, [0.0, 0.0])
+        """
         var = _new_object(cls)
         var.serial = serial = _NEXT_SERIAL[0]
         _NEXT_SERIAL[0] = serial + 1
