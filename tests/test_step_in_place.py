@@ -144,15 +144,22 @@ def _same_arrays(opt, refs) -> bool:
     return all(r() is a for r, a in zip(refs, _arrays(opt)))
 
 
+def _warmed(kind="adam", steps=3):
+    """A problem's compiled step after ``steps`` steps on ``_data()``: ``(w, b, opt, step, x, y)``
+    (call it inside the backend's block)."""
+    x, y = _data()
+    w, b, opt, loss = _problem(kind)
+    step = opt.compile_step(loss)
+    for _ in range(steps):
+        step(x, y)
+    return w, b, opt, step, x, y
+
+
 @pytest.mark.parametrize("kind", ["adam", "sgd"])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_steady_steps_write_parameters_and_state_where_they_are(backend, kind):
-    x, y = _data()
     with vkml.use_backend(backend):
-        w, b, opt, loss = _problem(kind)
-        step = opt.compile_step(loss)
-        for _ in range(3):
-            step(x, y)
+        w, b, opt, step, x, y = _warmed(kind)
         refs = [weakref.ref(a) for a in _arrays(opt)]
         values = [np.array(a) for a in _arrays(opt)]
         for _ in range(3):
@@ -168,12 +175,8 @@ def test_a_steady_step_makes_a_var_per_result_and_per_changed_number_only(backen
     its array) nor per hyperparameter that stays the same (the last step's weak scalar): one per
     result -- the loss, each gradient, each new parameter and moment -- and one per number that
     changed (Adam's two bias-corrected factors; SGD's numbers stay the same)."""
-    x, y = _data()
     with vkml.use_backend(backend):
-        w, b, opt, loss = _problem(kind)
-        step = opt.compile_step(loss)
-        for _ in range(3):
-            step(x, y)
+        w, b, opt, step, x, y = _warmed(kind)
         made = []
         for _ in range(3):
             before = vkml.ir.current_serial()
@@ -187,12 +190,8 @@ def test_a_steady_step_makes_a_var_per_result_and_per_changed_number_only(backen
 
 @pytest.mark.skipif("cpu" not in BACKENDS, reason="needs a C compiler")
 def test_a_steady_step_on_the_cpu_tier_allocates_no_parameter_sized_buffer():
-    x, y = _data()
     with vkml.use_backend("cpu"):
-        w, b, opt, loss = _problem()
-        step = opt.compile_step(loss)
-        for _ in range(4):
-            step(x, y)
+        w, b, opt, step, x, y = _warmed(steps=4)
         peak = call_peak(lambda: [step(x, y) for _ in range(3)][-1])
     assert peak < w.numpy().nbytes, peak
 
@@ -261,12 +260,8 @@ def test_holding_a_value_keeps_the_bits_and_in_place_steps_resume_once_let_go(ho
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("hold", sorted(HOLDS))
 def test_the_held_value_is_the_one_it_had(hold, backend):
-    x, y = _data()
     with vkml.use_backend(backend):
-        w, b, opt, loss = _problem()
-        step = opt.compile_step(loss)
-        for _ in range(3):
-            step(x, y)
+        w, b, opt, step, x, y = _warmed()
         source = {"detached parameter": w, "numpy() of the parameter": w, "the parameter's grad":
                   w.grad, "numpy() of the grad": w.grad, "numpy() of a moment": opt.exp_avg[0],
                   "a detached second moment": opt.exp_avg_sq[0],
@@ -451,12 +446,8 @@ def test_where_reference_counts_are_not_known_exact_steps_compute_into_new_array
     """On an interpreter whose reference counts may leave a holder out (``EXACT_REFCOUNTS``
     False), the step never concludes it alone holds an array: every step computes into arrays
     of its own, with the same bits as the in-place steps."""
-    x, y = _data()
     with vkml.use_backend(backend):
-        w, b, opt, loss = _problem()
-        step = opt.compile_step(loss)
-        for _ in range(3):
-            step(x, y)
+        w, b, opt, step, x, y = _warmed()
         in_place = [np.array(a) for a in _arrays(opt)]
     monkeypatch.setattr(optim, "EXACT_REFCOUNTS", False)
     with vkml.use_backend(backend):
