@@ -32,7 +32,7 @@ import numpy as np
 
 from .errors import ArgumentError, DTypeError, IndexOutOfRangeError, ShapeError
 from .ops import api
-from .runtime import user_code, user_line
+from .runtime import MODEL_TRACE, user_code, user_line
 from .tensor import (Tensor, apply_replayable, conv2d, flatten, max_pool2d, mean, relu, reshape,
                      sigmoid, softmax, sqrt, take, take_along_axis, tanh, tensor, var)
 from .tensor import log_softmax as _log_softmax
@@ -161,9 +161,14 @@ class Module:
         """``forward``, its operations naming the user's line in errors.  A forward of vkml's own
         finds that line once for all its operations (``user_line``), not once per operation (a
         walk up the stack each); a user's own forward is its operations' line, so inside it each
-        operation finds its line again, as outside any module."""
-        with user_line() if _own_forward(type(self)) else user_code():
-            return self.forward(*args, **kwargs)
+        operation finds its line again, as outside any module.  A forward in one thread and a
+        compiled step tracing in another take turns (``runtime.MODEL_TRACE``)."""
+        MODEL_TRACE.enter_read()        # (waits while a compiled step traces a model)
+        try:
+            with user_line() if _own_forward(type(self)) else user_code():
+                return self.forward(*args, **kwargs)
+        finally:
+            MODEL_TRACE.exit_read()
 
     # -- what it holds -------------------------------------------------------------------------
     def named_children(self):

@@ -28,16 +28,18 @@ from __future__ import annotations
 
 import abc
 import math
+import threading
 from sys import getrefcount
 
 import numpy as np
 
 from .errors import ArgumentError, DTypeError, ShapeError
 from .ir import EXACT_REFCOUNTS, Var, dtype_name
+from .backends.interrupts import Deferred
 from .ops.api import constant, default_device
 from .programs import flatten_known, jit, value_and_grad
 from .pytree import unflatten
-from .runtime import no_grad
+from .runtime import MODEL_TRACE, no_grad, writing
 from .tensor import Tensor, assign, sqrt, zeros_like
 from .validate import check_callable, check_real, check_sequence, describe
 
@@ -90,6 +92,9 @@ class Optimizer(abc.ABC):
             seen.add(id(p))
         self.params = params
         self.lr = lr
+        #: taken by every step (``step``, a compiled step's call): two threads stepping one
+        #: optimiser take turns, so no update is lost (each step reads the last one's values)
+        self._turn = threading.RLock()
 
     @property
     def lr(self) -> float:
@@ -130,6 +135,10 @@ class Optimizer(abc.ABC):
         >>> w
         tensor([ 0.8, -1.6], dtype=float32, requires_grad=True)
         """
+        with self._turn:
+            self._step()
+
+    def _step(self):
         active = [i for i, p in enumerate(self.params) if p.grad is not None]
         if not active:
             return
@@ -139,8 +148,9 @@ class Optimizer(abc.ABC):
         with no_grad():
             srcs = _update_program(type(self))(_plain_values(params), [p.grad for p in params],
                                                states, hyper)
-        _store(dsts, srcs)
-        self._stepped(active)
+        with Deferred():                 # Ctrl-C: after the whole step, never inside it
+            _store(dsts, srcs)
+            self._stepped(active)
 
     def compile_step(self, loss_fn) -> "CompiledStep":
         """The whole training step as ONE program: ``step = opt.compile_step(loss_fn)``, then
@@ -321,6 +331,14 @@ class CompiledStep:
     ``old = p.detach()``, ``a = p.numpy()``, ``g = p.grad`` or a pending
     expression of ``p``, that step writes new arrays and ``old``, ``a``, ``g``
     keep their values.  The bits are those of a step that writes new arrays.
+    (A ``weakref`` holds nothing: one to a parameter's array follows the array and sees the
+    values a step writes into it.)
+
+    A step is applied whole or not at all: Ctrl-C during a step takes effect once its
+    parameters, gradients, state and step count are all written; a step that fails writes
+    nothing.  Steps of one optimiser called from two threads take turns, and a thread reading
+    a parameter (``p.numpy()``) while another steps gets the values before or after the step,
+    never a mix, and never an array that changes afterwards.
 
     As with :func:`vkml.jit`: tensors ``loss_fn`` reads that are neither
     the parameters nor the batch are constants of the program (pass
@@ -356,14 +374,16 @@ class CompiledStep:
         model = [self.opt.params[i] for i in self._order]
 
         def loss_of(ps, batch):
+            MODEL_TRACE.enter_write()   # (forwards in other threads wait: parameters swapped)
             saved = [p.ir_var for p in model]
-            for p, t in zip(model, ps):
-                p.ir_var = t.ir_var
             try:
+                for p, t in zip(model, ps):
+                    p.ir_var = t.ir_var
                 loss = self.loss_fn(*batch)
             finally:
                 for p, v in zip(model, saved):
                     p.ir_var = v
+                MODEL_TRACE.exit_write()
             if not isinstance(loss, Tensor) or loss.shape != () or loss.dtype.kind != "f":
                 got = getattr(loss, "shape", type(loss).__name__)
                 raise ArgumentError(f"compile_step: loss_fn must return a floating 0-d Tensor "
@@ -378,7 +398,14 @@ class CompiledStep:
         Tensors and arrays (the pytree of parameters, state, batch and hyperparameters selects
         a jitted program of its own, ``_programs``), so a call after the first takes the jitted
         function's fast path: no key, Vars or second flattening per call, only the
-        executable's run (the Python around the MLP bench's step went from ~75 to ~50 us)."""
+        executable's run (the Python around the MLP bench's step went from ~75 to ~50 us).
+
+        Steps of one optimiser called from several threads take turns (one lock per optimiser):
+        each reads the values the last one wrote, so none is lost."""
+        with self.opt._turn:
+            return self._step(batch)
+
+    def _step(self, batch):
         opt = self.opt
         active = list(range(len(opt.params)))
         order, dsts, states, hyper = opt._host(active)
@@ -387,7 +414,8 @@ class CompiledStep:
         # (one list of the leaves alive at a time: ``_exclusive`` counts the references to them)
         args, tree = flatten_known((_plain_values(params), states, batch, hyper))
         program = self._programs.get(tree)
-        if program is None:
+        first = program is None
+        if first:
             program = self._programs[tree] = jit(_Unflattened(self._whole, tree))
         args = self._arguments(args)
         into = []
@@ -397,14 +425,28 @@ class CompiledStep:
             self._gradients_into(plan, params, into)
             return into
 
-        outs = program._call_overwriting(args, destinations)
+        if first:           # traces and compiles: writes nothing in place
+            outs = program._call_overwriting(args, destinations)
+            with Deferred():
+                return self._commit(active, params, dsts, outs, into)
+        # From the call that may write in place to the last piece of bookkeeping, Ctrl-C waits
+        # (the step is applied whole or not at all), and a reader in another thread of an array
+        # being written waits too (``writing``: ids, so the counts of references stay exact).
+        marked = [id(d.ir_var) for d in dsts]
+        marked += [id(p.grad.ir_var) for p in params if type(p.grad) is Tensor]
+        with Deferred(), writing(marked):
+            outs = program._call_overwriting(args, destinations)
+            return self._commit(active, params, dsts, outs, into)
+
+    def _commit(self, active, params, dsts, outs, into):
+        """Hand the step's results out: gradients, new values, step count; the loss."""
         loss, grads, new = _split_results(outs, len(params))
         for p, g in zip(params, grads):
             p.grad = g
         _store(dsts, new)
         # (``into`` is empty where the full path ran: it overwrote nothing)
         self._owned = {id(a): a for a, v in zip(into[1:], outs[1:]) if a is not None and v.value is a}
-        opt._stepped(active)
+        self.opt._stepped(active)
         return loss
 
     def _arguments(self, leaves):
@@ -496,7 +538,8 @@ class CompiledStep:
         """Whether the optimiser alone reaches ``dst``'s array: the step made it (``_owned``),
         and the only references to it and to its Var are the step's own (``sys.getrefcount``:
         exact in CPython; ``_HOLDERS`` counts them) -- no Tensor, view, list or pending
-        expression of anyone else's, which would see its values change.  ``in_args``: the
+        expression of anyone else's, which would see its values change.  (A reader in
+        another thread between this count and the write waits for it: ``writing``.)  ``in_args``: the
         step's arguments hold the array itself (a parameter's), not ``dst``."""
         var = dst.ir_var
         value = var.value

@@ -46,6 +46,7 @@ executable at once wait for one compile.
 from __future__ import annotations
 
 import os
+import threading
 import weakref
 
 import numpy as np
@@ -247,6 +248,64 @@ class user_code:
     def __exit__(self, *exc):
         if self._token is not None:
             CURRENT_SITE.reset(self._token)
+
+
+# -- values written in place ---------------------------------------------------------------------
+
+#: ``id`` of each Var whose array a step is writing in place right now -> the writing thread.
+#: A reader in another thread that finds its Var here waits until the write is done
+#: (:func:`settled`); empty almost always, so a reader pays one truthiness test.
+WRITING: dict = {}
+_WRITES_DONE = threading.Condition(threading.Lock())
+
+
+class writing:
+    """``with writing(ids):`` -- the arrays of the Vars of these ``id``s may be written in place
+    in the block.
+
+    Why: a step decides to write an array in place when nothing but the optimiser references it
+    (``sys.getrefcount``), then writes it.  Another Python thread could take a view of the array
+    between the two (``p.numpy()``), and would then see its values change.  So the Vars are marked
+    *before* the step counts references, and a reader marks nothing but looks *after* taking its
+    reference: either the step sees the reader's reference (and writes a new array) or the reader
+    sees the mark (and waits for the step, then reads its new values).  Under the GIL one of the
+    two always sees the other."""
+
+    __slots__ = ("vars",)
+
+    def __init__(self, ids):
+        self.vars = ids
+
+    def __enter__(self):
+        me = threading.get_ident()
+        with _WRITES_DONE:
+            for v in self.vars:
+                WRITING[v] = me
+        return self
+
+    def __exit__(self, *exc):
+        with _WRITES_DONE:
+            for v in self.vars:
+                WRITING.pop(v, None)
+            _WRITES_DONE.notify_all()
+        return False
+
+
+#: a compiled step's trace points a model's parameters at placeholders (the writer); forwards
+#: in other threads (readers) wait for it (``nn.Module.__call__``)
+MODEL_TRACE = threadsafe.ReadersWriter()
+
+
+def settled(var) -> bool:
+    """Wait while another thread writes ``var``'s array in place; True if it had to wait (the
+    caller then reads again: the tensor may hold a new Var by now)."""
+    with _WRITES_DONE:
+        writer = WRITING.get(id(var))
+        if writer is None or writer == threading.get_ident():
+            return False
+        while id(var) in WRITING:
+            _WRITES_DONE.wait()
+    return True
 
 
 # -- the grad-leaf registry -----------------------------------------------------------------------

@@ -110,7 +110,10 @@ class Tensor:
         array([1., 2.])
         """
         realize(self)
-        out = np.asarray(self.ir_var.value).view()
+        var = self.ir_var
+        out = np.asarray(var.value).view()
+        if runtime.WRITING and runtime.settled(var):     # a step in another thread wrote it
+            return self.numpy()
         out.flags.writeable = False
         return out
 

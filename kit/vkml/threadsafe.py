@@ -208,3 +208,64 @@ def cache_sizes() -> dict:
 def _all():
     with _CACHES_LOCK:
         return list(_CACHES)
+
+
+class ReadersWriter:
+    """Many readers at once, or one writer alone; a thread inside may enter again either way.
+
+    Why: a compiled step's first call traces the model by pointing its parameters at the
+    trace's placeholders for a moment (the writer); a forward running in another thread
+    meanwhile (a reader) would read placeholders.  Forwards do not exclude each other; a trace
+    waits for the forwards under way and holds new ones back until it has put the parameters
+    back.  Reentrant, because a trace runs the model's forward itself, and a forward runs its
+    sub-modules' forwards."""
+
+    def __init__(self):
+        self._cond = threading.Condition(threading.Lock())
+        self._readers = 0
+        self._writer = None
+        self._writes = 0
+        self._local = threading.local()
+
+    def enter_read(self) -> None:
+        local = self._local
+        depth = getattr(local, "depth", 0)
+        local.depth = depth + 1
+        if depth or self._writer == threading.get_ident():
+            local.counted = getattr(local, "counted", False) if depth else False
+            return
+        with self._cond:
+            while self._writer is not None:
+                self._cond.wait()
+            self._readers += 1
+        local.counted = True
+
+    def exit_read(self) -> None:
+        local = self._local
+        local.depth -= 1
+        if local.depth == 0 and local.counted:
+            local.counted = False
+            with self._cond:
+                self._readers -= 1
+                if not self._readers:
+                    self._cond.notify_all()
+
+    def enter_write(self) -> None:
+        me = threading.get_ident()
+        with self._cond:
+            if self._writer == me:
+                self._writes += 1
+                return
+            while self._writer is not None:
+                self._cond.wait()
+            self._writer, self._writes = me, 1          # (holds new readers back)
+            mine = 1 if getattr(self._local, "counted", False) else 0
+            while self._readers > mine:
+                self._cond.wait()
+
+    def exit_write(self) -> None:
+        with self._cond:
+            self._writes -= 1
+            if not self._writes:
+                self._writer = None
+                self._cond.notify_all()
