@@ -319,6 +319,18 @@ def all_vector(imports) -> bool:
     return all(len(versions) == 1 and name not in versions for name, versions in imports.items())
 
 
+def _built(source, extra_flags, inspect=None):
+    """``library(source, ...)``'s library, or None (after one warning) when no folder could hold
+    the build (disk full, read-only, gone): the program then runs on NumPy."""
+    try:
+        return library(source, extra_flags, inspect)[0]
+    except BackendError as e:
+        if disk_cache.folder_fault(e) is None:
+            raise
+        disk_cache.warn_once(str(e), f"{e}; vkml runs these programs on NumPy instead")
+        return None
+
+
 def _load(data: bytes, folder) -> ctypes.CDLL:
     """The library ``data`` (checked bytes), loaded from a private copy in ``folder``."""
     try:
@@ -338,7 +350,8 @@ def _compile_c(cc, flags, source, folder) -> bytes:
             f.write(source)
         proc = subprocess.run([cc] + flags + ["-o", out, src, "-lm"], capture_output=True, text=True)
         if proc.returncode != 0:
-            raise BackendError(f"the C compiler failed on generated code:\n{proc.stderr[-2000:]}")
+            error = BackendError(f"the C compiler failed on generated code:\n{proc.stderr[-2000:]}")
+            raise error from disk_cache.fault_in_message(proc.stderr, work)
         STATS.compiles += 1
         with open(out, "rb") as f:
             return f.read()
@@ -887,7 +900,9 @@ class CpuBackend(Backend):
         except Unsupported:
             return None
         threads = _product_threads(lowering)
-        lib, _ = library(source, ["-fopenmp"] if threads > 1 else [])
+        lib = _built(source, ["-fopenmp"] if threads > 1 else [])
+        if lib is None:
+            return None
         if threads > 1:
             ctypes.c_int.in_dll(lib, "vk_gemm_threads").value = threads
         return CompiledProgram(program, lib, source, lowering)
@@ -904,8 +919,9 @@ class CpuBackend(Backend):
         if SIMD_MARKER not in source:
             return None
         imports = {}
-        lib, _ = library(source, ["-fopenmp-simd"],
-                         lambda data: imports.update(math_imports(data, math)))
+        lib = _built(source, ["-fopenmp-simd"], lambda data: imports.update(math_imports(data, math)))
+        if lib is None:
+            return None
         return CompiledProgram(program, lib, source, lowering) if all_vector(imports) else None
 
     def _numpy(self, program, fallback=True):

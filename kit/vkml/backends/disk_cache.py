@@ -40,7 +40,10 @@ One implementation of the rules, shared by the cpu and cuda backends:
   flushed with ``fsync`` and renamed over the entry, so a concurrent
   reader sees the old file or the new one, never half of one.  Failing to
   write the cache (disk full, read-only folder) only costs a recompile in
-  the next process.
+  the next process.  A folder that fails while code is being built in it
+  (full, read-only, no permission, removed) costs one warning: the build is
+  done again in a private temporary folder of this process; where that
+  fails too, the cpu backend runs the program on NumPy (one more warning).
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ import stat
 import tempfile
 import warnings
 
-from ..errors import BackendError
+from ..errors import BackendError, VkmlWarning
 
 #: at most this many bytes are read from a sidecar (it holds 64 hex digits)
 _SIDECAR_LIMIT = 256
@@ -107,7 +110,7 @@ def cache_dir(kind: str) -> str:
         if reason not in _WARNED:
             _WARNED.add(reason)
             warnings.warn(f"vkml: not using the compiled-code cache: {reason}. Caching in a private "
-                          "temporary folder for this process instead.", RuntimeWarning, stacklevel=3)
+                          "temporary folder for this process instead.", VkmlWarning, stacklevel=3)
         return _fallback_dir(kind)
 
 
@@ -261,7 +264,7 @@ def write_entry(folder, name: str, key: str, data: bytes) -> bool:
         if reason not in _WARNED:
             _WARNED.add(reason)
             warnings.warn(f"vkml: could not store compiled code in the cache ({reason}); it will be "
-                          "compiled again next time", RuntimeWarning, stacklevel=3)
+                          "compiled again next time", VkmlWarning, stacklevel=3)
         return False
 
 
@@ -281,9 +284,61 @@ def cached(kind: str, key: str, suffix: str, build, load):
             return load(data, folder), False
         except Exception:           # a bad entry with a good hash: rebuild it, never an error
             pass
-    data = bytes(build(folder))
-    write_entry(folder, name, key, data)
-    return load(data, folder), True
+    try:
+        data = bytes(build(folder))
+        write_entry(folder, name, key, data)
+        return load(data, folder), True
+    except (OSError, BackendError) as e:
+        fault = folder_fault(e)
+        private = _fallback_dir(kind)
+        if fault is None or folder == private:
+            raise
+    # The folder failed under the build (full, read-only, gone): build in a private one instead.
+    reason = f"{folder}: {fault.strerror or fault}"
+    warn_once(reason, f"vkml: the compiled-code cache failed while compiling ({reason}); building "
+              "in a private temporary folder for this process instead (free some space or set "
+              "VKML_CACHE_DIR to keep compiled code between sessions)")
+    try:
+        data = bytes(build(private))
+        return load(data, private), True
+    except (OSError, BackendError) as e:
+        if folder_fault(e) is None:
+            raise
+        raise BackendError(f"vkml cannot compile: both the cache folder ({reason}) and a private "
+                           f"temporary folder ({private}: {folder_fault(e).strerror}) failed; free "
+                           "some disk space or set VKML_CACHE_DIR / TMPDIR to a writable folder") from e
+
+
+def warn_once(reason: str, message: str) -> None:
+    """One ``VkmlWarning`` per problem (``reason``) in a process."""
+    if reason not in _WARNED:
+        _WARNED.add(reason)
+        warnings.warn(message, VkmlWarning, stacklevel=4)
+
+
+def fault_in_message(text: str, folder):
+    """The folder's OSError a tool's message reports (the compiler or linker saying "No space
+    left on device"), or None: its build failed for the folder, not for the code."""
+    for number in sorted(_FOLDER_ERRNOS):
+        if os.strerror(number) in text:
+            return OSError(number, os.strerror(number), folder)
+    return None
+
+
+def folder_fault(error):
+    """The OSError of a folder that failed under a build (no space, read-only, no permission,
+    removed), found in ``error`` or what it was raised from; None for any other error."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in _FOLDER_ERRNOS:
+            return error
+        error = error.__cause__
+    return None
+
+
+#: errors of a folder (not of the code being built): a build meeting one is retried elsewhere
+_FOLDER_ERRNOS = frozenset(getattr(errno, name) for name in (
+    "ENOSPC", "EDQUOT", "EROFS", "EACCES", "EPERM", "ENOENT", "ENOTDIR", "EIO", "EFBIG")
+    if hasattr(errno, name))
 
 
 def load_private_copy(data: bytes, folder, loader):
