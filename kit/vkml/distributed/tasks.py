@@ -11,7 +11,8 @@ and is launched again on arrival, never as a pickled Graph.
 Tasks never write their inputs: a launch copies the planes it is given first (Dask may hand
 the same input to a second run).  A ``VkmlError`` raised in a shard leaves with the shard's
 sample range in its message; any other error (from the user's ``make``) as an
-``ExecutionError`` naming it.  No Dask import here: these functions run inside a worker.
+``ExecutionError`` naming it -- ``SystemExit`` and ``KeyboardInterrupt`` raised by ``make``
+too, which would otherwise end the worker.  No Dask import here: these functions run inside a worker.
 """
 
 from __future__ import annotations
@@ -110,6 +111,13 @@ def build(make, planes, record, budget, start, stop):
     if budget is None and takes_budget(make):
         budget = worker_budget()
     forward = make(planes, memory_budget=budget) if takes_budget(make) else make(planes)
+    if isinstance(forward, (Graph, Simulation)):
+        n = forward.n if isinstance(forward, Graph) and forward.nodes or \
+            isinstance(forward, Simulation) else None
+        if n is not None and n != stop - start:
+            raise RefusedError(f"make(planes) returned a {type(forward).__name__.lower()} of {n} "
+                               f"samples for a block of {stop - start}; build it over the planes "
+                               "it is given (their first axis is the block's samples)")
     if isinstance(forward, Graph):
         reduces = [node.name for node in forward.nodes if node.kind == "reduce"]
         if reduces:
@@ -153,8 +161,8 @@ def launch_shard(make, inputs, previous, params, record, budget, runs, start, st
             forward.launch(runs)
         else:
             forward.run()
-    except Exception as err:     # noqa: BLE001 - every error leaves named after its shard
-        raise relabel(err, start, stop) from None
+    except (Exception, SystemExit, KeyboardInterrupt) as err:   # noqa: BLE001 - named after its
+        raise relabel(err, start, stop) from None     # shard; the user's exit never ends a worker
     return ShardState(recipe, forward, named, start, stop, time.perf_counter() - t0)
 
 
