@@ -9,6 +9,11 @@ VK_FN double vk_min_double(double a, double b) { return (a != a) ? a : ((b != b)
 VK_FN float vk_min_float(float a, float b) { return (a != a) ? a : ((b != b) ? b : (a <= b ? a : b)); }
 VK_FN double vk_sign_double(double a) { return a > 0 ? 1.0 : (a < 0 ? -1.0 : (a == 0 ? 0.0 : a)); }
 VK_FN float vk_sign_float(float a) { return a > 0 ? 1.0f : (a < 0 ? -1.0f : (a == 0 ? 0.0f : a)); }
+// where(c, a, b) with both a and b computed for every element (a C function's arguments are),
+// so a libm call in either is never a conditional call: the loop vectorises whatever the
+// condition, and a sample's bits never depend on what the compiler could fold.
+#define VK_WHERE(T) VK_FN T vk_where_##T(int c, T a, T b) { return c ? a : b; }
+VK_WHERE(double) VK_WHERE(float) VK_WHERE(int64_t) VK_WHERE(int32_t) VK_WHERE(uint8_t)
 // Integer division is defined for every input, as NumPy defines it: a zero divisor gives 0, and
 // MIN // -1 wraps around to MIN (MIN % -1 is 0) -- computed without the C operations that trap or
 // are undefined there (MIN / -1 raises SIGFPE on x86).  Powers multiply in the unsigned type, so

@@ -240,3 +240,10 @@ def test_jit_static_arguments_are_part_of_the_key():
     assert jf.cache_info()["traces"] == 2
     decorated = vkml.jit(static_argnums=0)(lambda n, a: a ** n)
     np.testing.assert_allclose(decorated(2, X).numpy(), X ** 2)
+
+
+@pytest.mark.parametrize("thing", [3, None, "program", np.ones(2), lambda x: x])
+def test_pp_program_of_anything_but_a_program_is_refused_with_what_to_do(thing):
+    with pytest.raises(vkml.ArgumentError, match=r"pp_program: expected a vkml Program, got .*"
+                                                 r"vkml\.program\(fn, \*args\)"):
+        vkml.pp_program(thing)

@@ -34,6 +34,7 @@ import re
 
 import numpy as np
 
+from .errors import ArgumentError
 from .ir import Program, dtype_name, site_text
 
 
@@ -49,6 +50,10 @@ def pp_program(prog: Program, bits: bool = False, names: bool = True, arg_names=
         with x0 = %0
       return prog
     """
+    if not isinstance(prog, Program):
+        raise ArgumentError(f"pp_program: expected a vkml Program, got {type(prog).__name__}; make "
+                            "one with vkml.program(fn, *args) (or print a jitted function's "
+                            "f.programs())")
     numbers = number_values(prog)
     shown = value_names(prog, numbers, arg_names) if names else \
         {v: f"%{n}" for v, n in numbers.items()}

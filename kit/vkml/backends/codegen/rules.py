@@ -204,6 +204,16 @@ def _sign(a, dt, e):
     return f"(({a[0]} > 0) - ({a[0]} < 0))"
 
 
+def _where(a, dt, e):
+    """``where`` as a call of ``vk_where_T``: both operands are computed for every element, then
+    one is chosen.  A C ``?:`` computes only the chosen one, so a libm call inside it (the pow in
+    ``where(b == 0, 0, b * pow(a, b - 1))``, pow's derivative) is a conditional call, which the
+    compiler cannot vectorise -- unless the condition is a constant it folds away, which depends
+    on what the program knows, e.g. its number of samples.  The vector and scalar versions of a
+    libm function may differ in the last bit, so a sample's bits would depend on n."""
+    return f"vk_where_{CTYPE[e.outputs[0].dtype]}({a[0]}, {a[1]}, {a[2]})"
+
+
 def _cast(a, dt, e):
     to = e.params["dtype"]
     if to.kind == "b":
@@ -316,7 +326,7 @@ C_RULES = {
     "logical_not": Elementwise("(!{0})"),
     "logical_and": Elementwise("({0} && {1})"),
     "logical_or": Elementwise("({0} || {1})"),
-    "where": Elementwise("({0} ? {1} : {2})"),
+    "where": Elementwise(_where),
     # movement
     "broadcast_in_dim": View(_broadcast_in_dim, stores_operands=_broadcast_repeats),
     "transpose": View(_transpose),

@@ -196,8 +196,19 @@ class _Nest:
             lines += [f"        (void){v};" for v in self.idx]
             lines += [f"        {g}[vk_l] = {b}[{index}];" for (b, index), g in self.gathers.items()]
             lines.append("    }")
-        last = max(i for i, line in enumerate(self.body) if calls.search(line))
-        for pragma, part in (("    #pragma omp simd", self.body[:last + 1]), (None, self.body[last + 1:])):
+        body = self.body
+        # Elements read at a fixed index (a Param's ``a2[0]``, a 0-d temporary ``t1[0]``) are
+        # read once, before the loops: the loops then see values that do not change, which the
+        # compiler broadcasts -- a byte read per element beside doubles (a condition ``t1[0]``
+        # held as a bool) would keep GCC 12 from vectorising the loop at all.
+        stored = self.stored()
+        fixed = list(dict.fromkeys((b, index) for line in body for b, index in _ACCESS.findall(line)
+                                   if index.isdigit() and b not in stored))
+        for k, (b, index) in enumerate(fixed):
+            lines.append(f"    const {ctypes[b]} vk_c{k} = {b}[{index}];")
+            body = [re.sub(rf"(?<![\w]){re.escape(b)}\[{index}\]", f"vk_c{k}", line) for line in body]
+        last = max(i for i, line in enumerate(body) if calls.search(line))
+        for pragma, part in (("    #pragma omp simd", body[:last + 1]), (None, body[last + 1:])):
             if not part:
                 continue
             lines += ([pragma] if pragma else []) + \
