@@ -440,3 +440,49 @@ def test_binding_a_name_the_kernel_does_not_have_says_which_names_it_has(value, 
         square.bind(x=x, u=u, z=value)
     assert says in str(err.value) and "inputs ['x']" in str(err.value)
     assert np.array_equal(u, np.zeros(3))
+
+
+@pytest.mark.parametrize("backend", ["numpy", "cpu"])
+@pytest.mark.parametrize("change", ["one element", "a swap", "the last bit", "an output"])
+def test_a_reverse_of_planes_written_after_the_launch_is_refused_by_name(backend, change):
+    with vkml.use_backend(backend):
+        _written_after_the_launch(change)
+
+
+def _written_after_the_launch(change):
+    x, u, y = np.linspace(0.1, 0.9, N), np.zeros(N), np.zeros(N)
+    g = (vkml.Graph().add(square.bind(x=x, u=u), name="square")
+         .add(wave.bind(u=u, k=1.5, y=y), name="wave").build(record=True))
+    g.launch()
+    rec = g.record
+    before = {"x": x.copy(), "y": y.copy()}
+    if change == "one element":
+        x[N // 2] += 1.0
+    elif change == "a swap":
+        x[[3, 4]] = x[[4, 3]]
+    elif change == "the last bit":
+        x[-1] = np.nextafter(x[-1], 2.0)
+    else:
+        y[0] = 7.0
+    name = "y" if change == "an output" else "x"
+    with pytest.raises(vkml.RecordError, match=rf"reverse: plane '{name}' was written after launch 1 "
+                                               r"recorded it; launch again"):
+        vkml.diff.reverse(rec, {"wave.y": np.ones(N)})
+    assert rec.live                                   # refused before anything was read
+    with pytest.raises(vkml.RecordError, match=rf"keep: plane '{name}' was written"):
+        rec.keep()
+    x[:], y[:] = before["x"], before["y"]             # the launch's values again: it reverses
+    grads = vkml.diff.reverse(rec, {"wave.y": np.ones(N)})
+    np.testing.assert_allclose(grads["x"], 2 * x * 1.5 * np.cos(1.5 * x * x), rtol=1e-12)
+
+
+def test_a_kept_record_reverses_whatever_the_planes_hold_later():
+    x, u, y = np.linspace(0.1, 0.9, N), np.zeros(N), np.zeros(N)
+    g = (vkml.Graph().add(square.bind(x=x, u=u), name="square")
+         .add(wave.bind(u=u, k=1.5, y=y), name="wave").build(record=True))
+    g.launch()
+    rec = g.record.keep()
+    x0 = x.copy()
+    x[:] = 0.0
+    grads = vkml.diff.reverse(rec, {"wave.y": np.ones(N)})
+    np.testing.assert_allclose(grads["x"], 2 * x0 * 1.5 * np.cos(1.5 * x0 * x0), rtol=1e-12)

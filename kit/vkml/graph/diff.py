@@ -648,7 +648,7 @@ def reverse_graph(graph, record, seeds, wrt=None, vjps=None, strict=False, lock=
         raise Busy("Reverse: another thread is running this Reverse; give each thread its own "
                    "Reverse(graph)")
     try:
-        record.check_current()
+        record.check_current(planes=False)  # (the planes are checked under the graph's lock)
         if not record.kept:                 # the reverse reads the planes themselves
             graph.check_planes("reverse")
         if graph._device:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import backends
+from ..backends.fingerprint import fingerprint
 from ..errors import ExecutionError, RecordError
 from ..ir import Var, program_from_dag
 from ..runtime import submit
@@ -475,6 +476,9 @@ class Record:
         self._kept_planes = None
         self._readers = 0
         self._lock = threading.Lock()
+        #: each plane's fingerprint as the launch left it: a reverse reads the planes without a
+        #: copy, so one the user wrote into since is refused (``check_current``)
+        self._fingerprints = {pid: fingerprint(plane) for pid, plane in self.planes.items()}
 
     # -- state --------------------------------------------------------------------------------
     @property
@@ -620,14 +624,15 @@ class Record:
                               f"is at generation {self.graph.generation}; keep() right after launch()")
         if not self.kept:
             self.graph.check_planes("keep")
+            self.check_unchanged("keep")
             # every plane the run touched, not only those it wrote: the reverse also reads
             # the graph's inputs (version 0), which the next launch may find changed
             self._kept_planes = {pid: plane.copy() for pid, plane in self.planes.items()}
             self.kept = True
         return self
 
-    def check_current(self, what="reverse"):
-        """Refuse (:class:`vkml.RecordError`, naming both generations) a Record that is stale or already reversed.
+    def check_current(self, what="reverse", planes=True):
+        """Refuse (:class:`vkml.RecordError`, naming both generations) a Record that is stale or already reversed; with ``planes``, also one whose planes were written since its launch (``check_unchanged``).
 
         >>> @vkml.kernel
         ... def wave(x, k: vkml.Param):
@@ -650,6 +655,33 @@ class Record:
             raise RecordError(f"{what}: this Record is of generation {self.generation}, but the graph "
                               f"has launched since and is at generation {self.graph.generation}; "
                               "reverse right after launch(), or keep() the Record to reverse it later")
+        if planes and not self.kept:
+            self.check_unchanged(what)
+
+    def check_unchanged(self, what="reverse"):
+        """Refuse (:class:`vkml.RecordError`, naming the plane) a Record whose planes were written
+        since its launch: its reverse would mix the new values with the launch's.
+
+        >>> @vkml.kernel
+        ... def wave(x, k: vkml.Param):
+        ...     return {"y": vkml.sin(k * x)}
+        ...
+        >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+        >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
+        >>> g.launch()
+        <vkml.Graph: wave>
+        >>> x[1] = 0.7
+        >>> g.record.check_unchanged()
+        Traceback (most recent call last):
+            ...
+        vkml.errors.RecordError: reverse: plane 'x' was written after launch 1 recorded it; launch again after changing a plane (or keep() the Record before changing it) to reverse what the planes hold now
+        """
+        for pid, plane in self.planes.items():
+            if fingerprint(plane) != self._fingerprints[pid]:
+                raise RecordError(f"{what}: plane {self.graph.plane_name(plane)!r} was written after "
+                                  f"launch {self.generation} recorded it; launch again after changing "
+                                  "a plane (or keep() the Record before changing it) to reverse what "
+                                  "the planes hold now")
 
     def value(self, key):
         """The values of plane version ``key = (plane id, version)`` as its readers saw them.
