@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import backends
-from ..backends.fingerprint import fingerprint
+from ..backends.fingerprint import fingerprints
 from ..errors import ExecutionError, RecordError
 from ..ir import Var, program_from_dag
 from ..runtime import submit
@@ -478,7 +478,23 @@ class Record:
         self._lock = threading.Lock()
         #: each plane's fingerprint as the launch left it: a reverse reads the planes without a
         #: copy, so one the user wrote into since is refused (``check_current``)
-        self._fingerprints = {pid: fingerprint(plane) for pid, plane in self.planes.items()}
+        live = self._read_live()
+        self._fingerprints = dict(zip(live, fingerprints([self.planes[pid] for pid in live])))
+
+    def _read_live(self):
+        """The planes (by id) whose values a reverse reads from the plane itself, not from a
+        copy: those a step read at the version the launch left.  Every plane, where the tape
+        holds an entry that does not say what it read version by version."""
+        live = set()
+        for entry in self.tape:
+            reads = entry.reads if isinstance(entry, Step) else None
+            if not isinstance(reads, dict):
+                return list(self.planes)
+            for key in reads.values():
+                pid, version = key
+                if key not in self.saved and version == self.final.get(pid, 0):
+                    live.add(pid)
+        return [pid for pid in self.planes if pid in live]
 
     # -- state --------------------------------------------------------------------------------
     @property
@@ -676,8 +692,10 @@ class Record:
             ...
         vkml.errors.RecordError: reverse: plane 'x' was written after launch 1 recorded it; launch again after changing a plane (or keep() the Record before changing it) to reverse what the planes hold now
         """
-        for pid, plane in self.planes.items():
-            if fingerprint(plane) != self._fingerprints[pid]:
+        now = fingerprints([self.planes[pid] for pid in self._fingerprints])
+        for (pid, mark), seen in zip(self._fingerprints.items(), now):
+            plane = self.planes[pid]
+            if seen != mark:
                 raise RecordError(f"{what}: plane {self.graph.plane_name(plane)!r} was written after "
                                   f"launch {self.generation} recorded it; launch again after changing "
                                   "a plane (or keep() the Record before changing it) to reverse what "
