@@ -35,6 +35,10 @@ from .graph import Launch, Opaque, Reduce, RepeatWhile, SkipGuard, Skippable, al
     run_named, threads, user_error
 
 
+#: id(tape) -> (tape, copies, versions, the planes a reverse reads live): ``Record._read_live``
+_LIVE_READS: dict = {}
+
+
 class Step:
     """One executed launch: which versions it read and wrote."""
 
@@ -484,7 +488,19 @@ class Record:
     def _read_live(self):
         """The planes (by id) whose values a reverse reads from the plane itself, not from a
         copy: those a step read at the version the launch left.  Every plane, where the tape
-        holds an entry that does not say what it read version by version."""
+        holds an entry that does not say what it read version by version.  A fused launch's
+        tape, copies and versions are its plan's, the same objects every launch: found once."""
+        known = _LIVE_READS.get(id(self.tape))
+        if known is not None and known[0] is self.tape and known[1] is self.saved and \
+                known[2] is self.final:
+            return known[3]
+        live = self._find_read_live()
+        if len(_LIVE_READS) > 256:
+            _LIVE_READS.clear()
+        _LIVE_READS[id(self.tape)] = (self.tape, self.saved, self.final, live)
+        return live
+
+    def _find_read_live(self):
         live = set()
         for entry in self.tape:
             reads = entry.reads if isinstance(entry, Step) else None
