@@ -51,21 +51,33 @@ uint64_t vk_fingerprint(const unsigned char* p, int64_t n) {
             h[c] ^= h[c] >> 15;
         }
     }
+    /* lanes, then the tail's words and bytes, each mixed with its place (independent mixes:
+       they run side by side) and summed */
     uint64_t r = vk_mix((uint64_t)n);
     for (int c = 0; c < 4; c++)
-        for (int j = 0; j < 16; j++) r = vk_mix(r ^ h[c][j]);
-    for (; i < n; i++) r = vk_mix(r ^ p[i]);
-    return r;
+        for (int j = 0; j < 16; j++) r += vk_mix(h[c][j] ^ ((uint64_t)(16 * c + j + 1) << 32));
+    for (uint64_t at = 1; i + 8 <= n; i += 8, at++) {
+        uint64_t word;
+        memcpy(&word, p + i, 8);
+        r += vk_mix(vk_mix(word) ^ (at << 56) ^ 0x5bd1e995u);
+    }
+    for (uint64_t at = 1; i < n; i++, at++) r += vk_mix(((uint64_t)p[i] << 8) ^ (at << 48) ^ 0x27d4eb2fu);
+    return vk_mix(r);
 }
 
-/* The fingerprints of k arrays in one call: items[a] is an array object, its data pointer at
-   byte offset data_offset; nbytes[a] its size; out[a] receives its fingerprint. */
-void vk_fingerprints(void* const* items, int64_t k, int64_t data_offset, const int64_t* nbytes,
-                     uint64_t* out) {
+/* The fingerprints of k arrays in one call.  items[0..k+1] are array objects, each with its data
+   pointer at byte offset data_offset: the k arrays, then their sizes in bytes (int64), then
+   where their fingerprints go (uint64). */
+void vk_fingerprints(void* const* items, int64_t k, int64_t data_offset) {
+    const unsigned char* data[2];
+    memcpy(&data[0], (const char*)items[k] + data_offset, sizeof data[0]);
+    memcpy(&data[1], (const char*)items[k + 1] + data_offset, sizeof data[1]);
+    const int64_t* nbytes = (const int64_t*)data[0];
+    uint64_t* out = (uint64_t*)data[1];
     for (int64_t a = 0; a < k; a++) {
-        const unsigned char* data;
-        memcpy(&data, (const char*)items[a] + data_offset, sizeof data);
-        out[a] = vk_fingerprint(data, nbytes[a]);
+        const unsigned char* p;
+        memcpy(&p, (const char*)items[a] + data_offset, sizeof p);
+        out[a] = vk_fingerprint(p, nbytes[a]);
     }
 }
 """
@@ -92,7 +104,7 @@ def _build():
         return None
     fn = lib.vk_fingerprints
     fn.restype = None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
     fn.keep = lib
     fn.items, fn.data = TUPLE_ITEMS, DATA_OFFSET
     return fn
@@ -102,15 +114,16 @@ def fingerprints(arrays) -> list:
     """A checksum of each array's bytes in memory order (see the module docstring; its shape and
     dtype are not in it: a Record checks those separately), None for what is not a NumPy array
     (a device plane).  One C call for all of them where the cpu tier can build it."""
-    host = tuple(a if a.flags.c_contiguous else np.ascontiguousarray(a)
-                 for a in arrays if type(a) is np.ndarray)
+    host = [a if a.flags.c_contiguous else np.ascontiguousarray(a)
+            for a in arrays if type(a) is np.ndarray]
     fn = _helper[0] if _helper else _function()
     if not host:
         sums = []
     elif fn is not None:
-        k = len(host)
-        sums = (ctypes.c_uint64 * k)()
-        fn(id(host) + fn.items, k, fn.data, (ctypes.c_int64 * k)(*[a.nbytes for a in host]), sums)
+        sums = np.empty(len(host), np.uint64)
+        block = (*host, np.array([a.nbytes for a in host], np.int64), sums)   # (items in a row)
+        fn(id(block) + fn.items, len(host), fn.data)
+        sums = sums.tolist()
     else:
         sums = [zlib.crc32(memoryview(a).cast("B")) if a.nbytes else 0 for a in host]
     if len(host) == len(arrays):

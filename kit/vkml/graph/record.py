@@ -35,10 +35,6 @@ from .graph import Launch, Opaque, Reduce, RepeatWhile, SkipGuard, Skippable, al
     run_named, threads, user_error
 
 
-#: id(tape) -> (tape, copies, versions, the planes a reverse reads live): ``Record._read_live``
-_LIVE_READS: dict = {}
-
-
 class Step:
     """One executed launch: which versions it read and wrote."""
 
@@ -46,6 +42,23 @@ class Step:
 
     def __init__(self, node, launch, reads, writes, index):
         self.node, self.launch, self.reads, self.writes, self.index = node, launch, reads, writes, index
+
+
+def planes_read_live(tape, saved, final, planes) -> list:
+    """The planes whose values a reverse reads from the plane itself, not from a copy: those a
+    step read at the version the launch left (``saved``: the versions copied; ``final``: each
+    plane's last version).  Every plane, where the tape holds an entry that does not say what
+    it read version by version."""
+    live = set()
+    for entry in tape:
+        reads = entry.reads if isinstance(entry, Step) else None
+        if not isinstance(reads, dict):
+            return list(planes.values())
+        for key in reads.values():
+            pid, version = key
+            if key not in saved and version == final.get(pid, 0):
+                live.add(pid)
+    return [plane for pid, plane in planes.items() if pid in live]
 
 
 class _Run:
@@ -65,6 +78,8 @@ class _Run:
         #: whether the tape is plain kernel launches only (a fused launch's): a reverse then
         #: skips looking through it for other kinds of entry
         self.steps_only = False
+        #: the planes a reverse reads in place (a fused launch's plan knows them), else None
+        self.read_live = None
 
     def on(self, plane):
         """The plane the run works on for bound plane ``plane`` (its device plane, if any)."""
@@ -168,6 +183,8 @@ class LaunchPlan:
     planes: dict
     #: the program's equations (to name a failing one)
     eqns: list
+    #: the planes a reverse of its Records reads in place (``planes_read_live``)
+    read_live: list
     #: whether the planes are device planes: the results stay on the device too
     resident: bool = False
 
@@ -238,6 +255,7 @@ def _fused_plan(graph, recording) -> LaunchPlan:
                       written=written, saved=[k for k, _ in saved], into=into, inputs=read_ids,
                       held=read_ids | {id(p) for p in written}, tape=template,
                       version=dict(version), planes=planes, eqns=program.eqns,
+                      read_live=planes_read_live(template, {k for k, _ in saved}, version, planes),
                       resident=bool(device))
 
 
@@ -258,6 +276,7 @@ def _run_fused(graph, recording):
     run.versions.version = plan.version
     run.planes = plan.planes
     run.tape = plan.tape
+    run.read_live = plan.read_live
     run.steps_only = True
     return run
 
@@ -482,35 +501,9 @@ class Record:
         self._lock = threading.Lock()
         #: each plane's fingerprint as the launch left it: a reverse reads the planes without a
         #: copy, so one the user wrote into since is refused (``check_current``)
-        live = self._read_live()
-        self._fingerprints = dict(zip(live, fingerprints([self.planes[pid] for pid in live])))
-
-    def _read_live(self):
-        """The planes (by id) whose values a reverse reads from the plane itself, not from a
-        copy: those a step read at the version the launch left.  Every plane, where the tape
-        holds an entry that does not say what it read version by version.  A fused launch's
-        tape, copies and versions are its plan's, the same objects every launch: found once."""
-        known = _LIVE_READS.get(id(self.tape))
-        if known is not None and known[0] is self.tape and known[1] is self.saved and \
-                known[2] is self.final:
-            return known[3]
-        live = self._find_read_live()
-        if len(_LIVE_READS) > 256:
-            _LIVE_READS.clear()
-        _LIVE_READS[id(self.tape)] = (self.tape, self.saved, self.final, live)
-        return live
-
-    def _find_read_live(self):
-        live = set()
-        for entry in self.tape:
-            reads = entry.reads if isinstance(entry, Step) else None
-            if not isinstance(reads, dict):
-                return list(self.planes)
-            for key in reads.values():
-                pid, version = key
-                if key not in self.saved and version == self.final.get(pid, 0):
-                    live.add(pid)
-        return [pid for pid in self.planes if pid in live]
+        self._live = run.read_live if run.read_live is not None else \
+            planes_read_live(self.tape, self.saved, self.final, self.planes)
+        self._marks = fingerprints(self._live)
 
     # -- state --------------------------------------------------------------------------------
     @property
@@ -708,9 +701,10 @@ class Record:
             ...
         vkml.errors.RecordError: reverse: plane 'x' was written after launch 1 recorded it; launch again after changing a plane (or keep() the Record before changing it) to reverse what the planes hold now
         """
-        now = fingerprints([self.planes[pid] for pid in self._fingerprints])
-        for (pid, mark), seen in zip(self._fingerprints.items(), now):
-            plane = self.planes[pid]
+        now = fingerprints(self._live)
+        if now == self._marks:
+            return
+        for plane, seen, mark in zip(self._live, now, self._marks):
             if seen != mark:
                 raise RecordError(f"{what}: plane {self.graph.plane_name(plane)!r} was written after "
                                   f"launch {self.generation} recorded it; launch again after changing "
