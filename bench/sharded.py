@@ -26,7 +26,7 @@ default (``cluster.TRIM_KEY``).  On a shared machine the speed-up follows the CP
 which the bench prints next to it.
 
 Run: ``python bench/sharded.py`` (about 3 minutes on 2 idle cores) or ``--quick`` (20 s).
-Needs ``pip install 'vkml[distributed]'``; without Dask it says so and exits 0.
+Needs ``pip install 'vkml-toolkit[distributed]'``; without Dask it says so and exits 0.
 """
 
 from __future__ import annotations
@@ -192,7 +192,7 @@ def main(argv):
         import cloudpickle
         import vkml.distributed as vd
     except (ImportError, vkml.VkmlError) as err:
-        print(f"bench/sharded.py: Dask is not installed ({err}); pip install 'vkml[distributed]'")
+        print(f"bench/sharded.py: Dask is not installed ({err}); pip install 'vkml-toolkit[distributed]'")
         return 0
     cloudpickle.register_pickle_by_value(_models)          # the workers cannot import bench/
     n = args.n or (10 ** 5 if args.quick else 10 ** 6)

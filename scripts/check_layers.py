@@ -51,8 +51,10 @@ class Layer:
 #: are written with tensors and ``jit`` alone.  A new module goes into
 #: the lowest layer that holds everything it imports; the check names a module in no layer.
 LAYERS = (
-    Layer("base", ("vkml.errors", "vkml.threadsafe", "vkml.stats", "vkml.pytree", "vkml.progress"),
-          "leaves every layer shares: errors, per-thread settings, counters, pytrees, progress bars"),
+    Layer("base", ("vkml.errors", "vkml.threadsafe", "vkml.stats", "vkml.pytree", "vkml.progress",
+                   "vkml.install"),
+          "leaves every layer shares: errors, per-thread settings, counters, pytrees, progress bars, "
+          "install hints"),
     Layer("ir", ("vkml.ir", "vkml.printer", "vkml.validate"),
           "Var, Eqn, Program, their text printer, and the argument checks of public calls"),
     Layer("ops", ("vkml.ops",), "the primitives and the operations built on them"),

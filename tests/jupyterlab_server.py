@@ -26,18 +26,21 @@ def free_port():
         return s.getsockname()[1]
 
 
-def jupyter_env(home: Path) -> dict:
-    """The environment of a Jupyter whose every folder lives under ``home``."""
+def jupyter_env(home: Path, quiet: bool = True) -> dict:
+    """The environment of a Jupyter whose every folder lives under ``home``.  ``quiet=False``
+    leaves the news and update settings to the environment's own configuration (what
+    ``scripts/dev`` writes into ``.venv``), as a fresh ``scripts/dev lab`` session has them."""
     dirs = {name: home / name
             for name in ("config", "data", "runtime", "settings", "workspaces", "ipython")}
     for d in dirs.values():
         d.mkdir(parents=True, exist_ok=True)
-    (dirs["config"] / "jupyter_lab_config.json").write_text(json.dumps({"LabApp": {
-        "news_url": None, "check_for_updates_class": "jupyterlab.NeverCheckForUpdate",
-        "extension_manager": "readonly"}}))
-    news = dirs["settings"] / "@jupyterlab" / "apputils-extension"
-    news.mkdir(parents=True, exist_ok=True)
-    (news / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
+    if quiet:
+        (dirs["config"] / "jupyter_lab_config.json").write_text(json.dumps({"LabApp": {
+            "news_url": None, "check_for_updates_class": "jupyterlab.NeverCheckForUpdate",
+            "extension_manager": "readonly"}}))
+        news = dirs["settings"] / "@jupyterlab" / "apputils-extension"
+        news.mkdir(parents=True, exist_ok=True)
+        (news / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
     return dict(os.environ, JUPYTER_CONFIG_DIR=str(dirs["config"]),
                 JUPYTER_DATA_DIR=str(dirs["data"]), JUPYTER_RUNTIME_DIR=str(dirs["runtime"]),
                 JUPYTERLAB_SETTINGS_DIR=str(dirs["settings"]),

@@ -19,6 +19,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from notebook_outputs import assert_same_outputs
+
 try:
     import tomllib
 except ImportError:  # Python 3.10
@@ -27,16 +29,11 @@ except ImportError:  # Python 3.10
 ROOT = Path(__file__).resolve().parents[1]
 BINDER = ROOT / "binder"
 NOTEBOOK = "02-programs-and-scan.ipynb"
-SANITIZE = ROOT / "notebooks" / "nbval_sanitize.cfg"
 
 #: What a copy of the repository leaves out: environments, caches and build output.
 IGNORED = shutil.ignore_patterns(".git", ".venv", "__pycache__", "*.egg-info", "build", "dist",
                                  ".pytest_cache", ".hypothesis", ".benchmarks", ".ipynb_checkpoints",
                                  ".device-wheels")
-
-#: Output keys nbval does not compare: random widget ids, and images (nbval skips PNG/JPEG).
-SKIPPED = {"application/vnd.jupyter.widget-view+json", "image/png", "image/jpeg"}
-
 
 def requirement_names(lines):
     names = set()
@@ -48,41 +45,16 @@ def requirement_names(lines):
 
 
 def test_binder_requirements_cover_what_postbuild_skips():
-    """postBuild installs vkml with --no-deps, so requirements.txt must hold vkml's dependencies,
-    its `jupyter` extra, and what the tutorials import."""
+    """postBuild installs vkml with --no-deps, so requirements.txt must hold vkml's dependencies
+    and its `tutorials` extra: everything the tutorials import (Dask and scikit-learn too)."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    needed = requirement_names(project["dependencies"] + project["optional-dependencies"]["jupyter"])
-    needed |= {"scikit-learn", "ipykernel"}
+    extras = project["optional-dependencies"]
+    wanted = project["dependencies"] + extras["jupyter"] + extras["distributed"] + extras["tutorials"]
+    needed = {n for n in requirement_names(wanted) if n != "vkml-toolkit"} | {"ipykernel"}
     have = requirement_names((BINDER / "requirements.txt").read_text().splitlines())
     assert needed <= have, f"binder/requirements.txt lacks {sorted(needed - have)}"
     assert "graphviz" in (BINDER / "apt.txt").read_text().split(), "apt.txt must install graphviz (dot)"
     assert os.access(BINDER / "postBuild", os.X_OK), "binder/postBuild must be executable"
-
-
-def sanitize_patterns():
-    """The (regex, replacement) pairs of the sanitize file, read as nbval reads them."""
-    return re.findall(r"^regex: (.*)$\n^replace: (.*)$", SANITIZE.read_text(), flags=re.MULTILINE)
-
-
-def comparable(cell, patterns):
-    """A code cell's outputs as nbval compares them: streams joined by name, data by MIME type."""
-    out = {}
-    for o in cell.get("outputs", []):
-        if o["output_type"] == "stream":
-            out.setdefault(o["name"], []).append(o["text"])
-        elif o["output_type"] == "error":
-            out.setdefault("error", []).append(f"{o['ename']}: {o['evalue']}")
-        else:
-            for mime, value in o.get("data", {}).items():
-                if mime not in SKIPPED:
-                    out.setdefault(mime, []).append(value if isinstance(value, str) else str(value))
-    result = {}
-    for key, parts in out.items():
-        text = "".join(parts) if key in ("stdout", "stderr") else "\n---\n".join(parts)
-        for regex, replace in patterns:
-            text = re.sub(regex, replace, text)
-        result[key] = text
-    return result
 
 
 def run(cmd, *, env, cwd, timeout):
@@ -134,14 +106,9 @@ def test_binder_recipe_builds_an_environment_that_runs_a_tutorial(tmp_path):
     """)
     run([python, "-c", runner], env=env, cwd=repo / "notebooks", timeout=900)
 
-    patterns = sanitize_patterns()
     stored = nbformat.read(ROOT / "notebooks" / NOTEBOOK, as_version=4)
     fresh = nbformat.read(executed, as_version=4)
-    pairs = [(a, b) for a, b in zip(stored.cells, fresh.cells) if a.cell_type == "code"]
-    assert pairs and len(stored.cells) == len(fresh.cells)
-    for i, (want, got) in enumerate(pairs):
-        assert comparable(got, patterns) == comparable(want, patterns), \
-            f"{NOTEBOOK}: code cell {i} differs in binder's environment:\n{want.source}"
+    pairs = assert_same_outputs(stored, fresh, f"{NOTEBOOK} in binder's environment")
     text = "".join(o.get("text", "") for _, c in pairs for o in c.get("outputs", []))
     for seed_line in ("float64 [3] [20, 18, 12]", "float64 [3] [2, 2, 2]", "1 run"):
         assert seed_line in text

@@ -466,4 +466,4 @@ def test_vkml_imports_without_dask_and_says_how_to_install_it():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          timeout=120)
     assert res.returncode == 0, res.stderr
-    assert "refused:" in res.stdout and "pip install 'vkml[distributed]'" in res.stdout
+    assert "refused:" in res.stdout and "pip install 'vkml-toolkit[distributed]'" in res.stdout

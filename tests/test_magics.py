@@ -365,3 +365,12 @@ def test_a_jitted_function_made_by_eval_has_no_module_and_cells_still_run(ip):
     assert r.success and r.error_in_exec is None, r.error_in_exec
     assert [b for b in diagrams(shown) if "add" in " ".join(svg_texts(b))]   # g's program
     assert r.result.numpy().tolist() == [6.0]                                # d/dx (x^2 + 1)
+
+
+@pytest.mark.parametrize("cell", ["%%vkml --help\n", "%%vkml --help", "%%vkml -h\n\n  \n",
+                                  "%vkml --help", "%vkml help"])
+def test_help_prints_the_usage_with_or_without_a_cell_body(ip, cell, capsys):
+    result = ip.run_cell(cell)
+    assert result.success, result.error_in_exec or result.error_before_exec
+    out = capsys.readouterr().out
+    assert "usage: %%vkml [--eager] [--backend NAME]" in out and "%vkml info" in out

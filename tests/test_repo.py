@@ -66,11 +66,11 @@ def test_binder_installs_graphviz_and_vkml():
 def test_pyproject_core_depends_on_numpy_only_and_pins_torch():
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
     project = meta["project"]
-    assert project["name"] == "vkml"
+    assert project["name"] == "vkml-toolkit"     # the index's "vkml" is another project
     assert project["dependencies"] == ["numpy>=1.24"]
     extras = project["optional-dependencies"]
     assert "torch==2.13.0" in extras["bench"]  # a newer torch pulls a multi-GB CUDA build
-    assert "vkml[jupyter]" in extras["test"]
+    assert "vkml-toolkit[tutorials]" in extras["test"]
     pytest_options = meta["tool"]["pytest"]["ini_options"]
     assert set(pytest_options["testpaths"]) == {"tests", "notebooks"}
     assert "--nbval" in pytest_options["addopts"].split()   # the tutorials run as tests too

@@ -11,7 +11,7 @@ This package depends on ``vkml`` (the library in ``kit/``) and on IPython; the l
 imports it except through ``%load_ext vkml`` and ``vkml.widgets``.
 """
 
-from .magics import USAGE, VkmlMagics
+from .magics import USAGE, VkmlMagics, help_without_a_body
 
 __all__ = ["USAGE", "VkmlMagics", "load_ipython_extension"]
 
@@ -26,3 +26,6 @@ def load_ipython_extension(ipython):
     True
     """
     ipython.register_magics(VkmlMagics)
+    cleanup = ipython.input_transformers_cleanup
+    if help_without_a_body not in cleanup:
+        cleanup.append(help_without_a_body)

@@ -223,6 +223,24 @@ def _traced(t) -> bool:
     return is_traced(t.ir_var)
 
 
+def help_without_a_body(lines):
+    """IPython refuses a cell magic whose cell has nothing under its first line before the magic
+    sees it ("the cell body is empty"), so ``%%vkml --help`` alone in a cell -- what a reader
+    types to see the options -- is run as the line magic ``%vkml --help``, which prints them.
+    (An input transformer: lines in, lines out; anything else passes unchanged.)
+
+    >>> help_without_a_body(["%%vkml --help\n"])
+    ['%vkml --help\n']
+    >>> help_without_a_body(["%%vkml --eager\n", "y = 1\n"])
+    ['%%vkml --eager\n', 'y = 1\n']
+    """
+    if lines and lines[0].lstrip().startswith("%%vkml") and not "".join(lines[1:]).strip():
+        words = lines[0].split()
+        if "--help" in words or "-h" in words:
+            return [lines[0].replace("%%vkml", "%vkml", 1)] + lines[1:]
+    return lines
+
+
 @magics_class
 class VkmlMagics(Magics):
     """``%%vkml`` and ``%vkml`` (see :data:`USAGE`).

@@ -55,6 +55,8 @@ from vkml.printer import root_of, site_title
 from vkml.pytree import flatten, unflatten
 from vkml.transforms import jvp_program, partial_eval, transpose_program, vjp_program
 
+from .static import StaticPicture
+
 __all__ = ["explore_program", "ProgramExplorer", "ProgramPicture", "DerivationView",
            "DERIVATIONS"]
 
@@ -377,7 +379,7 @@ def _float_flags(prog, arg_leaves, only_first):
     return flags
 
 
-class ProgramExplorer(widgets.VBox):
+class ProgramExplorer(StaticPicture, widgets.VBox):
     """The widget :func:`explore_program` returns.
 
     Controls: ``derivation`` (ToggleButtons), ``sizes`` (HTML: the programs' sizes and what the
@@ -614,6 +616,11 @@ class ProgramExplorer(widgets.VBox):
         True
         """
         return self.view.svg
+
+    def static_picture(self):
+        """The stacked programs as they are now (SVG): what a reader sees without a kernel."""
+        svg = self.picture.svg
+        return ("image/svg+xml", svg) if "<svg" in svg[:2000] else None
 
     def __repr__(self):
         at = ", ".join(_type(v) for v in self.primal.inputs)

@@ -29,6 +29,8 @@ from vkml.graph.simulation import Simulation
 from vkml.graph.treesum import chunk_bounds
 from vkml.viz_schedule import describe
 
+from .static import StaticPicture
+
 __all__ = ["explore_schedule", "ScheduleExplorer", "schedule_for", "KINDS"]
 
 #: The kinds of schedule the explorer chooses between.
@@ -108,7 +110,7 @@ def _check_seeds(sim, seeds):
     return dict(seeds)
 
 
-class ScheduleExplorer(widgets.VBox):
+class ScheduleExplorer(StaticPicture, widgets.VBox):
     """The widget :func:`explore_schedule` returns.
 
     Controls: ``kind`` (ToggleButtons), ``budget`` (IntSlider, states per sample), ``run_button``.
@@ -318,6 +320,11 @@ class ScheduleExplorer(widgets.VBox):
         except VkmlError as err:          # shown where the button is, not in the log console
             self.result.value = ("<div class='vkml-readout vkml-schedule-result'>"
                                  f"{type(err).__name__}: {html.escape(str(err))}</div>")
+
+    def static_picture(self):
+        """The schedule's picture as it is now (SVG): what a reader sees without a kernel."""
+        svg = self.picture.value
+        return ("image/svg+xml", svg) if "<svg" in svg[:2000] else None
 
     def __repr__(self):
         return (f"ScheduleExplorer({self.sim.launch.kernel.name}, budget {self.budget.value}: "

@@ -28,6 +28,7 @@ import numpy as np
 import vkml
 from vkml import viz
 from vkml.errors import ArgumentError
+from .static import StaticPicture
 from .schedule_explorer import ScheduleExplorer, explore_schedule  # noqa: F401  (budget slider)
 
 from .program_explorer import ProgramExplorer, explore_program  # noqa: E402  (its own module)
@@ -79,7 +80,7 @@ def _slider(name, start, ranges):
                                layout=widgets.Layout(width="420px"))
 
 
-class GradientExplorer(widgets.VBox):
+class GradientExplorer(StaticPicture, widgets.VBox):
     """The widget :func:`explore_gradient` returns.
 
     Attributes to read or drive: ``sliders`` (name -> FloatSlider),
@@ -251,6 +252,10 @@ class GradientExplorer(widgets.VBox):
         fig.savefig(buf, format="png", metadata={"Software": None})
         self.plot.value = buf.getvalue()
 
+    def static_picture(self):
+        """The tangent-line plot as it is now (PNG): what a reader sees without a kernel."""
+        return ("image/png", self.plot.value) if self.plot.value else None
+
     def __repr__(self):
         at = ", ".join(f"{n}={self.sliders[n].value:.6g}" for n in self.sliders)
         return f"GradientExplorer({getattr(self.f, '__name__', 'f')} at {at})"
@@ -289,7 +294,7 @@ def explore_record(record, graph=None):
     return RecordExplorer(record, graph)
 
 
-class RecordExplorer(widgets.VBox):
+class RecordExplorer(StaticPicture, widgets.VBox):
     """The widget :func:`explore_record` returns (``step``, ``prev``, ``next``, ``readout``,
     ``picture``; ``current`` is the step as ``(sweep, index, node name)``).
 
@@ -390,6 +395,11 @@ class RecordExplorer(widgets.VBox):
         if svg is None:
             svg = f"<pre>{html.escape(bundle['text/plain'])}</pre>"
         self.picture.value = svg
+
+    def static_picture(self):
+        """The Record's picture at the current step (SVG): what a reader sees without a kernel."""
+        svg = self.picture.value
+        return ("image/svg+xml", svg) if "<svg" in svg[:2000] else None
 
     def __repr__(self):
         sweep, i, name = self.current

@@ -7,6 +7,9 @@ keeps working.  Messages name the op, node or plane and say what to do
 instead; a refused call changes nothing.
 """
 
+import functools
+import os
+
 
 class VkmlError(Exception):
     """Base class of every error vkml raises on purpose.
@@ -171,3 +174,57 @@ class VkmlWarning(UserWarning):
     >>> [type(w.message).__name__ for w in caught]
     ['VkmlWarning']
     """
+
+
+# -- tracebacks that start and end in the user's code --------------------------------------------
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+#: said once under a traceback whose vkml frames were taken out
+HIDDEN_NOTE = "(vkml's own frames are left out of this traceback; set VKML_TRACEBACK=full to see them)"
+
+
+def hide_vkml_frames(error: BaseException) -> None:
+    """Take vkml's own frames out of ``error``'s traceback, keeping every frame of the user's
+    code (the call into vkml, and a traced function's line that went wrong), as JAX does.
+
+    Why: an error inside ``jit`` passes through 6-13 frames of tracing machinery between the
+    user's call and the user's line that caused it; the message already names the op and the
+    line, and the frames in between only bury it.  Called where an error leaves a public entry
+    point (a jitted call, a graph's launch, a reverse, a model's forward, an optimiser step) for
+    ``VkmlError``\\ s only: any other exception is a bug (of the user's or of vkml's) and keeps
+    every frame.  ``VKML_TRACEBACK=full`` keeps them all, and Python 3.10 (no ``add_note``,
+    a re-raise keeps its old traceback) shows them all too."""
+    if not isinstance(error, VkmlError) or os.environ.get("VKML_TRACEBACK") == "full":
+        return
+    kept, frames, tb = [], 0, error.__traceback__
+    while tb is not None:
+        frames += 1
+        if not tb.tb_frame.f_code.co_filename.startswith(_PACKAGE):
+            kept.append(tb)
+        tb = tb.tb_next
+    if len(kept) == frames:
+        return
+    for a, b in zip(kept, kept[1:]):
+        a.tb_next = b
+    if kept:
+        kept[-1].tb_next = None
+    # (none kept: the traceback starts again at the user's call, added as the error leaves)
+    error.__traceback__ = kept[0] if kept else None
+    notes = getattr(error, "__notes__", ())
+    if hasattr(error, "add_note") and HIDDEN_NOTE not in notes:
+        error.add_note(HIDDEN_NOTE)
+
+
+def boundary(fn):
+    """``fn`` as a public entry point: a :class:`VkmlError` leaving it loses vkml's own frames
+    (:func:`hide_vkml_frames`).  For calls made a few times a step (a launch, a reverse, an
+    optimiser step); the hot ones (a jitted call, a forward) do the same inline."""
+
+    @functools.wraps(fn)
+    def entry(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except VkmlError as error:
+            hide_vkml_frames(error)
+            raise
+    return entry

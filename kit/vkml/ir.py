@@ -179,11 +179,30 @@ class Eqn:
 
 
 def site_text(where) -> str:
-    """``file.py:12`` for a source site kept as (code object, line), or a text as it is."""
+    """``file.py:12`` for a source site kept as (code object, line) -- ``cell In[5], line 2``
+    for a line of a notebook cell, as IPython's own tracebacks name it -- or a text as it is."""
     if where is None or isinstance(where, str):
         return where
     code, line = where
+    cell = notebook_cell(code.co_filename)
+    if cell is not None:
+        return f"cell {cell}, line {line}"
     return f"{os.path.basename(code.co_filename)}:{line}"
+
+
+def notebook_cell(filename: str):
+    """``In[5]`` when ``filename`` is the name IPython gave the code of a cell it ran (a
+    temporary ``.../ipykernel_123/4567.py``), else None.  Asks the running IPython, if any,
+    without importing it."""
+    ipython = sys.modules.get("IPython")
+    get = getattr(ipython, "get_ipython", None)
+    shell = get() if get is not None else None
+    name = getattr(getattr(shell, "compile", None), "format_code_name", None)
+    try:
+        named = name(filename) if name is not None else None
+    except Exception:                 # noqa: BLE001 - another IPython's internals: no cell name
+        return None
+    return named[1] if named else None
 
 
 def _param_str(value) -> str:

@@ -30,8 +30,10 @@ import weakref
 
 import numpy as np
 
-from .errors import ArgumentError, DTypeError, IndexOutOfRangeError, ShapeError
+from .errors import ArgumentError, DTypeError, IndexOutOfRangeError, ShapeError, VkmlError, \
+    hide_vkml_frames
 from .ops import api
+from .ops.checks import warn_at_user
 from .runtime import MODEL_TRACE, user_code, user_line
 from .tensor import (Tensor, apply_replayable, conv2d, flatten, max_pool2d, mean, relu, reshape,
                      sigmoid, softmax, sqrt, take, take_along_axis, tanh, tensor, var)
@@ -167,6 +169,9 @@ class Module:
         try:
             with user_line() if _own_forward(type(self)) else user_code():
                 return self.forward(*args, **kwargs)
+        except VkmlError as error:      # (the user's frames only: see hide_vkml_frames)
+            hide_vkml_frames(error)
+            raise
         finally:
             MODEL_TRACE.exit_read()
 
@@ -339,11 +344,36 @@ class Linear(Module):
         if x.ndim == 0 or x.shape[-1] != self.in_features:
             raise ShapeError(f"Linear({self.in_features}, {self.out_features}): the input's last "
                              f"dimension must be {self.in_features}, got shape {x.shape}")
+        if x.dtype is not self.weight.dtype:
+            _wider_input(self, x, f"Linear({self.in_features}, {self.out_features})")
         return apply_replayable(_affine, x, self.weight, self.bias)
 
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}")
+
+
+#: (layer class, parameter dtype, input dtype) already warned about by ``_wider_input``
+_WARNED_WIDER = set()
+
+
+def _wider_input(layer, x, name):
+    """Warn once (per kind of layer and pair of dtypes) when a layer's input is a wider float
+    than its parameters: NumPy's promotion then computes the layer, its gradient and everything
+    after it in the wider type -- a float64 batch fed to a float32 model runs in float64, about
+    twice the time and memory, which is rarely what was meant.  The result is what NumPy's
+    rules give; the warning names the cast that keeps the model's precision."""
+    have, got = layer.weight.dtype, x.dtype
+    if got.kind != "f" or have.kind != "f" or got.itemsize <= have.itemsize:
+        return
+    key = (type(layer), have, got)
+    if key in _WARNED_WIDER:
+        return
+    _WARNED_WIDER.add(key)
+    warn_at_user(f"{name}: its parameters are {have.name} but its input is {got.name}, so it "
+                 f"computes in {got.name} (slower, twice the memory); cast the input first, e.g. "
+                 f"x.astype(np.{have.name}) for a NumPy batch or x.astype(vkml.{have.name}) for a "
+                 f"tensor, or make the model in {got.name} (this is said once)")
 
 
 def _affine(x, weight, bias):
@@ -387,6 +417,8 @@ class Conv2d(Module):
         if x.ndim != 4 or x.shape[1] != self.in_channels:
             raise ShapeError(f"Conv2d({self.in_channels}, {self.out_channels}): needs input of shape "
                              f"(N, {self.in_channels}, H, W), got {x.shape}")
+        if x.dtype is not self.weight.dtype:
+            _wider_input(self, x, f"Conv2d({self.in_channels}, {self.out_channels})")
         return conv2d(x, self.weight, self.bias, self.stride, self.padding)
 
     def extra_repr(self):

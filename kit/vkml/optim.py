@@ -33,6 +33,7 @@ from sys import getrefcount
 
 import numpy as np
 
+from .errors import VkmlError, boundary, hide_vkml_frames
 from .errors import ArgumentError, DTypeError, ShapeError
 from .ir import EXACT_REFCOUNTS, Var, dtype_name
 from .backends.interrupts import Deferred
@@ -125,6 +126,7 @@ class Optimizer(abc.ABC):
         for p in self.params:
             p.grad = None
 
+    @boundary
     def step(self) -> None:
         """Update every parameter that has a ``.grad`` (the rest are skipped): ONE submission.
 
@@ -402,8 +404,12 @@ class CompiledStep:
 
         Steps of one optimiser called from several threads take turns (one lock per optimiser):
         each reads the values the last one wrote, so none is lost."""
-        with self.opt._turn:
-            return self._step(batch)
+        try:
+            with self.opt._turn:
+                return self._step(batch)
+        except VkmlError as error:          # (the user's frames only: see hide_vkml_frames)
+            hide_vkml_frames(error)
+            raise
 
     def _step(self, batch):
         opt = self.opt

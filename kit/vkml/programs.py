@@ -33,6 +33,7 @@ from . import runtime
 from .backends.base import ExecutionFailure
 from .backends.cpu import Tiered
 from .backends.numpy_backend import FRESH
+from .errors import boundary, hide_vkml_frames
 from .errors import ArgumentError, DTypeError, GradError, ShapeError, TracingError, VkmlError
 from .ir import (Program, Var, collect, current_serial, dtype_name, format_shape,
                  program_from_dag)
@@ -535,29 +536,33 @@ class Jitted:
         return entry, leaves, in_vars + list(entry.captures)
 
     def __call__(self, *args, **kwargs):
-        if kwargs:
-            return self._keyword_call(args, kwargs)
-        fast = _fast_key(args)
-        last, plan = self._last
-        if fast != last:
-            plan = self._fast.get(fast)         # (None for a key of None: never stored)
-            if plan is not None:
-                self._last = (fast, plan)
-        if plan is not None and (plan.removals == self._entries.removals or
-                                 plan.valid(self._entries)):
-            self.hits += 1
-            STATS.cache_hits += 1
-            return plan.run(args)
-        entry, leaves, in_vars = self._lookup(args)
-        requires = False
-        for x in leaves:
-            if type(x) is Tensor and x.requires_grad:
-                requires = True
-                break
-        outs = _apply_program(self, entry, "primal", entry.program, in_vars, requires)
-        if fast is not None and not entry.captures:
-            self._remember(fast, args, entry, in_vars)
-        return unflatten(entry.out_tree, outs)
+        try:
+            if kwargs:
+                return self._keyword_call(args, kwargs)
+            fast = _fast_key(args)
+            last, plan = self._last
+            if fast != last:
+                plan = self._fast.get(fast)         # (None for a key of None: never stored)
+                if plan is not None:
+                    self._last = (fast, plan)
+            if plan is not None and (plan.removals == self._entries.removals or
+                                     plan.valid(self._entries)):
+                self.hits += 1
+                STATS.cache_hits += 1
+                return plan.run(args)
+            entry, leaves, in_vars = self._lookup(args)
+            requires = False
+            for x in leaves:
+                if type(x) is Tensor and x.requires_grad:
+                    requires = True
+                    break
+            outs = _apply_program(self, entry, "primal", entry.program, in_vars, requires)
+            if fast is not None and not entry.captures:
+                self._remember(fast, args, entry, in_vars)
+            return unflatten(entry.out_tree, outs)
+        except VkmlError as error:          # (the user's frames only: see hide_vkml_frames)
+            hide_vkml_frames(error)
+            raise
 
     def _call_overwriting(self, args, destinations):
         """``self(*args)``'s results as one flat list, with results computed over arguments the
@@ -787,6 +792,7 @@ def _executable(owner, entry, variant_tag, prog, backend, values):
 
 # -- scan -----------------------------------------------------------------------------------------
 
+@boundary
 def scan(step, init, xs, length=None, reverse=False):
     """``carry, ys = scan(step, init, xs)``: ``carry, y = step(carry, x)`` for each row x of xs.
 
@@ -1105,6 +1111,7 @@ def value_and_grad(fn, argnums=0, has_aux=False):
     return _passing_keywords(fn, argnums, has_aux, True, "value_and_grad")
 
 
+@boundary
 def vjp(fn, *args):
     """``out, pullback = vjp(f, *args)``; ``pullback(ct)`` returns one cotangent per argument.
 
@@ -1134,6 +1141,7 @@ def vjp(fn, *args):
     return out, pullback
 
 
+@boundary
 def jvp(fn, primals, tangents):
     """``(f(primals), df(primals)[tangents])`` by forward mode, its program derived once.
 
@@ -1164,6 +1172,7 @@ def jvp(fn, primals, tangents):
     return unflatten(entry.out_tree, outs[:n]), unflatten(entry.out_tree, outs[n:])
 
 
+@boundary
 def linearize(fn, *primals):
     """``out, f_jvp = linearize(f, *primals)``: the known part runs now, ``f_jvp(*tangents)``
     runs only the part linear in the tangents (the residuals are kept).
@@ -1202,6 +1211,7 @@ def linearize(fn, *primals):
 
 # -- programs as values -----------------------------------------------------------------------------
 
+@boundary
 def program(fn, *args) -> Program:
     """The Program ``fn`` traces to for these arguments (``print`` it to read it).
 
@@ -1249,6 +1259,7 @@ def vmap(fn, in_axes=0, out_axes=0):
     jitted = jit(fn)
     with_keywords = {}          # number of positional arguments -> the map of fn's keyword caller
 
+    @boundary
     def batched(*args, **kwargs):
         if kwargs:              # keyword arguments are mapped over their axis 0, as in JAX
             mapped = with_keywords.get(len(args))
@@ -1932,6 +1943,7 @@ def _passing_keywords(fn, argnums, has_aux, with_value, where):
 
     checked = {}            # the argnums as positions, by the number of arguments
 
+    @boundary
     def g(*args, **kwargs):
         nums = checked.get(len(args))
         if nums is None:
@@ -2088,6 +2100,7 @@ def _pytree_jacobian(fn, argnums, has_aux, where, one_array):
     flat_fns = {}
     with_keywords = []          # the Jacobian of fn's keyword caller, made on the first keyword call
 
+    @boundary
     def jac(*args, **kwargs):
         if kwargs:              # keyword arguments go to fn undifferentiated, as in JAX
             if not with_keywords:

@@ -55,7 +55,7 @@ from . import threadsafe
 from .backends import ExecutionFailure, current, set_backend, use_backend  # noqa: F401 (public)
 from .backends.base import instances
 from .errors import ArgumentError, ExecutionError, GradError, TracingError
-from .ir import Program, collect, collect_keyed
+from .ir import Program, collect, collect_keyed, site_text
 from .ops.api import DEFAULT_DEVICE as _DEVICE_SETTING
 from .ops.api import default_device
 from .ops.linalg import DETERMINISTIC_MATMUL
@@ -215,6 +215,12 @@ def current_device() -> str:
     """Where this thread's or task's new constants are placed: the current backend's device."""
     current()               # the first use picks the backend (and so the device)
     return default_device()
+
+
+def user_site_text():
+    """The user's current line as an error names it (``file.py:12``, ``cell In[5], line 2``),
+    or None where every frame is vkml's."""
+    return site_text(user_site())
 
 
 class user_line:

@@ -24,6 +24,7 @@ from sys import getrefcount
 import numpy as np
 
 from . import runtime
+from .errors import boundary
 from .errors import ArgumentError, DTypeError, GradError, ShapeError, TracingError
 from .ir import EXACT_REFCOUNTS, Var, dtype_name, format_shape
 from .ops import api, numeric, recipes
@@ -109,7 +110,10 @@ class Tensor:
         >>> vkml.tensor([1.0, 2.0]).numpy()
         array([1., 2.])
         """
-        realize(self)
+        try:
+            realize(self)
+        except TracingError:
+            raise self._untraced(".numpy()") from None
         var = self.ir_var
         out = np.asarray(var.value).view()
         if runtime.WRITING and runtime.settled(var):     # a step in another thread wrote it
@@ -130,6 +134,8 @@ class Tensor:
         if self.size != 1:
             raise ShapeError(f"item: needs a tensor with one element, got shape {self.shape}; "
                              "reduce it first (e.g. .sum())")
+        if runtime.is_traced(self.ir_var):
+            raise self._untraced(".item()")
         return self.numpy().reshape(()).item()
 
     def tolist(self):
@@ -142,11 +148,24 @@ class Tensor:
 
     def _concrete(self, what):
         if runtime.is_traced(self.ir_var):
-            raise TracingError(
-                f"{what} of a traced value ({self.ir_var.type_str()}) has no value while tracing; "
-                "use vkml.where for a choice made per element, or vkml.scan / vkml.cond for "
-                "control flow")
+            raise self._untraced(what)
         return self.item()
+
+    def _untraced(self, what) -> TracingError:
+        """The error for ``what`` (``.numpy()``, ``float()``, ``bool()``...) of a value that is
+        being traced (inside ``jit``, ``grad``, ``vmap``, ``scan``...): it names the call, the
+        value and the user's line, and says what to do instead."""
+        site = runtime.user_site_text()
+        where = f" at {site}" if site else ""
+        if what in ("bool()", "an index"):
+            fix = ("use vkml.where for a choice made per element, or vkml.cond / vkml.while_loop "
+                   "for control flow")
+        else:
+            fix = ("return it from the traced function to look at it, or compute it outside "
+                   "the trace")
+        return TracingError(f"{what} of a traced value ({self.ir_var.type_str()}){where}: inside "
+                            "vkml.jit, grad, vmap or scan a value has no data until the traced "
+                            f"function returns; {fix}")
 
     def __bool__(self):
         if self.size != 1:
@@ -173,6 +192,7 @@ class Tensor:
         return f"tensor({body}, dtype={dtype_name(self.dtype)}{grad})"
 
     # -- autograd ------------------------------------------------------------------------
+    @boundary
     def backward(self):
         """Accumulate the gradient of this scalar into the ``.grad`` of every leaf that requires it (:func:`vkml.backward`).
 
@@ -1088,6 +1108,7 @@ def assign(destinations, sources) -> None:
 
 # -- backward -----------------------------------------------------------------------------------------
 
+@boundary
 def backward(root) -> None:
     """Accumulate d(root)/d(leaf) into ``leaf.grad`` for every leaf that requires grad.
 

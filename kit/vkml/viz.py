@@ -53,6 +53,7 @@ from .errors import ArgumentError
 from .ir import Program, Var, collect, dtype_name, format_shape
 from .graph.graph import Graph
 from .graph.record import Record
+from .install import install_hint
 from .printer import (format_param, fused_view, literal, number_values, pp_program, root_of,
                       site_title, value_names)
 from .programs import Jitted, gradient_residuals, jit
@@ -120,7 +121,7 @@ def dot_available() -> str | None:
                 "install graphviz, e.g. `apt-get install graphviz`, to see the diagram)")
     if importlib.util.find_spec("graphviz") is None:
         return ("(vkml.viz: the `graphviz` Python package is missing, so this is shown as text; "
-                "`pip install 'vkml[jupyter]'` to see the diagram)")
+                f"`{install_hint('jupyter')}` to see the diagram)")
     return None
 
 

@@ -4,6 +4,7 @@ from . import cpu, numpy_backend  # noqa: F401  (register "cpu" and "numpy")
 from .base import (STATS, Backend, ExecutionFailure, Stats, current, register, reset_stats,
                    set_backend, started, stats, use_backend)
 from .base import backend_info as _backend_info
+from ..install import install_hint
 
 
 def _cuda():
@@ -45,7 +46,7 @@ def cuda_unavailable():
     missing = [m for m in missing if m != "nvcc"]   # a cubin cache can run without the compiler
     if not missing:
         return None
-    return f"missing {', '.join(missing)} (install vkml[cuda] on a machine with an NVIDIA GPU)"
+    return f"missing {', '.join(missing)} ({install_hint('cuda')} on a machine with an NVIDIA GPU)"
 
 
 __all__ = ["STATS", "Backend", "ExecutionFailure", "Stats", "backend_info", "current",

@@ -124,6 +124,7 @@ import weakref
 import numpy as np
 
 from ..errors import ArgumentError, BackendError, DTypeError, ExecutionError, ShapeError
+from ..install import install_hint
 from ..ops.checks import warn_at_user
 from ..stats import STATS
 from . import disk_cache
@@ -182,7 +183,7 @@ def _driver_modules():
         raise BackendError(
             f"the cuda backend needs PyCUDA and an NVIDIA driver: importing pycuda.driver failed "
             f"({e}). Install the extra on a machine with a GPU, nvcc and the driver "
-            "(pip install 'vkml[cuda]'), or use set_backend('numpy') or set_backend('cpu')") from e
+            f"({install_hint('cuda')}), or use set_backend('numpy') or set_backend('cpu')") from e
     try:
         from cuda.bindings import driver as cu  # local: optional dependency
     except ImportError:

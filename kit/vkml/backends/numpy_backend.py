@@ -16,6 +16,7 @@ from collections import Counter
 import numpy as np
 
 from ..ops.checks import collecting_warnings, holds_checks
+from . import numpy_warnings
 from .base import Backend, DeviceValue, ExecutionFailure, register
 
 
@@ -374,12 +375,17 @@ def compile_program(program, compile_nested=None):
     ret = "        return [" + ", ".join(names[v] if v in arrays else f"_asarray({names[v]})"
                                      for v in program.outputs) + "]"
     handler = ["    except Exception as error:", "        raise _failure(error) from error"]
+    if numpy_warnings.can_warn(program):     # NumPy's warnings said at the user's line
+        header.insert(-2, "    _state = _warn_enter()")
+        handler += ["    finally:", "        _warn_leave(_state)"]
+        namespace.update(_warn_enter=numpy_warnings.enter, _warn_leave=numpy_warnings.leave)
     source = "\n".join(header + body + [ret] + handler) + "\n"
     first_line = len(header) + 1
     namespace["_avals"] = [(v.shape, v.dtype) for v in program.outputs]
     namespace["_failure"] = functools.partial(_failure, first_line, line_eqn)
+    namespace["_equation_at"] = functools.partial(_equation_at, program.eqns, first_line, line_eqn)
     # one file name for all: CPython keeps every distinct code file name for good
-    exec(compile(source, "<vkml program>", "exec"), namespace)
+    exec(compile(source, numpy_warnings.PROGRAM_FILE, "exec"), namespace)
     run = namespace["run"]
 
     run.source = source
@@ -399,6 +405,12 @@ def _failure(first_line, line_eqn, error):
     first frame: the run caught it): the equation of that line, or the first one."""
     line = error.__traceback__.tb_lineno - first_line
     return ExecutionFailure(line_eqn[line] if 0 <= line < len(line_eqn) else 0, error)
+
+
+def _equation_at(eqns, first_line, line_eqn, lineno):
+    """The equation of line ``lineno`` of a generated run (None off its body)."""
+    line = lineno - first_line
+    return eqns[line_eqn[line]] if 0 <= line < len(line_eqn) else None
 
 
 def _collecting(run):

@@ -48,7 +48,7 @@ The rules, in plain words:
 
 Modules: ``engine`` (the Dask import), ``blocks`` (the block rule), ``tasks`` (what runs on the
 workers), ``sharded`` (the client's side), ``gradients`` (combining the blocks' gradients),
-``cluster`` (``local()``).  Install with ``pip install 'vkml[distributed]'``; ``import vkml``
+``cluster`` (``local()``).  Install with ``pip install 'vkml-toolkit[distributed]'``; ``import vkml``
 never imports Dask.
 """
 

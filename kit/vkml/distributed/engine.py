@@ -5,8 +5,9 @@ how to install them.  Every other module of this package imports the engine from
 from __future__ import annotations
 
 from ..errors import BackendError
+from ..install import install_hint
 
-INSTALL = "pip install 'vkml[distributed]'"
+INSTALL = install_hint("distributed")
 
 try:
     import dask

@@ -36,6 +36,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..backends import ExecutionFailure
+from ..errors import boundary
 from ..errors import ArgumentError, Busy, DTypeError, RefusedError, ShapeError, VkmlError
 from ..ir import Program, Var, program_from_dag
 from .. import backends
@@ -556,6 +557,7 @@ class Reverse:
         """
         return self.forward.bitwise()
 
+    @boundary
     def __call__(self, record, seeds, wrt=None):
         return self.forward.reverse(record, seeds, wrt=wrt, vjps=self.vjps, strict=self.strict,
                                     lock=self._lock)
@@ -779,6 +781,7 @@ def _central_vjp(launch, ins, params, cts, n):
     return wrt, want
 
 
+@boundary
 def reverse(record, seeds, *, wrt=None, vjps=None, strict=False):
     """Every gradient of a recorded launch: the eager door (builds a Reverse per call).
 

@@ -45,6 +45,7 @@ import numpy as np
 from .. import backends
 from ..backends import ExecutionFailure
 from ..backends.base import threads  # noqa: F401  (the graph modules' name for it)
+from ..errors import boundary
 from ..errors import ArgumentError, Busy, DTypeError, ExecutionError, RecordError, RefusedError, \
     ShapeError, VkmlError
 from .kernel import Kernel, Launch
@@ -933,6 +934,7 @@ class Graph(Reversible):
             raise Busy(f"{what}: the graph is running launch {self.generation + 1}; wait for it to "
                        "return")
 
+    @boundary
     def launch(self, n=1):
         """Run the graph ``n`` times (at most ``MAX_LAUNCH_RUNS``, 2**31); a recording graph runs
         exactly once per launch and records it.

@@ -67,6 +67,7 @@ import numpy as np
 
 from ..backends import ExecutionFailure
 from ..backends.cuda_loops import rows, window as checkpoint_window
+from ..errors import boundary
 from ..errors import ArgumentError, BackendError, Busy, ExecutionError, RecordError, RefusedError, \
     ShapeError
 from .diff import Gradients, Report, check_reverse_lock, check_vjps, reverse_launch, \
@@ -468,6 +469,7 @@ class Simulation(Reversible):
         done = outs["terminated"] & active if self.terminates else np.zeros_like(active)
         return new, done, outs, extra
 
+    @boundary
     def run(self):
         """Run until every sample has terminated or ``max_steps`` steps; record if record=True.
 
