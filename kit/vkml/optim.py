@@ -150,7 +150,9 @@ class Optimizer(abc.ABC):
         with no_grad():
             srcs = _update_program(type(self))(_plain_values(params), [p.grad for p in params],
                                                states, hyper)
-        with Deferred():                 # Ctrl-C: after the whole step, never inside it
+        # Ctrl-C after the whole step, never inside it; a forward in another thread sees the
+        # parameters before the step or after it, never some of each (``MODEL_TRACE``)
+        with Deferred(), MODEL_TRACE.writing():
             _store(dsts, srcs)
             self._stepped(active)
 
@@ -433,14 +435,15 @@ class CompiledStep:
 
         if first:           # traces and compiles: writes nothing in place
             outs = program._call_overwriting(args, destinations)
-            with Deferred():
+            with Deferred(), MODEL_TRACE.writing():
                 return self._commit(active, params, dsts, outs, into)
         # From the call that may write in place to the last piece of bookkeeping, Ctrl-C waits
-        # (the step is applied whole or not at all), and a reader in another thread of an array
-        # being written waits too (``writing``: ids, so the counts of references stay exact).
+        # (the step is applied whole or not at all), a reader in another thread of an array being
+        # written waits too (``writing``: ids, so the counts of references stay exact), and so
+        # does a model's forward (``MODEL_TRACE``: it sees all old parameters or all new ones).
         marked = [id(d.ir_var) for d in dsts]
         marked += [id(p.grad.ir_var) for p in params if type(p.grad) is Tensor]
-        with Deferred(), writing(marked):
+        with Deferred(), writing(marked), MODEL_TRACE.writing():
             outs = program._call_overwriting(args, destinations)
             return self._commit(active, params, dsts, outs, into)
 

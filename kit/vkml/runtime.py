@@ -297,8 +297,9 @@ class writing:
         return False
 
 
-#: a compiled step's trace points a model's parameters at placeholders (the writer); forwards
-#: in other threads (readers) wait for it (``nn.Module.__call__``)
+#: a compiled step's trace points a model's parameters at placeholders, and a step's commit
+#: replaces them one by one (the writers); forwards in other threads (readers) wait for either
+#: (``nn.Module.__call__``), so a forward sees the parameters of one step, never a mix
 MODEL_TRACE = threadsafe.ReadersWriter()
 
 

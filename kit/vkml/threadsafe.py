@@ -269,3 +269,22 @@ class ReadersWriter:
             if not self._writes:
                 self._writer = None
                 self._cond.notify_all()
+
+    def writing(self):
+        """``with rw.writing():`` -- the block is the writer."""
+        return _Writing(self)
+
+
+class _Writing:
+    __slots__ = ("rw",)
+
+    def __init__(self, rw):
+        self.rw = rw
+
+    def __enter__(self):
+        self.rw.enter_write()
+        return self
+
+    def __exit__(self, *exc):
+        self.rw.exit_write()
+        return False
