@@ -37,12 +37,23 @@ def comparable(cell, patterns):
     return result
 
 
+def _ignored(cell) -> bool:
+    """A cell whose outputs nbval does not compare: marked NBVAL_IGNORE_OUTPUT or NBVAL_SKIP by a
+    comment on its first line or by a cell tag."""
+    first = cell.source.split("\n", 1)[0]
+    tags = set(cell.get("metadata", {}).get("tags", []))
+    return any(m in first or m.lower() in tags or m in tags
+               for m in ("NBVAL_IGNORE_OUTPUT", "NBVAL_SKIP"))
+
+
 def assert_same_outputs(stored, fresh, name, patterns=None):
     """Every code cell of ``fresh`` (a notebook run elsewhere) shows what ``stored`` does."""
     patterns = sanitize_patterns() if patterns is None else patterns
     pairs = [(a, b) for a, b in zip(stored.cells, fresh.cells) if a.cell_type == "code"]
     assert pairs and len(stored.cells) == len(fresh.cells), name
     for i, (want, got) in enumerate(pairs):
+        if _ignored(want):
+            continue
         assert comparable(got, patterns) == comparable(want, patterns), \
             f"{name}: code cell {i} differs:\n{want.source}"
     return pairs

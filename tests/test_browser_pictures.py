@@ -252,8 +252,8 @@ def test_hovering_a_program_box_shows_its_source_line(tutorial_lab):
             seen = page.evaluate(TOOLTIP_UNDER, [at["x"] + at["width"] / 2,
                                                  at["y"] + at["height"] / 2])
             assert seen["under"] == "text" and seen["hovered"], seen
-            # "<cell file>.py:<line>: <the line>", the line as the tutorial's cell wrote it
-            where = re.fullmatch(r"\S+\.py:\d+: (.+)", seen["title"])
+            # "cell In[<n>], line <line>: <the line>", the line as the tutorial's cell wrote it
+            where = re.fullmatch(r"cell In\[\d+\], line \d+: (.+)", seen["title"])
             assert where, seen
             assert where.group(1).strip() in code_lines(), seen
             assert "vkml.scan(" in where.group(1)

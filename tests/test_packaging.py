@@ -34,7 +34,7 @@ def wheel(tmp_path_factory):
     # No build isolation: the test extra installs setuptools and wheel, so no network is needed.
     run([sys.executable, "-m", "pip", "wheel", ".", "--no-deps", "--no-build-isolation",
          "-q", "-w", str(out)], cwd=src)
-    wheels = list(out.glob("vkml-0.1.0-*.whl"))
+    wheels = list(out.glob("vkml_toolkit-0.1.0-*.whl"))      # (the distribution vkml-toolkit)
     assert len(wheels) == 1, wheels
     return wheels[0]
 
@@ -55,7 +55,7 @@ def test_wheel_holds_every_module_and_the_cuda_templates(wheel):
         assert rel in names, f"{rel} is missing from the wheel"
     # Nothing else of the repository leaks into site-packages.
     tops = {n.split("/", 1)[0] for n in names}
-    assert tops == {"vkml", "vkml_jupyter", "vkml-0.1.0.dist-info"}, tops
+    assert tops == {"vkml", "vkml_jupyter", "vkml_toolkit-0.1.0.dist-info"}, tops
 
 
 def test_installed_wheel_imports_away_from_checkout_and_runs_seed_example(wheel, tmp_path):

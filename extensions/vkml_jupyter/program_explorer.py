@@ -618,7 +618,12 @@ class ProgramExplorer(StaticPicture, widgets.VBox):
         return self.view.svg
 
     def static_picture(self):
-        """The stacked programs as they are now (SVG): what a reader sees without a kernel."""
+        """The stacked programs as they are now (SVG): what a reader sees without a kernel.
+
+        >>> ex = vkml.widgets.explore_program(lambda x: vkml.sum(vkml.sin(x)), np.ones(2))
+        >>> ex.static_picture()[0]
+        'image/svg+xml'
+        """
         svg = self.picture.svg
         return ("image/svg+xml", svg) if "<svg" in svg[:2000] else None
 

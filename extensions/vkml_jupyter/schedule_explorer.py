@@ -322,7 +322,18 @@ class ScheduleExplorer(StaticPicture, widgets.VBox):
                                  f"{type(err).__name__}: {html.escape(str(err))}</div>")
 
     def static_picture(self):
-        """The schedule's picture as it is now (SVG): what a reader sees without a kernel."""
+        """The schedule's picture as it is now (SVG): what a reader sees without a kernel.
+
+        >>> from vkml_jupyter.widgets import ScheduleExplorer
+        >>> @vkml.kernel
+        ... def drift(x, v, k: vkml.Param):
+        ...     return {"x": x + 0.1 * v, "v": v - 0.1 * k * x}
+        ...
+        >>> x, v = np.array([1.0, 0.5]), np.zeros(2)
+        >>> sim = vkml.simulation(drift, max_steps=20, record=True, window=5, x=x, v=v, k=1.0)
+        >>> ScheduleExplorer(sim, budget=4, kind="window").static_picture()[0]
+        'image/svg+xml'
+        """
         svg = self.picture.value
         return ("image/svg+xml", svg) if "<svg" in svg[:2000] else None
 

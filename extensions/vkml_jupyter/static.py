@@ -18,6 +18,14 @@ class StaticPicture:
     a ``(mime type, data)`` pair of what it shows now (None: nothing to add)."""
 
     def static_picture(self):
+        """``(mime type, data)``: what the explorer shows now, for a reader without a kernel
+        (None: nothing to add).  Each explorer says what its picture is.
+
+        >>> ex = vkml.widgets.explore_gradient(lambda x: vkml.sum(x * x), np.array([1.0]))
+        >>> mime, data = ex.static_picture()
+        >>> mime, data[:4] == b"\\x89PNG"
+        ('image/png', True)
+        """
         return None
 
     def _repr_mimebundle_(self, **kwargs):

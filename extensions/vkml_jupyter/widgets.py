@@ -253,7 +253,12 @@ class GradientExplorer(StaticPicture, widgets.VBox):
         self.plot.value = buf.getvalue()
 
     def static_picture(self):
-        """The tangent-line plot as it is now (PNG): what a reader sees without a kernel."""
+        """The tangent-line plot as it is now (PNG): what a reader sees without a kernel.
+
+        >>> ex = vkml.widgets.explore_gradient(lambda x: vkml.sum(x * x), np.array([1.0]))
+        >>> ex.static_picture()[0]
+        'image/png'
+        """
         return ("image/png", self.plot.value) if self.plot.value else None
 
     def __repr__(self):
@@ -397,7 +402,18 @@ class RecordExplorer(StaticPicture, widgets.VBox):
         self.picture.value = svg
 
     def static_picture(self):
-        """The Record's picture at the current step (SVG): what a reader sees without a kernel."""
+        """The Record's picture at the current step (SVG): what a reader sees without a kernel.
+
+        >>> @vkml.kernel
+        ... def square(x):
+        ...     return {"u": x * x}
+        ...
+        >>> g = vkml.Graph().add(square.bind(x=np.ones(3), u=np.zeros(3)), name="square").build(record=True)
+        >>> g.launch()
+        <vkml.Graph: square>
+        >>> vkml.widgets.explore_record(g.record).static_picture()[0]
+        'image/svg+xml'
+        """
         svg = self.picture.value
         return ("image/svg+xml", svg) if "<svg" in svg[:2000] else None
 

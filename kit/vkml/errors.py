@@ -95,7 +95,7 @@ class TracingError(VkmlError, TypeError):
     >>> vkml.jit(f)(1.0)
     Traceback (most recent call last):
         ...
-    vkml.errors.TracingError: bool() of a traced value (bool [] at CPU) has no value while tracing; use vkml.where for a choice made per element, or vkml.scan / vkml.cond for control flow
+    vkml.errors.TracingError: bool() of a traced value (bool [] at CPU) at <doctest vkml.TracingError[0]>:2: inside vkml.jit, grad, vmap or scan a value has no data until the traced function returns; use vkml.where for a choice made per element, or vkml.cond / vkml.while_loop for control flow
     """
 
 
@@ -179,8 +179,6 @@ class VkmlWarning(UserWarning):
 # -- tracebacks that start and end in the user's code --------------------------------------------
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
-#: said once under a traceback whose vkml frames were taken out
-HIDDEN_NOTE = "(vkml's own frames are left out of this traceback; set VKML_TRACEBACK=full to see them)"
 
 
 def hide_vkml_frames(error: BaseException) -> None:
@@ -192,8 +190,19 @@ def hide_vkml_frames(error: BaseException) -> None:
     line, and the frames in between only bury it.  Called where an error leaves a public entry
     point (a jitted call, a graph's launch, a reverse, a model's forward, an optimiser step) for
     ``VkmlError``\\ s only: any other exception is a bug (of the user's or of vkml's) and keeps
-    every frame.  ``VKML_TRACEBACK=full`` keeps them all, and Python 3.10 (no ``add_note``,
-    a re-raise keeps its old traceback) shows them all too."""
+    every frame.  ``VKML_TRACEBACK=full`` keeps them all (Python 3.10, whose re-raise keeps the
+    old traceback, shows them all too).
+
+    >>> def f(x):
+    ...     return x.numpy()           # no value inside a trace: refused, at this line
+    ...
+    >>> try:
+    ...     vkml.jit(f)(np.ones(2))
+    ... except vkml.TracingError as err:
+    ...     import traceback
+    ...     [frame.name for frame in traceback.extract_tb(err.__traceback__)]
+    ['<module>', 'f']
+    """
     if not isinstance(error, VkmlError) or os.environ.get("VKML_TRACEBACK") == "full":
         return
     kept, frames, tb = [], 0, error.__traceback__
@@ -210,15 +219,24 @@ def hide_vkml_frames(error: BaseException) -> None:
         kept[-1].tb_next = None
     # (none kept: the traceback starts again at the user's call, added as the error leaves)
     error.__traceback__ = kept[0] if kept else None
-    notes = getattr(error, "__notes__", ())
-    if hasattr(error, "add_note") and HIDDEN_NOTE not in notes:
-        error.add_note(HIDDEN_NOTE)
 
 
 def boundary(fn):
     """``fn`` as a public entry point: a :class:`VkmlError` leaving it loses vkml's own frames
     (:func:`hide_vkml_frames`).  For calls made a few times a step (a launch, a reverse, an
-    optimiser step); the hot ones (a jitted call, a forward) do the same inline."""
+    optimiser step); the hot ones (a jitted call, a forward) do the same inline.
+
+    >>> @vkml.errors.boundary
+    ... def entry(x):
+    ...     return vkml.reshape(x, (5,))     # refused deep inside vkml
+    ...
+    >>> try:
+    ...     entry(vkml.zeros(3))
+    ... except vkml.ShapeError as err:
+    ...     import traceback
+    ...     [frame.name for frame in traceback.extract_tb(err.__traceback__)]
+    ['<module>', 'entry']
+    """
 
     @functools.wraps(fn)
     def entry(*args, **kwargs):

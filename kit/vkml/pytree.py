@@ -193,3 +193,34 @@ def broadcast_prefix(prefix, tree, is_leaf, where):
     for p, t in zip(p_node[2], t_node[2]):
         out += broadcast_prefix(p, t, is_leaf, where)
     return out
+
+
+def leaf_paths(treedef: TreeDef, root: str = "") -> list:
+    """How a user would reach each leaf from ``root``, in leaf order: ``p['W1']``,
+    ``params[1][0]``, ``state.theta`` -- what pictures and printed programs call a traced
+    function's inputs (``%3`` says nothing about which weight it is).
+
+    >>> vkml.pytree.leaf_paths(vkml.pytree.flatten(({"W": 1, "b": 2}, [3, (4, 5)]))[1], "args")
+    ["args[0]['W']", "args[0]['b']", 'args[1][0]', 'args[1][1][0]', 'args[1][1][1]']
+    """
+    out = []
+    _paths(treedef, root, out)
+    return out
+
+
+def _paths(td, here, out):
+    if td.kind == "leaf":
+        out.append(here)
+        return
+    if td.kind == "none":
+        return
+    if td.kind == "dict":
+        steps = [f"[{k!r}]" for k in td.meta]
+    elif td.kind == "namedtuple":
+        steps = [f".{f}" for f in td.meta[0]._fields]
+    elif td.kind == "dataclass":
+        steps = [f".{f}" for f in td.meta[1]]
+    else:
+        steps = [f"[{i}]" for i in range(len(td.children))]
+    for step, child in zip(steps, td.children):
+        _paths(child, here + step, out)
