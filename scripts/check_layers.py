@@ -69,7 +69,8 @@ LAYERS = (
     Layer("distributed", ("vkml.distributed",), "graphs and simulations sharded over samples on Dask"),
     Layer("nn", ("vkml.nn", "vkml.optim"), "layers, losses, optimizers (on tensors and jit)",
           skips=("numpy", "graph")),
-    Layer("viz", ("vkml.viz", "vkml.viz_schedule"), "graphviz pictures of everything below (no Jupyter import)"),
+    Layer("viz", ("vkml.viz", "vkml.viz_dot", "vkml.viz_groups", "vkml.viz_schedule"),
+          "graphviz pictures of everything below (no Jupyter import)"),
     Layer("package", ("vkml",), "the package itself: re-exports the public names"),
     Layer("jupyter", ("vkml_jupyter",), "the IPython magics and widgets (extensions/)"),
 )

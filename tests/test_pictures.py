@@ -245,7 +245,7 @@ def test_diff_marks_added_removed_and_changed_boxes():
     assert d.text.startswith("diff: ")
     assert "\n--- before\n+++ after\n" in d.text
     source = d.source
-    marked = {k for k in ("added", "removed", "changed") if viz._FILL[k] in source}
+    marked = {k for k in ("added", "removed", "changed") if viz.FILL[k] in source}
     assert "added" in marked and "changed" in marked
     ET.fromstring(d.pipe("svg"))
     same = viz.diff(vkml.program(before, x), vkml.program(before, x))

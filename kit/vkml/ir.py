@@ -141,6 +141,37 @@ def format_shape(shape) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
+class Scope:
+    """Where in the user's model an equation was made: a module inside its parent module.
+
+    ``name`` is how the parent reaches it (``layers.0``, ``encoder``; the class name for the
+    outermost), ``label`` what it is (``Linear(64 -> 32)``).  One Scope per module per parent,
+    reused for every call, so equations of one call of a layer compare equal by identity.
+    Pictures draw the equations of one scope as one box (``vkml.viz``)."""
+
+    __slots__ = ("parent", "name", "label", "__weakref__")
+
+    def __init__(self, parent, name: str, label: str):
+        self.parent, self.name, self.label = parent, name, label
+
+    def chain(self) -> list:
+        """This scope and its parents, outermost first."""
+        out, s = [], self
+        while s is not None:
+            out.append(s)
+            s = s.parent
+        return out[::-1]
+
+    def path(self) -> str:
+        """``encoder.layers.0``: the names from the outermost module's child down, as
+        ``model.named_modules()`` would name it (the outermost module's own name left out)."""
+        names = [s.name for s in self.chain()[1:]]
+        return ".".join(names) if names else self.name
+
+    def __repr__(self):
+        return f"<Scope {self.path()}: {self.label}>"
+
+
 class Eqn:
     """One primitive applied to input Vars, giving output Vars.
 
@@ -151,18 +182,20 @@ class Eqn:
     (jvp, partial evaluation, transpose) on the equations they make:
     ``(primal equation, role)`` with role "primal", "tangent" or "cotangent",
     so a picture can show which user equation each derived one comes from.
-    It is never part of a structural key.
+    ``scope`` is the :class:`Scope` (the module of a model) the equation was made in, or None;
+    pictures group equations by it.  Neither is ever part of a structural key.
     """
 
-    __slots__ = ("prim", "inputs", "outputs", "params", "where", "origin")
+    __slots__ = ("prim", "inputs", "outputs", "params", "where", "origin", "scope")
 
-    def __init__(self, prim, inputs, outputs, params, where=None):
+    def __init__(self, prim, inputs, outputs, params, where=None, scope=None):
         self.prim = prim
         self.inputs = inputs
         self.outputs = outputs
         self.params = params
         self.where = where
         self.origin = None
+        self.scope = scope
 
     def describe(self) -> str:
         """A short text naming the op, its operands and the line that made it."""

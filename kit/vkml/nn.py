@@ -32,7 +32,9 @@ import numpy as np
 
 from .errors import ArgumentError, DTypeError, IndexOutOfRangeError, ShapeError, VkmlError, \
     hide_vkml_frames
+from .ir import Scope
 from .ops import api
+from .ops.core import CURRENT_SCOPE
 from .ops.checks import warn_at_user
 from .runtime import MODEL_TRACE, user_code, user_line
 from .tensor import (Tensor, apply_replayable, conv2d, flatten, max_pool2d, mean, relu, reshape,
@@ -166,6 +168,7 @@ class Module:
         operation finds its line again, as outside any module.  A forward in one thread and a
         compiled step tracing in another take turns (``runtime.MODEL_TRACE``)."""
         MODEL_TRACE.enter_read()        # (waits while a compiled step traces a model)
+        scope = CURRENT_SCOPE.set(_scope_of(self, CURRENT_SCOPE.get()))
         try:
             with user_line() if _own_forward(type(self)) else user_code():
                 return self.forward(*args, **kwargs)
@@ -173,7 +176,16 @@ class Module:
             hide_vkml_frames(error)
             raise
         finally:
+            CURRENT_SCOPE.reset(scope)
             MODEL_TRACE.exit_read()
+
+    def scope_label(self) -> str:
+        """What a picture calls this module's box: the class and its shape, short.
+
+        >>> vkml.nn.Linear(64, 32, rng=0).scope_label(), vkml.nn.ReLU().scope_label()
+        ('Linear(64 -> 32)', 'ReLU')
+        """
+        return type(self).__name__
 
     # -- what it holds -------------------------------------------------------------------------
     def named_children(self):
@@ -312,6 +324,38 @@ class Module:
         return "\n".join(lines) + "\n)"
 
 
+class _ModuleScope(Scope):
+    """The scope of a module's calls (``ir.Scope``), knowing its module to name the children."""
+
+    __slots__ = ("owner", "names")
+
+    def __init__(self, parent, name, label, owner):
+        super().__init__(parent, name, label)
+        self.owner, self.names = weakref.ref(owner), None
+
+    def child_name(self, child) -> str:
+        names = self.names
+        if names is None or id(child) not in names:
+            owner = self.owner()
+            names = self.names = {id(m): n for n, m in owner.named_children()} if owner else {}
+        return names.get(id(child), type(child).__name__)
+
+
+#: module -> (the scope it was last called in, its scope there): made once per place in a model
+_SCOPES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _scope_of(module, parent):
+    """The Scope of ``module`` called inside ``parent`` (a scope, or None at the top)."""
+    known = _SCOPES.get(module)
+    if known is not None and known[0] is parent:
+        return known[1]
+    name = parent.child_name(module) if isinstance(parent, _ModuleScope) else type(module).__name__
+    scope = _ModuleScope(parent, name, module.scope_label(), module)
+    _SCOPES[module] = (parent, scope)
+    return scope
+
+
 # -- layers ------------------------------------------------------------------------------------------
 
 class Linear(Module):
@@ -351,6 +395,9 @@ class Linear(Module):
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}")
+
+    def scope_label(self):
+        return f"Linear({self.in_features} -> {self.out_features})"
 
 
 #: (layer class, parameter dtype, input dtype) already warned about by ``_wider_input``
@@ -420,6 +467,9 @@ class Conv2d(Module):
         if x.dtype is not self.weight.dtype:
             _wider_input(self, x, f"Conv2d({self.in_channels}, {self.out_channels})")
         return conv2d(x, self.weight, self.bias, self.stride, self.padding)
+
+    def scope_label(self):
+        return f"Conv2d({self.in_channels} -> {self.out_channels}, {self.kernel_size[0]}x{self.kernel_size[1]})"
 
     def extra_repr(self):
         return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "

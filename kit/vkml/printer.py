@@ -40,8 +40,8 @@ from .ir import Program, dtype_name, site_text
 
 def pp_program(prog: Program, bits: bool = False, names: bool = True, arg_names=None) -> str:
     """``prog`` as text.  ``bits=True``: constants as exact bit patterns (``float64:0x3fb9...``);
-    ``names=False``: every value as its number ``%n``; ``arg_names``: names for the inputs (the
-    traced function's parameters).
+    ``names=False``: every value as its number ``%n``; ``arg_names``: names for the inputs (by
+    default a traced function's own: each leaf by its path, ``p['W1']``).
 
     >>> prog = vkml.program(lambda x: x * 0.1, np.ones(2))
     >>> print(vkml.pp_program(prog, bits=True))
@@ -55,6 +55,8 @@ def pp_program(prog: Program, bits: bool = False, names: bool = True, arg_names=
                             "one with vkml.program(fn, *args) (or print a jitted function's "
                             "f.programs())")
     numbers = number_values(prog)
+    if arg_names is None:
+        arg_names = getattr(prog, "arg_names", None)     # (a traced function's, by pytree path)
     shown = value_names(prog, numbers, arg_names) if names else \
         {v: f"%{n}" for v, n in numbers.items()}
     lines = []

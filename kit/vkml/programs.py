@@ -40,7 +40,7 @@ from .ir import (Program, Var, collect, current_serial, dtype_name, format_shape
 from .ops import api, bind
 from .ops.checks import checked
 from .printer import pp_program
-from .pytree import broadcast_prefix, flatten, unflatten
+from .pytree import broadcast_prefix, flatten, leaf_paths, unflatten
 from .runtime import call_context
 from .stats import STATS
 from .tensor import (Tensor, cast, concatenate, flip, logical_and, needs_grad, realize, reshape,
@@ -409,6 +409,25 @@ def _trace(fn, in_tree, in_vars, where):
     return program_from_dag(fresh, inline(inner, fresh)), out_tree, captures
 
 
+def _input_names(fn, in_tree, count):
+    """What to call a traced function's inputs in its printed program and pictures: each leaf
+    by its path from the parameter it came in (``x``, ``p['W1']``, ``params[1][0]``), captured
+    values of an enclosing trace as ``outer0``...; None where the function's parameters cannot
+    be read."""
+    try:
+        params = [p for p in inspect.signature(fn).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        return None
+    if in_tree.kind != "tuple":
+        return None
+    names = []
+    for i, child in enumerate(in_tree.children):
+        names += leaf_paths(child, params[i].name if i < len(params) else f"args[{i}]")
+    names += [f"outer{k}" for k in range(count - len(names))]
+    return names if len(names) == count else None
+
+
 def _grad_disabled():
     """Inside a trace, requires_grad bookkeeping is the derivation's job, not the tape's."""
     return runtime.no_grad()
@@ -523,6 +542,8 @@ class Jitted:
         if entry is None:
             self._touch_fast_plans()
             program, out_tree, captures = _trace(self.fn, in_tree, in_vars, self.__name__)
+            program.arg_names = _input_names(self.fn, in_tree, len(program.inputs))
+            program.fn_code = getattr(self.fn, "__code__", None)
             entry = _Entry(program, out_tree, captures)
             if not captures:
                 # a closure over an enclosing trace's values is traced again on the next call,

@@ -60,6 +60,10 @@ from .programs import Jitted, gradient_residuals, jit
 from .pytree import flatten
 from .runtime import grad_leaf, is_traced
 from .tensor import Tensor
+from .viz_dot import (FILL, MAX_WIDTH_IN, PALETTE, Dot, HtmlLabel, dot_attrs,  # noqa: F401
+                      html_label, params_text, quote, short, type_text)
+from .viz_groups import (BUDGET_PT, common_levels, draw_groups, equation_path, fits, flattened,
+                         groups_at, max_depth, svg_size_pt)
 from .viz_schedule import checkpoint_schedule  # noqa: F401  (a checkpoint schedule, drawn)
 
 __all__ = ["Diagram", "DerivedDiagram", "diagram", "program_dot", "tensor_dot", "derived_dot",
@@ -69,27 +73,9 @@ __all__ = ["Diagram", "DerivedDiagram", "diagram", "program_dot", "tensor_dot", 
 
 #: Pictures with more nodes than this show their text instead (dot would take minutes).
 MAX_NODES = 600
-#: A program picture is scaled down to this width in inches (graphviz ``size``): 10.4 in is
-#: 749 pt, just under 1,000 px, so it fits a notebook's output area without a scroll bar.
-MAX_WIDTH_IN = 10.4
 #: A nested program (a scan's step, a cond's branch) with more boxes than this is drawn folded:
 #: one box saying what it holds (``program_dot(prog, unfold=True)`` draws it all).
 FOLD_BOXES = 6
-#: Colours marking which user equation each derived equation comes from (cycled).
-PALETTE = ("#2563eb", "#dc2626", "#059669", "#d97706", "#7c3aed", "#db2777", "#0891b2",
-           "#65a30d", "#9333ea", "#ea580c")
-
-_FONT = "Helvetica,Arial,sans-serif"
-_FILL = {  # one colour per kind of box, shared by every picture
-    "input": "#dbeafe", "const": "#f3f4f6", "value": "#ffffff", "output": "#dcfce7",
-    "grad": "#fed7aa", "realized": "#bbf7d0", "placeholder": "#e5e7eb",
-    "Map": "#fef9c3", "Reduce": "#fde68a", "scan": "#e9d5ff", "op": "#e5e7eb",
-    "launch": "#e0f2fe", "skippable": "#fef3c7", "repeat_while": "#ede9fe", "opaque": "#d1d5db",
-    "reduce": "#fde68a", "plane": "#ffffff", "copy": "#fee2e2", "current": "#fecaca",
-    "folded": "#f5f3ff", "saved": "#fecdd3", "added": "#bbf7d0", "removed": "#fecaca",
-    "changed": "#fef08a",
-}
-
 #: CSS put into every SVG: in a dark colour scheme the background, edges and labels drawn on it
 #: turn dark/light; boxes keep their light fills and dark text, so every text stays readable.
 #: (JupyterLab shows an SVG output as an image, so its theme variables cannot reach inside; the
@@ -142,8 +128,10 @@ def _scoped_style(scope: str) -> str:
     """SVG_STYLE's dark-theme rules for an SVG inlined in a page.
 
     Inline, an SVG's ``<style>`` applies to the whole page, so every selector is put under
-    ``.vkml-diagram`` (only vkml's pictures are touched), and the rules apply both when the system
-    asks for a dark colour scheme (as in an ``<img>``) and when JupyterLab's own theme is dark.
+    ``.vkml-diagram`` (only vkml's pictures are touched), and the rules apply when JupyterLab's
+    own theme is dark -- not when the operating system's is (a light notebook on a dark desktop
+    keeps light pictures).  An SVG shown as an ``<img>`` cannot see the page's theme: it keeps its
+    own rule for the system's colour scheme.
     """
     rules = SVG_STYLE[SVG_STYLE.index("{") + 1:SVG_STYLE.rindex("}")]
     def under(prefix):
@@ -153,8 +141,7 @@ def _scoped_style(scope: str) -> str:
             out.append(", ".join(f"{prefix} {sel.strip()}" for sel in selectors.split(","))
                        + " {" + declarations + "}")
         return " ".join(out)
-    return (f"@media (prefers-color-scheme: dark) {{ {under(scope)} }} "
-            + under(f'body[data-jp-theme-light="false"] {scope}'))
+    return under(f'body[data-jp-theme-light="false"] {scope}')
 
 
 def inline_html(svg: str, text: str) -> str:
@@ -181,6 +168,52 @@ def inline_html(svg: str, text: str) -> str:
     return (f'<div class="vkml-diagram"><style>{style}</style>'
             f'<div class="vkml-svg" hidden="hidden">{svg.rstrip()}</div>'
             f'<pre class="vkml-text">{html.escape(text)}</pre></div>')
+
+
+#: What the marks of a program picture mean (said under each one in a notebook).
+LEGEND = ("A box is a part of your code: a layer of your model, a function you called or a line "
+          "(hover it for the lines); its colour is that part's, in every tab, so the backward of a "
+          "layer has the layer's colour.  Blue: inputs; green: outputs; ringed red: kept from the "
+          "forward pass for the backward.")
+
+
+def tabs_html(panels, text, legend="") -> str:
+    """Pictures ``[(name, svg)]`` as tabs: one shown at a time, each at full size, chosen by
+    clicking its name (radio buttons and CSS: no script, so it works in a notebook, in an HTML
+    export and in the docs).  Inline, as :func:`inline_html` draws one picture: tooltips show,
+    and an untrusted front-end shows the text instead.
+
+    >>> page = vkml.viz.tabs_html([("primal", "<svg></svg>"), ("transposed", "<svg></svg>")], "text")
+    >>> page.count('type="radio"'), 'class="vkml-tab-panel"' in page
+    (2, True)
+    """
+    group = "vkml" + hashlib.sha256("".join(s for _, s in panels).encode()).hexdigest()[:10]
+    heads, bodies, rules = [], [], []
+    for i, (name, svg) in enumerate(panels):
+        ident = f"{group}-{i}"
+        checked = ' checked="checked"' if i == 0 else ""
+        heads.append(f'<input type="radio" name="{group}" id="{ident}" class="vkml-tab"{checked}>'
+                     f'<label for="{ident}">{html.escape(name)}</label>')
+        svg = svg[_SVG_START.search(svg).start():]
+        svg = _DOT_NAME_TITLE.sub(r"\1", svg)
+        svg = _LINK_TOOLTIP.sub(lambda m: m.group(0) + f"<title>{m.group(1)}</title>", svg)
+        bodies.append(f'<div class="vkml-tab-panel" id="{ident}-panel">'
+                      f'{svg.replace(SVG_STYLE, "").rstrip()}</div>')
+        rules.append(f"#{ident}:checked ~ #{ident}-panel {{ display: block; }}")
+    style = (".vkml-diagram > div.vkml-svg[hidden] { display: block; } "
+             ".vkml-diagram > pre.vkml-text { display: none; } "
+             ".vkml-tabs > input.vkml-tab { position: absolute; opacity: 0; } "
+             ".vkml-tabs > label { display: inline-block; padding: 2px 10px; margin: 0 2px 4px 0; "
+             "border: 1px solid #9ca3af; border-radius: 4px; cursor: pointer; font: 13px sans-serif; } "
+             ".vkml-tabs > input.vkml-tab:checked + label { background: #2563eb; color: #fff; "
+             "border-color: #2563eb; } "
+             ".vkml-tabs > .vkml-tab-panel { display: none; } "
+             ".vkml-diagram .vkml-legend { font: 12px sans-serif; color: #4b5563; margin-top: 4px; "
+             "max-width: 900px; } " + " ".join(rules) + " " + _scoped_style(".vkml-diagram"))
+    note = f'<div class="vkml-legend">{html.escape(legend)}</div>' if legend else ""
+    return (f'<div class="vkml-diagram"><style>{style}</style>'
+            f'<div class="vkml-svg vkml-tabs" hidden="hidden">{"".join(heads)}{"".join(bodies)}'
+            f'</div>{note}<pre class="vkml-text">{html.escape(text)}</pre></div>')
 
 
 class Diagram:
@@ -265,72 +298,6 @@ class Diagram:
         return f"<vkml.viz.Diagram of a {self.kind}, {self.nodes} nodes>"
 
 
-class _Dot:
-    """A small DOT writer: statements are kept in order, so the source is deterministic."""
-
-    def __init__(self, **graph_attrs):
-        self.lines = []
-        self.nodes = 0
-        self.last_node = None
-        self._depth = 1
-        attrs = dict(fontname=_FONT, fontsize="10", nodesep="0.25", ranksep="0.3", compound="true",
-                     size=f"{MAX_WIDTH_IN},1000")   # scaled down to the output width, never up
-        attrs.update(graph_attrs)
-        self.lines.append(f"  graph [{_attrs(attrs)}]")
-        node = dict(fontname=_FONT, fontsize="10", style="filled", fillcolor="#ffffff")
-        self.lines.append(f"  node [{_attrs(node)}]")
-        self.lines.append(f"  edge [{_attrs(dict(fontname=_FONT, fontsize='9', color='#4b5563'))}]")
-
-    def _put(self, text):
-        self.lines.append("  " * self._depth + text)
-
-    def node(self, name, label, **attrs):
-        self.nodes += 1
-        self.last_node = name
-        self._put(f"{_q(name)} [{_attrs(dict(label=label, **attrs))}]")
-
-    def edge(self, a, b, **attrs):
-        self._put(f"{_q(a)} -> {_q(b)}" + (f" [{_attrs(attrs)}]" if attrs else ""))
-
-    def open(self, name, label, **attrs):
-        """Start a cluster (a box around a nested program)."""
-        self._put(f"subgraph {_q('cluster_' + name)} {{")
-        self._depth += 1
-        attrs = dict(label=label, style="rounded,dashed", color="#6b7280", **attrs)
-        self._put(f"graph [{_attrs(attrs)}]")
-
-    def close(self):
-        self._depth -= 1
-        self._put("}")
-
-    def source(self) -> str:
-        return "digraph vkml {\n" + "\n".join(self.lines) + "\n}\n"
-
-
-def _q(text) -> str:
-    text = str(text).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-    return f'"{text}"'
-
-
-def _attrs(attrs) -> str:
-    return ", ".join(f"{k}=<{v}>" if isinstance(v, _Html) else f"{k}={_q(v)}"
-                     for k, v in attrs.items())
-
-
-def _type(v: Var) -> str:
-    where = "" if v.device == "CPU" else f" at {v.device}"
-    return f"{dtype_name(v.dtype)} {format_shape(v.shape)}{where}"
-
-
-def _short(text, limit=48) -> str:
-    return text if len(text) <= limit else text[:limit - 1] + "…"
-
-
-def _params_text(params) -> str:
-    shown = [f"{k}={format_param(v)}" for k, v in params.items() if not isinstance(v, Program)]
-    return _short(", ".join(shown)) if shown else ""
-
-
 # -- programs --------------------------------------------------------------------------------
 
 def _scan_roles(eqn):
@@ -373,7 +340,7 @@ def _count_eqns(prog) -> int:
                for e in prog.eqns)
 
 
-def _draw_program(d: _Dot, prog: Program, names: dict, scope: str, marks=None):
+def _draw_program(d: Dot, prog: Program, names: dict, scope: str, marks=None):
     """Draw ``prog``'s values and boxes with node names under ``scope``; returns its first node."""
     return _ProgramDrawing(d, prog, names, scope, marks or _Marks()).draw()
 
@@ -382,7 +349,7 @@ class _ProgramDrawing:
     """One program drawn into a picture: its values (ellipses), constants (notes), equation boxes
     (a nested program as a cluster, or folded), and repeated runs of boxes folded into one."""
 
-    def __init__(self, d: _Dot, prog: Program, names: dict, scope: str, marks: _Marks):
+    def __init__(self, d: Dot, prog: Program, names: dict, scope: str, marks: _Marks):
         self.d, self.prog, self.names, self.scope, self.marks = d, prog, names, scope, marks
         self.drawn = {}              # Var -> the node that shows it
         self.first = []              # nodes in drawing order (the first anchors a cluster edge)
@@ -423,8 +390,8 @@ class _ProgramDrawing:
         title = site_title(v.eqn) if v.eqn is not None else None
         if title:
             attrs["tooltip"] = title
-        self.d.node(name, f"{self.names[v]}{role}\n{_type(v)}" + (f"\n{note}" if note else ""),
-                    shape="ellipse", fillcolor=_FILL[marks.value_fill.get(v, fill)], **attrs)
+        self.d.node(name, f"{self.names[v]}{role}\n{type_text(v)}" + (f"\n{note}" if note else ""),
+                    shape="ellipse", fillcolor=FILL[marks.value_fill.get(v, fill)], **attrs)
         self.first.append(name)
         return name
 
@@ -439,7 +406,7 @@ class _ProgramDrawing:
             shown = literal(a) if a.ndim == 0 else f"const {dtype_name(a.dtype)} {list(a.shape)}"
             name = f"{self.scope}v{self.names[v].lstrip('%')}"
             self.drawn[v] = name
-            self.d.node(name, f"{self.names[v]} = {shown}", shape="note", fillcolor=_FILL["const"])
+            self.d.node(name, f"{self.names[v]} = {shown}", shape="note", fillcolor=FILL["const"])
             self.first.append(name)
 
     def fold_node(self, i, period, times):
@@ -447,7 +414,7 @@ class _ProgramDrawing:
         name = f"{self.scope}fold{i}"
         self.d.node(name, f"the {period} box{'es' * (period != 1)} above, {times} more "
                     f"time{'s' * (times != 1)}\n(folded: program_dot(prog, unfold=True))",
-                    shape="box3d", fillcolor=_FILL["folded"])
+                    shape="box3d", fillcolor=FILL["folded"])
         self.first.append(name)
         return name
 
@@ -464,7 +431,7 @@ class _ProgramDrawing:
     def box(self, i, e, kind, text, reads):
         d, marks = self.d, self.marks
         box = f"{self.scope}e{i}"
-        label = kind + (f"\n{_short(text, 60)}" if text else "")
+        label = kind + (f"\n{short(text, 60)}" if text else "")
         attrs = {}
         title = site_title(e)
         if title:
@@ -481,10 +448,10 @@ class _ProgramDrawing:
                 if c and c not in inner_colours:
                     inner_colours.append(c)
             if len(inner_colours) > 1:   # a fused box made of several user equations
-                label = _html_label(label, inner_colours)
+                label = html_label(label, inner_colours)
         fill = marks.box_fill.get(id(e)) or kind
         d.node(box, label, shape="box", style="rounded,filled",
-               fillcolor=_FILL.get(fill, _FILL["op"]), **attrs)
+               fillcolor=FILL.get(fill, FILL["op"]), **attrs)
         self.first.append(box)
         if kind == "scan":
             roles = _scan_roles(e)
@@ -509,7 +476,7 @@ class _ProgramDrawing:
         heading = f"{title} of {kind} {self.names[e.outputs[0]]}" if e.outputs else title
         if not self.marks.unfold and len(fused_view(p)[1]) > FOLD_BOXES:
             d.node(sub + "folded", f"{heading}\n{_folded_text(p, kind, e)}", shape="box3d",
-                   fillcolor=_FILL["folded"])
+                   fillcolor=FILL["folded"])
             d.edge(box, sub + "folded", style="dashed", label=title)
             return
         d.open(sub, heading, bgcolor="#faf5ff" if kind == "scan" else "#f9fafb")
@@ -534,7 +501,7 @@ def _plain_view(prog):
     boxes = []
     for e in prog.eqns:
         scan = e.prim.name == "scan"
-        text = f"{e.params['length']} rows" if scan else _params_text(e.params)
+        text = f"{e.params['length']} rows" if scan else params_text(e.params)
         boxes.append((e, e.prim.name, text, list(e.inputs)))
     return list(prog.consts), boxes
 
@@ -565,30 +532,25 @@ def _repeats(boxes, longest=8):
     return out
 
 
-class _Html(str):
-    """A graphviz HTML-like label: written as ``<...>``, not quoted."""
-
-
-def _html_label(text, colours) -> _Html:
-    """``text``'s lines and one coloured square per user equation fused into the box."""
-    lines = "<BR/>".join(html.escape(line) for line in text.split("\n"))
-    dots = " ".join(f'<FONT COLOR="{c}">&#9632;</FONT>' for c in colours)
-    return _Html(f"{lines}<BR/>{dots}")
-
-
 def _names_of(prog, arg_names=None):
     return value_names(prog, number_values(prog), arg_names)
 
 
-def program_dot(prog: Program, unfold: bool = False, arg_names=None, _marks=None) -> Diagram:
-    """A Program as a picture: inputs (blue), constants (notes), values, fused Map/Reduce boxes,
-    outputs (green), and each scan's step (or call's program) as a cluster beside its box.
+def program_dot(prog: Program, unfold: bool = False, arg_names=None, _marks=None, *,
+                depth=None) -> Diagram:
+    """A Program as a picture that fits a notebook cell at full size.
 
-    Values are named as ``print(prog)`` names them (the user's variable, else ``%n``), so the
-    picture and the text can be read side by side; hovering a box shows the source line that
-    made it.  A nested program of more than :data:`FOLD_BOXES` boxes is drawn folded unless
-    ``unfold=True``; the picture is scaled to at most :data:`MAX_WIDTH_IN` inches wide.
-    ``arg_names`` names the inputs (a traced function's parameters).
+    A small program draws every box: inputs (blue), constants (notes), values, fused Map/Reduce
+    boxes, outputs (green), and each scan's step (or call's program) as a cluster beside its
+    box.  A program too big for that draws one box per part of the user's code -- the layers of
+    a model, the helper functions called, the source lines -- at the deepest level that fits
+    (:mod:`vkml.viz_groups`); hovering a box shows the lines it stands for.  ``depth=k`` picks
+    the level by hand (1: the outermost parts); ``unfold=True`` draws every equation, nested
+    programs whole, scaled to the output width.
+
+    Values are named as ``print(prog)`` names them (the user's variable; a traced function's
+    inputs by their path, ``p['W1']``; else ``%n``), so the picture and the text can be read
+    side by side.  ``arg_names`` names the inputs by hand.
 
     >>> prog = vkml.program(lambda x: vkml.sum(x * x), np.ones(3))
     >>> vkml.viz.program_dot(prog, arg_names=["x"]).nodes
@@ -597,11 +559,87 @@ def program_dot(prog: Program, unfold: bool = False, arg_names=None, _marks=None
     if not isinstance(prog, Program):
         raise ArgumentError(f"program_dot: expected a vkml Program, got {type(prog).__name__}; "
                             "get one with vkml.program(f, *args) or f.programs()")
-    d = _Dot()
+    if depth is not None and (not isinstance(depth, int) or isinstance(depth, bool) or depth < 1):
+        raise ArgumentError(f"program_dot: depth must be a positive int (1: the outermost parts "
+                            f"of the program), got {depth!r}")
+    text = pp_program(prog, arg_names=arg_names)
+    if not unfold:
+        prog = flattened(prog)          # (a grad(f) program: the calls of f's, drawn as f's)
+    arg_names = arg_names if arg_names is not None else getattr(prog, "arg_names", None)
     marks = _marks or _Marks(unfold=unfold)
     marks.unfold = marks.unfold or unfold
-    _draw_program(d, prog, _names_of(prog, arg_names), "p_", marks)
-    return Diagram("program", d.source(), pp_program(prog, arg_names=arg_names), d.nodes)
+    names = _names_of(prog, arg_names)
+    top_code = getattr(prog, "fn_code", None)
+    paths = [equation_path(e, top_code) for e in prog.eqns]
+    colour = _group_colours(paths, common_levels(paths))
+
+    def draw(level, d):
+        if level == "all":
+            return _draw_program(d, prog, names, "p_", marks)
+        groups = groups_at(prog.eqns, paths, common_levels(paths), level)
+        return draw_groups(d, prog, names, "p_", groups, colour)
+
+    level, d = _fitted(prog, paths, draw, depth, marks.unfold)
+    return Diagram("program", d.source(), text, d.nodes)
+
+
+#: Programs of more boxes than this are drawn grouped without trying every box first.
+ALL_BOXES_LIMIT = 80
+
+
+def _fitted(prog, paths, draw, depth, unfold, **graph_attrs):
+    """``(level, Dot)``: the picture ``draw(level, Dot)`` at the level chosen -- every box
+    (``"all"``) when asked (``unfold``) or when it fits the budget at full size, else the
+    deepest grouping that fits (``viz_groups``), else the coarsest one, scaled to fit."""
+    if unfold:
+        d = Dot(**graph_attrs)
+        draw("all", d)
+        return "all", d
+    shared = common_levels(paths)
+    deepest = max_depth(paths, shared)
+    if depth is not None:
+        levels = [min(depth, deepest)] if deepest else ["all"]
+    else:
+        levels = (["all"] if len(fused_view(prog)[1]) <= ALL_BOXES_LIMIT else []) + \
+            list(range(deepest, 0, -1))
+    levels = levels or ["all"]
+    measure = dot_available() is None
+    for i, level in enumerate(levels):
+        for rankdir in ("TB", "LR"):             # top to bottom, else left to right
+            d = Dot(size=None, rankdir=rankdir, **graph_attrs)   # full size: text never shrunk
+            draw(level, d)
+            if depth is not None or (not measure and (level != "all" or d.nodes <= 40)):
+                return level, d
+            if fits(_measured(d)):
+                return level, d
+    scaled = Dot(size=f"{BUDGET_PT[0] / 72:.2f},{BUDGET_PT[1] / 72:.2f}", **graph_attrs)
+    draw(levels[-1], scaled)
+    return levels[-1], scaled
+
+
+def _measured(d):
+    """The size in points ``d`` lays out to (None if dot cannot say)."""
+    try:
+        return svg_size_pt(Diagram("program", d.source(), "", d.nodes).pipe("svg"))
+    except Exception:  # noqa: BLE001 - a picture that cannot be measured is drawn grouped
+        return None
+
+
+def _group_colours(paths, shared):
+    """``colour(group)``: one palette colour per part of the user's code, in the order the
+    primal program's ``paths`` meet them, so a derived equation's box has its primal's colour
+    (a box is coloured by the innermost part it stands for)."""
+    order = {}
+    for p in paths:
+        for key, _, _ in p[shared:]:
+            order.setdefault(key, len(order))
+
+    def colour(group):
+        if len(group.levels) <= shared:
+            return None
+        i = order.get(group.levels[-1][0])
+        return None if i is None else PALETTE[i % len(PALETTE)]
+    return colour
 
 
 #: The order derived programs are drawn in, after the primal (other names follow, sorted).
@@ -609,10 +647,11 @@ DERIVED_ORDER = ("jvp", "known", "linear", "transposed")
 
 
 class DerivedDiagram(Diagram):
-    """A primal Program and its derived programs: one panel each, stacked top to bottom.
+    """A primal Program and its derived programs: one panel each.
 
-    It draws as ONE picture (the panels stacked, scaled to the output width); ``panels`` is the
-    list of ``(name, Diagram)`` to draw one at a time, and :meth:`panel` picks one by name.
+    In a notebook it shows as tabs, one panel at a time at full size (:func:`tabs_html`); as an
+    image (``image/svg+xml``, :meth:`pipe`) the panels are stacked top to bottom.  ``panels`` is
+    the list of ``(name, Diagram)``, and :meth:`panel` picks one by name.
     Each user equation has a colour; the jvp, linear and transposed equations made from it have
     a border of the same colour, and the values the gradient saves (residuals) are ringed red.
 
@@ -641,6 +680,16 @@ class DerivedDiagram(Diagram):
             return super().pipe(format)
         parts = [diagram_.pipe("svg") for _, diagram_ in self.panels]
         return _stack_svgs(parts)
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        bundle = super()._repr_mimebundle_(include, exclude)
+        if "text/html" in bundle:
+            try:
+                panels = [(name, one.svg()) for name, one in self.panels]
+            except Exception:  # noqa: BLE001 - the stacked picture is drawn; keep it
+                return bundle
+            bundle["text/html"] = tabs_html(panels, self.text, LEGEND)
+        return bundle
 
     def panel(self, name) -> Diagram:
         """The panel named ``name`` (``"primal"``, ``"jvp"``, ``"transposed"``, ...) as a Diagram of its own.
@@ -725,17 +774,21 @@ def _residual_split(primal, named):
 
 
 def derived_dot(primal, derived=None, unfold: bool = False, arg_names=None, *, fused=True,
-                box_class=None) -> DerivedDiagram:
-    """A primal Program and its derived programs, one panel each, stacked vertically.
+                box_class=None, depth=None) -> DerivedDiagram:
+    """A primal Program and its derived programs, one panel each: in a notebook, one tab each.
 
     ``derived_dot(f)`` takes a jitted function (or anything with
     ``programs()`` and ``derived_programs()``) and draws its most recently
     derived key; ``derived_dot(primal, {"jvp": p1, "transposed": p2, ...})``
     draws the given programs.  Only programs named by strings are drawn.
     Equations are coloured by the user equation they come from; the residuals
-    (what the known part saves for the backward) are ringed in red.  ``fused=False`` draws one
-    box per equation; ``box_class(panel, eqn)`` gives a box an SVG class (the program explorer
-    finds its boxes by it; a nested step may be the same equation in two panels).
+    (what the known part saves for the backward) are ringed in red.  Each panel fits a notebook
+    cell at full size as :func:`program_dot` fits one: a big program is drawn one box per part
+    of the user's code, its backward grouped as its forward is (the backward of a layer is one
+    box, of the layer's colour); ``depth=`` and ``unfold=True`` choose by hand.  ``fused=False``
+    draws one box per equation; ``box_class(panel, eqn)`` gives a box an SVG class (the
+    program explorer finds its boxes by it; a nested step may be the same equation in two
+    panels).
 
     >>> f = vkml.jit(lambda x: vkml.sum(vkml.sin(x)))
     >>> _ = vkml.grad(f)(np.ones(2))
@@ -760,7 +813,13 @@ def derived_dot(primal, derived=None, unfold: bool = False, arg_names=None, *, f
     colour_of = _colours_for(primal)
     saved, n_res = _residual_split(primal, named)
     rows = _residual_rows(saved, named["known"], arg_names) if saved else []
-    d = _Dot()
+    if arg_names is None:
+        arg_names = getattr(primal, "arg_names", None)
+    top_code = getattr(primal, "fn_code", None)
+    primal_paths = [equation_path(e, top_code) for e in primal.eqns]
+    shared = common_levels(primal_paths)
+    group_colour = _group_colours(primal_paths, shared)
+    d = Dot()
     texts, panels, anchors = [], [], []
     for i, (name, prog) in enumerate([("primal", primal)] + [(k, named[k]) for k in order]):
         names = _names_of(prog, arg_names if name in ("primal", "jvp", "known") else None)
@@ -776,11 +835,22 @@ def derived_dot(primal, derived=None, unfold: bool = False, arg_names=None, *, f
         classes = box_class and (lambda e, name=name: box_class(name, e))
         marks = _Marks(colour_of, value_fill, value_note=value_note, unfold=unfold, fused=fused,
                        box_class=classes)
+        paths = [equation_path(e, top_code) for e in prog.eqns]
+
+        def draw(level, dot, scope, prog=prog, names=names, marks=marks, paths=paths,
+                 value_fill=value_fill, value_note=value_note):
+            if level == "all":
+                return _draw_program(dot, prog, names, scope, marks)
+            return draw_groups(dot, prog, names, scope, groups_at(prog.eqns, paths, shared, level),
+                               group_colour, value_fill, input_note=value_note)
+
+        # (the program explorer finds every equation's box by its class: it draws them all)
+        level, one = _fitted(prog, paths, lambda lv, dot: draw(lv, dot, f"d{i}_"), depth,
+                             unfold or box_class is not None, label=name, labelloc="t",
+                             fontsize="12")
         d.open(f"d{i}", name, bgcolor="#ffffff" if i else "#f0f9ff", fontsize="12")
-        anchors.append((_draw_program(d, prog, names, f"d{i}_", marks), d.last_node))
+        anchors.append((draw(level, d, f"d{i}_"), d.last_node))
         d.close()
-        one = _Dot(label=name, labelloc="t", fontsize="12")
-        _draw_program(one, prog, names, f"d{i}_", marks)
         text = pp_program(prog, arg_names=arg_names if name in ("primal", "jvp", "known")
                           else None)
         panels.append((name, Diagram(f"{name} program", one.source(), text, one.nodes)))
@@ -1034,7 +1104,7 @@ def diff(a, b, labels=("before", "after")) -> Diagram:
             counts[mark] += 0 if mark == "changed" else 1
     summary = (f"{counts['added']} added, {counts['removed']} removed, "
                f"{counts['changed']} changed")
-    d = _Dot(label=f"diff: {summary}", labelloc="t", fontsize="12")
+    d = Dot(label=f"diff: {summary}", labelloc="t", fontsize="12")
     anchors = []
     for i, (label, prog, names, fills) in enumerate([(labels[0], pa, na, fill_a),
                                                      (labels[1], pb, nb, fill_b)]):
@@ -1117,28 +1187,45 @@ def tensor_dot(tensors) -> Diagram:
       result %4
     """
     roots, leaves, eqns, numbers = _lazy_graph(tensors)
-    d = _Dot()
-    leaf_set = set(leaves)
-    for v in leaves:
-        if _requires_grad(v):
-            fill = "grad"
-        else:
-            fill = "realized" if v.value is not None else "placeholder"
-        attrs = {"peripheries": "2"} if v in roots else {}
-        d.node(f"t{numbers[v]}", f"%{numbers[v]} {_leaf_note(v)}\n{_type(v)}", shape="ellipse",
-               fillcolor=_FILL[fill], **attrs)
+    text = _lazy_text(roots, leaves, eqns, numbers)
+    prog = Program(leaves, eqns, roots)
+    names = _names_of(prog)
+    names.update((v, name) for v, name in _parameter_names(leaves, eqns).items())
+    fill = {v: "grad" if _requires_grad(v) else "realized" if v.value is not None
+            else "placeholder" for v in leaves}
+    paths = [equation_path(e, None) for e in eqns]
+    shared = common_levels(paths)
+    colour = _group_colours(paths, shared)
+    constants = {v for v in leaves if v.shape == () and fill[v] == "realized"}
+
+    def draw(level, d):
+        if level == "all":
+            marks = _Marks(value_fill={v: f for v, f in fill.items() if f != "realized"})
+            return _draw_program(d, prog, names, "t_", marks)
+        return draw_groups(d, prog, names, "t_", groups_at(eqns, paths, shared, level), colour,
+                           fill, hide=constants)
+
+    _, d = _fitted(prog, paths, draw, None, False)
+    return Diagram("lazy graph", d.source(), text, d.nodes)
+
+
+def _parameter_names(leaves, eqns) -> dict:
+    """Leaf -> ``0.weight``: a model's parameter named by its module's path and attribute, found
+    from the module each equation reading it was made in (``Eqn.scope``)."""
+    out = {}
     for e in eqns:
-        name = f"t{numbers[e.outputs[0]]}"
-        params = _params_text(e.params)
-        types = "\n".join(f"%{numbers[o]} : {_type(o)}" for o in e.outputs)
-        attrs = {"peripheries": "2"} if any(o in roots for o in e.outputs) else {}
-        d.node(name, f"{e.prim.name}" + (f" [{params}]" if params else "") + f"\n{types}",
-               shape="box", style="rounded,filled",
-               fillcolor=_FILL["Map" if e.prim.elementwise else "op"], **attrs)
-        for j, v in enumerate(e.inputs):
-            src = f"t{numbers[v]}" if v in leaf_set else f"t{numbers[v.eqn.outputs[0]]}"
-            d.edge(src, name, **({"label": f"x{j}"} if len(e.inputs) > 1 else {}))
-    return Diagram("lazy graph", d.source(), _lazy_text(roots, leaves, eqns, numbers), d.nodes)
+        owner = getattr(getattr(e.scope, "owner", None), "__call__", None) and e.scope.owner()
+        if owner is None:
+            continue
+        for v in e.inputs:
+            if v in out or v.eqn is not None:
+                continue
+            t = grad_leaf(v)
+            for attr, value in vars(owner).items():
+                if value is t and t is not None:
+                    path = e.scope.path() if e.scope.parent is not None else ""
+                    out[v] = f"{path}.{attr}" if path else attr
+    return out
 
 
 def _lazy_text(roots, leaves, eqns, numbers) -> str:
@@ -1149,10 +1236,10 @@ def _lazy_text(roots, leaves, eqns, numbers) -> str:
             f"{len(eqns)} op{'s' * (len(eqns) != 1)} pending")
     lines = [head + (" (nothing to compute)" if not eqns else ", not realized")]
     for v in leaves:
-        lines.append(f"  {ref(v)} : {_type(v)} leaf ({_leaf_note(v)})")
+        lines.append(f"  {ref(v)} : {type_text(v)} leaf ({_leaf_note(v)})")
     for e in eqns:
-        params = _params_text(e.params)
-        lhs = ", ".join(f"{ref(o)} : {_type(o)}" for o in e.outputs)
+        params = params_text(e.params)
+        lhs = ", ".join(f"{ref(o)} : {type_text(o)}" for o in e.outputs)
         lines.append(f"  {lhs} = {e.prim.name}" + (f"[{params}]" if params else "")
                      + f"({', '.join(ref(v) for v in e.inputs)})")
     lines.append("  result " + ", ".join(ref(v) for v in roots))
@@ -1193,14 +1280,14 @@ def graph_dot(graph) -> Diagram:
       square [launch] reads x writes u
     """
     nodes = list(getattr(graph, "nodes", None) or [])
-    d = _Dot()
+    d = Dot()
     planes = []
     for n in nodes:
         for p in list(n.reads) + list(n.writes):
             if p not in planes:
                 planes.append(p)
     for p in planes:
-        d.node(f"plane {p}", p, shape="ellipse", fillcolor=_FILL["plane"])
+        d.node(f"plane {p}", p, shape="ellipse", fillcolor=FILL["plane"])
     lines = [f"Graph: {len(nodes)} node{'s' * (len(nodes) != 1)}, {len(planes)} "
              f"plane{'s' * (len(planes) != 1)}"]
     for n in nodes:
@@ -1210,7 +1297,7 @@ def graph_dot(graph) -> Diagram:
         label = f"{n.name}\n[{kind}]" + (f"\n{uniforms}" if uniforms else "")
         style = "rounded,filled" + (",dashed" if kind == "skippable" else "")
         d.node(f"node {n.name}", label, shape=_KIND_SHAPE.get(kind, "box"), style=style,
-               fillcolor=_FILL.get(kind, _FILL["launch"]))
+               fillcolor=FILL.get(kind, FILL["launch"]))
         for p in n.reads:
             d.edge(f"plane {p}", f"node {n.name}")
         for p in n.writes:
@@ -1255,7 +1342,7 @@ def record_dot(record, current=None) -> Diagram:
     names = list(record.nodes)
     copied = list(record.copied)
     bitwise = dict(getattr(record, "bitwise", None) or {})
-    d = _Dot(label=f"Record: {_record_state(record)}", labelloc="t", fontsize="12")
+    d = Dot(label=f"Record: {_record_state(record)}", labelloc="t", fontsize="12")
     for phase, order in (("forward", names), ("reverse", names[::-1])):
         d.open(phase, "launch order" if phase == "forward" else "reverse order",
                bgcolor="#f0f9ff" if phase == "forward" else "#fff7ed")
@@ -1266,7 +1353,7 @@ def record_dot(record, current=None) -> Diagram:
             label = n if phase == "forward" else f"reverse of {n}"
             fill = "current" if here else ("launch" if phase == "forward" else "op")
             d.node(me, label, shape="box", style="rounded,filled" + (",bold" if here else ""),
-                   fillcolor=_FILL[fill], **({"penwidth": "2.5"} if here else {}))
+                   fillcolor=FILL[fill], **({"penwidth": "2.5"} if here else {}))
             if prev is not None:
                 d.edge(prev, me, **({} if phase == "forward" else {"style": "dashed"}))
             prev = me
@@ -1281,7 +1368,7 @@ def record_dot(record, current=None) -> Diagram:
         for p in copied:
             flag = "" if p not in bitwise else ("\nbitwise" if bitwise[p] else "\nnot bitwise")
             size = f"\n{sizes[p]:,} B" if p in sizes else ""
-            d.node(f"copy {p}", p + flag + size, shape="note", fillcolor=_FILL["copy"])
+            d.node(f"copy {p}", p + flag + size, shape="note", fillcolor=FILL["copy"])
         d.close()
     lines = [f"Record {_record_state(record)}",
              f"  launch order: {', '.join(names) or '-'}",

@@ -106,15 +106,24 @@ def user_site():
     return None
 
 
-def bind_at(where, prim: Primitive, args, params):
-    """Apply ``prim`` to Vars ``args``: check shapes, make the Eqn and its output Vars."""
+_FROM_CONTEXT = object()
+
+
+def bind_at(where, prim: Primitive, args, params, scope=_FROM_CONTEXT):
+    """Apply ``prim`` to Vars ``args``: check shapes, make the Eqn and its output Vars.  The
+    Eqn's scope is the module being called now (``CURRENT_SCOPE``) unless ``scope`` says."""
     out_types = prim.abstract(*args, **params)
     device = args[0].device if args else "CPU"
-    eqn = Eqn(prim, tuple(args), None, params, where)
+    eqn = Eqn(prim, tuple(args), None, params, where,
+              CURRENT_SCOPE.get() if scope is _FROM_CONTEXT else scope)
     outs = [Var(shape, dtype, device, eqn) for shape, dtype in out_types]
     eqn.outputs = tuple(outs)
     return outs if prim.multiple_results else outs[0]
 
+
+#: the module (an ``ir.Scope``) whose forward is running now in this thread or task, or None:
+#: every bind records it (``Eqn.scope``), so a picture can draw a layer as one box
+CURRENT_SCOPE = contextvars.ContextVar("vkml_scope", default=None)
 
 #: the user's line for the binds of the op being built (set through ``vkml.runtime.source_site``
 #: once per op, so a composite op of many primitives walks the stack once); None: find it per
@@ -136,4 +145,4 @@ def bind(prim: Primitive, *args, **params):
 def rebind(eqn: Eqn, args, **overrides):
     """Apply ``eqn``'s primitive to new operands, keeping its params and source line."""
     params = dict(eqn.params, **overrides) if overrides else eqn.params
-    return bind_at(eqn.where, eqn.prim, tuple(args), params)
+    return bind_at(eqn.where, eqn.prim, tuple(args), params, eqn.scope)

@@ -38,7 +38,7 @@ import numpy as np
 from ..ir import Eqn, Var, collect, current_serial
 from ..threadsafe import cache_limit
 from .api import default_device
-from .core import current_site
+from .core import CURRENT_SCOPE, current_site
 from .linalg import DETERMINISTIC_MATMUL
 
 __all__ = ["Recipe", "call", "record", "replay", "clear", "info", "tape_graph", "reset_tape"]
@@ -165,8 +165,9 @@ def _replay(recipe, operands, site):
     for shape, dtype, device, weak, value in recipe.consts:
         vals.append(Var(shape, dtype, device, value=value, weak=weak))
     append = vals.append
+    scope = CURRENT_SCOPE.get()
     for prim, pick, params, outs, shape, dtype, device in recipe.plan:
-        eqn = Eqn(prim, pick(vals), None, params, site)
+        eqn = Eqn(prim, pick(vals), None, params, site, scope)
         if shape is not None:           # one result (its shape; None for several)
             made = Var(shape, dtype, device, eqn)
             eqn.outputs = (made,)
