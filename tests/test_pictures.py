@@ -14,7 +14,8 @@ from vkml import viz
 from vkml.backends import base as backends_base
 
 SVG = "{http://www.w3.org/2000/svg}"
-MAX_PX = 1000
+#: the budget of a default picture: a notebook cell's width, two screens tall (viz_groups.BUDGET_PT)
+MAX_PX, MAX_HEIGHT_PX = 1200, 2400
 
 
 @pytest.fixture(autouse=True)
@@ -86,8 +87,8 @@ def test_every_derivative_panel_fits_the_output_width(fn, args):
     assert names == ["primal", "jvp", "known", "linear", "transposed"]
     for name, panel in d.panels:
         w, h = size_px(panel.pipe("svg"))
-        assert 0 < w <= MAX_PX, (name, w)
-    # the stacked picture a notebook shows is as wide as its widest panel, and taller than each
+        assert 0 < w <= MAX_PX and 0 < h <= MAX_HEIGHT_PX, (name, w, h)
+    # the stacked picture (the image form; a notebook shows tabs) is as wide as its widest panel
     w, h = size_px(d.pipe("svg"))
     widest = max(size_px(p.pipe("svg"))[0] for _, p in d.panels)
     assert w == pytest.approx(widest, abs=1) and w <= MAX_PX

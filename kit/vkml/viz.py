@@ -44,18 +44,19 @@ import hashlib
 import html
 import importlib.util
 import inspect
+import os
 import re
 import shutil
 
 import numpy as np
 
 from .errors import ArgumentError
-from .ir import Program, Var, collect, dtype_name, format_shape
+from .ir import Program, Var, collect, dtype_name, format_shape, site_text
 from .graph.graph import Graph
 from .graph.record import Record
 from .install import install_hint
 from .printer import (format_param, fused_view, literal, number_values, pp_program, root_of,
-                      site_title, value_names)
+                      site_title, source_line, value_names)
 from .programs import Jitted, gradient_residuals, jit
 from .pytree import flatten
 from .runtime import grad_leaf, is_traced
@@ -144,7 +145,7 @@ def _scoped_style(scope: str) -> str:
     return under(f'body[data-jp-theme-light="false"] {scope}')
 
 
-def inline_html(svg: str, text: str) -> str:
+def inline_html(svg: str, text: str, legend: str = "") -> str:
     """The picture as HTML that draws the SVG inline, so hovering a box shows its source line.
 
     JupyterLab shows an ``image/svg+xml`` output as an ``<img>``, and an image shows no tooltips;
@@ -165,8 +166,11 @@ def inline_html(svg: str, text: str) -> str:
     svg = svg.replace(SVG_STYLE, "")
     style = (".vkml-diagram > div.vkml-svg[hidden] { display: block; } "
              ".vkml-diagram > pre.vkml-text { display: none; } " + _scoped_style(".vkml-diagram"))
+    style += (" .vkml-diagram .vkml-legend { font: 12px sans-serif; color: #4b5563; "
+              "margin-top: 4px; max-width: 900px; }")
+    note = f'<div class="vkml-legend">{html.escape(legend)}</div>' if legend else ""
     return (f'<div class="vkml-diagram"><style>{style}</style>'
-            f'<div class="vkml-svg" hidden="hidden">{svg.rstrip()}</div>'
+            f'<div class="vkml-svg" hidden="hidden">{svg.rstrip()}</div>{note}'
             f'<pre class="vkml-text">{html.escape(text)}</pre></div>')
 
 
@@ -174,7 +178,17 @@ def inline_html(svg: str, text: str) -> str:
 LEGEND = ("A box is a part of your code: a layer of your model, a function you called or a line "
           "(hover it for the lines); its colour is that part's, in every tab, so the backward of a "
           "layer has the layer's colour.  Blue: inputs; green: outputs; ringed red: kept from the "
-          "forward pass for the backward.")
+          "forward pass for the backward.  program_dot(prog, unfold=True) draws every equation.")
+#: ... of a picture with a box per equation
+LEGEND_BOXES = ("A box is one operation (Map: elementwise operations fused into one loop, x0, x1 "
+                "its operands; Reduce: a sum or max) -- hover it for the line that made it.  A "
+                "coloured border (and the small squares under a fused box) is the user line an "
+                "equation comes from, the same colour in every tab.  Blue: inputs; green: outputs; "
+                "ringed red: kept from the forward pass for the backward; %n: a value your code "
+                "did not name.")
+#: ... and of a lazy graph's inputs
+LEGEND_LAZY = ("  Orange: parameters (they get a .grad); green: values already computed; grey: "
+               "placeholders of a trace.")
 
 
 def tabs_html(panels, text, legend="") -> str:
@@ -229,11 +243,13 @@ class Diagram:
     ('program', 3, True)
     """
 
-    def __init__(self, kind: str, source: str, text: str, nodes: int):
+    def __init__(self, kind: str, source: str, text: str, nodes: int, legend: str = ""):
         self.kind = kind
         self.source = source
         self.text = text
         self.nodes = nodes
+        #: what the picture's colours and marks mean, said under it in a notebook
+        self.legend = legend
 
     def to_graphviz(self):
         """The picture as a ``graphviz.Source`` (needs the graphviz package).
@@ -288,7 +304,7 @@ class Diagram:
         except Exception as err:  # a broken dot install must not break the notebook's output
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             return {"text/plain": f"{self.text}\n(vkml.viz: dot failed: {first})"}
-        return {"text/html": inline_html(svg, self.text), "image/svg+xml": svg,
+        return {"text/html": inline_html(svg, self.text, self.legend), "image/svg+xml": svg,
                 "text/plain": self.text}
 
     def __str__(self):
@@ -563,7 +579,7 @@ def program_dot(prog: Program, unfold: bool = False, arg_names=None, _marks=None
         raise ArgumentError(f"program_dot: depth must be a positive int (1: the outermost parts "
                             f"of the program), got {depth!r}")
     text = pp_program(prog, arg_names=arg_names)
-    if not unfold:
+    if not unfold and not _users_code(getattr(prog, "fn_code", None)):
         prog = flattened(prog)          # (a grad(f) program: the calls of f's, drawn as f's)
     arg_names = arg_names if arg_names is not None else getattr(prog, "arg_names", None)
     marks = _marks or _Marks(unfold=unfold)
@@ -580,8 +596,16 @@ def program_dot(prog: Program, unfold: bool = False, arg_names=None, _marks=None
         return draw_groups(d, prog, names, "p_", groups, colour)
 
     level, d = _fitted(prog, paths, draw, depth, marks.unfold)
-    return Diagram("program", d.source(), text, d.nodes)
+    return Diagram("program", d.source(), text, d.nodes,
+                   LEGEND if level != "all" else LEGEND_BOXES)
 
+
+def _users_code(code) -> bool:
+    """Whether ``code`` is a function of the user's (not a wrapper vkml made, as ``grad`` does)."""
+    return code is not None and not code.co_filename.startswith(_PACKAGE_DIR)
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 #: Programs of more boxes than this are drawn grouped without trying every box first.
 ALL_BOXES_LIMIT = 80
@@ -662,8 +686,8 @@ class DerivedDiagram(Diagram):
     ('derived programs', 5)
     """
 
-    def __init__(self, source, text, nodes, panels, residuals=None):
-        super().__init__("derived programs", source, text, nodes)
+    def __init__(self, source, text, nodes, panels, residuals=None, legend=""):
+        super().__init__("derived programs", source, text, nodes, legend)
         self.panels = panels
         self.residuals = residuals
 
@@ -688,7 +712,7 @@ class DerivedDiagram(Diagram):
                 panels = [(name, one.svg()) for name, one in self.panels]
             except Exception:  # noqa: BLE001 - the stacked picture is drawn; keep it
                 return bundle
-            bundle["text/html"] = tabs_html(panels, self.text, LEGEND)
+            bundle["text/html"] = tabs_html(panels, self.text, self.legend or LEGEND)
         return bundle
 
     def panel(self, name) -> Diagram:
@@ -820,7 +844,7 @@ def derived_dot(primal, derived=None, unfold: bool = False, arg_names=None, *, f
     shared = common_levels(primal_paths)
     group_colour = _group_colours(primal_paths, shared)
     d = Dot()
-    texts, panels, anchors = [], [], []
+    texts, panels, anchors, levels = [], [], [], []
     for i, (name, prog) in enumerate([("primal", primal)] + [(k, named[k]) for k in order]):
         names = _names_of(prog, arg_names if name in ("primal", "jvp", "known") else None)
         value_fill, value_note = {}, {}
@@ -848,6 +872,7 @@ def derived_dot(primal, derived=None, unfold: bool = False, arg_names=None, *, f
         level, one = _fitted(prog, paths, lambda lv, dot: draw(lv, dot, f"d{i}_"), depth,
                              unfold or box_class is not None, label=name, labelloc="t",
                              fontsize="12")
+        levels.append(level)
         d.open(f"d{i}", name, bgcolor="#ffffff" if i else "#f0f9ff", fontsize="12")
         anchors.append((draw(level, d, f"d{i}_"), d.last_node))
         d.close()
@@ -861,7 +886,9 @@ def derived_dot(primal, derived=None, unfold: bool = False, arg_names=None, *, f
     residuals = Residuals("derived program", rows) if saved else None
     if residuals is not None:
         texts.append(residuals.text())
-    return DerivedDiagram(d.source(), "\n\n".join(texts), d.nodes, panels, residuals)
+    grouped = any(level != "all" for level in levels)
+    return DerivedDiagram(d.source(), "\n\n".join(texts), d.nodes, panels, residuals,
+                          LEGEND if grouped else LEGEND_BOXES)
 
 
 def parameter_names(fn):
@@ -1205,8 +1232,9 @@ def tensor_dot(tensors) -> Diagram:
         return draw_groups(d, prog, names, "t_", groups_at(eqns, paths, shared, level), colour,
                            fill, hide=constants)
 
-    _, d = _fitted(prog, paths, draw, None, False)
-    return Diagram("lazy graph", d.source(), text, d.nodes)
+    level, d = _fitted(prog, paths, draw, None, False)
+    return Diagram("lazy graph", d.source(), text, d.nodes,
+                   (LEGEND if level != "all" else LEGEND_BOXES) + LEGEND_LAZY)
 
 
 def _parameter_names(leaves, eqns) -> dict:
@@ -1260,6 +1288,27 @@ def _value_text(value) -> str:
     return f"{dtype_name(a.dtype)} {format_shape(a.shape)}"
 
 
+def _defined_at(node) -> str | None:
+    """``cell In[3], line 2: def wave(u, k: vkml.Param):`` -- where the user wrote a graph
+    node's kernel (or model function): what hovering its box shows."""
+    op = getattr(node, "op", node)
+    fn = getattr(getattr(op, "kernel", None), "fn", None) or getattr(op, "fn", None)
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return None
+    where = (code, code.co_firstlineno)
+    text = source_line(where)
+    return site_text(where) + (f": {text}" if text else "")
+
+
+def _node_named(record, name):
+    """The node ``name`` of the Record's graph, where the Record knows its graph (else None)."""
+    for node in getattr(getattr(record, "graph", None), "nodes", ()):
+        if getattr(node, "name", None) == name:
+            return node
+    return None
+
+
 def graph_dot(graph) -> Diagram:
     """A graph of kernels: its nodes (boxes, in the order added), the planes they read and write
     (ellipses), and each node's uniform parameters.
@@ -1296,8 +1345,9 @@ def graph_dot(graph) -> Diagram:
         uniforms = ", ".join(f"{k} = {_value_text(v)}" for k, v in params.items())
         label = f"{n.name}\n[{kind}]" + (f"\n{uniforms}" if uniforms else "")
         style = "rounded,filled" + (",dashed" if kind == "skippable" else "")
+        tip = _defined_at(n)
         d.node(f"node {n.name}", label, shape=_KIND_SHAPE.get(kind, "box"), style=style,
-               fillcolor=FILL.get(kind, FILL["launch"]))
+               fillcolor=FILL.get(kind, FILL["launch"]), **({"tooltip": tip} if tip else {}))
         for p in n.reads:
             d.edge(f"plane {p}", f"node {n.name}")
         for p in n.writes:
@@ -1352,8 +1402,12 @@ def record_dot(record, current=None) -> Diagram:
             here = current == (phase, i)
             label = n if phase == "forward" else f"reverse of {n}"
             fill = "current" if here else ("launch" if phase == "forward" else "op")
+            attrs = {"penwidth": "2.5"} if here else {}
+            tip = _defined_at(_node_named(record, n))
+            if tip:
+                attrs["tooltip"] = tip if phase == "forward" else f"reverse of {tip}"
             d.node(me, label, shape="box", style="rounded,filled" + (",bold" if here else ""),
-                   fillcolor=FILL[fill], **({"penwidth": "2.5"} if here else {}))
+                   fillcolor=FILL[fill], **attrs)
             if prev is not None:
                 d.edge(prev, me, **({} if phase == "forward" else {"style": "dashed"}))
             prev = me
