@@ -69,6 +69,11 @@ def explore_gradient(f, x0, params=None, *, ranges=None, span=1.0, points=41, ep
     return GradientExplorer(f, x0, params, ranges=ranges, span=span, points=points, eps=eps)
 
 
+#: CSS that follows JupyterLab's theme (``body[data-jp-theme-light]``), not the system's
+_PLOT_THEME = ('<style>body[data-jp-theme-light="false"] .vkml-explorer-plot '
+               "{ filter: invert(0.92) hue-rotate(180deg); }</style>")
+
+
 def _slider(name, start, ranges):
     half = 2 * max(1.0, abs(start))
     lo, hi = (ranges or {}).get(name, (start - half, start + half))
@@ -128,12 +133,17 @@ class GradientExplorer(StaticPicture, widgets.VBox):
                                           layout=widgets.Layout(width="260px"))
         self.readout = widgets.HTML()
         self.plot = widgets.Image(format="png", layout=widgets.Layout(width="480px"))
+        self.plot.add_class("vkml-explorer-plot")
+        # the plot is a PNG drawn light; in JupyterLab's dark theme it is shown inverted (hues
+        # turned back), so it is not a white block in a dark notebook
+        self._theme = widgets.HTML(_PLOT_THEME)
         self._ts = np.concatenate([np.linspace(-span, span, points), [eps, -eps]])
         self._eps = eps
         self.program = vkml.jit(self._explore)
         self.updates = 0
         self.total_submissions = 0
-        super().__init__([*self.sliders.values(), self.direction, self.readout, self.plot])
+        super().__init__([*self.sliders.values(), self.direction, self.readout, self.plot,
+                          self._theme])
         for w in [*self.sliders.values(), self.direction]:
             w.observe(self._on_change, names="value")
         self.update()
@@ -396,10 +406,10 @@ class RecordExplorer(StaticPicture, widgets.VBox):
         self.readout.value = "<div class='vkml-readout'>" + "<br>".join(rows) + "</div>"
         picture = viz.record_dot(r, current=(sweep, i))
         bundle = picture._repr_mimebundle_()
-        svg = bundle.get("image/svg+xml")
-        if svg is None:
-            svg = f"<pre>{html.escape(bundle['text/plain'])}</pre>"
-        self.picture.value = svg
+        self._svg = bundle.get("image/svg+xml")
+        # inline, as a notebook draws a picture: it follows JupyterLab's theme, boxes have titles
+        self.picture.value = bundle.get("text/html") or \
+            f"<pre>{html.escape(bundle['text/plain'])}</pre>"
 
     def static_picture(self):
         """The Record's picture at the current step (SVG): what a reader sees without a kernel.
@@ -414,8 +424,8 @@ class RecordExplorer(StaticPicture, widgets.VBox):
         >>> vkml.widgets.explore_record(g.record).static_picture()[0]
         'image/svg+xml'
         """
-        svg = self.picture.value
-        return ("image/svg+xml", svg) if "<svg" in svg[:2000] else None
+        svg = getattr(self, "_svg", None)
+        return ("image/svg+xml", svg) if svg else None
 
     def __repr__(self):
         sweep, i, name = self.current

@@ -191,6 +191,29 @@ LEGEND_LAZY = ("  Orange: parameters (they get a .grad); green: values already c
                "placeholders of a trace.")
 
 
+#: A grouped picture offers its every-equation form (in the notebook) up to this many boxes.
+DETAIL_BOXES = 300
+
+
+def _detail_html(detail) -> str:
+    """``<details>`` holding ``detail``'s SVG (every equation of a grouped picture): one click in
+    the notebook opens it, another closes it; '' when there is none or it is too big to draw."""
+    if detail is None:
+        return ""
+    if detail.nodes > DETAIL_BOXES:
+        return (f'<details class="vkml-detail"><summary>every equation: {detail.nodes} boxes, too '
+                'many to draw here; program_dot(prog, unfold=True) draws them</summary></details>')
+    try:
+        svg = detail.svg()
+    except Exception:  # noqa: BLE001 - the grouped picture stands on its own
+        return ""
+    svg = svg[_SVG_START.search(svg).start():]
+    svg = _DOT_NAME_TITLE.sub(r"\1", svg)
+    svg = _LINK_TOOLTIP.sub(lambda m: m.group(0) + f"<title>{m.group(1)}</title>", svg)
+    return (f'<details class="vkml-detail"><summary>every equation ({detail.nodes} boxes)'
+            f'</summary>{svg.replace(SVG_STYLE, "").rstrip()}</details>')
+
+
 def tabs_html(panels, text, legend="") -> str:
     """Pictures ``[(name, svg)]`` as tabs: one shown at a time, each at full size, chosen by
     clicking its name (radio buttons and CSS: no script, so it works in a notebook, in an HTML
@@ -201,9 +224,9 @@ def tabs_html(panels, text, legend="") -> str:
     >>> page.count('type="radio"'), 'class="vkml-tab-panel"' in page
     (2, True)
     """
-    group = "vkml" + hashlib.sha256("".join(s for _, s in panels).encode()).hexdigest()[:10]
+    group = "vkml" + hashlib.sha256("".join(p[1] for p in panels).encode()).hexdigest()[:10]
     heads, bodies, rules = [], [], []
-    for i, (name, svg) in enumerate(panels):
+    for i, (name, svg, *detail) in enumerate(panels):
         ident = f"{group}-{i}"
         checked = ' checked="checked"' if i == 0 else ""
         heads.append(f'<input type="radio" name="{group}" id="{ident}" class="vkml-tab"{checked}>'
@@ -212,7 +235,7 @@ def tabs_html(panels, text, legend="") -> str:
         svg = _DOT_NAME_TITLE.sub(r"\1", svg)
         svg = _LINK_TOOLTIP.sub(lambda m: m.group(0) + f"<title>{m.group(1)}</title>", svg)
         bodies.append(f'<div class="vkml-tab-panel" id="{ident}-panel">'
-                      f'{svg.replace(SVG_STYLE, "").rstrip()}</div>')
+                      f'{svg.replace(SVG_STYLE, "").rstrip()}{"".join(detail)}</div>')
         rules.append(f"#{ident}:checked ~ #{ident}-panel {{ display: block; }}")
     style = (".vkml-diagram > div.vkml-svg[hidden] { display: block; } "
              ".vkml-diagram > pre.vkml-text { display: none; } "
@@ -250,6 +273,9 @@ class Diagram:
         self.nodes = nodes
         #: what the picture's colours and marks mean, said under it in a notebook
         self.legend = legend
+        #: for a grouped picture, the same program with every equation (a Diagram, or None):
+        #: a notebook shows it when the reader opens "every equation" under the picture
+        self.detail = None
 
     def to_graphviz(self):
         """The picture as a ``graphviz.Source`` (needs the graphviz package).
@@ -304,7 +330,11 @@ class Diagram:
         except Exception as err:  # a broken dot install must not break the notebook's output
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             return {"text/plain": f"{self.text}\n(vkml.viz: dot failed: {first})"}
-        return {"text/html": inline_html(svg, self.text, self.legend), "image/svg+xml": svg,
+        page = inline_html(svg, self.text, self.legend)
+        more = _detail_html(self.detail)
+        if more:
+            page = page[:-len("</div>")] + more + "</div>"
+        return {"text/html": page, "image/svg+xml": svg,
                 "text/plain": self.text}
 
     def __str__(self):
@@ -596,8 +626,19 @@ def program_dot(prog: Program, unfold: bool = False, arg_names=None, _marks=None
         return draw_groups(d, prog, names, "p_", groups, colour)
 
     level, d = _fitted(prog, paths, draw, depth, marks.unfold)
-    return Diagram("program", d.source(), text, d.nodes,
-                   LEGEND if level != "all" else LEGEND_BOXES)
+    picture = Diagram("program", d.source(), text, d.nodes,
+                      LEGEND if level != "all" else LEGEND_BOXES)
+    picture.detail = _every_equation(level, draw, text)
+    return picture
+
+
+def _every_equation(level, draw, text):
+    """The every-equation picture behind a grouped one (None when the picture is that already)."""
+    if level == "all":
+        return None
+    d = Dot(size=None)
+    draw("all", d)
+    return Diagram("program", d.source(), text, d.nodes, LEGEND_BOXES)
 
 
 def _users_code(code) -> bool:
@@ -709,7 +750,7 @@ class DerivedDiagram(Diagram):
         bundle = super()._repr_mimebundle_(include, exclude)
         if "text/html" in bundle:
             try:
-                panels = [(name, one.svg()) for name, one in self.panels]
+                panels = [(name, one.svg(), _detail_html(one.detail)) for name, one in self.panels]
             except Exception:  # noqa: BLE001 - the stacked picture is drawn; keep it
                 return bundle
             bundle["text/html"] = tabs_html(panels, self.text, self.legend or LEGEND)
@@ -837,8 +878,9 @@ def derived_dot(primal, derived=None, unfold: bool = False, arg_names=None, *, f
     colour_of = _colours_for(primal)
     saved, n_res = _residual_split(primal, named)
     rows = _residual_rows(saved, named["known"], arg_names) if saved else []
-    if arg_names is None:
-        arg_names = getattr(primal, "arg_names", None)
+    own = getattr(primal, "arg_names", None)         # (a traced function's, by pytree path)
+    if own is not None and (arg_names is None or len(arg_names) != len(primal.inputs)):
+        arg_names = own
     top_code = getattr(primal, "fn_code", None)
     primal_paths = [equation_path(e, top_code) for e in primal.eqns]
     shared = common_levels(primal_paths)
@@ -878,7 +920,9 @@ def derived_dot(primal, derived=None, unfold: bool = False, arg_names=None, *, f
         d.close()
         text = pp_program(prog, arg_names=arg_names if name in ("primal", "jvp", "known")
                           else None)
-        panels.append((name, Diagram(f"{name} program", one.source(), text, one.nodes)))
+        panel = Diagram(f"{name} program", one.source(), text, one.nodes)
+        panel.detail = _every_equation(level, lambda lv, dot: draw(lv, dot, f"d{i}_"), text)
+        panels.append((name, panel))
         texts.append(f"{name}:\n{text}")
     for (_, last), (nxt, _) in zip(anchors, anchors[1:]):
         if last is not None and nxt is not None:   # stack the panels top to bottom
@@ -1233,8 +1277,10 @@ def tensor_dot(tensors) -> Diagram:
                            fill, hide=constants)
 
     level, d = _fitted(prog, paths, draw, None, False)
-    return Diagram("lazy graph", d.source(), text, d.nodes,
-                   (LEGEND if level != "all" else LEGEND_BOXES) + LEGEND_LAZY)
+    picture = Diagram("lazy graph", d.source(), text, d.nodes,
+                      (LEGEND if level != "all" else LEGEND_BOXES) + LEGEND_LAZY)
+    picture.detail = _every_equation(level, draw, text)
+    return picture
 
 
 def _parameter_names(leaves, eqns) -> dict:

@@ -214,12 +214,30 @@ def draw_groups(d, prog, names, scope, groups, colour_of_group, value_fill=None,
             if n and not n.startswith("%") and n not in named and not src.startswith(f"{scope}in"):
                 named.append(n)
         d.edge(src, dst, **({"label": _short(", ".join(named), 24)} if named else {}))
+    saved_out = [v for v in prog.outputs if value_fill.get(v) == "saved"]
+    if saved_out:           # what the forward keeps for the backward: one node, not one each
+        node = f"{scope}saved"
+        size = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in saved_out)
+        d.node(node, f"kept for the backward\n{len(saved_out)} value"
+               f"{'s' * (len(saved_out) != 1)}, {size:,} B", shape="ellipse",
+               fillcolor=FILL["saved"], peripheries="2", color="#be123c")
+        for src in dict.fromkeys(made_by[v] for v in saved_out if v in made_by):
+            d.edge(src, node)
     for i, v in enumerate(prog.outputs):
+        if v in saved_out:
+            continue
         node = f"{scope}out{i}"
-        d.node(node, f"out {i}\n{type_text(v)}", shape="ellipse", fillcolor=FILL["output"])
+        d.node(node, f"{_out_name(names, v, i)}\n{type_text(v)}", shape="ellipse",
+               fillcolor=FILL["output"])
         if v in made_by:
             d.edge(made_by[v], node)
     return first
+
+
+def _out_name(names, v, i) -> str:
+    """``out 0``, or ``loss (out 0)`` where the user named the value."""
+    name = names.get(v)
+    return f"{name} (out {i})" if name and not name.startswith("%") else f"out {i}"
 
 
 def _read_outside(v, prog, inside) -> bool:
