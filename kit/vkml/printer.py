@@ -45,9 +45,9 @@ def pp_program(prog: Program, bits: bool = False, names: bool = True, arg_names=
 
     >>> prog = vkml.program(lambda x: x * 0.1, np.ones(2))
     >>> print(vkml.pp_program(prog, bits=True))
-    program (%0)
+    program (x)
       prog : float64 [2] at CPU = Map [mul(x0, float64:0x3fb999999999999a)] (x0: float64 [2] at CPU)
-        with x0 = %0
+        with x0 = x
       return prog
     """
     if not isinstance(prog, Program):

@@ -1237,9 +1237,9 @@ def program(fn, *args) -> Program:
     """The Program ``fn`` traces to for these arguments (``print`` it to read it).
 
     >>> print(vkml.program(lambda x: vkml.sin(x) * 2.0, np.ones(3)))
-    program (%0)
+    program (x)
       %4 : float64 [3] at CPU = Map [mul(sin(x0), 2.0)] (x0: float64 [3] at CPU)
-        with x0 = %0
+        with x0 = x
       return %4
     """
     _check_function(fn, "program")

@@ -1510,9 +1510,9 @@ def diagram(obj) -> Diagram:
     >>> vkml.viz.diagram(vkml.sin(x) * 2).kind
     'lazy graph'
     >>> print(vkml.viz.diagram(vkml.program(lambda x: x * 2.0, np.ones(2))).text)
-    program (%0)
+    program (x)
       %3 : float64 [2] at CPU = Map [mul(x0, 2.0)] (x0: float64 [2] at CPU)
-        with x0 = %0
+        with x0 = x
       return %3
     """
     if isinstance(obj, Diagram):
