@@ -116,6 +116,7 @@ def test_the_readme_pictures_come_from_the_tutorials(browser, lab, tmp_path):
     try:
         picture = page.locator(".vkml-diagram").filter(has_text="transposed").first
         picture.scroll_into_view_if_needed()
+        picture.locator("label", has_text="transposed").click()     # the gradient's own tab
         _save(picture.screenshot(), "derivative.png")
     finally:
         page.close()

@@ -26,9 +26,14 @@ missing.
 - :func:`graph_dot` and :func:`record_dot`: a graph of kernels and a
   recorded launch (see their docstrings for the attributes they read).
 
-Every picture is at most :data:`MAX_WIDTH_IN` inches (under 1,000 px) wide,
-so it fits a notebook's output area, and carries CSS that keeps it readable
-in a dark colour scheme.
+A program, a lazy graph and each derived program fit a notebook cell at full
+size -- at most 1,200 x 2,400 px, no text under 10 px -- by structure, not by
+shrinking: a program too big for a box per equation is drawn one box per part
+of the user's code (a layer, a helper call, a source line; see
+:mod:`vkml.viz_groups`), with every equation one click away under it.  Derived
+programs show as tabs.  Shown inline in a notebook, pictures follow
+JupyterLab's light or dark theme, carry hover titles naming the user's lines,
+and a legend for their colours.
 
 Output is deterministic: the same object gives the same DOT source and the
 same SVG bytes (node ids come from the printer's numbering, and the SVG's
