@@ -114,7 +114,9 @@ def open_tutorial(page, lab):
 def stored_diagrams(page):
     """The tutorial's stored pictures, drawn as SVG inline in their HTML output (which keeps the
     <title> tooltips an <img> would lose)."""
-    svgs = page.locator(".jp-RenderedHTMLCommon .vkml-diagram > div > svg")
+    # (one picture, or the first tab of a derived picture's tabs: the one shown)
+    svgs = page.locator(".jp-RenderedHTMLCommon .vkml-diagram > div.vkml-svg:not(.vkml-tabs) > svg, "
+                        ".jp-RenderedHTMLCommon .vkml-diagram .vkml-tab-panel:first-of-type > svg")
     sync_api.expect(svgs).to_have_count(len(stored_picture_texts()), timeout=60 * SECONDS)
     for i in range(svgs.count()):
         svgs.nth(i).scroll_into_view_if_needed()
@@ -188,7 +190,9 @@ def test_a_tutorial_opens_with_its_diagrams_drawn_without_running(tutorial_lab):
             # the program picture and the derivative picture, both stored, both drawn
             assert svgs.count() >= 2
             sources = [svgs.nth(i).evaluate("svg => svg.outerHTML") for i in range(svgs.count())]
-            assert any(">transposed<" in s for s in sources)
+            # (the derivative picture is tabs: the primal shown, the transposed program a tab)
+            assert page.locator(".vkml-tabs > label", has_text="transposed").count() >= 1
+            assert sources
             assert page.locator(".jp-RenderedSVG img").count() == 0     # inline, not an <img>
             # nothing ran: no cell has an execution count from this session
             assert page.locator(".jp-InputPrompt:has-text('[*]')").count() == 0

@@ -87,7 +87,8 @@ def test_show_graph_draws_the_pending_graph_then_realizes(ip):
     assert r.success, r.error_in_exec
     [graph] = diagrams(shown)
     texts = svg_texts(graph)
-    assert "%0 realized, requires grad" in texts and "mul" in texts
+    # the lazy graph in the programs' words: x an input (orange: its .grad will receive), a Map
+    assert "%0 in 0" in texts and "mul(x0, x1)" in texts
     assert graph["text/plain"].startswith("lazy graph of 1 tensor: 2 ops pending, not realized")
     # the value came back realized (on the cell's backend), and is the cell's result
     y = ip.user_ns["y"]
@@ -326,7 +327,7 @@ def test_one_cell_shows_graph_program_derivative_record_and_stats(ip):
     assert r.success, r.error_in_exec
     assert "vkml:" not in stdout, stdout                 # nothing is missing: no notes
     graph, program, derivative, record = diagrams(shown)
-    assert "sin" in svg_texts(graph)                      # the last expression's lazy graph
+    assert any("sin" in t for t in svg_texts(graph))      # the last expression's lazy graph
     assert "scan" in svg_texts(program) and program["text/plain"].startswith("program (xs)")
     assert derivative["text/plain"].startswith("primal:\nprogram (xs)")
     assert "transposed" in svg_texts(derivative)

@@ -20,9 +20,9 @@ def value(f):
 # -- the running-sum scan of the tutorial ----------------------------------------------------------
 
 SEED_PROGRAM = """\
-program (%0)
+program (xs)
   %1 : float64 [] at CPU = Map [0.0] at CPU
-  %2 : float64 [] at CPU, sums : float64 [3] at CPU = scan 3 rows, init (%1), xs (%0), captures ()
+  %2 : float64 [] at CPU, sums : float64 [3] at CPU = scan 3 rows, init (%1), xs (xs), captures ()
     step
       program (%6, %7)
         nxt : float64 [] at CPU = Map [add(x0, x1)] (x0: float64 [] at CPU) (x1: float64 [] at CPU)

@@ -158,7 +158,7 @@ def test_derived_pictures_inline_html_are_tabs_of_titled_panels():
     for name in ("primal", "jvp", "known", "linear", "transposed"):
         assert f">{name}</label>" in page
     assert "vkml-legend" in page
-    body = page[page.index('<div class="vkml-svg'):page.index('<div class="vkml-legend">')]
+    body = page[page.index('<div class="vkml-svg'):page.index('<div class="vkml-legend">')]   # (tabs)
     panels = re.findall(r'<div class="vkml-tab-panel" id="[^"]*">(.*?)</div>', body, re.S)
     roots = [ET.fromstring(p) for p in panels]
     assert len(roots) == 5

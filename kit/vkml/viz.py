@@ -174,8 +174,10 @@ def inline_html(svg: str, text: str, legend: str = "") -> str:
     style += (" .vkml-diagram .vkml-legend { font: 12px sans-serif; color: #4b5563; "
               "margin-top: 4px; max-width: 900px; }")
     note = f'<div class="vkml-legend">{html.escape(legend)}</div>' if legend else ""
+    # (the legend and anything added after it live in the hidden block too: an untrusted
+    # front-end shows the text alone)
     return (f'<div class="vkml-diagram"><style>{style}</style>'
-            f'<div class="vkml-svg" hidden="hidden">{svg.rstrip()}</div>{note}'
+            f'<div class="vkml-svg" hidden="hidden">{svg.rstrip()}{note}</div>'
             f'<pre class="vkml-text">{html.escape(text)}</pre></div>')
 
 
@@ -255,7 +257,7 @@ def tabs_html(panels, text, legend="") -> str:
     note = f'<div class="vkml-legend">{html.escape(legend)}</div>' if legend else ""
     return (f'<div class="vkml-diagram"><style>{style}</style>'
             f'<div class="vkml-svg vkml-tabs" hidden="hidden">{"".join(heads)}{"".join(bodies)}'
-            f'</div>{note}<pre class="vkml-text">{html.escape(text)}</pre></div>')
+            f'{note}</div><pre class="vkml-text">{html.escape(text)}</pre></div>')
 
 
 class Diagram:
@@ -337,8 +339,9 @@ class Diagram:
             return {"text/plain": f"{self.text}\n(vkml.viz: dot failed: {first})"}
         page = inline_html(svg, self.text, self.legend)
         more = _detail_html(self.detail)
-        if more:
-            page = page[:-len("</div>")] + more + "</div>"
+        if more:        # (inside the hidden block, after the legend)
+            cut = page.index('</div><pre class="vkml-text">')
+            page = page[:cut] + more + page[cut:]
         return {"text/html": page, "image/svg+xml": svg,
                 "text/plain": self.text}
 
@@ -903,17 +906,21 @@ def derived_dot(primal, derived=None, unfold: bool = False, arg_names=None, *, f
         elif saved and name in ("linear", "transposed"):
             for v in prog.inputs[:n_res]:
                 value_fill[v] = "saved"
+        if name == "jvp":
+            tangents = {v: "tangent" for v in prog.inputs[len(primal.inputs):]}
         classes = box_class and (lambda e, name=name: box_class(name, e))
         marks = _Marks(colour_of, value_fill, value_note=value_note, unfold=unfold, fused=fused,
                        box_class=classes)
         paths = [equation_path(e, top_code) for e in prog.eqns]
 
         def draw(level, dot, scope, prog=prog, names=names, marks=marks, paths=paths,
-                 value_fill=value_fill, value_note=value_note):
+                 value_fill=value_fill, value_note=value_note, name=name,
+                 tangents=tangents if name == "jvp" else None):
             if level == "all":
                 return _draw_program(dot, prog, names, scope, marks)
+            fills = {**value_fill, **tangents} if name == "jvp" else value_fill
             return draw_groups(dot, prog, names, scope, groups_at(prog.eqns, paths, shared, level),
-                               group_colour, value_fill, input_note=value_note)
+                               group_colour, fills, input_note=value_note)
 
         # (the program explorer finds every equation's box by its class: it draws them all)
         level, one = _fitted(prog, paths, lambda lv, dot: draw(lv, dot, f"d{i}_"), depth,

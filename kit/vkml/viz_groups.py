@@ -158,15 +158,16 @@ def draw_groups(d, prog, names, scope, groups, colour_of_group, value_fill=None,
     value_fill = value_fill or {}
     made_by = {}
     first = None
-    kept = [v for v in prog.inputs if value_fill.get(v) == "saved"]
-    if kept:      # the values kept from the forward pass: one node, not one each
-        node = f"{scope}kept"
-        size = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in kept)
-        d.node(node, f"kept from the forward pass\n{len(kept)} value{'s' * (len(kept) != 1)}, "
-               f"{size:,} B", shape="ellipse", fillcolor=FILL["saved"], peripheries="2",
-               color="#be123c")
-        made_by.update((v, node) for v in kept)
-        first = node
+    for role, title in (("saved", "kept from the forward pass"), ("tangent", "tangents in")):
+        kept = [v for v in prog.inputs if value_fill.get(v) == role]
+        if kept:    # the values kept from the forward pass, the tangents: one node, not one each
+            node = f"{scope}{role}"
+            size = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in kept)
+            d.node(node, f"{title}\n{len(kept)} value{'s' * (len(kept) != 1)}, {size:,} B",
+                   shape="ellipse", fillcolor=FILL["saved" if role == "saved" else "input"],
+                   **({"peripheries": "2", "color": "#be123c"} if role == "saved" else {}))
+            made_by.update((v, node) for v in kept)
+            first = first or node
     for i, v in enumerate(prog.inputs):
         if v in made_by or v in hide:
             continue
