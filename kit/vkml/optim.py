@@ -441,6 +441,10 @@ class CompiledStep:
         # (the step is applied whole or not at all), a reader in another thread of an array being
         # written waits too (``writing``: ids, so the counts of references stay exact), and so
         # does a model's forward (``MODEL_TRACE``: it sees all old parameters or all new ones).
+        if threading.active_count() == 1:   # (no other thread to read or forward meanwhile)
+            with Deferred():
+                outs = program._call_overwriting(args, destinations)
+                return self._commit(active, params, dsts, outs, into)
         marked = [id(d.ir_var) for d in dsts]
         marked += [id(p.grad.ir_var) for p in params if type(p.grad) is Tensor]
         with Deferred(), writing(marked), MODEL_TRACE.writing():
