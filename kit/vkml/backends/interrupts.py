@@ -105,10 +105,11 @@ int vk_disarm(void) {
 _lock = threading.Lock()
 
 
-try:
-    from _signal import getsignal as _getsignal      # CPython's own, below ``signal.getsignal``
+try:        # CPython's own, below ``signal.getsignal``/``signal.signal`` (which make enums)
+    from _signal import getsignal as _getsignal
+    from _signal import signal as _setsignal
 except ImportError:                                  # pragma: no cover (another Python)
-    _getsignal = signal.getsignal
+    _getsignal, _setsignal = signal.getsignal, signal.signal
 
 
 def python_handler():
@@ -227,7 +228,7 @@ class Deferred:
             previous = python_handler()
             if callable(previous):
                 self.caught = None
-                signal.signal(signal.SIGINT, self._note)
+                _setsignal(signal.SIGINT, self._note)
                 self.previous = previous
         return self
 
@@ -236,7 +237,7 @@ class Deferred:
         if previous is None:
             return False
         self.previous = None
-        signal.signal(signal.SIGINT, previous)
+        _setsignal(signal.SIGINT, previous)
         caught = self.caught
         if caught is not None and exc[0] is None:
             previous(*caught)              # Python's handler raises KeyboardInterrupt here
