@@ -172,7 +172,7 @@ def inline_html(svg: str, text: str, legend: str = "") -> str:
     style = (".vkml-diagram > div.vkml-svg[hidden] { display: block; } "
              ".vkml-diagram > pre.vkml-text { display: none; } " + _scoped_style(".vkml-diagram"))
     style += (" .vkml-diagram .vkml-legend { font: 12px sans-serif; color: #4b5563; "
-              "margin-top: 4px; max-width: 900px; }")
+              "margin-top: 4px; max-width: 900px; } " + _DARK_LABELS)
     note = f'<div class="vkml-legend">{html.escape(legend)}</div>' if legend else ""
     # (the legend and anything added after it live in the hidden block too: an untrusted
     # front-end shows the text alone)
@@ -221,6 +221,13 @@ def _detail_html(detail) -> str:
             f'</summary>{svg.replace(SVG_STYLE, "").rstrip()}</details>')
 
 
+#: tab names and legends readable in JupyterLab's dark theme
+_DARK_LABELS = ('body[data-jp-theme-light="false"] .vkml-diagram .vkml-tabs > label '
+                "{ color: #e5e7eb; border-color: #6b7280; } "
+                'body[data-jp-theme-light="false"] .vkml-diagram .vkml-legend, '
+                'body[data-jp-theme-light="false"] .vkml-diagram summary { color: #d1d5db; } ')
+
+
 def tabs_html(panels, text, legend="") -> str:
     """Pictures ``[(name, svg)]`` as tabs: one shown at a time, each at full size, chosen by
     clicking its name (radio buttons and CSS: no script, so it works in a notebook, in an HTML
@@ -253,7 +260,8 @@ def tabs_html(panels, text, legend="") -> str:
              "border-color: #2563eb; } "
              ".vkml-tabs > .vkml-tab-panel { display: none; } "
              ".vkml-diagram .vkml-legend { font: 12px sans-serif; color: #4b5563; margin-top: 4px; "
-             "max-width: 900px; } " + " ".join(rules) + " " + _scoped_style(".vkml-diagram"))
+             "max-width: 900px; } " + _DARK_LABELS + " ".join(rules) + " " +
+             _scoped_style(".vkml-diagram"))
     note = f'<div class="vkml-legend">{html.escape(legend)}</div>' if legend else ""
     return (f'<div class="vkml-diagram"><style>{style}</style>'
             f'<div class="vkml-svg vkml-tabs" hidden="hidden">{"".join(heads)}{"".join(bodies)}'
