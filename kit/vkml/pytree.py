@@ -203,6 +203,10 @@ def leaf_paths(treedef: TreeDef, root: str = "") -> list:
     >>> vkml.pytree.leaf_paths(vkml.pytree.flatten(({"W": 1, "b": 2}, [3, (4, 5)]))[1], "args")
     ["args[0]['W']", "args[0]['b']", 'args[1][0]', 'args[1][1][0]', 'args[1][1][1]']
     """
+    if not isinstance(treedef, TreeDef) or not isinstance(root, str):
+        raise ArgumentError(f"leaf_paths: expected a TreeDef (vkml.pytree.flatten(tree)[1]) and a "
+                            f"name for its root, got {type(treedef).__name__} and "
+                            f"{type(root).__name__}")
     out = []
     _paths(treedef, root, out)
     return out

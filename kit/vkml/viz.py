@@ -56,6 +56,7 @@ import shutil
 import numpy as np
 
 from .errors import ArgumentError
+from .validate import check_bool
 from .ir import Program, Var, collect, dtype_name, format_shape, site_text
 from .graph.graph import Graph
 from .graph.record import Record
@@ -238,6 +239,12 @@ def tabs_html(panels, text, legend="") -> str:
     >>> page.count('type="radio"'), 'class="vkml-tab-panel"' in page
     (2, True)
     """
+    if not isinstance(panels, (list, tuple)) or not panels or not all(
+            isinstance(p, tuple) and 2 <= len(p) <= 3 and all(isinstance(x, str) for x in p) and
+            _SVG_START.search(p[1]) for p in panels) or not isinstance(text, str) or \
+            not isinstance(legend, str):
+        raise ArgumentError("tabs_html: expected a non-empty list of (name, svg) pairs of strings "
+                            "(each svg holding an <svg> element), a text and a legend string")
     group = "vkml" + hashlib.sha256("".join(p[1] for p in panels).encode()).hexdigest()[:10]
     heads, bodies, rules = [], [], []
     for i, (name, svg, *detail) in enumerate(panels):
@@ -598,8 +605,7 @@ def _names_of(prog, arg_names=None):
     return value_names(prog, number_values(prog), arg_names)
 
 
-def program_dot(prog: Program, unfold: bool = False, arg_names=None, _marks=None, *,
-                depth=None) -> Diagram:
+def program_dot(prog: Program, unfold: bool = False, arg_names=None, *, depth=None) -> Diagram:
     """A Program as a picture that fits a notebook cell at full size.
 
     A small program draws every box: inputs (blue), constants (notes), values, fused Map/Reduce
@@ -621,15 +627,12 @@ def program_dot(prog: Program, unfold: bool = False, arg_names=None, _marks=None
     if not isinstance(prog, Program):
         raise ArgumentError(f"program_dot: expected a vkml Program, got {type(prog).__name__}; "
                             "get one with vkml.program(f, *args) or f.programs()")
-    if depth is not None and (not isinstance(depth, int) or isinstance(depth, bool) or depth < 1):
-        raise ArgumentError(f"program_dot: depth must be a positive int (1: the outermost parts "
-                            f"of the program), got {depth!r}")
+    _check_picture_args("program_dot", unfold, arg_names, depth)
     text = pp_program(prog, arg_names=arg_names)
     if not unfold and not _users_code(getattr(prog, "fn_code", None)):
         prog = flattened(prog)          # (a grad(f) program: the calls of f's, drawn as f's)
     arg_names = arg_names if arg_names is not None else getattr(prog, "arg_names", None)
-    marks = _marks or _Marks(unfold=unfold)
-    marks.unfold = marks.unfold or unfold
+    marks = _Marks(unfold=unfold)
     names = _names_of(prog, arg_names)
     top_code = getattr(prog, "fn_code", None)
     paths = [equation_path(e, top_code) for e in prog.eqns]
@@ -646,6 +649,36 @@ def program_dot(prog: Program, unfold: bool = False, arg_names=None, _marks=None
                       LEGEND if level != "all" else LEGEND_BOXES)
     picture.detail = _every_equation(level, draw, text)
     return picture
+
+
+def _box_class(box_class, panel, eqn):
+    """``box_class(panel, eqn)``, which must give an SVG class (a string) or None."""
+    try:
+        out = box_class(panel, eqn)
+    except Exception as err:  # noqa: BLE001 - the callback is the caller's: said as theirs
+        raise ArgumentError(f"derived_dot: box_class(panel, equation) raised "
+                            f"{type(err).__name__}: {err}; it must return an SVG class or None") \
+            from err
+    if out is not None and not isinstance(out, str):
+        raise ArgumentError(f"derived_dot: box_class(panel, equation) must return an SVG class (a "
+                            f"string) or None, got {type(out).__name__}")
+    return out
+
+
+def _check_picture_args(where, unfold, arg_names, depth, fused=True, box_class=None):
+    """Refuse what a picture function cannot use, naming the argument and what it takes."""
+    check_bool(unfold, "unfold", where)
+    check_bool(fused, "fused", where)
+    if depth is not None and (not isinstance(depth, int) or isinstance(depth, bool) or depth < 1):
+        raise ArgumentError(f"{where}: depth must be a positive int (1: the outermost parts of "
+                            f"the program) or None (the deepest that fits), got {depth!r:.60}")
+    if arg_names is not None and (not isinstance(arg_names, (list, tuple)) or
+                                  not all(isinstance(a, str) for a in arg_names)):
+        raise ArgumentError(f"{where}: arg_names must be a list of strings (one name per input), "
+                            f"got {type(arg_names).__name__}")
+    if box_class is not None and not callable(box_class):
+        raise ArgumentError(f"{where}: box_class must be a function (panel, equation) -> an SVG "
+                            f"class or None, got {type(box_class).__name__}")
 
 
 def _every_equation(level, draw, text):
@@ -885,6 +918,7 @@ def derived_dot(primal, derived=None, unfold: bool = False, arg_names=None, *, f
         if arg_names is None:
             arg_names = parameter_names(primal)
         primal, derived = pairs[-1]
+    _check_picture_args("derived_dot", unfold, arg_names, depth, fused, box_class)
     if not isinstance(primal, Program):
         raise ArgumentError(f"derived_dot: expected a Program or a jitted function, got "
                             f"{type(primal).__name__}")
@@ -916,7 +950,7 @@ def derived_dot(primal, derived=None, unfold: bool = False, arg_names=None, *, f
                 value_fill[v] = "saved"
         if name == "jvp":
             tangents = {v: "tangent" for v in prog.inputs[len(primal.inputs):]}
-        classes = box_class and (lambda e, name=name: box_class(name, e))
+        classes = box_class and (lambda e, name=name: _box_class(box_class, name, e))
         marks = _Marks(colour_of, value_fill, value_note=value_note, unfold=unfold, fused=fused,
                        box_class=classes)
         paths = [equation_path(e, top_code) for e in prog.eqns]

@@ -172,6 +172,14 @@ def _extra_entries():
         "viz.saved_residuals": lambda good: good.vkml.viz.saved_residuals,
         "viz.checkpoint_schedule": lambda good: good.vkml.viz.checkpoint_schedule,
         "widgets.explore_program": lambda good: good.vkml.widgets.explore_program,
+        "viz.program_dot": lambda good: good.vkml.viz.program_dot,
+        "viz.derived_dot": lambda good: good.vkml.viz.derived_dot,
+        "viz.tensor_dot": lambda good: good.vkml.viz.tensor_dot,
+        "viz.tabs_html": lambda good: good.vkml.viz.tabs_html,
+        "pytree.leaf_paths": lambda good: good.vkml.pytree.leaf_paths,
+        "install.install_hint": lambda good: __import__("vkml.install").install.install_hint,
+        "Record.check_unchanged": lambda good: good.graph().record.check_unchanged,
+        "Record.keep": lambda good: good.graph().record.keep,
     })
     out.update({f"nn.{name}": (lambda good, name=name: getattr(good.vkml.nn, name))
                 for name in ("Tanh", "Sigmoid", "GELU", "Softmax", "Dropout", "LayerNorm",
@@ -202,6 +210,13 @@ def _compiled_step(good):
     step(np.ones((2, 3)))
     step(np.ones((2, 3)))
     return step
+
+
+def _differentiated(good):
+    """A jitted function whose gradient was taken: what ``viz.derived_dot`` draws."""
+    f = good.vkml.jit(good.fn)
+    good.vkml.grad(f)(good.t)
+    return f
 
 
 def _recorded_simulation(good):
@@ -375,6 +390,11 @@ def _good_args(good, entry):
         "numpy.take_along_axis": lambda: [t, vkml.tensor(np.zeros((2, 1), np.int64)), 1],
         "numpy.tile": lambda: [t, 2], "numpy.vstack": lambda: [[t, t]], "numpy.zeros": lambda: [(2, 3)],
         "optim.SGD": lambda: [[t], 0.1], "optim.Adam": lambda: [[t]],
+        "viz.program_dot": lambda: [vkml.program(good.fn, t)],
+        "viz.derived_dot": lambda: [_differentiated(good)], "viz.tensor_dot": lambda: [good.fn(t)],
+        "viz.tabs_html": lambda: [[("primal", "<svg></svg>")], "text"],
+        "pytree.leaf_paths": lambda: [vkml.pytree.flatten({"w": 1.0})[1], "p"],
+        "install.install_hint": lambda: ["cuda"],
         "Optimizer.compile_step": lambda: [lambda: vkml.tensor(1.0)],
         "CompiledStep(batch)": lambda: [np.ones((2, 3))],
         "nn.Linear": lambda: [3, 2], "nn.Conv2d": lambda: [1, 2, 3],
