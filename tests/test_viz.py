@@ -157,9 +157,9 @@ def test_derived_pictures_inline_html_are_tabs_of_titled_panels():
     assert page.count("<style>") == 1 and 'checked="checked"' in page      # the primal first
     for name in ("primal", "jvp", "known", "linear", "transposed"):
         assert f">{name}</label>" in page
-    assert "vkml-legend" in page
-    body = page[page.index('<div class="vkml-svg'):page.index('<div class="vkml-legend">')]   # (tabs)
-    panels = re.findall(r'<div class="vkml-tab-panel" id="[^"]*">(.*?)</div>', body, re.S)
+    assert page.count('<div class="vkml-legend">') == 5                   # one per tab
+    body = page[page.index('<div class="vkml-svg'):page.index('<pre class="vkml-text">')]
+    panels = re.findall(r'<div class="vkml-tab-panel" id="[^"]*">(<svg.*?</svg>)', body, re.S)
     roots = [ET.fromstring(p) for p in panels]
     assert len(roots) == 5
     links = [a for r in roots for a in r.iter(SVG + "a")]

@@ -69,8 +69,8 @@ from .runtime import grad_leaf, is_traced
 from .tensor import Tensor
 from .viz_dot import (FILL, MAX_WIDTH_IN, PALETTE, Dot, HtmlLabel, dot_attrs,  # noqa: F401
                       html_label, params_text, quote, short, type_text)
-from .viz_groups import (BUDGET_PT, common_levels, draw_groups, equation_path, fits, flattened,
-                         groups_at, max_depth, svg_size_pt)
+from .viz_groups import (BUDGET_PT, calls_summary, common_levels, draw_groups, equation_path, fits,
+                         flattened, groups_at, max_depth, svg_size_pt)
 from .viz_schedule import checkpoint_schedule  # noqa: F401  (a checkpoint schedule, drawn)
 
 __all__ = ["Diagram", "DerivedDiagram", "diagram", "program_dot", "tensor_dot", "derived_dot",
@@ -174,7 +174,7 @@ def inline_html(svg: str, text: str, legend: str = "") -> str:
              ".vkml-diagram > pre.vkml-text { display: none; } " + _scoped_style(".vkml-diagram"))
     style += (" .vkml-diagram .vkml-legend { font: 12px sans-serif; color: #4b5563; "
               "margin-top: 4px; max-width: 900px; } " + _DARK_LABELS)
-    note = f'<div class="vkml-legend">{html.escape(legend)}</div>' if legend else ""
+    note = _legend_html(legend)
     # (the legend and anything added after it live in the hidden block too: an untrusted
     # front-end shows the text alone)
     return (f'<div class="vkml-diagram"><style>{style}</style>'
@@ -197,6 +197,10 @@ LEGEND_BOXES = ("A box is one operation (Map: elementwise operations fused into 
 #: ... and of a lazy graph's inputs
 LEGEND_LAZY = ("  Orange: parameters (they get a .grad); green: values already computed; grey: "
                "placeholders of a trace.")
+
+
+def _legend_html(legend) -> str:
+    return f'<div class="vkml-legend">{html.escape(legend)}</div>' if legend else ""
 
 
 #: A grouped picture offers its every-equation form (in the notebook) up to this many boxes.
@@ -269,7 +273,7 @@ def tabs_html(panels, text, legend="") -> str:
              ".vkml-diagram .vkml-legend { font: 12px sans-serif; color: #4b5563; margin-top: 4px; "
              "max-width: 900px; } " + _DARK_LABELS + " ".join(rules) + " " +
              _scoped_style(".vkml-diagram"))
-    note = f'<div class="vkml-legend">{html.escape(legend)}</div>' if legend else ""
+    note = _legend_html(legend)
     return (f'<div class="vkml-diagram"><style>{style}</style>'
             f'<div class="vkml-svg vkml-tabs" hidden="hidden">{"".join(heads)}{"".join(bodies)}'
             f'{note}</div><pre class="vkml-text">{html.escape(text)}</pre></div>')
@@ -400,8 +404,9 @@ def _folded_text(prog, kind, eqn) -> str:
     """What a folded nested program says: its size, and a scan's step count."""
     count = _count_eqns(prog)
     steps = f"{eqn.params['length']} steps of " if kind == "scan" else ""
+    made = calls_summary(prog.eqns)
     return (f"{steps}{count} equation{'s' * (count != 1)} (folded: "
-            "vkml.viz.program_dot(prog, unfold=True) shows them)")
+            "vkml.viz.program_dot(prog, unfold=True) shows them)" + (f"\n{made}" if made else ""))
 
 
 def _count_eqns(prog) -> int:
@@ -799,10 +804,12 @@ class DerivedDiagram(Diagram):
         bundle = super()._repr_mimebundle_(include, exclude)
         if "text/html" in bundle:
             try:
-                panels = [(name, one.svg(), _detail_html(one.detail)) for name, one in self.panels]
+                # (each tab says what its own marks mean: a tab drawn box per equation or grouped)
+                panels = [(name, one.svg(), _legend_html(one.legend) + _detail_html(one.detail))
+                          for name, one in self.panels]
             except Exception:  # noqa: BLE001 - the stacked picture is drawn; keep it
                 return bundle
-            bundle["text/html"] = tabs_html(panels, self.text, self.legend or LEGEND)
+            bundle["text/html"] = tabs_html(panels, self.text)
         return bundle
 
     def panel(self, name) -> Diagram:
@@ -974,7 +981,8 @@ def derived_dot(primal, derived=None, unfold: bool = False, arg_names=None, *, f
         d.close()
         text = pp_program(prog, arg_names=arg_names if name in ("primal", "jvp", "known")
                           else None)
-        panel = Diagram(f"{name} program", one.source(), text, one.nodes)
+        panel = Diagram(f"{name} program", one.source(), text, one.nodes,
+                        LEGEND if level != "all" else LEGEND_BOXES)
         panel.detail = _every_equation(level, lambda lv, dot: draw(lv, dot, f"d{i}_"), text)
         panels.append((name, panel))
         texts.append(f"{name}:\n{text}")

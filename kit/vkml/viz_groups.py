@@ -298,3 +298,17 @@ def flattened(prog):
              if n is not None and len(n) == len(prog.inputs)]
     flat.arg_names = names[0] if names else None
     return flat
+
+
+def calls_summary(eqns, most=4) -> str:
+    """``pendulum() x4, rk4() x4``: the user functions ``eqns`` were made in, a call being a run
+    of consecutive equations from one function -- what a folded loop step says it holds."""
+    calls, last = {}, None
+    for e in eqns:
+        where = root_of(e)[0].where
+        code = where[0] if isinstance(where, tuple) else None
+        if code is not None and code is not last and code.co_name not in ("<module>", "<lambda>"):
+            calls[code.co_name] = calls.get(code.co_name, 0) + 1
+        last = code
+    shown = [f"{name}()" + (f" x{n}" if n > 1 else "") for name, n in list(calls.items())[:most]]
+    return ", ".join(shown) + (", ..." if len(calls) > most else "")
