@@ -27,6 +27,7 @@ nothing.
 from __future__ import annotations
 
 import abc
+import contextlib
 import math
 import threading
 from sys import getrefcount
@@ -442,12 +443,12 @@ class CompiledStep:
         # written waits too (``writing``: ids, so the counts of references stay exact), and so
         # does a model's forward (``MODEL_TRACE``: it sees all old parameters or all new ones).
         if threading.active_count() == 1:   # (no other thread to read or forward meanwhile)
-            with Deferred():
-                outs = program._call_overwriting(args, destinations)
-                return self._commit(active, params, dsts, outs, into)
-        marked = [id(d.ir_var) for d in dsts]
-        marked += [id(p.grad.ir_var) for p in params if type(p.grad) is Tensor]
-        with Deferred(), writing(marked), MODEL_TRACE.writing():
+            readers = forwards = _NO_OTHER_THREAD
+        else:
+            marked = [id(d.ir_var) for d in dsts]
+            marked += [id(p.grad.ir_var) for p in params if type(p.grad) is Tensor]
+            readers, forwards = writing(marked), MODEL_TRACE.writing()
+        with Deferred(), readers, forwards:
             outs = program._call_overwriting(args, destinations)
             return self._commit(active, params, dsts, outs, into)
 
@@ -586,6 +587,10 @@ class CompiledStep:
         1
         """
         return [p for program in self._programs.values() for p in program.programs()]
+
+
+#: what a step guards against other threads with when there are none
+_NO_OTHER_THREAD = contextlib.nullcontext()
 
 
 def _split_results(outs, count):

@@ -70,7 +70,7 @@ from .tensor import Tensor
 from .viz_dot import (FILL, MAX_WIDTH_IN, PALETTE, Dot, HtmlLabel, dot_attrs,  # noqa: F401
                       html_label, params_text, quote, short, type_text)
 from .viz_groups import (BUDGET_PT, calls_summary, common_levels, draw_groups, equation_path, fits,
-                         flattened, groups_at, max_depth, svg_size_pt)
+                         flattened, groups_at, max_depth)
 from .viz_schedule import checkpoint_schedule  # noqa: F401  (a checkpoint schedule, drawn)
 
 __all__ = ["Diagram", "DerivedDiagram", "diagram", "program_dot", "tensor_dot", "derived_dot",
@@ -151,6 +151,29 @@ def _scoped_style(scope: str) -> str:
     return under(f'body[data-jp-theme-light="false"] {scope}')
 
 
+def _inline_svg(svg: str) -> str:
+    """A graphviz SVG made ready to live inside HTML: no XML prologue, no node-name titles (they
+    would pop up instead of the tooltips), each tooltip also a ``<title>`` child (the form every
+    browser shows), and no picture-wide style (the page's rules are scoped)."""
+    svg = svg[_SVG_START.search(svg).start():]
+    svg = _DOT_NAME_TITLE.sub(r"\1", svg)
+    svg = _LINK_TOOLTIP.sub(lambda m: m.group(0) + f"<title>{m.group(1)}</title>", svg)
+    return svg.replace(SVG_STYLE, "").rstrip()
+
+
+#: the style every inline picture starts from: the SVG shown and the text hidden where the page is
+#: trusted (an untrusted front-end drops the style and keeps ``hidden``), the legend's look, and
+#: labels and legends readable in JupyterLab's dark theme
+_BASE_STYLE = (".vkml-diagram > div.vkml-svg[hidden] { display: block; } "
+               ".vkml-diagram > pre.vkml-text { display: none; } "
+               ".vkml-diagram .vkml-legend { font: 12px sans-serif; color: #4b5563; "
+               "margin-top: 4px; max-width: 900px; } "
+               'body[data-jp-theme-light="false"] .vkml-diagram .vkml-tabs > label '
+               "{ color: #e5e7eb; border-color: #6b7280; } "
+               'body[data-jp-theme-light="false"] .vkml-diagram .vkml-legend, '
+               'body[data-jp-theme-light="false"] .vkml-diagram summary { color: #d1d5db; } ')
+
+
 def inline_html(svg: str, text: str, legend: str = "") -> str:
     """The picture as HTML that draws the SVG inline, so hovering a box shows its source line.
 
@@ -166,14 +189,8 @@ def inline_html(svg: str, text: str, legend: str = "") -> str:
     >>> page.startswith('<div class="vkml-diagram">'), "<?xml" in page
     (True, False)
     """
-    svg = svg[_SVG_START.search(svg).start():]
-    svg = _DOT_NAME_TITLE.sub(r"\1", svg)
-    svg = _LINK_TOOLTIP.sub(lambda m: m.group(0) + f"<title>{m.group(1)}</title>", svg)
-    svg = svg.replace(SVG_STYLE, "")
-    style = (".vkml-diagram > div.vkml-svg[hidden] { display: block; } "
-             ".vkml-diagram > pre.vkml-text { display: none; } " + _scoped_style(".vkml-diagram"))
-    style += (" .vkml-diagram .vkml-legend { font: 12px sans-serif; color: #4b5563; "
-              "margin-top: 4px; max-width: 900px; } " + _DARK_LABELS)
+    svg = _inline_svg(svg)
+    style = _BASE_STYLE + _scoped_style(".vkml-diagram")
     note = _legend_html(legend)
     # (the legend and anything added after it live in the hidden block too: an untrusted
     # front-end shows the text alone)
@@ -219,18 +236,17 @@ def _detail_html(detail) -> str:
         svg = detail.svg()
     except Exception:  # noqa: BLE001 - the grouped picture stands on its own
         return ""
-    svg = svg[_SVG_START.search(svg).start():]
-    svg = _DOT_NAME_TITLE.sub(r"\1", svg)
-    svg = _LINK_TOOLTIP.sub(lambda m: m.group(0) + f"<title>{m.group(1)}</title>", svg)
     return (f'<details class="vkml-detail"><summary>every equation ({detail.nodes} boxes)'
-            f'</summary>{svg.replace(SVG_STYLE, "").rstrip()}</details>')
+            f'</summary>{_inline_svg(svg)}</details>')
 
 
-#: tab names and legends readable in JupyterLab's dark theme
-_DARK_LABELS = ('body[data-jp-theme-light="false"] .vkml-diagram .vkml-tabs > label '
-                "{ color: #e5e7eb; border-color: #6b7280; } "
-                'body[data-jp-theme-light="false"] .vkml-diagram .vkml-legend, '
-                'body[data-jp-theme-light="false"] .vkml-diagram summary { color: #d1d5db; } ')
+_TAB_STYLE = (".vkml-diagram .vkml-tabs > input.vkml-tab { position: absolute; opacity: 0; } "
+              ".vkml-diagram .vkml-tabs > label { display: inline-block; padding: 2px 10px; "
+              "margin: 0 2px 4px 0; border: 1px solid #9ca3af; border-radius: 4px; cursor: pointer; "
+              "font: 13px sans-serif; } "
+              ".vkml-diagram .vkml-tabs > input.vkml-tab:checked + label { background: #2563eb; "
+              "color: #fff; border-color: #2563eb; } "
+              ".vkml-diagram .vkml-tabs > .vkml-tab-panel { display: none; } ")
 
 
 def tabs_html(panels, text, legend="") -> str:
@@ -256,23 +272,10 @@ def tabs_html(panels, text, legend="") -> str:
         checked = ' checked="checked"' if i == 0 else ""
         heads.append(f'<input type="radio" name="{group}" id="{ident}" class="vkml-tab"{checked}>'
                      f'<label for="{ident}">{html.escape(name)}</label>')
-        svg = svg[_SVG_START.search(svg).start():]
-        svg = _DOT_NAME_TITLE.sub(r"\1", svg)
-        svg = _LINK_TOOLTIP.sub(lambda m: m.group(0) + f"<title>{m.group(1)}</title>", svg)
         bodies.append(f'<div class="vkml-tab-panel" id="{ident}-panel">'
-                      f'{svg.replace(SVG_STYLE, "").rstrip()}{"".join(detail)}</div>')
+                      f'{_inline_svg(svg)}{"".join(detail)}</div>')
         rules.append(f"#{ident}:checked ~ #{ident}-panel {{ display: block; }}")
-    style = (".vkml-diagram > div.vkml-svg[hidden] { display: block; } "
-             ".vkml-diagram > pre.vkml-text { display: none; } "
-             ".vkml-tabs > input.vkml-tab { position: absolute; opacity: 0; } "
-             ".vkml-tabs > label { display: inline-block; padding: 2px 10px; margin: 0 2px 4px 0; "
-             "border: 1px solid #9ca3af; border-radius: 4px; cursor: pointer; font: 13px sans-serif; } "
-             ".vkml-tabs > input.vkml-tab:checked + label { background: #2563eb; color: #fff; "
-             "border-color: #2563eb; } "
-             ".vkml-tabs > .vkml-tab-panel { display: none; } "
-             ".vkml-diagram .vkml-legend { font: 12px sans-serif; color: #4b5563; margin-top: 4px; "
-             "max-width: 900px; } " + _DARK_LABELS + " ".join(rules) + " " +
-             _scoped_style(".vkml-diagram"))
+    style = (_BASE_STYLE + _TAB_STYLE + " ".join(rules) + " " + _scoped_style(".vkml-diagram"))
     note = _legend_html(legend)
     return (f'<div class="vkml-diagram"><style>{style}</style>'
             f'<div class="vkml-svg vkml-tabs" hidden="hidden">{"".join(heads)}{"".join(bodies)}'
@@ -739,7 +742,8 @@ def _fitted(prog, paths, draw, depth, unfold, **graph_attrs):
 def _measured(d):
     """The size in points ``d`` lays out to (None if dot cannot say)."""
     try:
-        return svg_size_pt(Diagram("program", d.source(), "", d.nodes).pipe("svg"))
+        found = _SVG_SIZE.search(Diagram("program", d.source(), "", d.nodes).pipe("svg"))
+        return tuple(float(x) for x in found.groups()) if found else None
     except Exception:  # noqa: BLE001 - a picture that cannot be measured is drawn grouped
         return None
 
@@ -1350,7 +1354,8 @@ def _parameter_names(leaves, eqns) -> dict:
     from the module each equation reading it was made in (``Eqn.scope``)."""
     out = {}
     for e in eqns:
-        owner = getattr(getattr(e.scope, "owner", None), "__call__", None) and e.scope.owner()
+        owner = getattr(e.scope, "owner", None)       # (a weak reference to the module)
+        owner = owner() if owner is not None else None
         if owner is None:
             continue
         for v in e.inputs:

@@ -25,8 +25,6 @@ by structure, never by shrinking the text -- and ``depth=``/``unfold=True`` choo
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
 from .ir import Eqn, Program, site_text
@@ -138,12 +136,6 @@ def count_equations(eqns) -> int:
                        if isinstance(p, Program)) for e in eqns)
 
 
-def svg_size_pt(svg: bytes):
-    """``(width, height)`` in points of a graphviz SVG (None where it says none)."""
-    m = re.search(rb'<svg[^>]*?width="([\d.]+)pt"[^>]*?height="([\d.]+)pt"', svg)
-    return (float(m.group(1)), float(m.group(2))) if m else None
-
-
 def fits(size) -> bool:
     return size is not None and size[0] <= BUDGET_PT[0] and size[1] <= BUDGET_PT[1]
 
@@ -162,8 +154,8 @@ def draw_groups(d, prog, names, scope, groups, colour_of_group, value_fill=None,
         kept = [v for v in prog.inputs if value_fill.get(v) == role]
         if kept:    # the values kept from the forward pass, the tangents: one node, not one each
             node = f"{scope}{role}"
-            size = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in kept)
-            d.node(node, f"{title}\n{len(kept)} value{'s' * (len(kept) != 1)}, {size:,} B",
+            d.node(node, f"{title}\n{len(kept)} value{'s' * (len(kept) != 1)}, "
+                   f"{_total_bytes(kept):,} B",
                    shape="ellipse", fillcolor=FILL["saved" if role == "saved" else "input"],
                    **({"peripheries": "2", "color": "#be123c"} if role == "saved" else {}))
             made_by.update((v, node) for v in kept)
@@ -218,9 +210,8 @@ def draw_groups(d, prog, names, scope, groups, colour_of_group, value_fill=None,
     saved_out = [v for v in prog.outputs if value_fill.get(v) == "saved"]
     if saved_out:           # what the forward keeps for the backward: one node, not one each
         node = f"{scope}saved"
-        size = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in saved_out)
         d.node(node, f"kept for the backward\n{len(saved_out)} value"
-               f"{'s' * (len(saved_out) != 1)}, {size:,} B", shape="ellipse",
+               f"{'s' * (len(saved_out) != 1)}, {_total_bytes(saved_out):,} B", shape="ellipse",
                fillcolor=FILL["saved"], peripheries="2", color="#be123c")
         for src in dict.fromkeys(made_by[v] for v in saved_out if v in made_by):
             d.edge(src, node)
@@ -233,6 +224,10 @@ def draw_groups(d, prog, names, scope, groups, colour_of_group, value_fill=None,
         if v in made_by:
             d.edge(made_by[v], node)
     return first
+
+
+def _total_bytes(vars_) -> int:
+    return sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in vars_)
 
 
 def _out_name(names, v, i) -> str:

@@ -20,7 +20,7 @@ guards against mistakes, not against someone choosing bytes to collide.
 from __future__ import annotations
 
 import ctypes
-import threading
+import functools
 import zlib
 
 import numpy as np
@@ -82,19 +82,8 @@ void vk_fingerprints(void* const* items, int64_t k, int64_t data_offset) {
 }
 """
 
-_lock = threading.Lock()
-_helper = []        # [] before the first try; then [function or None]
-
-
+@functools.lru_cache(maxsize=None)     # (built once per process; a race builds it twice, harmlessly)
 def _function():
-    if not _helper:
-        with _lock:
-            if not _helper:
-                _helper.append(_build())
-    return _helper[0]
-
-
-def _build():
     from .cpu import DATA_OFFSET, TUPLE_ITEMS, compiler, library   # local: cpu imports more
     if compiler() is None or DATA_OFFSET is None or TUPLE_ITEMS is None:
         return None
@@ -116,7 +105,7 @@ def fingerprints(arrays) -> list:
     (a device plane).  One C call for all of them where the cpu tier can build it."""
     host = [a if a.flags.c_contiguous else np.ascontiguousarray(a)
             for a in arrays if type(a) is np.ndarray]
-    fn = _helper[0] if _helper else _function()
+    fn = _function()
     if not host:
         sums = []
     elif fn is not None:
@@ -130,8 +119,3 @@ def fingerprints(arrays) -> list:
         return list(sums)
     sums = iter(sums)
     return [next(sums) if type(a) is np.ndarray else None for a in arrays]
-
-
-def fingerprint(array):
-    """``fingerprints([array])[0]``."""
-    return fingerprints([array])[0]
