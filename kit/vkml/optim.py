@@ -34,8 +34,7 @@ from sys import getrefcount
 
 import numpy as np
 
-from .errors import VkmlError, boundary, hide_vkml_frames
-from .errors import ArgumentError, DTypeError, ShapeError
+from .errors import ArgumentError, DTypeError, ShapeError, VkmlError, boundary, hide_vkml_frames
 from .ir import EXACT_REFCOUNTS, Var, dtype_name
 from .backends.interrupts import Deferred
 from .ops.api import constant, default_device

@@ -33,8 +33,8 @@ from . import runtime
 from .backends.base import ExecutionFailure
 from .backends.cpu import Tiered
 from .backends.numpy_backend import FRESH
-from .errors import boundary, hide_vkml_frames
-from .errors import ArgumentError, DTypeError, GradError, ShapeError, TracingError, VkmlError
+from .errors import (ArgumentError, DTypeError, GradError, ShapeError, TracingError, VkmlError,
+    boundary, hide_vkml_frames)
 from .ir import (Program, Var, collect, current_serial, dtype_name, format_shape,
                  program_from_dag)
 from .ops import api, bind

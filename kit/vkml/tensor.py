@@ -24,8 +24,7 @@ from sys import getrefcount
 import numpy as np
 
 from . import runtime
-from .errors import boundary
-from .errors import ArgumentError, DTypeError, GradError, ShapeError, TracingError
+from .errors import ArgumentError, DTypeError, GradError, ShapeError, TracingError, boundary
 from .ir import EXACT_REFCOUNTS, Var, dtype_name, format_shape
 from .ops import api, numeric, recipes
 from .validate import (MAX_ELEMENTS, check_bool, check_dtype, check_real, check_sequence,

@@ -36,8 +36,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..backends import ExecutionFailure
-from ..errors import boundary
-from ..errors import ArgumentError, Busy, DTypeError, RefusedError, ShapeError, VkmlError
+from ..errors import ArgumentError, Busy, DTypeError, RefusedError, ShapeError, VkmlError, boundary
 from ..ir import Program, Var, program_from_dag
 from .. import backends
 from ..ops import api

@@ -45,9 +45,8 @@ import numpy as np
 from .. import backends
 from ..backends import ExecutionFailure
 from ..backends.base import threads  # noqa: F401  (the graph modules' name for it)
-from ..errors import boundary
-from ..errors import ArgumentError, Busy, DTypeError, ExecutionError, RecordError, RefusedError, \
-    ShapeError, VkmlError
+from ..errors import (ArgumentError, Busy, DTypeError, ExecutionError, RecordError, RefusedError,
+    ShapeError, VkmlError, boundary)
 from .kernel import Kernel, Launch
 from ..threadsafe import Cache
 from .reversible import Reversible

@@ -67,9 +67,8 @@ import numpy as np
 
 from ..backends import ExecutionFailure
 from ..backends.cuda_loops import rows, window as checkpoint_window
-from ..errors import boundary
-from ..errors import ArgumentError, BackendError, Busy, ExecutionError, RecordError, RefusedError, \
-    ShapeError
+from ..errors import (ArgumentError, BackendError, Busy, ExecutionError, RecordError,
+    RefusedError, ShapeError, boundary)
 from .diff import Gradients, Report, check_reverse_lock, check_vjps, reverse_launch, \
     user_vjp_gradients, uses_table, workspace_of, wrt_names
 from .. import backends
