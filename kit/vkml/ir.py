@@ -147,12 +147,16 @@ class Scope:
     ``name`` is how the parent reaches it (``layers.0``, ``encoder``; the class name for the
     outermost), ``label`` what it is (``Linear(64 -> 32)``).  One Scope per module per parent,
     reused for every call, so equations of one call of a layer compare equal by identity.
-    Pictures draw the equations of one scope as one box (``vkml.viz``)."""
+    Pictures draw the equations of one scope as one box (``vkml.viz``).
 
-    __slots__ = ("parent", "name", "label", "__weakref__")
+    A ``quiet`` scope is a library function computed by a fixed recipe (``erfinv``,
+    ``gammainc``) whose unused branches may overflow or divide by zero: the NumPy backend
+    does not warn about floating-point exceptions inside it, as SciPy does not."""
 
-    def __init__(self, parent, name: str, label: str):
-        self.parent, self.name, self.label = parent, name, label
+    __slots__ = ("parent", "name", "label", "quiet", "__weakref__")
+
+    def __init__(self, parent, name: str, label: str, quiet: bool = False):
+        self.parent, self.name, self.label, self.quiet = parent, name, label, quiet
 
     def chain(self) -> list:
         """This scope and its parents, outermost first."""

@@ -795,7 +795,8 @@ GRAPH_PROGRAMS = frozenset({"graph", "graph-launch", "graph-reverse"})
 
 #: primitives whose C lowering calls libm, where NumPy may use its own (SIMD) implementation:
 #: within a few ulps of each other, not bit for bit
-LIBM = frozenset({"exp", "log", "sin", "cos", "tanh", "pow", "log1p", "expm1", "erf", "atan2"})
+LIBM = frozenset({"exp", "log", "sin", "cos", "tanh", "pow", "log1p", "expm1", "erf", "erfc",
+                  "lgamma", "atan2"})
 
 
 def _differs_from_numpy(program) -> bool:

@@ -81,6 +81,15 @@ def _calling(modes):
     return out
 
 
+def _quiet(scope) -> bool:
+    """Whether ``scope`` is inside a quiet library function (``ops.core.quiet_function``)."""
+    while scope is not None:
+        if scope.quiet:
+            return True
+        scope = scope.parent
+    return False
+
+
 def _warned(kind, flag):
     """NumPy's callback for a floating-point exception in a generated program: warn at the
     user's line of the equation that raised it."""
@@ -91,6 +100,8 @@ def _warned(kind, flag):
     if frame is not None:
         at = frame.f_globals.get("_equation_at")
         eqn = at(frame.f_lineno) if at is not None else None
+    if eqn is not None and _quiet(eqn.scope):
+        return
     if eqn is None or not isinstance(eqn.where, tuple):
         warnings.warn(f"{kind} encountered in a program vkml ran", RuntimeWarning, stacklevel=2)
         return

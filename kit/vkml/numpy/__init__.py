@@ -53,6 +53,7 @@ from ..ops import special as _special
 from ..tensor import Tensor
 from .. import validate as _valid    # (a module: its names are not vkml.numpy's)
 from . import linalg  # noqa: F401  (vkml.numpy.linalg)
+from . import _more
 from ._lift import doc as _doc, lifted as _lifted, lifted_many as _lifted_many, named as _named
 
 float32, float64, int32, int64, bool_ = (_np.dtype(t) for t in ("float32", "float64", "int32",
@@ -339,10 +340,6 @@ def _take(a, indices, axis=None):
     return _api.take(a, indices, axis)
 
 
-def _concatenate(arrays, axis=0):
-    return _api.concatenate(arrays, axis)
-
-
 def _transpose(a, axes=None):
     return _api.transpose(a, axes)
 
@@ -443,8 +440,6 @@ _TABLE = [
     ("amax", _api.max, "``max``.", "vnp.amax([1.0, 5.0])", "tensor(5., dtype=float64)"),
     ("min", _api.min, "Minimum over ``axis``; ties share the derivative.", "vnp.min([[1.0, 5.0], [3.0, 4.0]], axis=0)", "tensor([1., 4.], dtype=float64)"),
     ("amin", _api.min, "``min``.", "vnp.amin([1.0, 5.0])", "tensor(1., dtype=float64)"),
-    ("argmax", _api.argmax, "Index of the first maximum (flat when ``axis`` is None).", "vnp.argmax([1.0, 5.0, 3.0])", "tensor(1, dtype=int64)"),
-    ("argmin", _api.argmin, "Index of the first minimum (flat when ``axis`` is None).", "vnp.argmin([[4.0, 1.0], [0.0, 2.0]], axis=1)", "tensor([1, 0], dtype=int64)"),
     ("prod", _prod, "Product over ``axis``; exact derivative where elements are zero.", "vnp.prod([[1.0, 2.0], [3.0, 4.0]], axis=1)", "tensor([ 2., 12.], dtype=float64)"),
     ("cumsum", _num.cumsum, "Running sum along ``axis`` (flat when None).", "vnp.cumsum([1.0, 2.0, 3.0])", "tensor([1., 3., 6.], dtype=float64)"),
     ("cumprod", _num.cumprod, "Running product along ``axis`` (flat when None).", "vnp.cumprod([1.0, 2.0, 3.0])", "tensor([1., 2., 6.], dtype=float64)"),
@@ -466,7 +461,6 @@ _TABLE = [
     ("expand_dims", _api.expand_dims, "A new axis of length 1 at ``axis``.", "vnp.expand_dims([1, 2], 0)", "tensor([[1, 2]], dtype=int64)"),
     ("squeeze", _api.squeeze, "Axes of length 1 removed.", "vnp.squeeze([[1, 2]])", "tensor([1, 2], dtype=int64)"),
     ("broadcast_to", _api.broadcast_to, "Repeated to ``shape`` as broadcasting would.", "vnp.broadcast_to([1, 2], (2, 2))", 'tensor([[1, 2],\n        [1, 2]], dtype=int64)'),
-    ("concatenate", _concatenate, "Joined along an existing ``axis``.", "vnp.concatenate([[1, 2], [3]])", "tensor([1, 2, 3], dtype=int64)"),
     ("stack", _api.stack, "Joined along a new ``axis``.", "vnp.stack([[1, 2], [3, 4]], axis=1)", 'tensor([[1, 3],\n        [2, 4]], dtype=int64)'),
     ("hstack", _hstack, "Joined along axis 1 (axis 0 for 1-D).", "vnp.hstack([[1, 2], [3]])", "tensor([1, 2, 3], dtype=int64)"),
     ("vstack", _vstack, "Joined as rows (1-D operands become rows).", "vnp.vstack([[1, 2], [3, 4]])", 'tensor([[1, 2],\n        [3, 4]], dtype=int64)'),
@@ -525,3 +519,16 @@ for _name, _fn, _summary, _example, _output in _TABLE:
     globals()[_name] = _same_tensor(_op) if _fn is _array else _op
 for _name, _fn, _summary, _example, _output in _MANY:
     globals()[_name] = _lifted_many(_fn, _name, _doc(_summary, _example, _output))
+
+for _name, _fn, _summary, _example in _more.ONE:
+    globals()[_name] = _lifted(_fn, _name, _doc(_summary, _example, _more.OUTPUTS.get(_name)))
+for _name, _fn, _summary, _example in _more.MANY:
+    globals()[_name] = _lifted_many(_fn, _name, _doc(_summary, _example, _more.OUTPUTS.get(_name)))
+for _name, _fn, _summary, _example in _more.TUPLES:
+    globals()[_name] = _lifted_many(_fn, _name, _doc(_summary, _example, _more.OUTPUTS.get(_name)),
+                                    as_tuple=True)
+for _name, _fn, _summary, _example in _more.ON_TENSORS:
+    globals()[_name] = _named(_fn, _name, _doc(_summary, _example, _more.OUTPUTS.get(_name)),
+                              inspect.signature(_fn))
+for _name, _fn, _sig, _summary, _example in _more.COUNTED:
+    globals()[_name] = _named(_fn, _name, _doc(_summary, _example, _more.OUTPUTS.get(_name)), _sig)

@@ -10,10 +10,11 @@ transpose", so no primitive needs a hand-written backward kernel.
 from __future__ import annotations
 
 import contextvars
+import functools
 import os
 import sys
 
-from ..ir import Eqn, Var
+from ..ir import Eqn, Scope, Var
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -129,6 +130,21 @@ CURRENT_SCOPE = contextvars.ContextVar("vkml_scope", default=None)
 #: once per op, so a composite op of many primitives walks the stack once); None: find it per
 #: bind.  One per thread and asyncio task: another thread's op never borrows this one's line.
 CURRENT_SITE = contextvars.ContextVar("vkml_source_site", default=None)
+
+
+def quiet_function(fn):
+    """``fn`` (on Vars) with its equations made in a quiet :class:`~vkml.ir.Scope` of its name:
+    a recipe whose branches are all computed and then chosen between (``where``), so an unused
+    branch may overflow or divide by zero; NumPy's warnings about those would be noise."""
+    @functools.wraps(fn)
+    def in_scope(*args, **kwargs):
+        token = CURRENT_SCOPE.set(Scope(CURRENT_SCOPE.get(), fn.__name__, f"{fn.__name__}()",
+                                        quiet=True))
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            CURRENT_SCOPE.reset(token)
+    return in_scope
 
 
 def current_site():

@@ -11,7 +11,9 @@ at all); everything else in ``vkml.numpy`` is composed:
   ``atan2(x, sqrt((1 - x)(1 + x)))``, ``arccos`` and ``arctan`` likewise,
   each within a few ulps (the product ``(1 - x)(1 + x)`` keeps the digits
   that ``1 - x*x`` would lose near |x| = 1).
-- ``erf``: not expressible with the others at all.
+- ``erf``, ``erfc`` and ``lgamma``: not expressible with the others at all
+  (``1 - erf(x)`` loses every digit of ``erfc`` beyond x = 6; ``lgamma`` is
+  ``vkml.scipy.special.gammaln``, the base of the gamma family).
 - ``fmod``: the exact remainder (``x - trunc(x / y) * y`` rounds ``x / y``
   and can be wrong by a whole ``y``); NumPy's ``mod`` is built on it.
 - ``round``: floor, ceil, rint (half to even, NumPy's ``round``) and trunc
@@ -31,7 +33,7 @@ import numpy as np
 from ..errors import ArgumentError, DTypeError
 from ..ir import dtype_name
 from . import api as F
-from .core import bind
+from .core import bind, quiet_function
 from .elementwise import binary_float_rule, elementwise_primitive, sum_tangents, unary_float_rule
 
 
@@ -46,16 +48,44 @@ expm1_p = elementwise_primitive(
     jvp=lambda p, t, o: [F.mul(t[0], F.add(o[0], 1.0))])
 
 
-def _erf_impl(x):
-    """NumPy has no erf: Python's ``math.erf`` (the C library's) per element, in float64."""
-    x = np.asarray(x)
-    flat = np.fromiter((math.erf(v) for v in x.astype(np.float64).ravel()), np.float64, x.size)
-    return flat.reshape(x.shape).astype(x.dtype, copy=False)
+def _per_element(fn):
+    """A C-library function NumPy lacks, applied per element in float64 (the NumPy backend's)."""
+    def impl(x):
+        x = np.asarray(x)
+        flat = np.fromiter((fn(v) for v in x.astype(np.float64).ravel()), np.float64, x.size)
+        return flat.reshape(x.shape).astype(x.dtype, copy=False)
+    return impl
 
 
 erf_p = elementwise_primitive(
-    "erf", unary_float_rule("erf"), _erf_impl, "The error function (2/sqrt(pi)) int_0^x exp(-t^2) dt.",
+    "erf", unary_float_rule("erf"), _per_element(math.erf), "The error function (2/sqrt(pi)) int_0^x exp(-t^2) dt.",
     jvp=lambda p, t, o: [F.mul(t[0], F.mul(_TWO_OVER_SQRT_PI, F.exp(F.neg(F.mul(p[0], p[0])))))])
+
+
+def _lgamma(v):
+    try:
+        return math.lgamma(v)
+    except (ValueError, OverflowError):      # the poles: C's lgamma gives +inf there
+        return math.inf if not math.isnan(v) else v
+
+
+def _erfc_jvp(p, t, o):
+    return [F.mul(t[0], F.mul(-_TWO_OVER_SQRT_PI, F.exp(F.neg(F.mul(p[0], p[0])))))]
+
+
+erfc_p = elementwise_primitive(
+    "erfc", unary_float_rule("erfc"), _per_element(math.erfc),
+    "The complementary error function 1 - erf(x), accurate where erf(x) is near 1.",
+    jvp=_erfc_jvp)
+
+
+def _lgamma_jvp(p, t, o):
+    return [F.mul(t[0], digamma(p[0]))]
+
+
+lgamma_p = elementwise_primitive(
+    "lgamma", unary_float_rule("lgamma"), _per_element(_lgamma),
+    "log|Gamma(x)|, the C library's lgamma; derivative digamma(x).", jvp=_lgamma_jvp)
 
 
 def _atan2_jvp(p, t, o):
@@ -113,6 +143,44 @@ def expm1(x):
 
 def erf(x):
     return bind(erf_p, F.as_floating(x))
+
+
+def erfc(x):
+    return bind(erfc_p, F.as_floating(x))
+
+
+def lgamma(x):
+    return bind(lgamma_p, F.as_floating(x))
+
+
+#: Bernoulli numbers B_2k / 2k, the asymptotic series of digamma: ln y - 1/2y - sum B_2k/(2k y^2k)
+_DIGAMMA_SERIES = (1 / 12, -1 / 120, 1 / 252, -1 / 240, 1 / 132, -691 / 32760, 1 / 12)
+
+#: digamma's argument is raised by this many steps of psi(x) = psi(x + 1) - 1/x before the series
+_DIGAMMA_SHIFT = 6
+
+
+@quiet_function
+def digamma(x):
+    """psi(x) = d/dx log Gamma(x), composed: the recurrence up to x + 6, the asymptotic series
+    there (error below 1e-15), and the reflection psi(x) = psi(1 - x) - pi / tan(pi x) for
+    x < 0.5; NaN at the poles 0, -1, -2 ... as SciPy's is -inf at 0 and NaN below."""
+    x = F.as_floating(x)
+    reflect = F.less(x, 0.5)
+    y = F.where(reflect, F.sub(1.0, x), x)
+    shift = F.zeros_like(y)
+    for k in range(_DIGAMMA_SHIFT):
+        shift = F.add(shift, F.div(1.0, F.add(y, float(k))))
+    z = F.add(y, float(_DIGAMMA_SHIFT))
+    inv2 = F.div(1.0, F.mul(z, z))
+    series = F.zeros_like(z)
+    for c in reversed(_DIGAMMA_SERIES):
+        series = F.mul(F.add(series, c), inv2)
+    psi = F.sub(F.sub(F.sub(F.log(z), F.div(0.5, z)), series), shift)
+    pole = F.equal(x, round_(x, "floor"))
+    cot = F.div(math.pi, F.div(F.sin(F.mul(x, math.pi)), F.cos(F.mul(x, math.pi))))
+    out = F.where(reflect, F.sub(psi, cot), psi)
+    return F.where(F.logical_and(reflect, pole), np.nan, out)
 
 
 def _binary_floating(prim, x, y):

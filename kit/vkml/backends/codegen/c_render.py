@@ -37,6 +37,7 @@ double sqrt(double); double fabs(double); double pow(double, double);
 float expf(float); float logf(float); float sinf(float); float cosf(float); float tanhf(float);
 float sqrtf(float); float fabsf(float); float powf(float, float);
 double log1p(double); double expm1(double); double erf(double); double atan2(double, double);
+double erfc(double); double lgamma(double); float erfcf(float); float lgammaf(float);
 double fmod(double, double); double floor(double); double ceil(double); double rint(double); double trunc(double);
 float log1pf(float); float expm1f(float); float erff(float); float atan2f(float, float);
 float fmodf(float, float); float floorf(float); float ceilf(float); float rintf(float); float truncf(float);

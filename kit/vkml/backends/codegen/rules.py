@@ -314,7 +314,8 @@ C_RULES = {
     "cast": Elementwise(_cast),
     # the C library's functions (vkml.ops.special's among them)
     **{name: Elementwise(libm(name)) for name in
-       ("exp", "log", "sin", "cos", "tanh", "sqrt", "log1p", "expm1", "erf", "atan2", "fmod")},
+       ("exp", "log", "sin", "cos", "tanh", "sqrt", "log1p", "expm1", "erf", "erfc", "lgamma",
+        "atan2", "fmod")},
     "round": Elementwise(_round),
     # comparisons and logic (booleans are 0 or 1)
     "eq": Elementwise("({0} == {1})"),
