@@ -33,7 +33,7 @@ import numpy as np
 
 from ..errors import ArgumentError, ShapeError
 from . import api as F
-from . import factorizations, sorting
+from . import decompositions, factorizations, sorting
 from .special import atan2, expm1, fmod, log1p, round_
 
 _LN2 = math.log(2.0)
@@ -756,7 +756,7 @@ def cholesky(a):
 
 def norm(x, ord=None, axis=None, keepdims=False):
     """NumPy's norm: vector norms (2 by default, any p, inf, -inf, 0) and matrix norms
-    ('fro', 1, -1, inf, -inf; the spectral and nuclear norms need an SVD vkml lacks)."""
+    ('fro', 'nuc', 1, -1, 2, -2, inf, -inf; 2, -2 and 'nuc' from the singular values)."""
     x = F.as_floating(x)
     if axis is None and ord is None:
         out = F.sqrt(F.sum(F.mul(x, x)))
@@ -800,6 +800,13 @@ def _matrix_norm(x, ord, axis, keepdims):
         pick = F.max if ord > 0 else F.min
         out = pick(sums, across, keepdims=True)
         return out if keepdims else F.reshape(out, tuple(d for i, d in enumerate(x.shape) if i not in (r, c)))
-    raise ArgumentError(f"linalg.norm: matrix ord {ord!r} is not supported (2, -2 and 'nuc' need "
-                        "a singular value decomposition); use 'fro', 1, -1, inf or -inf")
+    if ord in (2, -2, "nuc"):
+        rest = tuple(i for i in range(x.ndim) if i not in (r, c))
+        s = decompositions.singular_values(F.transpose(x, rest + (r, c)))
+        out = F.sum(s, -1) if ord == "nuc" else (F.max if ord == 2 else F.min)(s, -1)
+        if keepdims:
+            out = F.reshape(out, tuple(1 if i in (r, c) else d for i, d in enumerate(x.shape)))
+        return out
+    raise ArgumentError(f"linalg.norm: matrix ord {ord!r} is not a norm; use 'fro', 'nuc', 1, -1, "
+                        "2, -2, inf or -inf")
 

@@ -1,5 +1,5 @@
-"""``vkml.scipy``: the SciPy names NumPy users reach for next (``vkml.scipy.special``)."""
+"""``vkml.scipy``: the SciPy names NumPy users reach for next (``special`` and ``linalg``)."""
 
-from . import special
+from . import linalg, special
 
-__all__ = ["special"]
+__all__ = ["linalg", "special"]

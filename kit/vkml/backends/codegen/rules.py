@@ -363,4 +363,6 @@ C_RULES = {
 UNSUPPORTED = {
     "custom_lin": "the linear part of a custom_vjp function exists only to be transposed into "
                   "the user's backward program; run forward it only raises its error (on NumPy)",
+    **{name: "an iterative decomposition (LAPACK's, through NumPy): the C tier has no generated "
+             "loop for it, so a program holding one runs on NumPy" for name in ("eigh", "svd", "qr")},
 }
