@@ -185,6 +185,16 @@ def _nn_baselines():
         "log_softmax": lambda: ((M(),), {"axis": -1}),
         "mse": lambda: ((M(), M()), {}),
         "mse_loss": lambda: ((M(), M()), {}),
+        "SiLU": lambda: ((), {}),
+        "Softplus": lambda: ((), {"beta": 1.0, "threshold": 20.0}),
+        "LeakyReLU": lambda: ((0.01,), {}),
+        "ELU": lambda: ((1.0,), {}),
+        "silu": lambda: ((M(),), {}),
+        "softplus": lambda: ((M(),), {"beta": 1.0, "threshold": 20.0}),
+        "leaky_relu": lambda: ((M(),), {"negative_slope": 0.01}),
+        "elu": lambda: ((M(),), {"alpha": 1.0}),
+        "gelu": lambda: ((M(),), {"approximate": "none"}),
+        "one_hot": lambda: ((np.array([0, 2]), 3), {}),
     }
 
 
@@ -194,6 +204,9 @@ def _optim_baselines():
         "SGD": lambda: (([G()],), {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.0}),
         "Adam": lambda: (([G()],), {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8,
                                     "weight_decay": 0.0}),
+        "AdamW": lambda: (([G()],), {"lr": 1e-3, "weight_decay": 0.01, "amsgrad": False}),
+        "RMSprop": lambda: (([G()],), {"lr": 1e-2, "alpha": 0.99, "momentum": 0.0,
+                                       "centered": False}),
         "Optimizer": None,   # abstract: its checks run through SGD and Adam
         "CompiledStep": lambda: ((optim.SGD([G()], lr=0.1), lambda x: x.sum()), {}),
     }
@@ -234,6 +247,11 @@ METHODS = {
 }
 
 METHODS["var"] = lambda: ((), {"axis": 1, "ddof": 0, "keepdims": False})     # the variance
+METHODS["prod"] = lambda: ((), {"axis": 1, "keepdims": False})
+METHODS["cumsum"] = METHODS["cumprod"] = lambda: ((), {"axis": 1})
+METHODS["round"] = lambda: ((), {"decimals": 1})
+METHODS["dot"] = lambda: ((np.ones((3, 1), np.float32),), {})
+METHODS["ravel"] = METHODS["copy"] = lambda: ((), {})
 METHODS["std"] = lambda: ((), {"axis": 1, "ddof": 0, "keepdims": False})
 METHODS["__mod__"] = METHODS["__rmod__"] = lambda: ((V(),), {})
 

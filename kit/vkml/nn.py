@@ -33,16 +33,18 @@ import numpy as np
 from .errors import ArgumentError, DTypeError, IndexOutOfRangeError, ShapeError, VkmlError, \
     hide_vkml_frames
 from .ir import Scope
+from .ops import activations as _act
 from .ops import api
 from .ops.core import CURRENT_SCOPE
 from .ops.checks import warn_at_user
 from .runtime import MODEL_TRACE, user_code, user_line
-from .tensor import (Tensor, apply_replayable, conv2d, flatten, max_pool2d, mean, relu, reshape,
-                     sigmoid, softmax, sqrt, take, take_along_axis, tanh, tensor, var)
+from .tensor import (Tensor, apply_api, apply_replayable, conv2d, flatten, max_pool2d, mean, relu,
+                     reshape, sigmoid, softmax, sqrt, stop_gradient, take, take_along_axis, tanh,
+                     tensor, var)
 from .tensor import log_softmax as _log_softmax
 from .threadsafe import Setting
-from .validate import (check_bool, check_dtype, check_int, check_real, check_sequence, check_shape, describe,
-                       host_memory)
+from .validate import (check_bool, check_choice, check_dtype, check_int, check_real, check_sequence,
+                       check_shape, describe, host_memory)
 
 __all__ = ["Module", "Parameter", "Linear", "Conv2d", "MaxPool2d", "ReLU", "Flatten", "Sequential",
            "manual_seed", "cross_entropy", "log_softmax", "mse", "mse_loss"]
@@ -442,19 +444,25 @@ class Conv2d(Module):
     (2, 4, 8, 8)
     """
 
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, bias=True, *,
-                 rng=None, dtype=np.float32):
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
+                 groups=1, bias=True, *, rng=None, dtype=np.float32):
         super().__init__()
         self.in_channels = _positive_int(in_channels, "in_channels", "Conv2d")
         self.out_channels = _positive_int(out_channels, "out_channels", "Conv2d")
         self.kernel_size = _pair(kernel_size, "kernel_size", "Conv2d")
         self.stride = _pair(stride, "stride", "Conv2d")
         self.padding = _pair(padding, "padding", "Conv2d", minimum=0)
+        self.dilation = _pair(dilation, "dilation", "Conv2d")
+        self.groups = _positive_int(groups, "groups", "Conv2d")
+        if self.in_channels % self.groups or self.out_channels % self.groups:
+            raise ShapeError(f"Conv2d: groups={self.groups} must divide in_channels "
+                             f"({self.in_channels}) and out_channels ({self.out_channels})")
         bias = check_bool(bias, "bias", "Conv2d")
         gen = _generator(rng)
-        fan_in = self.in_channels * self.kernel_size[0] * self.kernel_size[1]
+        per_group = self.in_channels // self.groups
+        fan_in = per_group * self.kernel_size[0] * self.kernel_size[1]
         bound = 1.0 / math.sqrt(fan_in)
-        self.weight = _uniform(gen, bound, (self.out_channels, self.in_channels) + self.kernel_size,
+        self.weight = _uniform(gen, bound, (self.out_channels, per_group) + self.kernel_size,
                                dtype, "Conv2d")
         self.bias = _uniform(gen, bound, (self.out_channels,), dtype, "Conv2d") if bias else None
 
@@ -466,14 +474,17 @@ class Conv2d(Module):
                              f"(N, {self.in_channels}, H, W), got {x.shape}")
         if x.dtype is not self.weight.dtype:
             _wider_input(self, x, f"Conv2d({self.in_channels}, {self.out_channels})")
-        return conv2d(x, self.weight, self.bias, self.stride, self.padding)
+        return conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation,
+                      self.groups)
 
     def scope_label(self):
         return f"Conv2d({self.in_channels} -> {self.out_channels}, {self.kernel_size[0]}x{self.kernel_size[1]})"
 
     def extra_repr(self):
         return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
-                f"stride={self.stride}, padding={self.padding}, bias={self.bias is not None}")
+                f"stride={self.stride}, padding={self.padding}, bias={self.bias is not None}"
+                + (f", dilation={self.dilation}" if self.dilation != (1, 1) else "")
+                + (f", groups={self.groups}" if self.groups != 1 else ""))
 
 
 class MaxPool2d(Module):
@@ -485,16 +496,18 @@ class MaxPool2d(Module):
             [13., 15.]], dtype=float64)
     """
 
-    def __init__(self, kernel_size, stride=None):
+    def __init__(self, kernel_size, stride=None, padding=0):
         super().__init__()
         self.kernel_size = _pair(kernel_size, "kernel_size", "MaxPool2d")
         self.stride = self.kernel_size if stride is None else _pair(stride, "stride", "MaxPool2d")
+        self.padding = _pair(padding, "padding", "MaxPool2d", minimum=0)
 
     def forward(self, x):
-        return max_pool2d(x, self.kernel_size, self.stride)
+        return max_pool2d(x, self.kernel_size, self.stride, self.padding)
 
     def extra_repr(self):
-        return f"kernel_size={self.kernel_size}, stride={self.stride}"
+        pad = f", padding={self.padding}" if self.padding != (0, 0) else ""
+        return f"kernel_size={self.kernel_size}, stride={self.stride}{pad}"
 
 
 class ReLU(Module):
@@ -614,7 +627,9 @@ def _labels(labels, n, classes):
         return reshape(labels, (n, 1))
     if known.size and (known.min() < 0 or known.max() >= classes):
         bad = int(known.min() if known.min() < 0 else known.max())
-        raise ArgumentError(f"cross_entropy: label {bad} is not a class index in [0, {classes})")
+        raise ArgumentError(f"cross_entropy: label {bad} is not a class index in [0, {classes}); "
+                            f"the logits have {classes} columns, so either a label is wrong or "
+                            f"the last layer needs {int(known.max()) + 1} outputs")
     # (row, label) coordinates made on the host: the pick is then ONE gather equation
     coords = tensor(np.stack([np.arange(n, dtype=np.int64), known.astype(np.int64)], axis=1))
     if isinstance(labels, Tensor):
@@ -636,8 +651,12 @@ def _own_forward(cls) -> bool:
     return own
 
 
-def cross_entropy(logits, labels) -> Tensor:
+def cross_entropy(logits, labels, *, label_smoothing=0.0, reduction="mean") -> Tensor:
     """Mean negative log-likelihood of ``labels`` under ``softmax(logits)`` (``F.cross_entropy``).
+
+    ``label_smoothing`` mixes the one-hot target with the uniform distribution (PyTorch's
+    ``(1 - s) * nll + s * mean(-log_softmax)``); ``reduction`` is "mean", "sum" or "none"
+    (one loss per row).
 
     ``logits`` is (N, C); ``labels`` are N class indices (int array or
     tensor).  Written as ``-mean(take_along_axis(log_softmax(logits),
@@ -649,8 +668,33 @@ def cross_entropy(logits, labels) -> Tensor:
     >>> vkml.nn.cross_entropy(logits, np.array([0, 1]))
     tensor(0.69314718, dtype=float64)
     """
+    smoothing = check_real(label_smoothing, "label_smoothing", "cross_entropy", low=0, high=1)
+    reduction = check_choice(reduction, ("mean", "sum", "none"), "reduction", "cross_entropy")
     with user_line():          # one walk up the stack for the user's line, not one per operation
-        return _cross_entropy(logits, labels)
+        if smoothing == 0.0 and reduction == "mean":
+            return _cross_entropy(logits, labels)
+        return _cross_entropy_rows(logits, labels, smoothing, reduction)
+
+
+def _cross_entropy_rows(logits, labels, smoothing, reduction) -> Tensor:
+    """The loss of each row (smoothed), then reduced as asked."""
+    if not isinstance(logits, Tensor):
+        logits = tensor(logits)
+    if logits.ndim != 2:
+        raise ShapeError(f"cross_entropy: logits must be (batch, classes), got shape {logits.shape}")
+    n, classes = logits.shape
+    idx = _labels(labels, n, classes)
+    logp = _log_softmax(logits, -1)
+    if idx.ir_var.value is not None and idx.shape == (n, 2):        # (row, label) coordinates
+        picked = reshape(apply_replayable(api.gather, logp, idx), (n,))
+    else:
+        picked = reshape(take_along_axis(logp, idx, 1), (n,))
+    rows = -picked
+    if smoothing:
+        rows = rows * (1.0 - smoothing) - mean(logp, 1) * smoothing
+    if reduction == "none":
+        return rows
+    return rows.sum() if reduction == "sum" else mean(rows)
 
 
 def _cross_entropy(logits, labels) -> Tensor:
@@ -729,18 +773,25 @@ class Sigmoid(Module):
 
 
 class GELU(Module):
-    """The Gaussian error linear unit in its tanh form (``torch.nn.GELU(approximate="tanh")``):
-    ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``.  vkml has no erf primitive, so the exact
-    form is not offered; the two differ by less than 1e-3.
+    """The Gaussian error linear unit ``x Phi(x)``, exact through erf by default (PyTorch's
+    default), or its tanh form with ``approximate="tanh"``
+    (``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``; within 1e-3 of the exact one).
 
     >>> vkml.nn.GELU()(vkml.tensor([-1.0, 0.0, 1.0]))
-    tensor([-0.15880801,  0.        ,  0.84119199], dtype=float64)
+    tensor([-0.15865525,  0.        ,  0.84134475], dtype=float64)
+    >>> vkml.nn.GELU(approximate="tanh")(vkml.tensor([1.0]))
+    tensor([0.84119199], dtype=float64)
     """
 
+    def __init__(self, approximate="none"):
+        super().__init__()
+        self.approximate = check_choice(approximate, ("none", "tanh"), "approximate", "GELU")
+
     def forward(self, x):
-        x = _as_input(x, "GELU")
-        inner = math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)
-        return 0.5 * x * (1.0 + tanh(inner))
+        return gelu(_as_input(x, "GELU"), self.approximate)
+
+    def extra_repr(self):
+        return f"approximate={self.approximate!r}"
 
 
 class Softmax(Module):
@@ -843,26 +894,167 @@ class Embedding(Module):
     (2, 2, 3)
     """
 
-    def __init__(self, num_embeddings, embedding_dim, *, rng=None, dtype=np.float32):
+    def __init__(self, num_embeddings, embedding_dim, padding_idx=None, *, rng=None,
+                 dtype=np.float32):
         super().__init__()
         self.num_embeddings = _positive_int(num_embeddings, "num_embeddings", "Embedding")
         self.embedding_dim = _positive_int(embedding_dim, "embedding_dim", "Embedding")
+        if padding_idx is not None:
+            n = self.num_embeddings
+            padding_idx = check_int(padding_idx, "padding_idx", "Embedding", -n, n - 1)
+            padding_idx %= n
+        self.padding_idx = padding_idx
         shape = check_shape((self.num_embeddings, self.embedding_dim), "Embedding", "table shape")
         dtype = check_dtype(dtype, "Embedding")
         with host_memory("Embedding", f"a table of shape {shape}"):
-            self.weight = Parameter(_generator(rng).standard_normal(shape), dtype)
+            table = _generator(rng).standard_normal(shape)
+            if padding_idx is not None:         # the padding row starts at zero, as in PyTorch
+                table[padding_idx] = 0.0
+            self.weight = Parameter(table, dtype)
 
     def forward(self, ids):
         ids = _as_input(ids, "Embedding")
         if ids.dtype.kind not in "iu":
             raise ArgumentError(f"Embedding: ids must be integers, got {ids.dtype}; cast them with "
                                 ".astype(np.int64)")
-        return take(self.weight, ids, 0)
+        if self.padding_idx is None:
+            return take(self.weight, ids, 0)
+        # the padding row is looked up but never trained: its gradient is cut
+        rows = np.zeros((self.num_embeddings, 1), self.weight.dtype)
+        rows[self.padding_idx] = 1.0
+        frozen = tensor(rows)
+        table = self.weight * (1.0 - frozen) + stop_gradient(self.weight) * frozen
+        return take(table, ids, 0)
 
     def extra_repr(self):
-        return f"{self.num_embeddings}, {self.embedding_dim}"
+        pad = "" if self.padding_idx is None else f", padding_idx={self.padding_idx}"
+        return f"{self.num_embeddings}, {self.embedding_dim}{pad}"
 
-__all__ += ["Tanh", "Sigmoid", "GELU", "Softmax", "Dropout", "LayerNorm", "Embedding"]
+def _activation(fn, name, doc):
+    """``fn`` (on Vars) on a tensor; its other arguments must be numbers or choices (checked)."""
+    def op(x, *args, **kwargs):
+        for value in (*args, *kwargs.values()):
+            if not isinstance(value, (numbers.Real, str)) or isinstance(value, bool):
+                raise ArgumentError(f"{name}: its parameters must be numbers (or a choice like "
+                                    f"approximate='tanh'), got {describe(value)}")
+        if "approximate" in kwargs or (name == "gelu" and args):
+            check_choice(kwargs.get("approximate", args[0] if args else "none"),
+                         ("none", "tanh"), "approximate", "gelu")
+        return apply_api(fn, _as_input(x, name), *args, **kwargs)
+    op.__name__ = op.__qualname__ = name
+    op.__doc__ = doc
+    return op
+
+
+silu = _activation(_act.silu, "silu", """``x * sigmoid(x)`` (``F.silu``).
+
+    >>> vkml.nn.silu(vkml.tensor([0.0, 1.0]))
+    tensor([0.        , 0.73105858], dtype=float64)
+    """)
+softplus = _activation(_act.softplus, "softplus", """``log(1 + exp(beta x)) / beta``, x itself above ``threshold`` (``F.softplus``).
+
+    >>> vkml.nn.softplus(vkml.tensor([0.0, 30.0]))
+    tensor([ 0.69314718, 30.        ], dtype=float64)
+    """)
+leaky_relu = _activation(_act.leaky_relu, "leaky_relu", """x above 0, ``negative_slope * x`` below (``F.leaky_relu``).
+
+    >>> vkml.nn.leaky_relu(vkml.tensor([-1.0, 2.0]), 0.1)
+    tensor([-0.1,  2. ], dtype=float64)
+    """)
+elu = _activation(_act.elu, "elu", """x above 0, ``alpha * (exp(x) - 1)`` below (``F.elu``).
+
+    >>> vkml.nn.elu(vkml.tensor([-1.0, 2.0]))
+    tensor([-0.63212056,  2.        ], dtype=float64)
+    """)
+def _gelu(x, approximate="none"):
+    return _act.gelu(x, approximate)
+
+
+gelu = _activation(_gelu, "gelu", """``x Phi(x)`` (``approximate`` "none" or "tanh", as ``F.gelu``).
+
+    >>> vkml.nn.gelu(vkml.tensor([1.0]))
+    tensor([0.84134475], dtype=float64)
+    """)
+
+
+def one_hot(labels, num_classes=None):
+    """(..., num_classes) int64 rows with a 1 at each label (``F.one_hot``; ``num_classes``
+    defaults to the largest label + 1, which needs the labels' values).
+
+    >>> vkml.nn.one_hot(np.array([0, 2]), 3)
+    tensor([[1, 0, 0],
+            [0, 0, 1]], dtype=int64)
+    """
+    labels = _as_input(labels, "one_hot")
+    if num_classes is None:
+        value = labels.numpy()
+        num_classes = int(value.max()) + 1 if value.size else 0
+    num_classes = check_int(num_classes, "num_classes", "one_hot", low=0)
+    check_shape(labels.shape + (num_classes,), "one_hot", "the one-hot rows")
+    with host_memory("one_hot", f"{num_classes} classes"):
+        return apply_api(_act.one_hot, labels, num_classes)
+
+
+class SiLU(Module):
+    """``x * sigmoid(x)`` elementwise.
+
+    >>> vkml.nn.SiLU()(vkml.tensor([0.0]))
+    tensor([0.], dtype=float64)
+    """
+
+    def forward(self, x):
+        return silu(x)
+
+
+class Softplus(Module):
+    """``log(1 + exp(beta x)) / beta`` elementwise (x above ``threshold``).
+
+    >>> vkml.nn.Softplus()(vkml.tensor([0.0]))
+    tensor([0.69314718], dtype=float64)
+    """
+
+    def __init__(self, beta=1.0, threshold=20.0):
+        super().__init__()
+        self.beta = check_real(beta, "beta", "Softplus", low=0, low_open=True)
+        self.threshold = check_real(threshold, "threshold", "Softplus")
+
+    def forward(self, x):
+        return softplus(x, self.beta, self.threshold)
+
+
+class LeakyReLU(Module):
+    """x above 0, ``negative_slope * x`` below.
+
+    >>> vkml.nn.LeakyReLU(0.2)(vkml.tensor([-1.0]))
+    tensor([-0.2], dtype=float64)
+    """
+
+    def __init__(self, negative_slope=0.01):
+        super().__init__()
+        self.negative_slope = check_real(negative_slope, "negative_slope", "LeakyReLU")
+
+    def forward(self, x):
+        return leaky_relu(x, self.negative_slope)
+
+
+class ELU(Module):
+    """x above 0, ``alpha * (exp(x) - 1)`` below.
+
+    >>> vkml.nn.ELU()(vkml.tensor([-1.0]))
+    tensor([-0.63212056], dtype=float64)
+    """
+
+    def __init__(self, alpha=1.0):
+        super().__init__()
+        self.alpha = check_real(alpha, "alpha", "ELU")
+
+    def forward(self, x):
+        return elu(x, self.alpha)
+
+
+__all__ += ["Tanh", "Sigmoid", "GELU", "Softmax", "Dropout", "LayerNorm", "Embedding",
+            "SiLU", "Softplus", "LeakyReLU", "ELU", "silu", "softplus", "leaky_relu", "elu", "gelu",
+            "one_hot"]
 
 
 def __dir__():

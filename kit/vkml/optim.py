@@ -41,10 +41,10 @@ from .ops.api import constant, default_device
 from .programs import flatten_known, jit, value_and_grad
 from .pytree import unflatten
 from .runtime import MODEL_TRACE, no_grad, writing
-from .tensor import Tensor, assign, sqrt, zeros_like
-from .validate import check_callable, check_real, check_sequence, describe
+from .tensor import Tensor, assign, maximum, sqrt, zeros_like
+from .validate import check_bool, check_callable, check_real, check_sequence, describe
 
-__all__ = ["Optimizer", "SGD", "Adam", "CompiledStep"]
+__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "RMSprop", "CompiledStep"]
 
 
 class Optimizer(abc.ABC):
@@ -75,7 +75,9 @@ class Optimizer(abc.ABC):
             raise ArgumentError(f"{owner}: got a module; pass model.parameters()")
         params = check_sequence(params, "params", owner)
         if not params:
-            raise ArgumentError(f"{owner}: got an empty parameter list; nothing to optimise")
+            raise ArgumentError(f"{owner}: got an empty parameter list, so there is nothing to "
+                                "optimise; pass model.parameters() of a model that has "
+                                "parameters (a list of tensors with requires_grad=True)")
         seen = set()
         for i, p in enumerate(params):
             if not isinstance(p, Tensor):
@@ -654,34 +656,47 @@ class SGD(Optimizer):
     tensor([ 0.46, -0.92], dtype=float32, requires_grad=True)
     """
 
-    def __init__(self, params, lr, momentum=0.0, weight_decay=0.0):
+    def __init__(self, params, lr, momentum=0.0, weight_decay=0.0, dampening=0.0, nesterov=False):
         super().__init__(params, lr)
         self.momentum = check_real(momentum, "momentum", "SGD", low=0.0)
         self.weight_decay = check_real(weight_decay, "weight_decay", "SGD", low=0.0)
+        self.dampening = check_real(dampening, "dampening", "SGD", low=0.0, high=1.0)
+        self.nesterov = check_bool(nesterov, "nesterov", "SGD")
+        if self.nesterov and (self.momentum <= 0 or self.dampening != 0):
+            raise ArgumentError("SGD: nesterov=True needs momentum > 0 and dampening 0 (as in "
+                                f"PyTorch), got momentum={self.momentum}, dampening={self.dampening}")
         self.momentum_buffers = [None] * len(self.params)
 
     def _host(self, active):
         params = [self.params[i] for i in active]
-        bufs = []
+        bufs, damping = [], None
         if self.momentum:
+            fresh = []
             for i in active:
-                if self.momentum_buffers[i] is None:
+                fresh.append(self.momentum_buffers[i] is None)
+                if fresh[-1]:
                     self.momentum_buffers[i] = zeros_like(self.params[i])
             bufs = [self.momentum_buffers[i] for i in active]
+            if self.dampening:      # PyTorch's first step takes the gradient undamped
+                damping = [1.0 if new else 1.0 - self.dampening for new in fresh]
         # bufs is [] without momentum and weight_decay None without decay: both are structure
-        return active, params + bufs, bufs, (self.lr, self.momentum, self.weight_decay or None)
+        # a flag enters as None or a number: hyper's leaves are program inputs, None is structure
+        nesterov = self.momentum if self.nesterov else None
+        return active, params + bufs, bufs, (self.lr, self.momentum, self.weight_decay or None,
+                                             damping, nesterov)
 
     @staticmethod
     def _math(params, grads, bufs, hyper):
         """New parameters, then new momentum buffers."""
-        lr, momentum, weight_decay = hyper
+        lr, momentum, weight_decay, damping, nesterov = hyper
         new_params, new_bufs = [], []
         for k, (p, g) in enumerate(zip(params, grads)):
             if weight_decay is not None:
                 g = g + weight_decay * p
             if bufs:
-                g = momentum * bufs[k] + g
-                new_bufs.append(g)
+                buf = momentum * bufs[k] + (g if damping is None else damping[k] * g)
+                new_bufs.append(buf)
+                g = buf if nesterov is None else g + nesterov * buf
             new_params.append(p - lr * g)
         return new_params + new_bufs
 
@@ -705,18 +720,26 @@ class Adam(Optimizer):
     tensor([ 0.9, -1.9], dtype=float32, requires_grad=True)
     """
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+    #: weight decay taken out of the gradient and applied to the parameter itself (AdamW)
+    decoupled = False
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                 amsgrad=False):
         super().__init__(params, lr)
+        owner = type(self).__name__
         if not isinstance(betas, (tuple, list)) or len(betas) != 2:
-            raise ArgumentError(f"Adam: betas must be a pair (beta1, beta2), got {describe(betas)}")
-        self.betas = (check_real(betas[0], "beta1", "Adam", low=0.0),
-                      check_real(betas[1], "beta2", "Adam", low=0.0))
+            raise ArgumentError(f"{owner}: betas must be a pair (beta1, beta2), got {describe(betas)}")
+        self.betas = (check_real(betas[0], "beta1", owner, low=0.0),
+                      check_real(betas[1], "beta2", owner, low=0.0))
         if self.betas[0] >= 1.0 or self.betas[1] >= 1.0:
-            raise ArgumentError(f"Adam: betas must be in [0, 1), got {tuple(betas)}")
-        self.eps = check_real(eps, "eps", "Adam", low=0.0)
-        self.weight_decay = check_real(weight_decay, "weight_decay", "Adam", low=0.0)
+            raise ArgumentError(f"{owner}: betas must be in [0, 1), got {tuple(betas)}")
+        self.eps = check_real(eps, "eps", owner, low=0.0)
+        self.weight_decay = check_real(weight_decay, "weight_decay", owner, low=0.0)
+        self.amsgrad = check_bool(amsgrad, "amsgrad", owner)
         self.exp_avg = [None] * len(self.params)
         self.exp_avg_sq = [None] * len(self.params)
+        #: the largest second moment so far, per parameter (``amsgrad``)
+        self.max_exp_avg_sq = [None] * len(self.params)
         #: steps taken per parameter (host ints: the bias corrections are computed from them here).
         self.steps = [0] * len(self.params)
 
@@ -727,16 +750,27 @@ class Adam(Optimizer):
             if self.exp_avg[i] is None:
                 self.exp_avg[i] = zeros_like(self.params[i])
                 self.exp_avg_sq[i] = zeros_like(self.params[i])
+                if self.amsgrad:
+                    self.max_exp_avg_sq[i] = zeros_like(self.params[i])
             by_step.setdefault(self.steps[i] + 1, []).append(i)
         order, dsts, states, groups = [], [], [], []
         for t, idx in by_step.items():
             lr_t = self.lr / (1.0 - b1 ** t)
-            states.append([(self.exp_avg[i], self.exp_avg_sq[i]) for i in idx])
+            moments = [(self.exp_avg[i], self.exp_avg_sq[i]) for i in idx]
+            if self.amsgrad:
+                moments = [pair + (self.max_exp_avg_sq[i],) for pair, i in zip(moments, idx)]
+            states.append(moments)
             groups.append((1.0 / (lr_t * math.sqrt(1.0 - b2 ** t)), self.eps / lr_t))
             for i in idx:
-                dsts += [self.exp_avg[i], self.exp_avg_sq[i], self.params[i]]
+                dsts += [self.exp_avg[i], self.exp_avg_sq[i]]
+                dsts += [self.max_exp_avg_sq[i]] if self.amsgrad else []
+                dsts.append(self.params[i])
             order += idx
-        return order, dsts, states, (groups, 1.0 - b1, 1.0 - b2, self.weight_decay or None)
+        # (L2 added to the gradient, the factor shrinking the parameter): None where not used
+        decay = (None, 1.0 - self.lr * self.weight_decay) if self.decoupled else \
+            (self.weight_decay, None)
+        decay = decay if self.weight_decay else (None, None)
+        return order, dsts, states, (groups, 1.0 - b1, 1.0 - b2, decay)
 
     @staticmethod
     def _math(params, grads, states, hyper):
@@ -751,16 +785,116 @@ class Adam(Optimizer):
         groups, c1, c2, weight_decay = hyper
         out, pos = [], 0
         for (k1, k2), moments in zip(groups, states):
-            for m, v in moments:
+            for state in moments:
+                m, v = state[:2]
                 p, g = params[pos], grads[pos]
                 pos += 1
-                if weight_decay is not None:
-                    g = g + weight_decay * p
+                l2, shrink = weight_decay
+                if shrink is not None:                     # AdamW: shrink the parameter itself
+                    p = p * shrink
+                if l2 is not None:
+                    g = g + l2 * p
                 m = m + c1 * (g - m)
                 v = v + c2 * (g * g - v)
-                out += [m, v, p - m / (sqrt(v) * k1 + k2)]
+                if len(state) == 3:                        # amsgrad: the largest v so far
+                    top = maximum(state[2], v)
+                    out += [m, v, top, p - m / (sqrt(top) * k1 + k2)]
+                else:
+                    out += [m, v, p - m / (sqrt(v) * k1 + k2)]
         return out
 
     def _stepped(self, active):
         for i in active:
             self.steps[i] += 1
+
+
+class AdamW(Adam):
+    """Adam with decoupled weight decay (Loshchilov & Hutter), as ``torch.optim.AdamW``: each
+    step first shrinks the parameter, ``p *= 1 - lr * weight_decay``, then takes Adam's step
+    with the plain gradient.  ``weight_decay`` defaults to 0.01, as in PyTorch.
+
+    >>> w = vkml.nn.Parameter([1.0, -2.0])
+    >>> opt = vkml.optim.AdamW([w], lr=0.1, weight_decay=0.5)
+    >>> (w * w).sum().backward()
+    >>> opt.step()
+    >>> w
+    tensor([ 0.84999996, -1.8       ], dtype=float32, requires_grad=True)
+    """
+
+    decoupled = True
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
+                 amsgrad=False):
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad)
+
+
+class RMSprop(Optimizer):
+    """RMSprop, as ``torch.optim.RMSprop``: ``sq = alpha sq + (1 - alpha) g^2`` (and with
+    ``centered`` the mean ``ga = alpha ga + (1 - alpha) g``, subtracting ``ga^2``), then
+    ``p -= lr g / (sqrt(sq) + eps)`` -- through a momentum buffer when ``momentum`` > 0.
+
+    >>> w = vkml.nn.Parameter([1.0, -2.0])
+    >>> opt = vkml.optim.RMSprop([w], lr=0.01)
+    >>> (w * w).sum().backward()
+    >>> opt.step()
+    >>> w
+    tensor([ 0.90000004, -1.9       ], dtype=float32, requires_grad=True)
+    """
+
+    def __init__(self, params, lr=0.01, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0,
+                 centered=False):
+        super().__init__(params, lr)
+        self.alpha = check_real(alpha, "alpha", "RMSprop", low=0.0, high=1.0)
+        self.eps = check_real(eps, "eps", "RMSprop", low=0.0)
+        self.weight_decay = check_real(weight_decay, "weight_decay", "RMSprop", low=0.0)
+        self.momentum = check_real(momentum, "momentum", "RMSprop", low=0.0)
+        self.centered = check_bool(centered, "centered", "RMSprop")
+        self.square_avg = [None] * len(self.params)
+        self.grad_avg = [None] * len(self.params)
+        self.momentum_buffer = [None] * len(self.params)
+
+    def _host(self, active):
+        states, dsts = [], []
+        for i in active:
+            p = self.params[i]
+            if self.square_avg[i] is None:
+                self.square_avg[i] = zeros_like(p)
+                if self.centered:
+                    self.grad_avg[i] = zeros_like(p)
+                if self.momentum:
+                    self.momentum_buffer[i] = zeros_like(p)
+            # a dict: its keys say which state there is (structure, not program inputs)
+            state = {"square": self.square_avg[i]}
+            if self.centered:
+                state["mean"] = self.grad_avg[i]
+            if self.momentum:
+                state["buffer"] = self.momentum_buffer[i]
+            states.append(state)
+            dsts += [state[k] for k in ("square", "mean", "buffer") if k in state] + [p]
+        return active, dsts, states, (self.lr, self.alpha, 1.0 - self.alpha, self.eps,
+                                      self.weight_decay or None, self.momentum or None)
+
+    @staticmethod
+    def _math(params, grads, states, hyper):
+        """For each parameter: its new state (square average, gradient average, buffer), then it."""
+        lr, alpha, rest, eps, weight_decay, momentum = hyper      # rest = 1 - alpha
+        out = []
+        for p, g, state in zip(params, grads, states):
+            if weight_decay is not None:
+                g = g + weight_decay * p
+            sq = alpha * state["square"] + rest * (g * g)
+            new = [sq]
+            if "mean" in state:
+                ga = alpha * state["mean"] + rest * g
+                new.append(ga)
+                avg = sqrt(sq - ga * ga) + eps
+            else:
+                avg = sqrt(sq) + eps
+            if momentum is not None:
+                buf = momentum * state["buffer"] + g / avg
+                new.append(buf)
+                p = p - lr * buf
+            else:
+                p = p - lr * (g / avg)
+            out += new + [p]
+        return out

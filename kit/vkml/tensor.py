@@ -27,8 +27,8 @@ from . import runtime
 from .errors import ArgumentError, DTypeError, GradError, ShapeError, TracingError, boundary
 from .ir import EXACT_REFCOUNTS, Var, dtype_name, format_shape
 from .ops import api, numeric, recipes
-from .validate import (MAX_ELEMENTS, check_bool, check_dtype, check_real, check_sequence,
-                       check_shape, describe, host_memory)
+from .validate import (MAX_ELEMENTS, check_bool, check_dtype, check_int, check_real,
+                       check_sequence, check_shape, describe, host_memory)
 
 
 class Tensor:
@@ -550,6 +550,88 @@ class Tensor:
         """
         return matmul(self, y)
 
+    @property
+    def mT(self):
+        """The last two axes swapped (the transpose of each matrix in a stack).
+
+        >>> vkml.zeros((4, 2, 3)).mT.shape
+        (4, 3, 2)
+        """
+        return _numeric_method(api.swapaxes, self, -1, -2)
+
+    def cumsum(self, axis=None):
+        """The running sum along ``axis`` (flattened when None), as NumPy's.
+
+        >>> vkml.tensor([1, 2, 3]).cumsum()
+        tensor([1, 3, 6], dtype=int64)
+        """
+        return _numeric_method(numeric.cumsum, self, axis)
+
+    def cumprod(self, axis=None):
+        """The running product along ``axis`` (flattened when None).
+
+        >>> vkml.tensor([1.0, 2.0, 3.0]).cumprod()
+        tensor([1., 2., 6.], dtype=float64)
+        """
+        return _numeric_method(numeric.cumprod, self, axis)
+
+    def prod(self, axis=None, keepdims=False):
+        """The product over ``axis``.
+
+        >>> vkml.tensor([[1.0, 2.0], [3.0, 4.0]]).prod(axis=1)
+        tensor([ 2., 12.], dtype=float64)
+        """
+        return _numeric_method(numeric.prod, self, axis, check_bool(keepdims, "keepdims", "prod"))
+
+    def std(self, axis=None, ddof=0, keepdims=False):
+        """The standard deviation over ``axis``.
+
+        >>> vkml.tensor([1.0, 3.0]).std()
+        tensor(1., dtype=float64)
+        """
+        return _numeric_method(numeric.std, self, axis, ddof, check_bool(keepdims, "keepdims", "std"))
+
+    def var(self, axis=None, ddof=0, keepdims=False):
+        """The variance over ``axis``.
+
+        >>> vkml.tensor([1.0, 3.0]).var()
+        tensor(1., dtype=float64)
+        """
+        return _numeric_method(numeric.var, self, axis, ddof, check_bool(keepdims, "keepdims", "var"))
+
+    def ravel(self):
+        """The elements as one axis.
+
+        >>> vkml.tensor([[1, 2], [3, 4]]).ravel()
+        tensor([1, 2, 3, 4], dtype=int64)
+        """
+        return _numeric_method(numeric.ravel, self)
+
+    def round(self, decimals=0):
+        """Rounded half to even at ``decimals`` places; derivative zero.
+
+        >>> vkml.tensor([0.5, 1.5, 2.25]).round(1)
+        tensor([0.5, 1.5, 2.2], dtype=float64)
+        """
+        return _numeric_method(numeric.round, self, check_int(decimals, "decimals", "round", -308, 308))
+
+    def dot(self, y):
+        """NumPy's ``dot`` (the matrix product up to 2-D).
+
+        >>> vkml.tensor([1.0, 2.0]).dot(vkml.tensor([3.0, 4.0]))
+        tensor(11., dtype=float64)
+        """
+        return _numeric_method(numeric.dot, self, y)
+
+    def copy(self):
+        """The same values (a Tensor never changes, so no data is copied); the gradient flows
+        through it, as through NumPy's ``copy``.
+
+        >>> vkml.tensor([1.0]).copy()
+        tensor([1.], dtype=float64)
+        """
+        return _numeric_method(api.reshape, self, self.shape)
+
     def any(self, axis=None):
         """Whether any element is non-zero (over ``axis``).
 
@@ -921,6 +1003,11 @@ def _apply(fn, args, kwargs, replayable):
     if runtime.is_eager() and not runtime.is_traced(out):
         realize(t)
     return t
+
+
+def _numeric_method(fn, *args):
+    """A Tensor method that calls ``fn`` (on Vars) with the tensor and the method's arguments."""
+    return _apply(fn, args, {}, False)
 
 
 def _lift(fn, name=None, replayable=True):

@@ -34,12 +34,12 @@ from ._lift import doc as _doc, lifted as _lifted, named as _named
 # -- reductions with NumPy's keywords -----------------------------------------------------------
 
 def _argmax(a, axis=None, keepdims=False):
-    return _st._keep(_api.argmax(a, axis), _api.as_var(a), axis,
+    return _st.keep_reduced_axis(_api.argmax(a, axis), _api.as_var(a), axis,
                      _valid.check_bool(keepdims, "keepdims", "argmax"))
 
 
 def _argmin(a, axis=None, keepdims=False):
-    return _st._keep(_api.argmin(a, axis), _api.as_var(a), axis,
+    return _st.keep_reduced_axis(_api.argmin(a, axis), _api.as_var(a), axis,
                      _valid.check_bool(keepdims, "keepdims", "argmin"))
 
 
@@ -436,6 +436,7 @@ TUPLES = [
 
 #: what each example prints (made by running it; the docstring tests run them again)
 OUTPUTS = {
+    'bincount': 'tensor([1, 2, 0, 1], dtype=int64)',
     'signbit': 'tensor([ True,  True, False], dtype=bool)',
     'copysign': 'tensor([-1.,  2.], dtype=float64)',
     'cbrt': 'tensor([ 3., -2.], dtype=float64)',

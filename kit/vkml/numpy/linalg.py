@@ -27,11 +27,11 @@ from ._lift import doc as _doc, lifted as _lifted, lifted_many as _lifted_many, 
 #: the norms named by a string
 _NAMED_ORDERS = ("fro", "nuc")
 
-EighResult = collections.namedtuple("EighResult", ["eigenvalues", "eigenvectors"])
-SVDResult = collections.namedtuple("SVDResult", ["U", "S", "Vh"])
-QRResult = collections.namedtuple("QRResult", ["Q", "R"])
-SlogdetResult = collections.namedtuple("SlogdetResult", ["sign", "logabsdet"])
-LstsqResult = collections.namedtuple("LstsqResult", ["x", "residuals", "rank", "singular_values"])
+_EighResult = collections.namedtuple("EighResult", ["eigenvalues", "eigenvectors"])
+_SVDResult = collections.namedtuple("SVDResult", ["U", "S", "Vh"])
+_QRResult = collections.namedtuple("QRResult", ["Q", "R"])
+_SlogdetResult = collections.namedtuple("SlogdetResult", ["sign", "logabsdet"])
+_LstsqResult = collections.namedtuple("LstsqResult", ["x", "residuals", "rank", "singular_values"])
 
 
 def _check_ord(ord, op):
@@ -184,19 +184,23 @@ def _as(result_type, fn, name, doc):
     return _named(op, name, doc, many.__signature__)
 
 
-slogdet = _as(SlogdetResult, _num.slogdet, "slogdet", _doc(
+slogdet = _as(_SlogdetResult, _num.slogdet, "slogdet", _doc(
     "(sign, log|det|) of square matrices; the derivative of log|det| is trace(inv(a) da).",
     "vnp.linalg.slogdet([[2.0, 1.0], [1.0, 3.0]])", "SlogdetResult(sign=tensor(1., dtype=float64), logabsdet=tensor(1.60943791, dtype=float64))"))
-eigh = _as(EighResult, lambda a, UPLO="L": list(_dec.eigh(a)), "eigh", _doc(
+eigh = _as(_EighResult, lambda a, UPLO="L": list(_dec.eigh(a)), "eigh", _doc(
     "Eigenvalues (ascending) and eigenvectors of symmetric matrices, from the lower triangle; "
     "derivative from the eigenvalue gaps (inf where two are equal).",
     "vnp.linalg.eigh([[2.0, 0.0], [0.0, 1.0]]).eigenvalues", "tensor([1., 2.], dtype=float64)"))
-svd = _as(SVDResult, _svd_parts, "svd", _doc(
+svd = _as(_SVDResult, _svd_parts, "svd", _doc(
     "(U, S, Vh) with a = U diag(S) Vh, S descending; non-square needs full_matrices=False.",
     "vnp.linalg.svd([[3.0, 0.0], [0.0, 4.0]]).S", "tensor([4., 3.], dtype=float64)"))
-qr = _as(QRResult, _qr_parts, "qr", _doc(
+qr = _as(_QRResult, _qr_parts, "qr", _doc(
     "(Q, R) with a = Q R, Q with orthonormal columns, R upper triangular (mode 'reduced' or 'r').",
     "vnp.linalg.qr([[1.0, 0.0], [0.0, 2.0]]).R", 'tensor([[1., 0.],\n        [0., 2.]], dtype=float64)'))
-lstsq = _as(LstsqResult, _lstsq, "lstsq", _doc(
+lstsq = _as(_LstsqResult, _lstsq, "lstsq", _doc(
     "(x, residuals, rank, singular values): the least-squares (minimum-norm) solution of a x = b.",
     "vnp.linalg.lstsq([[1.0], [1.0]], [1.0, 3.0]).x", "tensor([2.], dtype=float64)"))
+
+for _f in [v for k, v in globals().items() if callable(v) and not k.startswith("_")
+           and getattr(v, "__module__", None) == "vkml.numpy"]:
+    _f.__module__ = __name__        # (Sphinx documents a module's own members)

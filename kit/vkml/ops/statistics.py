@@ -203,14 +203,14 @@ def nanmin(x, axis=None, keepdims=False):
 
 
 def nanargmax(x, axis=None, keepdims=False):
-    return _keep(F.argmax(_nan_filled(x, -np.inf), axis), F.as_var(x), axis, keepdims)
+    return keep_reduced_axis(F.argmax(_nan_filled(x, -np.inf), axis), F.as_var(x), axis, keepdims)
 
 
 def nanargmin(x, axis=None, keepdims=False):
-    return _keep(F.argmin(_nan_filled(x, np.inf), axis), F.as_var(x), axis, keepdims)
+    return keep_reduced_axis(F.argmin(_nan_filled(x, np.inf), axis), F.as_var(x), axis, keepdims)
 
 
-def _keep(out, x, axis, keepdims):
+def keep_reduced_axis(out, x, axis, keepdims):
     """An ``argmax``-style result with the reduced axis kept as length 1 when ``keepdims``."""
     if not keepdims:
         return out

@@ -8,6 +8,8 @@ the same LU solve as ``vkml.numpy.linalg.solve``; ``cho_factor`` gives
 
 from __future__ import annotations
 
+import inspect
+
 from ..numpy._lift import doc as _doc, lifted as _lifted, named as _named
 from ..ops import api as _api
 from ..ops import factorizations as _fac
@@ -52,10 +54,12 @@ def _cho_solve(c_and_lower, b):
 cho_factor = _named(_cho_factor, "cho_factor", _doc(
     "(c, lower): the Cholesky factor of a symmetric positive definite matrix, for cho_solve.",
     "vkml.scipy.linalg.cho_factor([[4.0, 2.0], [2.0, 5.0]])[0]", 'tensor([[2., 0.],\n        [1., 2.]], dtype=float64)',
-    head=_HEAD), None)
+    head=_HEAD), inspect.signature(_cho_factor))
 cho_solve = _named(_cho_solve, "cho_solve", _doc(
     "x with A x = b from A's Cholesky factor (c, lower).",
     "vkml.scipy.linalg.cho_solve(vkml.scipy.linalg.cho_factor([[4.0, 2.0], [2.0, 5.0]]), [6.0, 7.0])", "tensor([1., 1.], dtype=float64)",
-    head=_HEAD), None)
-for _f in (cho_factor, cho_solve):
-    _f.__module__ = "vkml.scipy.linalg"
+    head=_HEAD), inspect.signature(_cho_solve))
+
+for _f in [v for k, v in globals().items() if callable(v) and not k.startswith("_")
+           and getattr(v, "__module__", None) == "vkml.numpy"]:
+    _f.__module__ = __name__        # (Sphinx documents a module's own members)

@@ -74,3 +74,7 @@ _TABLE = [
 for _name, _fn, _summary, _example, _output in _TABLE:
     globals()[_name] = _lifted(_fn, _name, _doc(_summary, _example, _output,
                                                 head=">>> import vkml.scipy.special\n"))
+
+for _f in [v for k, v in globals().items() if callable(v) and not k.startswith("_")
+           and getattr(v, "__module__", None) == "vkml.numpy"]:
+    _f.__module__ = __name__        # (Sphinx documents a module's own members)
