@@ -280,3 +280,17 @@ def test_pad_and_unravel_refuse_what_numpy_refuses():
         vnp.unravel_index([6], (2, 3))
     with pytest.raises(vkml.ArgumentError, match="q must be in"):
         vnp.quantile(np.ones(3), 1.5)
+
+
+def test_tensor_methods_numpy_users_reach_for():
+    a = np.arange(1.0, 13.0).reshape(3, 4) / 3.0
+    t = vkml.tensor(a)
+    for got, want in [(t.mT, a.T), (t.cumsum(axis=1), a.cumsum(1)), (t.cumprod(), a.cumprod()),
+                      (t.prod(axis=0), a.prod(0)), (t.ravel(), a.ravel()), (t.round(2), a.round(2)),
+                      (t.dot(a.T), a.dot(a.T)), (t.copy(), a), (t.std(axis=1, ddof=1), a.std(1, ddof=1)),
+                      (vkml.tensor(np.ones((2, 3, 4))).mT, np.ones((2, 4, 3)))]:
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-13)
+    w = vkml.tensor(a, requires_grad=True)
+    (w.cumprod(axis=1) * w.copy()).sum().backward()
+    fd = O.central_diff(lambda v: float(np.sum(np.cumprod(v, 1) * v)), a)
+    np.testing.assert_allclose(w.grad.numpy(), fd, rtol=1e-6)
