@@ -1350,7 +1350,9 @@ def _out_axes(out_axes, out_tree, outs):
             continue
         if not isinstance(ax, int) or isinstance(ax, bool) or not -o.ndim <= ax < o.ndim:
             raise ShapeError(f"vmap: out_axes {ax!r} is out of range for a result of shape "
-                             f"{format_shape(o.shape)}")
+                             f"{format_shape(o.shape)} (batch axis included): give an axis in "
+                             f"[{-o.ndim}, {o.ndim}), e.g. 0 to put the batch first, or None "
+                             "for a result that does not depend on the batch")
         axes.append(ax % o.ndim)
     return axes
 
@@ -1670,8 +1672,25 @@ class custom_jvp:
             rule = self._flat[len(in_vars)] = jit(_rule_as_function(self.rule, len(in_vars)))
         with _tracing_rules_of(self):
             rentry, _, _ = rule._lookup(tuple(ex) + tuple(_example(in_vars)))
+        _check_rule_outputs(self.__name__, entry.program, rentry.program)
         res = bind(custom_jvp_p, *in_vars, program=entry.program, jvp=rentry.program)
         return unflatten(entry.out_tree, _wrap(res, in_vars))
+
+
+def _check_rule_outputs(name, program, rule_program):
+    """A custom_jvp rule gives one output and one tangent of the same shape and dtype for each
+    of the function's outputs; anything else is refused before it is used (JAX's check too)."""
+    outs, got = program.outputs, rule_program.outputs
+    if len(got) != 2 * len(outs):
+        raise ArgumentError(f"custom_jvp {name}: its rule returned {len(got)} values (outputs and "
+                            f"tangents) for a function of {len(outs)} output(s); return "
+                            "(out, tangent_out) shaped like the function's result")
+    for i, (o, r, t) in enumerate(zip(outs, got[:len(outs)], got[len(outs):])):
+        for what, v in (("output", r), ("tangent", t)):
+            if (v.shape, v.dtype) != (o.shape, o.dtype):
+                raise ShapeError(f"custom_jvp {name}: its rule's {what} {i} is {v.type_str()} but "
+                                 f"the function's output {i} is {o.type_str()}; the rule must "
+                                 "return values and tangents shaped like the function's result")
 
 
 def _rule_as_function(rule, n):

@@ -23,7 +23,7 @@ from sys import getrefcount
 
 import numpy as np
 
-from . import runtime
+from . import pytree, runtime
 from .errors import ArgumentError, DTypeError, GradError, ShapeError, TracingError, boundary
 from .ir import EXACT_REFCOUNTS, Var, dtype_name, format_shape
 from .ops import api, numeric, recipes
@@ -1053,7 +1053,23 @@ square = _lift(api.square)
 clip = _lift(api.clip)
 where = _lift(api.where)
 cast = _lift(api.cast)
-stop_gradient = _lift(api.stop_gradient)
+_stop_gradient_leaf = _lift(api.stop_gradient, "stop_gradient")
+
+
+def stop_gradient(x):
+    """The same values, seen as constants by every derivative (the gradient stops here); a
+    pytree (dict, list, tuple, registered class) has it applied to each leaf, as in JAX.
+
+    >>> x = vkml.tensor(3.0)
+    >>> vkml.grad(lambda x: x * vkml.stop_gradient(x))(x)
+    tensor(3., dtype=float64)
+    >>> vkml.stop_gradient({"w": vkml.tensor([1.0])})["w"]
+    tensor([1.], dtype=float64)
+    """
+    leaves, tree = pytree.flatten(x)
+    if len(leaves) == 1 and leaves[0] is x:
+        return _stop_gradient_leaf(x)
+    return pytree.unflatten(tree, [_stop_gradient_leaf(leaf) for leaf in leaves])
 sum = _lift(api.sum)
 mean = _lift(api.mean)
 max = _lift(api.max)

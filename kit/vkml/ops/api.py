@@ -688,7 +688,9 @@ def max(x, axis=None, keepdims=False):
         return cast(max(cast(x, np.int32), axis, keepdims), bool)
     axes = normalize_axes("max", x.ndim, axis)
     if any(x.shape[a] == 0 for a in axes):
-        raise ShapeError(f"max: cannot take the maximum over an empty axis of shape {x.shape}")
+        raise ShapeError(f"max: cannot take the maximum over an empty axis of shape {x.shape}: "
+                         "there is no element to pick; check the input's size first, or use "
+                         "vnp.nanmax/where with an initial value you choose")
     out = bind(reduce_max_p, x, axes=axes) if axes else x
     return _keep(x, out, axes, keepdims)
 
@@ -722,6 +724,9 @@ def argmax(x, axis=None):
     if axis is None:
         x, axis = reshape(x, (-1,)), 0
     axis = normalize_axis("argmax", x.ndim, axis)
+    if x.shape[axis] == 0:
+        raise ShapeError(f"argmax: of an empty axis (shape {x.shape}): there is no element to "
+                         "point at; check the input's size first")
     return bind(argmax_p, x, axis=axis)
 
 
@@ -1024,6 +1029,9 @@ def take_along_axis(x, indices, axis):
             [3.]], dtype=float64)
     """
     x, idx = as_var(x), as_var(indices)
+    if idx.dtype.kind not in "iu":
+        raise DTypeError(f"take_along_axis: indices must be integers, got {dtype_name(idx.dtype)}; "
+                         "cast them with .astype(np.int64) (argsort and argmax give integers)")
     axis = normalize_axis("take_along_axis", x.ndim, axis)
     if idx.ndim != x.ndim:
         raise ShapeError(f"take_along_axis: indices need {x.ndim} dimensions, got {idx.shape}")
@@ -1244,7 +1252,9 @@ def matmul(a, b, *, deterministic=None):
     b2 = reshape(b, b.shape + (1,)) if b.ndim == 1 else b
     if a2.shape[-1] != b2.shape[-2]:
         raise ShapeError(f"matmul: cannot multiply {a.shape} by {b.shape}; "
-                         f"inner dimensions {a2.shape[-1]} and {b2.shape[-2]} differ")
+                         f"inner dimensions {a2.shape[-1]} and {b2.shape[-2]} differ (the last "
+                         "axis of the first must equal the second-to-last of the second): "
+                         "transpose an operand (x.T, x.mT) or check the layer sizes")
     batch = broadcast_shapes("matmul", a2.shape[:-2], b2.shape[:-2])
     a2 = broadcast_to(a2, batch + a2.shape[-2:])
     b2 = broadcast_to(b2, batch + b2.shape[-2:])

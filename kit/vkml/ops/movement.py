@@ -179,7 +179,9 @@ def _concatenate_rule(*xs, axis):
     for x in xs[1:]:
         if x.ndim != x0.ndim or any(a != b for i, (a, b) in enumerate(zip(x.shape, x0.shape))
                                      if i != axis):
-            raise ShapeError(f"concatenate: shapes {x0.shape} and {x.shape} differ off axis {axis}")
+            raise ShapeError(f"concatenate: shapes {x0.shape} and {x.shape} differ off axis {axis}; "
+                             f"every axis but the joined one ({axis}) must match: reshape or slice "
+                             "the operands, or join along the axis where they differ")
         if x.dtype != x0.dtype:
             raise DTypeError(f"concatenate: dtypes {dtype_name(x0.dtype)} and "
                              f"{dtype_name(x.dtype)} differ; cast first")

@@ -592,8 +592,9 @@ def tensordot(a, b, axes=2):
         ax_b = [F.normalize_axis("tensordot", b.ndim, i) for i in ax_b]
     for i, j in zip(ax_a, ax_b):
         if a.shape[i] != b.shape[j]:
-            raise ShapeError(f"tensordot: axis {i} of {a.shape} and axis {j} of {b.shape} differ "
-                             "in length")
+            raise ShapeError(f"tensordot: axis {i} of {a.shape} (length {a.shape[i]}) and axis {j} "
+                             f"of {b.shape} (length {b.shape[j]}) differ; the contracted axes must "
+                             "have equal lengths: choose other axes= or transpose an operand")
     free_a = [i for i in range(a.ndim) if i not in ax_a]
     free_b = [i for i in range(b.ndim) if i not in ax_b]
     k = math.prod(a.shape[i] for i in ax_a)
@@ -635,7 +636,9 @@ def einsum(subscripts, *operands):
     lhs, arrow, out = spec.partition("->")
     ins = lhs.split(",")
     if len(ins) != len(operands) or not operands:
-        raise ArgumentError(f"einsum: {len(ins)} operand subscripts for {len(operands)} operands")
+        raise ArgumentError(f"einsum: {subscripts!r} names {len(ins)} operands but "
+                            f"{len(operands)} were given; give one subscript group per operand "
+                            "(separated by commas)")
     if not builtins.all(s.isalpha() for s in ins + ([out] if out else [])):
         raise ArgumentError(f"einsum: subscripts must be letters, got {subscripts!r}")
     if not arrow:
@@ -651,7 +654,9 @@ def einsum(subscripts, *operands):
             raise ShapeError(f"einsum: subscripts {s!r} name {len(s)} axes of an operand of shape {x.shape}")
         for c, d in zip(s, x.shape):
             if sizes.setdefault(c, d) != d:
-                raise ShapeError(f"einsum: axis {c!r} has lengths {sizes[c]} and {d}")
+                raise ShapeError(f"einsum: axis {c!r} has lengths {sizes[c]} and {d} in "
+                                 f"{subscripts!r}; a letter must name axes of one length (give "
+                                 "the axes different letters, or fix the operands' shapes)")
         terms.append(_einsum_diagonals(x, s))
     x, s = _einsum_sum_unneeded(*terms[0], out + "".join(t[1] for t in terms[1:]))
     for i, (y, t) in enumerate(terms[1:], 1):
@@ -729,7 +734,8 @@ def solve(a, b):
         b = F.reshape(b, b.shape + (1,))
     if b.ndim < 2 or b.shape[-2] != a.shape[-1]:
         raise ShapeError(f"linalg.solve: right-hand side of shape {b.shape} does not fit "
-                         f"matrices of shape {a.shape}")
+                         f"matrices of shape {a.shape}: it needs {a.shape[-1]} rows (a vector of "
+                         f"length {a.shape[-1]}, or an ({a.shape[-1]}, k) matrix of k columns)")
     batch = F.broadcast_shapes("linalg.solve", a.shape[:-2], b.shape[:-2])
     x = factorizations.solve(F.broadcast_to(a, batch + a.shape[-2:]),
                              F.broadcast_to(b, batch + b.shape[-2:]))
