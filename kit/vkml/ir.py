@@ -23,8 +23,12 @@ import numpy as np
 
 from .errors import TracingError
 
-#: The dtypes every primitive understands.
-DTYPES = tuple(np.dtype(d) for d in ("bool", "int32", "int64", "float32", "float64"))
+#: The dtypes a tensor can have: NumPy's bool, signed and unsigned integers of 8 to 64 bits,
+#: float32/64 and complex64/128 (the array API standard's set).  Every backend computes with all
+#: of them (a compiled tier hands a program with a dtype its C lowering lacks to NumPy).
+DTYPES = tuple(np.dtype(d) for d in ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16",
+                                     "uint32", "uint64", "float32", "float64", "complex64",
+                                     "complex128"))
 
 
 def dtype_name(dtype) -> str:

@@ -792,7 +792,7 @@ def _apply_program(owner, entry, variant_tag, prog, in_vars, requires_grad):
                 for o, val in zip(prog.outputs, outs)]
     outs = call(prog, *in_vars) if prog.eqns or prog.outputs else []
     grad = requires_grad and runtime.is_grad_enabled()
-    return [Tensor(o, grad and o.dtype.kind == "f") for o in outs]
+    return [Tensor(o, grad and o.dtype.kind in "fc") for o in outs]
 
 
 def _executable(owner, entry, variant_tag, prog, backend, values):
@@ -903,7 +903,7 @@ def _captures_of(outs, placeholders):
 def _wrap(vars_, operands):
     """Tensors for a construct's results; they require grad if an operand's graph does."""
     requires = runtime.is_grad_enabled() and _needs_grad_vars(operands)
-    tensors = [Tensor(v, requires and v.dtype.kind == "f") for v in vars_]
+    tensors = [Tensor(v, requires and v.dtype.kind in "fc") for v in vars_]
     if runtime.is_eager() and tensors and not runtime.is_traced(tensors[0].ir_var):
         realize(tensors)
     return tensors
@@ -970,7 +970,7 @@ def gradient_residuals(fn, args):
     ``vkml.viz.saved_residuals`` lists them."""
     entry, _, in_vars = fn._lookup(args)
     n_args = len(in_vars) - len(entry.captures)
-    flags = [v.dtype.kind == "f" for v in in_vars[:n_args]] + [False] * len(entry.captures)
+    flags = [v.dtype.kind in "fc" for v in in_vars[:n_args]] + [False] * len(entry.captures)
     if not any(flags):
         return None
     known, _, _, _, n_res = _vjp_parts(fn, entry, flags)
@@ -978,7 +978,7 @@ def gradient_residuals(fn, args):
 
 
 def _float_check(v, where, i):
-    if v.dtype.kind != "f":
+    if v.dtype.kind not in "fc":
         raise GradError(f"{where}: argument leaf {i} is {dtype_name(v.dtype)}; only floating "
                         "arguments can be differentiated (cast with .astype(np.float64))")
 
@@ -1183,7 +1183,7 @@ def jvp(fn, primals, tangents):
         if p.shape != t.shape:
             raise ShapeError(f"jvp: tangent {i} has shape {format_shape(t.shape)}, its primal "
                              f"{format_shape(p.shape)}")
-    flags = [v.dtype.kind == "f" for v in in_vars[:len(t_vars)]] + [False] * len(entry.captures)
+    flags = [v.dtype.kind in "fc" for v in in_vars[:len(t_vars)]] + [False] * len(entry.captures)
     jp = _jvp_of(jitted, entry, flags)
     entry.derived.setdefault("jvp", jp)
     ins = in_vars + [api.cast(t, p.dtype) for t, p, f in zip(t_vars, in_vars, flags) if f]
@@ -1206,7 +1206,7 @@ def linearize(fn, *primals):
     jitted = jit(fn)
     entry, leaves, in_vars = jitted._lookup(primals)
     n_args = len(in_vars) - len(entry.captures)
-    flags = [v.dtype.kind == "f" for v in in_vars[:n_args]] + [False] * len(entry.captures)
+    flags = [v.dtype.kind in "fc" for v in in_vars[:n_args]] + [False] * len(entry.captures)
     known, linear, transposed, out_u, n_res = _vjp_parts(jitted, entry, flags)
     rg = needs_grad(leaves)
     known_out = _apply_program(jitted, entry, ("known",), known, in_vars, rg)

@@ -26,7 +26,7 @@ import numpy as np
 from . import pytree, runtime
 from .errors import ArgumentError, DTypeError, GradError, ShapeError, TracingError, boundary
 from .ir import EXACT_REFCOUNTS, Var, dtype_name, format_shape
-from .ops import api, numeric, recipes
+from .ops import api, bitwise, numeric, recipes
 from .validate import (MAX_ELEMENTS, check_bool, check_dtype, check_int, check_real,
                        check_sequence, check_shape, describe, host_memory)
 
@@ -86,6 +86,60 @@ class Tensor:
     ndim = property(lambda self: len(self.ir_var.shape))
     size = property(lambda self: self.ir_var.size)
     is_leaf = property(lambda self: self.ir_var.eqn is None)
+
+    def __array_namespace__(self, *, api_version=None):
+        """``vkml.numpy``: the array API standard's namespace of this tensor's functions
+        (version 2023.12), so code written against the standard runs on vkml tensors.
+
+        >>> vkml.tensor([1.0]).__array_namespace__().__name__
+        'vkml.numpy'
+        """
+        if api_version not in (None, "2021.12", "2022.12", "2023.12"):
+            raise ArgumentError(f"__array_namespace__: api_version {api_version!r} is not one "
+                                "vkml.numpy follows; it follows 2023.12 (and the ones before)")
+        import vkml.numpy          # the layer above: imported when asked for, never at load
+        return vkml.numpy
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        """The values through DLPack (a read-only host array's, or a copy's when the consumer
+        cannot be told it is read-only), so NumPy, PyTorch and JAX can take them.
+
+        >>> np.from_dlpack(vkml.tensor([1.0, 2.0]))
+        array([1., 2.])
+        """
+        arr = self.numpy()
+        if copy:
+            arr = np.array(arr)
+        try:
+            return arr.__dlpack__(stream=stream, max_version=max_version, dl_device=dl_device,
+                                  copy=copy)
+        except BufferError:
+            if copy is False:
+                raise
+            return np.array(arr).__dlpack__(stream=stream, max_version=max_version,
+                                            dl_device=dl_device)
+
+    def __dlpack_device__(self):
+        """(1, 0): the host (kDLCPU), where a tensor's values are read from.
+
+        >>> vkml.tensor([1.0]).__dlpack_device__()
+        (1, 0)
+        """
+        return (1, 0)
+
+    def to_device(self, device, /, *, stream=None):
+        """This tensor on ``device``: the device it is on already (vkml moves tensors between
+        backends with ``vkml.set_backend``).
+
+        >>> t = vkml.tensor([1.0])
+        >>> t.to_device(t.device) is t
+        True
+        """
+        if device != self.device:
+            raise ArgumentError(f"to_device: this tensor is on {self.device!r}; vkml runs one "
+                                f"backend at a time, so {device!r} is not available (choose the "
+                                "backend with vkml.set_backend)")
+        return self
 
     def __len__(self):
         if not self.shape:
@@ -659,7 +713,7 @@ class Tensor:
         return abs(self)
 
     def __invert__(self):
-        return logical_not(self)
+        return logical_not(self) if self.dtype.kind == "b" else _numeric_method(bitwise.invert, self)
 
     def __add__(self, y):
         return add(self, y)
@@ -704,10 +758,34 @@ class Tensor:
         return matmul(y, self)
 
     def __and__(self, y):
-        return logical_and(self, y)
+        return logical_and(self, y) if _both_bool(self, y) else _numeric_method(bitwise.bitwise_and, self, y)
+
+    def __rand__(self, y):
+        return logical_and(y, self) if _both_bool(self, y) else _numeric_method(bitwise.bitwise_and, y, self)
 
     def __or__(self, y):
-        return logical_or(self, y)
+        return logical_or(self, y) if _both_bool(self, y) else _numeric_method(bitwise.bitwise_or, self, y)
+
+    def __ror__(self, y):
+        return logical_or(y, self) if _both_bool(self, y) else _numeric_method(bitwise.bitwise_or, y, self)
+
+    def __xor__(self, y):
+        return not_equal(self, y) if _both_bool(self, y) else _numeric_method(bitwise.bitwise_xor, self, y)
+
+    def __rxor__(self, y):
+        return not_equal(y, self) if _both_bool(self, y) else _numeric_method(bitwise.bitwise_xor, y, self)
+
+    def __lshift__(self, y):
+        return _numeric_method(bitwise.left_shift, self, y)
+
+    def __rlshift__(self, y):
+        return _numeric_method(bitwise.left_shift, y, self)
+
+    def __rshift__(self, y):
+        return _numeric_method(bitwise.right_shift, self, y)
+
+    def __rrshift__(self, y):
+        return _numeric_method(bitwise.right_shift, y, self)
 
     def __eq__(self, y):
         return equal(self, y)
@@ -764,7 +842,7 @@ class Tensor:
 # -- making tensors -------------------------------------------------------------------------------
 
 def _check_grad_dtype(var, what):
-    if var.dtype.kind != "f":
+    if var.dtype.kind not in "fc":
         raise GradError(f"{what}: only floating tensors can require grad, got "
                         f"{dtype_name(var.dtype)}; cast it with .astype(np.float32) first")
 
@@ -930,7 +1008,10 @@ def _unwrap(x, depth=0):
     if isinstance(x, Tensor):
         return x.ir_var
     if isinstance(x, (list, tuple)) and depth < _MAX_NESTING:
-        return type(x)(_unwrap(v, depth + 1) for v in x)
+        items = [_unwrap(v, depth + 1) for v in x]
+        if type(x) is list:
+            return items
+        return type(x)(*items) if hasattr(x, "_fields") else type(x)(items)   # a namedtuple too
     return x
 
 
@@ -997,12 +1078,19 @@ def _apply(fn, args, kwargs, replayable):
     else:
         with runtime.user_line():
             out = fn(*vargs, **vkwargs)
-    requires = runtime.is_grad_enabled() and out.dtype.kind == "f" and (wants_grad or other and \
+    requires = runtime.is_grad_enabled() and out.dtype.kind in "fc" and (wants_grad or other and \
         needs_grad(args + tuple(kwargs.values()) if kwargs else args))
     t = Tensor(out, requires)
     if runtime.is_eager() and not runtime.is_traced(out):
         realize(t)
     return t
+
+
+def _both_bool(x, y) -> bool:
+    """Whether ``x & y`` is logical (two bools, a Python bool being one) rather than bitwise."""
+    def is_bool(v):
+        return isinstance(v, (bool, np.bool_)) or getattr(v, "dtype", None) == np.bool_
+    return is_bool(x) and is_bool(y)
 
 
 def _numeric_method(fn, *args):

@@ -27,8 +27,12 @@ from .ir import DTYPES, Var  # DTYPES: the dtypes a tensor can have
 
 #: The usual ways to name them, looked up without asking NumPy.
 _SPELLINGS = {spelling: np.dtype(spelling) for spelling in
-              [*DTYPES, bool, int, float, np.bool_, np.int32, np.int64, np.float32, np.float64,
-               "bool", "int32", "int64", "float32", "float64"]}
+              [*DTYPES, bool, int, float, complex, np.bool_, np.int8, np.int16, np.int32, np.int64,
+               np.uint8, np.uint16, np.uint32, np.uint64, np.float32, np.float64, np.complex64,
+               np.complex128, *(d.name for d in DTYPES)]}
+
+#: the dtypes named in messages
+DTYPE_NAMES = ", ".join(d.name for d in DTYPES)
 
 #: The most elements one array may have: its bytes at 8 per element must fit an int64.
 MAX_ELEMENTS = np.iinfo(np.int64).max // 8
@@ -147,10 +151,10 @@ def check_shape(shape, op: str, name: str = "shape", wildcard: bool = False) -> 
 
 def check_dtype(dtype, op: str, name: str = "dtype", exact: bool = False) -> np.dtype:
     """``dtype`` (a NumPy dtype, a type such as ``float`` or a name such as ``"float32"``) as one
-    of vkml's five: bool, int32, int64, float32, float64.
+    of vkml's (``ir.DTYPES``: bool, the integers, float32/64, complex64/128).
 
-    ``exact=False`` maps NumPy's other real dtypes onto them as ``vkml.tensor`` does
-    (int8 -> int32, float16 -> float32, ...); ``exact=True`` refuses them (``cast``).
+    ``exact=False`` maps NumPy's other numeric dtypes onto them as ``vkml.tensor`` does
+    (float16 -> float32, longdouble -> float64); ``exact=True`` refuses them (``cast``).
     """
     try:
         dt = _SPELLINGS.get(dtype)
@@ -166,25 +170,26 @@ def check_dtype(dtype, op: str, name: str = "dtype", exact: bool = False) -> np.
         except (TypeError, ValueError, KeyError, OverflowError, AttributeError):
             dt = None
     if dt is None:
-        raise DTypeError(f"{op}: {name} {describe(dtype)} is not a dtype; use one of bool, int32, "
-                         "int64, float32, float64")
+        raise DTypeError(f"{op}: {name} {describe(dtype)} is not a dtype; use one of "
+                         f"{DTYPE_NAMES}")
     if dt not in DTYPES:
-        if exact or dt.kind not in "biuf" or dt.itemsize > 8:
-            raise DTypeError(f"{op}: vkml has the dtypes bool, int32, int64, float32 and float64, "
-                             f"not {dt}")
+        if exact or dt.kind not in "fc":
+            raise DTypeError(f"{op}: vkml has the dtypes {DTYPE_NAMES}, not {dt}")
         dt = canonical_dtype(dt)
     return dt
 
 
 def canonical_dtype(dtype) -> np.dtype:
-    """Map NumPy's real dtypes onto the five vkml has (int8 -> int32, float16 -> float32, ...)."""
+    """``dtype`` itself where vkml has it; NumPy's other floating dtypes mapped onto vkml's
+    (float16 -> float32, longdouble -> float64, clongdouble -> complex128)."""
+    if dtype in DTYPES:
+        return dtype
     k = dtype.kind
-    if k == "b":
-        return np.dtype(bool)
-    if k in "iu":
-        return np.dtype(np.int64) if dtype.itemsize >= 8 or (k == "u" and dtype.itemsize >= 4) \
-            else np.dtype(np.int32)
-    return np.dtype(np.float64) if dtype.itemsize >= 8 else np.dtype(np.float32)
+    if k == "c":
+        return np.dtype(np.complex128) if dtype.itemsize >= 16 else np.dtype(np.complex64)
+    if k == "f":
+        return np.dtype(np.float64) if dtype.itemsize >= 8 else np.dtype(np.float32)
+    return dtype
 
 
 def check_callable(fn, name: str, op: str):

@@ -53,11 +53,14 @@ from ..ops import special as _special
 from ..tensor import Tensor
 from .. import validate as _valid    # (a module: its names are not vkml.numpy's)
 from . import linalg  # noqa: F401  (vkml.numpy.linalg)
-from . import _more
+from . import _array_api, _more
 from ._lift import doc as _doc, lifted as _lifted, lifted_many as _lifted_many, named as _named
 
-float32, float64, int32, int64, bool_ = (_np.dtype(t) for t in ("float32", "float64", "int32",
-                                                                  "int64", "bool"))
+(bool_, int8, int16, int32, int64, uint8, uint16, uint32, uint64, float32, float64, complex64,
+ complex128) = (_np.dtype(t) for t in ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16",
+                                        "uint32", "uint64", "float32", "float64", "complex64",
+                                        "complex128"))
+bool = bool_            # the array API's name (Python's bool stays builtins.bool in this module)
 pi, e, inf, nan, newaxis = math.pi, math.e, math.inf, math.nan, None
 
 # -- making arrays (on IR Vars; lifted below) ---------------------------------------------------
@@ -158,7 +161,7 @@ def _arange(start, stop=None, step=None, dtype=None):
 
 def _real_operand(value, name, op):
     """A real number, or an array (list) of them: what NumPy computes ``linspace`` from."""
-    if isinstance(value, numbers.Real) and not isinstance(value, (bool, _np.bool_)):
+    if isinstance(value, numbers.Real) and not isinstance(value, (builtins.bool, _np.bool_)):
         return _valid.check_real(value, name, op, finite=False)
     try:
         out = _np.asarray(value) if not isinstance(value, (Var, str, bytes)) else None
@@ -185,7 +188,7 @@ def _diagonal_offset(k, rows, cols, name, op):
     return builtins.max(-rows - 1, builtins.min(k, cols + 1))
 
 
-def _eye(N, M=None, k=0, dtype=float64):
+def _eye(N, M=None, k=0, dtype=float64, *, device=None):
     n = _valid.check_int(N, "N", "eye", low=0)
     m = n if M is None else _valid.check_int(M, "M", "eye", low=0)
     _valid.check_shape((n, m), "eye")
@@ -223,14 +226,33 @@ def _around(x, decimals=0):
     return _num.round(x, _decimals(decimals, "around"))
 
 
-def _var(x, axis=None, ddof=0, keepdims=False):
-    return _num.var(x, axis, _valid.check_int(ddof, "ddof", "var"),
+def _ddof(ddof, correction, op):
+    """NumPy's ``ddof`` or the array API's ``correction`` (which wins when given)."""
+    if correction is not None:
+        return _valid.check_real(correction, "correction", op, low=0)
+    return _valid.check_int(ddof, "ddof", op)
+
+
+def _var(x, axis=None, ddof=0, keepdims=False, *, correction=None):
+    return _num.var(x, axis, _ddof(ddof, correction, "var"),
                     _valid.check_bool(keepdims, "keepdims", "var"))
 
 
-def _std(x, axis=None, ddof=0, keepdims=False):
-    return _num.std(x, axis, _valid.check_int(ddof, "ddof", "std"),
+def _std(x, axis=None, ddof=0, keepdims=False, *, correction=None):
+    return _num.std(x, axis, _ddof(ddof, correction, "std"),
                     _valid.check_bool(keepdims, "keepdims", "std"))
+
+
+def _sort(a, axis=-1, kind=None, order=None, *, descending=False, stable=True):
+    if order is not None:
+        raise ArgumentError("sort: order= sorts structured arrays, which vkml does not have")
+    return _array_api.sort(a, axis, _valid.check_bool(descending, "descending", "sort"))
+
+
+def _argsort(a, axis=-1, kind=None, order=None, *, descending=False, stable=True):
+    if order is not None:
+        raise ArgumentError("argsort: order= sorts structured arrays, which vkml does not have")
+    return _array_api.argsort(a, axis, _valid.check_bool(descending, "descending", "argsort"))
 
 
 def _prod(x, axis=None, keepdims=False):
@@ -344,8 +366,9 @@ def _transpose(a, axes=None):
     return _api.transpose(a, axes)
 
 
-def _clip(a, a_min=None, a_max=None):
-    return _api.clip(a, a_min, a_max)
+def _clip(a, a_min=None, a_max=None, *, min=None, max=None):
+    """NumPy's ``a_min``/``a_max`` or the array API's ``min``/``max``."""
+    return _api.clip(a, a_min if min is None else min, a_max if max is None else max)
 
 
 def _flip(m, axis=None):
@@ -356,7 +379,7 @@ def _swapaxes(a, axis1, axis2):
     return _api.swapaxes(a, axis1, axis2)
 
 
-def _astype(x, dtype):
+def _astype(x, dtype, *, copy=True, device=None):
     return _api.cast(x, dtype)
 
 
@@ -450,8 +473,8 @@ _TABLE = [
     ("ptp", _num.ptp, "max - min over ``axis``.", "vnp.ptp([1.0, 5.0, 3.0])", "tensor(4., dtype=float64)"),
     ("count_nonzero", _num.count_nonzero, "How many elements are nonzero (int64).", "vnp.count_nonzero([0.0, 1.0, 2.0])", "tensor(2, dtype=int64)"),
     # sorting
-    ("sort", _num.sort, "Sorted along ``axis`` (stable, NaN last); derivative: back to where each came from.", "vnp.sort([3.0, 1.0, 2.0])", "tensor([1., 2., 3.], dtype=float64)"),
-    ("argsort", _num.argsort, "Indices that sort along ``axis`` (stable, NaN last).", "vnp.argsort([3.0, 1.0, 2.0])", "tensor([1, 2, 0], dtype=int64)"),
+    ("sort", _sort, "Sorted along ``axis`` (stable, NaN last; ``descending`` keeps equal elements in their order); derivative: back to where each came from.", "vnp.sort([3.0, 1.0, 2.0])", "tensor([1., 2., 3.], dtype=float64)"),
+    ("argsort", _argsort, "Indices that sort along ``axis`` (stable, NaN last; ``descending`` too).", "vnp.argsort([3.0, 1.0, 2.0])", "tensor([1, 2, 0], dtype=int64)"),
     # shapes and movement
     ("reshape", _api.reshape, "Same elements, new shape (one -1 allowed).", "vnp.reshape([1.0, 2.0, 3.0, 4.0], (2, -1))", 'tensor([[1., 2.],\n        [3., 4.]], dtype=float64)'),
     ("ravel", _num.ravel, "Flattened to 1-D.", "vnp.ravel([[1, 2], [3, 4]])", "tensor([1, 2, 3, 4], dtype=int64)"),
@@ -532,3 +555,16 @@ for _name, _fn, _summary, _example in _more.ON_TENSORS:
                               inspect.signature(_fn))
 for _name, _fn, _sig, _summary, _example in _more.COUNTED:
     globals()[_name] = _named(_fn, _name, _doc(_summary, _example, _more.OUTPUTS.get(_name)), _sig)
+
+# -- the array API standard's names (``_array_api``) -------------------------------------------------
+__array_api_version__ = _array_api.API_VERSION
+__array_namespace_info__ = _array_api.array_namespace_info
+isdtype, result_type, can_cast = _array_api.isdtype, _array_api.result_type, _array_api.can_cast
+finfo, iinfo, from_dlpack = _array_api.finfo, _array_api.iinfo, _array_api.from_dlpack
+for _name, _fn, _summary, _example in _array_api.ONE:
+    globals()[_name] = _lifted(_fn, _name, _doc(_summary, _example, _array_api.OUTPUTS.get(_name)))
+for _name, _fn, _summary, _example in _array_api.MANY:
+    globals()[_name] = _lifted_many(_fn, _name, _doc(_summary, _example, _array_api.OUTPUTS.get(_name)))
+for _name, _numpy_name in _array_api.ALIASES.items():
+    if _numpy_name in globals():
+        globals()[_name] = globals()[_numpy_name]

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import inspect
 
+import numpy as np
+
 from ..errors import ArgumentError
 from ..runtime import is_eager, is_grad_enabled
 from ..tensor import Tensor, apply_api, needs_grad, realize
+from ..validate import describe
 
 NUMPY_HEAD = ">>> import vkml.numpy as vnp\n"
 
@@ -44,16 +47,25 @@ def lifted_many(fn, name, doc, as_tuple=False):
 
         def first(*a, **k):
             outs.extend(fn(*a, **k))
+            if not outs:
+                raise _NoPieces
             return outs[0]
 
-        head = apply_api(first, *bound.args, **bound.kwargs)
+        try:
+            head = apply_api(first, *bound.args, **bound.kwargs)
+        except _NoPieces:                        # (unstack of an empty axis)
+            return () if as_tuple else []
         grad = is_grad_enabled() and needs_grad(bound.args)
-        rest = [Tensor(v, grad and v.dtype.kind == "f") for v in outs[1:]]
+        rest = [Tensor(v, grad and v.dtype.kind in "fc") for v in outs[1:]]
         if rest and is_eager() and head.ir_var.value is not None:
             realize(rest)
         return tuple([head] + rest) if as_tuple else [head] + rest
 
     return named(op, name, doc, sig)
+
+
+class _NoPieces(Exception):
+    """A function of several results gave none (raised through ``apply_api``, caught above)."""
 
 
 def named(op, name, doc, sig):
@@ -65,8 +77,23 @@ def named(op, name, doc, sig):
     return op
 
 
+#: parameters that are a flag wherever they appear (checked before the function sees them)
+FLAGS = frozenset({"keepdims", "equal_nan", "rowvar", "bias", "right", "return_counts",
+                   "full_matrices", "compute_uv", "hermitian", "density", "include_initial",
+                   "endpoint", "descending", "stable", "lower", "unit_diagonal", "returned"})
+#: parameters that are a choice named by a string wherever they appear
+CHOICES = frozenset({"mode", "method", "side", "indexing", "kind", "UPLO", "approximate"})
+
+
 def _bind(sig, name, args, kwargs):
     try:
-        return sig.bind(*args, **kwargs)
+        bound = sig.bind(*args, **kwargs)
     except TypeError as err:
         raise ArgumentError(f"{name}: {err}") from None
+    for key, value in bound.arguments.items():
+        if key in FLAGS and not isinstance(value, (bool, np.bool_)):
+            raise ArgumentError(f"{name}: {key} must be True or False, got {describe(value)}")
+        if key in CHOICES and value is not None and not isinstance(value, str):
+            raise ArgumentError(f"{name}: {key} must be a string naming a choice, got "
+                                f"{describe(value)}")
+    return bound

@@ -20,6 +20,7 @@ import numpy as _np
 from ..errors import ArgumentError, TracingError
 from ..ir import Var
 from ..ops import api as _api
+from ..ops import complex_parts as _cplx
 from ..ops import float_math as _fm
 from ..ops import numeric as _num
 from ..ops import selection as _sel
@@ -120,20 +121,30 @@ def _array_equal(a1, a2, equal_nan=False):
 
 
 def _real(x):
-    return _api.as_var(x)
+    return _cplx.real(x)
 
 
 def _imag(x):
-    return _api.zeros_like(_api.as_var(x))
+    return _cplx.imag(x)
+
+
+def _conj(x):
+    return _cplx.conj(x)
 
 
 # -- making arrays --------------------------------------------------------------------------------
+
+def _clamped_offset(k, rows, cols):
+    """A diagonal offset beyond the matrix clamped just past its corner (every such offset
+    selects the same elements), so a huge one cannot overflow NumPy's C long."""
+    return builtins.max(-rows - 1, builtins.min(k, cols + 1))
+
 
 def _tri(N, M=None, k=0, dtype=_np.float64):
     n = _valid.check_int(N, "N", "tri", low=0)
     m = n if M is None else _valid.check_int(M, "M", "tri", low=0)
     _valid.check_shape((n, m), "tri")
-    k = _valid.check_int(k, "k", "tri")
+    k = _clamped_offset(_valid.check_int(k, "k", "tri"), n, m)
     return _api.constant(_np.tri(n, m, k, dtype=_valid.check_dtype(dtype, "tri")))
 
 
@@ -187,7 +198,14 @@ def _split_along(op, axis):
         ax = 0 if (axis == 1 and a.ndim == 1) else axis
         if a.ndim <= ax:
             raise ArgumentError(f"{op}: needs at least {ax + 1} dimensions, got shape {a.shape}")
-        return _num.split(a, indices_or_sections, ax)
+        cuts = indices_or_sections
+        if isinstance(cuts, (list, tuple)) or isinstance(cuts, _np.ndarray) and cuts.ndim:
+            cuts = [_valid.check_int(c, f"indices_or_sections[{i}]", op)
+                    for i, c in enumerate(_valid.check_sequence(cuts, "indices_or_sections", op))]
+        else:
+            cuts = _valid.check_int(cuts, "indices_or_sections (the number of pieces)", op, 1,
+                                    builtins.max(a.shape[ax], 1))
+        return _num.split(a, cuts, ax)
     return fn
 
 
@@ -195,7 +213,8 @@ def _indices_of(op, n, k, upper, m=None):
     n = _valid.check_int(n, "n", op, low=0)
     m = n if m is None else _valid.check_int(m, "m", op, low=0)
     _valid.check_shape((n, m), op)
-    rows, cols = (_np.triu_indices if upper else _np.tril_indices)(n, _valid.check_int(k, "k", op), m)
+    rows, cols = (_np.triu_indices if upper else _np.tril_indices)(
+        n, _clamped_offset(_valid.check_int(k, "k", op), n, m), m)
     return [_api.constant(rows.astype(_np.int64)), _api.constant(cols.astype(_np.int64))]
 
 
@@ -211,7 +230,10 @@ def _indices(dimensions, dtype=_np.int64):
     dims = tuple(_valid.check_int(d, "dimensions", "indices", low=0)
                  for d in _valid.check_sequence(dimensions, "dimensions", "indices"))
     _valid.check_shape((len(dims),) + dims, "indices")
-    return _api.constant(_np.indices(dims, dtype=_valid.check_dtype(dtype, "indices")))
+    dtype = _valid.check_dtype(dtype, "indices")
+    if dtype.kind not in "iu":
+        raise ArgumentError(f"indices: dtype must be an integer dtype, got {dtype}")
+    return _api.constant(_np.indices(dims, dtype=dtype))
 
 
 def _unravel_index(indices, shape):
@@ -236,8 +258,23 @@ _bincount_lifted = _lifted(_bincount, "bincount", "")
 
 
 def _histogram(a, bins=10, range=None, weights=None, density=False):
-    if isinstance(bins, numbers.Integral):
+    if isinstance(bins, (numbers.Integral, _np.integer)) and not isinstance(bins, bool):
         bins = _valid.check_int(bins, "bins", "histogram", low=1, high=_valid.MAX_ELEMENTS)
+    else:
+        edges = _as_array("histogram", bins) if not isinstance(bins, Var) else None
+        if edges is not None and (edges.ndim != 1 or edges.size < 2 or edges.dtype.kind == "c"):
+            raise ArgumentError(f"histogram: bins must be a number of bins or 1-D increasing edges "
+                                f"(at least two), got {_valid.describe(bins)}")
+        if isinstance(bins, Var) and bins.ndim != 1:
+            raise ArgumentError(f"histogram: bin edges must be 1-D, got {_valid.describe(bins)}")
+    if range is not None:
+        pair = _valid.check_sequence(range, "range", "histogram")
+        if len(pair) != 2:
+            raise ArgumentError(f"histogram: range must be a (lower, upper) pair, got {_valid.describe(range)}")
+        lo, hi = (_valid.check_real(v, n, "histogram") for v, n in zip(pair, ("range[0]", "range[1]")))
+        if lo > hi:
+            raise ArgumentError(f"histogram: range {range!r} has its lower end above the upper one")
+        range = (lo, hi)
     return list(_st.histogram(a, bins, range, weights, _valid.check_bool(density, "density", "histogram")))
 
 
@@ -253,6 +290,18 @@ def _cumulative_sum(x, axis=None, dtype=None, include_initial=False):
 
 # -- data-dependent lengths ---------------------------------------------------------------------
 
+def _as_array(op, x):
+    """``x`` (not a Tensor) as a NumPy array of numbers, refused with the op's name otherwise."""
+    try:
+        arr = _np.asarray(x)
+    except (TypeError, ValueError, OverflowError) as err:
+        raise ArgumentError(f"{op}: cannot read {type(x).__name__} as an array ({err}); pass "
+                            "numbers, nested lists of equal length or an array") from None
+    if arr.dtype.kind not in "biufc":
+        raise ArgumentError(f"{op}: needs numbers, got an array of {arr.dtype}")
+    return arr
+
+
 def _value_for_length(op, x, keyword, meaning):
     """``x``'s value, to count a result's length from; refused inside a trace, where the
     length must be given as ``keyword``."""
@@ -263,7 +312,7 @@ def _value_for_length(op, x, keyword, meaning):
             f"{op} of a traced value{where}: its length depends on the data, which a traced "
             f"program does not have; pass {keyword}= ({meaning}), as in "
             f"vnp.{op}(x, {keyword}=10)")
-    return _np.asarray(x.numpy() if isinstance(x, Tensor) else x)
+    return x.numpy() if isinstance(x, Tensor) else _as_array(op, x)
 
 
 def _bincount_tensors(x, weights=None, minlength=0, *, length=None):
@@ -279,6 +328,9 @@ def _counted(op, count_of, fn, many=False):
     """``fn(x, size, ...)`` as NumPy's ``op``: ``size`` given, one traceable program; without
     it, ``x`` must have a value, and ``count_of(value)`` gives the size."""
     def call(x, *rest, size=None, fill_value=None, **kw):
+        for key, value in kw.items():
+            if not isinstance(value, (bool, _np.bool_)):
+                raise ArgumentError(f"{op}: {key} must be True or False, got {_valid.describe(value)}")
         if size is None:
             size = int(count_of(_value_for_length(op, x, "size", "the number of results to keep, "
                                                   "padded with fill_value"), *rest, **kw))
@@ -303,6 +355,10 @@ def _counted(op, count_of, fn, many=False):
 
 
 def _nonzero_fn(x, size, fill_value=0):
+    x = _api.as_var(x)
+    if isinstance(fill_value, tuple) and len(fill_value) != x.ndim:
+        raise ArgumentError(f"nonzero: fill_value has {len(fill_value)} entries for an array of "
+                            f"{x.ndim} dimensions; give one number, or one per dimension")
     return list(_sel.nonzero(x, size, fill_value))
 
 
@@ -362,8 +418,8 @@ ONE = [
     ("array_equal", _array_equal, "Whether the shapes and all elements are equal (a bool tensor).", "vnp.array_equal([1, 2], [1, 2])"),
     ("real", _real, "The real part (the array itself for real dtypes).", "vnp.real([1.0, 2.0])"),
     ("imag", _imag, "The imaginary part (zeros for real dtypes).", "vnp.imag([1.0, 2.0])"),
-    ("conj", _real, "The complex conjugate (the array itself for real dtypes).", "vnp.conj([1.0, 2.0])"),
-    ("conjugate", _real, "``conj``.", "vnp.conjugate([1.0])"),
+    ("conj", _conj, "The complex conjugate (the array itself for real dtypes).", "vnp.conj([1.0, 2.0])"),
+    ("conjugate", _conj, "``conj``.", "vnp.conjugate([1.0])"),
     ("argmax", _argmax, "Index of the first maximum (flat when ``axis`` is None), the axis kept with ``keepdims``.", "vnp.argmax([[1.0, 5.0], [3.0, 2.0]], axis=1, keepdims=True)"),
     ("argmin", _argmin, "Index of the first minimum (flat when ``axis`` is None), the axis kept with ``keepdims``.", "vnp.argmin([1.0, 5.0, 0.5])"),
     ("median", _median, "The median over ``axis`` (NaN if any element is NaN).", "vnp.median([[1.0, 3.0, 2.0], [4.0, 6.0, 5.0]], axis=1)"),

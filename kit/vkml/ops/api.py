@@ -42,6 +42,7 @@ from .linalg import matmul_p, matmul_params
 from .movement import (broadcast_in_dim_p, concatenate_p, flip_p, gather_p, pad_p, reshape_p,
                        scatter_add_p, slice_p, transpose_p)
 from .reductions import argmax_p, reduce_max_p, reduce_sum_p
+from . import complex_parts  # (its module imports this one: used inside functions only)
 
 #: The device new constants are placed on: the current backend's, per thread and asyncio task
 #: (``vkml.runtime`` sets it with the backend; read it with ``default_device()``).
@@ -52,7 +53,7 @@ def default_device() -> str:
     """Where new constants are placed in this thread or task (the current backend's device)."""
     return DEFAULT_DEVICE.get()
 
-_SCALARS = (bool, int, float, np.bool_, np.number)
+_SCALARS = (bool, int, float, complex, np.bool_, np.number)
 _INT64_MAX = np.iinfo(np.int64).max
 
 
@@ -80,14 +81,13 @@ def constant(value, dtype=None, device=None) -> Var:
         except (TypeError, ValueError, OverflowError) as err:
             raise ArgumentError(f"cannot make a tensor from {type(value).__name__} ({err}); pass "
                                 "numbers, nested lists of equal length or an array") from None
-        # checked before any cast, so complex or text data is refused rather than truncated
-        if arr.dtype.kind not in "biuf" or arr.dtype.itemsize > 8:
+        # checked before any cast, so text or object data is refused rather than converted
+        if arr.dtype.kind not in "biufc":
             raise ArgumentError(f"cannot make a tensor from {type(value).__name__} data of dtype "
                                 f"{arr.dtype}; pass numbers, lists of numbers or a NumPy array")
-        if arr.dtype == np.uint64 and dtype is None and arr.size and arr.max() > _INT64_MAX:
-            raise DTypeError(f"cannot make a tensor from {type(value).__name__}: {int(arr.max())} "
-                             "does not fit int64, vkml's widest integer; pass it as a float "
-                             "(dtype=float64)")
+        if dtype is not None and arr.dtype.kind == "c" and dtype.kind != "c":
+            raise DTypeError(f"tensor: complex data cannot become {dtype_name(dtype)} (the "
+                             "imaginary parts would be lost); take vnp.real or vnp.abs of it first")
         arr = arr.astype(dtype if dtype is not None else canonical_dtype(arr.dtype))  # a copy
     arr.flags.writeable = False
     return Var(arr.shape, arr.dtype, device or default_device(), value=arr)
@@ -104,7 +104,7 @@ def as_var(x) -> Var:
 
 
 def _is_weak(x):
-    return isinstance(x, (bool, int, float)) and not isinstance(x, np.generic)
+    return isinstance(x, (bool, int, float, complex)) and not isinstance(x, np.generic)
 
 
 def _same_kind_scalar(x, dtype) -> bool:
@@ -113,17 +113,22 @@ def _same_kind_scalar(x, dtype) -> bool:
     t = type(x)
     if dtype.kind == "f":
         return t is float or t is int
+    if dtype.kind == "c":
+        return t is complex or t is float or t is int
     return t is int and dtype.kind in "iu"
 
 
 def _weak_example(x):
     """What a weak operand counts as in promotion: a Python number of its kind."""
     if isinstance(x, Var):
-        return {"b": False, "i": 0, "u": 0}.get(x.dtype.kind, 0.0)
+        return {"b": False, "i": 0, "u": 0, "c": 0j}.get(x.dtype.kind, 0.0)
     return x
 
 
 def _scalar_var(value, dtype, device):
+    if isinstance(value, complex) and np.dtype(dtype).kind != "c":
+        raise DTypeError(f"the complex number {value} cannot be a {dtype_name(np.dtype(dtype))} "
+                         "value; make the array complex first (.astype(vkml.numpy.complex128))")
     try:
         arr = np.array(value, dtype=dtype)
     except OverflowError:
@@ -218,7 +223,7 @@ def as_floating(x):
     """``x`` as a Var, cast to float64 unless already floating, as NumPy's float functions
     do with integers (``ops.numeric``, ``ops.special`` and ``vkml.scipy`` use it too)."""
     x = as_var(x)
-    if x.dtype.kind != "f":
+    if x.dtype.kind not in "fc":
         return cast(x, np.float64)
     return x
 
@@ -278,7 +283,7 @@ def div(x, y):
     tensor([0.5, 1.5], dtype=float64)
     """
     x, y = promote(x, y)
-    if x.dtype.kind != "f":
+    if x.dtype.kind not in "fc":
         x, y = cast(x, np.float64), cast(y, np.float64)
     return bind_elementwise(div_p, x, y)
 
@@ -473,7 +478,10 @@ def abs(x):
     >>> vkml.abs(vkml.tensor([-1.5, 2.0]))
     tensor([1.5, 2. ], dtype=float64)
     """
-    return bind(abs_p, as_var(x))
+    x = as_var(x)
+    if x.dtype.kind == "c":           # the magnitude: a real result
+        return complex_parts.complex_abs(x)
+    return bind(abs_p, x)
 
 
 def sign(x):
@@ -645,7 +653,8 @@ def reduce_sum(x, axes):
 
 
 def sum(x, axis=None, keepdims=False):
-    """NumPy's sum: bool and int32 sum as int64.
+    """NumPy's sum: bool and signed integers narrower than 64 bits sum as int64, unsigned
+    ones as uint64.
 
     >>> x = vkml.tensor([[1, 2], [3, 4]])
     >>> vkml.sum(x)
@@ -653,12 +662,21 @@ def sum(x, axis=None, keepdims=False):
     >>> vkml.sum(x, axis=0)
     tensor([4, 6], dtype=int64)
     """
-    x = as_var(x)
+    x = accumulator(as_var(x))
     keepdims = check_bool(keepdims, "keepdims", "sum")
-    if x.dtype.kind == "b" or x.dtype == np.int32:
-        x = cast(x, np.int64)
     axes = normalize_axes("sum", x.ndim, axis)
     return _keep(x, reduce_sum(x, axes), axes, keepdims)
+
+
+def accumulator(x):
+    """``x`` in the dtype NumPy's sum and prod accumulate it in: bool and signed integers
+    narrower than 64 bits in int64, unsigned ones in uint64; the rest as they are."""
+    k = x.dtype.kind
+    if k == "b" or (k == "i" and x.dtype.itemsize < 8):
+        return cast(x, np.int64)
+    if k == "u" and x.dtype.itemsize < 8:
+        return cast(x, np.uint64)
+    return x
 
 
 def mean(x, axis=None, keepdims=False):

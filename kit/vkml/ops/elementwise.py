@@ -34,10 +34,14 @@ def _same_type(name, *xs):
     return x0
 
 
-def unary_float_rule(name):
-    """The shape/dtype rule of a one-operand float function (``ops.special`` uses it too)."""
+def unary_float_rule(name, complex_ok=False):
+    """The shape/dtype rule of a one-operand float function (``ops.special`` uses it too);
+    ``complex_ok``: defined on complex numbers too (a holomorphic function: its derivative
+    formula is the real one's)."""
+    kinds = "fc" if complex_ok else "f"
+
     def rule(x):
-        if x.dtype.kind != "f":
+        if x.dtype.kind not in kinds:
             raise DTypeError(f"{name}: needs a floating operand, got {dtype_name(x.dtype)}; "
                              "cast with .astype(np.float32) or use vkml." + name)
         return [(x.shape, x.dtype)]
@@ -100,7 +104,7 @@ def _batch_elementwise(prim):
     return rule
 
 
-def _zero_jvp(primals, tangents, outs, **params):
+def zero_jvp(primals, tangents, outs, **params):
     return [None]
 
 
@@ -123,27 +127,27 @@ neg_p = elementwise_primitive(
     transpose=lambda ct, x: [F.neg(ct[0])])
 
 exp_p = elementwise_primitive(
-    "exp", unary_float_rule("exp"), np.exp, "e**x.",
+    "exp", unary_float_rule("exp", True), np.exp, "e**x.",
     jvp=lambda p, t, o: [F.mul(t[0], o[0])])
 
 log_p = elementwise_primitive(
-    "log", unary_float_rule("log"), np.log, "Natural logarithm.",
+    "log", unary_float_rule("log", True), np.log, "Natural logarithm.",
     jvp=lambda p, t, o: [F.div(t[0], p[0])])
 
 sin_p = elementwise_primitive(
-    "sin", unary_float_rule("sin"), np.sin, "Sine.",
+    "sin", unary_float_rule("sin", True), np.sin, "Sine.",
     jvp=lambda p, t, o: [F.mul(t[0], F.cos(p[0]))])
 
 cos_p = elementwise_primitive(
-    "cos", unary_float_rule("cos"), np.cos, "Cosine.",
+    "cos", unary_float_rule("cos", True), np.cos, "Cosine.",
     jvp=lambda p, t, o: [F.neg(F.mul(t[0], F.sin(p[0])))])
 
 tanh_p = elementwise_primitive(
-    "tanh", unary_float_rule("tanh"), np.tanh, "Hyperbolic tangent; also gives sigmoid without overflow.",
+    "tanh", unary_float_rule("tanh", True), np.tanh, "Hyperbolic tangent; also gives sigmoid without overflow.",
     jvp=lambda p, t, o: [F.mul(t[0], F.sub(1.0, F.mul(o[0], o[0])))])
 
 sqrt_p = elementwise_primitive(
-    "sqrt", unary_float_rule("sqrt"), np.sqrt, "Square root.",
+    "sqrt", unary_float_rule("sqrt", True), np.sqrt, "Square root.",
     jvp=lambda p, t, o: [F.div(t[0], F.mul(2.0, o[0]))])
 
 abs_p = elementwise_primitive(
@@ -153,7 +157,7 @@ abs_p = elementwise_primitive(
 sign_p = elementwise_primitive(
     "sign", _unary_numeric("sign"), np.sign,
     "-1, 0 or 1. A primitive because abs's derivative needs it; its own derivative is zero.",
-    jvp=_zero_jvp)
+    jvp=zero_jvp)
 
 
 def _stop_gradient_impl(x):
@@ -163,7 +167,7 @@ def _stop_gradient_impl(x):
 stop_gradient_p = elementwise_primitive(
     "stop_gradient", lambda x: [(x.shape, x.dtype)], _stop_gradient_impl,
     "Identity whose derivative is zero: what ``detach`` means inside a traced program.",
-    jvp=_zero_jvp)
+    jvp=zero_jvp)
 
 
 def _logical_not_rule(x):
@@ -174,7 +178,7 @@ def _logical_not_rule(x):
 
 
 logical_not_p = elementwise_primitive("logical_not", _logical_not_rule, np.logical_not, "~x for bool.",
-                        jvp=_zero_jvp)
+                        jvp=zero_jvp)
 
 
 # -- binary ------------------------------------------------------------------
@@ -263,12 +267,12 @@ minimum_p = elementwise_primitive(
     "min", _binary_numeric("min"), np.minimum, "Elementwise smaller of x and y.",
     jvp=lambda p, t, o: [_balanced_select(p[0], p[1], t[0], t[1], F.less(p[0], p[1]))])
 
-equal_p = elementwise_primitive("eq", _compare("eq"), np.equal, "x == y.", jvp=_zero_jvp)
-not_equal_p = elementwise_primitive("ne", _compare("ne"), np.not_equal, "x != y.", jvp=_zero_jvp)
-less_p = elementwise_primitive("lt", _compare("lt"), np.less, "x < y.", jvp=_zero_jvp)
-less_equal_p = elementwise_primitive("le", _compare("le"), np.less_equal, "x <= y.", jvp=_zero_jvp)
-greater_p = elementwise_primitive("gt", _compare("gt"), np.greater, "x > y.", jvp=_zero_jvp)
-greater_equal_p = elementwise_primitive("ge", _compare("ge"), np.greater_equal, "x >= y.", jvp=_zero_jvp)
+equal_p = elementwise_primitive("eq", _compare("eq"), np.equal, "x == y.", jvp=zero_jvp)
+not_equal_p = elementwise_primitive("ne", _compare("ne"), np.not_equal, "x != y.", jvp=zero_jvp)
+less_p = elementwise_primitive("lt", _compare("lt"), np.less, "x < y.", jvp=zero_jvp)
+less_equal_p = elementwise_primitive("le", _compare("le"), np.less_equal, "x <= y.", jvp=zero_jvp)
+greater_p = elementwise_primitive("gt", _compare("gt"), np.greater, "x > y.", jvp=zero_jvp)
+greater_equal_p = elementwise_primitive("ge", _compare("ge"), np.greater_equal, "x >= y.", jvp=zero_jvp)
 
 
 def _logical_rule(name):
@@ -281,9 +285,9 @@ def _logical_rule(name):
 
 
 logical_and_p = elementwise_primitive("logical_and", _logical_rule("logical_and"), np.logical_and,
-                        "x & y for bool.", jvp=_zero_jvp)
+                        "x & y for bool.", jvp=zero_jvp)
 logical_or_p = elementwise_primitive("logical_or", _logical_rule("logical_or"), np.logical_or,
-                       "x | y for bool.", jvp=_zero_jvp)
+                       "x | y for bool.", jvp=zero_jvp)
 
 
 # -- select and cast -----------------------------------------------------------
@@ -343,11 +347,14 @@ def _cast_rule(x, *, dtype):
 
 
 def _cast_impl(x, *, dtype):
-    return np.asarray(x).astype(dtype, copy=False)
+    x = np.asarray(x)
+    if x.dtype.kind == "c" and dtype.kind != "c":       # the real part (NumPy's, without its warning)
+        x = x.real
+    return x.astype(dtype, copy=False)
 
 
 def _cast_jvp(p, t, o, *, dtype):
-    if t[0] is None or dtype.kind != "f":
+    if t[0] is None or dtype.kind not in "fc":
         return [None]
     return [F.cast(t[0], dtype)]
 

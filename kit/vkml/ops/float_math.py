@@ -168,8 +168,9 @@ def beta(a, b):
 @quiet_function
 def polygamma(n, x):
     """The n-th derivative of digamma (n a whole number >= 0, constant)."""
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
-        raise ArgumentError(f"polygamma: n must be a whole number >= 0 given as a Python int, got {n!r}")
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 <= n <= 100:
+        raise ArgumentError(f"polygamma: n must be a whole number from 0 to 100 given as a Python "
+                            f"int, got {n!r}")
     n = int(n)
     if n == 0:
         return S.digamma(x)

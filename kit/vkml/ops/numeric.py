@@ -33,7 +33,7 @@ import numpy as np
 
 from ..errors import ArgumentError, ShapeError
 from . import api as F
-from . import decompositions, factorizations, sorting
+from . import complex_parts, decompositions, factorizations, sorting
 from .special import atan2, expm1, fmod, log1p, round_
 
 _LN2 = math.log(2.0)
@@ -219,18 +219,29 @@ def logaddexp(x, y):
     return F.where(same_inf, x, out)
 
 
+def _either_part(test, x):
+    """``test`` of a complex number: true where it holds for the real or the imaginary part."""
+    return F.logical_or(test(complex_parts.real(x)), test(complex_parts.imag(x)))
+
+
 def isnan(x):
     x = F.as_var(x)
+    if x.dtype.kind == "c":
+        return _either_part(isnan, x)
     return F.not_equal(x, x) if x.dtype.kind == "f" else F.full(x.shape, False, bool)
 
 
 def isinf(x):
     x = F.as_var(x)
+    if x.dtype.kind == "c":
+        return _either_part(isinf, x)
     return F.equal(F.abs(x), np.inf) if x.dtype.kind == "f" else F.full(x.shape, False, bool)
 
 
 def isfinite(x):
     x = F.as_var(x)
+    if x.dtype.kind == "c":
+        return F.logical_and(isfinite(complex_parts.real(x)), isfinite(complex_parts.imag(x)))
     return F.less(F.abs(x), np.inf) if x.dtype.kind == "f" else F.full(x.shape, True, bool)
 
 
@@ -278,8 +289,8 @@ def _axes_last(x, axes):
 
 
 def _int_accumulator(x):
-    """NumPy's sum/prod accumulate bool and int32 as int64."""
-    return F.cast(x, np.int64) if x.dtype.kind == "b" or x.dtype == np.int32 else x
+    """NumPy's sum/prod accumulate narrow integers and bool in 64 bits (``api.accumulator``)."""
+    return F.accumulator(x)
 
 
 def prod(x, axis=None, keepdims=False):

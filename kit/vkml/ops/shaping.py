@@ -166,13 +166,21 @@ def atleast_nd(x, nd):
     return F.reshape(x, (1,) + x.shape + (1,) if x.ndim == 1 else x.shape + (1,))
 
 
+def _arrays(op, xs):
+    """The operands of a function that joins several arrays, checked to be a sequence."""
+    if not isinstance(xs, (list, tuple)) or not xs:
+        raise ArgumentError(f"{op}: takes a non-empty list or tuple of arrays, got "
+                            f"{type(xs).__name__}; pass e.g. [a, b]")
+    return [F.as_var(x) for x in xs]
+
+
 def column_stack(xs):
-    cols = [F.reshape(v, (-1, 1)) if v.ndim < 2 else v for v in map(F.as_var, xs)]
+    cols = [F.reshape(v, (-1, 1)) if v.ndim < 2 else v for v in _arrays("column_stack", xs)]
     return F.concatenate(F.promote(*cols), 1)
 
 
 def dstack(xs):
-    return F.concatenate(F.promote(*[atleast_nd(v, 3) for v in xs]), 2)
+    return F.concatenate(F.promote(*[atleast_nd(v, 3) for v in _arrays("dstack", xs)]), 2)
 
 
 def rot90(m, k=1, axes=(0, 1)):
@@ -197,6 +205,9 @@ def rot90(m, k=1, axes=(0, 1)):
 
 def select(condlist, choicelist, default=0):
     """The choice of the first condition that holds, element by element; ``default`` where none does."""
+    if not isinstance(condlist, (list, tuple)) or not isinstance(choicelist, (list, tuple)):
+        raise ArgumentError("select: condlist and choicelist must be lists (one condition per "
+                            "choice), as in vnp.select([x < 0, x > 1], [-x, x])")
     if len(condlist) != len(choicelist):
         raise ArgumentError(f"select: {len(condlist)} conditions but {len(choicelist)} choices; "
                             "give one choice per condition")

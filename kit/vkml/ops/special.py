@@ -40,11 +40,11 @@ from .elementwise import binary_float_rule, elementwise_primitive, sum_tangents,
 _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
 
 log1p_p = elementwise_primitive(
-    "log1p", unary_float_rule("log1p"), np.log1p, "log(1 + x), accurate for tiny x.",
+    "log1p", unary_float_rule("log1p", True), np.log1p, "log(1 + x), accurate for tiny x.",
     jvp=lambda p, t, o: [F.div(t[0], F.add(p[0], 1.0))])
 
 expm1_p = elementwise_primitive(
-    "expm1", unary_float_rule("expm1"), np.expm1, "exp(x) - 1, accurate for tiny x.",
+    "expm1", unary_float_rule("expm1", True), np.expm1, "exp(x) - 1, accurate for tiny x.",
     jvp=lambda p, t, o: [F.mul(t[0], F.add(o[0], 1.0))])
 
 

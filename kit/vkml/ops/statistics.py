@@ -270,8 +270,17 @@ def searchsorted(a, v, side="left", sorter=None):
 
 def digitize(x, bins, right=False):
     """The index of the bin each ``x`` falls in (``bins`` increasing or decreasing, constant)."""
-    b = np.asarray(bins) if not hasattr(bins, "dtype") or isinstance(bins, np.ndarray) else None
-    if b is not None and b.ndim == 1 and b.size > 1 and np.all(np.diff(b) <= 0):
+    b = None
+    if not hasattr(bins, "dtype") or isinstance(bins, np.ndarray):
+        try:
+            b = np.asarray(bins)
+        except (TypeError, ValueError):
+            raise ArgumentError(f"digitize: bins must be a 1-D array of numbers, got "
+                                f"{type(bins).__name__}") from None
+        if b.dtype.kind not in "biuf" or b.ndim != 1:
+            raise ArgumentError(f"digitize: bins must be a 1-D array of real numbers, got "
+                                f"{b.dtype} of shape {b.shape}")
+    if b is not None and b.size > 1 and np.all(np.diff(b) <= 0):
         rev = searchsorted(F.as_var(b[::-1].copy()), x, "left" if not right else "right")
         return F.sub(b.size, rev)
     return searchsorted(bins, x, "left" if right else "right")

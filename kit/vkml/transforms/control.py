@@ -31,7 +31,7 @@ def depends(prog: Program, flags):
     dep = {v for v, f in zip(prog.inputs, flags) if f}
     for e in prog.eqns:
         if any(v in dep for v in e.inputs):
-            dep.update(o for o in e.outputs if o.dtype.kind == "f")
+            dep.update(o for o in e.outputs if o.dtype.kind in "fc")
     return [v in dep for v in prog.outputs]
 
 
@@ -75,7 +75,7 @@ def scan_bind(program, consts, init, xs, length, reverse):
 def _scan_jvp(primals, tangents, outs, *, program, num_consts, num_carry, length, reverse):
     nc, nk = num_consts, num_carry
     has = [t is not None for t in tangents]
-    floats = [v.dtype.kind == "f" for v in program.inputs]
+    floats = [v.dtype.kind in "fc" for v in program.inputs]
     carry_t = has[nc:nc + nk]
     while True:  # a carry has a tangent if its init has one or the step gives it one
         flags = has[:nc] + carry_t + has[nc + nk:]
@@ -276,7 +276,7 @@ def _call_abstract(*args, program):
 def _program_jvp(prim, primals, tangents, program):
     """The JVP of a primitive that runs one ``program`` on its operands (call, remat): the same
     primitive running the program's derivative, fed the live floating tangents."""
-    flags = [t is not None and v.dtype.kind == "f" for t, v in zip(tangents, program.inputs)]
+    flags = [t is not None and v.dtype.kind in "fc" for t, v in zip(tangents, program.inputs)]
     jp = derived("jvp", program, flags, lambda: jvp_program(program, flags))
     res = bind(prim, *primals, *[t for t, f in zip(tangents, flags) if f], program=jp)
     return res[len(program.outputs):]
@@ -370,7 +370,7 @@ def _cond_abstract(index, *args, branches):
 
 
 def _cond_jvp(primals, tangents, outs, *, branches):
-    flags = [t is not None and p.dtype.kind == "f" for t, p in zip(tangents[1:], primals[1:])]
+    flags = [t is not None and p.dtype.kind in "fc" for t, p in zip(tangents[1:], primals[1:])]
     out_t = [any(col) for col in zip(*[depends(b, flags) for b in branches])]
     n = len(branches[0].outputs)
     picks = list(range(n)) + [n + i for i, f in enumerate(out_t) if f]
@@ -462,7 +462,7 @@ def _only_where_taken(vals, dims, pick):
     """
     out = []
     for x, d in zip(vals, dims):
-        if d == 0 and x.dtype.kind == "f":
+        if d == 0 and x.dtype.kind in "fc":
             keep = api.broadcast_in_dim(pick, x.shape, (0,))
             x = api.where(keep, x, api.stop_gradient(x))
         out.append(x)
@@ -497,7 +497,7 @@ def _while_abstract(*args, cond, body, num_cond_consts, num_body_consts):
 def _while_jvp(primals, tangents, outs, *, cond, body, num_cond_consts, num_body_consts):
     ncc, nbc = num_cond_consts, num_body_consts
     nk = len(primals) - ncc - nbc
-    has = [t is not None and p.dtype.kind == "f" for t, p in zip(tangents, primals)]
+    has = [t is not None and p.dtype.kind in "fc" for t, p in zip(tangents, primals)]
     bflags_c = has[ncc:ncc + nbc]
     carry_t = has[ncc + nbc:]
     while True:

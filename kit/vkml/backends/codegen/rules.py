@@ -363,6 +363,12 @@ C_RULES = {
 UNSUPPORTED = {
     "custom_lin": "the linear part of a custom_vjp function exists only to be transposed into "
                   "the user's backward program; run forward it only raises its error (on NumPy)",
+    **{name: "a bitwise operation: NumPy's shifts by the type's width or more are defined (C's "
+             "are not), so a program holding one runs on NumPy" for name in
+       ("bitwise_and", "bitwise_or", "bitwise_xor", "invert", "left_shift", "right_shift")},
+    **{name: "a part or the magnitude of complex numbers: the C tier has no complex type yet, so "
+             "a program with complex values runs on NumPy" for name in
+       ("real", "imag", "conj", "complex_abs")},
     **{name: "an iterative decomposition (LAPACK's, through NumPy): the C tier has no generated "
              "loop for it, so a program holding one runs on NumPy" for name in ("eigh", "svd", "qr")},
 }

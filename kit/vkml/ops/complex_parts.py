@@ -1,0 +1,89 @@
+"""The parts of complex numbers: ``real``, ``imag``, ``conj`` and the magnitude ``abs``.
+
+Derivatives follow JAX's convention: a derivative program is the same
+linear map a real one would be, with no conjugation added by the
+transposition, so ``grad`` of a real-valued function of a complex ``z``
+gives ``df/dx - i df/dy`` (for ``|z|**2`` that is ``2 conj(z)``; PyTorch
+returns the conjugate of this).  Holomorphic functions (``exp``, ``log``,
+``sin``, products, sums) need nothing new: their real derivative formulas
+hold for complex numbers.  What is not holomorphic is here:
+
+- ``real``: tangent ``real(t)``; its transpose makes the cotangent the real
+  part of a complex one, ``complex(ct, 0)``.
+- ``imag``: tangent ``imag(t)``; transpose ``-i ct``.
+- ``conj``: tangent ``conj(t)``; transpose ``conj(ct)``.
+- ``abs`` of a complex number: real, with tangent ``real(conj(z) t) / |z|``
+  (0 at 0, as the real ``abs``'s derivative is there).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import DTypeError
+from ..ir import dtype_name
+from . import api as F
+from .core import bind
+from .elementwise import elementwise_primitive
+
+#: complex dtype -> the dtype of its parts
+PART = {np.dtype(np.complex64): np.dtype(np.float32), np.dtype(np.complex128): np.dtype(np.float64)}
+#: real dtype -> the complex dtype with parts of it
+WHOLE = {v: k for k, v in PART.items()}
+
+
+def _complex_in(name, to_part):
+    def rule(x):
+        if x.dtype.kind != "c":
+            raise DTypeError(f"{name}: needs a complex operand, got {dtype_name(x.dtype)}; "
+                             f"vkml.numpy.{name} handles real ones")
+        return [(x.shape, PART[x.dtype] if to_part else x.dtype)]
+    return rule
+
+
+real_p = elementwise_primitive(
+    "real", _complex_in("real", True), np.real, "The real part of complex numbers.",
+    jvp=lambda p, t, o: [real(t[0])],
+    transpose=lambda ct, x: [F.cast(ct[0], WHOLE[ct[0].dtype])])
+
+imag_p = elementwise_primitive(
+    "imag", _complex_in("imag", True), np.imag, "The imaginary part of complex numbers.",
+    jvp=lambda p, t, o: [imag(t[0])],
+    transpose=lambda ct, x: [F.mul(F.cast(ct[0], WHOLE[ct[0].dtype]), -1j)])
+
+conj_p = elementwise_primitive(
+    "conj", _complex_in("conj", False), np.conj, "The complex conjugate.",
+    jvp=lambda p, t, o: [conj(t[0])],
+    transpose=lambda ct, x: [conj(ct[0])])
+
+
+def _abs_jvp(p, t, o):
+    z, mag = p[0], o[0]
+    zero = F.equal(mag, 0.0)
+    unit = F.div(conj(z), F.cast(F.where(zero, 1.0, mag), z.dtype))     # conj(z) / |z|
+    return [real(F.mul(unit, t[0]))]
+
+
+complex_abs_p = elementwise_primitive(
+    "complex_abs", _complex_in("abs", True), np.abs,
+    "|z| of complex numbers (a real result), computed without overflow as hypot(re, im).",
+    jvp=_abs_jvp)
+
+
+def real(x):
+    x = F.as_var(x)
+    return bind(real_p, x) if x.dtype.kind == "c" else x
+
+
+def imag(x):
+    x = F.as_var(x)
+    return bind(imag_p, x) if x.dtype.kind == "c" else F.zeros_like(x)
+
+
+def conj(x):
+    x = F.as_var(x)
+    return bind(conj_p, x) if x.dtype.kind == "c" else x
+
+
+def complex_abs(x):
+    return bind(complex_abs_p, x)
