@@ -94,7 +94,7 @@ PRIVATE_ALLOWED = set()
 LATE_EDGES = {
     (family, "vkml.ops.api")
     for family in ("vkml.ops.elementwise", "vkml.ops.reductions", "vkml.ops.movement",
-                   "vkml.ops.linalg")
+                   "vkml.ops.linalg", "vkml.ops.complex_parts")
 }
 
 LOCAL_MARK = "# local:"

@@ -74,6 +74,8 @@ def test_every_documented_example_agrees_with_numpy(name, fn):
         g, w = np.asarray(g), np.asarray(w)
         assert g.shape == w.shape, (name, g.shape, w.shape)
         assert g.dtype == w.dtype, (name, g.dtype, w.dtype)
+        if name in ("empty", "empty_like"):       # NumPy's values are whatever memory held
+            continue
         np.testing.assert_allclose(g.astype(float), w.astype(float), rtol=1e-12, equal_nan=True)
 
 
@@ -183,7 +185,7 @@ def test_lists_scalars_and_tensors_are_arrays():
     (lambda: vnp.array([[1, 2], [3]]), ArgumentError),
     (lambda: vnp.tan(np.ones(2), bogus=1), ArgumentError),
     (lambda: vnp.add(np.ones(2), np.ones(3)), ShapeError),
-    (lambda: vnp.astype(np.ones(2), "complex128"), DTypeError),
+    (lambda: vnp.astype(np.ones(2), "float16"), DTypeError),
     # found by the fuzz suite (each leaked a TypeError, ValueError or OverflowError, or hung)
     *[(lambda f=f: f(None), ArgumentError) for f in (vnp.zeros, vnp.ones, vnp.eye, vnp.identity,
                                                      vnp.hstack, vnp.vstack, vnp.arange)],

@@ -769,7 +769,7 @@ class Adam(Optimizer):
         # (L2 added to the gradient, the factor shrinking the parameter): None where not used
         decay = (None, 1.0 - self.lr * self.weight_decay) if self.decoupled else \
             (self.weight_decay, None)
-        decay = decay if self.weight_decay else (None, None)
+        decay = decay if self.weight_decay else None
         return order, dsts, states, (groups, 1.0 - b1, 1.0 - b2, decay)
 
     @staticmethod
@@ -789,7 +789,7 @@ class Adam(Optimizer):
                 m, v = state[:2]
                 p, g = params[pos], grads[pos]
                 pos += 1
-                l2, shrink = weight_decay
+                l2, shrink = weight_decay if weight_decay is not None else (None, None)
                 if shrink is not None:                     # AdamW: shrink the parameter itself
                     p = p * shrink
                 if l2 is not None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 from sys import getrefcount
 
 import numpy as np
@@ -97,8 +98,8 @@ class Tensor:
         if api_version not in (None, "2021.12", "2022.12", "2023.12"):
             raise ArgumentError(f"__array_namespace__: api_version {api_version!r} is not one "
                                 "vkml.numpy follows; it follows 2023.12 (and the ones before)")
-        import vkml.numpy          # the layer above: imported when asked for, never at load
-        return vkml.numpy
+        # looked up, not imported: the layer above (``import vkml`` always loads it)
+        return sys.modules["vkml.numpy"]
 
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
         """The values through DLPack (a read-only host array's, or a copy's when the consumer
