@@ -161,7 +161,7 @@ def test_lists_scalars_and_tensors_are_arrays():
     (lambda: vnp.linalg.solve(np.eye(3), np.ones(2)), ShapeError),
     (lambda: vnp.linalg.inv(np.ones((2, 3))), ShapeError),
     (lambda: vnp.linalg.det(np.ones(3)), ShapeError),
-    (lambda: vnp.linalg.norm(np.ones((2, 2)), 2), ArgumentError),
+    (lambda: vnp.linalg.norm(np.ones((2, 2)), 3), ArgumentError),
     (lambda: vnp.linalg.norm(np.ones((2, 2, 2)), axis=(0, 1, 2)), ShapeError),
     (lambda: vnp.split(np.ones(5), 2), ShapeError),
     (lambda: vnp.split(np.ones(5), 0), ArgumentError),

@@ -561,6 +561,8 @@ __array_api_version__ = _array_api.API_VERSION
 __array_namespace_info__ = _array_api.array_namespace_info
 isdtype, result_type, can_cast = _array_api.isdtype, _array_api.result_type, _array_api.can_cast
 finfo, iinfo, from_dlpack = _array_api.finfo, _array_api.iinfo, _array_api.from_dlpack
+for _fn in (isdtype, result_type, can_cast, finfo, iinfo, from_dlpack):
+    _fn.__module__ = __name__           # (documented with vkml.numpy's other names)
 for _name, _fn, _summary, _example in _array_api.ONE:
     globals()[_name] = _lifted(_fn, _name, _doc(_summary, _example, _array_api.OUTPUTS.get(_name)))
 for _name, _fn, _summary, _example in _array_api.MANY:

@@ -49,7 +49,12 @@ def _dtype_of(x):
 
 def isdtype(dtype, kind):
     """Whether ``dtype`` is of ``kind``: a dtype, a kind name ("bool", "signed integer",
-    "unsigned integer", "integral", "real floating", "complex floating", "numeric") or a tuple."""
+    "unsigned integer", "integral", "real floating", "complex floating", "numeric") or a tuple.
+
+    >>> import vkml.numpy as vnp
+    >>> vnp.isdtype(vnp.float32, ("real floating", "complex floating"))
+    True
+    """
     dtype = _valid.check_dtype(dtype, "isdtype", exact=True)
     if isinstance(kind, tuple):
         return builtins.any(isdtype(dtype, k) for k in kind)
@@ -61,7 +66,12 @@ def isdtype(dtype, kind):
 
 
 def result_type(*arrays_and_dtypes):
-    """The dtype NumPy's promotion gives these tensors and dtypes (Python numbers are weak)."""
+    """The dtype NumPy's promotion gives these tensors and dtypes (Python numbers are weak).
+
+    >>> import vkml.numpy as vnp
+    >>> vnp.result_type(vnp.int8, vnp.uint8) == vnp.int16
+    True
+    """
     if not arrays_and_dtypes:
         raise ArgumentError("result_type: needs at least one array or dtype")
     parts = []
@@ -76,12 +86,22 @@ def result_type(*arrays_and_dtypes):
 
 
 def can_cast(from_, to):
-    """Whether NumPy's "safe" casting allows ``from_`` (a dtype or tensor) to ``to``."""
+    """Whether NumPy's "safe" casting allows ``from_`` (a dtype or tensor) to ``to``.
+
+    >>> import vkml.numpy as vnp
+    >>> vnp.can_cast(vnp.int8, vnp.float32)
+    True
+    """
     return builtins.bool(_np.can_cast(_dtype_of(from_), _valid.check_dtype(to, "can_cast", exact=True)))
 
 
 def finfo(type):
-    """The limits of a floating dtype (or a tensor's), as NumPy's ``finfo``."""
+    """The limits of a floating dtype (or a tensor's), as NumPy's ``finfo``.
+
+    >>> import vkml.numpy as vnp
+    >>> float(vnp.finfo(vnp.float32).eps)
+    1.1920928955078125e-07
+    """
     dtype = _dtype_of(type)
     if dtype.kind not in "fc":
         raise DTypeError(f"finfo: needs a floating dtype, got {dtype}; use iinfo for integers")
@@ -89,7 +109,12 @@ def finfo(type):
 
 
 def iinfo(type):
-    """The limits of an integer dtype (or a tensor's), as NumPy's ``iinfo``."""
+    """The limits of an integer dtype (or a tensor's), as NumPy's ``iinfo``.
+
+    >>> import vkml.numpy as vnp
+    >>> vnp.iinfo(vnp.uint8).max
+    255
+    """
     dtype = _dtype_of(type)
     if dtype.kind not in "iu":
         raise DTypeError(f"iinfo: needs an integer dtype, got {dtype}; use finfo for floats")
@@ -120,13 +145,24 @@ class _Info:
 
 
 def array_namespace_info():
+    """The namespace's capabilities, devices and default dtypes (the array API's inspection).
+
+    >>> import vkml.numpy as vnp
+    >>> vnp.__array_namespace_info__().default_dtypes()["real floating"]
+    dtype('float64')
+    """
     return _Info()
 
 
 def from_dlpack(x, /, *, device=None, copy=None):
     """A Tensor with the values of ``x``, any object that speaks DLPack (a NumPy array, a
     PyTorch or JAX CPU tensor): read through NumPy's ``from_dlpack``, then copied (a Tensor
-    never changes, so it cannot share memory another library writes)."""
+    never changes, so it cannot share memory another library writes).
+
+    >>> import vkml.numpy as vnp
+    >>> vnp.from_dlpack(vnp.arange(3.0))
+    tensor([0., 1., 2.], dtype=float64)
+    """
     if copy is False:
         raise ArgumentError("from_dlpack: copy=False cannot be honoured; a Tensor owns its "
                             "values (pass copy=None or True)")
