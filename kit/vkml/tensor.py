@@ -230,6 +230,9 @@ class Tensor:
     def __float__(self):
         return float(self._concrete("float()"))
 
+    def __complex__(self):
+        return complex(self._concrete("complex()"))
+
     def __int__(self):
         return int(self._concrete("int()"))
 

@@ -9,13 +9,27 @@ Semantics follow NumPy 2:
 
 - broadcasting as NumPy's; ``axis`` may be an int, a tuple or None,
   negative counting from the end; ``keepdims`` where NumPy has it.
-- dtype promotion as NumPy 2's, onto vkml's five dtypes (bool, int32,
-  int64, float32, float64): Python numbers are weak (``float32 * 2.0`` is
-  float32); smaller NumPy dtypes widen (int8 -> int32, float16 -> float32);
-  integer and bool operands of a transcendental function compute in
-  float64; ``sum``/``prod``/``cumsum``/``cumprod`` accumulate bool and
-  int32 in int64.  New arrays (``array``, ``zeros``, ``eye``, ...) are
-  float64 by default, as in NumPy.
+- dtypes: bool, int8/16/32/64, uint8/16/32/64, float32/64 and
+  complex64/128, promoted by NumPy 2's rules: Python numbers are weak
+  (``float32 * 2.0`` is float32); float16 and longdouble arrays become
+  float32 and float64; integer and bool operands of a transcendental
+  function compute in float64; ``sum``/``prod``/``cumsum``/``cumprod``
+  accumulate bool and narrower integers in 64 bits (uint64 for unsigned).
+  New arrays (``array``, ``zeros``, ``eye``, ...) are float64 by default.
+- complex numbers differentiate with JAX's convention: the gradient of a
+  real-valued function of complex ``z`` is ``df/dx - i df/dy`` (for
+  ``|z|**2``, ``2 conj(z)``; PyTorch returns its conjugate).  Programs with
+  complex values run on NumPy (the compiled tiers have no complex type).
+- the Python array API standard (2023.12): ``x.__array_namespace__()`` of
+  a Tensor is this module, with the standard's names (``acos``, ``concat``,
+  ``permute_dims``, ``unique_values``, ...), keywords (``correction=``,
+  ``descending=``), ``isdtype``/``result_type``/``can_cast``/``finfo``/
+  ``iinfo``, ``__array_namespace_info__()`` and DLPack (``from_dlpack``,
+  ``Tensor.__dlpack__``).
+- functions whose result length depends on the data (``nonzero``,
+  ``unique``, ``argwhere``, ``flatnonzero``, ``bincount``) take a static
+  ``size=`` (``length=`` for ``bincount``) inside a trace, as JAX's do: the
+  first ``size`` results, padded with ``fill_value``.
 
 Deliberately not NumPy's:
 
@@ -28,9 +42,11 @@ Deliberately not NumPy's:
   ``log2``/``log10`` are within 1 ulp (not always exact at powers of 2/10);
   ``hypot`` is sqrt(x*x + y*y), which overflows beyond 1e154 where NumPy's
   does not; ``sinh``/``cosh`` overflow from ``|x| > 709.78`` (NumPy's at 710.48).
-- ``einsum`` has no ``...``; ``linalg.norm`` has no 2/-2/'nuc' matrix norms
-  (no SVD); ``where`` needs three arguments; ``concatenate`` needs an axis;
-  functions take no ``out=``/``dtype=``/``where=`` arguments.
+- ``einsum`` has no ``...``; ``where`` needs three arguments; ``pad`` has
+  the modes constant, edge, reflect, symmetric and wrap; ``linalg.svd`` and
+  ``qr`` of a non-square matrix give the reduced factors only
+  (``full_matrices=False``, ``mode="reduced"``); functions take no
+  ``out=``/``where=`` arguments; ``empty`` gives zeros.
 - ``array``/``asarray`` of a Tensor return it (Tensors are immutable, so a
   copy would only cut the gradient); a list holding Tensors is stacked.
 """
@@ -52,7 +68,7 @@ from ..ops import numeric as _num
 from ..ops import special as _special
 from ..tensor import Tensor
 from .. import validate as _valid    # (a module: its names are not vkml.numpy's)
-from . import linalg  # noqa: F401  (vkml.numpy.linalg)
+from . import fft, linalg  # noqa: F401  (vkml.numpy.fft, vkml.numpy.linalg)
 from . import _array_api, _more
 from ._lift import doc as _doc, lifted as _lifted, lifted_many as _lifted_many, named as _named
 
@@ -69,7 +85,8 @@ def _holds_var(obj):
     return isinstance(obj, Var) or isinstance(obj, (list, tuple)) and builtins.any(_holds_var(o) for o in obj)
 
 
-def _array(obj, dtype=None):
+def _array(obj, dtype=None, *, device=None, copy=None):
+    _check_device(device, "asarray")
     if isinstance(obj, Var):
         return obj if dtype is None else _api.cast(obj, dtype)
     if isinstance(obj, (list, tuple)) and _holds_var(obj):
@@ -87,6 +104,14 @@ def _array(obj, dtype=None):
                             "numbers or nested lists of equal length") from None
 
 
+def _check_device(device, op):
+    """The array API's ``device=``: None or the device tensors are made on now."""
+    if device is not None and device != _api.default_device():
+        raise ArgumentError(f"{op}: device {device!r} is not where vkml makes tensors now "
+                            f"({_api.default_device()!r}); pass device=None (choose the backend "
+                            "with vkml.set_backend)")
+
+
 def _dtype_or(dtype, default, op):
     """``dtype`` checked, or ``default`` when it is None (as NumPy reads a missing dtype)."""
     return default if dtype is None else _valid.check_dtype(dtype, op)
@@ -100,15 +125,18 @@ def _filled(op, shape, fill_value, dtype):
     return _api.full(shape, fill_value, dtype)
 
 
-def _full(shape, fill_value, dtype=None):
+def _full(shape, fill_value, dtype=None, *, device=None):
+    _check_device(device, "full")
     return _filled("full", shape, fill_value, _dtype_or(dtype, None, "full"))
 
 
-def _zeros(shape, dtype=float64):
+def _zeros(shape, dtype=float64, *, device=None):
+    _check_device(device, "zeros")
     return _filled("zeros", shape, 0, _dtype_or(dtype, float64, "zeros"))
 
 
-def _ones(shape, dtype=float64):
+def _ones(shape, dtype=float64, *, device=None):
+    _check_device(device, "ones")
     return _filled("ones", shape, 1, _dtype_or(dtype, float64, "ones"))
 
 
@@ -117,15 +145,18 @@ def _like(op, a, fill_value, dtype):
     return _filled(op, a.shape, fill_value, _dtype_or(dtype, a.dtype, op))
 
 
-def _full_like(a, fill_value, dtype=None):
+def _full_like(a, fill_value, dtype=None, *, device=None):
+    _check_device(device, "full_like")
     return _like("full_like", a, fill_value, dtype)
 
 
-def _zeros_like(a, dtype=None):
+def _zeros_like(a, dtype=None, *, device=None):
+    _check_device(device, "zeros_like")
     return _like("zeros_like", a, 0, dtype)
 
 
-def _ones_like(a, dtype=None):
+def _ones_like(a, dtype=None, *, device=None):
+    _check_device(device, "ones_like")
     return _like("ones_like", a, 1, dtype)
 
 
@@ -140,7 +171,8 @@ def _scalar(value, name, op):
     return real
 
 
-def _arange(start, stop=None, step=None, dtype=None):
+def _arange(start, stop=None, step=None, dtype=None, *, device=None):
+    _check_device(device, "arange")
     if stop is None:
         if start is None:
             raise ArgumentError("arange: give stop (arange(stop) or arange(start, stop))")
@@ -173,7 +205,8 @@ def _real_operand(value, name, op):
     return out
 
 
-def _linspace(start, stop, num=50, endpoint=True, dtype=None):
+def _linspace(start, stop, num=50, endpoint=True, dtype=None, *, device=None):
+    _check_device(device, "linspace")
     start, stop = _real_operand(start, "start", "linspace"), _real_operand(stop, "stop", "linspace")
     num = _valid.check_int(num, "num", "linspace", low=0, high=_valid.MAX_ELEMENTS)
     endpoint = _valid.check_bool(endpoint, "endpoint", "linspace")
@@ -189,6 +222,7 @@ def _diagonal_offset(k, rows, cols, name, op):
 
 
 def _eye(N, M=None, k=0, dtype=float64, *, device=None):
+    _check_device(device, "eye")
     n = _valid.check_int(N, "N", "eye", low=0)
     m = n if M is None else _valid.check_int(M, "M", "eye", low=0)
     _valid.check_shape((n, m), "eye")
@@ -197,7 +231,8 @@ def _eye(N, M=None, k=0, dtype=float64, *, device=None):
         return _num.eye(n, m, k, dtype=_dtype_or(dtype, float64, "eye"))
 
 
-def _identity(n, dtype=float64):
+def _identity(n, dtype=float64, *, device=None):
+    _check_device(device, "identity")
     n = _valid.check_int(n, "n", "identity", low=0)
     _valid.check_shape((n, n), "identity")
     with _valid.host_memory("identity", f"a {n} x {n} matrix"):
@@ -255,8 +290,25 @@ def _argsort(a, axis=-1, kind=None, order=None, *, descending=False, stable=True
     return _array_api.argsort(a, axis, _valid.check_bool(descending, "descending", "argsort"))
 
 
-def _prod(x, axis=None, keepdims=False):
-    return _num.prod(x, axis, _valid.check_bool(keepdims, "keepdims", "prod"))
+def _with_dtype(x, dtype, op):
+    """``x`` cast to ``dtype`` first (a reduction's ``dtype=``), when one is given."""
+    return x if dtype is None else _api.cast(x, _valid.check_dtype(dtype, op))
+
+
+def _prod(x, axis=None, dtype=None, keepdims=False):
+    return _num.prod(_with_dtype(x, dtype, "prod"), axis,
+                     _valid.check_bool(keepdims, "keepdims", "prod"))
+
+
+def _sum(x, axis=None, dtype=None, keepdims=False):
+    return _api.sum(_with_dtype(x, dtype, "sum"), axis, keepdims)
+
+
+def _reshape(a, shape, *, copy=None):
+    if copy is False:
+        raise ArgumentError("reshape: copy=False cannot be promised (whether a reshape copies is "
+                            "the backend's business); pass copy=None")
+    return _api.reshape(a, shape)
 
 
 def _matrix_sides(x):
@@ -366,8 +418,8 @@ def _transpose(a, axes=None):
     return _api.transpose(a, axes)
 
 
-def _clip(a, a_min=None, a_max=None, *, min=None, max=None):
-    """NumPy's ``a_min``/``a_max`` or the array API's ``min``/``max``."""
+def _clip(a, min=None, max=None, *, a_min=None, a_max=None):
+    """The array API's ``min``/``max`` (also positional) or NumPy's ``a_min``/``a_max``."""
     return _api.clip(a, a_min if min is None else min, a_max if max is None else max)
 
 
@@ -421,7 +473,7 @@ _TABLE = [
     ("logical_or", _api.logical_or, "x or y, elementwise (bool).", "vnp.logical_or([True, False], False)", "tensor([ True, False], dtype=bool)"),
     ("logical_not", _api.logical_not, "not x, elementwise (bool).", "vnp.logical_not([True, False])", "tensor([False,  True], dtype=bool)"),
     ("where", _api.where, "x where cond holds, else y (three arguments only).", "vnp.where([True, False], [1.0, 2.0], 0.0)", "tensor([1., 0.], dtype=float64)"),
-    ("clip", _clip, "x limited to [a_min, a_max] (either may be None).", "vnp.clip([-1.0, 0.5, 2.0], 0.0, 1.0)", "tensor([0. , 0.5, 1. ], dtype=float64)"),
+    ("clip", _clip, "x limited to [min, max] (either may be None; NumPy's a_min/a_max too).", "vnp.clip([-1.0, 0.5, 2.0], 0.0, 1.0)", "tensor([0. , 0.5, 1. ], dtype=float64)"),
     # elementwise, new
     ("tan", _num.tan, "Tangent, sin(x) / cos(x).", "vnp.tan([0.0, 1.0])", "tensor([0.        , 1.55740772], dtype=float64)"),
     ("sinh", _num.sinh, "Hyperbolic sine, with expm1 (accurate near 0).", "vnp.sinh([0.0, 1.0])", "tensor([0.        , 1.17520119], dtype=float64)"),
@@ -457,7 +509,7 @@ _TABLE = [
     ("rad2deg", _num.rad2deg, "Radians to degrees.", "vnp.rad2deg([vnp.pi])", "tensor([180.], dtype=float64)"),
     ("hypot", _num.hypot, "sqrt(x**2 + y**2).", "vnp.hypot(3.0, [4.0])", "tensor([5.], dtype=float64)"),
     # reductions
-    ("sum", _api.sum, "Sum over ``axis`` (bool and int32 sum as int64).", "vnp.sum([[1.0, 2.0], [3.0, 4.0]], axis=0)", "tensor([4., 6.], dtype=float64)"),
+    ("sum", _sum, "Sum over ``axis`` (bool and int32 sum as int64).", "vnp.sum([[1.0, 2.0], [3.0, 4.0]], axis=0)", "tensor([4., 6.], dtype=float64)"),
     ("mean", _api.mean, "Mean over ``axis``.", "vnp.mean([[1.0, 2.0], [3.0, 4.0]], axis=1)", "tensor([1.5, 3.5], dtype=float64)"),
     ("max", _api.max, "Maximum over ``axis``; ties share the derivative.", "vnp.max([[1.0, 5.0], [3.0, 4.0]], axis=1)", "tensor([5., 4.], dtype=float64)"),
     ("amax", _api.max, "``max``.", "vnp.amax([1.0, 5.0])", "tensor(5., dtype=float64)"),
@@ -476,7 +528,7 @@ _TABLE = [
     ("sort", _sort, "Sorted along ``axis`` (stable, NaN last; ``descending`` keeps equal elements in their order); derivative: back to where each came from.", "vnp.sort([3.0, 1.0, 2.0])", "tensor([1., 2., 3.], dtype=float64)"),
     ("argsort", _argsort, "Indices that sort along ``axis`` (stable, NaN last; ``descending`` too).", "vnp.argsort([3.0, 1.0, 2.0])", "tensor([1, 2, 0], dtype=int64)"),
     # shapes and movement
-    ("reshape", _api.reshape, "Same elements, new shape (one -1 allowed).", "vnp.reshape([1.0, 2.0, 3.0, 4.0], (2, -1))", 'tensor([[1., 2.],\n        [3., 4.]], dtype=float64)'),
+    ("reshape", _reshape, "Same elements, new shape (one -1 allowed).", "vnp.reshape([1.0, 2.0, 3.0, 4.0], (2, -1))", 'tensor([[1., 2.],\n        [3., 4.]], dtype=float64)'),
     ("ravel", _num.ravel, "Flattened to 1-D.", "vnp.ravel([[1, 2], [3, 4]])", "tensor([1, 2, 3, 4], dtype=int64)"),
     ("transpose", _transpose, "Axes permuted (reversed by default).", "vnp.transpose([[1, 2, 3]])", 'tensor([[1],\n        [2],\n        [3]], dtype=int64)'),
     ("swapaxes", _swapaxes, "Two axes exchanged.", "vnp.swapaxes([[1, 2, 3]], 0, 1)", 'tensor([[1],\n        [2],\n        [3]], dtype=int64)'),
@@ -530,10 +582,13 @@ _MANY = [
 
 def _same_tensor(lifted):
     """``array``/``asarray`` of a Tensor with no new dtype: that Tensor itself."""
-    def op(obj, dtype=None):
+    def op(obj, dtype=None, *, device=None, copy=None):
         if isinstance(obj, Tensor) and dtype is None:
             return obj
-        return lifted(obj, dtype)
+        if copy is False and not isinstance(obj, Tensor):
+            raise ArgumentError("asarray: copy=False cannot be honoured for data that is not a "
+                                "Tensor (a Tensor owns its values); pass copy=None")
+        return lifted(obj, dtype, device=device)
     return _named(op, lifted.__name__, lifted.__doc__, inspect.signature(lifted))
 
 

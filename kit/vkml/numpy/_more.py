@@ -11,6 +11,7 @@ data must be at hand, and the number of hits is counted first.
 from __future__ import annotations
 
 import builtins
+import collections
 import inspect
 import math
 import numbers
@@ -161,12 +162,12 @@ def _copy(a):
     return _api.as_var(a)
 
 
-def _empty(shape, dtype=_np.float64):
+def _empty(shape, dtype=_np.float64, *, device=None):
     """Zeros: a Tensor is never uninitialised memory."""
     return _api.zeros(_valid.check_shape(shape, "empty"), _valid.check_dtype(dtype, "empty"))
 
 
-def _empty_like(prototype, dtype=None):
+def _empty_like(prototype, dtype=None, *, device=None):
     a = _api.as_var(prototype)
     return _api.zeros(a.shape, a.dtype if dtype is None else _valid.check_dtype(dtype, "empty_like"))
 
@@ -375,6 +376,62 @@ def _count_nonzero(v, *a, **k):
     return int(_np.count_nonzero(v))
 
 
+def _unique_values_fn(x, size, fill_value=None):
+    return _sel.unique(x, size, fill_value, False, equal_nan=False)
+
+
+def _unique_counts_fn(x, size, fill_value=None):
+    return list(_sel.unique(x, size, fill_value, True, equal_nan=False))
+
+
+def _count_unique_nan_distinct(v):
+    return len(_np.unique_values(v)) if hasattr(_np, "unique_values") else len(_np.unique(v, equal_nan=False))
+
+
+UniqueCountsResult = collections.namedtuple("UniqueCountsResult", ["values", "counts"])
+UniqueInverseResult = collections.namedtuple("UniqueInverseResult", ["values", "inverse_indices"])
+UniqueAllResult = collections.namedtuple("UniqueAllResult",
+                                         ["values", "indices", "inverse_indices", "counts"])
+
+
+def _unique_all_parts(op, x):
+    """(values, first indices, inverse indices, counts) of a tensor whose value is known: the
+    values are taken from ``x`` (so they carry its gradient), the rest are constants."""
+    t = x if isinstance(x, Tensor) else Tensor(_api.as_var(x))
+    value = _value_for_length(op, t, "size", "not available for this function: compute it "
+                              "outside the trace")
+    flat = value.reshape(-1)
+    vals, first, inverse, counts = _np.unique(flat, return_index=True, return_inverse=True,
+                                              return_counts=True, equal_nan=False)
+    picked = apply_api(lambda v, i: _api.take(_api.reshape(v, (-1,)), i, 0), t,
+                       first.astype(_np.int64))
+    inverse = inverse.reshape(value.shape).astype(_np.int64)
+    return picked, Tensor(_api.constant(first.astype(_np.int64))), \
+        Tensor(_api.constant(inverse)), Tensor(_api.constant(counts.astype(_np.int64)))
+
+
+def _unique_inverse(x, /):
+    """The sorted distinct values and, for each element, the index of its value among them
+    (the data must be at hand: not inside a trace)."""
+    values, _, inverse, _ = _unique_all_parts("unique_inverse", x)
+    return UniqueInverseResult(values, inverse)
+
+
+def _unique_all(x, /):
+    """The sorted distinct values, the index of each one's first occurrence, each element's
+    index among the values, and the counts (not inside a trace)."""
+    return UniqueAllResult(*_unique_all_parts("unique_all", x))
+
+
+_unique_values = _counted("unique_values", lambda v: _count_unique_nan_distinct(v), _unique_values_fn)
+_unique_counts_tuple = _counted("unique_counts", lambda v: _count_unique_nan_distinct(v),
+                                _unique_counts_fn)
+
+
+def _unique_counts(x, /, *, size=None, fill_value=None):
+    return UniqueCountsResult(*_unique_counts_tuple(x, size=size, fill_value=fill_value))
+
+
 _nonzero = _counted("nonzero", _count_nonzero, _nonzero_fn)
 _flatnonzero = _counted("flatnonzero", _count_nonzero, _sel.flatnonzero)
 _argwhere = _counted("argwhere", _count_nonzero, _sel.argwhere)
@@ -398,6 +455,14 @@ COUNTED = [
      "The indices of the nonzero elements, one row each (``size=`` inside a trace).", "vnp.argwhere([[0, 3], [4, 0]])"),
     ("unique", _unique, _signature([("ar", _P, _EMPTY), ("return_counts", _KW, False), ("size", _KW, None), ("fill_value", _KW, None)]),
      "The sorted distinct values (with their counts when asked); inside a trace give ``size=`` (padded with ``fill_value``, default the smallest value).", "vnp.unique([3, 1, 3, 2])"),
+    ("unique_values", _unique_values, _signature([("x", _P, _EMPTY), ("size", _KW, None), ("fill_value", _KW, None)]),
+     "The sorted distinct values, each NaN distinct (the array API's); ``size=`` inside a trace.", "vnp.unique_values([3, 1, 3])"),
+    ("unique_counts", _unique_counts, _signature([("x", _P, _EMPTY), ("size", _KW, None), ("fill_value", _KW, None)]),
+     "(values, counts) of the distinct values (the array API's); ``size=`` inside a trace.", "vnp.unique_counts([3, 1, 3]).counts"),
+    ("unique_inverse", _unique_inverse, _signature([("x", _P, _EMPTY)]),
+     "(values, inverse_indices): the distinct values and each element's index among them (outside traces).", "vnp.unique_inverse([3, 1, 3]).inverse_indices"),
+    ("unique_all", _unique_all, _signature([("x", _P, _EMPTY)]),
+     "(values, indices, inverse_indices, counts) of the distinct values (outside traces).", "vnp.unique_all([3, 1, 3]).indices"),
 ]
 
 #: functions returning one Tensor (name, function on Vars, summary, example)
@@ -492,6 +557,10 @@ TUPLES = [
 
 #: what each example prints (made by running it; the docstring tests run them again)
 OUTPUTS = {
+    'unique_values': 'tensor([1, 3], dtype=int64)',
+    'unique_counts': 'tensor([1, 2], dtype=int64)',
+    'unique_inverse': 'tensor([1, 0, 1], dtype=int64)',
+    'unique_all': 'tensor([1, 0], dtype=int64)',
     'bincount': 'tensor([1, 2, 0, 1], dtype=int64)',
     'signbit': 'tensor([ True,  True, False], dtype=bool)',
     'copysign': 'tensor([-1.,  2.], dtype=float64)',

@@ -72,6 +72,11 @@ def _vector_norm(x, axis=None, keepdims=False, ord=2):
     return out
 
 
+def _cholesky(a, *, upper=False):
+    low = _num.cholesky(a)
+    return _api.swapaxes(low, -1, -2) if _valid.check_bool(upper, "upper", "linalg.cholesky") else low
+
+
 def _matrix_transpose(x):
     x = _api.as_var(x)
     if x.ndim < 2:
@@ -153,7 +158,7 @@ _TABLE = [
     ("solve", _num.solve, "x with a @ x = b (``b`` a vector only when 1-D, as in NumPy 2); derivative dx = solve(a, db - da x).", "vnp.linalg.solve([[2.0, 0.0], [0.0, 4.0]], [2.0, 2.0])", "tensor([1. , 0.5], dtype=float64)"),
     ("inv", _num.inv, "The inverse matrix; derivative -inv(a) da inv(a).", "vnp.linalg.inv([[2.0, 0.0], [0.0, 4.0]])", 'tensor([[0.5 , 0.  ],\n        [0.  , 0.25]], dtype=float64)'),
     ("det", _num.det, "The determinant, sign * exp(log|det|); derivative det * trace(inv(a) da).", "vnp.linalg.det([[2.0, 1.0], [1.0, 3.0]])", "tensor(5., dtype=float64)"),
-    ("cholesky", _num.cholesky, "The lower factor L of a symmetric positive definite a = L L^T.", "vnp.linalg.cholesky([[4.0, 2.0], [2.0, 5.0]])", 'tensor([[2., 0.],\n        [1., 2.]], dtype=float64)'),
+    ("cholesky", _cholesky, "The lower factor L of a symmetric positive definite a = L L^T.", "vnp.linalg.cholesky([[4.0, 2.0], [2.0, 5.0]])", 'tensor([[2., 0.],\n        [1., 2.]], dtype=float64)'),
     ("eigvalsh", lambda a, UPLO="L": _dec.eigh(a)[0], "The eigenvalues (ascending) of symmetric matrices.", "vnp.linalg.eigvalsh([[2.0, 1.0], [1.0, 2.0]])", "tensor([1., 3.], dtype=float64)"),
     ("svdvals", _dec.singular_values, "The singular values (descending).", "vnp.linalg.svdvals([[3.0, 0.0], [0.0, 4.0]])", "tensor([4., 3.], dtype=float64)"),
     ("pinv", _pinv, "The Moore-Penrose pseudo-inverse (singular values below rtol * max count as 0).", "vnp.linalg.pinv([[2.0, 0.0], [0.0, 0.0]])", 'tensor([[0.5, 0. ],\n        [0. , 0. ]], dtype=float64)'),

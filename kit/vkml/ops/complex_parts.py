@@ -70,6 +70,53 @@ complex_abs_p = elementwise_primitive(
     jvp=_abs_jvp)
 
 
+def _derivative(name, z):
+    """d/dz of the holomorphic function ``name`` at ``z`` (its real formula, in complex)."""
+    one = F.ones_like(z)
+    if name == "arcsin":
+        return F.div(one, F.sqrt(F.sub(one, F.mul(z, z))))
+    if name == "arccos":
+        return F.neg(F.div(one, F.sqrt(F.sub(one, F.mul(z, z)))))
+    if name == "arctan":
+        return F.div(one, F.add(one, F.mul(z, z)))
+    if name == "arcsinh":
+        return F.div(one, F.sqrt(F.add(F.mul(z, z), one)))
+    if name == "arccosh":
+        return F.div(one, F.mul(F.sqrt(F.sub(z, one)), F.sqrt(F.add(z, one))))
+    if name == "arctanh":
+        return F.div(one, F.sub(one, F.mul(z, z)))
+    if name == "sinh":
+        return complex_math("cosh", z)
+    if name == "cosh":
+        return complex_math("sinh", z)
+    if name == "tan":
+        t = complex_math("tan", z)
+        return F.add(one, F.mul(t, t))
+    raise KeyError(name)
+
+
+#: the functions of complex numbers taken from NumPy as they are: NumPy follows C99's rules for
+#: their branch cuts, infinities and NaNs, which composing them from exp and log would not
+COMPLEX_MATH = ("arcsin", "arccos", "arctan", "arcsinh", "arccosh", "arctanh", "sinh", "cosh",
+                "tan")
+
+
+def _complex_math_rule(x, *, name):
+    if x.dtype.kind != "c":
+        raise DTypeError(f"{name}: this form is for complex operands, got {dtype_name(x.dtype)}")
+    return [(x.shape, x.dtype)]
+
+
+complex_math_p = elementwise_primitive(
+    "complex_math", _complex_math_rule, lambda x, *, name: getattr(np, name)(x),
+    "NumPy's function ``name`` of complex numbers (arcsin ... tan); derivative its real formula.",
+    jvp=lambda p, t, o, *, name: [F.mul(t[0], _derivative(name, p[0]))])
+
+
+def complex_math(name, x):
+    return bind(complex_math_p, x, name=name)
+
+
 def real(x):
     x = F.as_var(x)
     return bind(real_p, x) if x.dtype.kind == "c" else x

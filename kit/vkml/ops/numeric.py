@@ -51,16 +51,22 @@ def _sign_split(x):
 
 def tan(x):
     x = F.as_floating(x)
+    if x.dtype.kind == "c":
+        return complex_parts.complex_math("tan", x)
     return F.div(F.sin(x), F.cos(x))
 
 
 def sinh(x):
     x = F.as_floating(x)
+    if x.dtype.kind == "c":
+        return complex_parts.complex_math("sinh", x)
     return F.mul(F.sub(expm1(x), expm1(F.neg(x))), 0.5)
 
 
 def cosh(x):
     x = F.as_floating(x)
+    if x.dtype.kind == "c":
+        return complex_parts.complex_math("cosh", x)
     return F.mul(F.add(F.exp(x), F.exp(F.neg(x))), 0.5)
 
 
@@ -71,16 +77,22 @@ def _one_minus_square(x):
 
 def arcsin(x):
     x = F.as_floating(x)
+    if x.dtype.kind == "c":
+        return complex_parts.complex_math("arcsin", x)
     return atan2(x, F.sqrt(_one_minus_square(x)))
 
 
 def arccos(x):
     x = F.as_floating(x)
+    if x.dtype.kind == "c":
+        return complex_parts.complex_math("arccos", x)
     return atan2(F.sqrt(_one_minus_square(x)), x)
 
 
 def arctan(x):
     x = F.as_floating(x)
+    if x.dtype.kind == "c":
+        return complex_parts.complex_math("arctan", x)
     return atan2(x, F.ones_like(x))
 
 
@@ -100,6 +112,8 @@ def _clamped(x, hi):
 def arcsinh(x):
     """log1p(t + t^2 / (1 + sqrt(1 + t^2))) for t = |x|, log(2t) beyond 2**28; sign put back."""
     x = F.as_floating(x)
+    if x.dtype.kind == "c":
+        return complex_parts.complex_math("arcsinh", x)
     s, t = _sign_split(x)
     small = _clamped(t, _BIG)
     root = F.sqrt(F.add(1.0, F.mul(small, small)))
@@ -111,6 +125,8 @@ def arcsinh(x):
 def arccosh(x):
     """log1p(u + sqrt(u (u + 2))) for u = x - 1 (exact for x in [1, 2]), log(2x) beyond 2**28."""
     x = F.as_floating(x)
+    if x.dtype.kind == "c":
+        return complex_parts.complex_math("arccosh", x)
     u = F.sub(_clamped(x, _BIG), 1.0)
     near = log1p(F.add(u, F.sqrt(F.mul(u, F.add(u, 2.0)))))
     far = F.add(F.log(F.maximum(x, _BIG)), _LN2)
@@ -119,6 +135,8 @@ def arccosh(x):
 
 def arctanh(x):
     x = F.as_floating(x)
+    if x.dtype.kind == "c":
+        return complex_parts.complex_math("arctanh", x)
     s, t = _sign_split(x)
     return F.mul(s, F.mul(log1p(F.div(F.mul(t, 2.0), F.sub(1.0, t))), 0.5))
 

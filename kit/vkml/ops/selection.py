@@ -69,9 +69,11 @@ def argwhere(x, size, fill_value=0):
     return F.stack(coords, 1)
 
 
-def unique(x, size, fill_value=None, return_counts=False):
+def unique(x, size, fill_value=None, return_counts=False, equal_nan=True):
     """The sorted distinct values of the flattened ``x``, the first ``size`` of them, padded
-    with ``fill_value`` (default: the smallest value); with their counts when asked."""
+    with ``fill_value`` (default: the smallest value); with their counts when asked.
+    ``equal_nan``: every NaN counts as one value (NumPy's ``unique``); else each NaN is its
+    own (the array API's ``unique_*``)."""
     x = N.ravel(F.as_var(x))
     size = _check_size("unique", size)
     n = x.shape[0]
@@ -82,7 +84,7 @@ def unique(x, size, fill_value=None, return_counts=False):
     prev = F.slice(xs, (0,), (n - 1,))
     later = F.slice(xs, (1,), (n,))
     differs = F.not_equal(later, prev)
-    if x.dtype.kind == "f":           # every NaN equals every other here (NumPy's equal_nan)
+    if x.dtype.kind == "f" and equal_nan:     # every NaN equals every other here
         differs = F.logical_and(differs, F.logical_not(F.logical_and(N.isnan(later), N.isnan(prev))))
     starts = F.concatenate([F.full((1,), True, np.bool_), differs], 0)
     where, valid = _first_hits(starts, size, 0)
