@@ -744,10 +744,10 @@ class Tensor:
         return div(y, self)
 
     def __floordiv__(self, y):
-        return floor_divide(self, y)
+        return _numeric_method(numeric.floor_divide, self, y)      # floats too, as NumPy's //
 
     def __rfloordiv__(self, y):
-        return floor_divide(y, self)
+        return _numeric_method(numeric.floor_divide, y, self)
 
     def __pow__(self, y):
         return pow(self, y)

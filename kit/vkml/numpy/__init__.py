@@ -290,18 +290,13 @@ def _argsort(a, axis=-1, kind=None, order=None, *, descending=False, stable=True
     return _array_api.argsort(a, axis, _valid.check_bool(descending, "descending", "argsort"))
 
 
-def _with_dtype(x, dtype, op):
-    """``x`` cast to ``dtype`` first (a reduction's ``dtype=``), when one is given."""
-    return x if dtype is None else _api.cast(x, _valid.check_dtype(dtype, op))
-
-
 def _prod(x, axis=None, dtype=None, keepdims=False):
-    return _num.prod(_with_dtype(x, dtype, "prod"), axis,
-                     _valid.check_bool(keepdims, "keepdims", "prod"))
+    return _num.prod(x, axis, _valid.check_bool(keepdims, "keepdims", "prod"),
+                     None if dtype is None else _valid.check_dtype(dtype, "prod"))
 
 
 def _sum(x, axis=None, dtype=None, keepdims=False):
-    return _api.sum(_with_dtype(x, dtype, "sum"), axis, keepdims)
+    return _api.sum(x, axis, keepdims, None if dtype is None else _valid.check_dtype(dtype, "sum"))
 
 
 def _reshape(a, shape, *, copy=None):
@@ -358,6 +353,8 @@ def _tril(m, k=0):
 
 def _ints(value, name, op, low=None, high=None):
     """An int, or a list of ints (``roll``'s shifts, ``repeat``'s counts, ``split``'s cuts)."""
+    if isinstance(value, Var) and value.value is not None and value.dtype.kind in "iu":
+        value = _np.asarray(value.value)        # a tensor of known counts: read as a list
     if isinstance(value, (list, tuple)) or isinstance(value, _np.ndarray) and value.ndim:
         return [_valid.check_int(v, f"{name}[{i}]", op, low, high)
                 for i, v in enumerate(_valid.check_sequence(value, name, op))]
@@ -622,6 +619,9 @@ for _name, _fn, _summary, _example in _array_api.ONE:
     globals()[_name] = _lifted(_fn, _name, _doc(_summary, _example, _array_api.OUTPUTS.get(_name)))
 for _name, _fn, _summary, _example in _array_api.MANY:
     globals()[_name] = _lifted_many(_fn, _name, _doc(_summary, _example, _array_api.OUTPUTS.get(_name)))
+for _name, _fn, _summary, _example in _array_api.TUPLES:
+    globals()[_name] = _lifted_many(_fn, _name, _doc(_summary, _example, _array_api.OUTPUTS.get(_name)),
+                                    as_tuple=True)
 for _name, _numpy_name in _array_api.ALIASES.items():
     if _numpy_name in globals():
         globals()[_name] = globals()[_numpy_name]

@@ -16,6 +16,7 @@ name with the CUDA backend); ``device=`` arguments accept it (or None).
 from __future__ import annotations
 
 import builtins
+import collections
 
 import numpy as _np
 
@@ -23,6 +24,7 @@ from ..errors import ArgumentError, DTypeError
 from ..ir import DTYPES
 from ..ops import api as _api
 from ..ops import bitwise as _bitwise
+from ..ops import complex_parts as _cplx
 from ..ops import numeric as _num
 from ..ops import sorting as _sorting
 from ..tensor import Tensor, tensor as _tensor
@@ -105,7 +107,14 @@ def finfo(type):
     dtype = _dtype_of(type)
     if dtype.kind not in "fc":
         raise DTypeError(f"finfo: needs a floating dtype, got {dtype}; use iinfo for integers")
-    return _np.finfo(dtype)
+    info = _np.finfo(dtype)
+    return FloatInfo(info.bits, float(info.eps), float(info.max), float(info.min),
+                     float(info.smallest_normal), info.dtype)
+
+
+#: what ``finfo`` gives: the limits as Python floats (the array API's), the real part's dtype
+FloatInfo = collections.namedtuple("FloatInfo", ["bits", "eps", "max", "min", "smallest_normal",
+                                                 "dtype"])
 
 
 def iinfo(type):
@@ -163,6 +172,8 @@ def from_dlpack(x, /, *, device=None, copy=None):
     >>> vnp.from_dlpack(vnp.arange(3.0))
     tensor([0., 1., 2.], dtype=float64)
     """
+    if isinstance(x, Tensor) and not copy:
+        return x                   # a Tensor never changes: sharing it is the same as copying
     if copy is False:
         raise ArgumentError("from_dlpack: copy=False cannot be honoured; a Tensor owns its "
                             "values (pass copy=None or True)")
@@ -226,8 +237,9 @@ def _logical_xor(x1, x2, /):
 
 
 def _vecdot(x1, x2, /, *, axis=-1):
+    """sum(conj(x1) * x2) along ``axis`` (the standard conjugates the first for complex)."""
     x1, x2 = _api.promote(x1, x2)
-    return _api.sum(_api.mul(x1, x2), axis)
+    return _api.sum(_api.mul(_cplx.conj(x1), x2), axis)
 
 
 def _matrix_transpose(x, /):
@@ -259,9 +271,14 @@ BITWISE = [
 ]
 ONE += BITWISE
 
+#: functions returning a tuple of Tensors
+TUPLES = [
+    ("unstack", _unstack, "The slices along ``axis``, as a tuple.", "vnp.unstack(vnp.eye(2))"),
+]
+
 #: functions returning a list of Tensors
 MANY = [
-    ("unstack", _unstack, "The slices along ``axis``, as a list.", "vnp.unstack(vnp.eye(2))"),
+
     ("broadcast_arrays", _broadcast_arrays, "The arrays broadcast to one shape.", "[a.shape for a in vnp.broadcast_arrays(vnp.zeros(3), vnp.zeros((2, 1)))]"),
 ]
 
@@ -278,6 +295,6 @@ OUTPUTS = {
     'logical_xor': 'tensor([False,  True], dtype=bool)',
     'matrix_transpose': '(4, 3, 2)',
     'vecdot': 'tensor(11., dtype=float64)',
-    'unstack': '[tensor([1., 0.], dtype=float64), tensor([0., 1.], dtype=float64)]',
+    'unstack': '(tensor([1., 0.], dtype=float64), tensor([0., 1.], dtype=float64))',
     'broadcast_arrays': '[(2, 3), (2, 3)]',
 }

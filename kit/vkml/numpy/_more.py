@@ -164,7 +164,8 @@ def _copy(a):
 
 def _empty(shape, dtype=_np.float64, *, device=None):
     """Zeros: a Tensor is never uninitialised memory."""
-    return _api.zeros(_valid.check_shape(shape, "empty"), _valid.check_dtype(dtype, "empty"))
+    return _api.zeros(_valid.check_shape(shape, "empty"),
+                      _np.float64 if dtype is None else _valid.check_dtype(dtype, "empty"))
 
 
 def _empty_like(prototype, dtype=None, *, device=None):

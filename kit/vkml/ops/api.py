@@ -652,7 +652,7 @@ def reduce_sum(x, axes):
     return bind(reduce_sum_p, x, axes=axes)
 
 
-def sum(x, axis=None, keepdims=False):
+def sum(x, axis=None, keepdims=False, dtype=None):
     """NumPy's sum: bool and signed integers narrower than 64 bits sum as int64, unsigned
     ones as uint64.
 
@@ -662,7 +662,7 @@ def sum(x, axis=None, keepdims=False):
     >>> vkml.sum(x, axis=0)
     tensor([4, 6], dtype=int64)
     """
-    x = accumulator(as_var(x))
+    x = accumulator(as_var(x)) if dtype is None else cast(x, dtype)      # dtype: summed in it
     keepdims = check_bool(keepdims, "keepdims", "sum")
     axes = normalize_axes("sum", x.ndim, axis)
     return _keep(x, reduce_sum(x, axes), axes, keepdims)
@@ -714,8 +714,13 @@ def max(x, axis=None, keepdims=False):
 
 
 def _order_reversed(x):
-    """An order-reversing map: -x for floats, -1 - x for integers (-x overflows at the minimum)."""
-    return neg(x) if x.dtype.kind == "f" else sub(-1, x)
+    """An order-reversing map: -x for floats, -1 - x for signed integers (-x overflows at the
+    minimum), max - x for unsigned ones."""
+    if x.dtype.kind == "f":
+        return neg(x)
+    if x.dtype.kind == "u":
+        return sub(int(np.iinfo(x.dtype).max), x)
+    return sub(-1, x)
 
 
 def min(x, axis=None, keepdims=False):

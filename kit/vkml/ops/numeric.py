@@ -110,7 +110,8 @@ def _clamped(x, hi):
 
 
 def arcsinh(x):
-    """log1p(t + t^2 / (1 + sqrt(1 + t^2))) for t = |x|, log(2t) beyond 2**28; sign put back."""
+    """log1p(t + t^2 / (1 + sqrt(1 + t^2))) for t = |x|, log(2t) beyond 2**28; sign put back
+    (-0 stays -0)."""
     x = F.as_floating(x)
     if x.dtype.kind == "c":
         return complex_parts.complex_math("arcsinh", x)
@@ -119,7 +120,8 @@ def arcsinh(x):
     root = F.sqrt(F.add(1.0, F.mul(small, small)))
     near = log1p(F.add(small, F.div(F.mul(small, small), F.add(1.0, root))))
     far = F.add(F.log(F.maximum(t, _BIG)), _LN2)
-    return F.mul(s, F.where(F.greater(t, _BIG), far, near))
+    out = F.mul(s, F.where(F.greater(t, _BIG), far, near))
+    return F.where(F.equal(x, 0.0), x, out)
 
 
 def arccosh(x):
@@ -130,7 +132,8 @@ def arccosh(x):
     u = F.sub(_clamped(x, _BIG), 1.0)
     near = log1p(F.add(u, F.sqrt(F.mul(u, F.add(u, 2.0)))))
     far = F.add(F.log(F.maximum(x, _BIG)), _LN2)
-    return F.where(F.greater(x, _BIG), far, near)
+    out = F.where(F.greater(x, _BIG), far, near)
+    return F.where(F.less(x, 1.0), np.nan, out)         # outside the domain: NaN, as NumPy
 
 
 def arctanh(x):
@@ -311,9 +314,10 @@ def _int_accumulator(x):
     return F.accumulator(x)
 
 
-def prod(x, axis=None, keepdims=False):
-    """Product over ``axis``: pairs multiplied in log2(n) rounds (see the module docstring)."""
-    x = _int_accumulator(F.as_var(x))
+def prod(x, axis=None, keepdims=False, dtype=None):
+    """Product over ``axis``: pairs multiplied in log2(n) rounds (see the module docstring);
+    ``dtype``: multiplied in that dtype (else NumPy's accumulator)."""
+    x = _int_accumulator(F.as_var(x)) if dtype is None else F.cast(x, dtype)
     axes = F.normalize_axes("prod", x.ndim, axis)
     flat, n = _axes_last(x, axes)
     if n == 0:
