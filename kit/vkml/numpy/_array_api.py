@@ -20,7 +20,7 @@ import collections
 
 import numpy as _np
 
-from ..errors import ArgumentError, DTypeError
+from ..errors import ArgumentError, DTypeError, ShapeError
 from ..ir import DTYPES
 from ..ops import api as _api
 from ..ops import bitwise as _bitwise
@@ -236,10 +236,21 @@ def _logical_xor(x1, x2, /):
     return _api.not_equal(_api.cast(x1, _np.bool_), _api.cast(x2, _np.bool_))
 
 
-def _vecdot(x1, x2, /, *, axis=-1):
-    """sum(conj(x1) * x2) along ``axis`` (the standard conjugates the first for complex)."""
+def vecdot_vars(x1, x2, /, *, axis=-1):
+    """sum(conj(x1) * x2) along ``axis`` (the standard conjugates the first for complex), in
+    the operands' dtype; the axis must have one length in both (it is not broadcast)."""
     x1, x2 = _api.promote(x1, x2)
-    return _api.sum(_api.mul(_cplx.conj(x1), x2), axis)
+    _check_vecdot_axis(x1, x2, axis)
+    return _api.sum(_api.mul(_cplx.conj(x1), x2), axis, dtype=x1.dtype)
+
+
+def _check_vecdot_axis(x1, x2, axis):
+    if not (-min(x1.ndim, x2.ndim) <= axis < 0):
+        raise ArgumentError(f"vecdot: axis {axis} must be negative and within both operands' "
+                            f"dimensions ({x1.ndim} and {x2.ndim})")
+    if x1.shape[axis] != x2.shape[axis]:
+        raise ShapeError(f"vecdot: the axis {axis} has lengths {x1.shape[axis]} and "
+                         f"{x2.shape[axis]}; the contracted axis must have one length in both")
 
 
 def _matrix_transpose(x, /):
@@ -258,7 +269,7 @@ ONE = [
     ("permute_dims", _permute_dims, "The axes in the order ``axes``.", "vnp.permute_dims(vnp.zeros((2, 3)), (1, 0)).shape"),
     ("logical_xor", _logical_xor, "x xor y, elementwise (bool).", "vnp.logical_xor([True, False], True)"),
     ("matrix_transpose", _matrix_transpose, "The last two axes swapped.", "vnp.matrix_transpose(vnp.zeros((4, 2, 3))).shape"),
-    ("vecdot", _vecdot, "The dot product along ``axis``.", "vnp.vecdot([1.0, 2.0], [3.0, 4.0])"),
+    ("vecdot", vecdot_vars, "The dot product along ``axis``.", "vnp.vecdot([1.0, 2.0], [3.0, 4.0])"),
 ]
 
 BITWISE = [

@@ -17,7 +17,7 @@ import collections
 
 from ..errors import ArgumentError
 from ..ops import api as _api
-from ..ops import complex_parts as _cplx
+from . import _array_api as _aa
 from ..ops import decompositions as _dec
 from ..ops import linalg_more as _more
 from ..ops import numeric as _num
@@ -86,8 +86,7 @@ def _matrix_transpose(x):
 
 
 def _vecdot(x1, x2, axis=-1):
-    x1, x2 = _api.promote(x1, x2)
-    return _api.sum(_api.mul(_cplx.conj(x1), x2), axis)      # conj(x1): the standard's
+    return _aa.vecdot_vars(x1, x2, axis=axis)
 
 
 def _trace(x, offset=0, dtype=None):

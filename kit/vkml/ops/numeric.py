@@ -465,6 +465,8 @@ def repeat(x, repeats, axis=None):
         wide = F.broadcast_to(wide, x.shape[:axis + 1] + (int(repeats),) + x.shape[axis + 1:])
         return F.reshape(wide, x.shape[:axis] + (n * int(repeats),) + x.shape[axis + 1:])
     reps = np.asarray(repeats)
+    if reps.size == 0 and n == 0:            # no elements, no counts: nothing to repeat
+        reps = reps.astype(np.int64)
     if reps.dtype.kind not in "iu" or reps.shape not in ((n,), (1,)) or (reps < 0).any():
         raise ArgumentError(f"repeat: repeats must be an int or {n} non-negative ints, got {repeats!r}")
     return F.take(x, np.repeat(np.arange(n), np.broadcast_to(reps, (n,))), axis)
