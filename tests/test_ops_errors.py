@@ -251,15 +251,16 @@ def test_bool_arithmetic_is_refused_with_the_fix():
 
 
 def test_floor_divide_of_floats_names_a_fix_that_exists():
-    a = T(np.array([3.0, 4.0]))
-    msg = refused(lambda: a // 2.0, a, kind=vkml.DTypeError, builtin=TypeError,
+    a = T(np.array([3.0, -4.5]))
+    np.testing.assert_array_equal((a // 2.0).numpy(), np.array([3.0, -4.5]) // 2.0)   # NumPy's //
+    msg = refused(lambda: vkml.floor_divide(a, 2.0), a, kind=vkml.DTypeError, builtin=TypeError,
                   words=["floor_divide", "float64", "astype"])
     for word in msg.replace("(", " ").replace(")", " ").split():
         if word.startswith("vkml."):
             assert hasattr(vkml, word[5:].rstrip(".;,")), word
 
 
-@pytest.mark.parametrize("dtype", ["complex64", "float16", "int8", "uint32", "notadtype", 3.5])
+@pytest.mark.parametrize("dtype", ["float16", "datetime64", "notadtype", 3.5])
 def test_bad_cast_dtype(dtype):
     a = T(np.array([1.0, 2.0]))
     refused(lambda: vkml.cast(a, dtype), a, kind=vkml.DTypeError, builtin=TypeError,
@@ -284,7 +285,7 @@ def test_what_numpy_accepts_vkml_accepts_too():
 # -- non-array data --------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("data", ["abc", b"abc", {"a": 1}, {1, 2}, None, [[1, 2], [3]],
-                                  [1, "a"], object(), 1 + 2j, [1, None], np.array(["x"]),
+                                  [1, "a"], object(), [1, None], np.array(["x"]),
                                   [[1.0], 2.0]])
 def test_non_array_data_is_refused(data):
     msg = refused(lambda: vkml.tensor(data), kind=vkml.ArgumentError, builtin=TypeError,

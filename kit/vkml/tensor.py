@@ -136,9 +136,9 @@ class Tensor:
         >>> t.to_device(t.device) is t
         True
         """
-        if device != self.device:
+        if not isinstance(device, str) or device != self.device:
             raise ArgumentError(f"to_device: this tensor is on {self.device!r}; vkml runs one "
-                                f"backend at a time, so {device!r} is not available (choose the "
+                                f"backend at a time, so {describe(device)} is not available (choose the "
                                 "backend with vkml.set_backend)")
         return self
 
@@ -774,10 +774,14 @@ class Tensor:
         return logical_or(y, self) if _both_bool(self, y) else _numeric_method(bitwise.bitwise_or, y, self)
 
     def __xor__(self, y):
-        return not_equal(self, y) if _both_bool(self, y) else _numeric_method(bitwise.bitwise_xor, self, y)
+        if _both_bool(self, y):
+            return not_equal(cast(self, bool), cast(y, bool))
+        return _numeric_method(bitwise.bitwise_xor, self, y)
 
     def __rxor__(self, y):
-        return not_equal(y, self) if _both_bool(self, y) else _numeric_method(bitwise.bitwise_xor, y, self)
+        if _both_bool(self, y):
+            return not_equal(cast(y, bool), cast(self, bool))
+        return _numeric_method(bitwise.bitwise_xor, y, self)
 
     def __lshift__(self, y):
         return _numeric_method(bitwise.left_shift, self, y)
@@ -1091,10 +1095,12 @@ def _apply(fn, args, kwargs, replayable):
 
 
 def _both_bool(x, y) -> bool:
-    """Whether ``x & y`` is logical (two bools, a Python bool being one) rather than bitwise."""
-    def is_bool(v):
-        return isinstance(v, (bool, np.bool_)) or getattr(v, "dtype", None) == np.bool_
-    return is_bool(x) and is_bool(y)
+    """Whether ``x & y`` is logical rather than bitwise: unless both are integers (a Python int
+    being one), the operands are read as truth values, as vkml always has."""
+    def is_int(v):
+        kind = getattr(getattr(v, "dtype", None), "kind", None)
+        return kind in ("i", "u") or (type(v) is int)
+    return not (is_int(x) and is_int(y))
 
 
 def _numeric_method(fn, *args):

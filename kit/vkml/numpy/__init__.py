@@ -106,7 +106,7 @@ def _array(obj, dtype=None, *, device=None, copy=None):
 
 def _check_device(device, op):
     """The array API's ``device=``: None or the device tensors are made on now."""
-    if device is not None and device != _api.default_device():
+    if device is not None and (not isinstance(device, str) or device != _api.default_device()):
         raise ArgumentError(f"{op}: device {device!r} is not where vkml makes tensors now "
                             f"({_api.default_device()!r}); pass device=None (choose the backend "
                             "with vkml.set_backend)")

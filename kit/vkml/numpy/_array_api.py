@@ -172,6 +172,8 @@ def from_dlpack(x, /, *, device=None, copy=None):
     >>> vnp.from_dlpack(vnp.arange(3.0))
     tensor([0., 1., 2.], dtype=float64)
     """
+    if copy is not None and not isinstance(copy, (builtins.bool, _np.bool_)):
+        raise ArgumentError(f"from_dlpack: copy must be None, True or False, got {_valid.describe(copy)}")
     if isinstance(x, Tensor) and not copy:
         return x                   # a Tensor never changes: sharing it is the same as copying
     if copy is False:
@@ -203,6 +205,8 @@ def _concat(arrays, /, *, axis=0):
 
 def sort(x, axis=-1, descending=False):
     x = _api.as_var(x)
+    if axis is None:                 # NumPy's: the flattened array
+        x, axis = _api.reshape(x, (-1,)), 0
     axis = _api.normalize_axis("sort", x.ndim, axis)
     if descending:           # stable and descending: sort the reversed array, reverse back
         return _api.flip(_num.sort(_api.flip(x, (axis,)), axis), (axis,))
@@ -211,6 +215,8 @@ def sort(x, axis=-1, descending=False):
 
 def argsort(x, axis=-1, descending=False):
     x = _api.as_var(x)
+    if axis is None:
+        x, axis = _api.reshape(x, (-1,)), 0
     axis = _api.normalize_axis("argsort", x.ndim, axis)
     if not descending:
         return _sorting.argsort(x, axis)
@@ -245,7 +251,8 @@ def vecdot_vars(x1, x2, /, *, axis=-1):
 
 
 def _check_vecdot_axis(x1, x2, axis):
-    if not (-min(x1.ndim, x2.ndim) <= axis < 0):
+    axis = _valid.check_int(axis, "axis", "vecdot")
+    if not (-builtins.min(x1.ndim, x2.ndim) <= axis < 0):
         raise ArgumentError(f"vecdot: axis {axis} must be negative and within both operands' "
                             f"dimensions ({x1.ndim} and {x2.ndim})")
     if x1.shape[axis] != x2.shape[axis]:

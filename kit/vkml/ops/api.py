@@ -75,6 +75,9 @@ def constant(value, dtype=None, device=None) -> Var:
     if isinstance(value, (str, bytes, dict, set)) or value is None:
         raise ArgumentError(f"cannot make a tensor from {type(value).__name__}; pass a number, "
                             "a (nested) list of numbers or a NumPy array")
+    if type(value) is int and dtype is None and not -2 ** 63 <= value < 2 ** 64:
+        raise DTypeError(f"cannot make a tensor from {value}: it does not fit int64 or uint64, "
+                         "vkml's widest integers; pass it as a float (dtype=float64)")
     with host_memory("tensor", f"data of {type(value).__name__}"):
         try:
             arr = np.asarray(value)
