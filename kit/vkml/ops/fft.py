@@ -68,12 +68,13 @@ fft_p.transpose = _fft_transpose
 
 
 def _batch(vals, dims, size, **params):
+    """The batch axis moved first; the transform's (non-negative) axes shift past it."""
     x = F.batch_all(vals, dims, size)[0]
-    axes = tuple(a + 1 if a >= 0 else a for a in params["axes"])
-    return bind(fft_p, x, **dict(params, axes=axes)), 0
+    axes = tuple(a + 1 for a in params["axes"])
+    return [bind(fft_p, x, **dict(params, axes=axes))], [0]
 
 
-fft_p.batch = lambda v, d, size, **params: ([_batch(v, d, size, **params)[0]], [0])
+fft_p.batch = _batch
 
 
 def transform(kind, x, n=None, axis=-1, norm="backward"):

@@ -38,6 +38,16 @@ def _fl(x):
     return F.as_floating(x)
 
 
+def _below(x, edge):
+    """``x`` where it is at most ``edge``, else ``edge``: the input of a branch used only there
+    (a ``where``, not ``minimum``, so at ``x == edge`` the whole derivative reaches the branch)."""
+    return F.where(F.greater(x, edge), edge, x)
+
+
+def _above(x, edge):
+    return F.where(F.less(x, edge), edge, x)
+
+
 # -- NumPy's elementwise functions --------------------------------------------------------------
 
 def signbit(x):
@@ -236,9 +246,9 @@ def ndtr(x):
 def log_ndtr(x):
     """log(ndtr(x)) accurate in both tails (the asymptotic series below -20)."""
     x = _fl(x)
-    mid = F.log(ndtr(F.maximum(x, -20.0)))
-    upper = S.log1p(F.neg(ndtr(F.neg(F.maximum(x, 0.0)))))
-    t = F.minimum(x, -20.0)
+    mid = F.log(ndtr(_above(x, -20.0)))
+    upper = S.log1p(F.neg(ndtr(F.neg(_above(x, 0.0)))))
+    t = _below(x, -20.0)
     inv2 = F.div(1.0, F.mul(t, t))
     # log(phi(t) / -t) + log(1 - 1/t^2 + 3/t^4 - 15/t^6 + 105/t^8)
     poly = F.add(1.0, F.mul(inv2, F.add(-1.0, F.mul(inv2, F.add(3.0, F.mul(inv2, F.add(
@@ -251,9 +261,9 @@ def log_ndtr(x):
 def erfcx(x):
     """exp(x^2) erfc(x), without overflow for large x (the asymptotic series from 25)."""
     x = _fl(x)
-    small = F.minimum(x, 25.0)
+    small = _below(x, 25.0)
     direct = F.mul(F.exp(F.mul(small, small)), S.erfc(small))
-    t = F.maximum(x, 25.0)
+    t = _above(x, 25.0)
     inv2 = F.div(1.0, F.mul(F.mul(t, t), 2.0))
     poly = F.add(1.0, F.mul(inv2, F.add(-1.0, F.mul(inv2, F.add(3.0, F.mul(inv2, F.add(
         -15.0, F.mul(inv2, 105.0))))))))
@@ -261,22 +271,11 @@ def erfcx(x):
     return F.where(F.greater(x, 25.0), tail, direct)
 
 
-def _erfc_halley(z, x):
-    """Halley steps solving erfc(x) = z (z in (0, 1]) from the guess ``x``."""
+def _halley(fn, sign, target, x):
+    """Three Halley steps solving fn(x) = target from the guess ``x``, for fn erf (sign 1) or
+    erfc (sign -1): fn' = sign 2/sqrt(pi) exp(-x^2), and fn''/fn' = -2x."""
     for _ in range(3):
-        err = F.sub(S.erfc(x), z)
-        deriv = F.mul(-2.0 / _SQRT_PI, F.exp(F.neg(F.mul(x, x))))
-        step = F.div(err, deriv)
-        x = F.sub(x, F.div(step, F.add(1.0, F.mul(x, step))))
-    return x
-
-
-def _erf_halley(y, x):
-    """Halley steps solving erf(x) = y (|y| <= 0.5) from the guess ``x``."""
-    for _ in range(3):
-        err = F.sub(S.erf(x), y)
-        deriv = F.mul(2.0 / _SQRT_PI, F.exp(F.neg(F.mul(x, x))))
-        step = F.div(err, deriv)
+        step = F.div(F.sub(fn(x), target), F.mul(sign * 2.0 / _SQRT_PI, F.exp(F.neg(F.mul(x, x)))))
         x = F.sub(x, F.div(step, F.add(1.0, F.mul(x, step))))
     return x
 
@@ -312,7 +311,7 @@ def erfcinv(z):
     for _ in range(4):
         tail = F.sqrt(F.maximum(F.sub(minus_log, F.log(F.mul(_SQRT_PI, tail))), 1e-3))
     guess = F.where(F.less(safe, 1e-12), tail, _erfinv_guess(F.sub(1.0, safe), safe))
-    x = _erfc_halley(safe, guess)
+    x = _halley(S.erfc, -1.0, safe, guess)
     x = F.where(F.equal(zz, 0.0), np.inf, x)
     x = F.where(upper, F.neg(x), x)
     return F.where(F.logical_or(F.less(z, 0.0), F.greater(z, 2.0)), np.nan, x)
@@ -325,7 +324,7 @@ def erfinv(y):
     a = F.abs(y)
     near = F.less_equal(a, 0.5)
     safe_near = F.where(near, y, 0.0)
-    small = _erf_halley(safe_near, _erfinv_guess(safe_near, F.sub(1.0, F.abs(safe_near))))
+    small = _halley(S.erf, 1.0, safe_near, _erfinv_guess(safe_near, F.sub(1.0, F.abs(safe_near))))
     tail = erfcinv(F.where(near, 0.5, F.sub(1.0, a)))
     out = F.where(near, small, F.where(signbit(y), F.neg(tail), tail))
     return F.where(F.greater(a, 1.0), np.nan, out)
@@ -341,14 +340,14 @@ def _bessel_i(nu, x):
     """I_nu(x) for nu = 0 or 1 (I_0 even, I_1 odd): the power series below |x| = 30 (in x
     itself, so the derivative at 0 is right), the asymptotic series of |x| above."""
     a = F.abs(x)
-    small = F.clip(x, -30.0, 30.0)
+    small = _above(_below(x, 30.0), -30.0)
     q = F.mul(F.mul(small, small), 0.25)
     term = F.ones_like(a) if nu == 0 else F.mul(small, 0.5)
     total = term
     for k in range(1, 90):
         term = F.mul(term, F.div(q, float(k * (k + nu))))
         total = F.add(total, term)
-    t = F.maximum(a, 30.0)
+    t = _above(a, 30.0)
     mu = 4.0 * nu * nu
     coef, series = 1.0, F.ones_like(a)
     inv = F.div(1.0, F.mul(8.0, t))
