@@ -4,14 +4,11 @@ central differences, on the NumPy backend and the cpu tier."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 import scipy.special
 
 import vkml
-import vkml.numpy as vnp
 from backends_under_test import BACKENDS
 
 import oracle as O

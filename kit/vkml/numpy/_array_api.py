@@ -194,9 +194,14 @@ def _permute_dims(x, /, axes):
 
 
 def _concat(arrays, /, *, axis=0):
-    arrays = _valid.check_sequence(arrays, "arrays", "concat")
+    return concat_vars("concat", arrays, axis)
+
+
+def concat_vars(op, arrays, axis):
+    """The arrays joined along ``axis`` (flattened first when None), dtypes promoted."""
+    arrays = _valid.check_sequence(arrays, "arrays", op)
     if not arrays:
-        raise ArgumentError("concat: needs at least one array; pass e.g. [a, b]")
+        raise ArgumentError(f"{op}: needs at least one array; pass e.g. [a, b]")
     if axis is None:
         arrays = [_api.reshape(a, (-1,)) for a in arrays]
         axis = 0

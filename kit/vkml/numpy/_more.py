@@ -29,8 +29,9 @@ from ..ops import shaping as _shp
 from ..ops import statistics as _st
 from ..runtime import is_grad_enabled, is_traced, user_site_text
 from ..tensor import Tensor, apply_api, needs_grad
+from . import _array_api as _aa
 from .. import validate as _valid
-from ._lift import doc as _doc, lifted as _lifted, named as _named
+from ._lift import lifted as _lifted
 
 
 # -- reductions with NumPy's keywords -----------------------------------------------------------
@@ -46,11 +47,8 @@ def _argmin(a, axis=None, keepdims=False):
 
 
 def _concatenate(arrays, axis=0):
-    arrays = _valid.check_sequence(arrays, "arrays", "concatenate")
-    if axis is None:
-        arrays = [_api.reshape(a, (-1,)) for a in arrays]
-        axis = 0
-    return _api.concatenate(arrays, axis)
+    """NumPy's concatenate: the array API's ``concat`` (dtypes promoted, None flattens)."""
+    return _aa.concat_vars("concatenate", arrays, axis)
 
 
 def _median(a, axis=None, keepdims=False):

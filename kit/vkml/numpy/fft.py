@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import numpy as _np
 
-from ..errors import ArgumentError
 from ..ops import api as _api
 from ..ops import fft as _fft
 from ..ops import numeric as _num
