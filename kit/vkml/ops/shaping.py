@@ -83,22 +83,12 @@ def diff(x, n=1, axis=-1, prepend=None, append=None):
     axis = F.normalize_axis("diff", x.ndim, axis)
     if not isinstance(n, numbers.Integral) or n < 0:
         raise ArgumentError(f"diff: order n must be a whole number >= 0, got {n!r}")
-    parts = []
-    for extra in (prepend, None, append):
-        if extra is None and parts and parts[-1] is x:
-            continue
-        if extra is None:
-            parts.append(x)
-            continue
+    def edge(extra):                 # a number is repeated along the axis's other dimensions
         e = F.as_var(extra)
-        shape = x.shape[:axis] + (1,) + x.shape[axis + 1:]
-        parts.append(F.broadcast_to(e, shape) if e.ndim == 0 else e)
-    if prepend is None and append is None:
-        out = x
-    else:
-        order = ([parts[0]] if prepend is not None else []) + [x] + \
-                ([parts[-1]] if append is not None else [])
-        out = F.concatenate(F.promote(*order), axis)
+        return F.broadcast_to(e, x.shape[:axis] + (1,) + x.shape[axis + 1:]) if e.ndim == 0 else e
+    pieces = ([edge(prepend)] if prepend is not None else []) + [x] + \
+        ([edge(append)] if append is not None else [])
+    out = F.concatenate(F.promote(*pieces), axis) if len(pieces) > 1 else x
     for _ in range(int(n)):
         m = out.shape[axis]
         if m == 0:
