@@ -56,3 +56,39 @@ def test_argmax_of_an_empty_axis_fails_when_called_not_when_run():
     with vkml.eager(False):
         with pytest.raises(vkml.ShapeError, match="argmax"):
             vnp.argmax(np.ones((0,)))
+
+
+# -- the new dtypes on every backend -------------------------------------------------------------
+
+def _small_int_and_complex_programs():
+    a = vkml.tensor(np.array([100, 50, 3], np.int8))
+    u = vkml.tensor(np.array([1, 2], np.uint16))
+    total = vkml.jit(lambda x: (x * x).sum())(np.arange(4, dtype=np.uint8))
+    z = vkml.tensor(np.array([1 + 2j, -0.5j]))
+    grad = vkml.grad(lambda w: vnp.sum(vnp.abs(w) ** 2))(np.array([3 + 4j]))
+    return (a * 3).numpy(), (u - 3).numpy(), total, (z * z).numpy(), grad.numpy()
+
+
+def _check_small_int_and_complex(results):
+    times3, minus3, total, squared, grad = results
+    np.testing.assert_array_equal(times3, np.array([100, 50, 3], np.int8) * np.int8(3))  # wraps
+    np.testing.assert_array_equal(minus3, np.array([1, 2], np.uint16) - np.uint16(3))
+    assert total.dtype == np.uint64 and total.item() == 14
+    np.testing.assert_allclose(squared, np.array([1 + 2j, -0.5j]) ** 2)
+    np.testing.assert_allclose(grad, [6 - 8j])              # JAX's convention: 2 conj(z)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "cpu"])
+def test_small_integers_and_complex_on_the_host_backends(backend, tmp_path, monkeypatch):
+    monkeypatch.setenv("VKML_CACHE_DIR", str(tmp_path))
+    with vkml.use_backend(backend):
+        _check_small_int_and_complex(_small_int_and_complex_programs())
+
+
+def test_small_integers_and_complex_on_the_emulated_cuda_backend(emulated_cuda):
+    """The CUDA lowering compiles the original five dtypes; programs with the others run
+    through the backend's NumPy fallback, with NumPy's results."""
+    backend, _ = emulated_cuda
+    before = backend.info()["numpy fallbacks"]
+    _check_small_int_and_complex(_small_int_and_complex_programs())
+    assert backend.info()["numpy fallbacks"] > before
