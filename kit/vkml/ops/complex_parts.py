@@ -117,6 +117,31 @@ def complex_math(name, x):
     return bind(complex_math_p, x, name=name)
 
 
+def _make_complex_rule(re, im):
+    if re.dtype != im.dtype or re.dtype not in WHOLE or re.shape != im.shape:
+        raise DTypeError(f"complex: needs two float arrays of one shape and dtype, got "
+                         f"{re.type_str()} and {im.type_str()}")
+    return [(re.shape, WHOLE[re.dtype])]
+
+
+def _make_complex_impl(re, im):
+    out = np.empty(re.shape, WHOLE[re.dtype])
+    out.real, out.imag = re, im          # not re + 1j * im: a NaN or inf part stays in its place
+    return out
+
+
+make_complex_p = elementwise_primitive(
+    "make_complex", _make_complex_rule, _make_complex_impl,
+    "The complex numbers re + i im from their parts; linear in both (transpose: real, -imag).",
+    jvp=lambda p, t, o: [make_complex(F.zeros_like(p[0]) if t[0] is None else t[0],
+                                      F.zeros_like(p[1]) if t[1] is None else t[1])],
+    transpose=lambda ct, re, im: [real(ct[0]), F.neg(imag(ct[0]))])
+
+
+def make_complex(re, im):
+    return bind(make_complex_p, re, im)
+
+
 def real(x):
     x = F.as_var(x)
     return bind(real_p, x) if x.dtype.kind == "c" else x

@@ -31,7 +31,7 @@ import numbers
 
 import numpy as np
 
-from ..errors import ArgumentError, ShapeError
+from ..errors import ArgumentError, DTypeError, ShapeError
 from . import api as F
 from . import complex_parts, decompositions, factorizations, sorting
 from .special import atan2, expm1, fmod, log1p, round_
@@ -800,6 +800,7 @@ def norm(x, ord=None, axis=None, keepdims=False):
     ('fro', 'nuc', 1, -1, 2, -2, inf, -inf; 2, -2 and 'nuc' from the singular values)."""
     x = F.as_floating(x)
     if axis is None and ord is None:
+        x = F.abs(x) if x.dtype.kind == "c" else x            # the magnitudes of complex numbers
         out = F.sqrt(F.sum(F.mul(x, x)))
         return F.reshape(out, (1,) * x.ndim) if keepdims else out
     if axis is None:
@@ -813,6 +814,8 @@ def norm(x, ord=None, axis=None, keepdims=False):
 
 
 def _vector_norm(x, ord, axes, keepdims):
+    if x.dtype.kind == "c":          # a vector norm sees only the magnitudes
+        x = F.abs(x)
     if ord is None or ord == 2:
         return F.sqrt(F.sum(F.mul(x, x), axes, keepdims))
     if ord == np.inf:
@@ -830,6 +833,12 @@ def _vector_norm(x, ord, axes, keepdims):
 
 
 def _matrix_norm(x, ord, axis, keepdims):
+    if x.dtype.kind == "c":
+        if ord in (2, -2, "nuc"):
+            raise DTypeError(f"linalg.norm: the {ord!r} norm of a complex matrix needs a complex "
+                             "singular value decomposition, which vkml does not have yet; use "
+                             "'fro', 1, -1, inf or -inf")
+        x = F.abs(x)                 # the others see only the magnitudes
     r, c = (F.normalize_axis("linalg.norm", x.ndim, a) for a in axis)
     if r == c:
         raise ShapeError("linalg.norm: the two axes must differ")

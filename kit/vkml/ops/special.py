@@ -33,6 +33,7 @@ import numpy as np
 from ..errors import ArgumentError, DTypeError
 from ..ir import dtype_name
 from . import api as F
+from . import complex_parts
 from .core import bind, quiet_function
 from .elementwise import binary_float_rule, elementwise_primitive, sum_tangents, unary_float_rule
 
@@ -138,7 +139,27 @@ def log1p(x):
 
 
 def expm1(x):
-    return bind(expm1_p, F.as_floating(x))
+    x = F.as_floating(x)
+    if x.dtype.kind == "c":
+        return _complex_expm1(x)
+    return bind(expm1_p, x)
+
+
+def _complex_expm1(z):
+    """exp(z) - 1 of complex numbers from the parts, accurate near 0 (NumPy's loses the digits
+    there): ``expm1(x) cos(y) - 2 sin(y/2)**2 + i exp(x) sin(y)``, with C99's infinities and
+    NaNs (an infinite x with an infinite or NaN y gives inf + NaN i or -1 + 0i)."""
+    x, y = complex_parts.real(z), complex_parts.imag(z)
+    half = F.sin(F.mul(y, 0.5))
+    re = F.sub(F.mul(bind(expm1_p, x), F.cos(y)), F.mul(F.mul(half, half), 2.0))
+    re = F.add(re, 0.0)                                        # -0 + 0i gives +0, as C99's
+    im = F.where(F.equal(y, 0.0), y, F.mul(F.exp(x), F.sin(y)))
+    wild = F.logical_not(F.less(F.abs(y), np.inf))            # y infinite or NaN
+    up = F.logical_and(F.equal(x, np.inf), wild)
+    down = F.logical_and(F.equal(x, -np.inf), wild)
+    re = F.where(up, np.inf, F.where(down, -1.0, re))
+    im = F.where(up, np.nan, F.where(down, 0.0, im))
+    return complex_parts.make_complex(re, im)
 
 
 def erf(x):

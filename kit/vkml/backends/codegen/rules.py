@@ -368,7 +368,7 @@ UNSUPPORTED = {
        ("bitwise_and", "bitwise_or", "bitwise_xor", "invert", "left_shift", "right_shift")},
     **{name: "a part or the magnitude of complex numbers: the C tier has no complex type yet, so "
              "a program with complex values runs on NumPy" for name in
-       ("real", "imag", "conj", "complex_abs", "complex_math")},
+       ("real", "imag", "conj", "complex_abs", "complex_math", "make_complex")},
     "fft": "a Fourier transform (NumPy's pocketfft): the C tier has no FFT of its own, so a "
            "program holding one runs on NumPy",
     **{name: "an iterative decomposition (LAPACK's, through NumPy): the C tier has no generated "
