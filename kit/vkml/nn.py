@@ -676,14 +676,20 @@ def cross_entropy(logits, labels, *, label_smoothing=0.0, reduction="mean") -> T
         return _cross_entropy_rows(logits, labels, smoothing, reduction)
 
 
-def _cross_entropy_rows(logits, labels, smoothing, reduction) -> Tensor:
-    """The loss of each row (smoothed), then reduced as asked."""
+def _logits_and_labels(logits, labels):
+    """(logits as a Tensor, labels as ``_labels`` makes them), the shapes checked."""
     if not isinstance(logits, Tensor):
         logits = tensor(logits)
     if logits.ndim != 2:
         raise ShapeError(f"cross_entropy: logits must be (batch, classes), got shape {logits.shape}")
     n, classes = logits.shape
-    idx = _labels(labels, n, classes)
+    return logits, _labels(labels, n, classes)
+
+
+def _cross_entropy_rows(logits, labels, smoothing, reduction) -> Tensor:
+    """The loss of each row (smoothed), then reduced as asked."""
+    logits, idx = _logits_and_labels(logits, labels)
+    n = logits.shape[0]
     logp = _log_softmax(logits, -1)
     if idx.ir_var.value is not None and idx.shape == (n, 2):        # (row, label) coordinates
         picked = reshape(apply_replayable(api.gather, logp, idx), (n,))
@@ -698,12 +704,7 @@ def _cross_entropy_rows(logits, labels, smoothing, reduction) -> Tensor:
 
 
 def _cross_entropy(logits, labels) -> Tensor:
-    if not isinstance(logits, Tensor):
-        logits = tensor(logits)
-    if logits.ndim != 2:
-        raise ShapeError(f"cross_entropy: logits must be (batch, classes), got shape {logits.shape}")
-    n, classes = logits.shape
-    idx = _labels(labels, n, classes)
+    logits, idx = _logits_and_labels(logits, labels)
     # known labels come as (row, label) coordinates, pending ones as an (n, 1) column
     if idx.ir_var.value is not None:
         return apply_replayable(_picked_nll, logits, idx)
@@ -937,9 +938,6 @@ def _activation(fn, name, doc):
             if not isinstance(value, (numbers.Real, str)) or isinstance(value, bool):
                 raise ArgumentError(f"{name}: its parameters must be numbers (or a choice like "
                                     f"approximate='tanh'), got {describe(value)}")
-        if "approximate" in kwargs or (name == "gelu" and args):
-            check_choice(kwargs.get("approximate", args[0] if args else "none"),
-                         ("none", "tanh"), "approximate", "gelu")
         return apply_api(fn, _as_input(x, name), *args, **kwargs)
     op.__name__ = op.__qualname__ = name
     op.__doc__ = doc
@@ -967,7 +965,7 @@ elu = _activation(_act.elu, "elu", """x above 0, ``alpha * (exp(x) - 1)`` below 
     tensor([-0.63212056,  2.        ], dtype=float64)
     """)
 def _gelu(x, approximate="none"):
-    return _act.gelu(x, approximate)
+    return _act.gelu(x, check_choice(approximate, ("none", "tanh"), "approximate", "gelu"))
 
 
 gelu = _activation(_gelu, "gelu", """``x Phi(x)`` (``approximate`` "none" or "tanh", as ``F.gelu``).

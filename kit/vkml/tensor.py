@@ -762,24 +762,24 @@ class Tensor:
         return matmul(y, self)
 
     def __and__(self, y):
-        return logical_and(self, y) if _both_bool(self, y) else _numeric_method(bitwise.bitwise_and, self, y)
+        return logical_and(self, y) if _logical(self, y) else _numeric_method(bitwise.bitwise_and, self, y)
 
     def __rand__(self, y):
-        return logical_and(y, self) if _both_bool(self, y) else _numeric_method(bitwise.bitwise_and, y, self)
+        return logical_and(y, self) if _logical(self, y) else _numeric_method(bitwise.bitwise_and, y, self)
 
     def __or__(self, y):
-        return logical_or(self, y) if _both_bool(self, y) else _numeric_method(bitwise.bitwise_or, self, y)
+        return logical_or(self, y) if _logical(self, y) else _numeric_method(bitwise.bitwise_or, self, y)
 
     def __ror__(self, y):
-        return logical_or(y, self) if _both_bool(self, y) else _numeric_method(bitwise.bitwise_or, y, self)
+        return logical_or(y, self) if _logical(self, y) else _numeric_method(bitwise.bitwise_or, y, self)
 
     def __xor__(self, y):
-        if _both_bool(self, y):
+        if _logical(self, y):
             return not_equal(cast(self, bool), cast(y, bool))
         return _numeric_method(bitwise.bitwise_xor, self, y)
 
     def __rxor__(self, y):
-        if _both_bool(self, y):
+        if _logical(self, y):
             return not_equal(cast(y, bool), cast(self, bool))
         return _numeric_method(bitwise.bitwise_xor, y, self)
 
@@ -1094,7 +1094,7 @@ def _apply(fn, args, kwargs, replayable):
     return t
 
 
-def _both_bool(x, y) -> bool:
+def _logical(x, y) -> bool:
     """Whether ``x & y`` is logical rather than bitwise: unless both are integers (a Python int
     being one), the operands are read as truth values, as vkml always has."""
     def is_int(v):

@@ -90,10 +90,16 @@ def _bind(sig, name, args, kwargs):
         bound = sig.bind(*args, **kwargs)
     except TypeError as err:
         raise ArgumentError(f"{name}: {err}") from None
-    for key, value in bound.arguments.items():
+    check_flags_and_choices(name, bound.arguments)
+    return bound
+
+
+def check_flags_and_choices(name, arguments):
+    """Refuse a flag (``FLAGS``) that is not a bool and a choice (``CHOICES``) that is not a
+    string, before the function compares them (an array there would be ambiguous)."""
+    for key, value in arguments.items():
         if key in FLAGS and not isinstance(value, (bool, np.bool_)):
             raise ArgumentError(f"{name}: {key} must be True or False, got {describe(value)}")
         if key in CHOICES and value is not None and not isinstance(value, str):
             raise ArgumentError(f"{name}: {key} must be a string naming a choice, got "
                                 f"{describe(value)}")
-    return bound

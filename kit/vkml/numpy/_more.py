@@ -31,7 +31,7 @@ from ..runtime import is_grad_enabled, is_traced, user_site_text
 from ..tensor import Tensor, apply_api, needs_grad
 from . import _array_api as _aa
 from .. import validate as _valid
-from ._lift import lifted as _lifted
+from ._lift import check_flags_and_choices, lifted as _lifted
 
 
 # -- reductions with NumPy's keywords -----------------------------------------------------------
@@ -328,9 +328,7 @@ def _counted(op, count_of, fn, many=False):
     """``fn(x, size, ...)`` as NumPy's ``op``: ``size`` given, one traceable program; without
     it, ``x`` must have a value, and ``count_of(value)`` gives the size."""
     def call(x, *rest, size=None, fill_value=None, **kw):
-        for key, value in kw.items():
-            if not isinstance(value, (bool, _np.bool_)):
-                raise ArgumentError(f"{op}: {key} must be True or False, got {_valid.describe(value)}")
+        check_flags_and_choices(op, kw)
         if size is None:
             size = int(count_of(_value_for_length(op, x, "size", "the number of results to keep, "
                                                   "padded with fill_value"), *rest, **kw))

@@ -153,14 +153,10 @@ def gammaln(x):
 def gamma(x):
     """Gamma(x): exp(lgamma(x)) with the sign of Gamma (negative on (-1, 0), (-3, -2), ...)."""
     x = _fl(x)
-    odd = F.equal(N.mod(round_floor(x), 2.0), 1.0)
+    odd = F.equal(N.mod(N.floor(x), 2.0), 1.0)
     sign = F.where(F.logical_and(F.less(x, 0.0), odd), -1.0, 1.0)
-    pole = F.logical_and(F.less_equal(x, 0.0), F.equal(x, round_floor(x)))
+    pole = F.logical_and(F.less_equal(x, 0.0), F.equal(x, N.floor(x)))
     return F.where(pole, np.nan, F.mul(sign, F.exp(S.lgamma(x))))
-
-
-def round_floor(x):
-    return S.round_(x, "floor")
 
 
 @quiet_function

@@ -36,7 +36,7 @@ def _last(x, axis):
     return F.reshape(moved, kept + (int(np.prod([x.shape[i] for i in axes], dtype=np.int64)),)), axes
 
 
-def _keepdims_shape(shape, axes, ndim):
+def _keepdims_shape(shape, axes):
     out = list(shape)
     for a in sorted(axes):
         out.insert(a, 1)
@@ -90,7 +90,7 @@ def quantile(a, q, axis=None, method="linear", keepdims=False, ignore_nan=False,
     out = F.stack(outs, 0) if outs else F.zeros((0,) + x.shape[:-1], xs.dtype)
     out = F.reshape(out, qs.shape + x.shape[:-1])
     if keepdims:
-        out = F.reshape(out, qs.shape + _keepdims_shape(x.shape[:-1], axes, a.ndim))
+        out = F.reshape(out, qs.shape + _keepdims_shape(x.shape[:-1], axes))
     return out
 
 
@@ -185,7 +185,7 @@ def nanstd(x, axis=None, ddof=0, keepdims=False):
     return F.sqrt(nanvar(x, axis, ddof, keepdims))
 
 
-def _nan_extreme(name, reduce, fill, x, axis, keepdims):
+def _nan_extreme(reduce, fill, x, axis, keepdims):
     x = F.as_var(x)
     if x.dtype.kind != "f":
         return reduce(x, axis, keepdims)
@@ -195,11 +195,11 @@ def _nan_extreme(name, reduce, fill, x, axis, keepdims):
 
 
 def nanmax(x, axis=None, keepdims=False):
-    return _nan_extreme("nanmax", F.max, -np.inf, x, axis, keepdims)
+    return _nan_extreme(F.max, -np.inf, x, axis, keepdims)
 
 
 def nanmin(x, axis=None, keepdims=False):
-    return _nan_extreme("nanmin", F.min, np.inf, x, axis, keepdims)
+    return _nan_extreme(F.min, np.inf, x, axis, keepdims)
 
 
 def nanargmax(x, axis=None, keepdims=False):
