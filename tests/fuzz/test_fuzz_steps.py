@@ -31,8 +31,11 @@ COMMON = textwrap.dedent("""
         for p, a in zip(model.parameters(), [rng.standard_normal(p.shape).astype(np.float32) * 0.3
                                               for p in model.parameters()]):
             p.assign_(a)
-        opt = optim.Adam(model.parameters(), lr=1e-2) if kind == "adam" else \\
-            optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
+        make = {"adam": lambda ps: optim.Adam(ps, lr=1e-2),
+                "sgd": lambda ps: optim.SGD(ps, lr=1e-2, momentum=0.9),
+                "adamw": lambda ps: optim.AdamW(ps, lr=1e-2, weight_decay=0.1, amsgrad=True),
+                "rmsprop": lambda ps: optim.RMSprop(ps, lr=1e-3, momentum=0.9, centered=True)}
+        opt = make[kind](model.parameters())
         return model, opt
 
     def loss_of(model):
@@ -41,7 +44,8 @@ COMMON = textwrap.dedent("""
     def state(opt):
         out = [p.numpy().copy() for p in opt.params]
         out += [p.grad.numpy().copy() if p.grad is not None else None for p in opt.params]
-        for name in ("exp_avg", "exp_avg_sq", "bufs", "momentum_buffers"):
+        for name in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "bufs", "momentum_buffers",
+                     "square_avg", "grad_avg", "momentum_buffer"):
             for t in getattr(opt, name, None) or []:
                 out.append(None if t is None else t.numpy().copy())
         steps = list(getattr(opt, "steps", []))
@@ -147,7 +151,7 @@ INTERRUPTED_STEPS = """
 
 
 @pytest.mark.parametrize("compiled", [True, False], ids=["compile_step", "lazy_step"])
-@pytest.mark.parametrize("kind", ["adam", "sgd"])
+@pytest.mark.parametrize("kind", ["adam", "sgd", "adamw", "rmsprop"])
 @pytest.mark.parametrize("backend", ["numpy", "cpu"])
 def test_ctrl_c_at_random_instants_leaves_every_step_whole_or_not_applied(backend, kind, compiled):
     # at least 40 steps, and more (up to 160) until enough signals landed inside one
