@@ -420,44 +420,81 @@ def test_concurrent_builders_of_one_key_all_get_a_complete_library(tmp_path):
 WRITER = textwrap.dedent("""
     import os, sys, time
     from vkml.backends import disk_cache
-    folder, name, key, stop = sys.argv[1:5]
+    folder, name, key, go, stop, *first_reads = sys.argv[1:]
     with open(os.path.join(folder, name), "rb") as f:
         data = f.read()
+    while not os.path.exists(go):
+        time.sleep(0.001)
     n = 0
-    while not os.path.exists(stop):
+    while n < 60 or not all(os.path.exists(f) for f in first_reads):
         disk_cache.write_entry(folder, name, key, data)     # publish the same library again and again
         n += 1
-    print(n)
+    open(stop, "w").close()
 """)
+
+READER = textwrap.dedent("""
+    import ctypes, json, os, sys, time
+    from vkml.backends import cpu
+    import vkml
+    SOURCE = {source!r}
+    ready, first_read, go, stop, value = sys.argv[1:5] + [float(sys.argv[5])]
+    open(ready, "w").close()
+    while not os.path.exists(go):
+        time.sleep(0.001)
+    wrong = rounds = 0
+    while not os.path.exists(stop):                        # read for as long as the writer writes
+        lib, _ = cpu.library(SOURCE.format(value=value))
+        fn = lib.vk_value
+        fn.restype = ctypes.c_double
+        wrong += fn() != value
+        rounds += 1
+        open(first_read, "w").close()
+    print(json.dumps({{"wrong": int(wrong), "rounds": rounds, "compiles": vkml.stats().compiles}}))
+""").format(source=SOURCE)
 
 
 def test_readers_never_see_a_half_written_entry(tmp_path):
+    """Three readers load the library again and again while a writer republishes it: the writer
+    starts only when every reader is waiting and stops only once every reader has loaded it at
+    least once (and after 60 writes), so reads and writes overlap whatever the machine's load."""
     env = child_env(tmp_path / "cache")
     run_child(env, 3.75)
     folder = tmp_path / "cache" / "cpu"
     (so,) = folder.glob("vk_*.so")
     key = so.name[len("vk_"):-len(".so")]
     stop, go = tmp_path / "stop", tmp_path / "go"
-    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(folder), so.name, key, str(stop)],
+    ready = [tmp_path / f"ready{i}" for i in range(3)]
+    first_reads = [tmp_path / f"first-read{i}" for i in range(3)]
+    readers = [subprocess.Popen([sys.executable, "-c", READER, str(r), str(f), str(go), str(stop), "3.75"],
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for r, f in zip(ready, first_reads)]
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(folder), so.name, key, str(go), str(stop),
+                               *map(str, first_reads)],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        readers = _start_racers(env, go, 3.75, 100, 3)
+        deadline = time.monotonic() + 120
+        while not all(r.exists() for r in ready) and time.monotonic() < deadline:
+            time.sleep(0.01)
         go.touch()
         out = _results(readers)
     finally:
-        stop.touch()
-        stdout, stderr = writer.communicate(timeout=60)
+        go.touch()
+        for f in first_reads:                                    # lets the writer end if a reader died
+            f.touch()
+        _, stderr = writer.communicate(timeout=60)
     assert writer.returncode == 0, stderr[-2000:]
-    assert int(stdout) > 10                                      # it really kept rewriting
     # a partial file would fail its hash and cost a compile: there were none
     assert [r["wrong"] for r in out] == [0, 0, 0] and [r["compiles"] for r in out] == [0, 0, 0]
+    assert all(r["rounds"] >= 1 for r in out)
 
 
 SWAPPER = textwrap.dedent("""
     import os, sys
-    a, b, stop = sys.argv[1:4]
+    a, b, stop, busy = sys.argv[1:5]
     n = 0
     while not os.path.exists(stop):
+        if n >= 100:
+            open(busy, "w").close()
         for x, y in ((a, b), (a + ".sha256", b + ".sha256"), (a, b)):
             try:
                 os.rename(x, x + ".swap")
@@ -474,18 +511,22 @@ def test_a_process_swapping_entries_never_makes_us_run_the_wrong_code(cache):
     folder = str(cache / "cpu")
     a = new_entry(folder, 10.0)
     b = new_entry(folder, 20.0)
-    stop = cache / "stop"
-    swapper = subprocess.Popen([sys.executable, "-c", SWAPPER, a, b, str(stop)],
+    stop, busy = cache / "stop", cache / "busy"
+    swapper = subprocess.Popen([sys.executable, "-c", SWAPPER, a, b, str(stop), str(busy)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         vkml.reset_stats()
-        got = [value_of(v)[0] for _ in range(100) for v in (10.0, 20.0)]
+        got, rounds = [], 0
+        while rounds < 100 or not busy.exists():                 # reads overlap 100 swaps or more
+            got += [value_of(v)[0] for v in (10.0, 20.0)]
+            rounds += 1
+            assert swapper.poll() is None, swapper.communicate()
     finally:
         stop.touch()
         stdout, stderr = swapper.communicate(timeout=60)
     assert swapper.returncode == 0, stderr
     assert int(stdout) > 100                                     # it was really swapping
-    assert got == [10.0, 20.0] * 100
+    assert got == [10.0, 20.0] * rounds
     assert vkml.stats().compiles > 0                             # swapped entries were rebuilt
 
 
