@@ -226,7 +226,7 @@ def parts(ref):
     backend.run = timed_run
     # a jitted call that takes its fast path (the optimiser's update) runs its executable without
     # backend.run: its plan's run is timed whole (the executable, and the result tensors it makes)
-    plan_run = vkml.programs._FastPlan.run
+    plan_run = vkml.programs.arguments.FastPlan.run
 
     def timed_plan_run(plan, run_args, *rest, **options):
         t0 = time.perf_counter()
@@ -235,7 +235,7 @@ def parts(ref):
         finally:
             in_program[0] += time.perf_counter() - t0
 
-    vkml.programs._FastPlan.run = timed_plan_run
+    vkml.programs.arguments.FastPlan.run = timed_plan_run
     names = ["forward: build the graph", "backward: host (collect, key, args)", "backward: program run",
              "optimizer step: host", "optimizer step: program run", "whole step"]
     samples = {n: [] for n in names}
@@ -257,7 +257,7 @@ def parts(ref):
                     samples[n].append(v)
     finally:
         del backend.run
-        vkml.programs._FastPlan.run = plan_run
+        vkml.programs.arguments.FastPlan.run = plan_run
     rows = [(n, statistics.median(v)) for n, v in samples.items()]
     print_table("vkml's step, part by part (medians; parts need not add up to the whole exactly):",
                 rows)
@@ -278,7 +278,7 @@ def compiled_parts():
     import time
     import weakref
 
-    plan_class = vkml.programs._FastPlan
+    plan_class = vkml.programs.arguments.FastPlan
     run = plan_class.run
     inside = [0.0]
 

@@ -141,7 +141,7 @@ def print_parts(f, args):
     """Where one tiny call with NumPy arguments spends its time, stage by stage: each stage is
     timed on its own (medians of many calls), and what is left of the whole call is the calls
     between them (frames, the plan's lookup and counters).  Reads vkml internals: a diagnostic."""
-    from vkml.programs import _fast_key, _result_tensor
+    from vkml.programs.arguments import _result_tensor, fast_key as _fast_key
     from vkml.runtime import call_context
     f(*args)
     (plan,) = [p for k, p in f._fast.items() if k == _fast_key(args)]

@@ -59,7 +59,7 @@ def test_the_numpy_run_hands_out_arrays_only(shape):
         a, b = np.full(shape, 2.0), np.full(shape, 3.0)
         for _ in range(2):
             results = f(a, b)
-        exe = f._fast[vkml.programs._fast_key((a, b))].call
+        exe = f._fast[vkml.programs.arguments.fast_key((a, b))].call
         for value in exe([a, b]):
             assert type(value) is np.ndarray and value.shape == shape
         assert [r.numpy().tolist() for r in results] == \
@@ -108,7 +108,7 @@ def test_only_a_program_of_a_few_microseconds_keeps_the_gil(size, quick, monkeyp
 
 
 def test_a_plain_calls_key_starts_with_the_call_context():
-    from vkml.programs import _fast_key
+    from vkml.programs.arguments import fast_key as _fast_key
     from vkml.runtime import call_context
     args = (np.ones(3), vkml.tensor(np.ones(3)))
     for backend in BACKENDS:
@@ -148,7 +148,7 @@ def _host(x):
 
 
 def test_tensors_sharing_a_value_take_the_full_path_wherever_they_stand():
-    from vkml.programs import _fast_key
+    from vkml.programs.arguments import fast_key as _fast_key
     f = vkml.jit(lambda a, b, c: a * 100.0 + b * 10.0 + c)
     t, u, w = (vkml.tensor(np.full(2, float(k))) for k in (1, 2, 3))
     for a, b, c in [(t, u, w), (t, u, u), (u, t, u), (u, u, t), (t, t, t), (t, u, t),
@@ -178,7 +178,7 @@ def test_a_jitted_function_wraps_as_update_wrapper_does():
     want = functools.update_wrapper(Plain(), body)
     for name in (*functools.WRAPPER_ASSIGNMENTS, "__wrapped__", "note"):
         assert getattr(f, name) == getattr(want, name), name
-    assert not hasattr(f, vkml.programs._OWN_JIT) and vkml.jit(body) is f
+    assert not hasattr(f, vkml.programs.jitted._OWN_JIT) and vkml.jit(body) is f
     assert f(np.ones(2), np.ones(2)).numpy().tolist() == [2.0, 2.0]
 
 

@@ -24,7 +24,8 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import display
 
 import vkml
-from vkml import programs, viz
+from vkml import viz
+from vkml.programs.jitted import live_jitted
 from vkml.pytree import flatten
 from vkml.runtime import is_traced
 
@@ -186,7 +187,7 @@ def _ends_with_semicolon(cell) -> bool:
 def _jit_counters() -> dict:
     """id -> (jitted function, its counters), for every function vkml.jit has made."""
     out = {}
-    for j in programs.live_jitted():
+    for j in live_jitted():
         module = getattr(j.fn, "__module__", None)   # None for a function made by eval or exec
         if isinstance(module, str) and module.startswith("vkml."):
             continue  # the library's own helpers are not what the user called

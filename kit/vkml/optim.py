@@ -38,7 +38,8 @@ from .errors import ArgumentError, DTypeError, ShapeError, VkmlError, boundary, 
 from .ir import EXACT_REFCOUNTS, Var, dtype_name
 from .backends.interrupts import Deferred
 from .ops.api import constant, default_device
-from .programs import flatten_known, jit, value_and_grad
+from .programs import jit, value_and_grad
+from .programs.arguments import flatten_known
 from .pytree import unflatten
 from .runtime import MODEL_TRACE, no_grad, writing
 from .tensor import Tensor, assign, maximum, sqrt, zeros_like

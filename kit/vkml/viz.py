@@ -63,7 +63,8 @@ from .graph.record import Record
 from .install import install_hint
 from .printer import (format_param, fused_view, literal, number_values, pp_program, root_of,
                       site_title, source_line, value_names)
-from .programs import Jitted, gradient_residuals, jit
+from .programs import Jitted, jit
+from .programs.derivatives import gradient_residuals
 from .pytree import flatten
 from .runtime import grad_leaf, is_traced
 from .tensor import Tensor
