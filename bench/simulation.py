@@ -257,7 +257,7 @@ def _med_us(fn, repeat, warmup=5):
 
 def breakdown_vkml(steps):
     """Per-step cost of vkml's pieces against the hand-written NumPy step (medians, us)."""
-    from vkml.graph.graph import run_batched
+    from vkml.graph.execute import run_batched
     side = make_sides(steps)["vkml"]
     seeds = seeds_for()
     side.reset()

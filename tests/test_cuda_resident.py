@@ -394,7 +394,7 @@ def test_the_fused_reverse_over_more_samples_than_one_host_chunk_has_numpys_bits
     """On the device the reverse is one program over all the samples; on the host it runs in
     chunks of FUSE_SAMPLES whose Param sums are subtrees of the canonical tree: same bits."""
     backend, driver = emulated_cuda
-    from vkml.graph.diff import FUSE_SAMPLES
+    from vkml.graph.graph_reverse import FUSE_SAMPLES
     n = FUSE_SAMPLES + 1000
     want_planes, _, want_grads = on_numpy(two_node, {"y": "seed"}, n)
     vkml.set_backend("cuda")

@@ -379,7 +379,7 @@ def _restore(old):
 
 def test_same_bits_for_1_2_and_4_threads():
     """n = 5000 splits into 4096+904 samples on 2 threads and 3 chunks of 2048 on 4."""
-    from vkml.graph import graph as graph_mod
+    from vkml.graph import execute
     n = 5000
     rng = np.random.default_rng(5)
     x0 = rng.uniform(-2, 2, n)
@@ -398,7 +398,7 @@ def test_same_bits_for_1_2_and_4_threads():
             results[t] = (y.copy(), vkml.diff.reverse(g.record, {"wave.y": np.ones(n), "s": x0}))
         finally:
             _restore(old)
-    assert {2, 4} <= set(graph_mod._POOL)               # the thread pools really ran chunks
+    assert {2, 4} <= set(execute.POOLS)               # the thread pools really ran chunks
     y1, g1 = results[1]
     for t in (2, 4):
         yt, gt = results[t]

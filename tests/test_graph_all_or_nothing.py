@@ -906,7 +906,7 @@ def test_a_strict_simulation_reverse_of_a_table_read_by_index_changes_nothing():
 def test_a_plane_listed_twice_is_backed_up_once_and_restored(vk_backend):
     """The all-or-nothing block copies each plane once however often it is listed (two nodes
     writing the same plane list it twice), and still puts it back when the call fails."""
-    from vkml.graph.graph import all_or_nothing
+    from vkml.graph.execute import all_or_nothing
     plane = np.arange(4.0)
     block = all_or_nothing([plane, plane, plane])
     assert len(block.backups) == 1

@@ -154,7 +154,7 @@ def test_a_samples_bits_do_not_depend_on_the_reverses_chunks(on_cpu, monkeypatch
     """A reverse over more samples than FUSE_SAMPLES runs its program over aligned chunks (here
     of 256, the last one of 233): the same bits as one program over all of them."""
     whole = run(1001)
-    monkeypatch.setattr(vkml.graph.diff, "FUSE_SAMPLES", 256)
+    monkeypatch.setattr(vkml.graph.graph_reverse, "FUSE_SAMPLES", 256)
     chunked = run(1001)
     sizes = {key[1].inputs[0].shape[0] for key in vkml.backends.current()._executables._data
              if key[0] == "graph-reverse"}

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import vkml
-from vkml.graph import record as record_module
+from vkml.graph import run as run_module
 from vkml.graph.reversible import Reversible
 from vkml.graph.schedules import Binomial, Full, Window
 from vkml.graph.versions import PlaneVersions
@@ -82,7 +82,7 @@ def _chain():
 def test_node_by_node_and_fused_runs_copy_exactly_what_the_rule_says(threads, copies, monkeypatch):
     monkeypatch.setenv("VKML_THREADS", threads)
     g, planes, x0, expected = _chain()
-    assert record_module.fused_launch(g) == (threads == "1")     # both paths are exercised
+    assert run_module.fused_launch(g) == (threads == "1")     # both paths are exercised
     g.launch()
     rec = g.record
     assert copies == expected and list(rec.saved) == expected

@@ -4,7 +4,8 @@ Param ones combined from the shards' tree sums in the canonical tree's order, an
 from __future__ import annotations
 
 from ..errors import RefusedError
-from ..graph.diff import GradientMapping, fold_params
+from ..graph.diff import GradientMapping
+from ..graph.graph_reverse import fold_params
 from .blocks import tree_of
 from .tasks import where
 

@@ -9,8 +9,8 @@
 """
 
 from . import diff
-from .graph import Graph, Opaque, Reduce, RepeatWhile, SkipGuard, Skippable, opaque, reduce, \
-    repeat_while, skippable
+from .graph import Graph
+from .nodes import Opaque, Reduce, RepeatWhile, SkipGuard, Skippable, opaque, reduce, repeat_while, skippable
 from .kernel import Kernel, Launch, Param, kernel
 from .record import Record
 from .simulation import Simulation, SimulationRecord, simulation, until_done

@@ -14,7 +14,7 @@ from ..backends import ExecutionFailure
 from ..ir import Var, program_from_dag
 from ..ops import api
 from ..threadsafe import Cache
-from .graph import execution_error
+from .execute import execution_error
 
 
 def run_resident(batch, n, args, where):

@@ -27,562 +27,32 @@ longer follow the launches.  ``graph.planes`` gives every plane by name;
 read one on the host with ``.numpy()`` (or ``np.asarray``).  Nodes that run
 Python on the values (opaque nodes, reductions, guards that are functions)
 need the values on the host: a graph holding one copies its planes there and
-back around each launch, explicitly (guards that are cells do not).
-"""
+back around each launch, explicitly (guards that are cells do not)."""
 
 from __future__ import annotations
 
-import contextvars
-import math
 import operator
-import sys
 import threading
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from .. import backends
-from ..backends import ExecutionFailure
-from ..backends.base import threads  # noqa: F401  (the graph modules' name for it)
-from ..errors import (ArgumentError, Busy, DTypeError, ExecutionError, RecordError, RefusedError,
-    ShapeError, VkmlError, boundary)
+from ..backends.base import threads
+from ..errors import ArgumentError, Busy, DTypeError, RecordError, ShapeError, VkmlError, boundary
 from .kernel import Kernel, Launch
-from ..threadsafe import Cache
 from .reversible import Reversible
-from .treesum import MIN_PASS, tree_sum
-from ..validate import check_choice, check_int
+from ..validate import check_int
+from .execute import (GraphCaches, LAYOUT, WRITEABLE, changed_plane_message, plane_signature,
+    refuse_other_backend)
+from .nodes import Node, Opaque, Reduce, RepeatWhile, Skippable, as_launch
+from .run import run_launches
+from .graph_reverse import check_graph_reversible, graph_bitwise, reverse_graph
+
 
 #: The most runs one ``launch(n)`` takes (2**31): far more than any run finishes, so a larger n
 #: is a mistake, refused rather than left running for ever.
 MAX_LAUNCH_RUNS = 2 ** 31
-
-
-def _sibling(name):
-    """``vkml.graph.<name>``, a module that imports this one (a cycle), from ``sys.modules``: the
-    package imports it before any graph can run, and an import statement in a method called per
-    launch or reverse costs about a microsecond each time."""
-    return sys.modules[f"{__package__}.{name}"]
-
-
-# -- all or nothing ---------------------------------------------------------------------------
-
-class all_or_nothing:          # noqa: N801 - used as a ``with`` statement, like a function
-    """The one rule every launch, update, reverse and simulation run of the graph layer follows:
-    a call that is refused changes nothing.
-
-    A call checks what it can before it writes anything.  What can only fail part-way (an index
-    out of range inside a kernel, a user's opaque node or guard raising) runs inside this
-    block: it copies ``planes`` (the arrays the call may write) and remembers ``restore``
-    (``(object, attribute)`` pairs: generations, Records), and if anything raises -- a
-    KeyboardInterrupt too (Ctrl-C stops a long compiled call part-way) -- puts every one of
-    them back before the error leaves, so no plane, Record, generation or cache is left
-    half-updated.  An error that is not a :class:`vkml.VkmlError` (a user's function raised
-    it) leaves as an :class:`vkml.ExecutionError` naming it, with the original as its cause; a
-    KeyboardInterrupt (any BaseException that is not an Exception) leaves as it is."""
-
-    __slots__ = ("backups", "attrs")
-
-    def __init__(self, planes=(), restore=()):
-        self.backups = [(p, p.copy()) for p in {id(p): p for p in planes}.values()]  # each plane once
-        self.attrs = [(obj, name, getattr(obj, name)) for obj, name in restore]
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, err, tb):
-        if err is None:
-            return False
-        for plane, copy in self.backups:
-            plane[...] = copy
-        for obj, name, value in self.attrs:
-            setattr(obj, name, value)
-        if isinstance(err, Exception) and not isinstance(err, VkmlError):
-            raise ExecutionError(f"{type(err).__name__}: {err} (nothing was changed)") from err
-        return False
-
-
-def execution_error(failure, eqns, where) -> ExecutionError:
-    """The error a failing equation of a graph program raises: the node (``where``), the
-    equation and what went wrong (an index out of range, ...)."""
-    eqn = eqns[failure.index] if 0 <= failure.index < len(eqns) else None
-    what = f"{eqn.describe()} failed" if eqn is not None else "its program failed"
-    return ExecutionError(f"{where}: {what}: {failure.error}; nothing was written")
-
-
-def user_error(err, where) -> ExecutionError:
-    """A user's function (an opaque node, its vjp, a guard) raised ``err``: the same error,
-    named after the node, as a VkmlError (the original is its cause); a VkmlError as it is."""
-    if isinstance(err, VkmlError):
-        return err
-    new = ExecutionError(f"{where} raised {type(err).__name__}: {err}")
-    new.__cause__, new.__suppress_context__ = err, True
-    return new
-
-
-def per_sample_values(value, shape, kinds, where):
-    """``value`` (what a user's function returned) as an array of ``shape`` whose dtype kind is
-    one of ``kinds`` (``"f"``: floats; ints and bools are accepted for floats, as exact zeros and
-    counts are); anything else (a string, None, a wrong shape) is refused naming ``where``."""
-    arr = None
-    if not isinstance(value, (str, bytes)) and value is not None:
-        try:
-            arr = np.asarray(value)
-        except (TypeError, ValueError):
-            arr = None
-    ok_kinds = kinds + ("biu" if "f" in kinds else "")
-    if arr is None or arr.dtype.kind not in ok_kinds:
-        got = f"an array of {arr.dtype}" if arr is not None else type(value).__name__
-        raise ArgumentError(f"{where} must be an array of {'floats' if kinds == 'f' else 'numbers'} "
-                            f"of shape {shape} (one row per sample), got {got}")
-    if arr.shape != shape:
-        try:
-            arr = np.array(np.broadcast_to(arr, shape))
-        except ValueError:
-            raise ShapeError(f"{where} must be an array of shape {shape} (one row per sample), got "
-                             f"shape {arr.shape}") from None
-    return arr.astype(np.float64) if kinds == "f" and arr.dtype.kind != "f" else arr
-
-
-# -- the planes a built graph runs on ---------------------------------------------------------
-
-def plane_signature(plane):
-    """What a compiled launch relies on about a plane: its shape and dtype (a program is traced
-    and compiled for them: a plane resized in place would be read at its old size) and whether
-    it may be written.  Not its strides (every backend reads a plane of any strides correctly,
-    and setting them in place is deprecated in NumPy) nor where its memory is (every launch hands
-    the arrays themselves to the program, so memory that moved -- resized away and back -- is
-    read where it now is); reading the address would cost more than all the rest, every launch."""
-    return plane.shape, plane.dtype, plane.flags.writeable
-
-
-_LAYOUT = operator.attrgetter("shape", "dtype")
-_WRITEABLE = operator.attrgetter("flags.writeable")
-
-
-def changed_plane_message(where, name, before, now, since="build()",
-                          fix="rebuild the graph with build()") -> str:
-    """Why plane ``name`` no longer is what a compiled program was built for, and the fix."""
-    what = ("its shape", "its dtype", "whether it is writeable")
-    diffs = [f"{what[i]} was {before[i]}, now {now[i]}" for i in range(len(what)) if before[i] != now[i]]
-    return (f"{where}: plane {name!r} changed since {since}: {'; '.join(diffs)}; {fix} after "
-            f"replacing/resizing plane {name!r} (or write into the plane in place: plane[...] = values)")
-
-
-def chunk_size_for(n: int, workers: int) -> int:
-    """Aligned chunks of ``256 * 2**q`` samples, about one per worker."""
-    size = MIN_PASS
-    while size * workers < n:
-        size *= 2
-    return size
-
-
-_POOL = {}
-
-
-def _pool(workers):
-    if workers not in _POOL:
-        _POOL[workers] = ThreadPoolExecutor(workers, thread_name_prefix="vkml")
-    return _POOL[workers]
-
-
-def run_batched(batch, n, args, batched_flags, into=None):
-    """Run a batched per-sample program over ``n`` samples, split over ``VKML_THREADS`` threads.
-    ``into``: one destination array (or None) per result, as ``Backend.run`` takes them; each
-    thread writes its own rows of them.
-
-    Samples never mix, so the split changes no bit of any per-sample result."""
-    workers = threads()
-    if workers == 1 or n < 2 * MIN_PASS:
-        return batch.run(n, args, into=into)
-    size = chunk_size_for(n, workers)
-    bounds = [(s, min(s + size, n)) for s in range(0, n, size)]
-
-    def part(b):
-        s, e = b
-        rows = None if into is None else [None if d is None else d[s:e] for d in into]
-        return batch.run(e - s, [a[s:e] if f else a for a, f in zip(args, batched_flags)], into=rows)
-
-    # each part runs with the caller's modes (its backend: one chosen with use_backend too)
-    contexts = [contextvars.copy_context() for _ in bounds]
-    parts = list(_pool(workers).map(lambda c, b: c.run(part, b), contexts, bounds))
-    return [into[i] if into is not None and into[i] is not None else
-            np.concatenate([p[i] for p in parts]) for i in range(len(parts[0]))]
-
-
-def run_named(batch, n, args, batched_flags, where, into=None):
-    """:func:`run_batched`, with a failing equation reported as an :class:`vkml.ExecutionError`
-    naming ``where`` (the node or kernel) and the equation."""
-    try:
-        return run_batched(batch, n, args, batched_flags, into)
-    except ExecutionFailure as failure:
-        raise execution_error(failure, batch.program(n).eqns, where) from failure.error
-
-
-# -- guards and node kinds ------------------------------------------------------------------
-
-class SkipGuard:
-    """The condition of a ``skippable`` or ``repeat_while``: a one-value cell read at launch.
-
-    >>> @vkml.kernel
-    ... def wave(x, k: vkml.Param):
-    ...     return {"y": vkml.sin(k * x)}
-    ...
-    >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
-    >>> flag = np.zeros(1)
-    >>> maybe = vkml.skippable(wave.bind(x=x, k=2.0, y=y), vkml.SkipGuard.nonzero(flag))
-    >>> g = vkml.Graph().add(maybe, name="maybe").build()
-    >>> g.launch()
-    <vkml.Graph: maybe>
-    >>> y
-    array([0., 0., 0.])
-    """
-
-    def __init__(self, cell, how="nonzero"):
-        if not isinstance(cell, np.ndarray) or cell.size < 1 or cell.dtype.kind not in "biuf":
-            got = f"an array of {cell.dtype} {cell.shape}" if isinstance(cell, np.ndarray) else \
-                type(cell).__name__
-            raise ArgumentError("SkipGuard: the guard must be a NumPy array cell of numbers, e.g. "
-                                f"np.array([1], dtype='uint32'); got {got}")
-        how = check_choice(how, ("nonzero",), "how", "SkipGuard")
-        self.cell = cell
-        self.how = how
-
-    @classmethod
-    def nonzero(cls, cell):
-        """True while ``cell`` (any element) is non-zero.
-
-        >>> flag = np.array([1.0])
-        >>> vkml.SkipGuard.nonzero(flag).how
-        'nonzero'
-        """
-        return cls(cell, "nonzero")
-
-    def __call__(self) -> bool:
-        return bool(np.any(self.cell != 0))
-
-    def __repr__(self):
-        return f"SkipGuard.nonzero(cell of {self.cell.shape})"
-
-
-def _as_launch(member, what):
-    """A Launch from a Launch or its bound ``.launch`` method (both spellings are accepted)."""
-    if isinstance(member, Launch):
-        return member
-    owner = getattr(member, "__self__", None)
-    if isinstance(owner, Launch):
-        return owner
-    return member
-
-
-class Skippable:
-    """A member that runs only while its guard holds; its reverse uses the recorded guard.
-
-    >>> @vkml.kernel
-    ... def wave(x, k: vkml.Param):
-    ...     return {"y": vkml.sin(k * x)}
-    ...
-    >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
-    >>> maybe = vkml.skippable(wave.bind(x=x, k=2.0, y=y), vkml.SkipGuard.nonzero(np.ones(1)))
-    >>> isinstance(maybe, vkml.graph.Skippable)
-    True
-    """
-
-    kind = "skippable"
-
-    def __init__(self, member, guard):
-        self.member = _as_launch(member, "skippable")
-        if not isinstance(self.member, Launch):
-            raise ArgumentError("skippable: the member must be a kernel launch (kernel.bind(...))")
-        if not isinstance(guard, (SkipGuard, np.ndarray)):
-            raise ArgumentError(f"skippable: the guard must be vkml.SkipGuard.nonzero(cell) or a NumPy "
-                                f"cell, got {type(guard).__name__}")
-        self.guard = guard if isinstance(guard, SkipGuard) else SkipGuard.nonzero(guard)
-
-
-class RepeatWhile:
-    """A member repeated while its guard holds, up to ``max_iters`` (the most a reverse unrolls).
-
-    >>> @vkml.kernel
-    ... def halve(s, k: vkml.Param):
-    ...     return {"s": s * k}
-    ...
-    >>> loop = vkml.repeat_while(halve.bind(s=np.ones(2), k=0.5), vkml.SkipGuard.nonzero(np.ones(1)), max_iters=4)
-    >>> isinstance(loop, vkml.graph.RepeatWhile), loop.max_iters
-    (True, 4)
-    """
-
-    kind = "repeat_while"
-
-    def __init__(self, member, guard, max_iters):
-        self.member = _as_launch(member, "repeat_while")
-        if not isinstance(self.member, Launch):
-            # refused here, not at the reverse: the loop's record (checkpoints of the state a
-            # launch updates in place) and its reverse (that launch's vjp) need a kernel launch
-            what = f"opaque node {self.member.name!r}" if isinstance(self.member, Opaque) else \
-                type(self.member).__name__
-            raise RefusedError(f"repeat_while: the member ({what}) is not a kernel launch, so the "
-                               "loop cannot be recorded or reversed; make the body one "
-                               "kernel.bind(...) launch that updates its state in place")
-        if callable(guard) and not isinstance(guard, SkipGuard):
-            self.guard = guard
-        elif isinstance(guard, (SkipGuard, np.ndarray)):
-            self.guard = guard if isinstance(guard, SkipGuard) else SkipGuard.nonzero(guard)
-        else:
-            raise ArgumentError(f"repeat_while: the guard must be vkml.SkipGuard.nonzero(cell), a NumPy "
-                                f"cell or a function returning a bool, got {type(guard).__name__}")
-        if not isinstance(max_iters, int) or isinstance(max_iters, bool) or max_iters < 1:
-            raise ArgumentError(f"repeat_while: max_iters must be a positive int, got {max_iters!r}")
-        self.max_iters = max_iters
-        self.window = max(1, math.isqrt(max_iters - 1) + 1)
-
-
-class Opaque:
-    """A user model node: ``fn(reads) -> {name: array}`` written into ``writes``.
-
-    vkml cannot see inside it, so a reverse needs its vjp (``vjps={name: vjp}``).
-
-    >>> x, u = np.array([1.0, 2.0]), np.zeros(2)
-    >>> node = vkml.graph.opaque(lambda r: {"u": r["x"] ** 3}, reads={"x": x}, writes={"u": u}, name="cube")
-    >>> g = vkml.Graph().add(node).build(record=True)
-    >>> g.launch()
-    <vkml.Graph: cube>
-    >>> cube_vjp = lambda primals, cts: {"x": 3 * primals["x"] ** 2 * cts["u"]}
-    >>> vkml.diff.reverse(g.record, {"u": np.ones(2)}, vjps={"cube": cube_vjp})["x"]
-    array([ 3., 12.])
-    """
-
-    kind = "opaque"
-
-    def __init__(self, fn, reads, writes, name=None):
-        if not callable(fn):
-            raise ArgumentError(f"opaque: fn must be callable, got {type(fn).__name__}")
-        if name is not None and (not isinstance(name, str) or not name):
-            raise ArgumentError(f"opaque: name must be a non-empty string, got {name!r}")
-        label = name or getattr(fn, "__name__", "opaque")
-        for what, d in (("reads", reads), ("writes", writes)):
-            if not isinstance(d, Mapping) or not all(isinstance(k, str) for k in d) or \
-                    not all(isinstance(v, np.ndarray) for v in d.values()):
-                raise ArgumentError(f"opaque node {label!r}: {what} must be a dict of name (str) -> "
-                                    f"NumPy plane, got {type(d).__name__}")
-        if not writes:
-            raise ArgumentError(f"opaque node {label!r}: writes is empty; name the planes it writes: "
-                                "writes={'f': plane}")
-        planes = list(reads.items()) + list(writes.items())
-        bad = [k for k, v in planes if v.ndim == 0 or v.dtype.kind not in "biuf"]
-        if bad:
-            raise ShapeError(f"opaque node {label!r}: plane {bad[0]!r} must be an array of numbers with "
-                             "one row per sample (shape (n,) or (n, d))")
-        rows = {v.shape[0] for _, v in planes}
-        if len(rows) > 1:
-            raise ShapeError(f"opaque node {label!r}: planes have different numbers of rows "
-                             + ", ".join(f"{k}: {v.shape[0]}" for k, v in planes))
-        frozen = [k for k, v in writes.items() if not v.flags.writeable]
-        if frozen:
-            raise ArgumentError(f"opaque node {label!r}: write plane {frozen[0]!r} is read-only")
-        self.fn, self.reads, self.writes = fn, dict(reads), dict(writes)
-        self.name = label
-        self.n = rows.pop()
-
-    def run(self, reads=None):
-        """``fn`` on the planes (or on ``reads``): its outputs, checked against the write planes
-        before any is written.
-
-        >>> x, u = np.array([1.0, 2.0]), np.zeros(2)
-        >>> node = vkml.graph.opaque(lambda r: {"u": r["x"] ** 3}, reads={"x": x}, writes={"u": u})
-        >>> node.run()
-        {'u': array([1., 8.])}
-        """
-        try:
-            out = self.fn(dict(reads if reads is not None else self.reads))
-        except Exception as err:     # noqa: BLE001 - the user's model: named, and nothing written
-            raise user_error(err, f"opaque node {self.name!r}")
-        if not isinstance(out, Mapping) or set(out) != set(self.writes):
-            raise ArgumentError(f"opaque node {self.name!r} must return a dict with exactly "
-                                f"{sorted(self.writes)}, got "
-                                f"{sorted(out) if isinstance(out, Mapping) else type(out).__name__}")
-        rows = next(iter(reads.values())).shape[0] if reads else self.n
-        return {k: per_sample_values(v, (rows,) + self.writes[k].shape[1:], "biuf",
-                                     f"opaque node {self.name!r}: output {k!r}")
-                for k, v in out.items()}
-
-
-class Reduce:
-    """``dst[...] = op(src)`` over samples; ``"sum"`` uses the canonical tree and reverses,
-    ``"max"``/``"min"``/``"all"``/``"any"`` do not (a tie has no single derivative).
-
-    >>> node = vkml.graph.reduce(np.array([1.0, 5.0]), np.zeros(1), "max")
-    >>> node.op
-    'max'
-    """
-
-    kind = "reduce"
-    OPS = ("sum", "max", "min", "all", "any")
-
-    def __init__(self, src, dst, op="sum"):
-        if not isinstance(op, str) or op not in self.OPS:
-            raise ArgumentError(f"reduce: op must be one of {self.OPS}, got {op!r}")
-        if not isinstance(src, np.ndarray) or not isinstance(dst, np.ndarray):
-            raise ArgumentError("reduce: src and dst must be NumPy planes")
-        if src.ndim == 0 or src.dtype.kind not in "biuf" or dst.dtype.kind not in "biuf":
-            raise ShapeError(f"reduce: src must be a plane of numbers with one row per sample and dst "
-                             f"a cell of numbers; got src {src.dtype} {src.shape}, dst {dst.dtype}")
-        if not dst.flags.writeable:
-            raise ArgumentError("reduce: dst is read-only")
-        if dst.shape != src.shape[1:] and dst.shape != (1,) + src.shape[1:]:
-            raise ShapeError(f"reduce: dst {dst.shape} must hold one sample's value {src.shape[1:]}")
-        self.src, self.dst, self.op = src, dst, op
-        self.reads, self.writes = {"src": src}, {"dst": dst}
-        self.n = src.shape[0]
-
-    def compute(self, src):
-        """``op`` of ``src`` over samples (axis 0), as the node writes it into ``dst``.
-
-        >>> vkml.graph.reduce(np.ones(3), np.zeros(1)).compute(np.array([1.0, 2.0, 3.0]))
-        array(6.)
-        """
-        if self.op == "sum":
-            return tree_sum(src)
-        return {"max": np.max, "min": np.min, "all": np.all, "any": np.any}[self.op](src, axis=0)
-
-
-def skippable(member, guard) -> Skippable:
-    """``member`` runs only while ``guard`` (``SkipGuard.nonzero(cell)``) holds at launch.
-
-    >>> @vkml.kernel
-    ... def wave(x, k: vkml.Param):
-    ...     return {"y": vkml.sin(k * x)}
-    ...
-    >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
-    >>> flag = np.ones(1)
-    >>> maybe = vkml.skippable(wave.bind(x=x, k=2.0, y=y), vkml.SkipGuard.nonzero(flag))
-    >>> vkml.Graph().add(maybe, name="maybe").build().launch()
-    <vkml.Graph: maybe>
-    >>> y.round(4)
-    array([0.    , 0.8415, 0.9093])
-    """
-    return Skippable(member, guard)
-
-
-def repeat_while(member, guard, max_iters=100) -> RepeatWhile:
-    """``member`` runs again while ``guard`` holds, at most ``max_iters`` times.
-
-    >>> @vkml.kernel
-    ... def halve(s, k: vkml.Param):
-    ...     return {"s": s * k}
-    ...
-    >>> s, big = np.array([8.0, 4.0]), np.ones(1)
-    >>> loop = vkml.repeat_while(halve.bind(s=s, k=0.5), vkml.SkipGuard.nonzero(big), max_iters=3)
-    >>> g = vkml.Graph().add(loop, name="loop").build(record=True)
-    >>> g.launch()
-    <vkml.Graph: loop>
-    >>> s, g.record.iterations
-    (array([1. , 0.5]), {'loop': 3})
-    """
-    return RepeatWhile(member, guard, max_iters)
-
-
-def opaque(fn, reads, writes, name=None) -> Opaque:
-    """A user model node (see :class:`Opaque`).
-
-    >>> x, u = np.array([1.0, 2.0]), np.zeros(2)
-    >>> node = vkml.graph.opaque(lambda r: {"u": r["x"] ** 3}, reads={"x": x}, writes={"u": u}, name="cube")
-    >>> vkml.Graph().add(node).build().launch()
-    <vkml.Graph: cube>
-    >>> u
-    array([1., 8.])
-    """
-    return Opaque(fn, reads, writes, name)
-
-
-def reduce(src, dst, op="sum") -> Reduce:
-    """A node summing (or taking the max/min/all/any of) a plane over samples into a cell.
-
-    >>> y, total = np.array([1.0, 2.0, 3.0]), np.zeros(1)
-    >>> vkml.Graph().add(vkml.graph.reduce(y, total), name="total").build().launch()
-    <vkml.Graph: total>
-    >>> total
-    array([6.])
-    """
-    return Reduce(src, dst, op)
-
-
-# -- the graph ------------------------------------------------------------------------------
-
-class Node:
-    """A named entry of a Graph."""
-
-    __slots__ = ("name", "op", "index", "graph")
-
-    def __init__(self, name, op, index, graph=None):
-        self.name, self.op, self.index, self.graph = name, op, index, graph
-
-    @property
-    def kind(self):
-        return self.op.kind
-
-    def launches(self):
-        """The kernel launches this node may run (its member for conditionals)."""
-        if isinstance(self.op, Launch):
-            return [self.op]
-        if isinstance(self.op, (Skippable, RepeatWhile)):
-            return [self.op.member]
-        return []
-
-    def bindings(self, which):
-        """(argument name, plane) pairs this node reads (``"reads"``) or writes."""
-        ops = self.launches()
-        return list(getattr(ops[0] if ops else self.op, which).items())
-
-    @property
-    def reads(self):
-        """Names of the planes this node reads (as the graph names them: see ``Graph.plane_name``)."""
-        return [self.graph.plane_name(p) if self.graph else n for n, p in self.bindings("reads")]
-
-    @property
-    def writes(self):
-        return [self.graph.plane_name(p) if self.graph else n for n, p in self.bindings("writes")]
-
-    @property
-    def params(self):
-        ops = self.launches()
-        return dict(ops[0].params) if ops else {}
-
-    def __repr__(self):
-        return f"<node {self.name} ({self.kind})>"
-
-
-class GraphCaches:
-    """What a graph derives from its nodes once and reuses every launch and reverse.
-
-    Owned by the graph (``graph._caches``) and made anew whenever its nodes change (``add``)
-    or it is built (``build``), so nothing derived from an older structure survives; emptied by
-    ``vkml.clear_caches()`` and bounded like every vkml cache: each keeps at most
-    ``vkml.cache_limit()`` entries (default 1024), the least recently used going first.
-
-    - ``launch_plans``: the fused launch's program and tape (``record.LaunchPlan``), one per
-      recording mode and backend;
-    - ``reverse_plans``: the fused reverse's program (``diff.ReversePlan``), one per set of
-      seeded outputs, backend and shape of the tape (which members a launch skipped);
-    - ``structure``: facts about the nodes found once (the name tables a reverse resolves seeds
-      with, whether a launch can fail part-way, which gradients are bitwise): a handful.
-    """
-
-    __slots__ = ("launch_plans", "reverse_plans", "structure")
-
-    def __init__(self):
-        self.launch_plans = Cache("graph launch plans")
-        self.reverse_plans = Cache("graph reverse plans")
-        self.structure = Cache("graph structure")
-
-
-def refuse_other_backend(owner, error, message):
-    """Raise ``error(message)`` (``{owner}`` and ``{current}`` filled with the backends' names)
-    when the current backend is not ``owner``, the one holding a graph's or a simulation's planes
-    in its device memory: another backend would not see their values."""
-    current = backends.current()
-    if current is not owner:
-        raise error(message.format(owner=owner.name, current=current.name))
 
 
 class Graph(Reversible):
@@ -634,7 +104,7 @@ class Graph(Reversible):
         if isinstance(bound, Kernel):
             raise ArgumentError(f"Graph.add: kernel {bound.name} is not bound; add "
                                 f"{bound.name}.bind(...) with its planes and Params")
-        op = _as_launch(bound, "add")
+        op = as_launch(bound, "add")
         if isinstance(op, Launch) and op.kernel.vjp_of is not None:
             raise ArgumentError(f"Graph.add: {op.kernel.name} is the vjp of {op.kernel.vjp_of.name}; "
                                 "a vjp is a kernel of the reverse, never a step of a forward graph "
@@ -773,8 +243,8 @@ class Graph(Reversible):
         """
         # every launch and reverse: the arrays still bound, then plane_signature of each, inlined
         if all(map(operator.is_, map(dict.get, self._bound_dicts, self._bound_names), self._bound_arrays)) \
-                and list(map(_LAYOUT, self._planes)) == self._layouts \
-                and all(map(_WRITEABLE, self._written)):
+                and list(map(LAYOUT, self._planes)) == self._layouts \
+                and all(map(WRITEABLE, self._written)):
             return
         for node, which, name, plane in self._bound:
             if which.get(name) is not plane:
@@ -974,7 +444,7 @@ class Graph(Reversible):
             workers = threads()                # a bad VKML_THREADS is refused before anything runs
             self._launching = True
         try:
-            _sibling("record").run_launches(self, n, workers)
+            run_launches(self, n, workers)
         finally:
             self._launching = False
         return self
@@ -1060,7 +530,6 @@ class Graph(Reversible):
             ...
         vkml.errors.ArgumentError: Reverse: the graph was built without record=True; build it with build(record=True) so launches keep what the reverse needs
         """
-        from .diff import check_graph_reversible  # local: diff imports graph (a module-level cycle)
         check_graph_reversible(self, vjps)
 
     def bitwise(self):
@@ -1077,7 +546,6 @@ class Graph(Reversible):
         >>> sorted(g.bitwise().items())
         [('k', True), ('wave.k', True), ('wave.x', True), ('x', True)]
         """
-        from .diff import graph_bitwise  # local: diff imports graph (a module-level cycle)
         return graph_bitwise(self)
 
     def reverse(self, record, seeds, wrt=None, vjps=None, strict=False, lock=None):
@@ -1097,7 +565,7 @@ class Graph(Reversible):
         >>> bool(np.isclose(grads["k"], np.sum(np.cos(2.0 * x) * x)))   # d/dk sum(sin(k x))
         True
         """
-        return _sibling("diff").reverse_graph(self, record, seeds, wrt=wrt, vjps=vjps,
+        return reverse_graph(self, record, seeds, wrt=wrt, vjps=vjps,
                                               strict=strict, lock=lock)
 
     def __repr__(self):

@@ -29,6 +29,7 @@ from ..tensor import Tensor
 from ..threadsafe import Cache
 from ..transforms import vjp_program, vmap_program
 from ..transforms.ad import derived
+from .execute import run_named
 
 
 class Param:
@@ -314,7 +315,6 @@ class Launch:
         >>> y.round(4)
         array([0.    , 0.4794, 0.8415])
         """
-        from .graph import run_named  # local: cycle (graph imports this module)
         kern = self.kernel
         self._check_planes()
         args = [self.reads[n] for n in kern.inputs] + [self.params[p] for p in kern.params]

@@ -70,15 +70,18 @@ from ..backends.cuda_loops import rows, window as checkpoint_window
 from ..errors import (ArgumentError, BackendError, Busy, ExecutionError, RecordError,
     RefusedError, ShapeError, boundary)
 from .diff import Gradients, Report, check_reverse_lock, check_vjps, reverse_launch, \
-    user_vjp_gradients, uses_table, workspace_of, wrt_names
+    user_vjp_gradients, workspace_of, wrt_names
+from .execute import uses_table
 from .. import backends
 from ..ir import program_from_dag
 from ..progress import progress as progress_bar
 from ..transforms import vjp_program
 from ..transforms.ad import derived
 from ..transforms.control import reorder_inputs
-from .graph import Opaque, changed_plane_message, execution_error, plane_signature, \
-    refuse_other_backend, run_named, threads, user_error
+from ..backends.base import threads
+from .execute import (changed_plane_message, execution_error, plane_signature, refuse_other_backend,
+                      run_named, user_error)
+from .nodes import Opaque
 from .kernel import Launch
 from .reversible import Reversible
 # (the schedules, binomial_cost, default_window and MAX_STEPS are re-exported from here)

@@ -17,7 +17,7 @@ from .. import backends
 from ..errors import ArgumentError, DTypeError, RefusedError, ShapeError
 from ..validate import check_int
 from .diff import seed_array
-from .graph import Opaque
+from .nodes import Opaque
 from .kernel import Kernel, Launch
 from .schedules import NAMED, default_window
 
