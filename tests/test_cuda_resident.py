@@ -357,7 +357,7 @@ def test_launch_and_reverse_move_no_plane_across_pcie_and_give_numpys_bits(emula
         g.launch()
         assert vkml.stats().graph_launches - launches == 1                   # one replay
         assert vkml.stats().submissions - submissions == 1
-        plan = next(iter(g._caches.launch_plans.values()))
+        plan = next(iter(g.caches.launch_plans.values()))
         assert replay_copies(driver, log, plan.exe) == [
             ("dtoh", "status words"), ("htod", "pointer table"), ("htod", "small arguments")]
         # a plane the launch reads and rewrites (s) is copied into on the device, once
@@ -368,7 +368,7 @@ def test_launch_and_reverse_move_no_plane_across_pcie_and_give_numpys_bits(emula
         launches = vkml.stats().graph_launches
         grads = vkml.diff.reverse(g.record, seeds)
         assert vkml.stats().graph_launches - launches == 1
-        (rplan,) = [p for p in g._caches.reverse_plans.values()]
+        (rplan,) = [p for p in g.caches.reverse_plans.values()]
         params = len(rplan.params)
         # the Param sums (one value each) come to the host; no plane does
         assert replay_copies(driver, log, rplan.exe) == sorted(

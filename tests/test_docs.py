@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 
 import vkml
+from vkml.graph import examples
 import vkml.numpy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -166,8 +167,10 @@ def doc_state():
 @pytest.mark.usefixtures("doc_state")
 @pytest.mark.parametrize("name, text", _examples())
 def test_the_docstring_example_runs(name, text):
-    # a module's namespace, as in a script or notebook (functions defined there get a __module__)
-    globs = {"__name__": "__main__", "vkml": vkml, "np": np, "vnp": vkml.numpy}
+    # a module's namespace, as in a script or notebook (functions defined there get a __module__),
+    # with the graph examples' two kernels made anew (vkml.graph.examples: nothing cached shared)
+    globs = {"__name__": "__main__", "vkml": vkml, "np": np, "vnp": vkml.numpy,
+             "wave": vkml.kernel(examples.wave.fn), "drift": vkml.kernel(examples.drift.fn)}
     test = doctest.DocTestParser().get_doctest(text, globs, name, None, 0)
     assert test.examples, name
     out = []

@@ -88,7 +88,7 @@ def graph_state(graph):
     """Everything a refused graph call must leave as it was."""
     return ({k: array_state(p) for k, p in planes_of(graph).items()}, graph.generation,
             {k: array_state(c) for k, c in graph.cells.items()}, record_state(graph.record),
-            graph.recording, graph._built)
+            graph.recording, graph.built)
 
 
 def sim_state(sim):
@@ -366,12 +366,12 @@ def test_update_with_a_live_record_is_refused():
 def test_update_during_a_reverse_is_busy():
     w = Fused()
     rec = w.graph.record
-    rec._readers += 1                     # what a reverse in another thread holds while it reads
+    rec.readers += 1                     # what a reverse in another thread holds while it reads
     try:
         refused(lambda: w.graph.update(table=np.ones(3)), w.state, Busy, r"a reverse is reading")
         refused(w.graph.launch, w.state, Busy, r"a reverse is reading")
     finally:
-        rec._readers -= 1
+        rec.readers -= 1
 
 
 # -- reverse ---------------------------------------------------------------------------------
@@ -850,13 +850,13 @@ def test_wrong_vjp_kernels_are_refused_and_the_record_stays_live():
 def test_a_reverse_while_a_launch_runs_and_a_shared_reverse_are_busy():
     g = _waves()
     rev = vkml.diff.Reverse(g)
-    g._launching = True                    # what another thread's launch holds while it runs
+    g.launching = True                    # what another thread's launch holds while it runs
     try:
         refused(lambda: rev(g.record, {"y": np.ones(N)}), lambda: graph_state(g), Busy,
                 r"reverse: the graph is running launch 2")
         refused(g.launch, lambda: graph_state(g), Busy, r"launch: the graph is running launch 2")
     finally:
-        g._launching = False
+        g.launching = False
     with rev._lock:                        # another thread inside this Reverse
         refused(lambda: rev(g.record, {"y": np.ones(N)}), lambda: graph_state(g), Busy,
                 r"another thread is running this Reverse")
@@ -876,11 +876,11 @@ def test_simulation_run_and_reverse_refusals_of_state_change_nothing():
     sim.run()
     old = sim.record
     snap = lambda: sim_state(sim)                                       # noqa: E731
-    old._readers += 1                      # a reverse reading the Record in another thread
+    old.readers += 1                      # a reverse reading the Record in another thread
     try:
         refused(sim.run, snap, Busy, r"simulation.run: a reverse is reading the last Record")
     finally:
-        old._readers -= 1
+        old.readers -= 1
     sim.run()                              # old is now stale
     refused(lambda: vkml.diff.reverse(old, {"x": np.ones(N)}), snap, RecordError,
             r"this Record is of generation 1, but the simulation has run since")

@@ -136,7 +136,7 @@ def simulation_scenario(n, target):
     want, numbers["reverse_s"] = timed(lambda: dict(rev(record, seeds)))
 
     interrupted("reverse", lambda: rev(record, seeds))
-    checks["reverse: no reader left on the Record"] = record._readers == 0
+    checks["reverse: no reader left on the Record"] = record.readers == 0
     checks["reverse: the Reverse is free (not Busy)"] = not rev._lock.locked()
     checks["reverse: planes and generation unchanged"] = same(snapshot(planes), after) and \\
         sim.generation == generation and sim.record is record
@@ -175,14 +175,14 @@ def graph_scenario(n, target):
     interrupted("launch", g.launch)
     checks["launch: planes, generation and Record unchanged"] = same(y, after) and \\
         g.generation == 1 and g.record is first and not first.live
-    checks["launch: the graph is not left launching (not Busy)"] = not g._launching
+    checks["launch: the graph is not left launching (not Busy)"] = not g.launching
     g.launch()
     second = g.record
     checks["launch: the next launch gives the reference bits"] = same(y, after) and g.generation == 2
 
     interrupted("graph_reverse", lambda: rev(second, {"y": np.ones(n)}))
     checks["graph reverse: the Record is still live, no reader left"] = second.live and \\
-        second._readers == 0 and g.record is second
+        second.readers == 0 and g.record is second
     checks["graph reverse: the Reverse is free (not Busy)"] = not rev._lock.locked()
     checks["graph reverse: the next reverse gives the reference bits"] = \\
         same(dict(rev(second, {"y": np.ones(n)})), want)
@@ -205,7 +205,7 @@ def runs_scenario(n, target):
     s[...] = start
     interrupted("runs", lambda: g.launch(runs))
     checks["launch(runs): planes and generation put back"] = same(s, start) and \\
-        g.generation == generation + runs and not g._launching
+        g.generation == generation + runs and not g.launching
     g.launch(runs)
     checks["launch(runs): the next launch gives the reference bits"] = same(s, want)
 '''

@@ -10,6 +10,7 @@ worked out by hand for each graph, and the copies against the values the launche
 from __future__ import annotations
 
 import ast
+import contextlib
 import pathlib
 
 import numpy as np
@@ -178,7 +179,7 @@ def _small_graph():
 def test_graph_caches_are_owned_made_anew_by_build_and_emptied_by_clear_caches(monkeypatch):
     monkeypatch.setenv("VKML_THREADS", "1")
     g = _small_graph()
-    caches = g._caches
+    caches = g.caches
     g.launch()
     first = vkml.diff.reverse(g.record, {"y": np.ones(N)})
     assert len(caches.launch_plans) == 1 and len(caches.reverse_plans) == 1
@@ -191,7 +192,7 @@ def test_graph_caches_are_owned_made_anew_by_build_and_emptied_by_clear_caches(m
     assert {k: np.asarray(v).tobytes() for k, v in again.items()} == \
         {k: np.asarray(v).tobytes() for k, v in first.items()}
     g.build(record=True)                                 # a new build: nothing derived survives
-    assert g._caches is not caches and len(g._caches.launch_plans) == 0
+    assert g.caches is not caches and len(g.caches.launch_plans) == 0
 
 
 def test_reverse_plans_are_bounded_by_the_cache_limit(monkeypatch):
@@ -204,7 +205,7 @@ def test_reverse_plans_are_bounded_by_the_cache_limit(monkeypatch):
         for seeds in ({"y": np.ones(N)}, {"u": np.ones(N)}, {"y": np.ones(N), "u": np.ones(N)}):
             g.launch()
             rev(g.record, seeds)                         # one fused reverse plan per seed set
-        assert len(g._caches.reverse_plans) == 2
+        assert len(g.caches.reverse_plans) == 2
     finally:
         vkml.set_cache_limit(old)
 
@@ -212,26 +213,42 @@ def test_reverse_plans_are_bounded_by_the_cache_limit(monkeypatch):
 # -- the interface a Reverse calls ------------------------------------------------------------------
 
 def test_a_reverse_calls_only_the_reversible_interface():
-    """A Reverse asks its forward to check itself once and to reverse each Record; it needs to
-    know nothing else about it (so a Graph and a simulation need no branch in diff.py)."""
+    """A Reverse asks its forward to check itself once; per Record, to check the call, to count a
+    reader around the sweep and to sweep; it needs to know nothing else about it (so a Graph, a
+    simulation and a sharded graph need no branch in diff.py), and it takes its own lock and
+    marks the Record reversed itself."""
     calls = []
+
+    class Record:
+        reversed = False
 
     class Forward(Reversible):
         def check_reversible(self, vjps):
-            calls.append(("check", vjps))
+            calls.append(("check", list(vjps)))
 
         def bitwise(self):
             return {"w": True}
 
-        def reverse(self, record, seeds, wrt=None, vjps=None, strict=False, lock=None):
-            calls.append(("reverse", record, dict(seeds), wrt, vjps, strict, lock is not None))
+        def prepare_reverse(self, record, seeds, wrt, strict):
+            calls.append(("prepare", dict(seeds), wrt, strict))
+            return "prepared"
+
+        @contextlib.contextmanager
+        def reading(self, record):
+            calls.append(("reading", record.reversed))
+            yield
+            calls.append(("read", record.reversed))
+
+        def sweep(self, record, prepared, vjps, workspace):
+            calls.append(("sweep", prepared, list(vjps), rev.workspace is workspace))
             return "gradients"
 
     rev = vkml.diff.Reverse(Forward(), vjps={"n": lambda p, c: {}}, strict=True)
     assert rev.bitwise() == {"w": True}
-    assert rev("rec", {"y": 1}, wrt="w") == "gradients"
-    assert calls[0][0] == "check" and list(calls[0][1]) == ["n"]
-    assert calls[1][:4] == ("reverse", "rec", {"y": 1}, "w") and calls[1][5:] == (True, True)
+    record = Record()
+    assert rev(record, {"y": 1}, wrt="w") == "gradients" and record.reversed
+    assert calls == [("check", ["n"]), ("prepare", {"y": 1}, ["w"], True), ("reading", False),
+                     ("sweep", "prepared", ["n"], True), ("read", False)]
     with pytest.raises(vkml.ArgumentError, match="expected a Graph or a simulation, got type"):
         vkml.diff.Reverse(vkml.graph.Simulation)
 

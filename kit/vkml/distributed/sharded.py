@@ -15,6 +15,7 @@ keeps a Record of a launch that failed) and the previous launch stays the curren
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import uuid
@@ -22,6 +23,7 @@ import uuid
 import numpy as np
 
 from ..errors import ArgumentError, Busy, RecordError, RefusedError, ShapeError
+from ..graph.diff import Reverse
 from ..graph.reversible import Reversible
 from .blocks import block_size, check_block, shard_bounds
 from .engine import da, dask, distributed
@@ -309,20 +311,9 @@ class Sharded(Reversible):
                          f"sample ({self.n} rows), got "
                          f"{getattr(seed, 'shape', type(seed).__name__)}")
 
-    def reverse(self, *args, record=None, wrt=None, vjps=None, strict=False, lock=None):
-        """``reverse(seeds)`` or ``reverse(record, seeds)``: every gradient of a recorded launch
-        (default: the latest), as ``vkml.diff.reverse`` gives them: per-sample gradients as Dask
-        arrays, Param gradients the same bits as one process."""
-        if len(args) == 2:
-            record, seeds = args
-        elif len(args) == 1:
-            (seeds,) = args
-        else:
-            raise ArgumentError("reverse: pass the seeds, reverse(seeds), or reverse(record, seeds)")
-        if vjps is not None and not isinstance(vjps, dict):
-            raise ArgumentError(f"reverse: vjps must be a dict of node name -> vjp, got "
-                                f"{type(vjps).__name__}")
-        record = self._record if record is None else record
+    def prepare_reverse(self, record, seeds, wrt, strict):
+        """Check one reverse call (see ``graph/reversible.py``): ``record`` is this sharded graph's
+        and current, each seed has one row per sample; the seeds cut into the blocks."""
         if record is None:
             raise ArgumentError("reverse: there is no Record; make the Sharded with record=True "
                                 "and launch() it first")
@@ -337,30 +328,44 @@ class Sharded(Reversible):
             raise ArgumentError(f"reverse: seeds must be a dict of output plane name -> per-sample "
                                 f"seed, got {type(seeds).__name__}")
         split = {name: self._seed_parts(name, seed) for name, seed in seeds.items()}
-        if lock is not None and not lock.acquire(blocking=False):
-            raise Busy("Reverse: another thread is running this Reverse; give each thread its own")
-        try:
-            return self._reverse(record, split, wrt, vjps, strict)
-        finally:
-            if lock is not None:
-                lock.release()
+        return split, wrt, strict
 
-    def _reverse(self, record, split, wrt, vjps, strict):
+    @contextlib.contextmanager
+    def reading(self, record):
+        """One call on this sharded graph at a time (its blocks' tasks are claimed)."""
         self._claim("reverse")
         try:
-            results = [self.client.submit(reverse_shard, state, {k: v[i] for k, v in split.items()},
-                                          wrt, vjps, strict, key=self._key("reverse", i, record.generation))
-                       for i, state in enumerate(record.states)]
-            self._await_all(results)
-            small = self.client.gather([self.client.submit(summary, r, key=self._key("summary", i, record.generation))
-                                        for i, r in enumerate(results)])
+            yield record
         finally:
             self._lock.release()
+
+    def sweep(self, record, prepared, vjps, workspace):
+        """One reverse task per block, where its state lives; per-sample gradients as Dask arrays,
+        Param gradients combined from the blocks' tree sums (the bits of one process)."""
+        split, wrt, strict = prepared
+        results = [self.client.submit(reverse_shard, state, {k: v[i] for k, v in split.items()},
+                                      wrt, vjps, strict, key=self._key("reverse", i, record.generation))
+                   for i, state in enumerate(record.states)]
+        self._await_all(results)
+        small = self.client.gather([self.client.submit(summary, r, key=self._key("summary", i, record.generation))
+                                    for i, r in enumerate(results)])
         values = {name: self._array([(sample_gradient, r) for r in results], meta, name)
                   for name, meta in small[0]["samples_layout"].items()}
         values.update(param_gradients(small, self.block, self.n))
-        record.reversed = True
         return ShardedGradients(values, ShardedReport([s["report"] for s in small]))
+
+    def reverse(self, *args, record=None, wrt=None, vjps=None, strict=False):
+        """``reverse(seeds)`` or ``reverse(record, seeds)``: every gradient of a recorded launch
+        (default: the latest), as ``vkml.diff.reverse`` gives them: per-sample gradients as Dask
+        arrays, Param gradients the same bits as one process."""
+        if len(args) == 2:
+            record, seeds = args
+        elif len(args) == 1:
+            (seeds,) = args
+        else:
+            raise ArgumentError("reverse: pass the seeds, reverse(seeds), or reverse(record, seeds)")
+        record = self._record if record is None else record
+        return Reverse(self, vjps=vjps, strict=strict)(record, seeds, wrt=wrt)
 
     def __repr__(self):
         return (f"<vkml.distributed.Sharded {self.n} samples in {len(self.bounds)} blocks of "

@@ -1,11 +1,22 @@
 """Gradients through a graph of per-sample kernels.
 
+The modules, lowest first (each imports only the ones before it):
+
+- ``treesum``, ``versions``: the canonical tree every sum over samples uses; plane versions
+- ``reversible``: the interface a forward offers ``vkml.diff.Reverse``
+- ``execute``: all-or-nothing runs, batched runs over threads, run errors, a graph's caches
 - ``kernel``: per-sample functions, ``Param`` uniforms, ``bind`` -> launch nodes
-- ``graph``: ``Graph``, ``skippable``, ``repeat_while``, ``opaque``, ``reduce``, ``SkipGuard``
-- ``record``: running a graph and the ``Record`` a recording launch keeps
-- ``diff``: ``reverse``, ``Reverse``, ``Gradients`` (``vkml.diff``)
-- ``simulation``: ``simulation``/``until_done`` with checkpointed reverses under a memory budget
-- ``treesum``: the canonical tree every sum over samples uses
+- ``nodes``: ``skippable``, ``repeat_while``, ``opaque``, ``reduce``, ``SkipGuard``
+- ``device``: programs on device-resident planes
+- ``record``: the ``Record`` a recording launch keeps
+- ``run``: a launch of a graph (fused into one program, or node by node)
+- ``diff``: ``reverse``, ``Reverse``, ``Gradients`` (``vkml.diff``): the reverse protocol
+- ``graph_reverse``: the sweep of a Graph's tape
+- ``graph``: ``Graph``
+- ``schedules``, ``simulation_checks``, ``simulation_device``, ``simulation``:
+  ``simulation``/``until_done`` with checkpointed reverses under a memory budget
+- ``examples``: the ``wave`` and ``drift`` kernels the docstring examples use (import them from
+  here to run an example yourself)
 """
 
 from . import diff

@@ -33,7 +33,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ..errors import ArgumentError, DTypeError, RefusedError, ShapeError, boundary
+from ..errors import ArgumentError, Busy, DTypeError, RefusedError, ShapeError, boundary
 from .. import backends
 from .execute import per_sample_values, run_named
 from . import device
@@ -52,10 +52,6 @@ class Report:
     - ``chunks``: passes the reverse took (memory budget);
     - ``recomputed_steps`` / ``peak_states``: the checkpointing cost of loops.
 
-    >>> @vkml.kernel
-    ... def wave(x, k: vkml.Param):
-    ...     return {"y": vkml.sin(k * x)}
-    ...
     >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
     >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
     >>> g.launch()
@@ -103,10 +99,6 @@ class Gradients(GradientMapping):
     """A read-only mapping: per-sample gradients of input planes (one row per sample, in sample
     order) and summed gradients of Params, keyed by their bound names (``"node.name"`` too).
 
-    >>> @vkml.kernel
-    ... def wave(x, k: vkml.Param):
-    ...     return {"y": vkml.sin(k * x)}
-    ...
     >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
     >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
     >>> g.launch()
@@ -258,48 +250,6 @@ class Workspace:
         return sum(b.nbytes for b in self._buffers.values())
 
 
-class ReverseLock:
-    """A Reverse's lock (one call at a time: ``acquire``/``release``, or ``with``) and the
-    :class:`Workspace` the call holding it uses: a forward's ``reverse(..., lock=)`` finds
-    the buffers it may reuse as ``lock.workspace``, and the Reversible interface stays as it is."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self.workspace = Workspace()
-
-    def acquire(self, blocking=True):
-        return self._lock.acquire(blocking)
-
-    def release(self):
-        self._lock.release()
-
-    def locked(self):
-        return self._lock.locked()
-
-    def __enter__(self):
-        self._lock.acquire()
-        return self
-
-    def __exit__(self, *exc):
-        self._lock.release()
-
-
-def check_reverse_lock(lock, where):
-    """``lock`` is a Reverse's own (what ``Reverse`` passes its forward); anything else a user
-    passed is refused before anything is read."""
-    if lock is not None and not isinstance(lock, ReverseLock):
-        raise ArgumentError(f"{where}: lock= is the calling Reverse's own lock, got "
-                            f"{type(lock).__name__}; leave it out (the call then makes its own "
-                            "Reverse)")
-
-
-def workspace_of(lock):
-    """The buffers a reverse called with ``lock`` may reuse: the calling Reverse's, or a fresh
-    Workspace (used for this call only) for any other lock."""
-    got = getattr(lock, "workspace", None)
-    return got if isinstance(got, Workspace) else Workspace()
-
-
 class Reverse:
     """A reverse built once from a Graph or a simulation (``rev(record, seeds)`` per launch):
     anything :class:`~vkml.graph.reversible.Reversible`, which checks and reverses its own
@@ -311,10 +261,6 @@ class Reverse:
     (``vkml.kernel(vjp_of=...)``), which is checked against the derived one.
     ``strict=True`` refuses gradients that are not bitwise.
 
-    >>> @vkml.kernel
-    ... def wave(x, k: vkml.Param):
-    ...     return {"y": vkml.sin(k * x)}
-    ...
     >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
     >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
     >>> g.launch()
@@ -343,16 +289,13 @@ class Reverse:
         self.forward = forward
         self.vjps = vjps
         self.strict = bool(strict)
-        self._lock = ReverseLock()
+        self._lock = threading.Lock()            # one call at a time
+        self._workspace = Workspace()
 
     @property
     def workspace(self):
         """The buffers this Reverse reuses from call to call (never what a call hands back).
 
-        >>> @vkml.kernel
-        ... def wave(x, k: vkml.Param):
-        ...     return {"y": vkml.sin(k * x)}
-        ...
         >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
         >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
         >>> rev = vkml.diff.Reverse(g)
@@ -362,15 +305,11 @@ class Reverse:
         >>> rev.workspace.holds(grads["x"])
         False
         """
-        return self._lock.workspace
+        return self._workspace
 
     def bitwise(self):
         """Per gradient name, whether it is bitwise (computed once per graph structure).
 
-        >>> @vkml.kernel
-        ... def wave(x, k: vkml.Param):
-        ...     return {"y": vkml.sin(k * x)}
-        ...
         >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
         >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
         >>> g.launch()
@@ -382,8 +321,22 @@ class Reverse:
 
     @boundary
     def __call__(self, record, seeds, wrt=None):
-        return self.forward.reverse(record, seeds, wrt=wrt, vjps=self.vjps, strict=self.strict,
-                                    lock=self._lock)
+        """Every gradient of ``record`` for the cotangents ``seeds``: the protocol of
+        ``reversible.py`` -- the forward checks the call, this Reverse's lock is taken (another
+        thread gets ``Busy``), the Record counts a reader while the forward sweeps it, and is
+        marked reversed."""
+        forward = self.forward
+        prepared = forward.prepare_reverse(record, seeds, wrt_names(wrt), self.strict)
+        if not self._lock.acquire(blocking=False):
+            raise Busy("Reverse: another thread is running this Reverse; give each thread its own "
+                       "Reverse(forward)")
+        try:
+            with forward.reading(record):
+                gradients = forward.sweep(record, prepared, self.vjps, self._workspace)
+            record.reversed = True
+            return gradients
+        finally:
+            self._lock.release()
 
 
 def run_user_vjp(vjp_kernel, launch, inputs, params, cts, n, resident=False):
@@ -445,10 +398,6 @@ def reverse(record, seeds, *, wrt=None, vjps=None, strict=False):
     seed per sample; outputs not named are seeded with zero.  Returns
     :class:`Gradients` keyed by input plane and Param names.
 
-    >>> @vkml.kernel
-    ... def wave(x, k: vkml.Param):
-    ...     return {"y": vkml.sin(k * x)}
-    ...
     >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
     >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
     >>> g.launch()

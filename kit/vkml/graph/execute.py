@@ -173,7 +173,7 @@ def run_named(batch, n, args, batched_flags, where, into=None):
 class GraphCaches:
     """What a graph derives from its nodes once and reuses every launch and reverse.
 
-    Owned by the graph (``graph._caches``) and made anew whenever its nodes change (``add``)
+    Owned by the graph (``graph.caches``) and made anew whenever its nodes change (``add``)
     or it is built (``build``), so nothing derived from an older structure survives; emptied by
     ``vkml.clear_caches()`` and bounded like every vkml cache: each keeps at most
     ``vkml.cache_limit()`` entries (default 1024), the least recently used going first.

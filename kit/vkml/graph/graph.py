@@ -31,6 +31,7 @@ back around each launch, explicitly (guards that are cells do not)."""
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import threading
 from collections.abc import Mapping
@@ -47,7 +48,9 @@ from .execute import (GraphCaches, LAYOUT, WRITEABLE, changed_plane_message, pla
     refuse_other_backend)
 from .nodes import Node, Opaque, Reduce, RepeatWhile, Skippable, as_launch
 from .run import run_launches
-from .graph_reverse import check_graph_reversible, graph_bitwise, reverse_graph
+from . import graph_reverse
+from .diff import Reverse
+from .graph_reverse import check_graph_reversible, graph_bitwise
 
 
 #: The most runs one ``launch(n)`` takes (2**31): far more than any run finishes, so a larger n
@@ -58,10 +61,6 @@ MAX_LAUNCH_RUNS = 2 ** 31
 class Graph(Reversible):
     """Per-sample kernels bound to planes, run in the order added (see the module docstring).
 
-    >>> @vkml.kernel
-    ... def wave(x, k: vkml.Param):
-    ...     return {"y": vkml.sin(k * x)}
-    ...
     >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
     >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
     >>> g.launch()
@@ -73,7 +72,7 @@ class Graph(Reversible):
 
     def __init__(self):
         self.nodes = []
-        self._built = False
+        self.built = False
         self.recording = False
         self.generation = 0
         self.cells = {}
@@ -81,21 +80,17 @@ class Graph(Reversible):
         #: guards the hand-over between launches and reverses: a launch is claimed, and a reverse
         #: registers as a reader, under this lock, so neither can start inside the other
         self._lock = threading.Lock()
-        self._launching = False
-        self._caches = GraphCaches()
+        self.launching = False
+        self.caches = GraphCaches()
         #: on a backend that keeps planes in device memory: id of each bound plane -> its device
         #: plane, and the (bound NumPy array, device plane) pairs (``build``); empty otherwise
-        self._device = {}
+        self.device_planes = {}
         self._plane_backend = None
-        self._mirrors = []
+        self.mirrors = []
 
     def add(self, bound, name=None) -> "Graph":
         """Add a launch node (``kernel.bind(...)``), a skippable/repeat_while, an opaque or reduce node.
 
-        >>> @vkml.kernel
-        ... def wave(x, k: vkml.Param):
-        ...     return {"y": vkml.sin(k * x)}
-        ...
         >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
         >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave")
         >>> [node.name for node in g.nodes]
@@ -121,18 +116,14 @@ class Graph(Reversible):
         if any(n.name == name for n in self.nodes):
             raise ArgumentError(f"Graph.add: there is already a node named {name!r}; pass name=...")
         self.nodes.append(Node(name, op, len(self.nodes), self))
-        self._built = False
-        self._caches = GraphCaches()
+        self.built = False
+        self.caches = GraphCaches()
         return self
 
     def plane_name(self, plane) -> str:
         """A name that identifies one plane: the argument name it was first bound under, or
         ``"node.name"`` where two different planes were bound under the same name.
 
-        >>> @vkml.kernel
-        ... def wave(x, k: vkml.Param):
-        ...     return {"y": vkml.sin(k * x)}
-        ...
         >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
         >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave")
         >>> g.plane_name(y)
@@ -153,10 +144,6 @@ class Graph(Reversible):
     def add_node(self, node, name=None) -> "Graph":
         """Add a skippable, repeat_while, opaque or reduce node (``add`` takes them too).
 
-        >>> @vkml.kernel
-        ... def wave(x, k: vkml.Param):
-        ...     return {"y": vkml.sin(k * x)}
-        ...
         >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
         >>> flag = np.ones(1)
         >>> g = vkml.Graph().add_node(vkml.skippable(wave.bind(x=x, k=2.0, y=y), vkml.SkipGuard.nonzero(flag)), name="maybe")
@@ -168,10 +155,6 @@ class Graph(Reversible):
     def node(self, name) -> Node:
         """The node added under ``name``.
 
-        >>> @vkml.kernel
-        ... def wave(x, k: vkml.Param):
-        ...     return {"y": vkml.sin(k * x)}
-        ...
         >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
         >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave")
         >>> g.node("wave").kind
@@ -186,10 +169,6 @@ class Graph(Reversible):
     def n(self) -> int:
         """The number of samples (the length of every per-sample plane).
 
-        >>> @vkml.kernel
-        ... def wave(x, k: vkml.Param):
-        ...     return {"y": vkml.sin(k * x)}
-        ...
         >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
         >>> vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").n
         3
@@ -212,10 +191,6 @@ class Graph(Reversible):
     def written_planes(self):
         """The planes a launch may write (what a refused launch puts back).
 
-        >>> @vkml.kernel
-        ... def wave(x, k: vkml.Param):
-        ...     return {"y": vkml.sin(k * x)}
-        ...
         >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
         >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build()
         >>> [plane is y for plane in g.written_planes()]
@@ -228,10 +203,6 @@ class Graph(Reversible):
         """Refuse to run on planes that are not what build() saw (resized, reshaped, replaced,
         made read-only): a compiled program would read them at their old size.
 
-        >>> @vkml.kernel
-        ... def wave(x, k: vkml.Param):
-        ...     return {"y": vkml.sin(k * x)}
-        ...
         >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
         >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build()
         >>> g.check_planes("launch")
@@ -259,10 +230,6 @@ class Graph(Reversible):
     def build(self, record=False) -> "Graph":
         """Check the graph and give every kernel Param a one-cell plane of its own.
 
-        >>> @vkml.kernel
-        ... def wave(x, k: vkml.Param):
-        ...     return {"y": vkml.sin(k * x)}
-        ...
         >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
         >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
         >>> g.recording
@@ -292,10 +259,10 @@ class Graph(Reversible):
         bound = self._bound_planes()
         device = self._device_planes(bound)                     # refused before anything changes
         self.cells = cells
-        self._caches = GraphCaches()                            # made anew when built
-        self._device = device
+        self.caches = GraphCaches()                            # made anew when built
+        self.device_planes = device
         self._plane_backend = backends.current() if device else None
-        self._mirrors = [(p, d) for p, d in ((p, device[id(p)]) for p in
+        self.mirrors = [(p, d) for p, d in ((p, device[id(p)]) for p in
                                             {id(p): p for *_, p in bound}.values()) if d is not p] \
             if device else []
         self._bound = bound
@@ -306,22 +273,18 @@ class Graph(Reversible):
         self._layouts = [s[:2] for s in self._signatures]
         self._written = list({id(p): p for p in self.written_planes()}.values())
         self.recording = bool(record)
-        self._built = True
+        self.built = True
         return self
 
     def check_plane_backend(self, where):
         """Refuse to run a graph whose planes live in one backend's device memory (built on the
         cuda backend) on another backend: they would not see each other's values.
 
-        >>> @vkml.kernel
-        ... def wave(x, k: vkml.Param):
-        ...     return {"y": vkml.sin(k * x)}
-        ...
         >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
         >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build()
         >>> g.check_plane_backend("launch")         # planes in host memory: any backend runs it
         """
-        if self._device:
+        if self.device_planes:
             refuse_other_backend(self._plane_backend, ArgumentError,
                                  f"{where}: this graph was built on the {{owner}} backend, which "
                                  "holds its planes in device memory, but the current backend is "
@@ -336,7 +299,7 @@ class Graph(Reversible):
         backend = backends.current()
         if not backend.keeps_planes_on_device:
             return {}
-        old = getattr(self, "_device", None) or {}
+        old = self.device_planes
         device = {}
         for node, _, name, plane in bound:
             if id(plane) in device:
@@ -363,28 +326,20 @@ class Graph(Reversible):
         with ``graph.planes["x"][...] = values``, or hand it to CuPy or PyTorch without a copy
         (``__cuda_array_interface__``).
 
-        >>> @vkml.kernel
-        ... def wave(x, k: vkml.Param):
-        ...     return {"y": vkml.sin(k * x)}
-        ...
         >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
         >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build()
         >>> g.launch().planes["y"].round(4)
         array([0.    , 0.8415, 0.9093])
         """
-        if not self._built:
+        if not self.built:
             raise ArgumentError("Graph.planes: call build() first")
-        return {self.plane_name(p): self._device.get(id(p), p) for p in self._planes}
+        return {self.plane_name(p): self.device_planes.get(id(p), p) for p in self._planes}
 
     # -- running ------------------------------------------------------------------------------
     @property
     def record(self):
         """The Record of the latest recording launch (None before the first).
 
-        >>> @vkml.kernel
-        ... def wave(x, k: vkml.Param):
-        ...     return {"y": vkml.sin(k * x)}
-        ...
         >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
         >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
         >>> g.launch()
@@ -396,10 +351,10 @@ class Graph(Reversible):
 
     def _check_free(self, what):
         rec = self._record
-        if rec is not None and rec._readers:
+        if rec is not None and rec.readers:
             raise Busy(f"{what}: a reverse is reading the Record of generation {rec.generation}; "
                        "wait for it to return (or keep() the Record first)")
-        if self._launching:
+        if self.launching:
             raise Busy(f"{what}: the graph is running launch {self.generation + 1}; wait for it to "
                        "return")
 
@@ -410,10 +365,6 @@ class Graph(Reversible):
         All or nothing (:func:`all_or_nothing`): a launch refused part-way leaves every plane,
         the generation and the Record as they were.
 
-        >>> @vkml.kernel
-        ... def wave(x, k: vkml.Param):
-        ...     return {"y": vkml.sin(k * x)}
-        ...
         >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
         >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
         >>> g.launch()
@@ -423,7 +374,7 @@ class Graph(Reversible):
         >>> g.generation
         1
         """
-        if not self._built:
+        if not self.built:
             raise ArgumentError("Graph.launch: call build() (or build(record=True)) first")
         if (type(n) is not int and (not isinstance(n, np.integer) or isinstance(n, np.bool_))) or n < 1:
             raise ArgumentError(f"Graph.launch: n (runs) must be a positive int, got {n!r}")
@@ -439,24 +390,22 @@ class Graph(Reversible):
                     raise RecordError(f"launch: the Record of generation {rec.generation} is still "
                                       "live; reverse it first, or keep a copy with record.keep()")
             self.check_planes("launch")
-            if self._device:                   # (a host backend's launch pays no call for it)
+            if self.device_planes:                   # (a host backend's launch pays no call for it)
                 self.check_plane_backend("launch")
             workers = threads()                # a bad VKML_THREADS is refused before anything runs
-            self._launching = True
+            self.launching = True
         try:
-            run_launches(self, n, workers)
+            record = run_launches(self, n, workers)
         finally:
-            self._launching = False
+            self.launching = False
+        if self.recording:
+            self._record = record
         return self
 
     def update(self, mapping=None, **values):
         """Change Params between launches: ``update(k=0.7)`` sets every node's ``k``,
         ``update({"join.k": 0.7})`` one node's.  A copy into the Param cells: nothing is rebuilt.
 
-        >>> @vkml.kernel
-        ... def wave(x, k: vkml.Param):
-        ...     return {"y": vkml.sin(k * x)}
-        ...
         >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
         >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
         >>> g.launch()
@@ -470,7 +419,7 @@ class Graph(Reversible):
         >>> y.round(4)
         array([0.    , 0.4794, 0.8415])
         """
-        if not self._built:
+        if not self.built:
             raise ArgumentError("Graph.update: call build() first")
         with self._lock:
             return self._update(mapping, values)
@@ -518,10 +467,6 @@ class Graph(Reversible):
         ``record=True``, or a node whose derivative vkml cannot know and ``vjps`` (node name ->
         vjp) does not give.  :class:`vkml.diff.Reverse` calls it once, when it is made.
 
-        >>> @vkml.kernel
-        ... def wave(x, k: vkml.Param):
-        ...     return {"y": vkml.sin(k * x)}
-        ...
         >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
         >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
         >>> g.check_reversible({})                      # every node's derivative is derived
@@ -537,10 +482,6 @@ class Graph(Reversible):
         gradient has the same bits on every backend and thread count, False where a Param
         reaches a gather (a table read by index), whose gradient is a scatter-add across samples.
 
-        >>> @vkml.kernel
-        ... def wave(x, k: vkml.Param):
-        ...     return {"y": vkml.sin(k * x)}
-        ...
         >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
         >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
         >>> sorted(g.bitwise().items())
@@ -548,15 +489,72 @@ class Graph(Reversible):
         """
         return graph_bitwise(self)
 
-    def reverse(self, record, seeds, wrt=None, vjps=None, strict=False, lock=None):
-        """Every gradient of ``record`` (a Record of this graph's) for the cotangents ``seeds``
-        on its outputs, in one sweep of the tape, as :class:`vkml.diff.Gradients`: what
-        :func:`vkml.diff.reverse` calls for a graph's Record.
+    def prepare_reverse(self, record, seeds, wrt, strict):
+        """Check one reverse call of ``record`` (see ``reversible.py``): it is this graph's and
+        current, its planes unchanged since the launch, the seeds name outputs, ``wrt`` names
+        inputs and Params (bitwise ones with ``strict``).
 
-        >>> @vkml.kernel
-        ... def wave(x, k: vkml.Param):
-        ...     return {"y": vkml.sin(k * x)}
-        ...
+        >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+        >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
+        >>> g.launch()
+        <vkml.Graph: wave>
+        >>> g.prepare_reverse(g.record, {"y": np.ones(3)}, ["k"], strict=True).wrt
+        ['k']
+        >>> g.prepare_reverse(g.record, {"y": np.ones(3)}, ["q"], strict=False)
+        Traceback (most recent call last):
+            ...
+        vkml.errors.ArgumentError: reverse: wrt names ['q'] are not inputs or Params; choose from ['k', 'wave.k', 'wave.x', 'x']
+        """
+        return graph_reverse.prepare(self, record, seeds, wrt, strict)
+
+    @contextlib.contextmanager
+    def reading(self, record):
+        """``record`` counts one more reader inside the block; no launch can start (or be under
+        way) meanwhile, unless the Record was kept (it then reads its own copies).
+
+        >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+        >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
+        >>> g.launch()
+        <vkml.Graph: wave>
+        >>> with g.reading(g.record) as record:
+        ...     print(record.readers)
+        1
+        >>> g.record.readers
+        0
+        """
+        with self._lock:
+            if self.launching and not record.kept:
+                raise Busy(f"reverse: the graph is running launch {self.generation + 1}, which "
+                           "overwrites the planes this Record reads; reverse after launch() "
+                           "returns (or keep() the Record first)")
+            record.check_current()
+            record.readers += 1
+        try:
+            yield record
+        finally:
+            with self._lock:
+                record.readers -= 1
+
+    def sweep(self, record, prepared, vjps, workspace):
+        """Every gradient of ``record`` in one sweep of its tape (see ``reversible.py``).
+
+        >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
+        >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
+        >>> g.launch()
+        <vkml.Graph: wave>
+        >>> call = g.prepare_reverse(g.record, {"y": np.ones(3)}, None, strict=False)
+        >>> with g.reading(g.record):
+        ...     grads = g.sweep(g.record, call, {}, vkml.diff.Workspace())
+        >>> grads["x"].round(4)
+        array([ 2.    ,  1.0806, -0.8323])
+        """
+        return graph_reverse.sweep(record, prepared, vjps, workspace)
+
+    def reverse(self, record, seeds, wrt=None, vjps=None, strict=False):
+        """Every gradient of ``record`` (a Record of this graph's) for the cotangents ``seeds``
+        on its outputs, in one sweep of the tape, as :class:`vkml.diff.Gradients`: the same call
+        as ``vkml.diff.Reverse(graph, vjps=vjps, strict=strict)(record, seeds, wrt=wrt)``.
+
         >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
         >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
         >>> g.launch()
@@ -565,8 +563,7 @@ class Graph(Reversible):
         >>> bool(np.isclose(grads["k"], np.sum(np.cos(2.0 * x) * x)))   # d/dk sum(sin(k x))
         True
         """
-        return reverse_graph(self, record, seeds, wrt=wrt, vjps=vjps,
-                                              strict=strict, lock=lock)
+        return Reverse(self, vjps=vjps, strict=strict)(record, seeds, wrt=wrt)
 
     def __repr__(self):
         return f"<vkml.Graph: {' -> '.join(n.name for n in self.nodes) or 'empty'}>"

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..backends import ExecutionFailure
-from ..errors import ArgumentError, Busy, RefusedError, VkmlError
+from ..errors import ArgumentError, RefusedError, VkmlError
 from ..ir import Var, program_from_dag
 from .. import backends
 from ..ops import api
@@ -23,8 +23,8 @@ from . import device
 from .kernel import Kernel, Launch
 from .record import LoopEntry, OtherEntry, Record, SkipEntry, Step
 from .treesum import tree_sum
-from .diff import (Gradients, Report, Reverse, central_vjp, check_reverse_lock, device_seed,
-    reverse_launch, run_user_vjp, seed_array, user_vjp_gradients, workspace_of, wrt_names, zeros)
+from .diff import (Gradients, Report, central_vjp, device_seed, reverse_launch, run_user_vjp,
+                   seed_array, user_vjp_gradients, zeros)
 
 
 def _outputs_by_name(tape):
@@ -50,7 +50,7 @@ def _outputs_by_name(tape):
 def _per_graph(fn):
     """``fn(graph)`` computed once per build of the graph (its nodes and planes are fixed then)."""
     def cached(graph):
-        return graph._caches.structure.get_or_make(fn.__name__, lambda: fn(graph))[0]
+        return graph.caches.structure.get_or_make(fn.__name__, lambda: fn(graph))[0]
     cached.__doc__ = fn.__doc__
     return cached
 
@@ -92,7 +92,7 @@ def resolve_seeds(record, seeds, copy=True, device=False):
         raise ArgumentError(f"seeds must be a dict of output plane name -> per-sample seed, got "
                             f"{type(seeds).__name__}")
     cache_key = _seed_targets_key(record, seeds)
-    known = record.graph._caches.structure.get(cache_key) if cache_key is not None else None
+    known = record.graph.caches.structure.get(cache_key) if cache_key is not None else None
     if known is not None:               # the names resolved before: only the arrays to check
         resolved = {}
         for (name, key, plane), seed in zip(known, seeds.values()):
@@ -132,7 +132,7 @@ def resolve_seeds(record, seeds, copy=True, device=False):
         targets.append((name, key, plane))
         _add_seed(resolved, key, name, seed, plane, copy, device)
     if cache_key is not None:
-        graph._caches.structure.put(cache_key, targets)
+        graph.caches.structure.put(cache_key, targets)
     return resolved
 
 
@@ -167,7 +167,7 @@ def _seed_targets_key(record, seeds):
 def check_graph_reversible(graph, vjps):
     """``Graph.check_reversible``: built to record, every node's derivative known (derived, or
     given in ``vjps`` and checked)."""
-    if not graph._built:
+    if not graph.built:
         raise ArgumentError("Reverse: build the graph first (graph.build(record=True))")
     if not graph.recording:
         raise ArgumentError("Reverse: the graph was built without record=True; build it with "
@@ -215,7 +215,7 @@ def check_graph_reversible(graph, vjps):
 
 def graph_bitwise(graph):
     """``Graph.bitwise``: found once per build of the graph."""
-    return graph._caches.structure.get_or_make("bitwise", lambda: _scan_bitwise(graph))[0]
+    return graph.caches.structure.get_or_make("bitwise", lambda: _scan_bitwise(graph))[0]
 
 
 def _scan_bitwise(graph):
@@ -234,65 +234,57 @@ def _scan_bitwise(graph):
     return flags
 
 
-def reverse_graph(graph, record, seeds, wrt=None, vjps=None, strict=False, lock=None):
-    """``Graph.reverse``: every gradient of one of its Records, in one sweep of the tape.
-    ``lock``: the calling Reverse's; called without one, it goes through a Reverse of its own,
-    which checks ``vjps`` first."""
-    if lock is None:
-        return Reverse(graph, vjps=vjps, strict=strict)(record, seeds, wrt=wrt)
-    check_reverse_lock(lock, "Graph.reverse")
+class GraphReverseCall:
+    """One reverse call of a Graph's Record, checked (``prepare``): the seeds by tape key, whether
+    they are only read, the bitwise flags and the names asked for."""
+
+    __slots__ = ("seeds", "plain", "flags", "wrt")
+
+    def __init__(self, seeds, plain, flags, wrt):
+        self.seeds, self.plain, self.flags, self.wrt = seeds, plain, flags, wrt
+
+
+def prepare(graph, record, seeds, wrt, strict) -> GraphReverseCall:
+    """``Graph.prepare_reverse``: the Record is this graph's and current, its planes unchanged,
+    the seeds resolved, ``wrt`` known and, with ``strict``, bitwise."""
     if not isinstance(record, Record):
         raise ArgumentError(f"reverse: expected a Record (graph.record), got {type(record).__name__}")
     if record.graph is not graph:
         raise ArgumentError("reverse: this Record belongs to another graph than this Reverse's")
-    if not lock.acquire(blocking=False):
-        raise Busy("Reverse: another thread is running this Reverse; give each thread its own "
-                   "Reverse(graph)")
-    try:
-        record.check_current(planes=False)  # (the planes are checked under the graph's lock)
-        if not record.kept:                 # the reverse reads the planes themselves
-            graph.check_planes("reverse")
-        if graph._device:
-            graph.check_plane_backend("reverse")
-        # the seeds are only read (never written in place) unless an opaque node's vjp gets them
-        plain = record.steps_only or not any(isinstance(e, OtherEntry) for e in record.tape)
-        key_seeds = resolve_seeds(record, seeds, copy=not plain, device=record.on_device)
-        flags = graph_bitwise(graph)
-        wrt = wrt_names(wrt)
-        if wrt is not None:
-            unknown = [w for w in wrt if w not in flags]
-            if unknown:
-                raise ArgumentError(f"reverse: wrt names {unknown} are not inputs or Params; "
-                                    f"choose from {sorted(flags)}")
-        if strict:
-            bad = [k for k, ok in flags.items() if not ok and "." in k and (wrt is None or k in wrt
-                                                                          or k.split(".")[1] in wrt)]
-            if bad:
-                raise RefusedError(f"reverse(strict=True): the gradients of {bad} are scatter-adds "
-                                   "across samples (a table read by index), which are not bitwise; "
-                                   "pass strict=False, or leave them out by naming only the other inputs in wrt")
-        with graph._lock:                  # no launch can start (or be under way) while we read
-            if graph._launching and not record.kept:
-                raise Busy(f"reverse: the graph is running launch {graph.generation + 1}, which "
-                           "overwrites the planes this Record reads; reverse after launch() "
-                           "returns (or keep() the Record first)")
-            record.check_current()
-            record._readers += 1
-        try:
-            workspace = workspace_of(lock)
-            values, parts = _sweep(record, key_seeds, vjps, workspace)
-            _detach(values, list(key_seeds.values()) if plain else [], workspace)
-        finally:
-            with graph._lock:
-                record._readers -= 1
-        record.reversed = True
-        if wrt is not None:
-            values = {k: v for k, v in values.items() if k in wrt or k.split(".")[-1] in wrt
-                      and "." in k}
-        return Gradients(values, Report(record.generation,
-                                        {k: v for k, v in flags.items() if k in values}), parts)
-    finally:
-        lock.release()
+    record.check_current(planes=False)      # (the planes are checked under the graph's lock)
+    if not record.kept:                     # the reverse reads the planes themselves
+        graph.check_planes("reverse")
+    if graph.device_planes:
+        graph.check_plane_backend("reverse")
+    # the seeds are only read (never written in place) unless an opaque node's vjp gets them
+    plain = record.steps_only or not any(isinstance(e, OtherEntry) for e in record.tape)
+    key_seeds = resolve_seeds(record, seeds, copy=not plain, device=record.on_device)
+    flags = graph_bitwise(graph)
+    if wrt is not None:
+        unknown = [w for w in wrt if w not in flags]
+        if unknown:
+            raise ArgumentError(f"reverse: wrt names {unknown} are not inputs or Params; "
+                                f"choose from {sorted(flags)}")
+    if strict:
+        bad = [k for k, ok in flags.items() if not ok and "." in k and (wrt is None or k in wrt
+                                                                      or k.split(".")[1] in wrt)]
+        if bad:
+            raise RefusedError(f"reverse(strict=True): the gradients of {bad} are scatter-adds "
+                               "across samples (a table read by index), which are not bitwise; "
+                               "pass strict=False, or leave them out by naming only the other inputs in wrt")
+    return GraphReverseCall(key_seeds, plain, flags, wrt)
+
+
+def sweep(record, call, vjps, workspace) -> Gradients:
+    """``Graph.sweep``: every gradient of ``record`` in one sweep of its tape."""
+    values, parts = _sweep(record, call.seeds, vjps, workspace)
+    _detach(values, list(call.seeds.values()) if call.plain else [], workspace)
+    wrt = call.wrt
+    if wrt is not None:
+        values = {k: v for k, v in values.items() if k in wrt or k.split(".")[-1] in wrt
+                  and "." in k}
+    return Gradients(values, Report(record.generation,
+                                    {k: v for k, v in call.flags.items() if k in values}), parts)
 
 
 def _check_vjp_kernel(vjp_kernel, launch, node_name):
@@ -597,7 +589,7 @@ def _fused_sweep(record, seeds):
     key = (seed_keys, id(backends.current()), len(record.tape))    # plain steps: 0, 1, ... in order
 
     def plan_for(m, tree):
-        return record.graph._caches.reverse_plans.get_or_make(
+        return record.graph.caches.reverse_plans.get_or_make(
             key + (m, tree), lambda: _fused_reverse_plan(record, seed_keys, m, tree))[0]
 
     if n <= FUSE_SAMPLES or record.on_device:

@@ -38,10 +38,6 @@ class Param:
         @vkml.kernel
         def wave(u, k: vkml.Param): return {"y": vkml.sin(k * u)}
 
-    >>> @vkml.kernel
-    ... def wave(x, k: vkml.Param):
-    ...     return {"y": vkml.sin(k * x)}
-    ...
     >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
     >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
     >>> g.launch()
@@ -60,10 +56,6 @@ def _is_param(annotation) -> bool:
 class Kernel:
     """A per-sample function, traced once per input type, batched over samples.
 
-    >>> @vkml.kernel
-    ... def wave(x, k: vkml.Param):
-    ...     return {"y": vkml.sin(k * x)}
-    ...
     >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
     >>> isinstance(wave, vkml.graph.Kernel), wave.name
     (True, 'wave')
@@ -99,10 +91,6 @@ class Kernel:
     def trace(self, in_types, param_types):
         """The per-sample Program for these input/param types, and its output names (cached).
 
-        >>> @vkml.kernel
-        ... def wave(x, k: vkml.Param):
-        ...     return {"y": vkml.sin(k * x)}
-        ...
         >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
         >>> f64 = ((), np.dtype("float64"))
         >>> program, out_names = wave.trace([f64], [f64])
@@ -135,10 +123,6 @@ class Kernel:
     def bind(self, **bindings) -> "Launch":
         """Bind every input and output to a plane and every Param to a value: a launch node.
 
-        >>> @vkml.kernel
-        ... def wave(x, k: vkml.Param):
-        ...     return {"y": vkml.sin(k * x)}
-        ...
         >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
         >>> node = wave.bind(x=x, k=2.0, y=y)
         >>> node.n, sorted(node.reads), sorted(node.writes), sorted(node.params)
@@ -151,10 +135,6 @@ def kernel(fn=None, *, vjp_of=None):
     """Make a per-sample kernel (see the module docstring).  ``vjp_of=k`` marks a hand-written
     vjp of kernel ``k`` (used through ``Reverse(..., vjps=...)``; a forward graph refuses it).
 
-    >>> @vkml.kernel
-    ... def wave(x, k: vkml.Param):
-    ...     return {"y": vkml.sin(k * x)}
-    ...
     >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
     >>> wave.bind(x=x, k=2.0, y=y).launch()
     <launch of wave: reads ['x'], writes ['y']>
@@ -196,10 +176,6 @@ class Launch:
     plane), ``params`` (Param name -> value as a NumPy array), ``n`` (samples),
     ``program`` (per sample) and ``out_names``.
 
-    >>> @vkml.kernel
-    ... def wave(x, k: vkml.Param):
-    ...     return {"y": vkml.sin(k * x)}
-    ...
     >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
     >>> node = wave.bind(x=x, k=2.0, y=y)
     >>> node.n, node.out_names
@@ -305,10 +281,6 @@ class Launch:
         ``vkml.skippable(k.bind(...).launch, guard)`` passes this bound method,
         and the conditional takes the Launch it belongs to.
 
-        >>> @vkml.kernel
-        ... def wave(x, k: vkml.Param):
-        ...     return {"y": vkml.sin(k * x)}
-        ...
         >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
         >>> wave.bind(x=x, k=1.0, y=y).launch()
         <launch of wave: reads ['x'], writes ['y']>
@@ -345,10 +317,6 @@ class Launch:
     def batched(self):
         """The kernel over all samples: inputs batched, params shared.
 
-        >>> @vkml.kernel
-        ... def wave(x, k: vkml.Param):
-        ...     return {"y": vkml.sin(k * x)}
-        ...
         >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
         >>> prog = wave.bind(x=x, k=2.0, y=y).batched().program(3)
         >>> [v.shape for v in prog.inputs], [v.shape for v in prog.outputs]
@@ -362,10 +330,6 @@ class Launch:
         """Per-sample vjp over all samples: (inputs, params, output cotangents) ->
         (input cotangents, per-sample param cotangents) for the floating ones.
 
-        >>> @vkml.kernel
-        ... def wave(x, k: vkml.Param):
-        ...     return {"y": vkml.sin(k * x)}
-        ...
         >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
         >>> batch, wrt = wave.bind(x=x, k=2.0, y=y).batched_vjp()
         >>> prog = batch.program(3)
@@ -396,10 +360,6 @@ class Launch:
         names of its per-sample arguments and of its Params, and its output
         names (traced and batched once per launch).
 
-        >>> @vkml.kernel
-        ... def wave(x, k: vkml.Param):
-        ...     return {"y": vkml.sin(k * x)}
-        ...
         >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
         >>> @vkml.kernel(vjp_of=wave)
         ... def wave_vjp(x, k: vkml.Param, y_bar):

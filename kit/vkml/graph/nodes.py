@@ -18,10 +18,6 @@ from .execute import per_sample_values, user_error
 class SkipGuard:
     """The condition of a ``skippable`` or ``repeat_while``: a one-value cell read at launch.
 
-    >>> @vkml.kernel
-    ... def wave(x, k: vkml.Param):
-    ...     return {"y": vkml.sin(k * x)}
-    ...
     >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
     >>> flag = np.zeros(1)
     >>> maybe = vkml.skippable(wave.bind(x=x, k=2.0, y=y), vkml.SkipGuard.nonzero(flag))
@@ -72,10 +68,6 @@ def as_launch(member, what):
 class Skippable:
     """A member that runs only while its guard holds; its reverse uses the recorded guard.
 
-    >>> @vkml.kernel
-    ... def wave(x, k: vkml.Param):
-    ...     return {"y": vkml.sin(k * x)}
-    ...
     >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
     >>> maybe = vkml.skippable(wave.bind(x=x, k=2.0, y=y), vkml.SkipGuard.nonzero(np.ones(1)))
     >>> isinstance(maybe, vkml.graph.Skippable)
@@ -243,10 +235,6 @@ class Reduce:
 def skippable(member, guard) -> Skippable:
     """``member`` runs only while ``guard`` (``SkipGuard.nonzero(cell)``) holds at launch.
 
-    >>> @vkml.kernel
-    ... def wave(x, k: vkml.Param):
-    ...     return {"y": vkml.sin(k * x)}
-    ...
     >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
     >>> flag = np.ones(1)
     >>> maybe = vkml.skippable(wave.bind(x=x, k=2.0, y=y), vkml.SkipGuard.nonzero(flag))

@@ -16,7 +16,6 @@ stays valid however often the graph runs again."""
 
 from __future__ import annotations
 
-import threading
 
 from ..backends.fingerprint import fingerprints
 from ..errors import RecordError
@@ -82,10 +81,6 @@ class OtherEntry:
 class Record:
     """What one recording launch kept for its reverse (see the module docstring).
 
-    >>> @vkml.kernel
-    ... def wave(x, k: vkml.Param):
-    ...     return {"y": vkml.sin(k * x)}
-    ...
     >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
     >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
     >>> g.launch()
@@ -113,8 +108,8 @@ class Record:
         self.kept = False
         self.reversed = False
         self._kept_planes = None
-        self._readers = 0
-        self._lock = threading.Lock()
+        #: how many reverses read it right now (counted under its graph's lock: ``Graph.reading``)
+        self.readers = 0
         #: each plane's fingerprint as the launch left it: a reverse reads the planes without a
         #: copy, so one the user wrote into since is refused (``check_current``)
         self._live = run.read_live if run.read_live is not None else \
@@ -126,10 +121,6 @@ class Record:
     def live(self) -> bool:
         """Neither reversed nor kept: the graph refuses the next recording launch and ``update``.
 
-        >>> @vkml.kernel
-        ... def wave(x, k: vkml.Param):
-        ...     return {"y": vkml.sin(k * x)}
-        ...
         >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
         >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
         >>> g.launch()
@@ -146,10 +137,6 @@ class Record:
     def stale(self) -> bool:
         """Not kept, and the graph has launched since: the planes no longer hold what this Record needs, so a reverse of it is refused.
 
-        >>> @vkml.kernel
-        ... def wave(x, k: vkml.Param):
-        ...     return {"y": vkml.sin(k * x)}
-        ...
         >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
         >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
         >>> g.launch()
@@ -167,10 +154,6 @@ class Record:
     def nbytes(self) -> int:
         """Bytes of the copies this Record holds (0 for a graph that overwrites nothing).
 
-        >>> @vkml.kernel
-        ... def wave(x, k: vkml.Param):
-        ...     return {"y": vkml.sin(k * x)}
-        ...
         >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
         >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
         >>> g.launch()
@@ -213,10 +196,6 @@ class Record:
     def iterations(self):
         """How many times each repeat_while member ran in this launch (what its reverse unrolls).
 
-        >>> @vkml.kernel
-        ... def wave(x, k: vkml.Param):
-        ...     return {"y": vkml.sin(k * x)}
-        ...
         >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
         >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
         >>> g.launch()
@@ -230,10 +209,6 @@ class Record:
     def nodes(self):
         """The names of the nodes in launch order.
 
-        >>> @vkml.kernel
-        ... def wave(x, k: vkml.Param):
-        ...     return {"y": vkml.sin(k * x)}
-        ...
         >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
         >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
         >>> g.launch()
@@ -246,10 +221,6 @@ class Record:
     def keep(self) -> "Record":
         """Copy everything the reverse reads; the Record then stays valid whatever the graph does.
 
-        >>> @vkml.kernel
-        ... def wave(x, k: vkml.Param):
-        ...     return {"y": vkml.sin(k * x)}
-        ...
         >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
         >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
         >>> g.launch()
@@ -275,10 +246,6 @@ class Record:
     def check_current(self, what="reverse", planes=True):
         """Refuse (:class:`vkml.RecordError`, naming both generations) a Record that is stale or already reversed; with ``planes``, also one whose planes were written since its launch (``check_unchanged``).
 
-        >>> @vkml.kernel
-        ... def wave(x, k: vkml.Param):
-        ...     return {"y": vkml.sin(k * x)}
-        ...
         >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
         >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
         >>> g.launch()
@@ -303,10 +270,6 @@ class Record:
         """Refuse (:class:`vkml.RecordError`, naming the plane) a Record whose planes were written
         since its launch: its reverse would mix the new values with the launch's.
 
-        >>> @vkml.kernel
-        ... def wave(x, k: vkml.Param):
-        ...     return {"y": vkml.sin(k * x)}
-        ...
         >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
         >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
         >>> g.launch()
@@ -330,10 +293,6 @@ class Record:
     def value(self, key):
         """The values of plane version ``key = (plane id, version)`` as its readers saw them.
 
-        >>> @vkml.kernel
-        ... def wave(x, k: vkml.Param):
-        ...     return {"y": vkml.sin(k * x)}
-        ...
         >>> x, y = np.array([0.0, 0.5, 1.0]), np.zeros(3)
         >>> g = vkml.Graph().add(wave.bind(x=x, k=2.0, y=y), name="wave").build(record=True)
         >>> g.launch()

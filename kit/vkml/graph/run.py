@@ -171,7 +171,7 @@ def _fused_plan(graph, recording) -> LaunchPlan:
     # copied into the planes once it has succeeded: a refused launch writes nothing
     private = _may_fail(program)
     into = [None if id(p) in read_ids or private else p for p in written] + [None] * len(saved)
-    device = graph._device if backend.keeps_planes_on_device else {}
+    device = graph.device_planes if backend.keeps_planes_on_device else {}
     if device:
         # the same plan on the graph's device planes: the results (and the Record's copies) stay
         # on the device, written planes are computed straight into their device planes
@@ -191,7 +191,7 @@ def _fused_plan(graph, recording) -> LaunchPlan:
 
 def _run_fused(graph, recording):
     key = (recording, id(backends.current()))
-    plan, _ = graph._caches.launch_plans.get_or_make(key, lambda: _fused_plan(graph, recording))
+    plan, _ = graph.caches.launch_plans.get_or_make(key, lambda: _fused_plan(graph, recording))
     args = plan.in_planes + [graph.cells[k] for k in plan.cells]
     values = submit(plan.backend, plan.exe, args, plan.eqns, resident=plan.resident, into=plan.into)
     run = _Run(recording)
@@ -224,16 +224,15 @@ _NOTHING_TO_UNDO = contextlib.nullcontext()
 
 def run_launches(graph, runs, workers):
     """``runs`` runs of a built graph on ``workers`` threads, all or nothing (see
-    ``all_or_nothing``); a recording graph keeps the Record of its (one) run."""
+    ``all_or_nothing``); the Record of the last run where the graph records (it runs once)."""
     fused = fused_launch(graph, workers)
     backup = launch_backup(graph, runs, fused)
-    undo = all_or_nothing(backup, [(graph, "generation"), (graph, "_record")]) \
+    undo = all_or_nothing(backup, [(graph, "generation")]) \
         if backup or runs > 1 or not fused else _NOTHING_TO_UNDO
     with undo:
         for _ in range(runs):
             rec = run_graph(graph, graph.recording, fused)
-            if graph.recording:
-                graph._record = rec
+    return rec
 
 
 def launch_backup(graph, runs, fused):
@@ -242,7 +241,7 @@ def launch_backup(graph, runs, fused):
     can fail) nor for one run of plain kernel launches that cannot fail (no index read or
     written, no loop); otherwise -- several runs can always be stopped between two of them by
     Ctrl-C -- every plane the graph writes (one copy for all the runs)."""
-    can_fail, _ = graph._caches.structure.get_or_make("can fail", lambda: not all(
+    can_fail, _ = graph.caches.structure.get_or_make("can fail", lambda: not all(
         type(node.op) is Launch for node in graph.nodes) or any(_may_fail(node.op.program)
                                                                 for node in graph.nodes))
     if not (runs > 1 or can_fail and not fused):
@@ -251,14 +250,14 @@ def launch_backup(graph, runs, fused):
     # on the cuda backend the device planes are the graph's: several runs, or one run node by
     # node on the device, back them up on the device (one run on host copies writes them only
     # once it has succeeded: ``_steps``)
-    on_device = graph._device and (runs > 1 or steps_on_device(graph))
-    return [graph._device.get(id(p), p) for p in planes] if on_device else planes
+    on_device = graph.device_planes and (runs > 1 or steps_on_device(graph))
+    return [graph.device_planes.get(id(p), p) for p in planes] if on_device else planes
 
 
 def fused_launch(graph, workers=None) -> bool:
     """Whether a launch of ``graph`` runs as one fused program: plain kernel launches, on one
     thread (or on the device, where samples do not split over host threads)."""
-    return ((threads() if workers is None else workers) == 1 or bool(graph._device)) and \
+    return ((threads() if workers is None else workers) == 1 or bool(graph.device_planes)) and \
         all(type(n.op) is Launch for n in graph.nodes)
 
 
@@ -287,7 +286,7 @@ def steps_on_device(graph) -> bool:
     graph does not hold as planes (a guard reads only its cell, on the host; every kernel runs
     on the device planes).  Opaque nodes, reductions and guards that are functions run Python
     that may read any plane, so such a graph runs on host copies (:func:`_steps`)."""
-    if not graph._device:
+    if not graph.device_planes:
         return False
 
     def on_device(node):
@@ -295,7 +294,7 @@ def steps_on_device(graph) -> bool:
         if type(op) is Launch:
             return True
         if isinstance(op, (Skippable, RepeatWhile)):
-            return isinstance(op.guard, SkipGuard) and id(op.guard.cell) not in graph._device
+            return isinstance(op.guard, SkipGuard) and id(op.guard.cell) not in graph.device_planes
         return False
     return all(on_device(node) for node in graph.nodes)
 
@@ -313,16 +312,16 @@ def _steps(graph, recording, keep=True):
     (a failed fused launch run again to name the failing node): always on host copies, which it
     leaves as they are."""
     if keep and steps_on_device(graph):
-        return _run_steps(graph, recording, graph._device)
-    if not graph._mirrors:
+        return _run_steps(graph, recording, graph.device_planes)
+    if not graph.mirrors:
         return _run_steps(graph, recording)
-    for host, device in graph._mirrors:
+    for host, device in graph.mirrors:
         if host.flags.writeable:          # a read-only array: its plane holds what it holds
             np.copyto(host, device.numpy())
     run = _run_steps(graph, recording)
     if keep:
         written = {id(p) for p in graph.written_planes()}
-        for host, device in graph._mirrors:
+        for host, device in graph.mirrors:
             if id(host) in written:
                 device[...] = host
     return run

@@ -61,6 +61,7 @@ plane.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import numpy as np
@@ -69,8 +70,7 @@ from ..backends import ExecutionFailure
 from ..backends.cuda_loops import rows, window as checkpoint_window
 from ..errors import (ArgumentError, BackendError, Busy, ExecutionError, RecordError,
     RefusedError, ShapeError, boundary)
-from .diff import Gradients, Report, check_reverse_lock, check_vjps, reverse_launch, \
-    user_vjp_gradients, workspace_of, wrt_names
+from .diff import Gradients, Report, Reverse, reverse_launch, user_vjp_gradients
 from .execute import uses_table
 from .. import backends
 from ..ir import program_from_dag
@@ -118,10 +118,6 @@ class SimulationRecord:
     """What a recorded simulation run keeps: the states its schedule stores, per-sample
     ``steps``, Param cells.
 
-    >>> @vkml.kernel
-    ... def drift(x, v, k: vkml.Param):
-    ...     return {"x": x + 0.1 * v, "v": v - 0.1 * k * x}
-    ...
     >>> x, v = np.array([1.0, 0.5]), np.zeros(2)
     >>> sim = vkml.simulation(drift, max_steps=10, record=True, x=x, v=v, k=1.0)
     >>> _ = sim.run()
@@ -153,18 +149,14 @@ class SimulationRecord:
         # per-sample inputs the step reads and never updates) are the caller's planes: only
         # keep() copies them, and only a kept Record may be reversed after a later run
         self.kept = False
-        self._readers = 0
-        self._lock = threading.Lock()
+        #: how many reverses read it right now (counted under its simulation's lock)
+        self.readers = 0
 
     @property
     def steps(self):
         """The steps each sample took, a NumPy array (on the GPU: copied to the host on the first
         read, once -- a Record's counts never change).
 
-        >>> @vkml.kernel
-        ... def drift(x, v, k: vkml.Param):
-        ...     return {"x": x + 0.1 * v, "v": v - 0.1 * k * x}
-        ...
         >>> x, v = np.array([1.0, 0.5]), np.zeros(2)
         >>> sim = vkml.simulation(drift, max_steps=10, record=True, x=x, v=v, k=1.0)
         >>> sim.run().record.steps
@@ -178,10 +170,6 @@ class SimulationRecord:
         """The most steps a sample of ``[start, stop)`` took (on the GPU, from the per-block
         counts: ``start`` and ``stop`` are then whole blocks of MIN_PASS samples, or the end).
 
-        >>> @vkml.kernel
-        ... def drift(x, v, k: vkml.Param):
-        ...     return {"x": x + 0.1 * v, "v": v - 0.1 * k * x}
-        ...
         >>> x, v = np.array([1.0, 0.5]), np.zeros(2)
         >>> vkml.simulation(drift, max_steps=10, record=True, x=x, v=v, k=1.0).run().record.longest()
         10
@@ -195,10 +183,6 @@ class SimulationRecord:
     def live(self):
         """Always False: a simulation's Record never holds up its next run (it owns its checkpoints); the name is here so a simulation's Record reads like a Graph's.
 
-        >>> @vkml.kernel
-        ... def drift(x, v, k: vkml.Param):
-        ...     return {"x": x + 0.1 * v, "v": v - 0.1 * k * x}
-        ...
         >>> x, v = np.array([1.0, 0.5]), np.zeros(2)
         >>> sim = vkml.simulation(drift, max_steps=10, record=True, x=x, v=v, k=1.0)
         >>> _ = sim.run()
@@ -211,10 +195,6 @@ class SimulationRecord:
     def checkpoints(self):
         """The stored states by step, where the schedule recomputes the others (else empty).
 
-        >>> @vkml.kernel
-        ... def drift(x, v, k: vkml.Param):
-        ...     return {"x": x + 0.1 * v, "v": v - 0.1 * k * x}
-        ...
         >>> x, v = np.array([1.0, 0.5]), np.zeros(2)
         >>> sim = vkml.simulation(drift, max_steps=10, record=True, window=4, x=x, v=v, k=1.0)
         >>> _ = sim.run()
@@ -229,10 +209,6 @@ class SimulationRecord:
     def states_all(self):
         """Every state by step, where the schedule stores them all (else empty).
 
-        >>> @vkml.kernel
-        ... def drift(x, v, k: vkml.Param):
-        ...     return {"x": x + 0.1 * v, "v": v - 0.1 * k * x}
-        ...
         >>> x, v = np.array([1.0, 0.5]), np.zeros(2)
         >>> sim = vkml.simulation(drift, max_steps=3, record=True, window="full", x=x, v=v, k=1.0)
         >>> _ = sim.run()
@@ -247,10 +223,6 @@ class SimulationRecord:
     def nbytes(self) -> int:
         """Bytes of the checkpoints and copies this Record holds.
 
-        >>> @vkml.kernel
-        ... def drift(x, v, k: vkml.Param):
-        ...     return {"x": x + 0.1 * v, "v": v - 0.1 * k * x}
-        ...
         >>> x, v = np.array([1.0, 0.5]), np.zeros(2)
         >>> sim = vkml.simulation(drift, max_steps=10, record=True, x=x, v=v, k=1.0)
         >>> _ = sim.run()
@@ -264,10 +236,6 @@ class SimulationRecord:
         """Copy the per-sample input planes the reverse reads (the rest already is the Record's
         own); the Record then stays valid however often the simulation runs again.
 
-        >>> @vkml.kernel
-        ... def drift(x, v, k: vkml.Param):
-        ...     return {"x": x + 0.1 * v, "v": v - 0.1 * k * x}
-        ...
         >>> x, v = np.array([1.0, 0.5]), np.zeros(2)
         >>> sim = vkml.simulation(drift, max_steps=10, record=True, x=x, v=v, k=1.0)
         >>> _ = sim.run()
@@ -295,10 +263,6 @@ class SimulationRecord:
 class Simulation(Reversible):
     """A step kernel run per sample until it terminates (see the module docstring).
 
-    >>> @vkml.kernel
-    ... def drift(x, v, k: vkml.Param):
-    ...     return {"x": x + 0.1 * v, "v": v - 0.1 * k * x}
-    ...
     >>> x, v = np.array([1.0, 0.5]), np.zeros(2)
     >>> sim = vkml.simulation(drift, max_steps=10, record=True, x=x, v=v, k=1.0)
     >>> isinstance(sim, vkml.graph.Simulation), sim.max_steps
@@ -367,10 +331,6 @@ class Simulation(Reversible):
         """The step's planes by name: the arrays given (updated in place by ``run()``), or on the
         cuda backend the device planes the simulation keeps (see the module docstring).
 
-        >>> @vkml.kernel
-        ... def drift(x, v, k: vkml.Param):
-        ...     return {"x": x + 0.1 * v, "v": v - 0.1 * k * x}
-        ...
         >>> x, v = np.array([1.0, 0.5]), np.zeros(2)
         >>> sim = vkml.simulation(drift, max_steps=10, x=x, v=v, k=1.0)
         >>> sim.run().planes["x"] is x, np.asarray(sim.planes["x"]).round(4)
@@ -383,10 +343,6 @@ class Simulation(Reversible):
     def record(self):
         """The :class:`SimulationRecord` of the latest recorded run (None before it).
 
-        >>> @vkml.kernel
-        ... def drift(x, v, k: vkml.Param):
-        ...     return {"x": x + 0.1 * v, "v": v - 0.1 * k * x}
-        ...
         >>> x, v = np.array([1.0, 0.5]), np.zeros(2)
         >>> sim = vkml.simulation(drift, max_steps=10, record=True, x=x, v=v, k=1.0)
         >>> sim.record is None
@@ -400,10 +356,6 @@ class Simulation(Reversible):
     def reset(self):
         """Forget the last run's record (the planes are yours to reset).
 
-        >>> @vkml.kernel
-        ... def drift(x, v, k: vkml.Param):
-        ...     return {"x": x + 0.1 * v, "v": v - 0.1 * k * x}
-        ...
         >>> x, v = np.array([1.0, 0.5]), np.zeros(2)
         >>> sim = vkml.simulation(drift, max_steps=10, record=True, x=x, v=v, k=1.0)
         >>> _ = sim.run()
@@ -418,10 +370,6 @@ class Simulation(Reversible):
         """Refuse to run on planes resized, reshaped or made read-only since the simulation was
         made: its programs were traced (and compiled) for the planes as they were then.
 
-        >>> @vkml.kernel
-        ... def drift(x, v, k: vkml.Param):
-        ...     return {"x": x + 0.1 * v, "v": v - 0.1 * k * x}
-        ...
         >>> x, v = np.array([1.0, 0.5]), np.zeros(2)
         >>> sim = vkml.simulation(drift, max_steps=10, record=True, x=x, v=v, k=1.0)
         >>> sim.check_planes("run")
@@ -475,10 +423,6 @@ class Simulation(Reversible):
     def run(self):
         """Run until every sample has terminated or ``max_steps`` steps; record if record=True.
 
-        >>> @vkml.kernel
-        ... def drift(x, v, k: vkml.Param):
-        ...     return {"x": x + 0.1 * v, "v": v - 0.1 * k * x}
-        ...
         >>> x, v = np.array([1.0, 0.5]), np.zeros(2)
         >>> sim = vkml.simulation(drift, max_steps=10, record=True, x=x, v=v, k=1.0)
         >>> _ = sim.run()
@@ -846,16 +790,12 @@ class Simulation(Reversible):
 
     def _readers_busy(self):
         rec = self._record
-        return rec is not None and rec._readers > 0
+        return rec is not None and rec.readers > 0
 
     # -- reverse ------------------------------------------------------------------------------
     def check_reversible(self, vjps):
         """Refuse a reverse this simulation cannot take (a model node without its vjp in ``vjps``), before anything runs.
 
-        >>> @vkml.kernel
-        ... def drift(x, v, k: vkml.Param):
-        ...     return {"x": x + 0.1 * v, "v": v - 0.1 * k * x}
-        ...
         >>> x, v = np.array([1.0, 0.5]), np.zeros(2)
         >>> sim = vkml.simulation(drift, max_steps=10, record=True, x=x, v=v, k=1.0)
         >>> sim.check_reversible(None)
@@ -878,21 +818,18 @@ class Simulation(Reversible):
         except Exception as err:  # noqa: BLE001 - reported as a refusal naming the kernel
             raise RefusedError(f"reverse: {self.launch.kernel.name} has no vjp ({err})") from err
 
-    def reverse(self, record, seeds, wrt=None, vjps=None, strict=False, lock=None):
-        """The checkpointed reverse of a recorded run (what :func:`vkml.diff.reverse` calls for a simulation's Record).
+    def prepare_reverse(self, record, seeds, wrt, strict):
+        """Check one reverse call of ``record`` (see ``reversible.py``): it is this simulation's,
+        of its latest run or kept, its input planes unchanged, the seeds and ``wrt`` known; the
+        cotangents of the final state, made from the seeds.
 
-        >>> @vkml.kernel
-        ... def drift(x, v, k: vkml.Param):
-        ...     return {"x": x + 0.1 * v, "v": v - 0.1 * k * x}
-        ...
         >>> x, v = np.array([1.0, 0.5]), np.zeros(2)
         >>> sim = vkml.simulation(drift, max_steps=10, record=True, x=x, v=v, k=1.0)
         >>> _ = sim.run()
-        >>> sim.reverse(sim.record, {"x": np.ones(2)})["k"].round(4)
-        np.float64(-0.6129)
+        >>> cotangents, wrt = sim.prepare_reverse(sim.record, {"x": np.ones(2)}, ["k"], strict=False)
+        >>> sorted(cotangents), wrt
+        (['x'], ['k'])
         """
-        vjps = check_vjps(vjps, strict)
-        self.check_reversible(vjps)
         if not isinstance(record, SimulationRecord) or record.simulation is not self:
             raise ArgumentError("reverse: this Record belongs to another simulation")
         check_seeds(seeds)
@@ -902,39 +839,68 @@ class Simulation(Reversible):
                               "reverse right after run(), or keep() the Record to reverse it later")
         if not record.kept or self.on_device:   # the reverse reads the input planes themselves
             self.check_planes("reverse", [nm for nm in record.fixed if nm in self._planes])
-        bitwise = self.bitwise()
-        wrt = wrt_names(wrt)
-        check_wrt(self, wrt, bitwise, strict)
-        ct0 = seed_cotangents(self, seeds)
-        check_reverse_lock(lock, "Simulation.reverse")
-        if lock is not None and not lock.acquire(blocking=False):
-            raise Busy("Reverse: another thread is running this Reverse; give each thread its own")
+        check_wrt(self, wrt, self.bitwise(), strict)
+        return seed_cotangents(self, seeds), wrt
+
+    @contextlib.contextmanager
+    def reading(self, record):
+        """``record`` counts one more reader inside the block (``run`` is refused meanwhile).
+
+        >>> sim = vkml.simulation(drift, max_steps=10, record=True, x=np.ones(2), v=np.zeros(2), k=1.0)
+        >>> _ = sim.run()
+        >>> with sim.reading(sim.record) as record:
+        ...     sim.run()
+        Traceback (most recent call last):
+            ...
+        vkml.errors.Busy: simulation.run: a reverse is reading the last Record; wait for it to return
+        """
+        with self._lock:
+            record.readers += 1
         try:
-            with record._lock:
-                record._readers += 1
-            try:
-                values, stats = self._reverse_passes(record, ct0, vjps, workspace_of(lock))
-            finally:
-                with record._lock:
-                    record._readers -= 1
+            yield record
         finally:
-            if lock is not None:
-                lock.release()
-        record.reversed = True
+            with self._lock:
+                record.readers -= 1
+
+    def sweep(self, record, prepared, vjps, workspace):
+        """The checkpointed reverse of ``record``: windows recomputed from its checkpoints and
+        reversed, last first (see ``reversible.py``).
+
+        >>> sim = vkml.simulation(drift, max_steps=10, record=True, x=np.array([1.0, 0.5]),
+        ...                       v=np.zeros(2), k=1.0)
+        >>> _ = sim.run()
+        >>> call = sim.prepare_reverse(sim.record, {"x": np.ones(2)}, None, strict=False)
+        >>> with sim.reading(sim.record):
+        ...     grads = sim.sweep(sim.record, call, {}, vkml.diff.Workspace())
+        >>> grads["k"].round(4)
+        np.float64(-0.6129)
+        """
+        ct0, wrt = prepared
+        values, stats = self._reverse_passes(record, ct0, vjps, workspace)
+        bitwise = self.bitwise()
         bitwise = {k: bitwise.get(k, True) for k in values}
         if wrt is not None:
             values = {k: v for k, v in values.items() if k in wrt}
         return Gradients(values, Report(record.generation, bitwise, stats["chunks"],
                                         stats["recomputed"], stats["peak"]))
 
+    def reverse(self, record, seeds, wrt=None, vjps=None, strict=False):
+        """The checkpointed reverse of a recorded run (what :func:`vkml.diff.reverse` calls for a
+        simulation's Record): ``vkml.diff.Reverse(sim, vjps=vjps, strict=strict)(record, seeds,
+        wrt=wrt)``.
+
+        >>> x, v = np.array([1.0, 0.5]), np.zeros(2)
+        >>> sim = vkml.simulation(drift, max_steps=10, record=True, x=x, v=v, k=1.0)
+        >>> _ = sim.run()
+        >>> sim.reverse(sim.record, {"x": np.ones(2)})["k"].round(4)
+        np.float64(-0.6129)
+        """
+        return Reverse(self, vjps=vjps, strict=strict)(record, seeds, wrt=wrt)
+
     def bitwise(self):
         """Per Param: False where it reaches a gather (a table read by index), whose gradient is
         a scatter-add across samples (the same rule as a Graph's reverse).
 
-        >>> @vkml.kernel
-        ... def drift(x, v, k: vkml.Param):
-        ...     return {"x": x + 0.1 * v, "v": v - 0.1 * k * x}
-        ...
         >>> x, v = np.array([1.0, 0.5]), np.zeros(2)
         >>> sim = vkml.simulation(drift, max_steps=10, record=True, x=x, v=v, k=1.0)
         >>> sim.bitwise()
@@ -1219,10 +1185,6 @@ def _eqns(loops):
 def simulation(step, *, max_steps, record=False, window=None, memory_budget=None, **kwargs):
     """A step kernel run per sample until it terminates (see the module docstring).
 
-    >>> @vkml.kernel
-    ... def drift(x, v, k: vkml.Param):
-    ...     return {"x": x + 0.1 * v, "v": v - 0.1 * k * x}
-    ...
     >>> x, v = np.array([1.0, 0.5]), np.zeros(2)
     >>> sim = vkml.simulation(drift, max_steps=10, record=True, x=x, v=v, k=1.0)
     >>> _ = sim.run()
