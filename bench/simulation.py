@@ -258,6 +258,7 @@ def _med_us(fn, repeat, warmup=5):
 def breakdown_vkml(steps):
     """Per-step cost of vkml's pieces against the hand-written NumPy step (medians, us)."""
     from vkml.graph.execute import run_batched
+    from vkml.graph.simulation.host_steps import HostSteps
     side = make_sides(steps)["vkml"]
     seeds = seeds_for()
     side.reset()
@@ -279,14 +280,14 @@ def breakdown_vkml(steps):
         "  + run_batched / backend submission":
             _med_us(lambda: run_batched(launch.batched(), n, [theta, omega, t] + params,
                                         [True] * 3 + [False] * 3), r),
-        "  = Simulation._step (+ np.where per state, stop mask, counters)":
-            _med_us(lambda: sim._step(state, {}, active), r),
+        "  = HostSteps.step (+ np.where per state, stop mask, counters)":
+            _med_us(lambda: HostSteps(sim).step(state, {}, active), r),
         "vjp program alone": _med_us(lambda: vjp_exe([theta, omega, t] + params + cts), r),
     }
     # one reverse with its two inner calls timed in place: the rest is back_step's own bookkeeping
-    vsim = sys.modules["vkml.graph.simulation"]     # (the package attribute is the function)
+    vsim = sys.modules["vkml.graph.simulation.host_steps"]
     spent = {"vjp": [], "advance": [], "total": []}
-    inner_vjp, inner_adv = vsim.reverse_launch, vsim.Simulation._advance
+    inner_vjp, inner_adv = vsim.reverse_launch, vsim.HostSteps.advance
 
     def timed(key, fn):
         def wrapper(*a, **k):
@@ -298,7 +299,7 @@ def breakdown_vkml(steps):
         return wrapper
 
     vsim.reverse_launch = timed("vjp", inner_vjp)
-    vsim.Simulation._advance = timed("advance", inner_adv)
+    vsim.HostSteps.advance = timed("advance", inner_adv)
     try:
         for _ in range(7):
             for v in spent.values():
@@ -307,7 +308,7 @@ def breakdown_vkml(steps):
             side.reverse(seeds)
             spent["total"][-1] = time.perf_counter() - t0
     finally:
-        vsim.reverse_launch, vsim.Simulation._advance = inner_vjp, inner_adv
+        vsim.reverse_launch, vsim.HostSteps.advance = inner_vjp, inner_adv
     i = int(np.argsort(spent["total"])[len(spent["total"]) // 2])     # the median run, split
     per = {k: v[i] / steps * 1e6 for k, v in spent.items()}
     rows["reverse, per step (all of it; median of 7)"] = per["total"]

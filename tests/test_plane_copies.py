@@ -19,7 +19,7 @@ import pytest
 import vkml
 from vkml.graph import run as run_module
 from vkml.graph.reversible import Reversible
-from vkml.graph.schedules import Binomial, Full, Window
+from vkml.graph.simulation.schedules import Binomial, Full, Window
 from vkml.graph.versions import PlaneVersions
 
 N = 24

@@ -20,8 +20,9 @@ import pytest
 import vkml
 from vkml import viz
 from vkml.errors import ArgumentError, VkmlError
-from vkml.graph.schedules import Binomial, Full, Window, walk
+from vkml.graph.simulation.schedules import Binomial, Full, Window, walk
 from vkml.graph.simulation import Simulation
+from vkml.graph.simulation.host_steps import HostSteps
 from vkml.viz_schedule import WIDTH, SchedulePicture
 
 pytest.importorskip("ipywidgets")
@@ -140,7 +141,7 @@ def test_the_same_bytes_in_another_process():
     import os
     import subprocess
     import sys
-    code = ("import hashlib; from vkml import viz; from vkml.graph.schedules import Binomial; "
+    code = ("import hashlib; from vkml import viz; from vkml.graph.simulation.schedules import Binomial; "
             "print(hashlib.sha256(viz.checkpoint_schedule(Binomial(3), 500).pipe()).hexdigest())")
     here = hashlib.sha256(viz.checkpoint_schedule(Binomial(3), 500).pipe()).hexdigest()
     for seed in ("1", "2"):
@@ -218,7 +219,7 @@ def test_the_slider_predicts_without_running_and_matches_the_schedule_objects(mo
 
     ex = vkml.widgets.explore_schedule(sim, budget=2)
     monkeypatch.setattr(Simulation, "run", refuse)
-    monkeypatch.setattr(Simulation, "_step", refuse)
+    monkeypatch.setattr(HostSteps, "step", refuse)
     seen = []
     for budget in (2, 3, 4, 6, 10, 20, 40, 60):
         ex.budget.value = budget

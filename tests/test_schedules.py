@@ -1,4 +1,4 @@
-"""Checkpoint schedules of recorded simulations (vkml.graph.schedules).
+"""Checkpoint schedules of recorded simulations (vkml.graph.simulation.schedules).
 
 The binomial schedule's recomputation is checked against an independent dynamic program over
 (steps, snapshots) -- a brute-force minimum over every first checkpoint, not the closed form
@@ -21,7 +21,7 @@ import pytest
 import vkml
 from backends_under_test import BACKENDS
 from vkml.backends import cpu
-from vkml.graph.schedules import Binomial, Full, Window, walk
+from vkml.graph.simulation.schedules import Binomial, Full, Window, walk
 
 MOST_STEPS, MOST_SNAPSHOTS = 130, 7
 

@@ -19,7 +19,13 @@ import pytest
 import vkml
 from vkml.backends import cpu
 from vkml.backends.codegen.sample_loops import SIMD_MARKER
+from vkml.graph.simulation.compiled_loops import compiled_loops
 from test_simulation import pendulum   # the damped pendulum with a per-sample stop
+
+
+def loops_of(sim):
+    """The cpu tier's compiled loops a simulation runs on."""
+    return compiled_loops(sim, sim.backend)[0]
 
 DT = 0.01
 H = 1e-6
@@ -88,7 +94,7 @@ def threads():
 def test_the_pendulums_loops_run_in_simd_lanes_with_vector_sin_and_cos():
     with vkml.use_backend("cpu"):
         sim = pendulum_sim(16)
-        assert sim._compiled_loops().vector_math is True
+        assert loops_of(sim).vector_math is True
         info = vkml.backend_info()
     assert "sin" in info["simulation vector math"]
     assert info["simulation vector math"].startswith("libmvec")
@@ -112,7 +118,7 @@ def test_the_generated_c_and_its_libraries_call_only_vector_versions(monkeypatch
     monkeypatch.setattr(cpu, "library", spy)
     vkml.clear_caches()                  # loops built afresh (not ones an earlier test made)
     with vkml.use_backend("cpu"):
-        loops = pendulum_sim(24, window=7)._compiled_loops()
+        loops = loops_of(pendulum_sim(24, window=7))
     assert loops.vector_math is True
     fwd = [imports for source, imports in seen if "vk_fwd" in source and SIMD_MARKER in source]
     rev = [imports for source, imports in seen if "vk_rev" in source and SIMD_MARKER in source]
@@ -189,7 +195,7 @@ def test_scalar_libm_when_vector_math_is_off_differs_by_a_few_ulps_at_most(monke
         # the same simulation again: the vector math in use is part of the loops' key, so
         # these are other loops, built with scalar libm
         sim, scalar = run_and_reverse(64, window=5)
-        assert sim._compiled_loops().vector_math is False
+        assert loops_of(sim).vector_math is False
         assert vkml.backend_info()["simulation vector math"] == "none (scalar libm)"
     assert np.array_equal(vector["steps"], scalar["steps"])
     np.testing.assert_allclose(vector["theta_T"], scalar["theta_T"], rtol=1e-13)
@@ -226,12 +232,12 @@ def test_a_call_the_compiler_left_scalar_sends_the_loops_back_to_scalar_libm(sca
     with scalar libm, and give exactly what VKML_VECTOR_MATH=0 gives."""
     with vkml.use_backend("cpu"):
         sim, mixed = run_and_reverse(50, window=11)
-        assert sim._compiled_loops().vector_math is False
+        assert loops_of(sim).vector_math is False
     monkeypatch.undo()
     monkeypatch.setenv("VKML_VECTOR_MATH", "0")
     with vkml.use_backend("cpu"):
         plain, scalar = run_and_reverse(50, window=12)    # loops of their own (the window does
-        assert plain._compiled_loops() is not sim._compiled_loops()   # not change a bit)
-        assert plain._compiled_loops().vector_math is False
+        assert loops_of(plain) is not loops_of(sim)   # not change a bit)
+        assert loops_of(plain).vector_math is False
     for key in ("theta_T", "omega_T", "steps", "d_theta", "d_omega", "d_length", "d_damping"):
         assert np.array_equal(mixed[key], scalar[key]), key

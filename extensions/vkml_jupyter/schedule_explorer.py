@@ -24,7 +24,7 @@ import numpy as np
 import vkml
 from vkml import viz
 from vkml.errors import ArgumentError, RefusedError, VkmlError
-from vkml.graph.schedules import Binomial, Full, Window, walk
+from vkml.graph.simulation.schedules import Binomial, Full, Window, walk
 from vkml.graph.simulation import Simulation
 from vkml.graph.treesum import chunk_bounds
 from vkml.viz_schedule import describe

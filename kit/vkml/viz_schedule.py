@@ -26,7 +26,7 @@ import numpy as np
 
 from .errors import ArgumentError
 from .graph.simulation import Simulation
-from .graph.schedules import Binomial, Full, Schedule, Window, walk
+from .graph.simulation.schedules import Binomial, Full, Schedule, Window, walk
 
 __all__ = ["checkpoint_schedule", "SchedulePicture", "describe", "WIDTH", "MAX_DRAWN_STEPS"]
 

@@ -101,7 +101,7 @@ each launch (``record._steps``).
 A simulation keeps its planes, checkpoints, step counts and gradients in
 device memory too: one the per-sample loops cover runs as two kernels
 (``cuda_loops.py``), any other is stepped from the host with one program per
-step on device arrays (``graph/simulation_device.py``; a model node's values
+step on device arrays (``graph/simulation/device_steps.py``; a model node's values
 are copied to the host and back around it, explicitly); its default
 ``memory_budget`` is half the free device memory.
 """

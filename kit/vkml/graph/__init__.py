@@ -13,8 +13,9 @@ The modules, lowest first (each imports only the ones before it):
 - ``diff``: ``reverse``, ``Reverse``, ``Gradients`` (``vkml.diff``): the reverse protocol
 - ``graph_reverse``: the sweep of a Graph's tape
 - ``graph``: ``Graph``
-- ``schedules``, ``simulation_checks``, ``simulation_device``, ``simulation``:
-  ``simulation``/``until_done`` with checkpointed reverses under a memory budget
+- ``simulation`` (a package): ``simulation``/``until_done`` with checkpointed reverses under a
+  memory budget, one stepper per way of running, and the checkpoint ``schedules`` (also
+  ``vkml.graph.schedules``)
 - ``examples``: the ``wave`` and ``drift`` kernels the docstring examples use (import them from
   here to run an example yourself)
 """
@@ -24,9 +25,9 @@ from .graph import Graph
 from .nodes import Opaque, Reduce, RepeatWhile, SkipGuard, Skippable, opaque, reduce, repeat_while, skippable
 from .kernel import Kernel, Launch, Param, kernel
 from .record import Record
-from .simulation import Simulation, SimulationRecord, simulation, until_done
+from .simulation import Simulation, SimulationRecord, schedules, simulation, until_done
 from .treesum import tree_sum
 
 __all__ = ["Graph", "Kernel", "Launch", "Opaque", "Param", "Record", "Reduce", "RepeatWhile",
            "SkipGuard", "Skippable", "diff", "kernel", "opaque", "reduce", "repeat_while", "skippable",
-           "tree_sum", "Simulation", "SimulationRecord", "simulation", "until_done"]
+           "tree_sum", "Simulation", "SimulationRecord", "simulation", "until_done", "schedules"]

@@ -13,12 +13,12 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .. import backends
-from ..errors import ArgumentError, DTypeError, RefusedError, ShapeError
-from ..validate import check_int
-from .diff import seed_array
-from .nodes import Opaque
-from .kernel import Kernel, Launch
+from ... import backends
+from ...errors import ArgumentError, DTypeError, RefusedError, ShapeError
+from ...validate import check_int
+from ..diff import seed_array
+from ..nodes import Opaque
+from ..kernel import Kernel, Launch
 from .schedules import NAMED, default_window
 
 #: The most steps a simulation takes (2**40, about 10**12): more than any run finishes, so a

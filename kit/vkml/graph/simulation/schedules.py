@@ -39,7 +39,7 @@ import abc
 import math
 from functools import lru_cache
 
-from ..validate import check_int
+from ...validate import check_int
 
 
 class Schedule(abc.ABC):

@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backends.cuda_loops import rows
-from ..errors import ExecutionError
-from ..ir import Var, program_from_dag
-from ..ops import api
-from ..runtime import submit
-from ..transforms import inline
+from ...backends.cuda_loops import rows
+from ...errors import ExecutionError
+from ...ir import Var, program_from_dag
+from ...ops import api
+from ...runtime import submit
+from ...transforms import inline
 
 
 def device_rows(plane, sl):
