@@ -3,6 +3,7 @@
 
     python scripts/check_layers.py            # the repository this script lives in
     python scripts/check_layers.py ROOT       # another checkout
+    python scripts/check_layers.py --rst      # the layer table of docs/architecture.rst
 
 The library is a stack of layers (``LAYERS`` below, lowest first).  Reading
 the source with ``ast`` -- nothing is imported -- it checks that:
@@ -16,7 +17,9 @@ the source with ``ast`` -- nothing is imported -- it checks that:
    declared exception, each checked to be used only inside functions);
 4. the library never imports the Jupyter stack (``JUPYTER_STACK``): only
    ``vkml_jupyter`` does;
-5. every import inside a function carries a ``# local: <why>`` comment (on
+5. inside a package listed in ``STACKS`` the modules form a stack of their own: each imports
+   only the modules before it;
+6. every import inside a function carries a ``# local: <why>`` comment (on
    its line, or above it among the imports it is grouped with) saying what
    it dodges: an import cycle or an optional dependency.  Anything else
    belongs at the top of the module.
@@ -32,7 +35,7 @@ from __future__ import annotations
 
 import ast
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field as dataclass_field
 from pathlib import Path
 
 
@@ -95,6 +98,18 @@ LATE_EDGES = {
     (family, "vkml.ops.api")
     for family in ("vkml.ops.elementwise", "vkml.ops.reductions", "vkml.ops.movement",
                    "vkml.ops.linalg", "vkml.ops.complex_parts")
+}
+
+#: Inside these packages the modules form a stack of their own, lowest first: a module imports
+#: only the modules before it (the package's ``__init__`` may import them all).  A new module
+#: of the package takes its place here; the check names one it does not find.
+STACKS = {
+    "vkml.programs": ("checks", "arguments", "jitted", "derivatives", "batching", "jacobians",
+                      "control_flow", "loops", "custom_rules", "grad_checks"),
+    "vkml.graph": ("treesum", "versions", "reversible", "execute", "kernel", "examples", "nodes",
+                   "device", "record", "run", "diff", "graph_reverse", "graph", "simulation"),
+    "vkml.graph.simulation": ("schedules", "checks", "record", "device_programs", "host_steps",
+                              "compiled_loops", "device_loops", "device_steps", "simulation"),
 }
 
 LOCAL_MARK = "# local:"
@@ -317,6 +332,7 @@ class Rules:
     private_allowed: frozenset = frozenset(PRIVATE_ALLOWED)
     late_edges: frozenset = frozenset(LATE_EDGES)
     doors: frozenset = frozenset(JUPYTER_DOORS)
+    stacks: dict = dataclass_field(default_factory=lambda: dict(STACKS))
 
 
 def check(root: Path, rules: Rules = Rules()) -> list:
@@ -333,6 +349,7 @@ def check(root: Path, rules: Rules = Rules()) -> list:
         imports = imports_of(module, modules)
         offences += _layer_offences(where, module, mine, imports, rules)
         offences += _late_edge_offences(where, module, imports, rules)
+        offences += _stack_offences(where, module, imports, rules)
         if module.name.split(".")[0] == "vkml":
             offences += [f"{where}:{line}: {module.name} imports {name}; only the Jupyter layer "
                          "(extensions/vkml_jupyter) may" for line, name in _jupyter_imports(module)]
@@ -369,6 +386,26 @@ def _layer_offences(where, module, mine, imports, rules) -> list:
             found.append(f"{where}:{imp.line}: layer '{layers[mine].name}' ({module.name}) imports "
                          f"{imp.target} from layer '{layers[theirs].name}'"
                          + (", which it skips" if theirs < mine else ", above it"))
+    return found
+
+
+def _stack_offences(where, module, imports, rules) -> list:
+    """Imports inside a stacked package (``STACKS``) that reach a module at or above this one."""
+    parts = module.name.rsplit(".", 1)
+    if module.is_package or len(parts) < 2 or parts[0] not in rules.stacks:
+        return []
+    package, name = parts
+    order = rules.stacks[package]
+    if name not in order:
+        return [f"{where}: {module.name} has no place in STACKS[{package!r}]; add it"]
+    found = []
+    for imp in imports:
+        if imp.local or not imp.target.startswith(package + "."):
+            continue
+        theirs = imp.target[len(package) + 1:].split(".")[0]
+        if theirs in order and order.index(theirs) >= order.index(name) and theirs != name:
+            found.append(f"{where}:{imp.line}: {module.name} imports {imp.target}, which comes "
+                         f"after it in STACKS[{package!r}]")
     return found
 
 
@@ -412,7 +449,29 @@ def _stale_rule_offences(modules, rules, allowed_used) -> list:
     return found
 
 
+def layer_table(layers=LAYERS) -> str:
+    """The layers as the reStructuredText table of ``docs/architecture.rst`` (``--rst`` prints
+    it; ``tests/test_repo.py`` checks the page holds exactly this text)."""
+    def names(modules):
+        return ", ".join(f"``{m}``" for m in modules)
+    rows = []
+    for i, layer in enumerate(layers):
+        may = "nothing else in vkml" if i == 0 else "base" if i == 1 else f"layers 1-{i}"
+        if layer.skips:
+            may += f" except {', '.join(layer.skips)}"
+        rows.append((f"{i + 1}. {layer.name}", names(layer.modules), layer.owns, may))
+    lines = [".. list-table::", "   :header-rows: 1", "   :widths: 12 26 38 24", "",
+             "   * - layer", "     - modules", "     - what it owns", "     - may import"]
+    for row in rows:
+        lines.append(f"   * - {row[0]}")
+        lines += [f"     - {cell}" for cell in row[1:]]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv) -> int:
+    if argv[1:] == ["--rst"]:
+        print(layer_table(), end="")
+        return 0
     root = Path(argv[1]) if len(argv) > 1 else Path(__file__).resolve().parents[1]
     offences = check(root)
     for offence in offences:

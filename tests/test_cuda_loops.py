@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import gc
 import subprocess
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -39,7 +40,7 @@ from test_simulation import H, pendulum
 from vkml.backends import cpu, cuda_loops
 from vkml.backends.codegen import cuda_render
 from vkml.backends.codegen.lower import Unsupported
-from vkml.backends.codegen.sample_loops import CUDA_LOCAL_LIMIT, forward_source, reverse_source
+from vkml.backends.codegen.sample_loops import CUDA_LOCAL_LIMIT, LoopSpec, forward_source, reverse_source
 from vkml.backends.cuda_loops import CudaSampleLoops
 
 DT = 0.01
@@ -156,11 +157,8 @@ def loop_specs():
 
 
 def _sources(step, vjp, spec, target):
-    s = dict(spec)
-    return (forward_source(step, s["n_state"], s["n_fixed"], s["n_params"], s["out_names"],
-                           s["state_names"], s["term_index"], s["window"], target=target),
-            reverse_source(step, vjp, s["n_state"], s["n_fixed"], s["n_params"], s["out_names"],
-                           s["state_names"], s["wrt"], s["window"], target=target))
+    s = LoopSpec(**dict(spec))
+    return forward_source(step, s, target=target), reverse_source(step, vjp, s, target=target)
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
@@ -201,14 +199,12 @@ def test_a_window_too_large_for_a_gpu_thread_is_refused(loop_specs):
     """The reverse holds a window of states per thread; on the GPU that is local memory, bounded:
     the backend then says Unsupported and the simulation steps batch by batch instead."""
     step, vjp, spec = loop_specs["drag"]
-    spec = dict(spec)
-    big = CUDA_LOCAL_LIMIT // (8 * spec["n_state"]) + 1
-    args = (step, vjp, spec["n_state"], spec["n_fixed"], spec["n_params"], spec["out_names"],
-            spec["state_names"], spec["wrt"], big)
-    assert "vk_rev" in reverse_source(*args)                         # C: no such limit
+    spec = LoopSpec(**dict(spec))
+    big = CUDA_LOCAL_LIMIT // (8 * spec.n_state) + 1
+    assert "vk_rev" in reverse_source(step, vjp, replace(spec, window=big))    # C: no such limit
     with pytest.raises(Unsupported, match="local memory"):
-        reverse_source(*args, target="cuda")
-    assert "__global__" in reverse_source(*args[:-1], big - 1, target="cuda")
+        reverse_source(step, vjp, replace(spec, window=big), target="cuda")
+    assert "__global__" in reverse_source(step, vjp, replace(spec, window=big - 1), target="cuda")
 
 
 # -- on the emulated driver ---------------------------------------------------------------------------

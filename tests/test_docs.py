@@ -13,6 +13,7 @@ example that runs.
   (``vkml.numpy``) already imported, as the API pages say.
 """
 
+import ast
 import doctest
 import importlib
 import inspect
@@ -224,3 +225,87 @@ def test_the_docs_build_without_warnings(tmp_path):
     assert 'id="vkml.Tensor.backward"' in (html / "api" / "vkml.html").read_text()
     assert ">>> vkml.tensor([1.0, 2.0])" in text("api/vkml.html").replace("&gt;", ">")
     assert "[20. 18. 12.]" in text("tutorials/02-programs-and-scan.html")   # a stored output
+
+
+# -- the architecture page matches the code ------------------------------------------------------------
+
+def _names_defined_in_the_code() -> set:
+    """Every name the library, the Jupyter layer and the scripts define: modules, functions,
+    classes, their parameters, assigned names and attributes."""
+    names = set()
+    for top in (ROOT / "kit" / "vkml", ROOT / "extensions" / "vkml_jupyter", ROOT / "scripts"):
+        for path in top.rglob("*.py"):
+            names.update(path.relative_to(top.parent).with_suffix("").parts)
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    names.add(node.name)
+                    names.update(a.arg for a in node.args.args + node.args.kwonlyargs)
+                elif isinstance(node, ast.ClassDef):
+                    names.add(node.name)
+                elif isinstance(node, (ast.Attribute, ast.Name)) and isinstance(node.ctx, ast.Store):
+                    names.add(node.attr if isinstance(node, ast.Attribute) else node.id)
+    return names
+
+
+def _code_names_on(page: str) -> list:
+    """The names a page gives as code: each ``literal`` that reads as a dotted name (plain
+    lowercase words aside), each file path, and each function a ``code-block`` calls by name."""
+    found = []
+    for literal in re.findall(r"``([^`]+)``", page):
+        name = literal.strip().removesuffix("()")
+        if re.fullmatch(r"[\w./-]+\.(py|rst|md|h)", name):
+            found.append(("path", name))
+        elif re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", name) and (
+                "." in name or "_" in name or name[0].isupper()) and not name.isupper():
+            found.append(("name", name))
+    for block in re.findall(r"\.\. code-block:: python\n\n((?:   .*\n|\n)+)", page):
+        tree = ast.parse("\n".join(line[3:] for line in block.splitlines()))
+        defined = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        found += [("name", n.func.id) for n in ast.walk(tree) if isinstance(n, ast.Call)
+                  and isinstance(n.func, ast.Name) and n.func.id not in defined | set(dir(__builtins__))]
+    return found
+
+
+def test_the_architecture_page_names_only_what_exists():
+    """Every function, class, module and file the architecture page names is in the code, and
+    none is private (a page for contributors speaks of what a module offers, not its insides)."""
+    names = _names_defined_in_the_code()
+    page = (ROOT / "docs" / "architecture.rst").read_text()
+    files = [p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*") if p.is_file()
+             and ".git" not in p.parts and ".venv" not in p.parts]
+    wrong = []
+    for kind, name in _code_names_on(page):
+        if kind == "path":            # a path as written, or the end of one (``cpu.py``)
+            if not any(f == name or f.endswith("/" + name) for f in files):
+                wrong.append(f"{name} (no such file)")
+        elif any(part.startswith("_") and not part.startswith("__") for part in name.split(".")):
+            wrong.append(f"{name} (private)")
+        elif any(part not in names for part in name.split(".")):
+            wrong.append(f"{name} (not in the code)")
+    assert not wrong, f"docs/architecture.rst names what the code does not have: {wrong}"
+
+
+def test_the_name_check_catches_a_stale_page():
+    """The check above fails on the page as it was before it was fixed: a private helper that was
+    renamed, a lowering function that is gone, a module that moved."""
+    stale = ("For an elementwise one, ``_define`` takes it all:\n\n.. code-block:: python\n\n"
+             "   sin_p = _define(\n       \"sin\", _unary_float(\"sin\"), np.sin, \"Sine.\")\n\n"
+             "one case in ``_elementwise`` in ``backends/codegen/lower.py``; "
+             "``graph/simulation_device.py``; ``vkml.graph.schedules.Window``\n")
+    names = _names_defined_in_the_code()
+    found = _code_names_on(stale)
+    assert ("name", "_unary_float") in found and ("path", "graph/simulation_device.py") in found
+    private = [n for kind, n in found if kind == "name" and n.split(".")[-1].startswith("_")]
+    assert sorted(set(private)) == ["_define", "_elementwise", "_unary_float"]
+    assert not (ROOT / "kit" / "vkml" / "graph" / "simulation_device.py").exists()
+    assert "schedules" in names and "elementwise_primitive" in names
+
+
+def test_the_architecture_pages_layer_table_is_the_checkers():
+    """The table of layers on the architecture page is ``scripts/check_layers.py``'s ``LAYERS``,
+    printed by ``check_layers.py --rst``: change one, print the other."""
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_layers.py"), "--rst"],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.count("   * - ") > 10
+    assert out in (ROOT / "docs" / "architecture.rst").read_text(), \
+        "the architecture page's layer table differs from LAYERS: paste `scripts/check_layers.py --rst`"

@@ -28,7 +28,7 @@ changing a bit.  Two things differ: a default ``matmul`` adds over k in
 index order in C (at every size: a big float product is one call of a
 blocked, vectorised GEMM that adds in that very order, ``codegen.products``)
 but in BLAS's order on NumPy, and exp/log/sin/cos/tanh/pow
-(and the other libm functions, ``LIBM``) come from libm in C, within a few
+(and the other libm functions, ``codegen/libm.py``) come from libm in C, within a few
 ulps of NumPy's own SIMD versions (tests use rtol 1e-12 in float64, 1e-5 in
 float32).  So a program holding either is compiled at once, never switched:
 every program gives the same bits on every call.  (The index order does not
@@ -132,10 +132,11 @@ from ..ops.core import rebind
 from ..stats import STATS
 from . import disk_cache
 from .base import Backend, ExecutionFailure, check_sizes, failure_error, register, threads
+from .codegen.libm import INEXACT_PRIMITIVES
 from .codegen.c_render import ALLOCATION_FAILED, INTERRUPTED, POLL, render, scratch_layout
 from .codegen.lower import Lowering, Unsupported, may_fail, overwritable
 from .codegen.products import transposed_products
-from .codegen.sample_loops import forward_source, reverse_source
+from .codegen.sample_loops import LoopSpec, forward_source, reverse_source
 from .codegen.vector_nests import SIMD_MARKER, VECTOR_MATH
 from .interrupts import NEVER, Armed, interrupted
 from .numpy_backend import compile_program as compile_numpy
@@ -793,10 +794,6 @@ class Tiered:
 #: (``vector_math``); jitted programs and lazy tensors keep scalar libm
 GRAPH_PROGRAMS = frozenset({"graph", "graph-launch", "graph-reverse"})
 
-#: primitives whose C lowering calls libm, where NumPy may use its own (SIMD) implementation:
-#: within a few ulps of each other, not bit for bit
-LIBM = frozenset({"exp", "log", "sin", "cos", "tanh", "pow", "log1p", "expm1", "erf", "erfc",
-                  "lgamma", "atan2"})
 
 
 def _differs_from_numpy(program) -> bool:
@@ -806,7 +803,7 @@ def _differs_from_numpy(program) -> bool:
     if any(True for _ in _blas_matmuls(program)):
         return True
     for e in program.eqns:
-        if e.prim.name in LIBM and e.outputs[0].dtype.kind == "f":
+        if e.prim.name in INEXACT_PRIMITIVES and e.outputs[0].dtype.kind == "f":
             return True
         if any(hasattr(p, "eqns") and _differs_from_numpy(p) for p in e.params.values()):
             return True
@@ -956,7 +953,7 @@ class CpuBackend(Backend):
 
         def make():
             try:
-                return SampleLoops(step, vjp, **dict(spec))
+                return SampleLoops(step, vjp, LoopSpec(**dict(spec)))
             except Unsupported:
                 return False              # remembered: the lowering does not cover this step
         # the vector math in use is part of the key: VKML_VECTOR_MATH=0 set later gets loops of
@@ -977,30 +974,24 @@ class CpuBackend(Backend):
 class SampleLoops:
     """A simulation's forward and reverse as two compiled functions over every sample."""
 
-    def __init__(self, step, vjp, *, n_state, n_fixed, n_params, out_names, state_names, term_index,
-                 wrt, window):
-        self.step, self.n_state, self.window, self.wrt = step, n_state, window, wrt
-        spec = (step, vjp, n_state, n_fixed, n_params, out_names, state_names, term_index, wrt,
-                window)
+    def __init__(self, step, vjp, spec):
+        self.step, self.n_state, self.window, self.wrt = step, spec.n_state, spec.window, spec.wrt
         try:
-            self.vector_math = bool(vector_math()) and self._build(*spec, vector_math())
+            self.vector_math = bool(vector_math()) and self._build(step, vjp, spec, vector_math())
         except BackendError:      # a compiler that refuses the vector declarations: scalar libm
             self.vector_math = False
         if not self.vector_math:
-            self._build(*spec, ())
+            self._build(step, vjp, spec, ())
 
-    def _build(self, step, vjp, n_state, n_fixed, n_params, out_names, state_names, term_index,
-               wrt, window, math):
+    def _build(self, step, vjp, spec, math):
         """Compile the forward and the reverse, the libm functions ``math`` in vector versions.
         Returns whether they are in SIMD lanes with every such call a vector one, of one
         version per function in both: only then does the reverse recompute a window with the
         forward's very bits, whatever a compiler chose to vectorise.  Otherwise (the step can
         fail part-way, or the compiler left a call scalar) the caller builds again without."""
         self.errors = {"forward": [], "reverse": []}
-        fwd = forward_source(step, n_state, n_fixed, n_params, out_names, state_names, term_index,
-                             window, errors=self.errors["forward"], vector_math=math)
-        rev = reverse_source(step, vjp, n_state, n_fixed, n_params, out_names, state_names, wrt,
-                             window, errors=self.errors["reverse"], vector_math=math)
+        fwd = forward_source(step, spec, errors=self.errors["forward"], vector_math=math)
+        rev = reverse_source(step, vjp, spec, errors=self.errors["reverse"], vector_math=math)
         simd = bool(math) and SIMD_MARKER in fwd and SIMD_MARKER in rev
         if math and not simd:
             return False

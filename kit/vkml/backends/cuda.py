@@ -133,6 +133,7 @@ from .base import (Backend, DeviceValue, ExecutionFailure, check_sizes, copy_int
 from .codegen.cuda_render import (NVCC_FLAGS, STATUS_WORDS, cuda_plan, template,
                                   tree_sum_levels)
 from .codegen.lower import Unsupported
+from .codegen.sample_loops import LoopSpec
 from .cuda_loops import CudaSampleLoops
 from .numpy_backend import compile_program as compile_numpy
 
@@ -1014,7 +1015,7 @@ class CudaBackend(Backend):
 
         def make():
             try:
-                return CudaSampleLoops(self.gpu, step, vjp, **dict(spec))
+                return CudaSampleLoops(self.gpu, step, vjp, LoopSpec(**dict(spec)))
             except Unsupported:
                 return False              # remembered: the lowering does not cover this step
         return self._cached(("sample-loops", step, vjp, spec), make, from_disk=bool) or None

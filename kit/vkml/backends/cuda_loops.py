@@ -107,16 +107,13 @@ class CudaSampleLoops:
     #: the loops take and give device arrays (the graph layer keeps its planes on the device)
     resident = True
 
-    def __init__(self, gpu, step, vjp, *, n_state, n_fixed, n_params, out_names, state_names,
-                 term_index, wrt, window):
-        self.gpu, self.step, self.n_state, self.window, self.wrt = gpu, step, n_state, window, wrt
-        self.n_fixed = n_fixed
+    def __init__(self, gpu, step, vjp, spec):
+        self.gpu, self.step, self.n_state, self.window = gpu, step, spec.n_state, spec.window
+        self.wrt, self.n_fixed = spec.wrt, spec.n_fixed
         self.errors = {"forward": [], "reverse": []}
         self.sources = (
-            forward_source(step, n_state, n_fixed, n_params, out_names, state_names, term_index,
-                           window, target="cuda", errors=self.errors["forward"]),
-            reverse_source(step, vjp, n_state, n_fixed, n_params, out_names, state_names, wrt,
-                           window, target="cuda", errors=self.errors["reverse"]))
+            forward_source(step, spec, target="cuda", errors=self.errors["forward"]),
+            reverse_source(step, vjp, spec, target="cuda", errors=self.errors["reverse"]))
         with gpu.lock:
             gpu.enter()
             fwd, _ = gpu.module(self.sources[0])

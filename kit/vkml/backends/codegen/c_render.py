@@ -21,6 +21,7 @@ import functools
 import importlib.resources
 from pathlib import Path
 
+from .libm import declarations
 from .lower import CTYPE
 from .gemm import gemm_c
 from .statements import Block, If, Loop, While
@@ -32,20 +33,11 @@ HELPERS = r"""
 typedef signed char int8_t; typedef int int32_t; typedef long long int64_t;
 typedef unsigned char uint8_t; typedef unsigned int uint32_t; typedef unsigned long long uint64_t;
 void* malloc(unsigned long); void free(void*);
-double exp(double); double log(double); double sin(double); double cos(double); double tanh(double);
-double sqrt(double); double fabs(double); double pow(double, double);
-float expf(float); float logf(float); float sinf(float); float cosf(float); float tanhf(float);
-float sqrtf(float); float fabsf(float); float powf(float, float);
-double log1p(double); double expm1(double); double erf(double); double atan2(double, double);
-double erfc(double); double lgamma(double); float erfcf(float); float lgammaf(float);
-double fmod(double, double); double floor(double); double ceil(double); double rint(double); double trunc(double);
-float log1pf(float); float expm1f(float); float erff(float); float atan2f(float, float);
-float fmodf(float, float); float floorf(float); float ceilf(float); float rintf(float); float truncf(float);
 #define NAN (__builtin_nanf(""))
 #define INFINITY (__builtin_inff())
 
 #define VK_FN static inline
-"""
+""" + declarations()
 
 
 def template(name: str) -> str:

@@ -33,8 +33,9 @@ launched on one stream:
 - **per-sample scan kernels** -- a top-level scan whose step is a vmapped
   program (``vmap_of``, set by ``transforms/vmap.py``: its samples never
   interact) is a grid kernel with one thread per sample, each looping over
-  all the rows of its own scan with its carry in registers (eagle's
-  scheme), instead of one block stepping every sample together.
+  all the rows of its own scan with its carry in registers (the scheme of
+  GPU codes that give each simulated sample its own thread), instead of one
+  block stepping every sample together.
 
 What is NOT parallel yet (correct, but on one block or one thread): a
 scan's rows and a while loop's iterations (inherently sequential; their
@@ -131,7 +132,7 @@ class CudaLowering(Lowering):
     kernel) until it is marked too.  A top-level scan whose step is a
     vmapped program (``vmap_of``: its rows never interact) becomes a
     :class:`~.statements.SampleLoop`: one thread per sample, looping over the
-    rows with its carry in registers, as eagle runs per-sample loops,
+    rows with its carry in registers (a thread per simulated sample),
     instead of one block stepping all samples together.
     """
 

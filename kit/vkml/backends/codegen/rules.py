@@ -22,21 +22,22 @@ own way).  A primitive with no entry (:data:`UNSUPPORTED`, with the reason) make
 raise :class:`~.lower.Unsupported`: the backend then runs that program on NumPy.
 
 Adding a primitive is one ``Primitive`` in ``vkml.ops`` and one entry here.  For a new
-elementwise function of the C library, say ``hypot``::
+elementwise function of the C library, say ``hypot``, it is one entry in ``libm.py`` instead,
+beside its definition in ``vkml.ops``::
 
     # vkml/ops/special.py: its shape rule, NumPy implementation and derivative
-    hypot_p = _define("hypot", _binary_float("hypot"), np.hypot, "sqrt(x*x + y*y).",
-                      jvp=_hypot_jvp)
-    # here, in C_RULES: hypot(x, y), hypotf for float32
-    "hypot": Elementwise(libm("hypot")),
-
-(and its declaration in ``c_render.HELPERS``, as the other libm functions have).
+    hypot_p = elementwise_primitive("hypot", binary_float_rule("hypot"), np.hypot,
+                                    "sqrt(x*x + y*y).", jvp=_hypot_jvp)
+    # codegen/libm.py: hypot(x, y), hypotf for float32 -- its C declaration, its rule here
+    # (``libm("hypot")``) and the checks of the bits it may change follow from the entry
+    LibmFunction("hypot", 2),
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from .libm import PRIMITIVE_CALLS
 from .lower import CTYPE, Lowering, linear_index, row_major_strides
 from .products import by_gemm, gemm_operands, lower_gemm
 
@@ -313,9 +314,7 @@ C_RULES = {
     "stop_gradient": Elementwise("{0}"),
     "cast": Elementwise(_cast),
     # the C library's functions (vkml.ops.special's among them)
-    **{name: Elementwise(libm(name)) for name in
-       ("exp", "log", "sin", "cos", "tanh", "sqrt", "log1p", "expm1", "erf", "erfc", "lgamma",
-        "atan2", "fmod")},
+    **{name: Elementwise(libm(name)) for name in PRIMITIVE_CALLS},
     "round": Elementwise(_round),
     # comparisons and logic (booleans are 0 or 1)
     "eq": Elementwise("({0} == {1})"),

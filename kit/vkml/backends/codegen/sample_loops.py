@@ -3,7 +3,7 @@
 A simulation on the NumPy backend is a Python loop over steps, each step a
 batched program (tens of microseconds of host work per step).  Here the
 step kernel's per-sample program is lowered to scalar C and wrapped in
-``for sample: for step: ...`` -- one thread per sample, as eagle does -- so
+``for sample: for step: ...`` -- one thread per sample, as GPU simulation codes that step each sample in its own thread do -- so
 the state stays in registers, a sample stops at its own ``terminated``, and
 the recorded checkpoints are written as the loop passes them.  Where a step
 cannot fail part-way, a C thread steps ``VK_LANES`` samples in turn (see
@@ -52,6 +52,9 @@ A CUDA kernel cannot be stopped from the host: it runs to its end.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import NamedTuple
+
 import numpy as np
 
 from .c_render import ALLOCATION_FAILED, INTERRUPTED, STACK_LIMIT, emit, prelude
@@ -59,6 +62,47 @@ from .cuda_render import prelude as cuda_prelude
 from .lower import CTYPE, Lowering, Unsupported
 # the vector math every compiled loop shares (SIMD_MARKER and VECTOR_MATH are read from here too)
 from .vector_nests import SIMD_MARKER, VECTOR_MATH, simd_declarations  # noqa: F401
+
+
+@dataclass(frozen=True)
+class LoopSpec:
+    """What a simulation's per-sample loops need to know of its step besides its programs: how
+    its inputs split (state, fixed, Params), which outputs are the new state and which says a
+    sample terminated, the inputs it differentiates by, and the reverse's window."""
+    n_state: int
+    n_fixed: int
+    n_params: int
+    out_names: tuple
+    state_names: tuple
+    term_index: int | None
+    wrt: tuple
+    window: int
+
+
+class ForwardNest(NamedTuple):
+    """The forward step lowered, and what its loop reads and writes (see ``_lower_forward``)."""
+    low: object
+    body: list
+    st_vars: list
+    outs: list
+    new_of: dict
+    extra: list
+    term_index: int | None
+    window: int
+
+
+class ReverseNest(NamedTuple):
+    """The step and its vjp lowered for the reverse loop (see ``_lower_reverse``)."""
+    fwd_low: object
+    fwd_body: list
+    bwd_low: object
+    bwd_body: list
+    ins: list
+    st_vars: list
+    outs: list
+    new_of: dict
+    wrt: tuple
+    window: int
 
 
 def _size(v):
@@ -232,8 +276,7 @@ def _steps_in_lanes(*lows_and_bodies):
     return True
 
 
-def forward_source(step, n_state, n_fixed, n_params, out_names, state_names, term_index, window,
-                   target="c", errors=None, vector_math=()):
+def forward_source(step, spec: LoopSpec, target="c", errors=None, vector_math=()):
     """``vk_fwd``: in = state planes, fixed planes, params; out = final state planes,
     steps (int64, one per sample), then one checkpoint array per state plane
     (``[ceil(max_steps / window), n, ...]``), then the last step's other outputs.
@@ -245,6 +288,7 @@ def forward_source(step, n_state, n_fixed, n_params, out_names, state_names, ter
     in turn (:func:`_forward_lanes`), else one (:func:`_forward_samples`); ``vector_math``
     (C only): the libm functions to call in their vector versions, the lanes then stepped
     across SIMD registers (:func:`_forward_simd`)."""
+    n_state, n_fixed, n_params = spec.n_state, spec.n_fixed, spec.n_params
     low, body = _lower_forward(step, n_state, n_fixed, n_params, lanes=True)
     lanes = _steps_in_lanes((low, body))
     simd = lanes and target == "c" and bool(vector_math)
@@ -255,7 +299,7 @@ def forward_source(step, n_state, n_fixed, n_params, out_names, state_names, ter
         if errors is not None:
             errors.extend(low.errors)
     st_vars, fx_vars, pr_vars, outs = _split(step, n_state, n_fixed)
-    new_of = _state_outputs(out_names, state_names)
+    new_of = _state_outputs(spec.out_names, spec.state_names)
     extra = [j for j in range(len(outs)) if j not in new_of.values()]
     statics = (simd_declarations(vector_math) if simd else []) + low.statics
     lines = _open_function(target, "vk_fwd", statics, 2 * n_state + 1 + len(extra))
@@ -270,7 +314,7 @@ def forward_source(step, n_state, n_fixed, n_params, out_names, state_names, ter
     lines.append(f"    int64_t* steps = (int64_t*)out[{n_state}];")
     ind = _open_sample_loop(lines, target, lanes=lanes)
     loop = _forward_simd if simd else _forward_lanes if lanes else _forward_samples
-    loop(lines, ind, low, body, st_vars, outs, new_of, extra, term_index, window)
+    loop(lines, ind, ForwardNest(low, body, st_vars, outs, new_of, extra, spec.term_index, spec.window))
     _close_function(lines, target)
     return "\n".join(lines) + "\n"
 
@@ -289,9 +333,10 @@ def _lower_forward(step, n_state, n_fixed, n_params, lanes, simd=False):
     return low, body
 
 
-def _forward_samples(lines, ind, low, body, st_vars, outs, new_of, extra, term_index, window):
+def _forward_samples(lines, ind, nest):
     """The forward loop's body for one sample ``s``: its steps until ``max_steps`` or its
     ``terminated``, a checkpoint at the start of every window."""
+    low, body, st_vars, outs, new_of, extra, term_index, window = nest
     for i, v in enumerate(st_vars):
         k = _size(v)
         lines.append(f"{ind}{CTYPE[v.dtype]} st{i}[{k}];")
@@ -338,10 +383,11 @@ def _checkpoints_after_stop(lines, ind, st_vars, window, taken, sample, state):
     lines.append(f"{ind}}}")
 
 
-def _forward_lanes(lines, ind, low, body, st_vars, outs, new_of, extra, term_index, window):
+def _forward_lanes(lines, ind, nest):
     """The forward loop's body for the ``VK_LANES`` samples from ``s``, one step of each in turn
     (see :data:`LANES`).  Sample ``s + l`` keeps its state in row ``l``; a terminated sample's
     row is skipped from then on."""
+    low, body, st_vars, outs, new_of, extra, term_index, window = nest
     for i, v in enumerate(st_vars):
         lines.append(f"{ind}{CTYPE[v.dtype]} st{i}[VK_LANES][{_size(v)}];")
     for m, j in enumerate(extra):
@@ -442,13 +488,14 @@ def _lane_type(dtype):
     return "int64_t" if dtype.kind in "biu" and dtype.itemsize < 8 else CTYPE[dtype]
 
 
-def _forward_simd(lines, ind, low, body, st_vars, outs, new_of, extra, term_index, window):
+def _forward_simd(lines, ind, nest):
     """The forward loop's body for the ``VK_LANES`` samples from ``s``, the lanes stepped together
     across SIMD registers (:func:`_simd_lanes_loop`).  Every lane computes every step, so every
     sample goes through the very same vector calls wherever it sits: a lane past the last sample
     steps a copy of sample ``s`` (its fixed planes through ``row[l]``), a stopped sample's steps
     are computed and discarded, and nothing traps.  So a sample's bits do not depend on ``n``,
     the threads or the passes it is run in."""
+    low, body, st_vars, outs, new_of, extra, term_index, window = nest
     for i, v in enumerate(st_vars):
         lines.append(f"{ind}{CTYPE[v.dtype]} st{i}[VK_LANES][{_size(v)}], nt{i}[VK_LANES][{_size(v)}];")
     for m, j in enumerate(extra):
@@ -497,25 +544,21 @@ def _forward_simd(lines, ind, low, body, st_vars, outs, new_of, extra, term_inde
     _lanes_results(lines, ind, st_vars, outs, extra, window)
 
 
-def reverse_source(step, vjp, n_state, n_fixed, n_params, out_names, state_names, wrt, window,
-                   target="c", errors=None, vector_math=()):
+def reverse_source(step, vjp, spec: LoopSpec, target="c", errors=None, vector_math=()):
     """``vk_rev``: in = checkpoints per state plane, steps, fixed planes, params,
     seeds per state plane; out = state gradients, then gradients of the floating fixed planes and
     per-sample Param cotangents (in ``wrt`` order).  Called as ``vk_fwd`` is (``max_steps``
     unused).  Where neither the step nor its vjp can fail part-way, a thread reverses
     ``VK_LANES`` samples together (:func:`_reverse_lanes`), else one (:func:`_reverse_samples`);
     ``vector_math`` as for :func:`forward_source` (:func:`_reverse_simd`)."""
-    fwd_low, fwd_body, bwd_low, bwd_body = _lower_reverse(
-        step, vjp, n_state, n_fixed, n_params, out_names, state_names, wrt, window, lanes=True)
+    n_state, n_fixed, wrt, window = spec.n_state, spec.n_fixed, spec.wrt, spec.window
+    fwd_low, fwd_body, bwd_low, bwd_body = _lower_reverse(step, vjp, spec, lanes=True)
     lanes = _steps_in_lanes((fwd_low, fwd_body), (bwd_low, bwd_body))
     simd = lanes and target == "c" and bool(vector_math)
     if simd:
-        fwd_low, fwd_body, bwd_low, bwd_body = _lower_reverse(
-            step, vjp, n_state, n_fixed, n_params, out_names, state_names, wrt, window, lanes=True,
-            simd=True)
+        fwd_low, fwd_body, bwd_low, bwd_body = _lower_reverse(step, vjp, spec, lanes=True, simd=True)
     if not lanes:
-        fwd_low, fwd_body, bwd_low, bwd_body = _lower_reverse(
-            step, vjp, n_state, n_fixed, n_params, out_names, state_names, wrt, window, lanes=False)
+        fwd_low, fwd_body, bwd_low, bwd_body = _lower_reverse(step, vjp, spec, lanes=False)
         if errors is not None:
             errors.extend(fwd_low.errors)
     ins = step.inputs
@@ -542,23 +585,23 @@ def reverse_source(step, vjp, n_state, n_fixed, n_params, out_names, state_names
         lines.append(_ptr(f"go{k}", ins[w_pos], f"out[{k}]"))
     ind = _open_sample_loop(lines, target, lanes=lanes)
     loop = _reverse_simd if simd else _reverse_lanes if lanes else _reverse_samples
-    loop(lines, ind, fwd_low, fwd_body, bwd_low, bwd_body, ins, st_vars, outs,
-         _state_outputs(out_names, state_names), wrt, window)
+    loop(lines, ind, ReverseNest(fwd_low, fwd_body, bwd_low, bwd_body, ins, st_vars, outs,
+                                 _state_outputs(spec.out_names, spec.state_names), wrt, window))
     _close_function(lines, target, [f"buf{i}" for i in range(n_state)])
     return "\n".join(lines) + "\n"
 
 
-def _lower_reverse(step, vjp, n_state, n_fixed, n_params, out_names, state_names, wrt, window,
-                   lanes, simd=False):
+def _lower_reverse(step, vjp, spec, lanes, simd=False):
     """The step and its vjp lowered for the reverse loop, their per-sample buffers checked:
     (forward lowering, forward body, vjp lowering, vjp body).  The step recomputes a window from
     ``cur{i}`` into ``nx{j}``; the vjp reads the state held in the window buffer ``buf{i}`` and the
     cotangents ``ct{i}`` (``zo{j}``, zeros, for the outputs that are no state) and writes
     ``g{k}``."""
+    n_state, n_params, wrt, window = spec.n_state, spec.n_params, spec.wrt, spec.window
     sample, row = _sample(lanes, simd)
     ins = step.inputs
-    st_vars, fx_vars, _, outs = _split(step, n_state, n_fixed)
-    new_of = _state_outputs(out_names, state_names)
+    st_vars, fx_vars, _, outs = _split(step, n_state, spec.n_fixed)
+    new_of = _state_outputs(spec.out_names, spec.state_names)
     fwd_low = _lowering()
     fx_ptr = [f"(f{i} + {sample} * {_size(v)})" for i, v in enumerate(fx_vars)]
     pr_ptr = [f"p{i}" for i in range(n_params)]
@@ -586,10 +629,10 @@ def _lower_reverse(step, vjp, n_state, n_fixed, n_params, out_names, state_names
     return fwd_low, fwd_body, bwd_low, bwd_body
 
 
-def _reverse_samples(lines, ind, fwd_low, fwd_body, bwd_low, bwd_body, ins, st_vars, outs, new_of,
-                     wrt, window):
+def _reverse_samples(lines, ind, nest):
     """The reverse loop's body for one sample ``s``: each window from the last recomputed from its
     checkpoint into ``buf{i}``, then the adjoint stepped back through it."""
+    fwd_low, fwd_body, bwd_low, bwd_body, ins, st_vars, outs, new_of, wrt, window = nest
     n_state = len(st_vars)
     for i, v in enumerate(st_vars):
         k = _size(v)
@@ -708,12 +751,12 @@ def _lanes_gradients_out(lines, ind, ins, n_state, wrt):
     lines.append(f"{ind}}}")
 
 
-def _reverse_lanes(lines, ind, fwd_low, fwd_body, bwd_low, bwd_body, ins, st_vars, outs, new_of,
-                   wrt, window):
+def _reverse_lanes(lines, ind, nest):
     """The reverse loop's body for the ``VK_LANES`` samples from ``s`` (see :data:`LANES`).  The
     lanes walk the windows together, from the last window of the longest-running sample down; a
     sample takes part in a window, a recomputed step and a reversed step exactly when it would
     alone, so each does its own operations in its own order."""
+    fwd_low, fwd_body, bwd_low, bwd_body, ins, st_vars, outs, new_of, wrt, window = nest
     n_state = len(st_vars)
     _open_lanes_reverse(lines, ind, ins, st_vars, wrt, window, simd=False)
     lines.append(f"{ind}    for (int64_t t = w; t < end; t++) {{")
@@ -759,13 +802,13 @@ def _reverse_lanes(lines, ind, fwd_low, fwd_body, bwd_low, bwd_body, ins, st_var
     _lanes_gradients_out(lines, ind, ins, n_state, wrt)
 
 
-def _reverse_simd(lines, ind, fwd_low, fwd_body, bwd_low, bwd_body, ins, st_vars, outs, new_of,
-                  wrt, window):
+def _reverse_simd(lines, ind, nest):
     """The reverse loop's body for the ``VK_LANES`` samples from ``s``, the lanes stepped together
     across SIMD registers as in :func:`_forward_simd` (the recomputation of a window is the very
     same vector code as the forward's steps, so it gives the recorded states' bits).  A lane
     outside its own windows and steps computes and discards; its window buffer rows start
     zeroed, so it never reads uninitialised memory."""
+    fwd_low, fwd_body, bwd_low, bwd_body, ins, st_vars, outs, new_of, wrt, window = nest
     n_state = len(st_vars)
     _open_lanes_reverse(lines, ind, ins, st_vars, wrt, window, simd=True)
     lane_end = f"(w + {window} < last[l] ? w + {window} : last[l])"

@@ -38,14 +38,12 @@ from __future__ import annotations
 
 import re
 
+from .libm import vector_math
 from .statements import Block, Loop
 
 #: the libm functions the lowering calls that glibc's vector math library (libmvec) has in vector
 #: versions: C name -> (type, arguments)
-VECTOR_MATH = {f"{name}{suffix}": (ctype, 2 if name in ("pow", "atan2") else 1)
-               for name in ("exp", "log", "sin", "cos", "tanh", "pow", "log1p", "expm1", "erf",
-                            "atan2")
-               for suffix, ctype in (("", "double"), ("f", "float"))}
+VECTOR_MATH = vector_math()
 
 #: the line that marks a source whose loops run in SIMD registers, calling libm's vector versions
 #: (a simulation's sample lanes, a graph program's vector blocks)
