@@ -1,12 +1,25 @@
-"""Shared test set-up: a deterministic hypothesis profile, fresh counters, the NumPy backend."""
+"""Shared test set-up: a deterministic hypothesis profile, fresh counters, the NumPy backend.
+
+The tests are in folders by subject (see ``README.md`` here); the helper modules at this level
+(``oracle``, ``models``, ``cuda_emulation``, ...) and the modules of every folder import by name
+from anywhere, whichever file pytest collects first.
+"""
 
 import os
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
 
 import vkml
+
+TESTS = Path(__file__).resolve().parent
+for _folder in sorted(TESTS.iterdir()):
+    if _folder.is_dir() and not _folder.name.startswith((".", "_")) and \
+            not (_folder / "__init__.py").exists() and str(_folder) not in sys.path:
+        sys.path.append(str(_folder))
 
 settings.register_profile(
     "vkml", deadline=None, derandomize=True, max_examples=25, print_blob=True,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CANDIDATES = [ROOT.parent / "shared" / "array-api-tests", Path("/work/shared/array-api-tests")]
 SUITE = next((p for p in CANDIDATES if (p / "array_api_tests").is_dir()), None)
 

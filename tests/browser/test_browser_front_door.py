@@ -27,7 +27,7 @@ if CHROMIUM is None:
 
 from jupyterlab_server import jupyter_env, serving  # noqa: E402  (after the skips above)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = ROOT / "tests" / "screenshots"
 README_PICTURES = ROOT / "docs" / "images"
 README_NAMES = ("derivative.png", "explorer.png")

@@ -40,7 +40,7 @@ from vkml.backends.codegen.c_render import prelude
 from vkml.backends.codegen.cuda_render import cuda_plan
 
 NVCC = shutil.which("nvcc")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 INT_TYPES = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
 
 # The cases, run in a child process: each prints "CASE <name> <result>" where the result is

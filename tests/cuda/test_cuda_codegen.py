@@ -17,7 +17,7 @@ program it compiles, with the arguments of its first run and its results).
   and size through the status words, and later kernels do nothing.
 
 This checks the renderer's code and launch plan; it cannot check a GPU's
-scheduling, memory model or libdevice's math (``tests/test_cuda.py`` does,
+scheduling, memory model or libdevice's math (``tests/cuda/test_cuda.py`` does,
 on a machine with a GPU).
 """
 
@@ -699,14 +699,14 @@ def test_the_gpu_tests_pass_on_the_emulated_driver():
     two largest tree sums are left out: minutes on emulated threads; smaller ones run)."""
     if CXX is None:
         pytest.skip("no C++ compiler")
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))       # tests/
     env = dict(os.environ, VKML_EMULATED_CUDA="1",
                PYTHONPATH=os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
-    big = [f"--deselect=tests/test_cuda.py::test_tree_sums_are_bitwise_equal_to_the_cpus[{n}]"
+    big = [f"--deselect=tests/cuda/test_cuda.py::test_tree_sums_are_bitwise_equal_to_the_cpus[{n}]"
            for n in (70000, 1000000)]
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "cuda_emulation", "-p", "no:cacheprovider", "-o",
-         "addopts=", "-q", "-m", "cuda", "tests/test_cuda.py", "tests/test_cuda_loops.py", *big],
+         "addopts=", "-q", "-m", "cuda", "tests/cuda/test_cuda.py", "tests/cuda/test_cuda_loops.py", *big],
         cwd=os.path.dirname(here), env=env, capture_output=True, text=True, timeout=900)
     tail = proc.stdout[-3000:] + proc.stderr[-2000:]
     assert proc.returncode == 0, tail
@@ -719,7 +719,7 @@ def test_the_gpu_benchmark_script_runs_on_the_emulated_driver(tmp_path):
     numbers mean nothing here; the script is what a GPU session runs, so it must not break)."""
     if CXX is None:
         pytest.skip("no C++ compiler")
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))       # tests/
     root = os.path.dirname(here)
     out = tmp_path / "gpu.json"
     code = ("import runpy, sys\n"
@@ -756,7 +756,7 @@ def _gpu_present():
 
 def test_selecting_cuda_without_a_gpu_is_a_clear_error():
     if _gpu_present():
-        pytest.skip("this machine has a GPU: tests/test_cuda.py runs instead")
+        pytest.skip("this machine has a GPU: tests/cuda/test_cuda.py runs instead")
     with pytest.raises(vkml.BackendError, match="cuda backend"):
         vkml.set_backend("cuda")
     info = vkml.backend_info()

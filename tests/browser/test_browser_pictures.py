@@ -29,7 +29,7 @@ if CHROMIUM is None:
 
 from jupyterlab_server import jupyter_env, serving  # noqa: E402  (after the skips above)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TUTORIAL = "02-programs-and-scan.ipynb"
 SCREENSHOTS = ROOT / "tests" / "screenshots"
 SECONDS = 1000  # playwright counts milliseconds

@@ -24,7 +24,7 @@ if CHROMIUM is None:
     pytest.skip("Debian's chromium is not installed (scripts/dev test installs it)",
                 allow_module_level=True)
 
-SCREENSHOTS = Path(__file__).resolve().parent / "screenshots"
+SCREENSHOTS = Path(__file__).resolve().parents[1] / "screenshots"
 MAX_W, MAX_H, MIN_TEXT = 1200, 2400, 10
 
 #: what a notebook's output area looks like around the picture, light or dark (JupyterLab marks

@@ -31,7 +31,7 @@ if shutil.which("dot") is None:
 
 from jupyterlab_server import jupyter_env, serving  # noqa: E402  (after the skips above)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = ROOT / "tests" / "screenshots"
 SECONDS = 1000  # playwright counts milliseconds
 

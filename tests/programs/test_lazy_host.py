@@ -161,7 +161,7 @@ def test_clear_caches_forgets_every_recipe():
     code = ("import numpy as np, vkml; from vkml.ops import recipes; x = vkml.tensor(np.ones(2)); "
             "[vkml.realize(x * 2.0) for _ in range(2)]; assert recipes.info()['kept'] >= 1; "
             "vkml.clear_caches(); assert recipes.info()['kept'] == 0, recipes.info()")
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, PYTHONPATH=f"{root / 'kit'}{os.pathsep}{root / 'extensions'}")
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           timeout=120)
