@@ -21,6 +21,7 @@ import pytest
 
 import vkml
 from vkml import optim
+from models import square, wave
 
 #: what vkml's own code may come to hold more over the last three quarters of a soak loop (the
 #: loops below keep nothing per iteration; one kept per iteration would be 100 KB and more)
@@ -75,16 +76,6 @@ def test_a_training_loop_holds_flat_memory_and_flat_caches():
             sizes.append(vkml.stats().caches)
     assert _soak(1500, step) < SLACK
     assert sizes[0] == sizes[1]
-
-
-@vkml.kernel
-def square(x):
-    return {"u": x * x}
-
-
-@vkml.kernel
-def wave(u, k: vkml.Param):
-    return {"y": vkml.sin(k * u)}
 
 
 def test_a_reused_reverse_holds_flat_memory():

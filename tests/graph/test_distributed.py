@@ -25,6 +25,7 @@ cloudpickle = pytest.importorskip("cloudpickle")
 da = pytest.importorskip("dask.array")
 
 import vkml.distributed as vd  # noqa: E402
+from models import pendulum_step
 
 # the workers cannot import this file: its functions travel by value
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -55,12 +56,7 @@ def look(i, u, table: vkml.Param):
     return {"y": table[i] * u}
 
 
-@vkml.kernel
-def pendulum(theta, omega, t, t_end, length: vkml.Param, damping: vkml.Param):
-    acc = -9.81 / length * vkml.sin(theta) - damping * omega
-    om = omega + DT * acc
-    tn = t + DT
-    return {"theta": theta + DT * om, "omega": om, "t": tn, "terminated": tn >= t_end}
+pendulum = pendulum_step(DT)
 
 
 # -- the forwards: each builds one block's graph from the planes it is given ----------------------

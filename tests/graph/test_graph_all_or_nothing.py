@@ -22,6 +22,7 @@ from backends_under_test import BACKENDS
 import vkml
 from vkml.errors import (ArgumentError, Busy, DTypeError, ExecutionError, RecordError, RefusedError,
                          ShapeError, VkmlError)
+from models import square, wave
 
 pytestmark = pytest.mark.parametrize("vk_backend", BACKENDS, indirect=True)
 
@@ -29,18 +30,8 @@ N = 32
 
 
 @vkml.kernel
-def square(x):
-    return {"u": x * x}
-
-
-@vkml.kernel
 def look(i, u, table: vkml.Param):
     return {"y": table[i] * u}
-
-
-@vkml.kernel
-def wave(u, k: vkml.Param):
-    return {"y": vkml.sin(k * u)}
 
 
 @vkml.kernel

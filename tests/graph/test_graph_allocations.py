@@ -16,14 +16,10 @@ import pytest
 
 import vkml
 from backends_under_test import BACKENDS
+from models import square
 
 #: every test on the NumPy backend and on the compiled cpu tier
 pytestmark = pytest.mark.parametrize("vk_backend", BACKENDS, indirect=True)
-
-
-@vkml.kernel
-def square(x):
-    return {"u": x * x}
 
 
 @vkml.kernel

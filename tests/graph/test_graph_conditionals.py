@@ -14,6 +14,7 @@ import pytest
 
 import vkml
 from vkml.errors import VkmlError
+from models import wave
 
 N = 40
 H = 1e-6
@@ -27,11 +28,6 @@ def scale(x, a: vkml.Param):
 @vkml.kernel
 def wobble(x, c: vkml.Param):
     return {"u": vkml.sin(c * x)}
-
-
-@vkml.kernel
-def wave(u, k: vkml.Param):
-    return {"y": vkml.sin(k * u)}
 
 
 @vkml.kernel

@@ -20,19 +20,10 @@ import pytest
 
 import vkml
 from vkml.errors import VkmlError
+from models import square, wave
 
 N = 32
 K = 1.5
-
-
-@vkml.kernel
-def square(x):
-    return {"u": x * x}
-
-
-@vkml.kernel
-def wave(u, k: vkml.Param):
-    return {"y": vkml.sin(k * u)}
 
 
 @vkml.kernel(vjp_of=wave)

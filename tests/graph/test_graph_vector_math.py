@@ -24,6 +24,7 @@ import vkml.numpy as vnp
 import vkml.scipy.special as vsp
 from vkml.backends import cpu
 from vkml.backends.codegen.vector_nests import SIMD_MARKER
+from models import square
 
 needs_libmvec = pytest.mark.skipif(not cpu.vector_math() or cpu.compiler() is None,
                                    reason="no C compiler or no glibc vector math (libmvec) here")
@@ -217,11 +218,6 @@ def test_within_a_few_ulps_of_the_numpy_backend(on_cpu):
 
 
 @vkml.kernel
-def square(x):
-    return {"u": x * x}
-
-
-@vkml.kernel
 def sine(u, k: vkml.Param):
     return {"y": vkml.sin(k * u)}
 
@@ -287,7 +283,6 @@ def test_a_function_libmvec_lacks_keeps_its_loop_scalar_and_the_program_falls_ba
     monkeypatch.setenv("VKML_VECTOR_MATH", "0")
     vkml.clear_caches()
     assert lacking.tobytes() == launch().tobytes()
-
 
 
 @needs_libmvec

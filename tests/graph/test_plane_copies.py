@@ -21,6 +21,7 @@ from vkml.graph import run as run_module
 from vkml.graph.reversible import Reversible
 from vkml.graph.simulation.schedules import Binomial, Full, Window
 from vkml.graph.versions import PlaneVersions
+from models import wave
 
 N = 24
 
@@ -28,11 +29,6 @@ N = 24
 @vkml.kernel
 def scale(x, a: vkml.Param):
     return {"u": a * x * x}
-
-
-@vkml.kernel
-def wave(u, k: vkml.Param):
-    return {"y": vkml.sin(k * u)}
 
 
 @vkml.kernel

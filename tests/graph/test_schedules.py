@@ -22,6 +22,7 @@ import vkml
 from backends_under_test import BACKENDS
 from vkml.backends import cpu
 from vkml.graph.simulation.schedules import Binomial, Full, Window, walk
+from models import pendulum
 
 MOST_STEPS, MOST_SNAPSHOTS = 130, 7
 
@@ -111,14 +112,6 @@ def test_closed_forms_count_what_the_plan_does(schedule):
 
 
 DT = 0.01
-
-
-@vkml.kernel
-def pendulum(theta, omega, t, t_end, length: vkml.Param, damping: vkml.Param):
-    acc = -9.81 / length * vkml.sin(theta) - damping * omega
-    om = omega + DT * acc
-    tn = t + DT
-    return {"theta": theta + DT * om, "omega": om, "t": tn, "terminated": tn >= t_end}
 
 
 SCHEDULES = [("full", {}), (1, {}), (4, {}), (9, {}), ("binomial", {}), ("binomial", {"snapshots": 0}),

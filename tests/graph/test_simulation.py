@@ -20,17 +20,10 @@ import pytest
 import vkml
 from vkml.errors import VkmlError
 from vkml.graph.simulation import binomial_cost
+from models import pendulum
 
 DT = 0.01
 H = 1e-6
-
-
-@vkml.kernel
-def pendulum(theta, omega, t, t_end, length: vkml.Param, damping: vkml.Param):
-    acc = -9.81 / length * vkml.sin(theta) - damping * omega
-    om = omega + DT * acc
-    tn = t + DT
-    return {"theta": theta + DT * om, "omega": om, "t": tn, "terminated": tn >= t_end}
 
 
 @vkml.kernel
@@ -448,7 +441,6 @@ def test_default_window_and_memory_budget():
     if device is not None:
         avail = min(avail, device())
     assert abs(sim.memory_budget - avail / 2) < 0.1 * avail
-
 
 
 @vkml.kernel

@@ -27,6 +27,7 @@ from vkml.viz_schedule import WIDTH, SchedulePicture
 
 pytest.importorskip("ipywidgets")
 from vkml_jupyter.schedule_explorer import schedule_for  # noqa: E402
+from models import pendulum
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -151,14 +152,6 @@ def test_the_same_bytes_in_another_process():
 
 
 DT = 0.01
-
-
-@vkml.kernel
-def pendulum(theta, omega, t, t_end, length: vkml.Param, damping: vkml.Param):
-    acc = -9.81 / length * vkml.sin(theta) - damping * omega
-    om = omega + DT * acc
-    tn = t + DT
-    return {"theta": theta + DT * om, "omega": om, "t": tn, "terminated": tn >= t_end}
 
 
 def make_sim(n=8, max_steps=40, t_end=1e9, **kw):
