@@ -335,7 +335,7 @@ def test_without_dot_the_text_is_shown_with_a_one_line_hint(monkeypatch):
 
 
 def test_pictures_too_large_to_draw_fall_back_to_text(monkeypatch):
-    monkeypatch.setattr(viz, "MAX_NODES", 3)
+    monkeypatch.setattr(vkml.viz_render, "MAX_NODES", 3)
     bundle = seed_program()._repr_mimebundle_()
     assert set(bundle) == {"text/plain"} and "too many to draw" in bundle["text/plain"]
 
