@@ -32,15 +32,15 @@ from .printer import pp_program
 from .programs import (GradCheckError, Jitted, associative_scan, check_grads, checkpoint, cond,
                        custom_jvp, custom_vjp, fori_loop, grad, hessian, hvp, jacfwd, jacrev, jit, jvp,
                        linearize, program, scan, switch, value_and_grad, vjp, vmap, while_loop)
-from .tensor import (Tensor, abs, add, arange, argmax, argmin, assign, avg_pool2d, backward,
-                     broadcast_to, cast, clip, concatenate, conv2d, cos, div, dot, equal,
-                     exp, expand_dims, flatten, flip, floor_divide, full, gather, greater,
-                     greater_equal, less, less_equal, log, log_softmax, logical_and,
-                     logical_not, logical_or, logsumexp, matmul, max, max_pool2d, maximum, mean,
-                     min, minimum, mod, mul, neg, not_equal, ones, ones_like, pad, permute,
-                     pow, realize, relu, reshape, scatter_add, sigmoid, sign, sin, softmax,
+from .tensor import (Tensor, abs, add, argmax, argmin, assign, avg_pool2d, backward, broadcast_to,
+                     cast, clip, concatenate, conv2d, cos, div, dot, equal, exp, expand_dims,
+                     flatten, flip, floor_divide, gather, greater, greater_equal, less, less_equal,
+                     log, log_softmax, logical_and, logical_not, logical_or, logsumexp, matmul, max,
+                     max_pool2d, maximum, mean, min, minimum, mod, mul, neg, not_equal, pad,
+                     permute, pow, realize, relu, reshape, scatter_add, sigmoid, sign, sin, softmax,
                      sqrt, square, squeeze, stack, std, stop_gradient, sub, sum, swapaxes, take,
-                     take_along_axis, tanh, tensor, transpose, var, where, zeros, zeros_like)
+                     take_along_axis, tanh, tensor, transpose, var, where)
+from .creation import arange, full, ones, ones_like, zeros, zeros_like
 
 from . import nn, optim, progress, viz
 from . import numpy, scipy  # vkml.numpy (NumPy's names, differentiable) and vkml.scipy.special

@@ -26,7 +26,8 @@ from .tensor import (Tensor, abs, add, argmax, argmin, as_tensor, broadcast_to, 
                      less, less_equal, log, logical_and, logical_not, logical_or, matmul, max,
                      maximum, mean, min, minimum, mod, mul, neg, not_equal, pow, reshape, sign,
                      sin, sqrt, square, squeeze, stack, std, sub, sum, swapaxes, take,
-                     take_along_axis, tanh, transpose, var, where, ones, zeros)
+                     take_along_axis, tanh, transpose, var, where)
+from .creation import ones, zeros
 
 # -- vkml's own operations under NumPy's names and parameter names ------------------------------------
 

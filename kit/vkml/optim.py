@@ -42,7 +42,8 @@ from .programs import jit, value_and_grad
 from .programs.arguments import flatten_known
 from .pytree import unflatten
 from .runtime import MODEL_TRACE, no_grad, writing
-from .tensor import Tensor, assign, maximum, sqrt, zeros_like
+from .creation import zeros_like
+from .tensor import Tensor, assign, maximum, sqrt
 from .validate import check_bool, check_callable, check_real, check_sequence, describe
 
 __all__ = ["Optimizer", "SGD", "Adam", "AdamW", "RMSprop", "CompiledStep"]

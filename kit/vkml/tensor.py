@@ -17,9 +17,7 @@ submission.
 
 from __future__ import annotations
 
-import math
 import numbers
-import sys
 from sys import getrefcount
 
 import numpy as np
@@ -27,12 +25,137 @@ import numpy as np
 from . import pytree, runtime
 from .errors import ArgumentError, DTypeError, GradError, ShapeError, TracingError, boundary
 from .ir import EXACT_REFCOUNTS, Var, dtype_name, format_shape
-from .ops import api, bitwise, numeric, recipes
-from .validate import (MAX_ELEMENTS, check_bool, check_dtype, check_int, check_real,
-                       check_sequence, check_shape, describe, host_memory)
+from .interchange import Interchange
+from .ops import api, bitwise, convolution, numeric, recipes
+from .validate import check_bool, check_int, check_sequence, describe
 
 
-class Tensor:
+class Operators:
+    """Python's operators on tensors: each is the function of the same name (``x + y`` is
+    ``vkml.add(x, y)``, ``x @ y`` is ``vkml.matmul(x, y)``, ``x == y`` an elementwise comparison),
+    with the reflected forms for a NumPy array or a number on the left.
+
+    >>> x = vkml.tensor([1.0, 2.0])
+    >>> (2 * x + 1) ** 2, -x == vkml.neg(x)
+    (tensor([ 9., 25.], dtype=float64), tensor([ True,  True], dtype=bool))
+    """
+
+    __slots__ = ()
+
+    def __neg__(self):
+        return neg(self)
+
+    def __pos__(self):
+        return self
+
+    def __abs__(self):
+        return abs(self)
+
+    def __invert__(self):
+        return logical_not(self) if self.dtype.kind == "b" else _numeric_method(bitwise.invert, self)
+
+    def __add__(self, y):
+        return add(self, y)
+
+    def __radd__(self, y):
+        return add(y, self)
+
+    def __sub__(self, y):
+        return sub(self, y)
+
+    def __rsub__(self, y):
+        return sub(y, self)
+
+    def __mul__(self, y):
+        return mul(self, y)
+
+    def __rmul__(self, y):
+        return mul(y, self)
+
+    def __truediv__(self, y):
+        return div(self, y)
+
+    def __rtruediv__(self, y):
+        return div(y, self)
+
+    def __floordiv__(self, y):
+        return _numeric_method(numeric.floor_divide, self, y)      # floats too, as NumPy's //
+
+    def __rfloordiv__(self, y):
+        return _numeric_method(numeric.floor_divide, y, self)
+
+    def __pow__(self, y):
+        return pow(self, y)
+
+    def __rpow__(self, y):
+        return pow(y, self)
+
+    def __matmul__(self, y):
+        return matmul(self, y)
+
+    def __rmatmul__(self, y):
+        return matmul(y, self)
+
+    def __and__(self, y):
+        return logical_and(self, y) if _logical(self, y) else _numeric_method(bitwise.bitwise_and, self, y)
+
+    def __rand__(self, y):
+        return logical_and(y, self) if _logical(self, y) else _numeric_method(bitwise.bitwise_and, y, self)
+
+    def __or__(self, y):
+        return logical_or(self, y) if _logical(self, y) else _numeric_method(bitwise.bitwise_or, self, y)
+
+    def __ror__(self, y):
+        return logical_or(y, self) if _logical(self, y) else _numeric_method(bitwise.bitwise_or, y, self)
+
+    def __xor__(self, y):
+        if _logical(self, y):
+            return not_equal(cast(self, bool), cast(y, bool))
+        return _numeric_method(bitwise.bitwise_xor, self, y)
+
+    def __rxor__(self, y):
+        if _logical(self, y):
+            return not_equal(cast(y, bool), cast(self, bool))
+        return _numeric_method(bitwise.bitwise_xor, y, self)
+
+    def __lshift__(self, y):
+        return _numeric_method(bitwise.left_shift, self, y)
+
+    def __rlshift__(self, y):
+        return _numeric_method(bitwise.left_shift, y, self)
+
+    def __rshift__(self, y):
+        return _numeric_method(bitwise.right_shift, self, y)
+
+    def __rrshift__(self, y):
+        return _numeric_method(bitwise.right_shift, y, self)
+
+    def __eq__(self, y):
+        return equal(self, y)
+
+    def __ne__(self, y):
+        return not_equal(self, y)
+
+    def __lt__(self, y):
+        return less(self, y)
+
+    def __le__(self, y):
+        return less_equal(self, y)
+
+    def __gt__(self, y):
+        return greater(self, y)
+
+    def __ge__(self, y):
+        return greater_equal(self, y)
+
+    def __mod__(self, y):
+        return mod(self, y)
+
+    def __rmod__(self, y):
+        return mod(y, self)
+
+
+class Tensor(Operators, Interchange):
     """A lazy n-dimensional array that can carry gradients (see the module docstring).
 
     >>> x = vkml.tensor([[1.0, 2.0, 3.0]])
@@ -87,60 +210,6 @@ class Tensor:
     ndim = property(lambda self: len(self.ir_var.shape))
     size = property(lambda self: self.ir_var.size)
     is_leaf = property(lambda self: self.ir_var.eqn is None)
-
-    def __array_namespace__(self, *, api_version=None):
-        """``vkml.numpy``: the array API standard's namespace of this tensor's functions
-        (version 2023.12), so code written against the standard runs on vkml tensors.
-
-        >>> vkml.tensor([1.0]).__array_namespace__().__name__
-        'vkml.numpy'
-        """
-        if api_version not in (None, "2021.12", "2022.12", "2023.12"):
-            raise ArgumentError(f"__array_namespace__: api_version {api_version!r} is not one "
-                                "vkml.numpy follows; it follows 2023.12 (and the ones before)")
-        # looked up, not imported: the layer above (``import vkml`` always loads it)
-        return sys.modules["vkml.numpy"]
-
-    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
-        """The values through DLPack (a read-only host array's, or a copy's when the consumer
-        cannot be told it is read-only), so NumPy, PyTorch and JAX can take them.
-
-        >>> np.from_dlpack(vkml.tensor([1.0, 2.0]))
-        array([1., 2.])
-        """
-        arr = self.numpy()
-        if copy:
-            arr = np.array(arr)
-        try:
-            return arr.__dlpack__(stream=stream, max_version=max_version, dl_device=dl_device,
-                                  copy=copy)
-        except BufferError:
-            if copy is False:
-                raise
-            return np.array(arr).__dlpack__(stream=stream, max_version=max_version,
-                                            dl_device=dl_device)
-
-    def __dlpack_device__(self):
-        """(1, 0): the host (kDLCPU), where a tensor's values are read from.
-
-        >>> vkml.tensor([1.0]).__dlpack_device__()
-        (1, 0)
-        """
-        return (1, 0)
-
-    def to_device(self, device, /, *, stream=None):
-        """This tensor on ``device``: the device it is on already (vkml moves tensors between
-        backends with ``vkml.set_backend``).
-
-        >>> t = vkml.tensor([1.0])
-        >>> t.to_device(t.device) is t
-        True
-        """
-        if not isinstance(device, str) or device != self.device:
-            raise ArgumentError(f"to_device: this tensor is on {self.device!r}; vkml runs one "
-                                f"backend at a time, so {describe(device)} is not available (choose the "
-                                "backend with vkml.set_backend)")
-        return self
 
     def __len__(self):
         if not self.shape:
@@ -641,22 +710,6 @@ class Tensor:
         """
         return _numeric_method(numeric.prod, self, axis, check_bool(keepdims, "keepdims", "prod"))
 
-    def std(self, axis=None, ddof=0, keepdims=False):
-        """The standard deviation over ``axis``.
-
-        >>> vkml.tensor([1.0, 3.0]).std()
-        tensor(1., dtype=float64)
-        """
-        return _numeric_method(numeric.std, self, axis, ddof, check_bool(keepdims, "keepdims", "std"))
-
-    def var(self, axis=None, ddof=0, keepdims=False):
-        """The variance over ``axis``.
-
-        >>> vkml.tensor([1.0, 3.0]).var()
-        tensor(1., dtype=float64)
-        """
-        return _numeric_method(numeric.var, self, axis, ddof, check_bool(keepdims, "keepdims", "var"))
-
     def ravel(self):
         """The elements as one axis.
 
@@ -707,118 +760,6 @@ class Tensor:
         return equal(sum(logical_not(cast(self, bool)), axis), 0)
 
     # operators
-    def __neg__(self):
-        return neg(self)
-
-    def __pos__(self):
-        return self
-
-    def __abs__(self):
-        return abs(self)
-
-    def __invert__(self):
-        return logical_not(self) if self.dtype.kind == "b" else _numeric_method(bitwise.invert, self)
-
-    def __add__(self, y):
-        return add(self, y)
-
-    def __radd__(self, y):
-        return add(y, self)
-
-    def __sub__(self, y):
-        return sub(self, y)
-
-    def __rsub__(self, y):
-        return sub(y, self)
-
-    def __mul__(self, y):
-        return mul(self, y)
-
-    def __rmul__(self, y):
-        return mul(y, self)
-
-    def __truediv__(self, y):
-        return div(self, y)
-
-    def __rtruediv__(self, y):
-        return div(y, self)
-
-    def __floordiv__(self, y):
-        return _numeric_method(numeric.floor_divide, self, y)      # floats too, as NumPy's //
-
-    def __rfloordiv__(self, y):
-        return _numeric_method(numeric.floor_divide, y, self)
-
-    def __pow__(self, y):
-        return pow(self, y)
-
-    def __rpow__(self, y):
-        return pow(y, self)
-
-    def __matmul__(self, y):
-        return matmul(self, y)
-
-    def __rmatmul__(self, y):
-        return matmul(y, self)
-
-    def __and__(self, y):
-        return logical_and(self, y) if _logical(self, y) else _numeric_method(bitwise.bitwise_and, self, y)
-
-    def __rand__(self, y):
-        return logical_and(y, self) if _logical(self, y) else _numeric_method(bitwise.bitwise_and, y, self)
-
-    def __or__(self, y):
-        return logical_or(self, y) if _logical(self, y) else _numeric_method(bitwise.bitwise_or, self, y)
-
-    def __ror__(self, y):
-        return logical_or(y, self) if _logical(self, y) else _numeric_method(bitwise.bitwise_or, y, self)
-
-    def __xor__(self, y):
-        if _logical(self, y):
-            return not_equal(cast(self, bool), cast(y, bool))
-        return _numeric_method(bitwise.bitwise_xor, self, y)
-
-    def __rxor__(self, y):
-        if _logical(self, y):
-            return not_equal(cast(y, bool), cast(self, bool))
-        return _numeric_method(bitwise.bitwise_xor, y, self)
-
-    def __lshift__(self, y):
-        return _numeric_method(bitwise.left_shift, self, y)
-
-    def __rlshift__(self, y):
-        return _numeric_method(bitwise.left_shift, y, self)
-
-    def __rshift__(self, y):
-        return _numeric_method(bitwise.right_shift, self, y)
-
-    def __rrshift__(self, y):
-        return _numeric_method(bitwise.right_shift, y, self)
-
-    def __eq__(self, y):
-        return equal(self, y)
-
-    def __ne__(self, y):
-        return not_equal(self, y)
-
-    def __lt__(self, y):
-        return less(self, y)
-
-    def __le__(self, y):
-        return less_equal(self, y)
-
-    def __gt__(self, y):
-        return greater(self, y)
-
-    def __ge__(self, y):
-        return greater_equal(self, y)
-
-    def __mod__(self, y):
-        return mod(self, y)
-
-    def __rmod__(self, y):
-        return mod(y, self)
-
     def var(self, axis=None, ddof=0, keepdims=False):
         """The variance over ``axis`` (:func:`vkml.var`).
 
@@ -846,8 +787,6 @@ class Tensor:
 
     __hash__ = object.__hash__
 
-
-# -- making tensors -------------------------------------------------------------------------------
 
 def _check_grad_dtype(var, what):
     if var.dtype.kind not in "fc":
@@ -915,96 +854,6 @@ def as_tensor(x) -> Tensor:
     """``x`` itself if it is a Tensor, else a new one holding it (NumPy's protocols use it too)."""
     return x if isinstance(x, Tensor) else tensor(x)
 
-
-def zeros(shape, dtype=np.float32, requires_grad=False):
-    """A tensor of zeros (float32 unless ``dtype`` says otherwise).
-
-    >>> vkml.zeros((2, 2))
-    tensor([[0., 0.],
-            [0., 0.]], dtype=float32)
-    """
-    return _filled("zeros", shape, 0, dtype, requires_grad)
-
-
-def ones(shape, dtype=np.float32, requires_grad=False):
-    """A tensor of ones (float32 unless ``dtype`` says otherwise).
-
-    >>> vkml.ones(3, dtype='float64')
-    tensor([1., 1., 1.], dtype=float64)
-    """
-    return _filled("ones", shape, 1, dtype, requires_grad)
-
-
-def full(shape, value, dtype=None, requires_grad=False):
-    """A tensor of ``shape`` filled with ``value`` (its dtype by default).
-
-    >>> vkml.full((2,), 7.0)
-    tensor([7., 7.], dtype=float64)
-    """
-    return _filled("full", shape, value, dtype, requires_grad)
-
-
-def _filled(op, shape, value, dtype, requires_grad):
-    """A new leaf of ``shape`` holding ``value`` everywhere, its arguments checked first."""
-    shape = check_shape(shape, op)
-    if not isinstance(value, (bool, np.bool_, numbers.Real)):
-        raise ArgumentError(f"{op}: the fill value must be a real number, got {describe(value)}")
-    dtype = check_dtype(dtype, op) if dtype is not None else None
-    requires_grad = check_bool(requires_grad, "requires_grad", op)
-    with host_memory(op, f"shape {shape}"):
-        return tensor(np.full(shape, value, dtype=dtype), requires_grad=requires_grad)
-
-
-def arange(*args, dtype=None):
-    """NumPy's ``arange(stop)``, ``arange(start, stop)`` or ``arange(start, stop, step)``.
-
-    >>> vkml.arange(4)
-    tensor([0, 1, 2, 3], dtype=int64)
-    >>> vkml.arange(1.0, 2.0, 0.25)
-    tensor([1.  , 1.25, 1.5 , 1.75], dtype=float64)
-    """
-    if not 1 <= len(args) <= 3:
-        raise ArgumentError(f"arange: takes stop, (start, stop) or (start, stop, step), got "
-                            f"{len(args)} arguments")
-    names = {1: ["stop"], 2: ["start", "stop"], 3: ["start", "stop", "step"]}[len(args)]
-    bounds = [check_real(a, name, "arange") for a, name in zip(args, names)]
-    if len(bounds) == 3 and bounds[2] == 0:
-        raise ArgumentError("arange: step must not be 0")
-    start, stop, step = ([0.0] * (len(bounds) == 1) + bounds + [1.0])[:3]
-    span = (stop - start) / step
-    if span > MAX_ELEMENTS:
-        raise ShapeError(f"arange: [{start}, {stop}) in steps of {step} has more elements than an "
-                         "array can hold; use a smaller range or a larger step")
-    dtype = check_dtype(dtype, "arange") if dtype is not None else None
-    with host_memory("arange", f"{span:.0f} elements"):
-        try:
-            values = np.arange(*args, dtype=dtype)
-        except (TypeError, ValueError) as err:      # bounds past int64, a bool dtype, ...
-            raise ArgumentError(f"arange: cannot make the range {args} ({err})") from None
-    return tensor(values)
-
-
-def zeros_like(t, requires_grad=False):
-    """Zeros of ``t``'s shape and dtype.
-
-    >>> vkml.zeros_like(vkml.tensor([1.0, 2.0]))
-    tensor([0., 0.], dtype=float64)
-    """
-    t = as_tensor(t)
-    return zeros(t.shape, t.dtype, requires_grad)
-
-
-def ones_like(t, requires_grad=False):
-    """Ones of ``t``'s shape and dtype.
-
-    >>> vkml.ones_like(vkml.tensor([1, 2]))
-    tensor([1, 1], dtype=int64)
-    """
-    t = as_tensor(t)
-    return ones(t.shape, t.dtype, requires_grad)
-
-
-# -- applying operations ---------------------------------------------------------------------------
 
 #: How deep in nested lists tensors are looked for.  They sit a level or two down (concatenate's
 #: operands); deeper lists are plain data for NumPy, and one nested thousands deep must not
@@ -1195,44 +1044,27 @@ take = _lift(api.take, replayable=False)              # skips wrapping a known i
 take_along_axis = _lift(api.take_along_axis, replayable=False)
 matmul = _lift(api.matmul)
 dot = matmul
-conv2d = _lift(api.conv2d)
-max_pool2d = _lift(api.max_pool2d)
-avg_pool2d = _lift(api.avg_pool2d)
+conv2d = _lift(convolution.conv2d)
+max_pool2d = _lift(convolution.max_pool2d)
+avg_pool2d = _lift(convolution.avg_pool2d)
 
 
-# -- compositions NumPy users expect -------------------------------------------------------------------
+var = _lift(numeric.var)
+var.__doc__ = """The variance, as ``np.var``: the summed squared deviation from the mean over ``axis``,
+divided by ``n - ddof`` (``ddof=1`` for the unbiased estimate).  Built from mean, sub, mul and
+sum, so it is lazy and has a gradient; integer input gives float64, as in NumPy.
 
-def var(x, axis=None, ddof=0, keepdims=False):
-    """The variance, as ``np.var``: the summed squared deviation from the mean over ``axis``,
-    divided by ``n - ddof`` (``ddof=1`` for the unbiased estimate).  Built from mean, sub, mul and
-    sum, so it is lazy and has a gradient; integer input gives float64, as in NumPy.
+>>> vkml.var(vkml.tensor([1.0, 2.0, 3.0, 4.0]))
+tensor(1.25, dtype=float64)
+>>> vkml.var(vkml.tensor([1.0, 2.0, 3.0, 4.0]), ddof=1)
+tensor(1.66666667, dtype=float64)
+"""
+std = _lift(numeric.std)
+std.__doc__ = """The standard deviation, as ``np.std``: ``sqrt(var(x, axis, ddof, keepdims))``.
 
-    >>> vkml.var(vkml.tensor([1.0, 2.0, 3.0, 4.0]))
-    tensor(1.25, dtype=float64)
-    >>> vkml.var(vkml.tensor([1.0, 2.0, 3.0, 4.0]), ddof=1)
-    tensor(1.66666667, dtype=float64)
-    """
-    x = as_tensor(x)
-    if not isinstance(ddof, numbers.Real) or isinstance(ddof, bool):
-        raise ArgumentError(f"var: ddof must be a number (0 for the population variance, 1 for "
-                            f"the sample variance), got {type(ddof).__name__}")
-    axes = api.normalize_axes("var", x.ndim, axis)
-    count = math.prod(x.shape[a] for a in axes)
-    if x.dtype.kind != "f":
-        x = cast(x, np.float64)
-    deviation = x - mean(x, axis, keepdims=True)
-    return sum(deviation * deviation, axis, keepdims) / float(count - ddof)
-
-
-def std(x, axis=None, ddof=0, keepdims=False):
-    """The standard deviation, as ``np.std``: ``sqrt(var(x, axis, ddof, keepdims))``.
-
-    >>> vkml.std(vkml.tensor([1.0, 3.0]))
-    tensor(1., dtype=float64)
-    """
-    return sqrt(var(x, axis, ddof, keepdims))
-
-
+>>> vkml.std(vkml.tensor([1.0, 3.0]))
+tensor(1., dtype=float64)
+"""
 mod = _lift(numeric.mod)
 mod.__doc__ = """The remainder with the divisor's sign, as Python's ``%`` and ``np.mod`` (an integer
 divisor of 0 gives 0, as NumPy does); d(x % y)/dx = 1.
@@ -1241,8 +1073,6 @@ divisor of 0 gives 0, as NumPy does); d(x % y)/dx = 1.
 tensor([1, 2], dtype=int64)
 """
 
-
-# -- realize ------------------------------------------------------------------------------------------
 
 def realize(tensors) -> None:
     """Compute every pending tensor in ``tensors`` (one or a list) in ONE submission.
@@ -1263,8 +1093,6 @@ def realize(tensors) -> None:
     # a tensor that requires grad keeps the graph behind it (a backward will go through it)
     runtime.realize([t.ir_var for t in ts], [t.requires_grad for t in ts])
 
-
-# -- assign -------------------------------------------------------------------------------------------
 
 def assign(destinations, sources) -> None:
     """Write ``sources[i]`` into ``destinations[i]`` for every i, as ONE submission.
@@ -1305,8 +1133,6 @@ def assign(destinations, sources) -> None:
         d.ir_var = Var(*v.aval, value=v.value)
         d._register_leaf()
 
-
-# -- backward -----------------------------------------------------------------------------------------
 
 @boundary
 def backward(root) -> None:

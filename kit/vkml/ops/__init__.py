@@ -14,7 +14,7 @@ loading, in ``sys.modules`` -- they call it only inside their rules.
 
 from . import api  # first: see above
 from . import checks, elementwise, factorizations, linalg, movement, reductions, sorting, special
-from . import bitwise, complex_parts, decompositions, fft
+from . import bitwise, complex_parts, convolution, decompositions, fft
 from . import numeric  # NumPy's functions, composed
 from .core import PRIMITIVES, Linear, Primitive, bind, bind_at, rebind
 

@@ -3,21 +3,16 @@
 These functions take IR Vars (or Python/NumPy numbers and arrays) and return
 Vars.  They do what the primitives deliberately do not: NumPy dtype
 promotion (Python scalars are weak, as in NumPy 2), NumPy broadcasting,
-negative axes, ``keepdims``, and composites such as ``mean``, ``softmax``,
-``conv2d`` and pooling.  ``vkml.Tensor`` methods and the JVP/transpose rules
+negative axes, ``keepdims``, and composites such as ``mean`` and ``softmax``.  ``vkml.Tensor`` methods and the JVP/transpose rules
 both call these, so there is one definition of each operation.
 
 Composed rather than primitive, and why:
 
 - ``mean`` = sum / count; ``min`` = -max(-x); ``softmax``/``log_softmax`` from
   max, exp, sum, log: their derivatives then come for free.
-- ``conv2d`` = pad + one strided slice per kernel tap + concatenate + matmul
-  (im2col).  A kernel of k*k taps costs k*k slices, all movement ops whose
-  transposes are pads, so its backward is a handful of matmuls and pads; a
-  dedicated primitive would need its own backward kernels, which the design
-  rule forbids unless a derivative cannot be composed.
-- ``max_pool2d``/``avg_pool2d`` = reshape + reduce_max/sum for
-  non-overlapping windows, strided slices + max otherwise.
+
+Its lower half, how inputs become Vars (dtype promotion, broadcasting, constants), is
+``operands.py``; convolution and pooling, composed the same way, are ``convolution.py``.
 """
 
 from __future__ import annotations
@@ -30,217 +25,25 @@ import numpy as np
 
 from ..errors import ArgumentError, DTypeError, IndexOutOfRangeError, ShapeError
 from ..ir import Var, dtype_name
-from ..threadsafe import Setting
-from ..validate import (DTYPES, canonical_dtype, check_bool, check_dtype, check_int, check_sequence,
-                        check_shape, describe, host_memory)
-from .core import Linear, bind
-from .elementwise import (abs_p, add_p, cast_p, cos_p, div_p, equal_p, exp_p, greater_equal_p,
-                          greater_p, less_equal_p, less_p, log_p, logical_and_p, logical_not_p,
-                          logical_or_p, maximum_p, minimum_p, mul_p, neg_p, not_equal_p, pow_p,
-                          sign_p, sin_p, sqrt_p, stop_gradient_p, sub_p, tanh_p, where_p)
+from ..validate import (canonical_dtype, check_bool, check_dtype, check_int, check_sequence,
+                        check_shape, describe)
+from .core import bind
+from .elementwise import (abs_p, add_p, cos_p, div_p, equal_p, exp_p, greater_equal_p, greater_p,
+                          less_equal_p, less_p, log_p, logical_and_p, logical_not_p, logical_or_p,
+                          maximum_p, minimum_p, mul_p, neg_p, not_equal_p, pow_p, sign_p, sin_p,
+                          sqrt_p, stop_gradient_p, sub_p, tanh_p, where_p)
 from .linalg import matmul_p, matmul_params
-from .movement import (broadcast_in_dim_p, concatenate_p, flip_p, gather_p, pad_p, reshape_p,
-                       scatter_add_p, slice_p, transpose_p)
+from .movement import (concatenate_p, flip_p, gather_p, pad_p, reshape_p, scatter_add_p, slice_p,
+                       transpose_p)
 from .reductions import argmax_p, reduce_max_p, reduce_sum_p
 from . import complex_parts  # (its module imports this one: used inside functions only)
+from .operands import (  # noqa: F401  (every name re-exported: rules and tensors find them here)
+    DEFAULT_DEVICE, SCALARS, as_floating, as_var, batch_all, bind_elementwise, broadcast_batch,
+    broadcast_in_dim, broadcast_shapes, broadcast_to, cast, constant, default_device, promote,
+    scalar_var)
 
-#: The device new constants are placed on: the current backend's, per thread and asyncio task
-#: (``vkml.runtime`` sets it with the backend; read it with ``default_device()``).
-DEFAULT_DEVICE = Setting("device", "CPU")
 
-
-def default_device() -> str:
-    """Where new constants are placed in this thread or task (the current backend's device)."""
-    return DEFAULT_DEVICE.get()
-
-_SCALARS = (bool, int, float, complex, np.bool_, np.number)
 _INT64_MAX = np.iinfo(np.int64).max
-
-
-# -- turning inputs into Vars ----------------------------------------------------
-
-def constant(value, dtype=None, device=None) -> Var:
-    """A leaf Var holding ``value`` (copied, so later changes to it are not seen)."""
-    if dtype is None and type(value) is np.ndarray and value.dtype in DTYPES:
-        # the common call (an array argument of one of vkml's dtypes): nothing to check or cast
-        try:
-            arr = value.copy()
-        except MemoryError:
-            raise ShapeError(f"tensor: a copy of an array of shape {value.shape} needs more memory "
-                             "than this process can allocate; use a smaller shape") from None
-        arr.flags.writeable = False
-        return Var(arr.shape, arr.dtype, device or default_device(), value=arr)
-    if dtype is not None:
-        dtype = check_dtype(dtype, "tensor")
-    if isinstance(value, (str, bytes, dict, set)) or value is None:
-        raise ArgumentError(f"cannot make a tensor from {type(value).__name__}; pass a number, "
-                            "a (nested) list of numbers or a NumPy array")
-    if type(value) is int and dtype is None and not -2 ** 63 <= value < 2 ** 64:
-        raise DTypeError(f"cannot make a tensor from {value}: it does not fit int64 or uint64, "
-                         "vkml's widest integers; pass it as a float (dtype=float64)")
-    with host_memory("tensor", f"data of {type(value).__name__}"):
-        try:
-            arr = np.asarray(value)
-        except (TypeError, ValueError, OverflowError) as err:
-            raise ArgumentError(f"cannot make a tensor from {type(value).__name__} ({err}); pass "
-                                "numbers, nested lists of equal length or an array") from None
-        # checked before any cast, so text or object data is refused rather than converted
-        if arr.dtype.kind not in "biufc":
-            raise ArgumentError(f"cannot make a tensor from {type(value).__name__} data of dtype "
-                                f"{arr.dtype}; pass numbers, lists of numbers or a NumPy array")
-        if dtype is not None and arr.dtype.kind == "c" and dtype.kind != "c":
-            raise DTypeError(f"tensor: complex data cannot become {dtype_name(dtype)} (the "
-                             "imaginary parts would be lost); take vnp.real or vnp.abs of it first")
-        arr = arr.astype(dtype if dtype is not None else canonical_dtype(arr.dtype))  # a copy
-    arr.flags.writeable = False
-    return Var(arr.shape, arr.dtype, device or default_device(), value=arr)
-
-
-def as_var(x) -> Var:
-    if isinstance(x, Var):
-        return x
-    if isinstance(x, Linear):
-        raise ArgumentError("a Linear marker cannot be computed with")
-    if isinstance(x, (np.ndarray, *_SCALARS)) or isinstance(x, (list, tuple)):
-        return constant(x)
-    raise ArgumentError(f"expected a tensor, an array or a number, got {type(x).__name__}")
-
-
-def _is_weak(x):
-    return isinstance(x, (bool, int, float, complex)) and not isinstance(x, np.generic)
-
-
-def _same_kind_scalar(x, dtype) -> bool:
-    """A Python number that takes ``dtype`` as it is (NumPy 2's weak scalars): a float or int
-    with a floating dtype, an int with an integer dtype."""
-    t = type(x)
-    if dtype.kind == "f":
-        return t is float or t is int
-    if dtype.kind == "c":
-        return t is complex or t is float or t is int
-    return t is int and dtype.kind in "iu"
-
-
-def _weak_example(x):
-    """What a weak operand counts as in promotion: a Python number of its kind."""
-    if isinstance(x, Var):
-        return {"b": False, "i": 0, "u": 0, "c": 0j}.get(x.dtype.kind, 0.0)
-    return x
-
-
-def _scalar_var(value, dtype, device):
-    if isinstance(value, complex) and np.dtype(dtype).kind != "c":
-        raise DTypeError(f"the complex number {value} cannot be a {dtype_name(np.dtype(dtype))} "
-                         "value; make the array complex first (.astype(vkml.numpy.complex128))")
-    try:
-        arr = np.array(value, dtype=dtype)
-    except OverflowError:
-        raise DTypeError(f"the number {value} does not fit {dtype_name(np.dtype(dtype))}; use a "
-                         "smaller one, or cast the tensor to float64 first") from None
-    arr.flags.writeable = False
-    return Var((), arr.dtype, device, value=arr)
-
-
-def promote(*xs):
-    """Vars of one common dtype, NumPy rules, Python scalars weak (``f32 * 2.0`` is f32)."""
-    weak_flags = [_is_weak(x) or (isinstance(x, Var) and x.weak) for x in xs]
-    strong = [as_var(x) for x, w in zip(xs, weak_flags) if not w]
-    weak = [_weak_example(x) for x, w in zip(xs, weak_flags) if w]
-    if not strong:
-        dtype = canonical_dtype(np.result_type(*[x.dtype if isinstance(x, Var) else x for x in xs]))
-        device = next((x.device for x in xs if isinstance(x, Var)), default_device())
-    else:
-        dtypes = [v.dtype for v in strong]
-        dtype = canonical_dtype(np.result_type(*dtypes, *weak) if weak else np.result_type(*dtypes))
-        device = strong[0].device
-    out, it = [], iter(strong)
-    for x, w in zip(xs, weak_flags):
-        v = next(it) if not w else (x if isinstance(x, Var) else _scalar_var(x, dtype, device))
-        out.append(cast(v, dtype))
-    return out
-
-
-def broadcast_shapes(op, *shapes):
-    if len(shapes) == 2:                     # the common cases
-        a, b = shapes
-        if a == b or not b:
-            return tuple(a)
-        if not a:
-            return tuple(b)
-    ndim = builtins.max(len(s) for s in shapes)
-    out = []
-    for i in range(ndim):
-        dims = {s[i - ndim + len(s)] for s in shapes if i - ndim + len(s) >= 0}
-        dims.discard(1)
-        if len(dims) > 1:
-            raise ShapeError(f"{op}: shapes {' and '.join(str(tuple(s)) for s in shapes)} "
-                             "cannot be broadcast together; make the dimensions match "
-                             "(or be 1), e.g. with reshape")
-        out.append(dims.pop() if dims else 1)
-    return tuple(out)
-
-
-def broadcast_to(x, shape):
-    """``x`` repeated along new or size-1 axes to ``shape``, as ``np.broadcast_to``.
-
-    >>> vkml.broadcast_to(vkml.tensor([1.0, 2.0]), (2, 2))
-    tensor([[1., 2.],
-            [1., 2.]], dtype=float64)
-    """
-    x = as_var(x)
-    shape = check_shape(shape, "broadcast_to")
-    if x.shape == shape:
-        return x
-    if len(shape) < x.ndim:
-        raise ShapeError(f"broadcast_to: cannot broadcast {x.shape} to fewer dimensions {shape}")
-    lead = len(shape) - x.ndim
-    return broadcast_in_dim(x, shape, tuple(range(lead, len(shape))))
-
-
-def bind_elementwise(prim, *xs):
-    """Bind an elementwise primitive after NumPy's promotion and broadcasting of ``xs``.
-
-    The one way every elementwise operation meets its operands (``ops.special``'s too).
-    """
-    vs = None
-    if len(xs) == 2:                        # the common cases, without the general promotion
-        x, y = xs
-        if type(x) is Var and type(y) is Var and x.dtype == y.dtype and not x.weak and not y.weak:
-            if x.shape == y.shape:
-                return bind(prim, x, y)
-            vs = [x, y]                     # one dtype: only broadcasting to do
-        elif type(x) is Var and not x.weak and _same_kind_scalar(y, x.dtype):
-            vs = [x, _scalar_var(y, x.dtype, x.device)]
-        elif type(y) is Var and not y.weak and _same_kind_scalar(x, y.dtype):
-            vs = [_scalar_var(x, y.dtype, y.device), y]
-    if vs is None:
-        vs = promote(*xs)
-    shapes = [v.shape for v in vs]
-    if any(s != shapes[0] for s in shapes):
-        shape = broadcast_shapes(prim.name, *shapes)
-        vs = [broadcast_to(v, shape) for v in vs]
-    return bind(prim, *vs)
-
-
-def as_floating(x):
-    """``x`` as a Var, cast to float64 unless already floating, as NumPy's float functions
-    do with integers (``ops.numeric``, ``ops.special`` and ``vkml.scipy`` use it too)."""
-    x = as_var(x)
-    if x.dtype.kind not in "fc":
-        return cast(x, np.float64)
-    return x
-
-
-# -- batching (vmap rules use these) -----------------------------------------------------
-
-def broadcast_batch(x, size):
-    """An unbatched value repeated along a new leading batch axis of ``size``."""
-    return broadcast_in_dim(x, (size,) + x.shape, tuple(range(1, x.ndim + 1)))
-
-
-def batch_all(vals, dims, size):
-    """Every operand batched at axis 0 (``dims[i]`` is 0 or None; unbatched ones broadcast)."""
-    return [x if d == 0 else broadcast_batch(x, size) for x, d in zip(vals, dims)]
 
 
 def batch_coordinate(idx):
@@ -249,8 +52,6 @@ def batch_coordinate(idx):
     b = broadcast_in_dim(b, idx.shape[:-1] + (1,), (0,))
     return concatenate([b, idx], axis=-1)
 
-
-# -- elementwise -------------------------------------------------------------------
 
 def add(x, y):
     """``x + y`` elementwise, with NumPy's broadcasting and promotion.
@@ -520,19 +321,6 @@ def where(cond, x, y):
     return bind(where_p, broadcast_to(c, shape), broadcast_to(x, shape), broadcast_to(y, shape))
 
 
-def cast(x, dtype):
-    """The values converted to ``dtype`` (floats to ints truncate towards zero, as NumPy's ``astype``).
-
-    >>> vkml.cast(vkml.tensor([1.7, -1.7]), 'int32')
-    tensor([ 1, -1], dtype=int32)
-    """
-    x = as_var(x)
-    dtype = check_dtype(dtype, "cast", exact=True)
-    if x.dtype == dtype:
-        return x
-    return bind(cast_p, x, dtype=dtype)
-
-
 def relu(x):
     """``max(x, 0)`` elementwise.
 
@@ -577,14 +365,12 @@ def clip(x, lo=None, hi=None):
     return x
 
 
-# -- constants ------------------------------------------------------------------------
-
 def full(shape, value, dtype=None, device=None):
     shape = check_shape(shape, "full")
-    if isinstance(value, Var) or not isinstance(value, _SCALARS):
+    if isinstance(value, Var) or not isinstance(value, SCALARS):
         raise ArgumentError(f"full: the fill value must be a number, got {describe(value)}")
     dtype = check_dtype(dtype, "full") if dtype is not None else canonical_dtype(np.array(value).dtype)
-    return broadcast_in_dim(_scalar_var(value, dtype, device or default_device()), shape, ())
+    return broadcast_in_dim(scalar_var(value, dtype, device or default_device()), shape, ())
 
 
 def zeros(shape, dtype=np.float32, device=None):
@@ -602,8 +388,6 @@ def zeros_like(x):
 def ones_like(x):
     return full(x.shape, 1, x.dtype, x.device)
 
-
-# -- reductions ------------------------------------------------------------------------
 
 def normalize_axes(op, ndim, axis):
     """``axis`` (None for all, an int, or a sequence of distinct ints; negative ones count from
@@ -800,8 +584,6 @@ def softmax(x, axis=-1):
     return exp(log_softmax(x, axis))
 
 
-# -- movement ----------------------------------------------------------------------------
-
 def reshape(x, shape):
     """The same elements in a new shape (one size may be -1).
 
@@ -822,14 +604,6 @@ def reshape(x, shape):
     if shape == x.shape:
         return x
     return bind(reshape_p, x, shape=shape)
-
-
-def broadcast_in_dim(x, shape, dims):
-    x = as_var(x)
-    shape, dims = tuple(shape), tuple(dims)
-    if shape == x.shape and dims == tuple(range(len(shape))):
-        return x
-    return bind(broadcast_in_dim_p, x, shape=shape, dims=dims)
 
 
 def transpose(x, perm=None):
@@ -1100,8 +874,6 @@ def _check_constant_indices(op, indices, n, axis):
                                    f"{n}; use indices in [{-n}, {n})")
 
 
-# -- indexing ------------------------------------------------------------------------------
-
 def getitem(x, index):
     """NumPy indexing: ints, slices, None, Ellipsis, and integer/bool arrays."""
     x = as_var(x)
@@ -1259,8 +1031,6 @@ def _advanced(y, out_shape, advanced):
     return picked
 
 
-# -- linear algebra --------------------------------------------------------------------------
-
 def matmul(a, b, *, deterministic=None):
     """NumPy's ``a @ b``: 1-D operands, batch broadcasting, dtype promotion.
 
@@ -1294,139 +1064,3 @@ def matmul(a, b, *, deterministic=None):
 
 def dot(a, b):
     return matmul(a, b)
-
-
-# -- convolution and pooling (composed; see the module docstring) -----------------------------
-
-def _pair(v, name, op, lowest):
-    """An int or a pair of ints (each at least ``lowest``) as a pair: a window, stride or padding."""
-    items = [v, v] if hasattr(v, "__index__") and not isinstance(v, np.ndarray) else \
-        check_sequence(v, name, op)
-    if len(items) != 2:
-        raise ArgumentError(f"{op}: {name} must be an int or a pair of ints, got {describe(v)}")
-    return tuple(check_int(i, name, op, low=lowest, high=MAX_PAD, error=ShapeError) for i in items)
-
-
-def _windows(x, kh, kw, sh, sw, dh=1, dw=1):
-    """Every (i, j) kernel tap of x (N, C, H, W) as a strided slice (N, C, Ho, Wo); taps
-    ``dh``/``dw`` apart (a dilated kernel)."""
-    n, c, h, w = x.shape
-    ho, wo = (h - (kh - 1) * dh - 1) // sh + 1, (w - (kw - 1) * dw - 1) // sw + 1
-    taps = []
-    for i in range(0, kh * dh, dh):
-        for j in range(0, kw * dw, dw):
-            taps.append(slice(x, (0, 0, i, j), (n, c, i + (ho - 1) * sh + 1, j + (wo - 1) * sw + 1),
-                              (1, 1, sh, sw)))
-    return taps, ho, wo
-
-
-def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
-    """2-D cross-correlation, NCHW input, (O, C / groups, kh, kw) weight, as
-    torch.nn.functional.conv2d (``dilation`` spaces the kernel's taps; ``groups`` splits the
-    channels into that many independent convolutions).
-
-    >>> x = vkml.ones((1, 1, 3, 3))
-    >>> w = vkml.ones((1, 1, 2, 2))
-    >>> vkml.conv2d(x, w).shape
-    (1, 1, 2, 2)
-    >>> vkml.conv2d(x, w)[0, 0]
-    tensor([[4., 4.],
-            [4., 4.]], dtype=float32)
-    """
-    x, weight = promote(x, weight)
-    if x.ndim != 4 or weight.ndim != 4:
-        raise ShapeError(f"conv2d: needs a 4-D input (N, C, H, W) and a 4-D weight (O, C, kh, kw), "
-                         f"got {x.shape} and {weight.shape}")
-    n, c, h, w = x.shape
-    o, c2, kh, kw = weight.shape
-    groups = check_int(groups, "groups", "conv2d", low=1)
-    if c % groups or o % groups:
-        raise ShapeError(f"conv2d: groups={groups} must divide the input's {c} channels and the "
-                         f"weight's {o} outputs; choose a common divisor")
-    if c // groups != c2:
-        hint = f" per group ({c} / groups={groups})" if groups > 1 else ""
-        raise ShapeError(f"conv2d: input has {c // groups} channels{hint} but the weight expects "
-                         f"{c2}; the weight's second axis must be the input's channels / groups")
-    sh, sw = _pair(stride, "stride", "conv2d", 1)
-    ph, pw = _pair(padding, "padding", "conv2d", 0)
-    dh, dw = _pair(dilation, "dilation", "conv2d", 1)
-    if ph or pw:
-        x = pad(x, (0, 0, ph, pw), (0, 0, ph, pw))
-    span_h, span_w = (kh - 1) * dh + 1, (kw - 1) * dw + 1
-    if x.shape[2] < span_h or x.shape[3] < span_w:
-        raise ShapeError(f"conv2d: kernel {kh}x{kw} (spanning {span_h}x{span_w} with dilation) is "
-                         f"larger than the padded input {x.shape[2:]}; pad the input or use a "
-                         "smaller kernel")
-    if groups > 1:
-        per_in, per_out = c // groups, o // groups
-        outs = [conv2d(slice(x, (0, g * per_in, 0, 0), (n, (g + 1) * per_in) + x.shape[2:]),
-                       slice(weight, (g * per_out, 0, 0, 0), ((g + 1) * per_out,) + weight.shape[1:]),
-                       None, (sh, sw), 0, (dh, dw)) for g in range(groups)]
-        out = concatenate(outs, 1)
-        return out if bias is None else add(out, reshape(as_var(bias), (1, o, 1, 1)))
-    taps, ho, wo = _windows(x, kh, kw, sh, sw, dh, dw)
-    # columns: (N, C, kh*kw, Ho*Wo) -> (N, Ho*Wo, C*kh*kw)
-    cols = stack([reshape(t, (n, c, ho * wo)) for t in taps], axis=2)
-    cols = transpose(reshape(cols, (n, c * kh * kw, ho * wo)), (0, 2, 1))
-    out = matmul(cols, transpose(reshape(weight, (o, c * kh * kw))))   # (N, Ho*Wo, O)
-    out = reshape(transpose(out, (0, 2, 1)), (n, o, ho, wo))
-    if bias is not None:
-        out = add(out, reshape(as_var(bias), (1, o, 1, 1)))
-    return out
-
-
-def _pool(x, kernel_size, stride, op, padding=0, fill=0.0, name="pool2d"):
-    x = as_var(x)
-    if x.ndim != 4:
-        raise ShapeError(f"{name}: needs a 4-D input (N, C, H, W), got {x.shape}")
-    kh, kw = _pair(kernel_size, "kernel_size", name, 1)
-    sh, sw = _pair(stride if stride is not None else (kh, kw), "stride", name, 1)
-    ph, pw = _pair(padding, "padding", name, 0)
-    if ph > kh // 2 or pw > kw // 2:
-        raise ShapeError(f"{name}: padding ({ph}, {pw}) must be at most half the window "
-                         f"({kh}, {kw}), as in PyTorch; use a larger window or less padding")
-    if ph or pw:            # the border: -inf for a maximum (never picked), 0 for a mean
-        h0, w0 = x.shape[2:]
-        x = pad(x, (0, 0, ph, pw), (0, 0, ph, pw))
-        if fill:
-            border = np.ones(x.shape[2:], bool)
-            border[ph:ph + h0, pw:pw + w0] = False
-            x = where(constant(border), fill, x)
-    n, c, h, w = x.shape
-    if h < kh or w < kw:
-        raise ShapeError(f"{name}: window {kh}x{kw} is larger than the input {x.shape[2:]} "
-                         "(padded); use a smaller kernel_size or pad the input")
-    ho, wo = (h - kh) // sh + 1, (w - kw) // sw + 1
-    if (sh, sw) == (kh, kw):
-        # non-overlapping windows: crop, then one reshape and one reduction
-        x = slice(x, (0, 0, 0, 0), (n, c, ho * kh, wo * kw))
-        return op(reshape(x, (n, c, ho, kh, wo, kw)), (3, 5))
-    taps, _, _ = _windows(x, kh, kw, sh, sw)
-    return op(stack(taps, axis=-1), (4,))
-
-
-def max_pool2d(x, kernel_size, stride=None, padding=0):
-    """The maximum over (kh, kw) windows of NCHW input (``stride`` defaults to the window;
-    ``padding`` adds a border that is never the maximum).
-
-    >>> x = vkml.reshape(vkml.arange(16.0), (1, 1, 4, 4))
-    >>> vkml.max_pool2d(x, 2)[0, 0]
-    tensor([[ 5.,  7.],
-            [13., 15.]], dtype=float64)
-    """
-    x = as_var(x)
-    fill = -np.inf if x.dtype.kind == "f" else int(np.iinfo(x.dtype).min) if x.dtype.kind in "iu" else 0
-    return _pool(x, kernel_size, stride, lambda v, axes: max(v, axes), padding, fill, "max_pool2d")
-
-
-def avg_pool2d(x, kernel_size, stride=None, padding=0):
-    """The mean over (kh, kw) windows of NCHW input (``stride`` defaults to the window; a
-    ``padding`` border of zeros counts in the mean, as PyTorch's default).
-
-    >>> x = vkml.reshape(vkml.arange(16.0), (1, 1, 4, 4))
-    >>> vkml.avg_pool2d(x, 2)[0, 0]
-    tensor([[ 2.5,  4.5],
-            [10.5, 12.5]], dtype=float64)
-    """
-    return _pool(as_floating(x), kernel_size, stride, lambda v, axes: mean(v, axes), padding, 0.0,
-                 "avg_pool2d")

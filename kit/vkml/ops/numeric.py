@@ -363,6 +363,9 @@ def cumprod(x, axis=None):
 
 
 def var(x, axis=None, ddof=0, keepdims=False):
+    if not isinstance(ddof, numbers.Real) or isinstance(ddof, bool):
+        raise ArgumentError(f"var: ddof must be a number (0 for the population variance, 1 for "
+                            f"the sample variance), got {type(ddof).__name__}")
     x = F.as_floating(x)
     axes = F.normalize_axes("var", x.ndim, axis)
     n = math.prod(x.shape[a] for a in axes)
