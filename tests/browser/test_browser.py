@@ -8,22 +8,15 @@ it), driven by the ``playwright`` package from the test extra -- ``playwright in
 run.
 """
 
-import shutil
 import urllib.parse
 
 import nbformat
 import pytest
 
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
+pytestmark = pytest.mark.timeout(300)
 
-sync_api = pytest.importorskip("playwright.sync_api",
-                               reason="playwright is in the test extra: run scripts/dev test")
-CHROMIUM = shutil.which("chromium")
-if CHROMIUM is None:
-    pytest.skip("Debian's chromium is not installed (scripts/dev test installs it)",
-                allow_module_level=True)
 
-from jupyterlab_server import jupyter_env, serving  # noqa: E402  (after the skips above)
+from jupyterlab_server import jupyter_env, serving
 
 CELLS = [
     "%load_ext vkml\nimport numpy as np\nimport vkml",
@@ -62,12 +55,9 @@ KERNEL_IDLE = """() => {
 }"""
 
 
-def test_notebook_runs_shows_the_diagram_and_the_slider_moves_the_readout(lab):
+def test_notebook_runs_shows_the_diagram_and_the_slider_moves_the_readout(lab, chromium):
     token = urllib.parse.quote(lab["token"])
-    with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
-            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--no-proxy-server"])
+    with chromium() as browser:
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             errors = []

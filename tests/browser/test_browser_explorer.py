@@ -17,19 +17,13 @@ from pathlib import Path
 import nbformat
 import pytest
 
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
+pytestmark = pytest.mark.timeout(300)
 
-sync_api = pytest.importorskip("playwright.sync_api",
-                               reason="playwright is in the test extra: run scripts/dev test")
 pytest.importorskip("anywidget", reason="anywidget is in the jupyter extra: run scripts/dev test")
-CHROMIUM = shutil.which("chromium")
-if CHROMIUM is None:
-    pytest.skip("Debian's chromium is not installed (scripts/dev test installs it)",
-                allow_module_level=True)
 if shutil.which("dot") is None:
     pytest.skip("the explorer's picture needs graphviz's dot", allow_module_level=True)
 
-from jupyterlab_server import jupyter_env, serving  # noqa: E402  (after the skips above)
+from jupyterlab_server import jupyter_env, serving
 
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = ROOT / "tests" / "screenshots"
@@ -120,13 +114,10 @@ def others(marked):
     return {p: sorted(ks) for p, ks in marked.items() if p != "primal"}
 
 
-def test_clicking_an_equation_highlights_what_each_derivation_made_from_it(lab):
+def test_clicking_an_equation_highlights_what_each_derivation_made_from_it(lab, chromium):
     SCREENSHOTS.mkdir(exist_ok=True)
     token = urllib.parse.quote(lab["token"])
-    with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
-            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--no-proxy-server"])
+    with chromium() as browser:
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             errors = []

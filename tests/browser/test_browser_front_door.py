@@ -16,16 +16,10 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(600)]
+pytestmark = pytest.mark.timeout(600)
 
-sync_api = pytest.importorskip("playwright.sync_api",
-                               reason="playwright is in the test extra: run scripts/dev test")
-CHROMIUM = shutil.which("chromium")
-if CHROMIUM is None:
-    pytest.skip("Debian's chromium is not installed (scripts/dev test installs it)",
-                allow_module_level=True)
 
-from jupyterlab_server import jupyter_env, serving  # noqa: E402  (after the skips above)
+from jupyterlab_server import jupyter_env, serving
 
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = ROOT / "tests" / "screenshots"
@@ -33,8 +27,6 @@ README_PICTURES = ROOT / "docs" / "images"
 README_NAMES = ("derivative.png", "explorer.png")
 SECONDS = 1000  # playwright counts milliseconds
 NEWS = "official Jupyter news"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--no-proxy-server"]
 
 KERNEL_IDLE = """() => {
     const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
@@ -71,13 +63,9 @@ def lab(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
+def browser(chromium):
+    with chromium() as b:
+        yield b
 
 
 def _open(browser, lab, name, run=False):

@@ -18,16 +18,10 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
+pytestmark = pytest.mark.timeout(300)
 
-sync_api = pytest.importorskip("playwright.sync_api",
-                               reason="playwright is in the test extra: run scripts/dev test")
-CHROMIUM = shutil.which("chromium")
-if CHROMIUM is None:
-    pytest.skip("Debian's chromium is not installed (scripts/dev test installs it)",
-                allow_module_level=True)
 
-from jupyterlab_server import jupyter_env, serving  # noqa: E402  (after the skips above)
+from jupyterlab_server import jupyter_env, serving
 
 ROOT = Path(__file__).resolve().parents[2]
 TUTORIAL = "02-programs-and-scan.ipynb"
@@ -111,13 +105,13 @@ def open_tutorial(page, lab):
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90 * SECONDS)
 
 
-def stored_diagrams(page):
+def stored_diagrams(page, expect):
     """The tutorial's stored pictures, drawn as SVG inline in their HTML output (which keeps the
     <title> tooltips an <img> would lose)."""
     # (one picture, or the first tab of a derived picture's tabs: the one shown)
     svgs = page.locator(".jp-RenderedHTMLCommon .vkml-diagram > div.vkml-svg:not(.vkml-tabs) > svg, "
                         ".jp-RenderedHTMLCommon .vkml-diagram .vkml-tab-panel:first-of-type > svg")
-    sync_api.expect(svgs).to_have_count(len(stored_picture_texts()), timeout=60 * SECONDS)
+    expect(svgs).to_have_count(len(stored_picture_texts()), timeout=60 * SECONDS)
     for i in range(svgs.count()):
         svgs.nth(i).scroll_into_view_if_needed()
         assert svgs.nth(i).is_visible()
@@ -160,11 +154,6 @@ def code_lines():
             for line in "".join(c["source"]).splitlines() if line.strip()}
 
 
-def launch(pw):
-    return pw.chromium.launch(executable_path=CHROMIUM, args=[
-        "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--no-proxy-server"])
-
 
 def luminance(css):
     return luminance_rgb(float(x) for x in re.findall(r"[\d.]+", css)[:3])
@@ -176,17 +165,16 @@ def luminance_rgb(rgb):
     return 0.2126 * f[0] + 0.7152 * f[1] + 0.0722 * f[2]
 
 
-def test_a_tutorial_opens_with_its_diagrams_drawn_without_running(tutorial_lab):
+def test_a_tutorial_opens_with_its_diagrams_drawn_without_running(tutorial_lab, chromium, expect):
     SCREENSHOTS.mkdir(exist_ok=True)
-    with sync_api.sync_playwright() as pw:
-        browser = launch(pw)
+    with chromium() as browser:
         try:
             # an output area about as wide as the issue's (1,220 px)
             page = browser.new_page(viewport={"width": 1650, "height": 1000})
             errors = []
             page.on("pageerror", lambda e: errors.append(str(e)))
             open_tutorial(page, tutorial_lab)
-            svgs = stored_diagrams(page)
+            svgs = stored_diagrams(page, expect)
             # the program picture and the derivative picture, both stored, both drawn
             assert svgs.count() >= 2
             sources = [svgs.nth(i).evaluate("svg => svg.outerHTML") for i in range(svgs.count())]
@@ -210,22 +198,21 @@ def test_a_tutorial_opens_with_its_diagrams_drawn_without_running(tutorial_lab):
             browser.close()
 
 
-def test_diagrams_stay_readable_in_the_dark_theme(tutorial_lab):
+def test_diagrams_stay_readable_in_the_dark_theme(tutorial_lab, chromium, expect):
     SCREENSHOTS.mkdir(exist_ok=True)
-    with sync_api.sync_playwright() as pw:
-        browser = launch(pw)
+    with chromium() as browser:
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000},
                                     color_scheme="dark")
             open_tutorial(page, tutorial_lab)
-            stored_diagrams(page)
+            stored_diagrams(page, expect)
             page.evaluate("window.jupyterapp.commands.execute('apputils:change-theme',"
                           " {theme: 'JupyterLab Dark'})")
             page.wait_for_function(
                 "document.body.getAttribute('data-jp-theme-light') === 'false'",
                 timeout=60 * SECONDS)
             assert luminance(page.evaluate(PAGE_BACKGROUND)) < 0.1      # the theme is dark
-            svgs = stored_diagrams(page)
+            svgs = stored_diagrams(page, expect)
             for i in range(svgs.count()):
                 seen = seen_contrast(visible_part(page, svgs.nth(i)))
                 # the picture brings its own background, dark in a dark theme, and its text and
@@ -241,14 +228,13 @@ def test_diagrams_stay_readable_in_the_dark_theme(tutorial_lab):
             browser.close()
 
 
-def test_hovering_a_program_box_shows_its_source_line(tutorial_lab):
+def test_hovering_a_program_box_shows_its_source_line(tutorial_lab, chromium, expect):
     """A native tooltip cannot be screenshotted: the proof is the <title> of the hovered element."""
-    with sync_api.sync_playwright() as pw:
-        browser = launch(pw)
+    with chromium() as browser:
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             open_tutorial(page, tutorial_lab)
-            program = stored_diagrams(page).first
+            program = stored_diagrams(page, expect).first
             box = program.locator("g.node text", has_text=re.compile(r"^scan$")).first
             box.scroll_into_view_if_needed()
             box.hover()
@@ -268,22 +254,21 @@ def test_hovering_a_program_box_shows_its_source_line(tutorial_lab):
             browser.close()
 
 
-def test_an_untrusted_tutorial_shows_its_pictures_as_text(untrusted_lab):
+def test_an_untrusted_tutorial_shows_its_pictures_as_text(untrusted_lab, chromium, expect):
     """JupyterLab sanitizes an untrusted notebook's HTML: the SVG goes, the text stays readable."""
     texts = stored_picture_texts()
     assert len(texts) >= 2
-    with sync_api.sync_playwright() as pw:
-        browser = launch(pw)
+    with chromium() as browser:
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             open_tutorial(page, untrusted_lab)
             page.wait_for_selector(".vkml-diagram pre", timeout=60 * SECONDS)
             shown = page.locator(".vkml-diagram pre")
-            sync_api.expect(shown).to_have_count(len(texts), timeout=30 * SECONDS)
+            expect(shown).to_have_count(len(texts), timeout=30 * SECONDS)
             for i, text in enumerate(texts):
                 shown.nth(i).scroll_into_view_if_needed()
-                sync_api.expect(shown.nth(i)).to_be_visible(timeout=30 * SECONDS)
-                sync_api.expect(shown.nth(i)).to_have_text(text, use_inner_text=True,
+                expect(shown.nth(i)).to_be_visible(timeout=30 * SECONDS)
+                expect(shown.nth(i)).to_have_text(text, use_inner_text=True,
                                                            timeout=30 * SECONDS)
             # no picture and no jumble of its labels: what is left of the SVG is hidden
             assert page.locator(".vkml-diagram svg").count() == 0

@@ -8,21 +8,14 @@ its box in both themes.  Screenshots go to tests/screenshots/.
 """
 
 import html
-import shutil
 from pathlib import Path
 
 import pytest
 
 from real_size_models import PICTURES
 
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(600)]
+pytestmark = pytest.mark.timeout(600)
 
-sync_api = pytest.importorskip("playwright.sync_api",
-                               reason="playwright is in the test extra: run scripts/dev test")
-CHROMIUM = shutil.which("chromium")
-if CHROMIUM is None:
-    pytest.skip("Debian's chromium is not installed (scripts/dev test installs it)",
-                allow_module_level=True)
 
 SCREENSHOTS = Path(__file__).resolve().parents[1] / "screenshots"
 MAX_W, MAX_H, MIN_TEXT = 1200, 2400, 10
@@ -50,14 +43,9 @@ MEASURE = """() => {
 
 
 @pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=[
-            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
-        try:
-            yield b
-        finally:
-            b.close()
+def browser(chromium):
+    with chromium() as b:
+        yield b
 
 
 def _page(browser, tmp_path, name, light):

@@ -18,16 +18,10 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
+pytestmark = pytest.mark.timeout(300)
 
-sync_api = pytest.importorskip("playwright.sync_api",
-                               reason="playwright is in the test extra: run scripts/dev test")
-CHROMIUM = shutil.which("chromium")
-if CHROMIUM is None:
-    pytest.skip("Debian's chromium is not installed (scripts/dev test installs it)",
-                allow_module_level=True)
 
-from jupyterlab_server import jupyter_env, serving  # noqa: E402  (after the skips above)
+from jupyterlab_server import jupyter_env, serving
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = "07-seeing-reverse-mode.ipynb"
@@ -69,14 +63,11 @@ def recomputed(caption):
     return int(re.search(r"recomputes ([\d,]+) step", caption).group(1).replace(",", ""))
 
 
-def test_the_budget_slider_redraws_the_schedule_in_a_real_browser(notebook_lab):
+def test_the_budget_slider_redraws_the_schedule_in_a_real_browser(notebook_lab, chromium):
     SCREENSHOTS.mkdir(exist_ok=True)
     lab = notebook_lab
     token = urllib.parse.quote(lab["token"])
-    with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
-            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--no-proxy-server"])
+    with chromium() as browser:
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             errors = []
@@ -153,15 +144,12 @@ def test_the_budget_slider_redraws_the_schedule_in_a_real_browser(notebook_lab):
             browser.close()
 
 
-def test_the_stored_schedule_pictures_stay_readable_in_the_dark_theme(notebook_lab):
+def test_the_stored_schedule_pictures_stay_readable_in_the_dark_theme(notebook_lab, chromium):
     from test_browser_pictures import CONTRAST, PAGE_BACKGROUND, luminance
     SCREENSHOTS.mkdir(exist_ok=True)
     lab = notebook_lab
     token = urllib.parse.quote(lab["token"])
-    with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
-            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--no-proxy-server"])
+    with chromium() as browser:
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000}, color_scheme="dark")
             page.goto(f"{lab['url']}lab/tree/{NOTEBOOK}?token={token}", timeout=90 * SECONDS)
