@@ -9,11 +9,12 @@ import os
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "check_layers.py"
 
 _spec = importlib.util.spec_from_file_location("check_layers", SCRIPT)
@@ -214,3 +215,16 @@ def test_the_library_never_imports_the_jupyter_stack(tmp_path):
     got = _offences(tmp_path, {"vkml/tensor.py": source})
     assert got == ["kit/vkml/tensor.py:2: vkml.tensor imports IPython.display; only the Jupyter "
                    "layer (extensions/vkml_jupyter) may"]
+
+
+def test_a_module_of_a_stacked_package_imports_only_the_ones_before_it(tmp_path):
+    rules = replace(RULES, stacks={"vkml.ops": ("core", "api")})
+    assert _offences(tmp_path, {}, rules) == []
+    got = _offences(tmp_path, {"vkml/ops/core.py": "from .api import add\n"}, rules)
+    assert got == ["kit/vkml/ops/core.py:1: vkml.ops.core imports vkml.ops.api, which comes after "
+                   "it in STACKS['vkml.ops']"]
+    got = _offences(tmp_path, {"vkml/ops/more.py": ""}, rules)
+    assert got == ["kit/vkml/ops/more.py: vkml.ops.more has no place in STACKS['vkml.ops']; add it"]
+    # an import inside a function is no part of the stack (it runs long after every module loaded)
+    assert _offences(tmp_path, {"vkml/ops/core.py": "def f():\n    from .api import add  # local: cycle\n"
+                                                     "    return add\n"}, rules) == []
