@@ -339,7 +339,7 @@ def test_mode_state_is_reached_only_through_the_runtime():
     import re
     root = pathlib.Path(vkml.__file__).parent
     owners = {"runtime.py": (), "ops/core.py": ("CURRENT_SITE",),
-              "ops/api.py": ("DEFAULT_DEVICE",), "backends/base.py": ("_CURRENT", "DEFAULT_DEVICE")}
+              "ops/operands.py": ("DEFAULT_DEVICE",), "backends/base.py": ("_CURRENT", "DEFAULT_DEVICE")}
     state = ["_GRAD_LEAVES", "_GRAD_ENABLED", "_EAGER", "CURRENT_SITE", "DEFAULT_DEVICE",
              "_CURRENT", "_submit", "_settle", "_is_traced"]
     files = list(root.rglob("*.py")) + list((root.parent.parent / "extensions").rglob("*.py"))

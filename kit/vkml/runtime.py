@@ -56,7 +56,7 @@ from .backends import ExecutionFailure, current, set_backend, use_backend  # noq
 from .backends.base import instances
 from .errors import ArgumentError, ExecutionError, GradError, TracingError
 from .ir import Program, collect, collect_keyed, site_text
-from .ops.api import DEFAULT_DEVICE as _DEVICE_SETTING
+from .ops.operands import DEFAULT_DEVICE as _DEVICE_SETTING
 from .ops.api import default_device
 from .ops.linalg import DETERMINISTIC_MATMUL
 from .ops import recipes

@@ -16,10 +16,15 @@ import pytest
 
 import vkml
 from backends_under_test import BACKENDS
-from models import square
 
 #: every test on the NumPy backend and on the compiled cpu tier
 pytestmark = pytest.mark.parametrize("vk_backend", BACKENDS, indirect=True)
+
+
+@vkml.kernel
+def square(x):
+    """This module's own kernel: what other modules ran before cannot change its allocations."""
+    return {"u": x * x}
 
 
 @vkml.kernel
@@ -184,14 +189,18 @@ def test_a_chunked_reverse_allocates_little_more_than_the_gradient_it_hands_back
 def test_a_reused_reverse_allocates_less_than_a_fresh_one_per_call(monkeypatch):
     """Launch-by-launch sweep (two threads): a fresh Reverse per call takes every adjoint,
     per-sample Param cotangent and tree level anew; the reused one keeps them in its workspace
-    (the programs' own temporaries are the same on both sides)."""
+    (the programs' own temporaries are the same on both sides).  Measured in a steady state: a
+    first call after other work may build a cache either side would build once, whatever ran
+    before in the process."""
     monkeypatch.setenv("VKML_THREADS", "2")
     n = 1 << 16
     plane = n * 8
     g, seed, rev = warm(n)
-    fresh = call_peak(lambda: vkml.diff.Reverse(g)(g.record, {"y": seed}))
-    g.launch()
-    reused = call_peak(lambda: rev(g.record, {"y": seed}))
+    for _ in range(2):          # the second round counts: both sides past their first-call work
+        fresh = call_peak(lambda: vkml.diff.Reverse(g)(g.record, {"y": seed}))
+        g.launch()
+        reused = call_peak(lambda: rev(g.record, {"y": seed}))
+        g.launch()
     # kept between calls: the adjoint of u, two per-sample Param cotangents, the tree's levels
     assert rev.workspace.nbytes >= 3 * plane
     assert reused <= fresh - 2 * plane, (reused, fresh)

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import ArgumentError, BackendError, ExecutionError, ShapeError
 from ..ir import dtype_name, format_shape
-from ..ops import api
+from ..ops import operands
 from ..stats import STATS, Stats, reset_stats, stats  # noqa: F401  (re-exported)
 from ..threadsafe import Cache, Setting
 
@@ -288,7 +288,7 @@ def set_backend(name: str) -> Backend:
     """
     backend = _backend_named(name, "set_backend")
     _CURRENT.set_global(backend)
-    api.DEFAULT_DEVICE.set_global(backend.device)
+    operands.DEFAULT_DEVICE.set_global(backend.device)
     return backend
 
 
@@ -307,7 +307,7 @@ def use_backend(name: str):
 
 @contextlib.contextmanager
 def _using(backend):
-    with _CURRENT.local(backend), api.DEFAULT_DEVICE.local(backend.device):
+    with _CURRENT.local(backend), operands.DEFAULT_DEVICE.local(backend.device):
         yield backend
 
 

@@ -38,7 +38,7 @@ from .movement import (concatenate_p, flip_p, gather_p, pad_p, reshape_p, scatte
 from .reductions import argmax_p, reduce_max_p, reduce_sum_p
 from . import complex_parts  # (its module imports this one: used inside functions only)
 from .operands import (  # noqa: F401  (every name re-exported: rules and tensors find them here)
-    DEFAULT_DEVICE, SCALARS, as_floating, as_var, batch_all, bind_elementwise, broadcast_batch,
+    SCALARS, as_floating, as_var, batch_all, bind_elementwise, broadcast_batch,
     broadcast_in_dim, broadcast_shapes, broadcast_to, cast, constant, default_device, promote,
     scalar_var)
 
