@@ -68,7 +68,12 @@ def _walk():
                 continue
             yield f"{module_name}.{name}", obj
             if isinstance(obj, type):
-                for attr, value in vars(obj).items():
+                # its own attributes and those it takes from vkml's base classes (``Tensor``'s
+                # from ``Interchange``), each under the name the class offers it by
+                own = {}
+                for klass in reversed([k for k in obj.__mro__ if k.__module__.startswith("vkml")]):
+                    own.update(vars(klass))
+                for attr, value in own.items():
                     if attr.startswith("_"):
                         continue
                     if isinstance(value, (staticmethod, classmethod)):

@@ -296,7 +296,7 @@ def computing_entries():
     for name in entry_names():
         obj = getattr(vkml, name, None)
         if name.startswith("Tensor.") or name.endswith("(fn)") or \
-                getattr(obj, "__module__", "") == "vkml.tensor":
+                getattr(obj, "__module__", "") in ("vkml.tensor", "vkml.creation"):
             out.append(name)
     return out
 
