@@ -97,7 +97,7 @@ node by node on its device planes (each node one submission; the guard cell
 is read on the host), and its reverse too.  A graph with nodes that run
 Python on the values (opaque nodes, reductions, guards that are functions)
 copies its planes to the host and the written ones back, explicitly, around
-each launch (``record._steps``).
+each launch (``graph/run.py``).
 A simulation keeps its planes, checkpoints, step counts and gradients in
 device memory too: one the per-sample loops cover runs as two kernels
 (``cuda_loops.py``), any other is stepped from the host with one program per

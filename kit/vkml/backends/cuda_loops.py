@@ -1,7 +1,7 @@
 """A simulation's per-sample loops on the GPU: one thread per sample runs every step of it.
 
 The CUDA backend's counterpart of ``cpu.SampleLoops``, used by
-``graph/simulation.py`` whenever the backend has ``sample_loops``.  The two
+``graph/simulation/`` whenever the backend has ``sample_loops``.  The two
 kernels come from the generator the cpu tier uses
 (``codegen/sample_loops.py``, ``target="cuda"``): ``vk_fwd`` steps each
 sample to its own ``terminated`` (or ``max_steps``), writing a checkpoint

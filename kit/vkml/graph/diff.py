@@ -23,7 +23,7 @@ the device planes and keeps its adjoints on the device, adjoints meeting at
 a plane version are added there in the same order, and each Param's sum
 over samples is computed there (one value back per launch).  Opaque nodes
 run user Python on host values, so a graph holding one runs on host copies
-of its planes (see ``record._steps``) and its reverse computes from host
+of its planes (see ``run.py``) and its reverse computes from host
 arrays."""
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ asks it before a write (:meth:`PlaneVersions.copy_before_write`):
 
 A simulation never overwrites a plane while it runs (it steps private copies and writes the
 planes once at the end), so it copies no versions: it stores the states its checkpoint schedule
-names (``graph/schedules.py``).
+names (``graph/simulation/schedules.py``).
 """
 
 from __future__ import annotations

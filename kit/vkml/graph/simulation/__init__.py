@@ -17,7 +17,7 @@ every state and recomputes nothing; ``"binomial"`` keeps the initial state, the
 state before the last step and ``snapshots`` checkpoints placed by Griewank's
 binomial rule (Revolve), recomputing the fewest steps any schedule holding
 those states can).  Each choice is a schedule object (``sim.schedule``, see
-``graph/schedules.py``) that says which states the run stores, how the reverse
+``schedules.py``) that says which states the run stores, how the reverse
 rebuilds the others, and predicts the reverse's ``recomputed_steps`` and
 ``peak_states``.
 

@@ -203,7 +203,7 @@ class HostSteps:
 
     def follow_plan(self, plan, stored, sl, last, fixed, steps, back_step, stats, advance=None,
                      node_values=None):
-        """Carry out a schedule's reverse plan (see graph/schedules.py): recompute states from the
+        """Carry out a schedule's reverse plan (see schedules.py): recompute states from the
         Record's ``stored`` ones or from recomputed ones, reverse each step on its state, and free
         a recomputed state once its step is reversed.  Counts the states it needs at once the way
         the schedule predicts them: a stored state until its step is reversed.  ``advance`` and

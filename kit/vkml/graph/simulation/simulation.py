@@ -70,7 +70,7 @@ class Simulation(Reversible):
         #: docstring): on a backend that keeps planes there
         self.on_device = backend.keeps_planes_on_device
         #: on the device: whether the per-sample loops run it (else it is stepped from the host,
-        #: one program on device arrays per step: graph/simulation_device.py)
+        #: one program on device arrays per step: device_steps.py)
         self.loops_on_device = self.on_device and compiled_loops(self, backend) is not None
         #: the backend it was made on: its steppers run there
         self.backend = backend
