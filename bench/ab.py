@@ -8,7 +8,8 @@ is this working tree, uncommitted edits included.  Each side runs in its own wor
 imports vkml from its tree (``PYTHONPATH=<tree>/kit:<tree>/extensions``, checked) and the bench
 code from THIS tree, so only vkml differs.  Both workers are pinned to the same CPU, one thread,
 each with its own empty compiled-library cache (so the old side never runs the new side's
-libraries).  Every workload is timed in rounds that alternate between the two workers
+libraries) and the same fixed glibc allocator thresholds (``STEADY_MALLOC``).  Every workload is
+timed in rounds that alternate between the two workers
 (``_timing.interleave``: the minimum over rounds of each round's median), and the table gives
 new/old per workload and phase: above 1 means the new side is slower.
 
@@ -35,6 +36,12 @@ from _timing import interleave  # noqa: E402
 
 #: the benches with an ``ab_workloads``: the ones whose vkml side a change to vkml moves
 BENCHES = ("compiled", "simulation", "graph_reverse", "mlp_step")
+
+#: glibc's allocator held still in both workers: by default it raises its mmap threshold after a
+#: big block is freed, so whether a worker's large buffers (a 100,000-sample plane is 800 KB) come
+#: from fresh, page-faulting mmaps depends on that process's history -- enough to make identical
+#: code 1.25x slower on one side.  With a fixed threshold both sides allocate alike.
+STEADY_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
 
 
 # -- the worker: one revision's vkml, answering "time this workload for one round" ----------------
@@ -67,7 +74,7 @@ class Side:
         self.log = tempfile.TemporaryFile("w+")
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(tree, "kit"),
                                                            os.path.join(tree, "extensions")]),
-                   VKML_CACHE_DIR=cache)
+                   VKML_CACHE_DIR=cache, **{k: os.environ.get(k, v) for k, v in STEADY_MALLOC.items()})
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", bench, "--tree", tree]
         self.proc = subprocess.Popen(cmd + (["--quick"] if quick else []), env=env, text=True,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log)
