@@ -155,6 +155,14 @@ def _extra_entries():
         "diff.Reverse": lambda good: good.vkml.diff.Reverse,
         "Reverse(graph)": _reverse_of_a_graph,
         "Graph.reverse": _reverse_method_of_a_graph,
+        # the reverse protocol a Reverse drives (graph/reversible.py), driven by hand
+        "Graph.prepare_reverse": lambda good: _launched(good).prepare_reverse,
+        "Graph.reading": lambda good: _launched(good).reading,
+        "Graph.sweep": lambda good: _launched(good).sweep,
+        "Simulation.reverse": lambda good: _simulated(good).reverse,
+        "Simulation.prepare_reverse": lambda good: _simulated(good).prepare_reverse,
+        "Simulation.reading": lambda good: _simulated(good).reading,
+        "Simulation.sweep": lambda good: _simulated(good).sweep,
         "widgets.explore_schedule": lambda good: good.vkml.widgets.explore_schedule,
         "kernel.bind": lambda good: _square().bind,
         "optim.SGD": lambda good: good.vkml.optim.SGD,
@@ -199,6 +207,18 @@ def _reverse_method_of_a_graph(good):
     """``Graph.reverse`` of a recorded, launched graph (kept as ``good.g``)."""
     good.g = good.graph()
     return good.g.reverse
+
+
+def _launched(good):
+    """A recorded, launched graph (kept as ``good.g``)."""
+    good.g = good.graph()
+    return good.g
+
+
+def _simulated(good):
+    """A recorded simulation, run once (kept as ``good.sim``)."""
+    good.sim = _recorded_simulation(good)
+    return good.sim
 
 
 def _compiled_step(good):
@@ -367,6 +387,15 @@ def _good_args(good, entry):
         "diff.Reverse": lambda: [good.graph(launched=False)],
         "Reverse(graph)": lambda: [good.g.record, {"wave.y": np.ones(8)}],
         "Graph.reverse": lambda: [good.g.record, {"wave.y": np.ones(8)}],
+        "Graph.prepare_reverse": lambda: [good.g.record, {"wave.y": np.ones(8)}, None, False],
+        "Graph.reading": lambda: [good.g.record],
+        "Graph.sweep": lambda: [good.g.record, good.g.prepare_reverse(
+            good.g.record, {"wave.y": np.ones(8)}, None, False), {}, vkml.diff.Workspace()],
+        "Simulation.reverse": lambda: [good.sim.record, {"x": np.ones(8)}],
+        "Simulation.prepare_reverse": lambda: [good.sim.record, {"x": np.ones(8)}, None, False],
+        "Simulation.reading": lambda: [good.sim.record],
+        "Simulation.sweep": lambda: [good.sim.record, good.sim.prepare_reverse(
+            good.sim.record, {"x": np.ones(8)}, None, False), {}, vkml.diff.Workspace()],
         "widgets.explore_schedule": lambda: [_recorded_simulation(good)],
         "Graph.add": lambda: [_bound()], "SkipGuard": lambda: [np.array([1], np.uint32)],
         "skippable": lambda: [_bound(), vkml.SkipGuard.nonzero(np.array([1], np.uint32))],

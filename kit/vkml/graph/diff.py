@@ -189,6 +189,31 @@ def check_vjps(vjps, strict):
     return dict(vjps)
 
 
+def reverse_options(wrt, strict):
+    """The options of one reverse call checked: ``wrt`` as a list of names (or None) and
+    ``strict`` a bool (what a forward's ``prepare_reverse`` is given, by a Reverse or by hand)."""
+    check_vjps(None, strict)
+    return wrt_names(wrt)
+
+
+def check_sweep(where, record_ok, prepared, prepared_type, vjps, workspace):
+    """The arguments of a forward's ``reading``/``sweep`` (see ``reversible.py``), for a caller
+    that drives the protocol by hand: a Record of this forward, what its ``prepare_reverse``
+    returned, the vjps (checked as a Reverse checks them) and a Workspace.  Returns the vjps."""
+    if not record_ok:
+        raise ArgumentError(f"{where}: expected a Record of this forward (its .record after a "
+                            "recorded run)")
+    if prepared_type is None:               # ``reading``: the Record is all it takes
+        return None
+    if not isinstance(prepared, prepared_type):
+        raise ArgumentError(f"{where}: prepared must be what prepare_reverse returned for this "
+                            f"Record, got {type(prepared).__name__}")
+    if not isinstance(workspace, Workspace):
+        raise ArgumentError(f"{where}: workspace must be a vkml.diff.Workspace (a Reverse's "
+                            f"own: rev.workspace), got {type(workspace).__name__}")
+    return check_vjps(vjps, False)
+
+
 def user_vjp_gradients(node, got, reads, like):
     """What an opaque node's vjp returned, checked: a dict of its read planes' names -> one
     gradient row per sample (floats, the plane's shape); anything else is refused naming the

@@ -49,7 +49,8 @@ from .execute import (GraphCaches, LAYOUT, WRITEABLE, changed_plane_message, pla
 from .nodes import Node, Opaque, Reduce, RepeatWhile, Skippable, as_launch
 from .run import run_launches
 from . import graph_reverse
-from .diff import Reverse
+from .diff import Reverse, check_sweep
+from .record import Record
 from .graph_reverse import check_graph_reversible, graph_bitwise
 
 
@@ -507,7 +508,6 @@ class Graph(Reversible):
         """
         return graph_reverse.prepare(self, record, seeds, wrt, strict)
 
-    @contextlib.contextmanager
     def reading(self, record):
         """``record`` counts one more reader inside the block; no launch can start (or be under
         way) meanwhile, unless the Record was kept (it then reads its own copies).
@@ -522,6 +522,11 @@ class Graph(Reversible):
         >>> g.record.readers
         0
         """
+        check_sweep("Graph.reading", self._owns(record), None, None, None, None)
+        return self._reading(record)
+
+    @contextlib.contextmanager
+    def _reading(self, record):
         with self._lock:
             if self.launching and not record.kept:
                 raise Busy(f"reverse: the graph is running launch {self.generation + 1}, which "
@@ -548,7 +553,12 @@ class Graph(Reversible):
         >>> grads["x"].round(4)
         array([ 2.    ,  1.0806, -0.8323])
         """
+        vjps = check_sweep("Graph.sweep", self._owns(record), prepared,
+                           graph_reverse.GraphReverseCall, vjps, workspace)
         return graph_reverse.sweep(record, prepared, vjps, workspace)
+
+    def _owns(self, record) -> bool:
+        return isinstance(record, Record) and record.graph is self
 
     def reverse(self, record, seeds, wrt=None, vjps=None, strict=False):
         """Every gradient of ``record`` (a Record of this graph's) for the cotangents ``seeds``

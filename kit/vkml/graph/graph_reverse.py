@@ -23,8 +23,8 @@ from . import device
 from .kernel import Kernel, Launch
 from .record import LoopEntry, OtherEntry, Record, SkipEntry, Step
 from .treesum import tree_sum
-from .diff import (Gradients, Report, central_vjp, device_seed, reverse_launch, run_user_vjp,
-                   seed_array, user_vjp_gradients, zeros)
+from .diff import (Gradients, Report, central_vjp, device_seed, reverse_launch, reverse_options,
+                   run_user_vjp, seed_array, user_vjp_gradients, zeros)
 
 
 def _outputs_by_name(tape):
@@ -247,6 +247,7 @@ class GraphReverseCall:
 def prepare(graph, record, seeds, wrt, strict) -> GraphReverseCall:
     """``Graph.prepare_reverse``: the Record is this graph's and current, its planes unchanged,
     the seeds resolved, ``wrt`` known and, with ``strict``, bitwise."""
+    wrt = reverse_options(wrt, strict)
     if not isinstance(record, Record):
         raise ArgumentError(f"reverse: expected a Record (graph.record), got {type(record).__name__}")
     if record.graph is not graph:

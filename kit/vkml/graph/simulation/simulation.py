@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from typing import NamedTuple
 
 import numpy as np
 
 from ... import backends
 from ...backends.base import threads
 from ...errors import ArgumentError, BackendError, Busy, RecordError, RefusedError, ShapeError, boundary
-from ..diff import Gradients, Report, Reverse
+from ..diff import Gradients, Report, Reverse, check_sweep, reverse_options
 from ..execute import changed_plane_message, plane_signature, refuse_other_backend, uses_table
 from ..kernel import Launch
 from ..nodes import Opaque
@@ -34,6 +35,13 @@ def stepper_for(sim):
     if sim.on_device:
         return DeviceLoops(sim) if loops else DeviceStepped(sim)
     return CompiledLoops(sim) if loops else HostSteps(sim)
+
+
+class SimulationReverseCall(NamedTuple):
+    """One reverse call of a simulation's Record, checked (``prepare_reverse``): the cotangents
+    of the final state and the gradient names asked for."""
+    cotangents: dict
+    wrt: list | None
 
 
 def row_bytes(plane) -> int:
@@ -241,7 +249,8 @@ class Simulation(Reversible):
         >>> sorted(cotangents), wrt
         (['x'], ['k'])
         """
-        if not isinstance(record, SimulationRecord) or record.simulation is not self:
+        wrt = reverse_options(wrt, strict)
+        if not self._owns(record):
             raise ArgumentError("reverse: this Record belongs to another simulation")
         check_seeds(seeds)
         if record.generation != self.generation and not record.kept:
@@ -251,9 +260,8 @@ class Simulation(Reversible):
         if not record.kept or self.on_device:   # the reverse reads the input planes themselves
             self.check_planes("reverse", [nm for nm in record.fixed if nm in self.bound_planes])
         check_wrt(self, wrt, self.bitwise(), strict)
-        return seed_cotangents(self, seeds), wrt
+        return SimulationReverseCall(seed_cotangents(self, seeds), wrt)
 
-    @contextlib.contextmanager
     def reading(self, record):
         """``record`` counts one more reader inside the block (``run`` is refused meanwhile).
 
@@ -265,6 +273,11 @@ class Simulation(Reversible):
             ...
         vkml.errors.Busy: simulation.run: a reverse is reading the last Record; wait for it to return
         """
+        check_sweep("Simulation.reading", self._owns(record), None, None, None, None)
+        return self._reading(record)
+
+    @contextlib.contextmanager
+    def _reading(self, record):
         with self._lock:
             record.readers += 1
         try:
@@ -286,6 +299,8 @@ class Simulation(Reversible):
         >>> grads["k"].round(4)
         np.float64(-0.6129)
         """
+        vjps = check_sweep("Simulation.sweep", self._owns(record), prepared, SimulationReverseCall,
+                           vjps, workspace)
         ct0, wrt = prepared
         values, stats = self.stepper.reverse(record, ct0, vjps, workspace)
         bitwise = self.bitwise()
@@ -294,6 +309,9 @@ class Simulation(Reversible):
             values = {k: v for k, v in values.items() if k in wrt}
         return Gradients(values, Report(record.generation, bitwise, stats["chunks"],
                                         stats["recomputed"], stats["peak"]))
+
+    def _owns(self, record) -> bool:
+        return isinstance(record, SimulationRecord) and record.simulation is self
 
     def reverse(self, record, seeds, wrt=None, vjps=None, strict=False):
         """The checkpointed reverse of a recorded run (what :func:`vkml.diff.reverse` calls for a
