@@ -77,9 +77,6 @@ class Simulation(Reversible):
         #: whether the planes, the Record and the gradients live in device memory (see the module
         #: docstring): on a backend that keeps planes there
         self.on_device = backend.keeps_planes_on_device
-        #: on the device: whether the per-sample loops run it (else it is stepped from the host,
-        #: one program on device arrays per step: device_steps.py)
-        self.loops_on_device = self.on_device and compiled_loops(self, backend) is not None
         #: the backend it was made on: its steppers run there
         self.backend = backend
         #: on the device: the device plane of each plane name (see ``planes``)
@@ -100,6 +97,9 @@ class Simulation(Reversible):
         self._lock = threading.Lock()
         #: how it runs and reverses, chosen once here (see ``stepper_for``)
         self.stepper = stepper_for(self)
+        #: on the device: whether the per-sample loops run it (else it is stepped from the host,
+        #: one program on device arrays per step: device_steps.py)
+        self.loops_on_device = isinstance(self.stepper, DeviceLoops)
 
     def _device_copies(self, backend):
         """Every plane of the step in device memory, by name: the device arrays bound as they are,
