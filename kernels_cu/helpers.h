@@ -2,7 +2,9 @@
 // `static inline`, the CUDA prelude as `__device__ __forceinline__`.  One definition of the
 // semantics both backends must have: max/min propagate NaN as NumPy's maximum/minimum do, the
 // sign of a zero is +0 and of NaN is NaN (NumPy's), integer floor division rounds toward minus
-// infinity (0 for a zero divisor), integer powers wrap around.
+// infinity (0 for a zero divisor), integer powers wrap around.  A NaN stays a NaN, but not the
+// same NaN everywhere: x86 arithmetic keeps an operand's sign and payload, a GPU's returns its
+// one canonical NaN; NaN results agree as NaN, never by their bits.
 VK_FN double vk_max_double(double a, double b) { return (a != a) ? a : ((b != b) ? b : (a >= b ? a : b)); }
 VK_FN float vk_max_float(float a, float b) { return (a != a) ? a : ((b != b) ? b : (a >= b ? a : b)); }
 VK_FN double vk_min_double(double a, double b) { return (a != a) ? a : ((b != b) ? b : (a <= b ? a : b)); }
@@ -14,6 +16,16 @@ VK_FN float vk_sign_float(float a) { return a > 0 ? 1.0f : (a < 0 ? -1.0f : (a =
 // condition, and a sample's bits never depend on what the compiler could fold.
 #define VK_WHERE(T) VK_FN T vk_where_##T(int c, T a, T b) { return c ? a : b; }
 VK_WHERE(double) VK_WHERE(float) VK_WHERE(int64_t) VK_WHERE(int32_t) VK_WHERE(uint8_t)
+// Float to integer as NumPy converts on x86, on every backend: truncation toward zero, and the
+// type's minimum (x86's "integer indefinite") for NaN and for values outside the type, where a
+// plain C cast is undefined -- a GPU saturates instead (NaN to 0, +inf to the maximum), x86 gives
+// the minimum.  uint8 goes through int32 and keeps the low byte, as NumPy's conversion does.
+VK_FN int32_t vk_to_int32_t(double x) {
+    return (x > -2147483649.0 && x < 2147483648.0) ? (int32_t)x : (int32_t)(-2147483647 - 1); }
+VK_FN int64_t vk_to_int64_t(double x) {
+    return (x >= -9223372036854775808.0 && x < 9223372036854775808.0) ? (int64_t)x
+                                                                       : (int64_t)(-9223372036854775807LL - 1); }
+VK_FN uint8_t vk_to_uint8_t(double x) { return (uint8_t)(uint32_t)vk_to_int32_t(x); }
 // Integer division is defined for every input, as NumPy defines it: a zero divisor gives 0, and
 // MIN // -1 wraps around to MIN (MIN % -1 is 0) -- computed without the C operations that trap or
 // are undefined there (MIN / -1 raises SIGFPE on x86).  Powers multiply in the unsigned type, so

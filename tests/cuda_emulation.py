@@ -29,11 +29,13 @@ import contextlib
 import ctypes
 import itertools
 import os
+import re
 import shutil
 import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import types
 
 import numpy as np
@@ -62,6 +64,34 @@ inline unsigned long long atomicCAS(unsigned long long* p, unsigned long long cm
     return __sync_val_compare_and_swap(p, cmp, val);
 }
 extern unsigned char vk_dynamic_shared[1 << 16];
+// shared memory starts as garbage in every block: the first thread of a block to reach a
+// __shared__ declaration fills it (vk_block_generation changes with every block)
+extern unsigned long long vk_block_generation;
+extern pthread_mutex_t vk_shared_mutex;
+inline void vk_shared_garbage(void* p, unsigned long n, unsigned long long* seen) {
+    pthread_mutex_lock(&vk_shared_mutex);
+    if (*seen != vk_block_generation) {
+        *seen = vk_block_generation;
+        unsigned char* b = (unsigned char*)p;
+        for (unsigned long i = 0; i < n; i++) b[i] = (unsigned char)(0xC3 ^ (i * 37));
+    }
+    pthread_mutex_unlock(&vk_shared_mutex);
+}
+// a float-to-integer conversion as a GPU does it (cvt.rzi: saturating, NaN to 0); from an
+// integer, the C conversion (the same on both)
+#include <type_traits>
+#include <limits>
+template <typename T, typename X> inline T vk_gpu_cast(X x) {
+    if constexpr (std::is_floating_point<X>::value && std::is_integral<T>::value) {
+        double d = (double)x;
+        if (d != d) return (T)0;
+        if (d <= (double)std::numeric_limits<T>::min()) return std::numeric_limits<T>::min();
+        if (d >= (double)std::numeric_limits<T>::max()) return std::numeric_limits<T>::max();
+        return (T)d;
+    } else {
+        return (T)x;
+    }
+}
 """
 
 LAUNCHER = r"""
@@ -71,6 +101,8 @@ thread_local vk_dim3 blockIdx;
 vk_dim3 blockDim, gridDim;
 pthread_barrier_t vk_barrier;
 unsigned char vk_dynamic_shared[1 << 16];
+unsigned long long vk_block_generation = 1;
+pthread_mutex_t vk_shared_mutex = PTHREAD_MUTEX_INITIALIZER;
 typedef void (*vk_kernel)(void* const*, unsigned long long*);
 typedef void (*vk_tree_kernel)(const void*, void*, long long, long long, long long, int);
 typedef void (*vk_loop_kernel)(void* const*, void* const*, long long, long long);
@@ -91,6 +123,9 @@ static void vk_run(vk_job proto, unsigned gx, unsigned gy, unsigned gz, unsigned
     unsigned nt = bx * by;
     for (unsigned z = 0; z < gz; z++) for (unsigned y = 0; y < gy; y++) for (unsigned x = 0; x < gx; x++) {
         gridDim.z = gz;
+        vk_block_generation++;                      // a new block: its shared memory is garbage
+        for (unsigned i = 0; i < sizeof(vk_dynamic_shared); i++)
+            vk_dynamic_shared[i] = (unsigned char)(0x5A ^ (i * 13));
         std::vector<vk_job> jobs(nt, proto);
         for (unsigned t = 0; t < nt; t++) {
             jobs[t].block = {x, y, z};
@@ -177,13 +212,36 @@ class _CompileError(_DriverError):
 
 
 class _Emulated:
-    """The state of one emulated device: allocations, streams, capture, compiled modules."""
+    """The state of one emulated device: allocations, contexts, streams, capture, modules.
+
+    What it imitates of a real driver, beyond running the kernels:
+
+    - **contexts per thread**: each thread has its own context stack (push/pop); allocating,
+      copying or launching without a current context fails ("invalid device context"), a free
+      without one leaks (PyCUDA warns and keeps the memory), and a thread other than the main one
+      that ends with a context still pushed aborts the process, as PyCUDA does;
+    - **asynchronous streams**: work queued on a stream runs only when something waits for it
+      (the stream's synchronize, a synchronous copy on the legacy default stream, which waits for
+      every *blocking* stream first -- not for non-blocking ones);
+    - **capture per thread**: while a thread captures a stream it may not allocate or make a
+      synchronous call; legacy-default-stream work from any thread while a blocking stream is
+      being captured invalidates that capture (its end reports
+      ``CUDA_ERROR_STREAM_CAPTURE_INVALIDATED``);
+    - **device memory** that starts as garbage, counted while it lives (``live_bytes``);
+    - a **cuBLAS** (:func:`fake_cublas`) that sets itself up on its first product (refused
+      inside a capture) and accumulates with fused multiply-adds, so its bits differ from the
+      loops' as the real one's do.
+    """
 
     def __init__(self, workdir):
         self.workdir = workdir
         self.memory = {}                  # address -> numpy byte buffer (kept alive)
-        self.capturing = {}               # stream handle -> list of recorded operations, or absent
-        self.streams = itertools.count(1)
+        self.sizes = {}                   # address -> bytes asked for
+        self.capturing = {}               # stream handle -> (capturing thread, recorded operations)
+        self.invalidated = set()          # stream handles whose capture was invalidated
+        self.pending = {}                 # stream handle -> operations queued, not yet run
+        self.blocking = {}                # stream handle -> whether it syncs with the legacy stream
+        self.streams = itertools.count(16)
         self.libs = itertools.count()
         self.compiles = 0
         self.barriers = {}                # compiled module -> kernels that use __syncthreads
@@ -191,32 +249,127 @@ class _Emulated:
         self.copies = {"htod": 0, "dtoh": 0, "dtod": 0}   # copies done (not merely recorded)
         self.copy_log = []                # (kind, destination, source, bytes) of every copy done
         self.allocations = 0
+        self.leaked = 0                   # bytes whose free was attempted without a context
+        self.contexts = threading.local()
+        self.on_capture = None            # a test's hook: called when a capture begins
+        self.lock = threading.RLock()
 
+    # -- contexts ----------------------------------------------------------------------------------
+    def stack(self):
+        stack = getattr(self.contexts, "stack", None)
+        if stack is None:
+            stack = self.contexts.stack = []
+            if threading.current_thread() is not threading.main_thread():
+                self.contexts.guard = _ThreadExitGuard(stack)
+        return stack
+
+    def current(self) -> bool:
+        return bool(self.stack())
+
+    def need_context(self, what):
+        if not self.current():
+            raise _DriverError(f"{what} failed: invalid device context (no context is current "
+                               "on this thread)")
+
+    @property
+    def live_bytes(self) -> int:
+        return sum(self.sizes.values())
+
+    # -- memory and copies ---------------------------------------------------------------------------
     def copy(self, kind, dst, src, nbytes):
         self.copies[kind] += 1
         self.copy_log.append((kind, dst, src, nbytes))
         ctypes.memmove(dst, src, nbytes)
 
+    def capturing_here(self):
+        me = threading.get_ident()
+        return [h for h, (owner, _) in self.capturing.items() if owner == me]
+
     def check_not_capturing(self, what):
-        if self.capturing:
+        if self.capturing_here():
             raise _DriverError(f"{what}: operation not permitted when stream is capturing")
 
     def alloc(self, nbytes):
+        self.need_context("cuMemAlloc")
         self.check_not_capturing("cuMemAlloc")
         buf = np.empty(max(1, nbytes) + 64, np.uint8)
         buf.view(np.uint8)[:] = 0xA5                      # garbage, as real device memory
         addr = buf.ctypes.data
         self.memory[addr] = buf
+        self.sizes[addr] = max(1, nbytes)
         self.allocations += 1
         return addr
 
+    def free(self, addr):
+        if not self.current():
+            # PyCUDA: "cannot free: the context is not current on this thread" -> leaked
+            self.leaked += self.sizes.get(addr, 0)
+            return False
+        self.check_not_capturing("cuMemFree")
+        self.memory.pop(addr, None)
+        self.sizes.pop(addr, None)
+        return True
+
+    # -- streams ---------------------------------------------------------------------------------------
     def run(self, stream, op):
-        """Run ``op`` now, or record it if ``stream`` is capturing."""
-        handle = getattr(stream, "handle", stream)
-        if handle in self.capturing:
-            self.capturing[handle].append(op)
-        else:
+        """Queue ``op`` on ``stream`` (None: the legacy default stream), or record it if this
+        thread is capturing that stream."""
+        self.need_context("a launch or copy")
+        handle = getattr(stream, "handle", stream) or 0
+        with self.lock:
+            captured = self.capturing.get(handle)
+            if captured is not None and captured[0] == threading.get_ident():
+                captured[1].append(op)
+                return
+            if captured is not None:
+                raise _DriverError("work queued from another thread onto a stream being captured")
+            if handle == 0:
+                self.legacy(op)
+            else:
+                self.pending.setdefault(handle, []).append(op)
+
+    def legacy(self, op):
+        """Work on the legacy default stream: first every blocking stream's queued work (and a
+        blocking stream being captured has its capture invalidated)."""
+        with self.lock:
+            for handle, (owner, _) in list(self.capturing.items()):
+                if self.blocking.get(handle, True):
+                    self.invalidated.add(handle)
+                    raise _DriverError("cudaErrorStreamCaptureImplicit: the legacy default stream "
+                                       "would wait for a blocking stream being captured")
+            for handle in list(self.pending):
+                if self.blocking.get(handle, True):
+                    self.sync(handle)
             op()
+
+    def sync(self, handle):
+        """Run what ``handle`` (1, 2: the legacy/per-thread default stream) has queued."""
+        with self.lock:
+            if handle in (0, 1, 2):
+                self.legacy(lambda: None)
+                return
+            ops = self.pending.pop(handle, [])
+            for op in ops:
+                op()
+
+    def sync_all(self):
+        with self.lock:
+            for handle in list(self.pending):
+                self.sync(handle)
+
+
+class _ThreadExitGuard:
+    """Lives in a thread's locals: when the thread ends with a context still pushed, aborts the
+    process as PyCUDA does ("a thread ended with a context still on its stack")."""
+
+    def __init__(self, stack):
+        self.stack = stack
+
+    def __del__(self):
+        if self.stack:
+            os.write(2, b"emulated PyCUDA: a thread ended with a CUDA context still pushed; "
+                        b"aborting (as PyCUDA does)\n")
+            os.abort()
 
 
 def _address(x):
@@ -237,10 +390,20 @@ def _make_pycuda(state):
 
     class Context:
         def push(self):
-            pass
+            state.stack().append(self)
 
-        def pop(self):
-            pass
+        @staticmethod
+        def pop():
+            stack = state.stack()
+            if not stack:
+                raise _DriverError("cuCtxPopCurrent failed: no context on this thread's stack")
+            stack.pop()
+
+        @staticmethod
+        def synchronize():
+            state.need_context("cuCtxSynchronize")
+            state.check_not_capturing("cuCtxSynchronize")
+            state.sync_all()
 
     class Device:
         def __init__(self, index):
@@ -267,10 +430,14 @@ def _make_pycuda(state):
 
     class Stream:
         def __init__(self, flags=0):
+            state.need_context("cuStreamCreate")
             self.handle = next(state.streams)
+            state.blocking[self.handle] = not (flags & 1)
 
         def synchronize(self):
+            state.need_context("cuStreamSynchronize")
             state.check_not_capturing("cuStreamSynchronize")
+            state.sync(self.handle)
 
     class DeviceAllocation:
         def __init__(self, nbytes):
@@ -283,8 +450,12 @@ def _make_pycuda(state):
         __index__ = __int__
 
         def free(self):
-            state.check_not_capturing("cuMemFree")
-            state.memory.pop(self.ptr, None)
+            if self.ptr is not None and state.free(self.ptr):
+                self.ptr = None
+
+        def __del__(self):                   # PyCUDA frees what is dropped (if it can)
+            if getattr(self, "ptr", None) is not None and state.free(self.ptr):
+                self.ptr = None
 
     class Function:
         def __init__(self, lib, name, barrier):
@@ -330,13 +501,15 @@ def _make_pycuda(state):
         return Module(ctypes.CDLL(path), state.barriers.get(hash(bytes(data)), set()))
 
     def memcpy_htod(dst, src):
+        state.need_context("cuMemcpyHtoD")
         state.check_not_capturing("cuMemcpyHtoD")
         src = np.ascontiguousarray(src)
-        state.copy("htod", int(dst), src.ctypes.data, src.nbytes)
+        state.legacy(lambda: state.copy("htod", int(dst), src.ctypes.data, src.nbytes))
 
     def memcpy_dtoh(dst, src):
+        state.need_context("cuMemcpyDtoH")
         state.check_not_capturing("cuMemcpyDtoH")
-        state.copy("dtoh", dst.ctypes.data, int(src), dst.nbytes)
+        state.legacy(lambda: state.copy("dtoh", dst.ctypes.data, int(src), dst.nbytes))
 
     def memcpy_htod_async(dst, src, stream=None):
         d, (s, n) = int(dst), _address(src)
@@ -347,8 +520,11 @@ def _make_pycuda(state):
         state.run(stream, lambda: state.copy("dtoh", d, s, n))
 
     def memset_d32(dst, value, count):
+        state.need_context("cuMemsetD32")
         state.check_not_capturing("cuMemsetD32")
-        np.frombuffer((ctypes.c_uint32 * count).from_address(int(dst)), np.uint32)[:] = value
+        d = int(dst)
+        state.legacy(lambda: np.frombuffer((ctypes.c_uint32 * count).from_address(d),
+                                           np.uint32).__setitem__(slice(None), value))
 
     def memset_d32_async(dst, value, count, stream=None):
         d = int(dst)
@@ -367,7 +543,7 @@ def _make_pycuda(state):
             state.run(stream, lambda: setattr(self, "at", time.perf_counter()))
 
         def synchronize(self):
-            pass
+            state.sync_all()
 
         def time_since(self, other):
             return (self.at - other.at) * 1e3
@@ -379,9 +555,11 @@ def _make_pycuda(state):
         return buf
 
     def pagelocked_empty(shape, dtype, order="C", mem_flags=0):
+        state.need_context("cuMemHostAlloc")
         return np.empty(shape, dtype)
 
     def pagelocked_zeros(shape, dtype, order="C", mem_flags=0):
+        state.need_context("cuMemHostAlloc")
         return np.zeros(shape, dtype)
 
     drv.init = lambda flags=0: None
@@ -394,7 +572,7 @@ def _make_pycuda(state):
     drv.to_device = to_device
     drv.memcpy_dtod_async, drv.Event = memcpy_dtod_async, Event
     drv.pagelocked_empty, drv.pagelocked_zeros = pagelocked_empty, pagelocked_zeros
-    drv.mem_get_info = lambda: (1 << 33, 1 << 34)
+    drv.mem_get_info = lambda: ((1 << 34) - state.live_bytes, 1 << 34)
 
     compiler = types.ModuleType("pycuda.compiler")
 
@@ -429,6 +607,7 @@ def _make_bindings(state):
     class CUresult:
         CUDA_SUCCESS = 0
         CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901
+        CUDA_ERROR_ILLEGAL_STATE = 401
 
     class CUstreamCaptureMode:
         CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1
@@ -443,14 +622,20 @@ def _make_bindings(state):
 
     def begin(stream, mode):
         assert mode == CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+        state.need_context("cuStreamBeginCapture")
         if stream.handle in state.capturing:
-            return (CUresult.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,)
-        state.capturing[stream.handle] = []
+            return (CUresult.CUDA_ERROR_ILLEGAL_STATE,)
+        state.capturing[stream.handle] = (threading.get_ident(), [])
         state.captures = getattr(state, "captures", 0) + 1
+        if state.on_capture is not None:
+            state.on_capture()
         return (CUresult.CUDA_SUCCESS,)
 
     def end(stream):
-        ops = state.capturing.pop(stream.handle)
+        _, ops = state.capturing.pop(stream.handle)
+        if stream.handle in state.invalidated:
+            state.invalidated.discard(stream.handle)
+            return (CUresult.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, None)
         return (CUresult.CUDA_SUCCESS, Graph(ops))
 
     def instantiate(graph, flags):
@@ -458,16 +643,29 @@ def _make_bindings(state):
 
     def launch(exe, stream):
         state.check_not_capturing("cuGraphLaunch")
-        for op in exe.ops:
-            op()
+        ops = list(exe.ops)
+
+        def replay():
+            for op in ops:
+                op()
+        state.run(stream.handle, replay)
+        return (CUresult.CUDA_SUCCESS,)
+
+    def synchronize(stream):
+        state.need_context("cuStreamSynchronize")
+        state.check_not_capturing("cuStreamSynchronize")
+        state.sync(stream.handle)
         return (CUresult.CUDA_SUCCESS,)
 
     cu.CUresult, cu.CUstreamCaptureMode, cu.CUstream = CUresult, CUstreamCaptureMode, CUstream
     cu.cuInit = lambda flags: (CUresult.CUDA_SUCCESS,)
     cu.cuStreamBeginCapture, cu.cuStreamEndCapture = begin, end
     cu.cuGraphInstantiateWithFlags, cu.cuGraphLaunch = instantiate, launch
+    cu.cuStreamSynchronize = synchronize
     cu.cuGraphDestroy = cu.cuGraphExecDestroy = lambda g: (CUresult.CUDA_SUCCESS,)
-    cu.cuGetErrorName = lambda err: (CUresult.CUDA_SUCCESS, f"CUDA error {err}".encode())
+    names = {901: "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED", 401: "CUDA_ERROR_ILLEGAL_STATE"}
+    cu.cuGetErrorName = lambda err: (CUresult.CUDA_SUCCESS,
+                                     names.get(err, f"CUDA error {err}").encode())
     cuda_pkg = types.ModuleType("cuda")
     cuda_pkg.__path__ = []
     bindings = types.ModuleType("cuda.bindings")
@@ -477,13 +675,40 @@ def _make_bindings(state):
     return cuda_pkg, bindings, cu
 
 
+_SHARED = re.compile(r"__shared__\s+([A-Za-z_][\w:<>]*)\s+([A-Za-z_]\w*)((?:\[[^\]]+\])+)\s*;")
+_CAST = re.compile(r"\(\((int32_t|int64_t|uint8_t)\)")
+
+
+def gpu_source(source):
+    """``source`` as the emulator compiles it: each ``__shared__`` array filled with garbage by
+    the first thread of each block to declare it, and every cast written ``((T)x)`` to an
+    integer type converting as a GPU does (:func:`vk_gpu_cast`)."""
+    source = _SHARED.sub(lambda m: (f"static {m[1]} {m[2]}{m[3]}; static unsigned long long "
+                                    f"{m[2]}_seen; vk_shared_garbage(&{m[2]}, sizeof({m[2]}), "
+                                    f"&{m[2]}_seen);"), source)
+    out, at = [], 0
+    for m in _CAST.finditer(source):
+        if m.start() < at:
+            continue
+        depth, end = 0, m.start()
+        while True:                      # the parenthesis that closes the outer one
+            depth += {"(": 1, ")": -1}.get(source[end], 0)
+            if depth == 0:
+                break
+            end += 1
+        inner = source[m.end():end]
+        out.append(source[at:m.start()] + f"(vk_gpu_cast<{m[1]}>({gpu_source(inner)}))")
+        at = end + 1
+    return "".join(out) + source[at:]
+
+
 def build_host(source, workdir, name):
     """Compile CUDA ``source`` for the host (see the module docstring); the library's path."""
     src = os.path.join(workdir, name + ".cpp")
+    source = source.replace("extern __shared__ unsigned char vk_smem[];",
+                            "unsigned char* vk_smem = vk_dynamic_shared;")
     with open(src, "w") as f:
-        f.write(EMULATION + source.replace("extern __shared__ unsigned char vk_smem[];",
-                                           "unsigned char* vk_smem = vk_dynamic_shared;")
-                + LAUNCHER)
+        f.write(EMULATION + gpu_source(source) + LAUNCHER)
     lib = os.path.join(workdir, name + ".so")
     proc = subprocess.run([CXX, "-std=c++17", "-O1", "-fPIC", "-shared", "-pthread",
                            "-ffp-contract=off", "-fno-fast-math", "-w", "-o", lib, src],
@@ -491,6 +716,111 @@ def build_host(source, workdir, name):
     if proc.returncode != 0:
         raise _CompileError(proc.stderr[-4000:])
     return lib
+
+
+FAKE_CUBLAS = r"""
+// An emulated cuBLAS: the five calls the backend makes, with cuBLAS's status codes.  Products are
+// queued on the handle's stream through the emulator (vk_cb), accumulate with fused multiply-adds
+// (so their bits differ from vkml's loops, as real cuBLAS's do), and the first product of a handle
+// sets the library up -- an allocation, which fails (and invalidates the capture) when the stream
+// is being captured.  VKML_FAKE_CUBLAS_FAIL=<call> makes that call fail with INVALID_VALUE.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+typedef int (*vk_cb_t)(int what, unsigned long long stream, void* job);
+static vk_cb_t vk_cb;
+extern "C" void vk_fake_cublas_init(vk_cb_t cb) { vk_cb = cb; }
+struct vk_handle { unsigned long long stream; void* ws; size_t wsn; int ready; };
+struct vk_job { int dbl, m, n, k; const void* a; int lda; long long sa; const void* b; int ldb;
+                long long sb; void* c; int ldc; long long sc; int batch; };
+static int vk_failing(const char* call) {
+    const char* f = getenv("VKML_FAKE_CUBLAS_FAIL"); return f && strcmp(f, call) == 0; }
+extern "C" int cublasCreate_v2(vk_handle** h) {
+    if (vk_failing("cublasCreate_v2") || !vk_cb(0, 0, 0)) return 1;   // NOT_INITIALIZED
+    *h = new vk_handle(); return 0; }
+extern "C" int cublasDestroy_v2(vk_handle* h) { delete h; return 0; }
+extern "C" int cublasSetStream_v2(vk_handle* h, void* s) {
+    if (vk_failing("cublasSetStream_v2")) return 7;
+    h->stream = (unsigned long long)s; return 0; }
+extern "C" int cublasSetWorkspace_v2(vk_handle* h, void* w, size_t n) {
+    if (vk_failing("cublasSetWorkspace_v2")) return 7;
+    h->ws = w; h->wsn = n; return 0; }
+template <typename T> static void vk_gemm(const vk_job* j) {
+    for (int q = 0; q < j->batch; q++) {
+        const T* a = (const T*)j->a + q * j->sa; const T* b = (const T*)j->b + q * j->sb;
+        T* c = (T*)j->c + q * j->sc;
+        for (int col = 0; col < j->n; col++) for (int row = 0; row < j->m; row++) {
+            T acc = 0;
+            for (int p = 0; p < j->k; p++)
+                acc = sizeof(T) == 4 ? (T)fmaf((float)a[row + (long long)p * j->lda],
+                                               (float)b[p + (long long)col * j->ldb], (float)acc)
+                                     : (T)fma((double)a[row + (long long)p * j->lda],
+                                              (double)b[p + (long long)col * j->ldb], (double)acc);
+            c[row + (long long)col * j->ldc] = acc;
+        }
+    }
+}
+extern "C" void vk_fake_cublas_run(const vk_job* j) {
+    if (j->dbl) vk_gemm<double>(j); else vk_gemm<float>(j); }
+static int vk_enqueue(vk_handle* h, vk_job job) {
+    if (!h->ready) {                      // the first product sets cuBLAS up: it allocates
+        if (vk_cb(2, h->stream, 0)) return 14;                         // INTERNAL_ERROR
+        h->ready = 1;
+    }
+    vk_job* j = new vk_job(job);          // kept: a captured graph replays it
+    return vk_cb(1, h->stream, j) ? 13 : 0;                           // EXECUTION_FAILED
+}
+#define VK_GEMM(NAME, T, DBL) \
+extern "C" int NAME(vk_handle* h, int ta, int tb, int m, int n, int k, const T* alpha, \
+                    const T* a, int lda, long long sa, const T* b, int ldb, long long sb, \
+                    const T* beta, T* c, int ldc, long long sc, int batch) { \
+    if (ta || tb || *alpha != 1 || *beta != 0) return 15;             /* NOT_SUPPORTED here */ \
+    return vk_enqueue(h, vk_job{DBL, m, n, k, a, lda, sa, b, ldb, sb, c, ldc, sc, batch}); }
+VK_GEMM(cublasSgemmStridedBatched, float, 0)
+VK_GEMM(cublasDgemmStridedBatched, double, 1)
+"""
+
+_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_ulonglong, ctypes.c_void_p)
+
+
+def fake_cublas(state):
+    """Build the emulated cuBLAS (:data:`FAKE_CUBLAS`) and connect it to ``state``; its path
+    (what ``VKML_CUDA_CUBLAS_LIBRARY`` names under :func:`fake_driver`)."""
+    src = os.path.join(state.workdir, "libcublas_emulated.cpp")
+    with open(src, "w") as f:
+        f.write(FAKE_CUBLAS)
+    path = os.path.join(state.workdir, "libcublas_emulated.so")
+    proc = subprocess.run([CXX, "-std=c++17", "-O1", "-fPIC", "-shared", "-ffp-contract=off",
+                           "-o", path, src], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise _CompileError(proc.stderr[-4000:])
+    lib = ctypes.CDLL(path)
+    lib.vk_fake_cublas_run.argtypes = [ctypes.c_void_p]
+
+    def callback(what, stream, job):
+        try:
+            if what == 0:                       # is a context current on this thread?
+                return int(state.current())
+            with state.lock:
+                captured = state.capturing.get(stream)
+                if what == 2:                   # the setup's allocation: refused while capturing
+                    if captured is not None:
+                        state.invalidated.add(stream)
+                        return 1
+                    state.alloc(1 << 20)
+                    state.cublas_setups = getattr(state, "cublas_setups", 0) + 1
+                    return 0
+            state.run(stream, lambda: (lib.vk_fake_cublas_run(job),
+                                       state.launches.append(("cublas gemm", (1, 1, 1),
+                                                              (1, 1, 1)))))
+            return 0
+        except Exception:                        # a driver error: the call fails
+            return 1
+
+    state.cublas_callback = _CALLBACK(callback)     # kept alive as long as the state
+    lib.vk_fake_cublas_init(state.cublas_callback)
+    state.cublas = lib
+    return path
 
 
 _NAMES = ("pycuda", "pycuda.driver", "pycuda.compiler", "cuda", "cuda.bindings",
@@ -504,12 +834,13 @@ def fake_driver():
     workdir = tempfile.mkdtemp(prefix="vkml-emulated-cuda-")
     state = _Emulated(workdir)
     saved = {n: sys.modules.get(n) for n in _NAMES}
-    env = os.environ.get("VKML_CACHE_DIR")
+    env = {k: os.environ.get(k) for k in ("VKML_CACHE_DIR", "VKML_CUDA_CUBLAS_LIBRARY")}
     pkg, drv, compiler = _make_pycuda(state)
     cuda_pkg, bindings, cu = _make_bindings(state)
     sys.modules.update({"pycuda": pkg, "pycuda.driver": drv, "pycuda.compiler": compiler,
                         "cuda": cuda_pkg, "cuda.bindings": bindings, "cuda.bindings.driver": cu})
     os.environ["VKML_CACHE_DIR"] = os.path.join(workdir, "cache")
+    os.environ["VKML_CUDA_CUBLAS_LIBRARY"] = fake_cublas(state)
     base._INSTANCES.pop("cuda", None)
     try:
         yield state
@@ -522,10 +853,11 @@ def fake_driver():
                 sys.modules.pop(n, None)
             else:
                 sys.modules[n] = m
-        if env is None:
-            os.environ.pop("VKML_CACHE_DIR", None)
-        else:
-            os.environ["VKML_CACHE_DIR"] = env
+        for k, v in env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
         from vkml.backends import cuda as cuda_backend
         cuda_backend._FOUND[0] = None
         shutil.rmtree(workdir, ignore_errors=True)

@@ -109,6 +109,7 @@ are copied to the host and back around it, explicitly); its default
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import ctypes.util
 import gc
@@ -137,6 +138,9 @@ from .codegen.sample_loops import LoopSpec
 from .cuda_loops import CudaSampleLoops
 from .numpy_backend import compile_program as compile_numpy
 
+#: ``CU_STREAM_NON_BLOCKING``: the backend's stream does not synchronise with the legacy default
+#: stream
+STREAM_NON_BLOCKING = 1
 #: what the last attempt to make the backend found (shown by vkml.backend_info()["cuda"])
 _FOUND = [None]
 #: what this machine has for it, probed once without importing PyCUDA
@@ -198,7 +202,13 @@ def _driver_modules():
 
 
 class _Gpu:
-    """The device, its primary context, one stream, the compiled-module cache and cuBLAS."""
+    """The device, its primary context, one stream, the compiled-module cache and cuBLAS.
+
+    The context is current only inside :meth:`active` (pushed on entry, popped on exit, on
+    whichever thread): PyCUDA keeps a stack of contexts per thread and aborts the process when a
+    thread ends with one still pushed, so no thread -- the graph layer's workers, a user's own --
+    may leave one behind.  Every allocation, copy, launch and free happens inside it.
+    """
 
     def __init__(self):
         drv, cu = _driver_modules()
@@ -218,47 +228,72 @@ class _Gpu:
         self.device = drv.Device(index)
         self.context = self.device.retain_primary_context()
         self._tls = threading.local()
-        self._owner = threading.get_ident()
-        self.enter()
         self.lock = threading.RLock()
-        self.stream = drv.Stream()
-        self.cu_stream = cu.CUstream(self.stream.handle)
-        major, minor = self.device.compute_capability()
-        self.arch = f"sm_{major}{minor}"
-        self.sm_count = self.device.get_attribute(drv.device_attribute.MULTIPROCESSOR_COUNT)
-        self.name = self.device.name()
-        self.total_memory = self.device.total_memory()
+        #: device memory of executables nobody holds any more, freed at the next safe point
+        self.graveyard = []
+        self.executables = weakref.WeakSet()
         self.modules = {}
-        self.cublas = _Cublas.load(self) if os.environ.get("VKML_CUDA_CUBLAS", "1") != "0" else None
-        self.executables = []
-        self.pool = _Pool(self)
+        self.cublas = None
+        with self.active():                  # popped again even when a step below fails
+            # non-blocking: another library's work on the legacy default stream neither waits
+            # for this stream nor invalidates a capture on it
+            self.stream = drv.Stream(flags=STREAM_NON_BLOCKING)
+            self.cu_stream = cu.CUstream(self.stream.handle)
+            major, minor = self.device.compute_capability()
+            self.arch = f"sm_{major}{minor}"
+            self.sm_count = self.device.get_attribute(drv.device_attribute.MULTIPROCESSOR_COUNT)
+            self.name = self.device.name()
+            self.total_memory = self.device.total_memory()
+            if os.environ.get("VKML_CUDA_CUBLAS", "1") != "0":
+                self.cublas = _Cublas.load(self)
+            self.pool = _Pool(self)
 
-    def enter(self):
-        """Make the context current on this thread (once per thread)."""
-        if not getattr(self._tls, "pushed", False):
+    @contextlib.contextmanager
+    def active(self):
+        """The context made current on this thread for the block, and popped after it (nested
+        blocks push once)."""
+        depth = getattr(self._tls, "depth", 0)
+        if depth == 0:
             self.context.push()
-            self._tls.pushed = True
+        self._tls.depth = depth + 1
+        try:
+            yield self
+        finally:
+            self._tls.depth = depth
+            if depth == 0:
+                self.drv.Context.pop()
+
+    def bury(self, allocations):
+        """Device memory of an executable that nobody holds: freed by :meth:`drain` at the next
+        safe point (a garbage collection may run this in the middle of a capture, where a free
+        is not allowed, or on a thread without the context)."""
+        self.graveyard.append(allocations)
+
+    def drain(self):
+        """Free what :meth:`bury` collected (under the lock, with the context current)."""
+        while self.graveyard:
+            for alloc in self.graveyard.pop():
+                try:
+                    alloc.free()
+                except Exception:                   # already freed, or the context is gone
+                    pass
 
     def close(self):
-        """Free what the backend holds and pop the context (at exit)."""
-        try:
-            self.stream.synchronize()
-        except Exception:
-            pass
-        for exe in self.executables:
-            exe.release()
-        self.executables.clear()
-        if self.cublas is not None:
-            self.cublas.release()
-            self.cublas = None
-        self.pool.close()
-        self.modules.clear()
-        if getattr(self._tls, "pushed", False) and threading.get_ident() == self._owner:
+        """Free what the backend holds (at exit); the context is popped again after it."""
+        with self.lock, self.active():
             try:
-                self.context.pop()
+                self.stream.synchronize()
             except Exception:
                 pass
-            self._tls.pushed = False
+            for exe in list(self.executables):
+                exe.release()
+            self.executables.clear()
+            self.drain()
+            if self.cublas is not None:
+                self.cublas.release()
+                self.cublas = None
+            self.pool.close()
+            self.modules.clear()
 
     def nvcc_version(self) -> str:
         from pycuda.compiler import get_nvcc_version  # local: optional dependency
@@ -287,9 +322,15 @@ class _Gpu:
         STATS.compiles += 1
         return cubin
 
+    def wait_for(self, stream: int):
+        """Wait until the work queued so far on another library's ``stream`` (a handle; 1 the
+        legacy default stream, 2 the per-thread one) has finished."""
+        with self.lock, self.active():
+            _check(self.cu, self.cu.cuStreamSynchronize(self.cu.CUstream(stream)),
+                   "cuStreamSynchronize (of an imported array's stream)")
+
     def free_memory(self) -> int:
-        with self.lock:
-            self.enter()
+        with self.lock, self.active():
             return self.drv.mem_get_info()[0]
 
 
@@ -307,9 +348,27 @@ def _check(cu, result, what):
     return result[1] if len(result) == 2 else result[1:]
 
 
+#: cuBLAS's status codes, for the messages of calls that fail
+_CUBLAS_STATUS = {1: "CUBLAS_STATUS_NOT_INITIALIZED", 3: "CUBLAS_STATUS_ALLOC_FAILED",
+                  7: "CUBLAS_STATUS_INVALID_VALUE", 8: "CUBLAS_STATUS_ARCH_MISMATCH",
+                  11: "CUBLAS_STATUS_MAPPING_ERROR", 13: "CUBLAS_STATUS_EXECUTION_FAILED",
+                  14: "CUBLAS_STATUS_INTERNAL_ERROR", 15: "CUBLAS_STATUS_NOT_SUPPORTED",
+                  16: "CUBLAS_STATUS_LICENSE_ERROR"}
+
+
+def _blas_check(status, call):
+    """BackendError naming ``call`` when cuBLAS returned a status other than success."""
+    if status != 0:
+        raise BackendError(f"{call} failed: {_CUBLAS_STATUS.get(status, 'status')} ({status}); "
+                           "VKML_CUDA_CUBLAS=0 runs products on vkml's own kernel instead")
+
+
 class _Cublas:
     """cuBLAS through ctypes: a handle bound to the backend's stream, with a fixed workspace so
-    that its calls can be captured into a CUDA graph."""
+    that its calls can be captured into a CUDA graph.  Every call's status is checked.  cuBLAS
+    sets itself up (allocations, loading its kernels) on its first product, which a capture
+    refuses: an executable's first run is never captured (see ``CudaExecutable``).
+    ``VKML_CUDA_CUBLAS_LIBRARY`` names the library to load first."""
 
     WORKSPACE = 32 << 20
 
@@ -318,13 +377,20 @@ class _Cublas:
         self.handle = ctypes.c_void_p()
         if lib.cublasCreate_v2(ctypes.byref(self.handle)) != 0:
             raise OSError("cublasCreate failed")
-        lib.cublasSetStream_v2(self.handle, ctypes.c_void_p(gpu.stream.handle))
-        self.workspace = gpu.drv.mem_alloc(self.WORKSPACE)
-        if hasattr(lib, "cublasSetWorkspace_v2"):
-            lib.cublasSetWorkspace_v2(self.handle, ctypes.c_void_p(int(self.workspace)),
-                                      ctypes.c_size_t(self.WORKSPACE))
+        self.workspace = None
+        try:
+            _blas_check(lib.cublasSetStream_v2(self.handle, ctypes.c_void_p(gpu.stream.handle)),
+                        "cublasSetStream_v2")
+            self.workspace = gpu.drv.mem_alloc(self.WORKSPACE)
+            if hasattr(lib, "cublasSetWorkspace_v2"):
+                _blas_check(lib.cublasSetWorkspace_v2(
+                    self.handle, ctypes.c_void_p(int(self.workspace)),
+                    ctypes.c_size_t(self.WORKSPACE)), "cublasSetWorkspace_v2")
+        except BaseException:
+            self.release()
+            raise
         self.min_work = int(os.environ.get("VKML_CUDA_CUBLAS_MIN", str(1 << 18)))
-        self.path = lib._name
+        self.path = getattr(lib, "_name", str(lib))
         ll, i, p = ctypes.c_longlong, ctypes.c_int, ctypes.c_void_p
         for name in ("cublasSgemmStridedBatched", "cublasDgemmStridedBatched"):
             fn = getattr(lib, name)
@@ -333,7 +399,9 @@ class _Cublas:
 
     @staticmethod
     def candidates():
-        names = ["libcublas.so", "libcublas.so.13", "libcublas.so.12"]
+        names = [os.environ["VKML_CUDA_CUBLAS_LIBRARY"]] \
+            if os.environ.get("VKML_CUDA_CUBLAS_LIBRARY") else []
+        names += ["libcublas.so", "libcublas.so.13", "libcublas.so.12"]
         spec = importlib.util.find_spec("nvidia")
         for root in (spec.submodule_search_locations or []) if spec else []:
             names += sorted(glob.glob(os.path.join(root, "cu*", "lib", "libcublas.so*")))
@@ -370,14 +438,19 @@ class _Cublas:
             self.lib.cublasDgemmStridedBatched
         status = fn(self.handle, 0, 0, n, m, k, ctypes.byref(one), int(bufs[b]), n, k * n,
                     int(bufs[a]), k, m * k, ctypes.byref(zero), int(bufs[c]), n, m * n, batch)
-        if status != 0:
-            raise BackendError(f"cuBLAS gemm failed with status {status}")
+        _blas_check(status, "cublasSgemmStridedBatched" if dtype == np.float32 else
+                    "cublasDgemmStridedBatched")
 
     def release(self):
         try:
             self.lib.cublasDestroy_v2(self.handle)
         except Exception:
             pass
+        if self.workspace is not None:
+            try:
+                self.workspace.free()
+            except Exception:
+                pass
         self.workspace = None
 
 
@@ -406,18 +479,20 @@ class _Pool:
         dtype = np.dtype(dtype)
         nbytes = max(1, int(np.prod(shape, dtype=np.int64))) * dtype.itemsize
         nbytes = -(-nbytes // self.GRAIN) * self.GRAIN
-        spare = self.free.get(nbytes)
-        if spare:
-            self.reuses += 1
-            return DeviceArray(self, spare.pop(), nbytes, shape, dtype, mutable=mutable)
-        try:
-            alloc = self.gpu.drv.mem_alloc(nbytes)
-        except self.gpu.drv.Error:
-            # values dropped in reference cycles (a Var and its Eqn) come back at a collection;
-            # then every spare block goes back to the driver, and one more try
-            gc.collect()
-            self.free.clear()
-            alloc = self.gpu.drv.mem_alloc(nbytes)
+        with self.gpu.lock:
+            spare = self.free.get(nbytes)
+            if spare:
+                self.reuses += 1
+                return DeviceArray(self, spare.pop(), nbytes, shape, dtype, mutable=mutable)
+        with self.gpu.lock, self.gpu.active():
+            try:
+                alloc = self.gpu.drv.mem_alloc(nbytes)
+            except self.gpu.drv.Error:
+                # values dropped in reference cycles (a Var and its Eqn) come back at a
+                # collection; then every spare block goes back to the driver, and one more try
+                gc.collect()
+                self.release_spare()
+                alloc = self.gpu.drv.mem_alloc(nbytes)
         self.allocations += 1
         return DeviceArray(self, alloc, nbytes, shape, dtype, mutable=mutable)
 
@@ -429,7 +504,17 @@ class _Pool:
     def spare_bytes(self) -> int:
         return sum(n * len(v) for n, v in (self.free or {}).items())
 
+    def release_spare(self) -> int:
+        """Free the spare blocks (with the context current); the bytes released."""
+        spare = self.spare_bytes
+        with self.gpu.lock, self.gpu.active():
+            for blocks in (self.free or {}).values():
+                while blocks:
+                    blocks.pop().free()
+        return spare
+
     def close(self):
+        self.release_spare()
         self.free = None
 
 
@@ -460,13 +545,12 @@ def device_copy(gpu, dst, src):
                          f"{dst.dtype}; convert the source first")
     if not dst.size:
         return
-    with gpu.lock:
-        gpu.enter()
+    with gpu.lock, gpu.active():
         if isinstance(src, DeviceArray):
             gpu.drv.memcpy_dtod_async(dst.ptr, src.ptr, dst.nbytes, gpu.stream)
-            gpu.stream.synchronize()
         else:
-            gpu.drv.memcpy_htod(dst.ptr, np.ascontiguousarray(src))
+            gpu.drv.memcpy_htod_async(dst.ptr, np.ascontiguousarray(src), gpu.stream)
+        gpu.stream.synchronize()
     dst._host = None
 
 
@@ -509,9 +593,10 @@ class DeviceArray(DeviceValue):
             face = obj.__cuda_array_interface__
             shape = tuple(int(d) for d in face["shape"])
             typestr, (ptr, readonly) = face["typestr"], face["data"]
-            strides, mask = face.get("strides"), face.get("mask")
+            strides, mask, stream = face.get("strides"), face.get("mask"), face.get("stream")
             dtype = np.dtype(typestr)
             ptr = int(ptr or 0)
+            stream = None if stream is None else int(stream)
         except (AttributeError, KeyError, TypeError, ValueError) as e:
             raise ArgumentError(f"{where}: its interface is not version-3 shaped "
                                 f"(shape, typestr, data=(pointer, readonly)): {e}") from None
@@ -535,6 +620,13 @@ class DeviceArray(DeviceValue):
         if ptr == 0 and size > 0:
             raise ArgumentError(f"{where}: its data pointer is null although it holds {size} "
                                 "elements; pass an array whose memory is allocated")
+        if stream == 0:
+            raise ArgumentError(f"{where}: its stream is 0, which version 3 of the interface "
+                                "does not allow (1 is the legacy default stream, 2 the per-thread "
+                                "one); export it with its stream handle or None")
+        if stream is not None:
+            # its owner may still be writing it on that stream: wait for the work queued there
+            pool.gpu.wait_for(stream)
         # one wrapper per piece of memory: two objects over the same memory are the same plane
         key = (ptr, shape, dtype, bool(readonly))
         wrapper = pool.wrapped.get(key)
@@ -580,9 +672,9 @@ class DeviceArray(DeviceValue):
         host = np.empty(self.shape, self.dtype)
         if host.size:
             gpu = self._pool.gpu
-            with gpu.lock:
-                gpu.enter()
-                gpu.drv.memcpy_dtoh(host, self._alloc)
+            with gpu.lock, gpu.active():
+                gpu.drv.memcpy_dtoh_async(host, self._alloc, gpu.stream)
+                gpu.stream.synchronize()
         return host
 
     def copy(self) -> "DeviceArray":
@@ -648,8 +740,27 @@ _NP = {"double": np.float64, "float": np.float32, "int32_t": np.int32, "int64_t"
        "uint8_t": np.uint8}
 
 
+class _GraphExec:
+    """An instantiated CUDA graph among an executable's allocations: ``free`` destroys it."""
+
+    def __init__(self, cu, graph):
+        self.cu, self.graph = cu, graph
+
+    def free(self):
+        self.cu.cuGraphExecDestroy(self.graph)
+
+
 class CudaExecutable:
-    """One program on the GPU: its module, buffers, launches and (after the first run) its graph."""
+    """One program on the GPU: its module, buffers, launches and (after the first run) its graph.
+
+    Device memory it owns: the temporaries, the pointer table, the status words, the small-input
+    block and the buffers a captured cuBLAS call holds by address -- made with it; and, made the
+    first time a run needs one, a buffer (with page-locked staging) for an input given as a NumPy
+    array or for a result returned to the host.  Runs on DeviceArrays use those where they lie
+    and add nothing.  When nobody holds the executable any more (the bounded cache evicted it,
+    ``clear_cache`` dropped it and no graph-layer memo still uses it), its memory goes back to the
+    driver at the backend's next call (``_Gpu.bury``).
+    """
 
     def __init__(self, gpu, plan, module, program):
         drv = gpu.drv
@@ -668,38 +779,63 @@ class CudaExecutable:
             self.launches.append((spec, fn, grid, block, use_blas))
         # buffers whose address a captured cuBLAS call holds: values are copied in and out of them
         self.fixed = {i for spec, *_, blas in self.launches if blas for i in spec.gemm[:3]}
-        n_in = len(program.inputs)
-        nbytes = [count * np.dtype(_NP[ctype]).itemsize for _, ctype, count in plan.buffers]
+        n_in, n_io = len(program.inputs), len(program.inputs) + len(program.outputs)
+        #: every device allocation of this executable (freed together: release, or bury)
+        self.memory = []
+        self.nbytes = [count * np.dtype(_NP[ctype]).itemsize for _, ctype, count in plan.buffers]
         # small inputs (Python scalars, short vectors) share one staging block, copied to the device
         # by the captured graph itself: no driver call per scalar per run
         offsets, size = {}, 0
         for i in range(n_in):
-            if nbytes[i] <= SMALL_INPUT_BYTES and i not in self.fixed:
+            if self.nbytes[i] <= SMALL_INPUT_BYTES and i not in self.fixed:
                 offsets[i] = size
-                size += -(-nbytes[i] // 16) * 16
+                size += -(-self.nbytes[i] // 16) * 16
         self.small_host = drv.pagelocked_zeros(max(size, 16), np.uint8) if offsets else None
-        self.small_dev = drv.mem_alloc(max(size, 16)) if offsets else None
+        self.small_dev = self._alloc(max(size, 16)) if offsets else None
         self.small = set(offsets)
-        self.bufs = [None if i in offsets else drv.mem_alloc(b) for i, b in enumerate(nbytes)]
-        self.own = [int(self.small_dev) + offsets[i] if i in offsets else int(b)
-                    for i, b in enumerate(self.bufs)] or [0]
+        # temporaries and cuBLAS's fixed buffers now; inputs and results when a run needs them
+        self.bufs = [self._alloc(b) if i >= n_io or i in self.fixed else None
+                     for i, b in enumerate(self.nbytes)]
+        self.own = [int(self.small_dev) + offsets[i] if i in offsets else
+                    int(b) if b is not None else 0 for i, b in enumerate(self.bufs)] or [0]
         # the pointer table: written on the host before each run, copied to the device by the graph
         self.host_table = drv.pagelocked_empty(len(self.own), np.uint64)
         self.host_table[:] = self.own
-        self.table = drv.mem_alloc(self.host_table.nbytes)
+        self.table = self._alloc(self.host_table.nbytes)
         self.in_sizes = [v.size for v in program.inputs]
         self.status_words = plan.status_words          # a failure's four, then one per warning
-        self.status = drv.mem_alloc(8 * self.status_words)
-        drv.memset_d32(self.status, 0, 2 * self.status_words)
+        self.status = self._alloc(8 * self.status_words)
         self.host_status = drv.pagelocked_zeros(self.status_words, np.uint64)
-        self.host_in = [
-            self.small_host[offsets[i]:offsets[i] + nbytes[i]].view(v.dtype) if i in offsets else
-            drv.pagelocked_empty(max(1, int(np.prod(v.shape))), v.dtype)
-            for i, v in enumerate(program.inputs)]
-        self.host_out = [drv.pagelocked_empty(max(1, int(np.prod(s))), d) for s, d in self.out_avals]
+        self.host_in = [self.small_host[offsets[i]:offsets[i] + self.nbytes[i]].view(v.dtype)
+                        if i in offsets else None for i, v in enumerate(program.inputs)]
+        self.host_out = [None] * len(self.out_avals)
         self.args = struct.pack("QQ", int(self.table), int(self.status))
         self.graph = None
         self.kernel_launches = len(self.launches)
+        self._finalizer = weakref.finalize(self, gpu.bury, self.memory)
+
+    def _alloc(self, nbytes):
+        alloc = self.gpu.drv.mem_alloc(max(1, nbytes))
+        self.memory.append(alloc)
+        #: device memory this executable holds (its own buffers, not the values it returned)
+        self.device_bytes = getattr(self, "device_bytes", 0) + max(1, nbytes)
+        return alloc
+
+    def _own_buffer(self, i):
+        """The address of the executable's own buffer ``i`` (an input staged from the host, or a
+        result copied to the host), allocated with its page-locked staging the first time."""
+        if not self.own[i]:
+            self.bufs[i] = self._alloc(self.nbytes[i])
+            self.own[i] = int(self.bufs[i])
+        n_in = len(self.in_types)
+        if i < n_in and self.host_in[i] is None:
+            self.host_in[i] = self.gpu.drv.pagelocked_empty(max(1, self.in_sizes[i]),
+                                                            self.in_types[i])
+        elif i >= n_in and self.host_out[i - n_in] is None:
+            shape, dtype = self.out_avals[i - n_in]
+            self.host_out[i - n_in] = self.gpu.drv.pagelocked_empty(max(1, int(np.prod(shape))),
+                                                                    dtype)
+        return self.own[i]
 
     def enqueue(self):
         """The submission's device work (what is captured): the pointer table, kernels, status."""
@@ -729,6 +865,7 @@ class CudaExecutable:
             self.graph = _check(cu, instantiate(graph, 0), "cuGraphInstantiate")
         finally:
             cu.cuGraphDestroy(graph)
+        self.memory.append(_GraphExec(cu, self.graph))
         gpu.captures += 1
 
     def _bind_inputs(self, args):
@@ -746,7 +883,7 @@ class CudaExecutable:
                     table[i] = a.ptr
                 continue
             a = np.asarray(a)
-            table[i] = self.own[i]
+            table[i] = self._own_buffer(i)
             if a.size:
                 host = self.host_in[i]
                 host[:a.size] = a.reshape(-1) if a.dtype == t else a.reshape(-1).astype(t)
@@ -771,27 +908,31 @@ class CudaExecutable:
         """Run once; DeviceArray results when ``resident``, else NumPy arrays.  ``into`` (with
         ``resident``): a device plane (or None) per result: result ``i`` is computed straight
         into ``into[i]`` where it can (:meth:`_direct`), else copied into it on the device
-        after the run; either way the result returned IS ``into[i]``."""
+        after the run; either way the result returned IS ``into[i]``.
+
+        The first run is never captured: it runs the launches one by one and is checked (cuBLAS
+        sets itself up on its first call, which a capture refuses); the graph is captured after
+        it, and every later run replays it."""
         gpu = self.gpu
         drv, stream = gpu.drv, gpu.stream
         n_in = len(self.in_types)
         into = into if resident and into is not None else [None] * len(self.out_avals)
-        with gpu.lock:
-            gpu.enter()
+        with gpu.lock, gpu.active():
+            gpu.drain()
             self._bind_inputs(args)
             results, copy_to = [], []
             for j, (shape, dtype) in enumerate(self.out_avals):
                 k = n_in + j
                 direct = self._direct(into[j], j, args, into)
                 out = into[j] if direct else gpu.pool.array(shape, dtype) if resident else None
-                self.host_table[k] = out.ptr if out is not None and k not in self.fixed else self.own[k]
+                self.host_table[k] = self._own_buffer(k) if out is None else \
+                    self.own[k] if k in self.fixed else out.ptr
                 results.append(out)
                 copy_to.append(into[j] if isinstance(into[j], DeviceArray) and not direct else None)
             use_graphs = gpu.use_graphs if graphs is None else graphs
+            replay = use_graphs and self.graph is not None
             try:
-                if use_graphs:
-                    if self.graph is None:
-                        self.capture()
+                if replay:
                     _check(gpu.cu, gpu.cu.cuGraphLaunch(self.graph, gpu.cu_stream), "cuGraphLaunch")
                     STATS.graph_launches += 1
                 else:
@@ -817,6 +958,8 @@ class CudaExecutable:
                 raise ExecutionFailure(self.eqn_index.get(name, 0),
                                        ExecutionError(message) if message is not None else
                                        failure_error(name, self.host_status[1:4].view(np.int64)))
+            if use_graphs and not replay:
+                self.capture()          # proven uncaptured: the next run replays the graph
             if resident:
                 for j, dest in enumerate(copy_to):
                     if dest is not None:
@@ -827,13 +970,12 @@ class CudaExecutable:
                     zip(self.host_out, self.out_avals)]
 
     def release(self):
-        """Free the graph, the device and host buffers and the module (before the context goes)."""
-        if self.graph is not None:
-            try:
-                self.gpu.cu.cuGraphExecDestroy(self.graph)
-            except Exception:
-                pass
-            self.graph = None
+        """Free the graph and every device allocation now (at exit; the context is current)."""
+        self.graph = None
+        self._finalizer.detach()
+        self.gpu.bury(list(self.memory))
+        self.memory.clear()
+        self.gpu.drain()
         self.bufs, self.launches, self.host_in, self.host_out = [], [], [], []
         self.table = self.host_table = self.status = self.host_status = self.module = None
         self.small_dev = self.small_host = None
@@ -876,11 +1018,11 @@ class CudaBackend(Backend):
             self.fallbacks += 1
             STATS.compiles += 1
             return compile_numpy(program, self._compile_nested)
-        with self.gpu.lock:
-            self.gpu.enter()
+        with self.gpu.lock, self.gpu.active():
+            self.gpu.drain()
             module, _ = self.gpu.module(plan.source)
             exe = CudaExecutable(self.gpu, plan, module, program)
-        self.gpu.executables.append(exe)
+        self.gpu.executables.add(exe)
         return exe
 
     def run(self, exe, args, resident=False, into=None):
@@ -910,11 +1052,13 @@ class CudaBackend(Backend):
                             from_disk=lambda exe: True)
 
     def clear_cache(self):
-        for exe in self._executables.values():
-            if isinstance(exe, CudaExecutable):
-                exe.release()
-        self.gpu.executables.clear()
+        """Forget the compiled executables.  Their device memory goes back to the driver once
+        nothing holds them (memos of the graph layer may still run some: those stay usable)."""
         super().clear_cache()
+        self._tree = None
+        gc.collect()
+        with self.gpu.lock, self.gpu.active():
+            self.gpu.drain()
 
     # -- switches and counters ----------------------------------------------------------------------
     @property
@@ -945,10 +1089,9 @@ class CudaBackend(Backend):
         """Give the pool's spare device memory (of values since dropped) back to the driver; the
         bytes released.  The pool also does this by itself when an allocation fails."""
         gc.collect()
-        spare = self.gpu.pool.spare_bytes
-        if self.gpu.pool.free is not None:
-            self.gpu.pool.free.clear()
-        return spare
+        with self.gpu.lock, self.gpu.active():
+            self.gpu.drain()
+            return self.gpu.pool.release_spare()
 
     def free_memory(self) -> int:
         """Free device memory in bytes (the graph layer's default memory budget is half of it)."""
@@ -974,9 +1117,7 @@ class CudaBackend(Backend):
         # a plane stays as writeable as the array it came from
         plane.readonly = isinstance(value, np.ndarray) and not value.flags.writeable
         if host.size:
-            with self.gpu.lock:
-                self.gpu.enter()
-                self.gpu.drv.memcpy_htod(plane.ptr, host)
+            device_copy(self.gpu, plane, host)
         return plane
 
     def copy_plane(self, plane) -> DeviceArray:
@@ -1003,9 +1144,10 @@ class CudaBackend(Backend):
     def zeros_plane(self, shape, dtype) -> DeviceArray:
         """A new device plane of zeros (set on the device: nothing crosses PCIe)."""
         plane = self.empty_plane(shape, dtype)
-        with self.gpu.lock:
-            self.gpu.enter()
-            self.gpu.drv.memset_d32(plane.ptr, 0, plane._nbytes // 4)
+        gpu = self.gpu
+        with gpu.lock, gpu.active():
+            gpu.drv.memset_d32_async(plane.ptr, 0, plane._nbytes // 4, gpu.stream)
+            gpu.stream.synchronize()
         return plane
 
     # -- a simulation's per-sample loops ----------------------------------------------------------------
@@ -1032,29 +1174,26 @@ class CudaBackend(Backend):
         if n == 0:
             return np.zeros(x.shape[1:], x.dtype)
         m = int(np.prod(x.shape[1:]))
-        gpu, drv = self.gpu, self.gpu.drv
-        with gpu.lock:
-            gpu.enter()
+        gpu = self.gpu
+        with gpu.lock, gpu.active():
             if self._tree is None:
                 mod, _ = gpu.module(template("tree_sum.cu"))
                 self._tree = {np.dtype(np.float32): mod.get_function("vk_tree_sum_float"),
                               np.dtype(np.float64): mod.get_function("vk_tree_sum_double")}
             fn = self._tree[x.dtype]
-            cur = x.ptr if on_device else drv.to_device(x)
-            keep = [cur]
+            cur = x if on_device else self.to_plane(x)
+            keep = [cur]                # pool memory: back to the pool when this returns
             for valid, chunks, chunk in tree_sum_levels(n):
-                out = drv.mem_alloc(max(1, chunks * m) * x.dtype.itemsize)
+                out = gpu.pool.array((max(1, chunks * m),), x.dtype)
                 keep.append(out)
                 threads = max(1, chunk // 2)
-                args = struct.pack("QQqqqi", int(cur), int(out), valid, m, chunks, chunk)
+                args = struct.pack("QQqqqi", cur.ptr, out.ptr, valid, m, chunks, chunk)
                 blocks = max(1, min(chunks * m, gpu.sm_count * 8))
                 fn._launch_kernel((blocks, 1, 1), (threads, 1, 1), args, threads * x.dtype.itemsize,
                                   gpu.stream)
                 cur = out
-            result = np.empty(x.shape[1:], x.dtype)
             gpu.stream.synchronize()
-            drv.memcpy_dtoh(result, cur)
-            return result
+            return cur.numpy()[:m].reshape(x.shape[1:])
 
     # -- information ----------------------------------------------------------------------------------
     def _summary(self) -> str:

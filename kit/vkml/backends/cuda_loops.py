@@ -114,8 +114,7 @@ class CudaSampleLoops:
         self.sources = (
             forward_source(step, spec, target="cuda", errors=self.errors["forward"]),
             reverse_source(step, vjp, spec, target="cuda", errors=self.errors["reverse"]))
-        with gpu.lock:
-            gpu.enter()
+        with gpu.lock, gpu.active():
             fwd, _ = gpu.module(self.sources[0])
             rev, _ = gpu.module(self.sources[1])
             longest, _ = gpu.module(STEPS_LONGEST)
@@ -151,8 +150,7 @@ class CudaSampleLoops:
         a failed sample is raised as an ExecutionError."""
         gpu = self.gpu
         # under the lock throughout: the staging blocks are this object's, shared by every call
-        with gpu.lock:
-            gpu.enter()
+        with gpu.lock, gpu.active():
             report = self._enqueue(fn, ins, params, tail, outs, n, max_steps, summary_blocks,
                                    block).copy()
         code = int(report[0])
@@ -220,8 +218,7 @@ class CudaSampleLoops:
         of each aligned block of ``block`` samples (a NumPy array: the only numbers read back)."""
         gpu, ins_types = self.gpu, self.step.inputs
         k = self.n_state
-        with gpu.lock:
-            gpu.enter()
+        with gpu.lock, gpu.active():
             states = [self._device(a, v.dtype) for a, v in zip(states, ins_types[:k])]
             fixed = [self._device(a, v.dtype) for a, v in zip(fixed, ins_types[k:])]
             n = states[0].shape[0]
@@ -247,8 +244,7 @@ class CudaSampleLoops:
         checkpoints ``[windows, m, ...]`` as :meth:`checkpoint_rows` gives them."""
         gpu, ins = self.gpu, self.step.inputs
         k = self.n_state
-        with gpu.lock:
-            gpu.enter()
+        with gpu.lock, gpu.active():
             args = [self._device(a, v.dtype) for a, v in zip(checkpoints, ins[:k])] + \
                 [self._device(steps, np.dtype(np.int64))] + \
                 [self._device(a, v.dtype) for a, v in zip(fixed, ins[k:])] + \
@@ -268,8 +264,7 @@ class CudaSampleLoops:
             return list(checkpoints)
         gpu = self.gpu
         out = []
-        with gpu.lock:
-            gpu.enter()
+        with gpu.lock, gpu.active():
             for ck in checkpoints:
                 part = gpu.pool.array((ck.shape[0], stop - start) + tuple(ck.shape[2:]), ck.dtype,
                                       mutable=True)

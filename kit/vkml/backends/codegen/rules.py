@@ -216,9 +216,14 @@ def _where(a, dt, e):
 
 
 def _cast(a, dt, e):
+    """A C cast, except float to integer: ``vk_to_<type>`` (``helpers.h``) gives NumPy's x86
+    results for NaN and out-of-range values, which a plain cast leaves undefined (and a GPU
+    saturates)."""
     to = e.params["dtype"]
     if to.kind == "b":
         return f"({a[0]} != 0)"
+    if e.inputs[0].dtype.kind == "f" and to.kind in "iu":
+        return f"vk_to_{CTYPE[to]}((double){a[0]})"
     return f"(({CTYPE[to]}){a[0]})"
 
 

@@ -1,0 +1,299 @@
+"""What a real CUDA driver does that a naive backend gets wrong, checked on the emulated driver.
+
+Each test here failed on the backend as it was before these were fixed, under the emulation of
+``cuda_emulation.py`` (per-thread context stacks that abort a thread ending with one pushed,
+asynchronous streams, captures invalidated by the legacy default stream, GPU float-to-int
+conversion, an emulated cuBLAS that sets itself up on its first product):
+
+1. contexts: a thread that used the GPU ends cleanly; allocations and frees on any thread
+   happen with the context current; a failed start leaves none pushed;
+2. cuBLAS: its first product runs uncaptured and checked, every status code is checked;
+3. float-to-integer casts give NumPy's results on the GPU as on the CPU tier;
+4. memory: runs on device arrays allocate nothing for them; an evicted executable's memory goes
+   back to the driver; clearing the cache never frees what a graph-layer memo still runs;
+5. reductions: a large sum spreads over every multiprocessor, reading coalesced pairs;
+6. streams: another library's legacy-stream work during a capture does not invalidate it; an
+   imported array's stream is waited for.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import vkml
+from cuda_emulation import CXX, fake_driver
+
+pytestmark = pytest.mark.skipif(CXX is None, reason="the emulated driver needs a C++ compiler")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RNG = np.random.default_rng(32)
+
+
+@pytest.fixture
+def emulated(vk_backend):
+    """The emulated driver and the cuda backend on it."""
+    with fake_driver() as driver:
+        backend = vkml.set_backend("cuda")
+        try:
+            yield driver, backend
+        finally:
+            vkml.set_backend("numpy")
+
+
+def _in_subprocess(code: str, env=None):
+    """Run ``code`` in a fresh interpreter with the emulated driver (an abort kills only it)."""
+    path = os.pathsep.join([os.path.join(ROOT, "kit"), os.path.join(ROOT, "extensions"),
+                            os.path.join(ROOT, "tests")])
+    full = {**os.environ, "PYTHONPATH": path, **(env or {})}
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=full, capture_output=True,
+                          text=True, timeout=600)
+
+
+# -- 1. contexts ------------------------------------------------------------------------------------
+
+def test_threads_that_used_the_gpu_end_without_aborting_the_process():
+    """PyCUDA aborts the process when a thread ends with a context still pushed: a realize, a
+    plane made and copied, and a graph reverse on worker threads must leave none behind."""
+    code = """
+import threading, numpy as np, vkml
+from cuda_emulation import fake_driver
+with fake_driver() as driver:
+    backend = vkml.set_backend("cuda")
+    out = {}
+    def work():
+        x = vkml.tensor(np.arange(6.0))
+        out["y"] = (vkml.tanh(x) * 2.0).numpy()
+        plane = backend.to_plane(np.ones(4))          # allocations on a thread of its own
+        zeros = backend.zeros_plane((3,), np.float64)
+        out["copy"] = plane.copy().numpy()
+        out["zeros"] = zeros.numpy()
+        del plane, zeros                               # frees from this thread
+    for _ in range(3):
+        t = threading.Thread(target=work)
+        t.start()
+        t.join()
+    np.testing.assert_allclose(out["y"], np.tanh(np.arange(6.0)) * 2.0)
+    assert out["copy"].tolist() == [1.0] * 4 and out["zeros"].tolist() == [0.0] * 3
+    assert driver.leaked == 0 and not driver.stack()
+    vkml.set_backend("numpy")
+print("ok")
+"""
+    proc = _in_subprocess(code)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
+
+
+def test_no_context_stays_pushed_on_the_calling_thread(emulated):
+    driver, backend = emulated
+    assert not driver.stack()                    # making the backend pushed and popped
+    (vkml.tensor(np.ones(5)) * 3.0).numpy()
+    backend.zeros_plane((4,), np.float32).numpy()
+    assert not driver.stack()
+
+
+def test_device_memory_dropped_on_another_thread_is_freed_not_leaked(emulated):
+    driver, backend = emulated
+    planes = [backend.to_plane(np.full(1000, float(i))) for i in range(4)]
+    vkml.set_cache_limit(1)
+    try:
+        def drop():
+            # another program evicts the first one's executable from this thread
+            (vkml.tensor(np.ones(300)) * 2.0).numpy()
+            (vkml.tensor(np.ones(300)) - 1.0).numpy()
+            planes.clear()
+            backend.empty_cache()
+        (vkml.tensor(np.ones(300)) + 1.0).numpy()
+        t = threading.Thread(target=drop)
+        t.start()
+        t.join()
+    finally:
+        vkml.set_cache_limit(1024)
+    assert driver.leaked == 0
+
+
+@pytest.mark.parametrize("call", ["cublasSetStream_v2", "cublasSetWorkspace_v2"])
+def test_a_failed_cublas_setup_is_a_backend_error_naming_the_call(call, vk_backend,
+                                                                  monkeypatch):
+    with fake_driver() as driver:
+        monkeypatch.setenv("VKML_FAKE_CUBLAS_FAIL", call)
+        with pytest.raises(vkml.BackendError, match=f"{call} failed: CUBLAS_STATUS_INVALID_VALUE"
+                                                    ".*VKML_CUDA_CUBLAS=0"):
+            vkml.set_backend("cuda")
+        assert not driver.stack()                # the failed start left no context pushed
+        monkeypatch.setenv("VKML_CUDA_CUBLAS", "0")
+        backend = vkml.set_backend("cuda")       # the way out the message names
+        assert backend.info()["cublas"] is None
+        vkml.set_backend("numpy")
+
+
+# -- 2. cuBLAS ----------------------------------------------------------------------------------------
+
+def test_a_cublas_product_runs_uncaptured_first_then_replays_its_graph(emulated):
+    """cuBLAS allocates on its first product, which a capture refuses: the first run of an
+    executable goes launch by launch (checked), the capture comes after it."""
+    driver, backend = emulated
+    assert backend.info()["cublas"].endswith("libcublas_emulated.so")
+    a, b = RNG.normal(size=(64, 64)), RNG.normal(size=(64, 64))
+    outs = []
+    for _ in range(3):
+        vkml.reset_stats()
+        outs.append(vkml.matmul(vkml.tensor(a), vkml.tensor(b)).numpy())
+    assert vkml.stats().graph_launches == 1           # the third run replayed the graph
+    assert driver.cublas_setups == 1
+    assert sum(name == "cublas gemm" for name, *_ in driver.launches) == 3
+    # cuBLAS accumulates with fused multiply-adds: close to NumPy, not its bits
+    np.testing.assert_allclose(outs[0], a @ b, rtol=1e-12, atol=1e-12)
+    assert outs[0].tobytes() == outs[2].tobytes()
+
+
+# -- 3. casts -----------------------------------------------------------------------------------------
+
+EDGES = np.array([np.nan, np.inf, -np.inf, 300.0, -1.0, 3e9, -3e9, 1e19, -1e19, -2.5, 2.7, -0.0])
+
+
+@pytest.mark.filterwarnings("ignore:cast. invalid value:RuntimeWarning")
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint8])
+@pytest.mark.parametrize("source", [np.float64, np.float32])
+def test_float_to_int_casts_give_numpys_results_on_the_gpu(dtype, source, emulated):
+    """A GPU converts NaN to 0 and saturates out-of-range values; NumPy (x86) gives the type's
+    minimum: the generated code converts as NumPy does on every backend."""
+    x = EDGES.astype(source)
+    with np.errstate(invalid="ignore"):
+        want = x.astype(dtype)
+    got = vkml.tensor(x).astype(dtype).numpy()
+    assert got.tolist() == want.tolist()
+
+
+@pytest.mark.filterwarnings("ignore:cast. invalid value:RuntimeWarning")
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint8])
+def test_float_to_int_casts_give_numpys_results_on_the_cpu_tier(dtype, vk_backend):
+    backend = vkml.set_backend("cpu")
+    if backend.name != "cpu":
+        pytest.skip("no C compiler for the cpu tier")
+    try:
+        with np.errstate(invalid="ignore"):
+            want = EDGES.astype(dtype)
+        # in a compiled loop long enough to be vectorised, and alone
+        x = np.tile(EDGES, 40)
+        assert vkml.tensor(x).astype(dtype).numpy().tolist() == np.tile(want, 40).tolist()
+        assert vkml.tensor(EDGES).astype(dtype).numpy().tolist() == want.tolist()
+    finally:
+        vkml.set_backend("numpy")
+
+
+# -- 4. memory ----------------------------------------------------------------------------------------
+
+def test_runs_on_device_arrays_allocate_nothing_for_them(emulated):
+    driver, backend = emulated
+    x = (vkml.tensor(RNG.normal(size=(256, 256))) * 1.0).realize()   # 512 KB on the device
+    before = driver.live_bytes
+    y = (vkml.tanh(x) + 1.0).realize()
+    added = driver.live_bytes - before - y.ir_var.value._nbytes
+    # the pointer table, the status words: no buffer of the argument's or the result's size
+    assert added < 4096, added
+    np.testing.assert_allclose(y.numpy(), np.tanh(x.numpy()) + 1.0)
+
+
+def test_an_evicted_executable_gives_its_device_memory_back(emulated):
+    driver, backend = emulated
+    x = RNG.normal(size=(128, 128))                 # a NumPy argument: staged in its own buffer
+    vkml.set_cache_limit(2)
+    try:
+        sizes = []
+        for k in range(8):                          # eight different programs
+            y = vkml.tensor(x)
+            for _ in range(k + 1):
+                y = vkml.tanh(y)
+            y.numpy()
+            sizes.append(driver.live_bytes)
+    finally:
+        vkml.set_cache_limit(1024)
+    # held: at most the cache's executables, not one per program ever compiled
+    assert sizes[-1] - sizes[2] < x.nbytes, sizes
+
+
+def test_clearing_the_cache_frees_nothing_a_graph_memo_still_runs(emulated):
+    from vkml.graph import device
+    driver, backend = emulated
+    a, b = backend.to_plane(np.arange(5.0)), backend.to_plane(np.ones(5))
+    assert device.plus(a, b).numpy().tolist() == [1.0, 2.0, 3.0, 4.0, 5.0]
+    backend.clear_cache()
+    assert device.plus(a, b).numpy().tolist() == [1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+# -- 6. streams ---------------------------------------------------------------------------------------
+
+def test_another_librarys_default_stream_work_does_not_invalidate_a_capture(emulated):
+    """Legacy-default-stream work (another library's synchronous copy) while vkml captures: on a
+    blocking stream the capture is invalidated; vkml's stream is non-blocking."""
+    driver, backend = emulated
+    import pycuda.driver as drv
+    foreign, errors = [], []
+
+    def other_library():
+        def work():
+            ctx = backend.gpu.context
+            ctx.push()
+            try:
+                buf = drv.mem_alloc(64)
+                drv.memcpy_htod(buf, np.arange(16, dtype=np.float32))
+                foreign.append(buf)
+            except Exception as e:          # what the other library would see
+                errors.append(e)
+            finally:
+                drv.Context.pop()
+        t = threading.Thread(target=work)
+        t.start()
+        t.join()
+    driver.on_capture = other_library
+    try:
+        x = RNG.normal(size=(16,))
+        for _ in range(2):
+            np.testing.assert_allclose((vkml.tensor(x) * 2.0).numpy(), x * 2.0)
+    finally:
+        driver.on_capture = None
+    assert foreign and not errors
+
+
+class _ForeignArray:
+    """Another library's device array, written on its own stream (not finished yet)."""
+
+    def __init__(self, backend, values):
+        import pycuda.driver as drv
+        gpu = backend.gpu
+        with gpu.active():
+            self.stream = drv.Stream(flags=1)
+            self.mem = drv.mem_alloc(values.nbytes)
+            self.host = np.ascontiguousarray(values)
+            drv.memcpy_htod_async(self.mem, self.host, self.stream)    # queued, not done
+        self.values = values
+
+    @property
+    def __cuda_array_interface__(self):
+        return {"shape": self.values.shape, "typestr": self.values.dtype.str,
+                "data": (int(self.mem), False), "version": 3, "strides": None,
+                "stream": self.stream.handle}
+
+
+def test_an_imported_arrays_stream_is_waited_for(emulated):
+    driver, backend = emulated
+    values = np.linspace(0.0, 1.0, 32)
+    foreign = _ForeignArray(backend, values)
+    plane = backend.to_plane(foreign)
+    np.testing.assert_array_equal(plane.numpy(), values)
+
+
+def test_an_imported_array_with_stream_0_is_refused(emulated):
+    driver, backend = emulated
+    foreign = _ForeignArray(backend, np.ones(4))
+    face = dict(foreign.__cuda_array_interface__, stream=0)
+
+    class Zero:
+        __cuda_array_interface__ = face
+    with pytest.raises(vkml.ArgumentError, match="stream is 0"):
+        backend.to_plane(Zero())
