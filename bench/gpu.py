@@ -233,39 +233,41 @@ def simulation():
 # -- 4. bandwidth ---------------------------------------------------------------------------------------
 
 def bandwidth(backend):
-    from vkml.backends.cuda import CudaExecutable
-    drv, stream = backend.gpu.drv, backend.gpu.stream
-    n = 1 << (12 if args.smoke else 24 if args.quick else 27)
-    prog = vkml.program(lambda x: ((x * 1.5 + 0.25) * x - 0.5) / (x * x + 1.0),
-                        np.ones(n, np.float32))
-    exe = backend.executable(("bench-bandwidth", n), lambda: prog)
-    assert isinstance(exe, CudaExecutable) and len(exe.launches) == 1
-    exe([np.linspace(-1, 1, n, dtype=np.float32)])
-    spec, fn, grid, block, _ = exe.launches[0]
-    reps = 2 if args.smoke else 20
-    start, end = drv.Event(), drv.Event()
+    """Raw launches and copies on the backend's stream (with its context current)."""
+    with backend.gpu.active():
+        from vkml.backends.cuda import CudaExecutable
+        drv, stream = backend.gpu.drv, backend.gpu.stream
+        n = 1 << (12 if args.smoke else 24 if args.quick else 27)
+        prog = vkml.program(lambda x: ((x * 1.5 + 0.25) * x - 0.5) / (x * x + 1.0),
+                            np.ones(n, np.float32))
+        exe = backend.executable(("bench-bandwidth", n), lambda: prog)
+        assert isinstance(exe, CudaExecutable) and len(exe.launches) == 1
+        exe([np.linspace(-1, 1, n, dtype=np.float32)])
+        spec, fn, grid, block, _ = exe.launches[0]
+        reps = 2 if args.smoke else 20
+        start, end = drv.Event(), drv.Event()
 
-    def timed(launch):
-        launch()
-        start.record(stream)
-        for _ in range(reps):
+        def timed(launch):
             launch()
-        end.record(stream)
-        end.synchronize()
-        return end.time_since(start) / 1e3 / reps
+            start.record(stream)
+            for _ in range(reps):
+                launch()
+            end.record(stream)
+            end.synchronize()
+            return end.time_since(start) / 1e3 / reps
 
-    t_map = timed(lambda: fn._launch_kernel(grid, block, exe.args, 0, stream))
-    nbytes = n * 4
-    src, dst = exe.bufs[0], exe.bufs[1]
-    t_copy = timed(lambda: drv.memcpy_dtod_async(dst, src, nbytes, stream))
-    map_gbs, copy_gbs = 2 * nbytes / t_map / 1e9, 2 * nbytes / t_copy / 1e9
-    print(f"4. bandwidth, {n:,} float32 ({nbytes / 2**20:.0f} MiB in, the same out), "
-          "bytes read + written per second:")
-    print(f"   fused elementwise map (1 kernel, {grid[0]} blocks x {block[0]}): {map_gbs:,.0f} GB/s "
-          f"({t_map * 1e3:.3f} ms)")
-    print(f"   device-to-device copy:                 {copy_gbs:,.0f} GB/s ({t_copy * 1e3:.3f} ms)")
-    print(f"   map / copy: {map_gbs / copy_gbs:.2f}")
-    RESULTS["bandwidth"] = {"map GB/s": map_gbs, "copy GB/s": copy_gbs, "elements": n}
+        t_map = timed(lambda: fn._launch_kernel(grid, block, exe.args, 0, stream))
+        nbytes = n * 4
+        src, dst = exe.bufs[0], exe.bufs[1]
+        t_copy = timed(lambda: drv.memcpy_dtod_async(dst, src, nbytes, stream))
+        map_gbs, copy_gbs = 2 * nbytes / t_map / 1e9, 2 * nbytes / t_copy / 1e9
+        print(f"4. bandwidth, {n:,} float32 ({nbytes / 2**20:.0f} MiB in, the same out), "
+              "bytes read + written per second:")
+        print(f"   fused elementwise map (1 kernel, {grid[0]} blocks x {block[0]}): {map_gbs:,.0f} GB/s "
+              f"({t_map * 1e3:.3f} ms)")
+        print(f"   device-to-device copy:                 {copy_gbs:,.0f} GB/s ({t_copy * 1e3:.3f} ms)")
+        print(f"   map / copy: {map_gbs / copy_gbs:.2f}")
+        RESULTS["bandwidth"] = {"map GB/s": map_gbs, "copy GB/s": copy_gbs, "elements": n}
 
 
 def main():

@@ -189,7 +189,7 @@ def emulate(lib, plan, args, out_avals):
         elif k.kind == "block":
             grid, block, threaded = (1, 1, 1), (min(k.threads, 7), 1, 1), 1
         else:
-            (grid, block), threaded = k.launch(), 1
+            (grid, block), threaded = k.launch(sm_count=1), 1
         lib.vk_launch(fn, table, status.ctypes.data_as(ctypes.c_void_p), *grid, block[0],
                       block[1], threaded)
     outs = []
@@ -299,6 +299,15 @@ class _Emulated:
         self.sizes[addr] = max(1, nbytes)
         self.allocations += 1
         return addr
+
+    def alloc_as_another_library(self, nbytes):
+        """Device memory another library (CuPy, PyTorch) allocates with its own context current."""
+        stack = self.stack()
+        stack.append("another library's context")
+        try:
+            return self.alloc(nbytes)
+        finally:
+            stack.pop()
 
     def free(self, addr):
         if not self.current():
@@ -453,9 +462,10 @@ def _make_pycuda(state):
             if self.ptr is not None and state.free(self.ptr):
                 self.ptr = None
 
-        def __del__(self):                   # PyCUDA frees what is dropped (if it can)
-            if getattr(self, "ptr", None) is not None and state.free(self.ptr):
-                self.ptr = None
+        # (no __del__: PyCUDA frees an allocation when it is deallocated, which never happens
+        # while anything holds it; a Python finalizer here would also run on an allocation a
+        # DeviceArray in a reference cycle hands back to the pool as the cycle is collected.
+        # The backend frees explicitly; what it drops stays counted in live_bytes.)
 
     class Function:
         def __init__(self, lib, name, barrier):
@@ -587,7 +597,8 @@ def _make_pycuda(state):
             data = f.read()
         barriers = set()
         for text in source.split('extern "C" __global__ void ')[1:]:
-            if "__syncthreads" in text.split("\nextern ")[0] or "vk_matmul_tiled<" in text:
+            head = text.split("\nextern ")[0]
+            if "__syncthreads" in head or "vk_matmul_tiled<" in head or "vk_tree_chunks<" in head:
                 barriers.add(text.split("(", 1)[0])
         state.barriers[hash(data)] = barriers
         return data

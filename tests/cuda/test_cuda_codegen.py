@@ -272,7 +272,7 @@ def test_the_collection_is_broad(plans):
             "slice", "pad", "concatenate", "reshape", "flip", "where", "cast", "pow"}
     assert want <= prims, want - prims
     kinds = {k.kind for *_, plan in plans for k in plan.kernels}
-    assert kinds == {"grid", "block", "matmul"}
+    assert kinds == {"grid", "block", "matmul", "chunks"}
     assert len(plans) > 60
 
 
@@ -405,13 +405,40 @@ def test_a_vmapped_scan_runs_one_thread_per_sample(case, tmp_path):
             np.testing.assert_allclose(o, w, rtol=1e-12, atol=1e-14, err_msg=name)
 
 
-def test_a_large_sum_runs_in_two_parallel_stages():
+def test_a_large_sum_runs_in_two_parallel_stages_over_every_multiprocessor():
+    """A contiguous sum's first stage is the block-cooperative kernel (a thread per pair of
+    neighbouring elements) with enough blocks for every multiprocessor of an H100 (132); a sum
+    over a leading axis is a thread per (chunk, output) with the outputs innermost."""
     plan = cuda_plan(vkml.program(lambda x: vkml.sum(x), np.ones(1_000_000)))
-    grid = [k for k in plan.kernels if k.kind == "grid"]
-    # first stage: one thread per aligned chunk of 128 elements (a subtree of the canonical tree)
-    assert grid and grid[0].total == -(-1_000_000 // 128)
+    assert [k.kind for k in plan.kernels] == ["chunks", "block"]      # a scalar: one thread
+    (blocks, _, _), (threads, _, _) = plan.kernels[0].launch(sm_count=132)
+    assert blocks >= 132 and threads == cuda_render.CHUNK_THREADS
+    assert "vk_tree_chunks<double>" in plan.body
+    down = cuda_plan(vkml.program(lambda x: vkml.sum(x, axis=0),
+                                  np.empty((1 << 22, 4), np.float32)))
+    first = down.kernels[0]
+    assert first.kind == "grid" and first.total == cuda_render.SPLIT_THREADS
     small = cuda_plan(vkml.program(lambda x: vkml.sum(x, axis=1), np.ones((5000, 8))))
     assert [k.kind for k in small.kernels] == ["grid"] and small.kernels[0].total == 5000
+
+
+@pytest.mark.parametrize("shape, axis", [((70_001,), None), ((3, 50_000), 1), ((1 << 15, 3), 0),
+                                         ((5, 3, 4096), (0, 2)), ((2, 4097), None)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_emulated_split_sums_have_the_canonical_trees_bits(shape, axis, dtype, tmp_path):
+    """Both first stages (the block-cooperative one, and a thread per chunk) under the emulator
+    (garbage shared memory, the block's threads as POSIX threads): NumPy backend's bits, with
+    values spread over twelve decades, signed zeros and an infinity."""
+    x = (RNG.normal(size=shape) * 10.0 ** RNG.integers(-6, 6, shape)).astype(dtype)
+    x.reshape(-1)[::997] = -0.0
+    x.reshape(-1)[5] = np.inf
+    fn = (lambda a: vkml.sum(a)) if axis is None else (lambda a: vkml.sum(a, axis=axis))
+    prog = vkml.program(fn, x)
+    plan = cuda_plan(prog)
+    lib = host_library(cuda_render.module_source([plan]), str(tmp_path), "split")
+    got, status = emulate(lib, plan, [x], [(v.shape, v.dtype) for v in prog.outputs])
+    want = fn(vkml.tensor(x)).numpy()
+    assert not status[0] and got[0].tobytes() == np.asarray(want).tobytes()
 
 
 def test_matmul_is_tiled_and_offered_to_cublas():

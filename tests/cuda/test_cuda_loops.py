@@ -267,8 +267,9 @@ def test_emulated_loops_stride_over_samples_count_submissions_and_free_their_buf
             vkml.reset_stats()
             grads = vkml.diff.reverse(sim.record, {s_: np.linspace(1.0, 2.0, 64)
                                                    for s_ in ("x", "v", "t")})
-            # one submission (the Param sum's own launches aside); only the tree sum allocates
-            assert vkml.stats().submissions == 1 and driver.allocations == held + 1
+            # one submission (the Param sum's own launches aside); only the tree sum's levels
+            # may allocate (from the pool: once at most)
+            assert vkml.stats().submissions == 1 and driver.allocations - held <= 1
             assert_same({k: np.array(g) for k, g in grads.items()}, want[2], exact=True)
             # a new process: both kernels come from the disk cache, nvcc does not run
             backend.clear_cache()

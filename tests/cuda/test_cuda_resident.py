@@ -47,7 +47,7 @@ class ForeignArray:
     def __init__(self, driver, host, strides=None, typestr=None, ptr=None, readonly=False):
         host = np.ascontiguousarray(host)
         self.shape, self.dtype = host.shape, host.dtype
-        self.ptr = driver.alloc(host.nbytes) if ptr is None else ptr
+        self.ptr = driver.alloc_as_another_library(host.nbytes) if ptr is None else ptr
         if host.nbytes and ptr is None:
             ctypes.memmove(self.ptr, host.ctypes.data, host.nbytes)   # its own copy: not counted
         self.strides, self.typestr, self.readonly = strides, typestr or host.dtype.str, readonly
@@ -355,7 +355,8 @@ def test_launch_and_reverse_move_no_plane_across_pcie_and_give_numpys_bits(emula
         before, log = copies(driver), len(driver.copy_log)
         launches, submissions = vkml.stats().graph_launches, vkml.stats().submissions
         g.launch()
-        assert vkml.stats().graph_launches - launches == 1                   # one replay
+        # the first round runs launch by launch (checked), then captures; later ones replay
+        assert vkml.stats().graph_launches - launches == rounds                  # one replay
         assert vkml.stats().submissions - submissions == 1
         plan = next(iter(g.caches.launch_plans.values()))
         assert replay_copies(driver, log, plan.exe) == [
@@ -367,7 +368,7 @@ def test_launch_and_reverse_move_no_plane_across_pcie_and_give_numpys_bits(emula
         before, log = copies(driver), len(driver.copy_log)
         launches = vkml.stats().graph_launches
         grads = vkml.diff.reverse(g.record, seeds)
-        assert vkml.stats().graph_launches - launches == 1
+        assert vkml.stats().graph_launches - launches == rounds
         (rplan,) = [p for p in g.caches.reverse_plans.values()]
         params = len(rplan.params)
         # the Param sums (one value each) come to the host; no plane does

@@ -87,7 +87,7 @@ from ...ir import Program
 from .c_render import template
 from .lower import CTYPE, Lowering, Unsupported, linear_index
 from .rules import C_RULES, Statement
-from .statements import Block, If, Loop, Matmul, SampleLoop, While
+from .statements import Block, If, Loop, Matmul, SampleLoop, TreeChunks, While
 
 #: threads of a block kernel that has parallel nests inside (one block)
 COOP_THREADS = 256
@@ -101,6 +101,13 @@ SHARED_LIMIT = 32 * 1024
 SPLIT_MIN_ELEMENTS = 2048
 #: ... at most this many outputs, run in two stages (partials in parallel, then their sum)
 SPLIT_MAX_OUTPUTS = 4096
+#: a split float sum's first stage aims at about this many threads (every multiprocessor busy)
+SPLIT_THREADS = 1 << 17
+#: elements one pass of the block-cooperative first stage reads (kernels_cu/tree_chunks.cuh:
+#: two per thread)
+CHUNK_SPAN = 512
+#: threads per block of that kernel (VK_CHUNK_THREADS)
+CHUNK_THREADS = 256
 #: the tiled matmul's tile (kernels_cu/matmul.cuh)
 TILE = 16
 #: status words of a failure (code, three detail words; ``kernels_cu/prelude.cuh``)
@@ -269,12 +276,29 @@ class CudaLowering(Lowering):
         """A float sum in two stages with the canonical tree's bits: each partial is the tree over
         one aligned chunk of ``2^c`` consecutive reduced elements (exactly a subtree, the last one
         padded), computed in parallel; then each output sums its partials with the tree.  A
-        chunk is never wider than the padded total, so no zero subtree is added above the root."""
+        chunk is never wider than the padded total, so no zero subtree is added above the root.
+
+        Enough partials to fill every multiprocessor (about :data:`SPLIT_THREADS` threads), laid
+        out so that neighbouring threads read neighbouring memory: when each output's elements
+        are contiguous (the reduced axes are the last ones) the first stage is the
+        block-cooperative kernel of ``kernels_cu/tree_chunks.cuh`` (a block per chunk, a thread
+        per pair of elements); otherwise a thread per (chunk, output) with the outputs innermost,
+        so a warp reads neighbouring outputs' elements."""
         x, out = e.inputs[0], e.outputs[0]
         axes = sorted(e.params["axes"])
-        chunk = max(32, 1 << (-(-total // 8192) - 1).bit_length())
-        parts = -(-total // chunk)
+        padded = 1 << (total - 1).bit_length()
         t = CTYPE[out.dtype]
+        contiguous = axes == list(range(x.ndim - len(axes), x.ndim))
+        try:
+            source = env.pointer(x) if contiguous else None
+        except Unsupported:
+            source = None
+        if source is not None:      # a block per chunk: at least one span of its threads' pairs
+            want = max(CHUNK_SPAN, -(-total * max(1, out.size) * CHUNK_THREADS // SPLIT_THREADS))
+        else:                       # a thread per chunk
+            want = max(32, -(-total * max(1, out.size) // SPLIT_THREADS))
+        chunk = min(padded, 1 << (want - 1).bit_length())
+        parts = -(-total // chunk)
         part = self.fresh("t")
         self.temps.append((part, t, max(1, out.size * parts)))
         oidx, _, full = self._reduce_indices(x, axes)
@@ -284,21 +308,27 @@ class CudaLowering(Lowering):
             full[a] = f"(({rr}) / {stride}) % {x.shape[a]}" if stride > 1 else f"({rr}) % {x.shape[a]}"
             stride *= x.shape[a]
         decl, st = self.tree_stack(out.dtype, chunk)
-        pshape = tuple(out.shape) + (parts,)
+        # partials output-major ([outputs, parts]) for the contiguous kernel, chunk-major else
+        order = oidx + [c] if source is not None else [c] + oidx
+        pshape = tuple(out.shape) + (parts,) if source is not None else (parts,) + tuple(out.shape)
         valid = f"({total} - {c} * (int64_t){chunk} < {chunk} ? {total} - {c} * (int64_t){chunk} : {chunk})"
         body = [f"const int64_t {rr} = {c} * (int64_t){chunk} + {q};", f"if ({rr} >= {total}) break;",
                 f"vk_tree_push_{t}({st}, {q}, 0, {env.read(x, full)});"]
         stage1 = [Block(decl + [Loop(q, chunk, body),
-                                 f"{part}[{linear_index(oidx + [c], pshape)}] = "
+                                 f"{part}[{linear_index(order, pshape)}] = "
                                  f"vk_tree_fold_{t}({st}, {valid}, {chunk.bit_length() - 1});"])]
-        for v, extent in reversed(list(zip(oidx + [c], pshape))):
+        for v, extent in reversed(list(zip(order, pshape))):
             stage1 = [Loop(v, extent, stage1)]
         _mark(stage1, len(pshape))
+        if source is not None:
+            stage1 = [TreeChunks(stage1, source, part, max(1, out.size), total, parts, chunk,
+                                 out.dtype)]
         oidx2 = [self.fresh("i") for _ in oidx]
         c2 = self.fresh("p")
+        order2 = oidx2 + [c2] if source is not None else [c2] + oidx2
         decl2, st2 = self.tree_stack(out.dtype, parts)
         stage2 = [Block(decl2 + [Loop(c2, parts, [f"vk_tree_push_{t}({st2}, {c2}, 0, "
-                                                   f"{part}[{linear_index(oidx2 + [c2], pshape)}]);"]),
+                                                   f"{part}[{linear_index(order2, pshape)}]);"]),
                                   f"{target}[{linear_index(oidx2, out.shape)}] = "
                                   f"{self.tree_fold(out.dtype, st2, parts)};"])]
         for v, extent in reversed(list(zip(oidx2, out.shape))):
@@ -376,7 +406,8 @@ class KernelSpec:
     """One launch of a plan.
 
     ``kind`` is ``"grid"`` (grid-stride over ``total`` elements), ``"block"``
-    (one block of ``threads``) or ``"matmul"`` (the tiled kernel; ``gemm`` is
+    (one block of ``threads``), ``"chunks"`` (blocks striding over ``total`` chunks of a
+    large sum, ``kernels_cu/tree_chunks.cuh``) or ``"matmul"`` (the tiled kernel; ``gemm`` is
     ``(a, b, c, batch, m, n, k, dtype)`` with buffer indices when cuBLAS may
     replace it, else None).
     """
@@ -393,6 +424,9 @@ class KernelSpec:
         if self.kind == "grid":
             blocks = max(1, min(-(-self.total // GRID_THREADS), sm_count * 32))
             return (blocks, 1, 1), (GRID_THREADS, 1, 1)
+        if self.kind == "chunks":
+            blocks = max(1, min(self.total, sm_count * 16))
+            return (blocks, 1, 1), (CHUNK_THREADS, 1, 1)
         if self.kind == "matmul":
             batch, m, n = self.dims
             return (max(1, -(-n // TILE)), max(1, -(-m // TILE)), max(1, min(batch, 65535))), \
@@ -447,6 +481,8 @@ def module_source(plans, namespaces=False) -> str:
     parts = [prelude()]
     if any(p.uses_matmul for p in plans):
         parts.append(template("matmul.cuh"))
+    if any("vk_tree_chunks<" in p.body for p in plans):
+        parts.append(template("tree_chunks.cuh"))
     for i, p in enumerate(plans):
         parts.append(f"namespace vkp{i} {{\n{p.body}}}\n" if namespaces else p.body)
     return "\n".join(parts)
@@ -478,7 +514,7 @@ _SYNC = ("{ __syncthreads(); const bool vk_stop = vk_failed(vk_status); __syncth
 def _has_par(s) -> bool:
     if isinstance(s, Loop):
         return s.parallel or any(_has_par(b) for b in s.body)
-    if isinstance(s, Matmul):
+    if isinstance(s, (Matmul, TreeChunks)):
         return True
     if isinstance(s, (Block, While)):
         return any(_has_par(b) for b in s.body)
@@ -558,7 +594,7 @@ class _Renderer:
                 lines.append(f"{ind}for (int64_t {s.var} = 0; {s.var} < {s.extent}; {s.var}++) {{")
                 self.seq(s.body, lines, ind + "    ")
                 lines.append(ind + "}")
-            elif isinstance(s, Matmul):
+            elif isinstance(s, (Matmul, TreeChunks)):
                 self.seq(s.loops, lines, ind)
             elif isinstance(s, Block):
                 lines.append(ind + "{")
@@ -617,7 +653,7 @@ class _Renderer:
         lines.append(ind + _SYNC)
 
     def _coop_one(self, s, lines, ind):
-        if isinstance(s, Matmul):
+        if isinstance(s, (Matmul, TreeChunks)):
             for loop in s.loops:
                 if _has_par(loop):
                     self._coop_one(loop, lines, ind)
@@ -679,13 +715,15 @@ class _Renderer:
         units = []          # (kind, payload)
         pending = []
         for s in self.stmts:
-            par = (isinstance(s, Loop) and s.parallel) or isinstance(s, (Matmul, SampleLoop))
+            par = (isinstance(s, Loop) and s.parallel) or \
+                isinstance(s, (Matmul, SampleLoop, TreeChunks))
             if par:
                 if pending:
                     units.append(("block", pending))
                     pending = []
                 units.append(("matmul" if isinstance(s, Matmul) else
-                              "sample" if isinstance(s, SampleLoop) else "grid", s))
+                              "sample" if isinstance(s, SampleLoop) else
+                              "chunks" if isinstance(s, TreeChunks) else "grid", s))
             else:
                 pending.append(s)
         if pending:
@@ -700,6 +738,8 @@ class _Renderer:
                 rendered.append(self._sample(name, payload))
             elif kind == "matmul":
                 rendered.append(self._matmul(name, payload))
+            elif kind == "chunks":
+                rendered.append(self._chunks(name, payload))
             else:
                 rendered.append(self._block(name, payload))
 
@@ -785,6 +825,13 @@ class _Renderer:
         if any("vk_report(" in line for line in lines):
             lines.insert(0, "    int err_ = 0; int* err = &err_; int64_t info[3] = {0, 0, 0};")
         return KernelSpec(name, "block", threads=threads), lines
+
+    def _chunks(self, name, tc):
+        """A large contiguous sum's first stage: the block-cooperative kernel, a block per
+        chunk (``kernels_cu/tree_chunks.cuh``)."""
+        return KernelSpec(name, "chunks", total=tc.outs * tc.parts), [
+            f"    vk_tree_chunks<{CTYPE[tc.dtype]}>({tc.x}, {tc.part}, {tc.outs}LL, {tc.total}LL, "
+            f"{tc.parts}LL, {tc.chunk}LL, {tc.levels});"]
 
     def _matmul(self, name, mm):
         if -(-mm.m // TILE) > 65535:

@@ -66,6 +66,19 @@ class Matmul:
         self.batch, self.m, self.n, self.k, self.dtype = batch, m, n, k, dtype
 
 
+class TreeChunks:
+    """The first stage of a large float sum over contiguous rows (CUDA lowering only): ``loops``,
+    the plain loop nest that computes it (one thread per chunk), and what the block-cooperative
+    kernel of ``kernels_cu/tree_chunks.cuh`` needs to compute the same partials with coalesced
+    reads -- the buffers ``x`` (``outs`` rows of ``total``) and ``part`` (``outs`` x ``parts``),
+    the ``chunk`` (a power of two) and its ``levels`` (log2)."""
+
+    def __init__(self, loops, x, part, outs, total, parts, chunk, dtype):
+        self.loops, self.x, self.part, self.outs, self.total = loops, x, part, outs, total
+        self.parts, self.chunk, self.dtype = parts, chunk, dtype
+        self.levels = chunk.bit_length() - 1
+
+
 class SampleLoop:
     """A top-level vmapped scan (CUDA lowering only) as a loop over samples ``var`` in
     ``[0, extent)``, each running every row of its own scan (``body``): rendered as a grid
