@@ -297,3 +297,22 @@ def test_an_imported_array_with_stream_0_is_refused(emulated):
         __cuda_array_interface__ = face
     with pytest.raises(vkml.ArgumentError, match="stream is 0"):
         backend.to_plane(Zero())
+
+
+# -- 5. bandwidth -------------------------------------------------------------------------------------
+
+def test_large_one_thread_operations_run_on_the_host_small_ones_on_the_gpu(emulated):
+    """scatter_add (and argsort, solve, cholesky) run on one GPU thread: above a size, the program
+    goes to the host instead (the backend's fallback), with the same result."""
+    from vkml.backends.codegen import cuda_render
+    driver, backend = emulated
+    for n in (1000, cuda_render.SERIAL_LIMIT + 1):
+        idx = RNG.integers(0, 50, n)
+        vals = RNG.normal(size=n)
+        before = backend.fallbacks
+        got = vkml.scatter_add(vkml.zeros(50, dtype=np.float64), vkml.tensor(idx[:, None]),
+                               vkml.tensor(vals)).numpy()
+        want = np.zeros(50)
+        np.add.at(want, idx, vals)
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+        assert backend.fallbacks - before == (n > cuda_render.SERIAL_LIMIT)

@@ -41,8 +41,18 @@ What is NOT parallel yet (correct, but on one block or one thread): a
 scan's rows and a while loop's iterations (inherently sequential; their
 per-step work is block-parallel), scatter-add (duplicate indices would race;
 atomics would make float sums order-dependent, so it runs on one thread in
-index order, as on the CPU), top-level conds, and reductions whose outputs
-are many and short (one thread per output).  A scan that is not vmapped
+index order, as on the CPU), argsort, solve, slogdet and cholesky (one
+thread), top-level conds, and reductions whose outputs are many and short
+(one thread per output).  A scatter-add, argsort, solve, slogdet or cholesky
+of more than :data:`SERIAL_LIMIT` elements sends its program to the host
+(the backend's NumPy fallback): one GPU thread would be far slower.
+
+Large float sums (``SPLIT_MIN_ELEMENTS`` reduced elements or more) run in
+two stages sized to fill every multiprocessor (about ``SPLIT_THREADS``
+first-stage threads): when each output's elements are contiguous, the first
+stage is a block per chunk whose threads read neighbouring pairs
+(``kernels_cu/tree_chunks.cuh``); otherwise a thread per (chunk, output),
+outputs innermost so that a warp reads neighbouring memory.  A scan that is not vmapped
 is not split into per-sample kernels: that needs a proof that samples do
 not interact, which only vmap carries.  Simulations carry it too (a
 per-sample step kernel): their loops run one GPU thread per sample, every
@@ -101,6 +111,8 @@ SHARED_LIMIT = 32 * 1024
 SPLIT_MIN_ELEMENTS = 2048
 #: ... at most this many outputs, run in two stages (partials in parallel, then their sum)
 SPLIT_MAX_OUTPUTS = 4096
+#: scatter_add, argsort, solve, slogdet and cholesky with more elements than this run on the host
+SERIAL_LIMIT = 1 << 16
 #: a split float sum's first stage aims at about this many threads (every multiprocessor busy)
 SPLIT_THREADS = 1 << 17
 #: elements one pass of the block-cooperative first stage reads (kernels_cu/tree_chunks.cuh:
@@ -242,6 +254,17 @@ class CudaLowering(Lowering):
     # those stay sequential, on one thread of a block kernel
     def _lower_cumsum(self, e, env, targets):
         return _mark(super()._lower_cumsum(e, env, targets), e.outputs[0].ndim - 1)
+
+    def _serial(self, e, env, targets):
+        """scatter_add, argsort, solve, slogdet, cholesky: one thread of a block kernel does them
+        (in index order, the CPU's), which is fine for small ones; above :data:`SERIAL_LIMIT`
+        elements the program runs on the host instead (the backend's NumPy fallback, counted in
+        ``fallbacks``): a host core beats one GPU thread by far."""
+        work = max([v.size for v in e.inputs] + [v.size for v in e.outputs])
+        if work > SERIAL_LIMIT:
+            raise Unsupported(f"{e.prim.name} of {work} elements on one GPU thread: runs on the "
+                              "host")
+        return C_RULES[e.prim.name].lower(self, e, env, targets)
 
     def _lower_matmul(self, e, env, targets):
         out = e.outputs[0]
@@ -396,7 +419,8 @@ CUDA_RULES = C_RULES | {
     "scan": Statement(CudaLowering._lower_scan),
     "while": Statement(CudaLowering._lower_while),
     "cond": Statement(CudaLowering._lower_cond),
-}
+} | {name: Statement(CudaLowering._serial)
+     for name in ("scatter_add", "argsort", "solve", "slogdet", "cholesky")}
 
 
 # -- the plan ---------------------------------------------------------------------------------------
