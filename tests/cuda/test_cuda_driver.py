@@ -19,6 +19,7 @@ conversion, an emulated cuBLAS that sets itself up on its first product):
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -316,3 +317,33 @@ def test_large_one_thread_operations_run_on_the_host_small_ones_on_the_gpu(emula
         np.add.at(want, idx, vals)
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
         assert backend.fallbacks - before == (n > cuda_render.SERIAL_LIMIT)
+
+
+# -- 7. the first run on a GPU machine ------------------------------------------------------------
+
+def test_the_smoke_stage_passes_on_the_emulated_driver():
+    env = {**os.environ, "VKML_EMULATED_CUDA": "1",
+           "PYTHONPATH": os.pathsep.join([os.path.join(ROOT, "kit"),
+                                          os.path.join(ROOT, "extensions")])}
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gpu_smoke.py")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    passed = [line for line in proc.stdout.splitlines() if line.startswith("smoke: ") and
+              line[7:].split("  ")[-1] and line[26:34].strip() == "ok"]
+    assert len(passed) == 6 and "FAILED" not in proc.stdout, proc.stdout
+
+
+@pytest.mark.skipif(not shutil.which("timeout") or not shutil.which("bash"),
+                    reason="needs bash and coreutils' timeout")
+def test_device_check_keeps_its_logs_when_the_time_limit_stops_it(tmp_path):
+    """The whole run is under a time limit, and every line and step log is in $OUT as it goes:
+    a run stopped at the limit still brings back what it did."""
+    env = {**os.environ, "OUT": str(tmp_path), "VKML_DEVICE_CHECK_LIMIT": "20",
+           "PYTHON": sys.executable, "VKML_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("VKML_DEVICE_CHECK_INNER", None)
+    proc = subprocess.run(["bash", os.path.join(ROOT, "scripts", "device-check"), "--emulated"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 124, proc.stdout[-2000:] + proc.stderr[-2000:]
+    text = (tmp_path / "device-check.txt").read_text()
+    assert "smoke: graph replay" in text and "stopped at the 20s limit" in text
+    assert (tmp_path / "device-check-logs" / "smoke.log").exists()
