@@ -289,6 +289,33 @@ def _nvcc_ptx(source, workdir, name):
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_ptx_has_no_fma_where_bits_are_promised_and_no_float_atomics(tmp_path):
+    """The programs whose bits equal the CPU's (+, -, *, /, sqrt, float sums in both split
+    layouts, the deterministic and the tiled product, a scan's running sum, the device tree sum)
+    compile to PTX without a fused multiply-add (``-fmad=false`` holds) and without a
+    floating-point atomic (sums never depend on the order threads arrive in)."""
+    x = np.ones((300, 70))
+    programs = [
+        vkml.program(lambda a, b: ((a * b - a) / (b + 1.5)) * vkml.sqrt(a * a + b) - b, x, x),
+        vkml.program(lambda a: vkml.sum(a), np.ones(100_000)),
+        vkml.program(lambda a: vkml.sum(a, axis=0), np.ones((5000, 3), np.float32)),
+        vkml.program(lambda a, b: a @ b, x, x.T),
+        vkml.program(lambda a: a.cumsum(axis=1), x),
+    ]
+    with vkml.deterministic_matmul():
+        programs.append(vkml.program(lambda a, b: a @ b, x, x.T))     # the tree over k
+    plans = [cuda_plan(p, prefix=f"vk_{i}_") for i, p in enumerate(programs)]
+    assert {"chunks", "grid", "matmul"} <= {k.kind for p in plans for k in p.kernels}
+    source = module_source(plans, namespaces=True) + "\n" + cuda_render.template("tree_sum.cu")
+    proc, out = _nvcc_ptx(source, str(tmp_path), "exact")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ptx = open(out).read()
+    assert re.search(r"\badd\.rn\.f64", ptx) and re.search(r"\bmul\.rn\.f64", ptx)  # it is there
+    assert not re.search(r"\bfma\.", ptx), re.findall(r".*\bfma\..*", ptx)[:5]
+    assert not re.search(r"\b(atom|red)(\.\w+)*\.f(16|32|64)\b", ptx)
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 def test_every_generated_kernel_compiles_with_nvcc(plans, tmp_path):
     """Every kernel of every collected program, in two translation units compiled side by side."""
     groups = [[p[-1] for p in plans[i::2]] for i in range(2)]
