@@ -26,9 +26,15 @@ How a Program runs:
    ``vkml.stats().compiles`` counts nvcc runs; a cubin loaded from the disk
    cache counts as a cache hit.
 2. **Buffers**: every kernel finds its buffers through the executable's
-   device *pointer table* (``vk_bufs``).  The executable owns a buffer for
-   every input, output and temporary (allocated once), page-locked host
-   staging buffers, and a page-locked host copy of the table.
+   device *pointer table* (``vk_bufs``).  The executable owns its
+   temporaries, the table (and a page-locked host copy of it), the status
+   words and the small-input block; a buffer with page-locked staging for an
+   input or a result only once a run passes that input as a NumPy array or
+   returns that result to the host -- runs on DeviceArrays use them where
+   they lie and allocate nothing for them.  An executable nobody holds any
+   more (evicted from the bounded cache, or dropped by ``clear_cache`` while
+   no memo of the graph layer still runs it) gives its device memory back at
+   the backend's next call.
 3. **Values stay on the GPU**: a realize, a backward or a jitted call keeps
    its results as :class:`DeviceArray` values (memory from a per-size pool
    of the backend), so a training loop's parameters and gradients never
@@ -46,9 +52,13 @@ How a Program runs:
    ``CudaBackend.to_plane`` takes theirs the same way (the wrapper keeps
    their owner alive and never frees their memory); ``.numpy()`` is the
    explicit copy to the host.
-4. **One submission = one CUDA graph launch**: the first run captures the
-   submission's device work on the backend's PyCUDA stream with the
-   driver's stream capture (``cuStreamBeginCapture`` / ``cuStreamEndCapture``
+4. **One submission = one CUDA graph launch**: the first run of an
+   executable goes launch by launch and is checked (cuBLAS sets itself up on
+   its first product -- allocations a capture refuses); then the
+   submission's device work is captured on the backend's PyCUDA stream
+   (non-blocking: another library's work on the legacy default stream
+   neither waits for it nor invalidates its capture) with the driver's
+   stream capture (``cuStreamBeginCapture`` / ``cuStreamEndCapture``
    through ``cuda-bindings``, given ``stream.handle``): the copies of the
    host pointer table and of the small-input block to the device, every
    kernel launch (or cuBLAS call) and the copy back of the status words.  The graph is instantiated once and cached
@@ -58,27 +68,41 @@ How a Program runs:
    while capturing.
 5. **Matrix products** of float32/float64 buffers with at least
    ``VKML_CUDA_CUBLAS_MIN`` (default 2^18) multiply-adds go through cuBLAS
-   (loaded with ctypes from the toolkit or the ``nvidia-cublas`` wheel, with
-   a fixed workspace so it can be captured) when it is found; otherwise the
-   tiled kernel (same bits as the loops).  ``VKML_CUDA_CUBLAS=0`` turns it
-   off.  cuBLAS takes its pointers by value when captured, so the buffers a
+   (loaded with ctypes from ``VKML_CUDA_CUBLAS_LIBRARY``, the toolkit or the
+   ``nvidia-cublas`` wheel, with a fixed workspace so it can be captured;
+   every status it returns is checked, a failure is a BackendError naming
+   the call) when it is found; otherwise the tiled kernel (same bits as the
+   loops).  cuBLAS accumulates with fused multiply-adds, so its products
+   are close to the loops', not bitwise equal.  ``VKML_CUDA_CUBLAS=0`` turns
+   it off.  cuBLAS takes its pointers by value when captured, so the buffers a
    cuBLAS call touches keep their addresses: a DeviceArray argument for one
    is copied into it on the device, and a result is copied out of it.
 6. **Errors**: a gather index out of range stops the submission (later
    kernels return at once) and is raised as on the CPU tier, naming the
    index, the axis and its size.
-7. **Ctrl-C**: a submission is one graph launch, which the host cannot stop;
+7. **Threads**: the context is pushed around every call and popped after
+   it (``_Gpu.active``), on whichever thread makes it, so every allocation,
+   copy, launch and free has it current and no thread ever ends with it
+   pushed (PyCUDA aborts the process then).  An imported array's
+   ``__cuda_array_interface__`` ``stream`` is waited for before its memory
+   is used.
+8. **Casts**: a float converted to an integer gives NumPy's x86 results
+   (the type's minimum for NaN and out-of-range values, where a GPU's own
+   conversion saturates), through the helper both tiers share.
+9. **Ctrl-C**: a submission is one graph launch, which the host cannot stop;
    the KeyboardInterrupt comes once it has finished (the run always waits
    for the device, interrupted or not, before its buffers are used again).
    Loops of submissions (the graph layer's steps) stop between two of them.
 
-What was verified without a GPU (``tests/test_cuda_codegen.py``): the
+What was verified without a GPU (``tests/cuda/test_cuda_codegen.py``, ``tests/cuda/test_cuda_driver.py``): the
 generated CUDA compiles with ``nvcc --ptx``; the launch plans compute the
 NumPy backend's results under a host emulation of the kernels; this module
 runs end to end on an emulated driver (``tests/cuda_emulation.py``: stand-ins
-for ``pycuda.driver`` and ``cuda.bindings.driver`` whose stream capture
-records operations and refuses allocations and synchronous copies, as the
-driver does), and so does ``tests/test_cuda.py``; the no-GPU paths.  The
+for ``pycuda.driver``, ``cuda.bindings.driver`` and cuBLAS with per-thread
+context stacks, asynchronous streams, captures that refuse allocations and
+synchronous copies and are invalidated by legacy-stream work, garbage
+shared memory and GPU float-to-int conversion, as the driver does), and so
+does ``tests/cuda/test_cuda.py``; the no-GPU paths.  The
 real driver calls (PyCUDA's allocation, copies and launches, stream capture,
 graph instantiation and launch through cuda-bindings, cuBLAS) have NOT run
 on a GPU yet: ``tests/test_cuda.py`` and ``bench/gpu.py`` check them on the
