@@ -845,13 +845,15 @@ def fake_driver():
     workdir = tempfile.mkdtemp(prefix="vkml-emulated-cuda-")
     state = _Emulated(workdir)
     saved = {n: sys.modules.get(n) for n in _NAMES}
-    env = {k: os.environ.get(k) for k in ("VKML_CACHE_DIR", "VKML_CUDA_CUBLAS_LIBRARY")}
+    env = {k: os.environ.get(k) for k in ("VKML_CACHE_DIR", "VKML_CUDA_CUBLAS_LIBRARY",
+                                           "VKML_CUDA_NVRTC")}
     pkg, drv, compiler = _make_pycuda(state)
     cuda_pkg, bindings, cu = _make_bindings(state)
     sys.modules.update({"pycuda": pkg, "pycuda.driver": drv, "pycuda.compiler": compiler,
                         "cuda": cuda_pkg, "cuda.bindings": bindings, "cuda.bindings.driver": cu})
     os.environ["VKML_CACHE_DIR"] = os.path.join(workdir, "cache")
     os.environ["VKML_CUDA_CUBLAS_LIBRARY"] = fake_cublas(state)
+    os.environ["VKML_CUDA_NVRTC"] = "0"        # the emulated "cubins" are host libraries
     base._INSTANCES.pop("cuda", None)
     try:
         yield state

@@ -18,6 +18,7 @@ conversion, an emulated cuBLAS that sets itself up on its first product):
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import subprocess
@@ -347,3 +348,69 @@ def test_device_check_keeps_its_logs_when_the_time_limit_stops_it(tmp_path):
     text = (tmp_path / "device-check.txt").read_text()
     assert "smoke: graph replay" in text and "stopped at the 20s limit" in text
     assert (tmp_path / "device-check-logs" / "smoke.log").exists()
+
+
+class _FakeNvrtc:
+    """libnvrtc's calls as ctypes would make them, recording what it was asked; ``fail`` makes
+    the compile step fail with a log."""
+
+    def __init__(self, fail=False):
+        self.fail, self.sources, self.options = fail, [], []
+
+    def nvrtcVersion(self, major, minor):
+        major._obj.value, minor._obj.value = 13, 0
+        return 0
+
+    def nvrtcCreateProgram(self, prog, source, name, n, headers, names):
+        self.sources.append(source.decode())
+        prog._obj.value = 1
+        return 0
+
+    def nvrtcCompileProgram(self, prog, n, options):
+        self.options.append([options[i].decode() for i in range(n)])
+        return 6 if self.fail else 0
+
+    def nvrtcGetProgramLogSize(self, prog, size):
+        size._obj.value = 32
+        return 0
+
+    def nvrtcGetProgramLog(self, prog, log):
+        log.value = b"error: something NVRTC refused"
+        return 0
+
+    def nvrtcGetCUBINSize(self, prog, size):
+        size._obj.value = 5
+        return 0
+
+    def nvrtcGetCUBIN(self, prog, out):
+        ctypes.memmove(out, b"CUBIN", 5)
+        return 0
+
+    def nvrtcDestroyProgram(self, prog):
+        return 0
+
+
+def test_nvrtc_compiles_with_the_same_flags_and_without_c_headers():
+    from vkml.backends import nvrtc
+    from vkml.backends.codegen import cuda_render
+    fake = _FakeNvrtc()
+    lib = nvrtc.Nvrtc(fake, "libnvrtc.so.13")
+    assert lib.version == "nvrtc 13.0"
+    source = cuda_render.cuda_plan(vkml.program(lambda x: x * 2.0, np.ones(3))).source
+    assert "#include <stdint.h>" in source
+    assert lib.cubin(source, "sm_90", cuda_render.NVCC_FLAGS) == b"CUBIN"
+    assert fake.options == [["--gpu-architecture=sm_90", *cuda_render.NVCC_FLAGS]]
+    assert "#include" not in fake.sources[0] and "typedef long long int64_t;" in fake.sources[0]
+    with pytest.raises(nvrtc.NvrtcError, match="something NVRTC refused"):
+        nvrtc.Nvrtc(_FakeNvrtc(fail=True), "x").cubin(source, "sm_90", [])
+
+
+def test_a_module_nvrtc_refuses_is_compiled_by_nvcc_from_then_on(emulated):
+    from vkml.backends import nvrtc
+    driver, backend = emulated
+    backend.gpu.nvrtc = nvrtc.Nvrtc(_FakeNvrtc(fail=True), "libnvrtc-fake.so")
+    compiles = driver.compiles
+    np.testing.assert_allclose((vkml.tensor(np.arange(4.0)) * 7.0 - 1.0).numpy(),
+                               np.arange(4.0) * 7.0 - 1.0)
+    assert driver.compiles == compiles + 1 and backend.gpu.nvrtc is None
+    assert "NVRTC failed" in backend.info()["compiler"]

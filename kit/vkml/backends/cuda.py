@@ -161,6 +161,7 @@ from .codegen.lower import Unsupported
 from .codegen.sample_loops import LoopSpec
 from .cuda_loops import CudaSampleLoops
 from .numpy_backend import compile_program as compile_numpy
+from .nvrtc import Nvrtc, NvrtcError
 
 #: ``CU_STREAM_NON_BLOCKING``: the backend's stream does not synchronise with the legacy default
 #: stream
@@ -258,6 +259,9 @@ class _Gpu:
         self.executables = weakref.WeakSet()
         self.modules = {}
         self.cublas = None
+        #: NVRTC when found (in-process, faster than nvcc), else None; why it is not used, if so
+        self.nvrtc = Nvrtc.load()
+        self.nvrtc_note = None if self.nvrtc else "not found (VKML_CUDA_NVRTC=0, or no libnvrtc)"
         with self.active():                  # popped again even when a step below fails
             # non-blocking: another library's work on the legacy default stream neither waits
             # for this stream nor invalidates a capture on it
@@ -319,14 +323,18 @@ class _Gpu:
             self.pool.close()
             self.modules.clear()
 
-    def nvcc_version(self) -> str:
+    def compiler_version(self) -> str:
+        """The compiler that makes this machine's cubins (part of their cache key)."""
+        if self.nvrtc is not None:
+            return self.nvrtc.version
         from pycuda.compiler import get_nvcc_version  # local: optional dependency
         return get_nvcc_version("nvcc")
 
     def module(self, source: str):
         """The loaded module of ``source``: from memory, from the disk cache, or compiled (counted)."""
         flags = NVCC_FLAGS + ["-arch", self.arch]
-        key = hashlib.sha256("\0".join([source, self.nvcc_version()] + flags).encode()).hexdigest()[:32]
+        key = hashlib.sha256("\0".join([source, self.compiler_version()] + flags).encode()
+                             ).hexdigest()[:32]
         mod = self.modules.get(key)
         if mod is not None:
             return mod, False
@@ -336,7 +344,16 @@ class _Gpu:
         return mod, compiled
 
     def _nvcc(self, source: str) -> bytes:
-        """The cubin nvcc makes of ``source`` (counted as a compile)."""
+        """The cubin NVRTC (when found) or nvcc makes of ``source`` (counted as a compile).  If
+        NVRTC fails on a module, nvcc compiles it and every later one (the reason is kept)."""
+        if self.nvrtc is not None:
+            try:
+                cubin = self.nvrtc.cubin(source, self.arch, NVCC_FLAGS)
+                STATS.compiles += 1
+                return cubin
+            except NvrtcError as e:
+                self.nvrtc_note = f"nvcc instead: NVRTC failed on a module ({str(e)[:300]})"
+                self.nvrtc = None
         from pycuda.compiler import compile as nvcc_compile  # local: optional dependency
         try:
             cubin = nvcc_compile(source, options=list(NVCC_FLAGS), no_extern_c=True,
@@ -1232,6 +1249,8 @@ class CudaBackend(Backend):
         info.update({"gpu": g.name, "arch": g.arch, "multiprocessors": g.sm_count,
                      "memory": g.total_memory, "cublas": g.cublas.path if g.cublas else None,
                      "cache": cache_dir(), "nvcc flags": " ".join(NVCC_FLAGS),
+                     "compiler": f"{g.nvrtc.version} ({g.nvrtc.path})" if g.nvrtc else
+                     f"nvcc ({g.nvrtc_note})",
                      "graphs": g.use_graphs, "captures": g.captures, "numpy fallbacks": self.fallbacks,
                      "value memory": {"allocations": g.pool.allocations, "reuses": g.pool.reuses,
                                       "spare bytes": g.pool.spare_bytes}})
