@@ -13,8 +13,10 @@
 // come out as on the CPU.  Compiled with -fmad=false: IEEE additions, the same bits.
 //
 // Launch: blockDim.x = VK_CHUNK_THREADS, any grid (blocks stride over the outs * parts jobs).
-#define VK_CHUNK_THREADS 256
+#ifndef VK_CHUNK_THREADS            // (the host emulation may run fewer: the bits are the same for
+#define VK_CHUNK_THREADS 256        // any power of two, each span being a subtree of the chunk)
 #define VK_CHUNK_LEVEL 9            // log2(2 * VK_CHUNK_THREADS)
+#endif
 
 __device__ __forceinline__ void vk_tree_push_any(float* st, int64_t n, int l, float v) {
     vk_tree_push_float(st, n, l, v);

@@ -4,9 +4,10 @@ Used by ``test_cuda_codegen.py`` (no GPU needed):
 
 - :func:`host_library` compiles generated CUDA source for the host with an
   emulation header: ``__global__``/``__device__`` vanish, ``__shared__``
-  becomes ``static``, a block's threads run as POSIX threads with a barrier
-  for ``__syncthreads`` (or one after another, for kernels without one),
-  blocks run one after another.  :func:`emulate` runs a plan's kernels in
+  becomes ``static`` (filled with garbage at the start of each block), a
+  block's threads run as fibers on one OS thread that switch at each
+  ``__syncthreads`` (or one after another, for kernels without one), blocks
+  run one after another.  :func:`emulate` runs a plan's kernels in
   order on NumPy buffers.
 - :func:`fake_driver` installs stand-ins for ``pycuda.driver``,
   ``pycuda.compiler`` and ``cuda.bindings.driver`` in ``sys.modules``, so
@@ -45,7 +46,7 @@ CXX = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++") or shuti
 
 EMULATION = r"""
 // Host emulation of the CUDA subset generated code uses: blocks run one after another; the threads
-// of a block run as POSIX threads (or in turn, for kernels without __syncthreads).
+// of a block run as fibers switching at __syncthreads (or in turn, for kernels without one).
 #include <stdint.h>
 #include <math.h>
 #include <pthread.h>
@@ -57,8 +58,8 @@ struct vk_dim3 { unsigned x, y, z; };
 extern thread_local vk_dim3 threadIdx;
 extern thread_local vk_dim3 blockIdx;
 extern vk_dim3 blockDim, gridDim;
-extern pthread_barrier_t vk_barrier;
-inline void __syncthreads() { pthread_barrier_wait(&vk_barrier); }
+void vk_sync();
+inline void __syncthreads() { vk_sync(); }
 inline unsigned long long atomicCAS(unsigned long long* p, unsigned long long cmp,
                                     unsigned long long val) {
     return __sync_val_compare_and_swap(p, cmp, val);
@@ -99,7 +100,6 @@ LAUNCHER = r"""
 thread_local vk_dim3 threadIdx;
 thread_local vk_dim3 blockIdx;
 vk_dim3 blockDim, gridDim;
-pthread_barrier_t vk_barrier;
 unsigned char vk_dynamic_shared[1 << 16];
 unsigned long long vk_block_generation = 1;
 pthread_mutex_t vk_shared_mutex = PTHREAD_MUTEX_INITIALIZER;
@@ -116,7 +116,43 @@ static void vk_call(vk_job* j) {
     else if (j->kind == 1) ((vk_tree_kernel)j->fn)(j->x, j->out, j->n, j->m, j->chunks, j->chunk);
     else ((vk_loop_kernel)j->fn)(j->bufs, j->outs, j->n, j->m);
 }
-static void* vk_thread(void* p) { vk_call((vk_job*)p); return 0; }
+// A block's threads as fibers on one OS thread: each runs until its __syncthreads (a switch back
+// to the scheduler) or its end; the scheduler resumes them in turn, so all reach a barrier before
+// any passes it -- a barrier costs a context switch, not a round of futex wake-ups.  (A thread
+// that has returned counts as arrived, as on Volta and later.)
+#include <ucontext.h>
+struct vk_fiber { ucontext_t ctx; vk_job* job; int done; };
+static ucontext_t vk_scheduler;
+static vk_fiber* vk_fibers;
+static unsigned vk_current;
+static std::vector<char> vk_stacks;
+static const size_t VK_STACK = 128 * 1024;
+void vk_sync() { swapcontext(&vk_fibers[vk_current].ctx, &vk_scheduler); }
+static void vk_fiber_main(int t) { vk_call(vk_fibers[t].job); vk_fibers[t].done = 1; }
+static void vk_run_fibers(std::vector<vk_job>& jobs, unsigned nt) {
+    if (vk_stacks.size() < nt * VK_STACK) vk_stacks.resize(nt * VK_STACK);
+    std::vector<vk_fiber> fibers(nt);
+    vk_fibers = fibers.data();
+    for (unsigned t = 0; t < nt; t++) {
+        getcontext(&fibers[t].ctx);
+        fibers[t].ctx.uc_stack.ss_sp = &vk_stacks[t * VK_STACK];
+        fibers[t].ctx.uc_stack.ss_size = VK_STACK;
+        fibers[t].ctx.uc_link = &vk_scheduler;
+        fibers[t].job = &jobs[t];
+        fibers[t].done = 0;
+        makecontext(&fibers[t].ctx, (void (*)())vk_fiber_main, 1, (int)t);
+    }
+    for (unsigned left = nt; left;) {
+        for (unsigned t = 0; t < nt; t++) {
+            if (fibers[t].done) continue;
+            vk_current = t;
+            blockIdx = jobs[t].block;
+            threadIdx = jobs[t].thread;
+            swapcontext(&vk_scheduler, &fibers[t].ctx);
+            if (fibers[t].done) left--;
+        }
+    }
+}
 static void vk_run(vk_job proto, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                    int threaded) {
     gridDim = {gx, gy, 1}; blockDim = {bx, by, 1};
@@ -132,11 +168,7 @@ static void vk_run(vk_job proto, unsigned gx, unsigned gy, unsigned gz, unsigned
             jobs[t].thread = {t % bx, t / bx, 0};
         }
         if (!threaded) { for (unsigned t = 0; t < nt; t++) vk_call(&jobs[t]); continue; }
-        pthread_barrier_init(&vk_barrier, 0, nt);
-        std::vector<pthread_t> ids(nt);
-        for (unsigned t = 0; t < nt; t++) pthread_create(&ids[t], 0, vk_thread, &jobs[t]);
-        for (unsigned t = 0; t < nt; t++) pthread_join(ids[t], 0);
-        pthread_barrier_destroy(&vk_barrier);
+        vk_run_fibers(jobs, nt);
     }
 }
 extern "C" void vk_launch(void* fn, void* const* bufs, unsigned long long* status, unsigned gx,
@@ -245,6 +277,7 @@ class _Emulated:
         self.libs = itertools.count()
         self.compiles = 0
         self.barriers = {}                # compiled module -> kernels that use __syncthreads
+        self.chunk_kernels = {}           # compiled module -> large sums' first stages
         self.launches = []                # (kernel name, grid, block) of every launch run
         self.copies = {"htod": 0, "dtoh": 0, "dtod": 0}   # copies done (not merely recorded)
         self.copy_log = []                # (kind, destination, source, bytes) of every copy done
@@ -468,13 +501,15 @@ def _make_pycuda(state):
         # The backend frees explicitly; what it drops stays counted in live_bytes.)
 
     class Function:
-        def __init__(self, lib, name, barrier):
-            self.lib, self.name, self.barrier = lib, name, barrier
+        def __init__(self, lib, name, barrier, chunks=False):
+            self.lib, self.name, self.barrier, self.chunks = lib, name, barrier, chunks
             self.ptr = ctypes.cast(getattr(lib, name), ctypes.c_void_p)
 
         def _launch_kernel(self, grid, block, args, shared, stream):
             lib, ptr, name = self.lib, self.ptr, self.name
             grid, block = tuple(grid) + (1,) * (3 - len(grid)), tuple(block) + (1,) * (3 - len(block))
+            if self.chunks:                   # compiled for fewer threads
+                block = (EMULATED_CHUNK_THREADS, 1, 1)
 
             def op():
                 state.launches.append((name, grid, block))
@@ -498,17 +533,19 @@ def _make_pycuda(state):
             state.run(stream, op)
 
     class Module:
-        def __init__(self, lib, barriers):
-            self.lib, self.barriers = lib, barriers
+        def __init__(self, lib, barriers, chunks=()):
+            self.lib, self.barriers, self.chunks = lib, barriers, chunks
 
         def get_function(self, name):
-            return Function(self.lib, name, name in self.barriers)
+            return Function(self.lib, name, name in self.barriers, name in self.chunks)
 
     def module_from_buffer(data):
         path = os.path.join(state.workdir, f"module{next(state.libs)}.so")
         with open(path, "wb") as f:
             f.write(data)
-        return Module(ctypes.CDLL(path), state.barriers.get(hash(bytes(data)), set()))
+        key = hash(bytes(data))
+        return Module(ctypes.CDLL(path), state.barriers.get(key, set()),
+                      state.chunk_kernels.get(key, set()))
 
     def memcpy_htod(dst, src):
         state.need_context("cuMemcpyHtoD")
@@ -592,15 +629,18 @@ def _make_pycuda(state):
         assert "-fmad=false" in options
         state.compiles += 1
         name = f"compiled{state.compiles}"
-        lib = build_host(source, state.workdir, name)
+        lib = build_host(source, state.workdir, name, chunk_threads=EMULATED_CHUNK_THREADS)
         with open(lib, "rb") as f:
             data = f.read()
-        barriers = set()
+        barriers, chunks = set(), set()
         for text in source.split('extern "C" __global__ void ')[1:]:
             head = text.split("\nextern ")[0]
             if "__syncthreads" in head or "vk_matmul_tiled<" in head or "vk_tree_chunks<" in head:
                 barriers.add(text.split("(", 1)[0])
+            if "vk_tree_chunks<" in head:
+                chunks.add(text.split("(", 1)[0])
         state.barriers[hash(data)] = barriers
+        state.chunk_kernels[hash(data)] = chunks
         return data
 
     compiler.compile = compile
@@ -713,8 +753,19 @@ def gpu_source(source):
     return "".join(out) + source[at:]
 
 
-def build_host(source, workdir, name):
-    """Compile CUDA ``source`` for the host (see the module docstring); the library's path."""
+#: threads of a block of the large sums' first stage in the emulated driver (a GPU runs 256, and
+#: so does :func:`emulate`): a barrier costs a switch per thread, and the partials' bits are the
+#: same for any power of two (each span is a subtree of its chunk)
+EMULATED_CHUNK_THREADS = 8
+
+
+def build_host(source, workdir, name, chunk_threads=None):
+    """Compile CUDA ``source`` for the host (see the module docstring); the library's path.
+    ``chunk_threads``: the block size the large sums' first stage is compiled for (default the
+    GPU's)."""
+    if chunk_threads is not None:
+        source = (f"#define VK_CHUNK_THREADS {chunk_threads}\n"
+                  f"#define VK_CHUNK_LEVEL {(2 * chunk_threads).bit_length() - 1}\n") + source
     src = os.path.join(workdir, name + ".cpp")
     source = source.replace("extern __shared__ unsigned char vk_smem[];",
                             "unsigned char* vk_smem = vk_dynamic_shared;")

@@ -11,7 +11,7 @@ program it compiles, with the arguments of its first run and its results).
   emits for those programs compiles with ``nvcc --ptx``, without a warning.
 - On every machine with a C++ compiler: the same CUDA source, compiled for
   the host with an emulation header (blocks one after another, the threads
-  of a block as POSIX threads with a barrier for ``__syncthreads``), gives
+  of a block as fibers switching at each ``__syncthreads``), gives
   the NumPy backend's results for every collected program; the tree-sum
   kernel gives ``tree_sum``'s bits; a failing gather reports its index, axis
   and size through the status words, and later kernels do nothing.
@@ -454,7 +454,7 @@ def test_a_large_sum_runs_in_two_parallel_stages_over_every_multiprocessor():
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_emulated_split_sums_have_the_canonical_trees_bits(shape, axis, dtype, tmp_path):
     """Both first stages (the block-cooperative one, and a thread per chunk) under the emulator
-    (garbage shared memory, the block's threads as POSIX threads): NumPy backend's bits, with
+    (garbage shared memory, the block's threads as fibers): NumPy backend's bits, with
     values spread over twelve decades, signed zeros and an infinity."""
     x = (RNG.normal(size=shape) * 10.0 ** RNG.integers(-6, 6, shape)).astype(dtype)
     x.reshape(-1)[::997] = -0.0

@@ -339,14 +339,14 @@ def test_the_smoke_stage_passes_on_the_emulated_driver():
 def test_device_check_keeps_its_logs_when_the_time_limit_stops_it(tmp_path):
     """The whole run is under a time limit, and every line and step log is in $OUT as it goes:
     a run stopped at the limit still brings back what it did."""
-    env = {**os.environ, "OUT": str(tmp_path), "VKML_DEVICE_CHECK_LIMIT": "20",
+    env = {**os.environ, "OUT": str(tmp_path), "VKML_DEVICE_CHECK_LIMIT": "14",
            "PYTHON": sys.executable, "VKML_CACHE_DIR": str(tmp_path / "cache")}
     env.pop("VKML_DEVICE_CHECK_INNER", None)
     proc = subprocess.run(["bash", os.path.join(ROOT, "scripts", "device-check"), "--emulated"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 124, proc.stdout[-2000:] + proc.stderr[-2000:]
     text = (tmp_path / "device-check.txt").read_text()
-    assert "smoke: graph replay" in text and "stopped at the 20s limit" in text
+    assert "smoke: graph replay" in text and "stopped at the 14s limit" in text
     assert (tmp_path / "device-check-logs" / "smoke.log").exists()
 
 
@@ -414,3 +414,14 @@ def test_a_module_nvrtc_refuses_is_compiled_by_nvcc_from_then_on(emulated):
                                np.arange(4.0) * 7.0 - 1.0)
     assert driver.compiles == compiles + 1 and backend.gpu.nvrtc is None
     assert "NVRTC failed" in backend.info()["compiler"]
+
+
+def test_a_failing_driver_call_is_a_backend_error_naming_it(emulated, monkeypatch):
+    driver, backend = emulated
+
+    def out_of_memory(nbytes):
+        raise sys.modules["pycuda.driver"].Error("cuMemAlloc failed: out of memory")
+    monkeypatch.setattr(driver, "alloc", out_of_memory)
+    with pytest.raises(vkml.BackendError, match="cuMemAlloc failed: out of memory"):
+        backend.to_plane(np.ones(1 << 16))
+    assert not driver.stack()

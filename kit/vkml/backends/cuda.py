@@ -279,13 +279,18 @@ class _Gpu:
     @contextlib.contextmanager
     def active(self):
         """The context made current on this thread for the block, and popped after it (nested
-        blocks push once)."""
+        blocks push once).  A driver call that fails inside (PyCUDA raises its own errors, named
+        after the call: "cuMemAlloc failed: out of memory") comes out as a BackendError."""
         depth = getattr(self._tls, "depth", 0)
         if depth == 0:
             self.context.push()
         self._tls.depth = depth + 1
         try:
             yield self
+        except self.drv.Error as e:
+            raise BackendError(f"a CUDA driver call failed: {e}; free device memory "
+                               "(backend.empty_cache(), drop large arrays) if it ran out, else "
+                               "report it with vkml.backend_info()") from e
         finally:
             self._tls.depth = depth
             if depth == 0:
