@@ -286,6 +286,7 @@ class _Emulated:
         self.contexts = threading.local()
         self.on_capture = None            # a test's hook: called when a capture begins
         self.lock = threading.RLock()
+        self.pinned = []                  # page-locked host arrays
 
     # -- contexts ----------------------------------------------------------------------------------
     def stack(self):
@@ -303,6 +304,15 @@ class _Emulated:
         if not self.current():
             raise _DriverError(f"{what} failed: invalid device context (no context is current "
                                "on this thread)")
+
+    def pin(self, array):
+        """A page-locked host array (kept alive with the state)."""
+        self.pinned.append(array)
+        return array
+
+    def is_pinned(self, address) -> bool:
+        return any(a.ctypes.data <= address < a.ctypes.data + max(1, a.nbytes)
+                   for a in self.pinned)
 
     @property
     def live_bytes(self) -> int:
@@ -560,6 +570,13 @@ def _make_pycuda(state):
 
     def memcpy_htod_async(dst, src, stream=None):
         d, (s, n) = int(dst), _address(src)
+        if not state.is_pinned(s):
+            # from pageable memory the driver stages the bytes before it returns (the caller may
+            # drop the array at once); from page-locked memory it reads them when the copy runs
+            staged = np.frombuffer(ctypes.string_at(s, n), np.uint8).copy()
+            s = staged.ctypes.data
+            state.run(stream, lambda: (staged, state.copy("htod", d, s, n)))
+            return
         state.run(stream, lambda: state.copy("htod", d, s, n))
 
     def memcpy_dtoh_async(dst, src, stream=None):
@@ -603,11 +620,11 @@ def _make_pycuda(state):
 
     def pagelocked_empty(shape, dtype, order="C", mem_flags=0):
         state.need_context("cuMemHostAlloc")
-        return np.empty(shape, dtype)
+        return state.pin(np.empty(shape, dtype))
 
     def pagelocked_zeros(shape, dtype, order="C", mem_flags=0):
         state.need_context("cuMemHostAlloc")
-        return np.zeros(shape, dtype)
+        return state.pin(np.zeros(shape, dtype))
 
     drv.init = lambda flags=0: None
     drv.Device, drv.Stream, drv.Context = Device, Stream, Context
