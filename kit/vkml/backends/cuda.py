@@ -137,7 +137,6 @@ import contextlib
 import ctypes
 import ctypes.util
 import gc
-import glob
 import hashlib
 import importlib.util
 import os
@@ -161,7 +160,7 @@ from .codegen.lower import Unsupported
 from .codegen.sample_loops import LoopSpec
 from .cuda_loops import CudaSampleLoops
 from .numpy_backend import compile_program as compile_numpy
-from .nvrtc import Nvrtc, NvrtcError
+from .nvrtc import Nvrtc, NvrtcError, toolkit_libraries
 
 #: ``CU_STREAM_NON_BLOCKING``: the backend's stream does not synchronise with the legacy default
 #: stream
@@ -447,17 +446,8 @@ class _Cublas:
     def candidates():
         names = [os.environ["VKML_CUDA_CUBLAS_LIBRARY"]] \
             if os.environ.get("VKML_CUDA_CUBLAS_LIBRARY") else []
-        names += ["libcublas.so", "libcublas.so.13", "libcublas.so.12"]
-        spec = importlib.util.find_spec("nvidia")
-        for root in (spec.submodule_search_locations or []) if spec else []:
-            names += sorted(glob.glob(os.path.join(root, "cu*", "lib", "libcublas.so*")))
-            names += sorted(glob.glob(os.path.join(root, "cublas", "lib", "libcublas.so*")))
-        nvcc = shutil.which("nvcc")
-        if nvcc:
-            top = os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))
-            names += sorted(glob.glob(os.path.join(top, "lib64", "libcublas.so*")))
-            names += sorted(glob.glob(os.path.join(top, "targets", "*", "lib", "libcublas.so*")))
-        return names
+        return names + ["libcublas.so", "libcublas.so.13", "libcublas.so.12"] + \
+            toolkit_libraries("libcublas")
 
     @classmethod
     def load(cls, gpu):
@@ -826,8 +816,9 @@ class CudaExecutable:
         # buffers whose address a captured cuBLAS call holds: values are copied in and out of them
         self.fixed = {i for spec, *_, blas in self.launches if blas for i in spec.gemm[:3]}
         n_in, n_io = len(program.inputs), len(program.inputs) + len(program.outputs)
-        #: every device allocation of this executable (freed together: release, or bury)
-        self.memory = []
+        #: every device allocation of this executable (freed together: release, or bury), and
+        #: their bytes (its own buffers, not the values it returned)
+        self.memory, self.device_bytes = [], 0
         self.nbytes = [count * np.dtype(_NP[ctype]).itemsize for _, ctype, count in plan.buffers]
         # small inputs (Python scalars, short vectors) share one staging block, copied to the device
         # by the captured graph itself: no driver call per scalar per run
@@ -863,8 +854,7 @@ class CudaExecutable:
     def _alloc(self, nbytes):
         alloc = self.gpu.drv.mem_alloc(max(1, nbytes))
         self.memory.append(alloc)
-        #: device memory this executable holds (its own buffers, not the values it returned)
-        self.device_bytes = getattr(self, "device_bytes", 0) + max(1, nbytes)
+        self.device_bytes += max(1, nbytes)
         return alloc
 
     def _own_buffer(self, i):

@@ -30,18 +30,24 @@ class NvrtcError(Exception):
     """NVRTC refused a module (its log is the message)."""
 
 
-def candidates() -> list:
-    """Where libnvrtc may be, most specific first."""
+def toolkit_libraries(stem: str) -> list:
+    """The shared libraries ``stem.so*`` (``libnvrtc``, ``libcublas``) of NVIDIA's Python wheels
+    (``nvidia/*/lib``), then of the CUDA toolkit that ``nvcc`` belongs to."""
     names = []
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        names += sorted(glob.glob(os.path.join(root, "*", "lib", f"{stem}.so*")))
     nvcc = shutil.which("nvcc")
     if nvcc:
         top = os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))
-        names += sorted(glob.glob(os.path.join(top, "lib64", "libnvrtc.so*")))
-        names += sorted(glob.glob(os.path.join(top, "targets", "*", "lib", "libnvrtc.so*")))
-    spec = importlib.util.find_spec("nvidia")
-    for root in (spec.submodule_search_locations or []) if spec else []:
-        names += sorted(glob.glob(os.path.join(root, "*", "lib", "libnvrtc.so*")))
-    return names + ["libnvrtc.so", "libnvrtc.so.13", "libnvrtc.so.12"]
+        names += sorted(glob.glob(os.path.join(top, "lib64", f"{stem}.so*")))
+        names += sorted(glob.glob(os.path.join(top, "targets", "*", "lib", f"{stem}.so*")))
+    return names
+
+
+def candidates() -> list:
+    """Where libnvrtc may be: the wheels' and the toolkit's, then the loader's path."""
+    return toolkit_libraries("libnvrtc") + ["libnvrtc.so", "libnvrtc.so.13", "libnvrtc.so.12"]
 
 
 class Nvrtc:

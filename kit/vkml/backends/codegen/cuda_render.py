@@ -332,8 +332,9 @@ class CudaLowering(Lowering):
             stride *= x.shape[a]
         decl, st = self.tree_stack(out.dtype, chunk)
         # partials output-major ([outputs, parts]) for the contiguous kernel, chunk-major else
-        order = oidx + [c] if source is not None else [c] + oidx
-        pshape = tuple(out.shape) + (parts,) if source is not None else (parts,) + tuple(out.shape)
+        def layout(outputs, chunk_index):
+            return outputs + [chunk_index] if source is not None else [chunk_index] + outputs
+        order, pshape = layout(oidx, c), tuple(layout(list(out.shape), parts))
         valid = f"({total} - {c} * (int64_t){chunk} < {chunk} ? {total} - {c} * (int64_t){chunk} : {chunk})"
         body = [f"const int64_t {rr} = {c} * (int64_t){chunk} + {q};", f"if ({rr} >= {total}) break;",
                 f"vk_tree_push_{t}({st}, {q}, 0, {env.read(x, full)});"]
@@ -348,7 +349,7 @@ class CudaLowering(Lowering):
                                  out.dtype)]
         oidx2 = [self.fresh("i") for _ in oidx]
         c2 = self.fresh("p")
-        order2 = oidx2 + [c2] if source is not None else [c2] + oidx2
+        order2 = layout(oidx2, c2)
         decl2, st2 = self.tree_stack(out.dtype, parts)
         stage2 = [Block(decl2 + [Loop(c2, parts, [f"vk_tree_push_{t}({st2}, {c2}, 0, "
                                                    f"{part}[{linear_index(order2, pshape)}]);"]),
