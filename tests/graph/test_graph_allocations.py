@@ -196,11 +196,15 @@ def test_a_reused_reverse_allocates_less_than_a_fresh_one_per_call(monkeypatch):
     n = 1 << 16
     plane = n * 8
     g, seed, rev = warm(n)
-    for _ in range(2):          # the second round counts: both sides past their first-call work
-        fresh = call_peak(lambda: vkml.diff.Reverse(g)(g.record, {"y": seed}))
+    fresh, reused = [], []
+    for _ in range(4):          # the first round is warm-up: both sides past their first-call work
+        fresh.append(call_peak(lambda: vkml.diff.Reverse(g)(g.record, {"y": seed})))
         g.launch()
-        reused = call_peak(lambda: rev(g.record, {"y": seed}))
+        reused.append(call_peak(lambda: rev(g.record, {"y": seed})))
         g.launch()
+    # two threads interleave differently each call, which moves a peak by about a plane: the
+    # median of the steady rounds of each side
+    fresh, reused = sorted(fresh[1:])[1], sorted(reused[1:])[1]
     # kept between calls: the adjoint of u, two per-sample Param cotangents, the tree's levels
     assert rev.workspace.nbytes >= 3 * plane
     assert reused <= fresh - 2 * plane, (reused, fresh)
