@@ -1,19 +1,24 @@
-"""The cpu tier's blocked matrix product (``codegen/gemm.py``) against the naive loop's bits.
+"""The cpu tier's blocked matrix product (``codegen/gemm.py``) against the naive loop's bits, in
+both of its modes.
 
-The oracle is written in NumPy, independently of the C: ``acc = 0`` then ``acc = acc + A[:, k] *
-B[k, :]`` for k in order, every NumPy float operation rounding to the element type exactly as C's
-does.  Results are compared bit for bit; the one freedom allowed is *which* NaN comes out where the
+The oracles are written in NumPy, independently of the C (``product_oracles``): in the plain mode
+``acc = 0`` then ``acc = acc + A[:, k] * B[k, :]`` for k in order, every NumPy float operation
+rounding to the element type exactly as C's does; in the fused mode ``acc = fma(A[:, k], B[k, :],
+acc)``, each step computed exactly and rounded once.  Every test runs in both modes (the
+``mode`` fixture).  Results are compared bit for bit; the one freedom allowed is *which* NaN comes out where the
 oracle has a NaN: the naive C loop itself does not fix that (x86 returns the first operand's NaN
 and the compiler may swap the operands of a commutative ``*`` or ``+``), so any NaN matches any
 NaN, while -0.0, infinities and subnormals must match exactly.
 """
 
 import ctypes
+import ctypes.util
 import functools
 
 import numpy as np
 import pytest
 
+from product_oracles import fma_step, fused_loop, plain_loop
 from vkml.backends import cpu
 from vkml.backends.codegen import gemm
 from vkml.backends.codegen.c_render import prelude
@@ -31,17 +36,38 @@ void vk_test_gemm_{t}(int64_t M, int64_t N, int64_t K, const {t}* A, int64_t sam
 #: -march=native turns the wider instruction sets off), the scalar transposing copy a compiler
 #: without __builtin_shufflevector gets, and a row-major B always packed (never read in place)
 BUILDS = {"native": (), "avx2": ("-mno-avx512f",), "sse": ("-mno-avx",),
-          "no shuffles": ("-DVK_GEMM_NO_SHUFFLE",), "B rows packed": ("-DVK_GEMM_ROWS_IN_PLACE=0",)}
+          "no shuffles": ("-DVK_GEMM_NO_SHUFFLE",), "B rows packed": ("-DVK_GEMM_ROWS_IN_PLACE=0",),
+          # the fused mode a lane at a time through C's fma, and with no FMA instructions at all
+          # (libm's fma: a machine without FMA units gets the same bits, slowly)
+          "fma by lanes": ("-DVK_GEMM_SOFT_FMA",), "no fma instructions": ("-mno-fma",)}
 #: the routine picks a way by a cost estimate (a tile, on the product or on its transpose, in
 #: this order); these builds take one way always, so each is checked on every shape
 WAYS = [f"{tile}{on}" for tile in gemm.VARIANTS for on in ("", " on the transpose")]
 BUILDS.update({way: (f"-DVK_GEMM_WAY={n}",) for n, way in enumerate(WAYS)})
 
 
+#: each mode: its C text and its oracle
+MODES = {"plain": (gemm.GEMM_C, plain_loop), "fused": (gemm.FUSED_GEMM_C, fused_loop)}
+MODE = "plain"
+
+
+@pytest.fixture(autouse=True, params=sorted(MODES))
+def mode(request):
+    """Every test in each mode: ``library`` builds it, ``naive`` is its oracle."""
+    global MODE
+    MODE = request.param
+    yield MODE
+    MODE = "plain"
+
+
 @functools.lru_cache(maxsize=None)
-def library(build="native"):
-    lib, _ = cpu.library(prelude() + gemm.GEMM_C + WRAPPERS, extra_flags=BUILDS[build])
+def _library(build, mode):
+    lib, _ = cpu.library(prelude() + MODES[mode][0] + WRAPPERS, extra_flags=BUILDS[build])
     return lib
+
+
+def library(build="native"):
+    return _library(build, MODE)
 
 
 def element_strides(x):
@@ -74,12 +100,8 @@ def run_gemm(a, b, c, build="native", lib=None):
 
 
 def naive(a, b):
-    """The oracle: k in index order, each product and each sum rounded to the element type."""
-    acc = np.zeros((a.shape[0], b.shape[1]), a.dtype)
-    with np.errstate(all="ignore"):              # inf - inf and overflow are expected inputs
-        for k in range(a.shape[1]):
-            acc = acc + (a[:, k, None] * b[None, k, :])
-    return acc
+    """The oracle of the mode: k in index order, each step rounded as the mode rounds it."""
+    return MODES[MODE][1](a, b)
 
 
 def bits(x):
@@ -193,7 +215,7 @@ def test_nan_inf_signed_zeros_and_subnormals_come_out_as_the_naive_loop_gives_th
         a = rng.choice(specials, (m, k)).astype(dtype)
         b = rng.choice(specials, (k, n)).astype(dtype)
         assert_same_bits(product(a, b), naive(a, b))
-    # -0.0 products only: the naive loop gives +0 (0 + -0), never -0
+    # -0.0 products only: the naive loop gives +0 (0 + -0, or fma(-0, 1, +0)), never -0
     a, b = np.full((3, 5), -0.0, dtype), np.full((5, 18), 1.0, dtype)
     got = product(a, b)
     assert_same_bits(got, naive(a, b))
@@ -212,9 +234,10 @@ def cancelling(rng, dtype, shape):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_the_order_of_the_sum_matters_and_is_kept(dtype):
-    """On this input a reordered sum, a fused multiply-add, and BLAS each differ from the naive
-    loop, so a routine doing any of them would fail here."""
+def test_the_order_of_the_sum_matters_and_is_kept(dtype, mode):
+    """On this input a reordered sum, the other mode's step, and (in the plain mode) BLAS each
+    differ from the naive loop, so a routine doing any of them would fail here.  (OpenBLAS's
+    double product of this size happens to be the fused loop itself: k in order, fused.)"""
     rng = np.random.default_rng(5)
     m, n, k = 24, 40, 300
     a, b = cancelling(rng, dtype, (m, k)), cancelling(rng, dtype, (k, n))
@@ -222,7 +245,10 @@ def test_the_order_of_the_sum_matters_and_is_kept(dtype):
     assert_same_bits(product(a, b), want)
     reversed_sum = naive(a[:, ::-1], b[::-1])
     assert (bits(reversed_sum) != bits(want)).any()
-    assert (bits(np.matmul(a, b)) != bits(want)).any()
+    other_mode = plain_loop if mode == "fused" else fused_loop
+    assert (bits(other_mode(a, b)) != bits(want)).any()
+    if mode == "plain":
+        assert (bits(np.matmul(a, b)) != bits(want)).any()
     pairwise = np.ascontiguousarray(a[:, None, :] * b.T[None, :, :]).sum(axis=-1)  # along k
     assert (bits(pairwise.astype(dtype)) != bits(want)).any()
     # k split in two halves summed separately, then added: what a wrong k-blocking would do
@@ -231,16 +257,17 @@ def test_the_order_of_the_sum_matters_and_is_kept(dtype):
     assert (bits(split) != bits(want)).any()
 
 
-def test_a_fused_multiply_add_would_be_caught():
+def test_the_mode_decides_whether_a_multiply_add_is_fused(mode):
     """acc = -(1 + 2^-11), then + (1 + 2^-12)^2: rounded first, the product is 1 + 2^-11 and the
-    sum 0; fused, the sum keeps the product's last bit, 2^-24."""
+    sum 0; fused, the sum keeps the product's last bit, 2^-24.  Each mode gives its own answer
+    (so a plain routine that fused, or a fused one that did not, fails here)."""
     e = np.float32(1 + 2.0 ** -12)
     a = np.array([[1.0, e]], np.float32)
     b = np.array([[-(1 + 2.0 ** -11)], [e]], np.float32)
     fused = np.float32(np.float64(b[0, 0]) + np.float64(e) * np.float64(e))
     assert fused == np.float32(2.0 ** -24)
     want = naive(a, b)
-    assert want[0, 0] == 0 and fused != want[0, 0]
+    assert want[0, 0] == (fused if mode == "fused" else 0)
     assert_same_bits(product(a, b), want)
     # the same pair of values inside a full register tile and a long k
     rng = np.random.default_rng(9)
@@ -251,7 +278,8 @@ def test_a_fused_multiply_add_would_be_caught():
     assert_same_bits(product(a, b), naive(a, b))
 
 
-@pytest.mark.parametrize("build", ["avx2", "sse", "no shuffles", "B rows packed"])
+@pytest.mark.parametrize("build", ["avx2", "sse", "no shuffles", "B rows packed", "fma by lanes",
+                                   "no fma instructions"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_other_builds_give_the_same_bits(build, dtype):
     rng = np.random.default_rng(13)
@@ -275,9 +303,9 @@ def test_every_way_gives_the_same_bits(way, dtype):
         assert_same_bits(run_gemm(a_view, b_view, c, way), naive(a, b))
 
 
-def test_one_element_type_alone_compiles_and_computes():
+def test_one_element_type_alone_compiles_and_computes(mode):
     wrapper = WRAPPERS.split("void vk_test_gemm_double")[0]
-    lib, _ = cpu.library(prelude() + gemm.gemm_c(("float",)) + wrapper)
+    lib, _ = cpu.library(prelude() + gemm.gemm_c(("float",), mode == "fused") + wrapper)
     assert "vk_gemm_double" not in gemm.gemm_c(("float",))
     rng = np.random.default_rng(23)
     a, b = random(rng, (20, 30), np.float32), random(rng, (30, 40), np.float32)
@@ -285,5 +313,32 @@ def test_one_element_type_alone_compiles_and_computes():
 
 
 def test_pack_bytes_is_a_modest_fixed_size():
-    assert isinstance(gemm.PACK_BYTES, int) and 0 < gemm.PACK_BYTES <= 1 << 20
+    assert isinstance(gemm.PACK_BYTES, int) and 0 < gemm.PACK_BYTES <= 2 << 20
     assert gemm.PACK_BYTES % 64 == 0
+    assert gemm.pack_bytes(1) == gemm.PACK_BYTES < gemm.pack_bytes(4) <= 4 << 20
+
+
+def test_the_fused_oracle_agrees_with_the_c_librarys_fma():
+    """The fused oracle's one step against glibc's ``fma``/``fmaf`` (exactly rounded, and
+    independent of both the oracle and the routine) on random triples over 80 decades, near
+    ties, and special values."""
+    libm = ctypes.CDLL(ctypes.util.find_library("m"))
+    rng = np.random.default_rng(29)
+    specials = [0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -1.0, 1e-310, -1e-310, 1e300, -1e300,
+                2.0 ** -1074, 1 + 2.0 ** -52, 2.0 ** -30]
+    for dtype, fn, ctype in [(np.float32, libm.fmaf, ctypes.c_float),
+                             (np.float64, libm.fma, ctypes.c_double)]:
+        fn.restype, fn.argtypes = ctype, [ctype] * 3
+        n = 4000
+        with np.errstate(all="ignore"):     # (float32 overflows to infinities: more specials)
+            x, y, c = ((rng.standard_normal(n) * 10.0 ** rng.integers(-40, 40, n)).astype(dtype)
+                       for _ in range(3))
+            # near ties: c cancels most of x * y
+            c[:1000] = -(x[:1000].astype(np.float64) * y[:1000]).astype(dtype)
+            sx, sy, sc = (np.array(specials, np.float64).astype(dtype) for _ in range(3))
+        grid = np.array(np.meshgrid(sx, sy, sc)).reshape(3, -1).astype(dtype)
+        x, y, c = (np.concatenate([v, g]) for v, g in zip((x, y, c), grid))
+        want = np.array([fn(*map(float, t)) for t in zip(x, y, c)], dtype)
+        with np.errstate(all="ignore"):
+            got = fma_step(x, y, c)
+        assert_same_bits(got, want)

@@ -1,8 +1,10 @@
-"""Matrix products on the cpu tier: one GEMM call each, with the plain loops' bits at every size.
+"""Matrix products on the cpu tier: one GEMM call each, with one set of bits at every size.
 
 - a float product adds each output's products over k in index order, whether the plain loops
   (small) or the blocked GEMM (big) compute it: checked bit for bit against an oracle written in
-  NumPy (an accumulator updated once per k), which BLAS's own order does not match;
+  NumPy (an accumulator updated once per k, ``product_oracles``), which BLAS's own order does not
+  match -- by default each step a fused multiply-add, with ``VKML_FMA=0`` a rounded product
+  then a rounded sum (the plain loops' bits);
 - transposed operands are read in place and a transposed product ``(a @ b).T`` is computed as
   ``b.T @ a.T`` straight into its destination (no copy of either);
 - a program with big products is one C function (no NumPy fallback), and a training step
@@ -18,6 +20,7 @@ import pytest
 
 import vkml
 from vkml.backends import cpu
+from product_oracles import fused_loop, plain_loop
 from vkml.backends.codegen import products
 
 pytestmark = pytest.mark.skipif(cpu.compiler() is None, reason="needs a C compiler")
@@ -28,14 +31,10 @@ def private_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("VKML_CACHE_DIR", str(tmp_path))
 
 
-def index_order(a, b):
-    """``a @ b`` (batched over leading axes) with each output's products added for k = 0, 1, ...
-    into an accumulator of the dtype starting at 0: every NumPy float operation rounds once."""
-    acc = np.zeros(a.shape[:-1] + b.shape[-1:], a.dtype)
-    with np.errstate(all="ignore"):             # (inf * 0 is NaN there as here)
-        for k in range(a.shape[-1]):
-            acc = acc + a[..., :, k, None] * b[..., None, k, :]
-    return acc
+#: ``a @ b`` (batched over leading axes) with each output's products added for k = 0, 1, ...
+#: into an accumulator of the dtype starting at 0, each step one fused multiply-add: the cpu
+#: tier's default mode
+index_order = fused_loop
 
 
 def _same_bits(x, y):
@@ -92,10 +91,13 @@ def test_a_product_has_the_index_order_bits_at_every_size(name, fn, shapes, dtyp
 
 
 def test_the_oracle_tells_orders_apart():
-    """BLAS's blocked order gives other bits than the index order on these operands: a test that
-    passes on the index order would fail on BLAS's (so it checks the order, not just values)."""
+    """On these operands the fused and the plain step give other bits, and so does k in reverse
+    order: a test that passes on the default mode's index order checks the order and the step,
+    not just the values.  (OpenBLAS's float product of this size adds k in order with fused
+    multiply-adds too: BLAS may well coincide with the fused loop.)"""
     x, w = _operands(np.float32, (64, 300), (300, 70))
-    assert not _same_bits(x @ w, index_order(x, w))
+    assert not _same_bits(plain_loop(x, w), index_order(x, w))
+    assert not _same_bits(index_order(x[:, ::-1], w[::-1]), index_order(x, w))
 
 
 def test_special_values_pass_through_the_gemm_as_through_the_loops():
@@ -197,3 +199,28 @@ def test_threads_split_a_products_rows_and_change_no_bit(monkeypatch):
     monkeypatch.setenv("VKML_THREADS", "many")
     with vkml.use_backend("cpu"), pytest.raises(vkml.ArgumentError, match="VKML_THREADS"):
         vkml.jit(lambda a, b: a @ b + 1.0)(a, b)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_vkml_fma_0_gives_the_plain_loops_bits_and_the_mode_is_part_of_the_cache_key(
+        monkeypatch, dtype):
+    """``VKML_FMA=0``: each step a rounded product then a rounded sum, in the GEMM and in the
+    plain loops alike.  The mode is read when a program is compiled and is part of the
+    executable's key: a function jitted after switching back gets the mode's own executable,
+    never the other mode's cached one (lazy tensors too).  ``backend_info`` names the mode; a
+    bad value is refused by name."""
+    big = _operands(dtype, (64, 300), (300, 70), seed=11)
+    small = _operands(dtype, (5, 7), (7, 3), seed=12)
+    assert not _same_bits(fused_loop(*big), plain_loop(*big))
+    with vkml.use_backend("cpu"):
+        for flag, oracle in [("0", plain_loop), ("1", fused_loop), ("0", plain_loop)]:
+            monkeypatch.setenv("VKML_FMA", flag)
+            f = vkml.jit(lambda a, b: a @ b)
+            for args in (big, small):
+                assert _same_bits(f(*args).numpy(), oracle(*args)), (flag, args[0].shape)
+                lazy = (vkml.tensor(args[0]) @ vkml.tensor(args[1])).numpy()
+                assert _same_bits(lazy, oracle(*args)), (flag, "lazy")
+            assert ("fused" in vkml.backend_info()["products"].split("(")[0]) == (flag == "1")
+        monkeypatch.setenv("VKML_FMA", "yes")
+        with pytest.raises(vkml.ArgumentError, match="VKML_FMA"):
+            vkml.jit(lambda a, b: a @ b)(*big)

@@ -95,7 +95,7 @@ def render(lowering, stmts, n_in, in_types, n_out, out_types, name="vk_main", da
     pointer) also ``vk_objs`` (see :func:`_objects_entry`).  ``vector_math``: libm functions
     whose calls in elementwise loop nests run in vector blocks (``vector_nests``; the source
     then needs ``-fopenmp-simd``)."""
-    lines = [prelude()] + ([gemm_c(sorted(lowering.gemm_types))] if lowering.gemm_types else [])
+    lines = [prelude()] + ([gemm_c(sorted(lowering.gemm_types), lowering.fused)] if lowering.gemm_types else [])
     buffers = {f"a{i}": CTYPE[t] for i, t in enumerate(in_types)}
     buffers.update({f"o{i}": CTYPE[t] for i, t in enumerate(out_types)})
     buffers.update({tname: ctype for tname, ctype, _ in lowering.temps})

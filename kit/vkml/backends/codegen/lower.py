@@ -118,6 +118,11 @@ class Lowering:
         self.gemm = False
         self.gemm_types = set()
         self.gemm_packs = {}     # dtype -> the GEMM's packing scratch (``products._pack``)
+        #: the threads the GEMM splits a product's rows over (its scratch holds a block of A each)
+        self.gemm_threads = 1
+        #: whether a default-order float product adds each of its terms with one fused
+        #: multiply-add (the cpu tier's fused mode: the GEMM and the plain loops alike)
+        self.fused = False
         self.site = 0            # the top-level equation being lowered
 
     def fresh(self, prefix):
@@ -379,9 +384,14 @@ class Lowering:
         ai = batch + [idx[-2], k]
         bi = batch + [k, idx[-1]]
         t = CTYPE[out.dtype]
-        # the default product: k in index order (BLAS on NumPy picks its own order)
-        product = f"{env.read(a, ai)} * {env.read(b, bi)}"
-        body = [Block([f"{t} acc = 0;", Loop(k, a.shape[-1], [f"acc += {product};"]),
+        # the default product: k in index order (BLAS on NumPy picks its own order), each term
+        # a rounded product then a rounded sum, or one fused multiply-add in the fused mode
+        x, y = env.read(a, ai), env.read(b, bi)
+        if self.fused and out.dtype.kind == "f":
+            step = f"acc = __builtin_fma{'f' if out.dtype == np.float32 else ''}({x}, {y}, acc);"
+        else:
+            step = f"acc += {x} * {y};"
+        body = [Block([f"{t} acc = 0;", Loop(k, a.shape[-1], [step]),
                        f"{targets[0]}[{linear_index(idx, out.shape)}] = acc;"])]
         for v, extent in reversed(list(zip(idx, out.shape))):
             body = [Loop(v, extent, body)]

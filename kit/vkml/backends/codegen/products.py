@@ -29,7 +29,7 @@ from collections import Counter
 import numpy as np
 
 from ...ir import Eqn, Program, Var
-from .gemm import PACK_BYTES
+from .gemm import pack_bytes
 from .lower import CTYPE, row_major_strides
 from .statements import HelperCall, Loop
 
@@ -125,7 +125,7 @@ def _pack(low, dtype):
     aligned), as a C expression."""
     packs = low.gemm_packs
     if dtype not in packs:
-        name = low.temp(Var(((PACK_BYTES + 64) // dtype.itemsize,), dtype))
+        name = low.temp(Var(((pack_bytes(low.gemm_threads) + 64) // dtype.itemsize,), dtype))
         t = CTYPE[dtype]
         packs[dtype] = f"({t}*)((char*){name} + ((64 - ((unsigned long long){name} & 63)) & 63))"
     return packs[dtype]
