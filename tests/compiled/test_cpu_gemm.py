@@ -39,7 +39,8 @@ BUILDS = {"native": (), "avx2": ("-mno-avx512f",), "sse": ("-mno-avx",),
           "no shuffles": ("-DVK_GEMM_NO_SHUFFLE",), "B rows packed": ("-DVK_GEMM_ROWS_IN_PLACE=0",),
           # the fused mode a lane at a time through C's fma, and with no FMA instructions at all
           # (libm's fma: a machine without FMA units gets the same bits, slowly)
-          "fma by lanes": ("-DVK_GEMM_SOFT_FMA",), "no fma instructions": ("-mno-fma",)}
+          "fma by lanes": ("-DVK_GEMM_SOFT_FMA",), "no fma instructions": ("-mno-fma",),
+          "openmp": ("-fopenmp",)}
 #: the routine picks a way by a cost estimate (a tile, on the product or on its transpose, in
 #: this order); these builds take one way always, so each is checked on every shape
 WAYS = [f"{tile}{on}" for tile in gemm.VARIANTS for on in ("", " on the transpose")]
@@ -75,27 +76,29 @@ def element_strides(x):
     return [s // x.itemsize for s in x.strides]
 
 
-def pack_buffer(guard=256):
-    """PACK_BYTES aligned to 64, followed by ``guard`` bytes of a pattern the routine must leave."""
-    raw = np.full(gemm.PACK_BYTES + 64 + guard, 0xA5, np.uint8)
+def pack_buffer(size, guard=256):
+    """``size`` bytes aligned to 64, followed by ``guard`` bytes of a pattern the routine must
+    leave."""
+    raw = np.full(size + 64 + guard, 0xA5, np.uint8)
     start = (-raw.ctypes.data) % 64
     return raw, start
 
 
-def run_gemm(a, b, c, build="native", lib=None):
-    """C := A @ B through the C routine (of ``build``, or in ``lib``), A, B, C any
-    (non-negative) strided views."""
+def run_gemm(a, b, c, build="native", lib=None, threads=1):
+    """C := A @ B through the C routine (of ``build``, or in ``lib``, splitting rows over
+    ``threads``), A, B, C any (non-negative) strided views."""
     t = CTYPES[a.dtype.type]
     (m, k), (k2, n) = a.shape, b.shape
     assert k == k2 and c.shape == (m, n) and a.dtype == b.dtype == c.dtype
-    raw, start = pack_buffer()
+    size = gemm.pack_bytes(threads)
+    raw, start = pack_buffer(size)
     fn = getattr(lib or library(build), f"vk_test_gemm_{t}")
     i64 = ctypes.c_int64
     fn(i64(m), i64(n), i64(k), ctypes.c_void_p(a.ctypes.data), *map(i64, element_strides(a)),
        ctypes.c_void_p(b.ctypes.data), *map(i64, element_strides(b)),
        ctypes.c_void_p(c.ctypes.data), *map(i64, element_strides(c)),
        ctypes.c_void_p(raw.ctypes.data + start))
-    assert (raw[start + gemm.PACK_BYTES:] == 0xA5).all(), "wrote past PACK_BYTES of the scratch"
+    assert (raw[start + size:] == 0xA5).all(), "wrote past pack_bytes(threads) of the scratch"
     return c
 
 
@@ -342,3 +345,27 @@ def test_the_fused_oracle_agrees_with_the_c_librarys_fma():
         with np.errstate(all="ignore"):
             got = fma_step(x, y, c)
         assert_same_bits(got, want)
+
+
+@pytest.mark.skipif(not cpu.is_gcc(cpu.compiler()), reason="the GEMM's threads need GCC's OpenMP")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_threads_split_the_rows_and_change_no_bit(dtype):
+    """Rows split over 2, 3 or 4 threads (blocks evened out across them, each thread packing A
+    into its own slot of the scratch): every output is one thread's sum in k order, so the bits
+    are the one-thread bits; nothing is written past ``pack_bytes(threads)``."""
+    lib = library("openmp")
+    knob = ctypes.c_int.in_dll(lib, "vk_gemm_threads")
+    rng = np.random.default_rng(31)
+    try:
+        for m, n, k in [(256, 300, 40), (97, 130, 300), (500, 64, 70), (1000, 17, 90),
+                        (130, 800, 33)]:
+            a, b = cancelling(rng, dtype, (m, k)), cancelling(rng, dtype, (k, n))
+            want = naive(a, b)
+            for threads in (1, 2, 3, 4):
+                knob.value = threads
+                for how in ("row", "transposed"):
+                    got = run_gemm(layout(a, how, rng), b, np.full((m, n), np.nan, dtype),
+                                   lib=lib, threads=threads)
+                    assert_same_bits(got, want)
+    finally:
+        knob.value = 1

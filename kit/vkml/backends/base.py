@@ -35,8 +35,9 @@ class ExecutionFailure(ExecutionError):
 
 def threads() -> int:
     """Threads a computation may split its work over (``VKML_THREADS``, default 1): a graph's
-    samples, a simulation's per-sample loops, the cpu tier's big matrix products.  Work is split
-    so that every result is computed by one thread in one order: the bits never depend on it."""
+    samples, a simulation's per-sample loops (the cpu tier's big matrix products use every core
+    unless it is set: ``product_threads``).  Work is split so that every result is computed by
+    one thread in one order: the bits never depend on it."""
     text = os.environ.get("VKML_THREADS") or "1"
     try:
         value = int(text)
@@ -46,6 +47,24 @@ def threads() -> int:
         raise ArgumentError(f"VKML_THREADS must be a positive whole number of threads, got {text!r}; "
                             "set it to e.g. 1 or 4 (or unset it)")
     return value
+
+
+def cores() -> int:
+    """The CPU cores this process may run on (its affinity mask where the system has one)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def product_threads() -> int:
+    """Threads the cpu tier's big matrix products split their rows over: ``VKML_THREADS`` when
+    it is set, else every core (as NumPy's BLAS, PyTorch and JAX do).  Each output is still one
+    thread's sum in index order, so the bits are the one-thread bits.  (A graph's samples and a
+    simulation's loops stay on one thread unless ``VKML_THREADS`` says otherwise: one thread
+    runs a graph's launch and reverse as single fused programs, which more threads would split
+    node by node.)"""
+    return threads() if os.environ.get("VKML_THREADS") else cores()
 
 
 def failure_error(name, info):

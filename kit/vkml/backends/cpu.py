@@ -131,7 +131,7 @@ from ..ops.checks import warn_at_user
 from ..ops.core import rebind
 from ..stats import STATS
 from . import disk_cache
-from .base import Backend, ExecutionFailure, check_sizes, failure_error, register, threads
+from .base import Backend, ExecutionFailure, check_sizes, failure_error, product_threads, register
 from .codegen.libm import INEXACT_PRIMITIVES
 from .codegen.c_render import ALLOCATION_FAILED, INTERRUPTED, POLL, render, scratch_layout
 from .codegen.lower import Lowering, Unsupported, may_fail, overwritable
@@ -889,11 +889,12 @@ def _has_loop(program) -> bool:
 
 
 def gemm_threads() -> int:
-    """The threads big products split their rows over: ``VKML_THREADS`` (read when a program is
-    compiled) where GCC builds it with OpenMP; 1 otherwise.  The bits do not change: each output
-    is computed by one thread, in index order."""
+    """The threads big products split their rows over (``base.product_threads``: every core
+    unless ``VKML_THREADS`` says otherwise; read when a program is compiled) where GCC builds it
+    with OpenMP; 1 otherwise.  The bits do not change: each output is computed by one thread,
+    in index order."""
     cc = compiler()
-    return threads() if cc is not None and is_gcc(cc) else 1
+    return product_threads() if cc is not None and is_gcc(cc) else 1
 
 
 def build_settings() -> tuple:

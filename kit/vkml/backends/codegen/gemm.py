@@ -114,6 +114,8 @@ static inline vk_gemm_vdouble VK_GEMM_FMA_double(vk_gemm_vdouble a, vk_gemm_vdou
 /* the threads a product's blocks of rows are split over, in a library built with OpenMP (the
    backend sets it from VKML_THREADS): each output is still computed by one thread, in order */
 int vk_gemm_threads = 1;
+/* the fewest multiply-adds of a product split over threads (waking them costs microseconds) */
+#define VK_GEMM_SPLIT_WORK (1 << 20)
 #ifdef _OPENMP
 int omp_get_thread_num(void);
 #define vk_gemm_thread() omp_get_thread_num()
@@ -272,6 +274,15 @@ static void vk_gemm_$S(int64_t M, int64_t N, int64_t K,
 #define VK_GEMM_IN_PLACE(jr) (rows_in_place && nc - (jr) >= nr)
     int64_t kblocks = (K + $KC - 1) / $KC;
     int64_t kstep = (K + kblocks - 1) / kblocks;
+    /* over threads: as many blocks of rows as makes each thread's share equal (rounded to
+       tiles, at most MC), for a product worth waking them for */
+    int64_t mcb = $MC;
+    const int split = vk_gemm_threads > 1 && M > mr && (double)M * N * K >= VK_GEMM_SPLIT_WORK;
+    if (split) {
+        int64_t blocks = (M + $MC - 1) / $MC;
+        blocks = (blocks + vk_gemm_threads - 1) / vk_gemm_threads * vk_gemm_threads;
+        mcb = ((M + blocks - 1) / blocks + mr - 1) / mr * mr;
+    }
     for (int64_t jc = 0; jc < N; jc += $NC) {
         int64_t nc = N - jc < $NC ? N - jc : $NC;
         const int pack_a = mr > 1 && nc > nr;
@@ -282,9 +293,9 @@ static void vk_gemm_$S(int64_t M, int64_t N, int64_t K,
                     vk_gemm_pack_b_$T(kc, nc - jr < nr ? nc - jr : nr,
                                       B + pc * sbk + (jc + jr) * sbn, sbk, sbn, bpack + jr * kc,
                                       nr);
-#pragma omp parallel for schedule(static) num_threads(vk_gemm_threads) if (vk_gemm_threads > 1 && M > $MC)
-            for (int64_t ic = 0; ic < M; ic += $MC) {
-                int64_t mc = M - ic < $MC ? M - ic : $MC;
+#pragma omp parallel for schedule(static) num_threads(vk_gemm_threads) if (split)
+            for (int64_t ic = 0; ic < M; ic += mcb) {
+                int64_t mc = M - ic < mcb ? M - ic : mcb;
                 /* A's block packed (each thread its own slot) where several panels read it: its
                    rows, far apart, would share the L1 cache's sets and the TLB's pages */
                 const $T* ab = A + ic * sam + pc * sak;
