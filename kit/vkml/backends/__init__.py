@@ -1,4 +1,5 @@
-"""Backends: where Programs are compiled and run.  ``numpy`` is the reference and the default."""
+"""Backends: where Programs are compiled and run.  ``numpy`` is the reference; the compiled
+``cpu`` tier is the default where a C compiler is found (``base.default_backend``)."""
 
 from . import cpu, numpy_backend  # noqa: F401  (register "cpu" and "numpy")
 from .base import (STATS, Backend, ExecutionFailure, Stats, current, register, reset_stats,
@@ -16,12 +17,16 @@ register("cuda", _cuda)
 
 
 def backend_info() -> dict:
-    """What the current backend is, which backends this machine has, and what the cuda backend
-    found (``info["cuda"]``: the GPU, or what is missing).
+    """What the current backend is and why (``info["default"]``: ``"cpu: a C compiler was found
+    (...)"``, ``"numpy: VKML_BACKEND=numpy"``, ... or ``"set by set_backend"``), which backends
+    this machine has, and what the cuda backend found (``info["cuda"]``: the GPU, or what is
+    missing).
 
     >>> info = vkml.backend_info()
     >>> info["backend"], "numpy" in info["available"]
     ('numpy', True)
+    >>> print(info["default"])   # how the backend was chosen (here: set in code)
+    set by set_backend
     """
     from . import cuda  # local: loaded only when asked about (see _cuda)
     info = _backend_info()

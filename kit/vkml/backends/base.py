@@ -277,19 +277,45 @@ class Backend:
 
 _FACTORIES = {}
 #: the backend of this thread or task, falling back to the process default (None: not chosen yet,
-#: ``VKML_BACKEND`` or numpy on first use); ``vkml.runtime`` documents who sees which
+#: ``default_backend()`` on first use); ``vkml.runtime`` documents who sees which
 _CURRENT = Setting("backend", None)
+#: (name, why) in order of preference for the process default: ``why()`` says why the backend
+#: is the default here, or None where it cannot be (registered by the backends themselves)
+_PREFERRED = []
+#: how the process default was chosen (``backend_info()["default"]``)
+_CHOSEN = [None]
 
 
-def register(name, factory):
+def register(name, factory, preferred_because=None):
+    """Make backend ``name`` available (``factory()`` makes it on first use); with
+    ``preferred_because``, it is the process default where that says why (before the ones
+    registered earlier, after ``VKML_BACKEND``)."""
     _FACTORIES[name] = factory
+    if preferred_because is not None:
+        _PREFERRED.insert(0, (name, preferred_because))
+
+
+def default_backend() -> tuple:
+    """``(name, why)``: the backend work runs on until one is set -- ``VKML_BACKEND`` when it
+    is set, else the first preferred backend that can run here (the compiled cpu tier where a C
+    compiler is found), else NumPy."""
+    name = os.environ.get("VKML_BACKEND")
+    if name:
+        return name, f"VKML_BACKEND={name}"
+    for name, why in _PREFERRED:
+        reason = why()
+        if reason:
+            return name, reason
+    return "numpy", "no compiled tier can run here (a C compiler, gcc or clang, makes the cpu tier the default)"
 
 
 def current() -> Backend:
     """The backend work of this thread or asyncio task runs on."""
     backend = _CURRENT.get()
     if backend is None:
-        backend = set_backend(os.environ.get("VKML_BACKEND", "numpy"))
+        name, why = default_backend()
+        backend = set_backend(name)
+        _CHOSEN[0] = f"{name}: {why}"
     return backend
 
 
@@ -306,6 +332,7 @@ def set_backend(name: str) -> Backend:
     'numpy'
     """
     backend = _backend_named(name, "set_backend")
+    _CHOSEN[0] = None
     _CURRENT.set_global(backend)
     operands.DEFAULT_DEVICE.set_global(backend.device)
     return backend
@@ -356,7 +383,9 @@ def instances() -> list:
 
 
 def backend_info() -> dict:
-    """What the current backend is and which backends this machine has."""
+    """What the current backend is, why (``"default"``: how the process default was chosen, or
+    that it was set), and which backends this machine has."""
     info = current().info()
+    info["default"] = _CHOSEN[0] or "set by set_backend"
     info["available"] = sorted(_FACTORIES)
     return info

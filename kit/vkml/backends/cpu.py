@@ -1119,4 +1119,10 @@ class SampleLoops:
         return outs
 
 
-register("cpu", CpuBackend)
+def _why_default():
+    """Why this tier is the default backend here (a C compiler was found), or None."""
+    cc = compiler()
+    return f"a C compiler was found ({cc}), so programs run as compiled C" if cc else None
+
+
+register("cpu", CpuBackend, preferred_because=_why_default)
