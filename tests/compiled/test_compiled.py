@@ -147,6 +147,47 @@ def test_without_a_compiler_it_falls_back_to_numpy_and_says_so(tmp_path):
     assert line.startswith("[0.0, 2.0, 4.0] None 1 vkml: no C compiler found")
 
 
+def _default_backend_in_a_fresh_process(env):
+    code = ("import vkml; info = vkml.backend_info(); "
+            "print(info['backend'] + '|' + info['default'])")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True)
+    return out.stdout.strip().split("|")
+
+
+def test_the_compiled_tier_is_the_default_where_a_compiler_is_found(tmp_path):
+    """A fresh ``import vkml`` runs on the cpu tier where a C compiler is found and says why;
+    without one on NumPy, saying what would change that; VKML_BACKEND decides when set."""
+    unset = {k: v for k, v in os.environ.items() if k != "VKML_BACKEND"}
+    name, why = _default_backend_in_a_fresh_process(unset)
+    assert name == "cpu" and why.startswith("cpu: a C compiler was found (") and cpu.compiler() in why
+    name, why = _default_backend_in_a_fresh_process(dict(unset, CC="/nonexistent-cc",
+                                                         PATH=str(tmp_path)))
+    assert name == "numpy" and "C compiler" in why and "cpu tier" in why
+    name, why = _default_backend_in_a_fresh_process(dict(os.environ, VKML_BACKEND="numpy"))
+    assert (name, why) == ("numpy", "numpy: VKML_BACKEND=numpy")
+
+
+def test_a_compile_longer_than_a_second_is_announced_where_progress_is_shown(tmp_path, monkeypatch,
+                                                                             capfd):
+    """A compiler taking 1.3 s: with progress on, a note names the compile when it passes a
+    second and its time when it ends; with progress off (scripts, tests) nothing is printed."""
+    slow = tmp_path / "slow-cc"
+    slow.write_text(f"#!/bin/sh\nsleep 1.3\nexec {cpu.compiler()} \"$@\"\n")
+    slow.chmod(0o755)
+    for shown in ("1", "0"):
+        monkeypatch.setenv("VKML_CACHE_DIR", str(tmp_path / f"cache{shown}"))
+        monkeypatch.setenv("VKML_PROGRESS", shown)
+        monkeypatch.setenv("CC", str(slow))
+        lib, compiled = cpu.library(f"int vk_note_{shown}(void) {{ return 7; }}\n")
+        assert compiled and getattr(lib, f"vk_note_{shown}")() == 7
+        err = capfd.readouterr().err
+        if shown == "1":
+            assert "vkml: compiling a new program" in err and "vkml: compiled in 1." in err
+        else:
+            assert "vkml:" not in err
+
+
 def test_generated_source_for_a_fused_chain_is_one_loop(monkeypatch):
     monkeypatch.setenv("VKML_CPU_HOT", "0")
     prog = vkml.program(lambda x: ((x * 2.0 + 1.0) * x - 3.0) / (x + 4.0), np.ones(100))

@@ -119,7 +119,9 @@ import re
 import shutil
 import struct
 import subprocess
+import sys
 import tempfile
+import time
 import warnings
 from sys import getrefcount
 
@@ -129,6 +131,7 @@ from ..errors import ArgumentError, BackendError, ExecutionError
 from ..ir import Program, Var, program_from_dag
 from ..ops.checks import warn_at_user
 from ..ops.core import rebind
+from ..progress import progress_enabled
 from ..stats import STATS
 from . import disk_cache
 from .base import Backend, ExecutionFailure, check_sizes, failure_error, product_threads, register
@@ -351,6 +354,30 @@ def _load(data: bytes, folder) -> ctypes.CDLL:
                            "another one") from e
 
 
+#: seconds a compile runs before a note says what is being compiled (where progress is shown)
+COMPILE_NOTE_AFTER = 1.0
+
+
+def _run_compiler(command, size) -> subprocess.CompletedProcess:
+    """``command`` run to the end; one that takes longer than ``COMPILE_NOTE_AFTER`` seconds
+    is announced on stderr where progress is shown (in a notebook, or ``VKML_PROGRESS=1``),
+    with its time when it ends: the first call of a big program is not a silent wait."""
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=COMPILE_NOTE_AFTER)
+        except subprocess.TimeoutExpired:
+            note = progress_enabled()
+            if note:
+                sys.stderr.write(f"vkml: compiling a new program ({size // 1024} KB of C) ...\n")
+            start = time.perf_counter() - COMPILE_NOTE_AFTER
+            out, err = proc.communicate()
+            if note:
+                sys.stderr.write(f"vkml: compiled in {time.perf_counter() - start:.1f} s "
+                                 "(kept in the disk cache: next time it loads at once)\n")
+        return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
 def _compile_c(cc, flags, source, folder) -> bytes:
     """The shared library the C compiler makes of ``source`` in a scratch folder inside ``folder``,
     as bytes (counted as a compile)."""
@@ -358,7 +385,7 @@ def _compile_c(cc, flags, source, folder) -> bytes:
         src, out = os.path.join(work, "vk.c"), os.path.join(work, "vk.so")
         with open(src, "w") as f:
             f.write(source)
-        proc = subprocess.run([cc] + flags + ["-o", out, src, "-lm"], capture_output=True, text=True)
+        proc = _run_compiler([cc] + flags + ["-o", out, src, "-lm"], len(source))
         if proc.returncode != 0:
             error = BackendError(f"the C compiler failed on generated code:\n{proc.stderr[-2000:]}")
             raise error from disk_cache.fault_in_message(proc.stderr, work)
