@@ -1,15 +1,22 @@
-"""The cpu tier's matrix product (``codegen/gemm.py``: the naive k-order loop's bits, blocked)
-against NumPy's ``@`` (BLAS), GFLOPS side by side.
+"""The cpu tier's matrix product (``codegen/gemm.py``, k in index order) in both of its modes
+against NumPy's ``@`` (BLAS), GFLOPS side by side, and as a share of this core's FMA peak.
+
+The modes: *fused* (the default: each step one exactly rounded fused multiply-add) and *plain*
+(``VKML_FMA=0``: a rounded product then a rounded sum, the plain loops' bits).  The peak is
+measured here, first: a register-only loop of independent 512-bit (or 256-bit) fused
+multiply-adds, the most arithmetic this core does per second.
 
 Shapes: the MLP training step's products (a 784-256-10 MLP at batch 64: the forward ``x @ W.T``
 with W stored (out, in) row-major, the weight gradient ``d.T @ x`` reading d transposed, and the
-10-wide layer's), then bigger squares.  Every product is first checked bit for bit against the
-naive loop (NumPy, k in order) so what is timed is the exact routine.  The C routine is timed
-through a wrapper that calls it ``number`` times in C (as a compiled program calls it, no Python in
-between); NumPy's ``@`` the same number of times in a Python loop.  One thread, the process pinned
-to one CPU; the sides interleaved in rounds (``_timing.py``).
+10-wide layer's), then bigger squares and the big MLP's (1024-4096-4096-10 at batch 256) products
+in the layouts its step reads.  Every product is first checked bit for bit against its mode's
+loop written in NumPy, so what is timed is the exact routine.  The C routine is timed through a
+wrapper that calls it ``number`` times in C (as a compiled program calls it, no Python in
+between); NumPy's ``@`` the same number of times in a Python loop.  The sides are interleaved in
+rounds (``_timing.py``).  ``--threads N``: every side on N threads (the C routine splitting rows
+over N OpenMP threads, BLAS its own way); without it one thread, pinned to one CPU.
 
-    python bench/gemm.py [--quick]     (--quick: the MLP shapes only, fewer rounds)
+    python bench/gemm.py [--quick] [--threads N]   (--quick: the MLP shapes and 1024^3 only)
 """
 
 from __future__ import annotations
@@ -21,16 +28,20 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import interleave, pin, sampler  # noqa: E402
+from _timing import interleave, pin_from_argv, sampler  # noqa: E402
 
 if __name__ == "__main__":        # before NumPy loads its thread pools
-    PINNED = pin()
+    PINNED = pin_from_argv()
 
 import numpy as np  # noqa: E402
 
 from vkml.backends import cpu  # noqa: E402
 from vkml.backends.codegen import gemm  # noqa: E402
 from vkml.backends.codegen.c_render import prelude  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
+                                "compiled"))
+from product_oracles import fused_loop, plain_loop  # noqa: E402
 
 WRAPPERS = "".join(f"""
 void vk_bench_gemm_{t}(int64_t M, int64_t N, int64_t K, const {t}* A, int64_t sam, int64_t sak,
@@ -46,9 +57,50 @@ MLP = [("x @ W1.T", 64, 256, 784, np.float32, False, True),
        ("h @ W2.T", 64, 10, 256, np.float32, False, True),
        ("d2 @ W2", 64, 256, 10, np.float32, False, False),
        ("d2.T @ h", 10, 256, 64, np.float32, True, False)]
-BIG = [("256x1024x1024", 256, 1024, 1024, np.float32, False, False),
-       ("1024^3", 1024, 1024, 1024, np.float32, False, False),
-       ("256^3 f64", 256, 256, 256, np.float64, False, False)]
+SQUARES = [("512^3", 512, 512, 512, np.float32, False, False),
+           ("1024^3", 1024, 1024, 1024, np.float32, False, False),
+           ("1024^3 A^T", 1024, 1024, 1024, np.float32, True, False),
+           ("1024^3 B^T", 1024, 1024, 1024, np.float32, False, True),
+           ("2048^3", 2048, 2048, 2048, np.float32, False, False),
+           ("512^3 f64", 512, 512, 512, np.float64, False, False)]
+#: the 1024-4096-4096-10 MLP at batch 256: forward x @ W.T, input gradient d @ W, weight
+#: gradient d.T @ h
+BIG_MLP = [("h @ W2.T", 256, 4096, 4096, np.float32, False, True),
+           ("d2 @ W2", 256, 4096, 4096, np.float32, False, False),
+           ("d2.T @ h1", 4096, 4096, 256, np.float32, True, False)]
+
+#: the register-only loop the peak is measured with: 16 independent accumulators (enough to
+#: keep two FMA units with a 4-cycle latency busy), ``vk_bench_peak_lanes`` floats per vector
+PEAK_C = """
+#if defined(__AVX512F__)
+typedef float vk_peak_v __attribute__((vector_size(64)));
+#define VK_PEAK_FMA(x, m, b) __builtin_ia32_vfmaddps512_mask(x, m, b, (unsigned short)-1, 4)
+#elif defined(__FMA__)
+typedef float vk_peak_v __attribute__((vector_size(32)));
+#define VK_PEAK_FMA(x, m, b) __builtin_ia32_vfmaddps256(x, m, b)
+#endif
+#ifdef VK_PEAK_FMA
+int vk_bench_peak_lanes(void) { return (int)(sizeof(vk_peak_v) / sizeof(float)); }
+float vk_bench_peak(int64_t n)
+{
+    vk_peak_v m, b, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15;
+    for (int i = 0; i < vk_bench_peak_lanes(); i++) m[i] = 0.9999999f, b[i] = 1e-7f;
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = a8 = a9 = a10 = a11 = a12 = a13 = a14 = a15 = b;
+#define VK_PEAK_STEP(x) x = VK_PEAK_FMA(x, m, b);
+    for (int64_t i = 0; i < n; i++) {
+        VK_PEAK_STEP(a0) VK_PEAK_STEP(a1) VK_PEAK_STEP(a2) VK_PEAK_STEP(a3) VK_PEAK_STEP(a4)
+        VK_PEAK_STEP(a5) VK_PEAK_STEP(a6) VK_PEAK_STEP(a7) VK_PEAK_STEP(a8) VK_PEAK_STEP(a9)
+        VK_PEAK_STEP(a10) VK_PEAK_STEP(a11) VK_PEAK_STEP(a12) VK_PEAK_STEP(a13)
+        VK_PEAK_STEP(a14) VK_PEAK_STEP(a15)
+    }
+    vk_peak_v s = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7 + a8 + a9 + a10 + a11 + a12 + a13 + a14 + a15;
+    return s[0];
+}
+#else
+int vk_bench_peak_lanes(void) { return 0; }
+float vk_bench_peak(int64_t n) { return (float)n; }
+#endif
+"""
 
 
 def operand(rng, rows, cols, dtype, transposed):
@@ -58,17 +110,24 @@ def operand(rng, rows, cols, dtype, transposed):
     return rng.standard_normal((rows, cols)).astype(dtype)
 
 
-def naive(a, b):
-    acc = np.zeros((a.shape[0], b.shape[1]), a.dtype)
-    for k in range(a.shape[1]):
-        acc = acc + (a[:, k, None] * b[None, k, :])
-    return acc
+def fma_peak(lib) -> float | None:
+    """GFLOPS of this core's fused multiply-adds (one thread), or None without FMA."""
+    lanes = lib.vk_bench_peak_lanes()
+    if not lanes:
+        return None
+    lib.vk_bench_peak.argtypes, lib.vk_bench_peak.restype = [ctypes.c_int64], ctypes.c_float
+    n, best = 20_000_000, float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        lib.vk_bench_peak(n)
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * lanes * 16 * n / best / 1e9
 
 
-def c_side(lib, a, b, c, number):
+def c_side(lib, a, b, c, number, threads):
     """A zero-argument callable running the C routine ``number`` times on views a, b -> c."""
     t = "float" if a.dtype == np.float32 else "double"
-    raw = np.empty(gemm.PACK_BYTES + 64, np.uint8)
+    raw = np.empty(gemm.pack_bytes(threads) + 64, np.uint8)
     pack = raw.ctypes.data + (-raw.ctypes.data) % 64
     (m, k), n = a.shape, b.shape[1]
     args = [m, n, k, a.ctypes.data, *(s // a.itemsize for s in a.strides),
@@ -92,43 +151,86 @@ def numpy_side(a, b, number):
     return call
 
 
-def measure(lib, spec, rounds, rng):
+def measure(libs, spec, rounds, rng, threads):
     label, m, n, k, dtype, ta, tb = spec
     a, b = operand(rng, m, k, dtype, ta), operand(rng, k, n, dtype, tb)
-    c = np.empty((m, n), dtype)
-    c_side(lib, a, b, c, 1)()
-    assert c.tobytes() == naive(a, b).tobytes(), f"{label}: the routine lost the naive loop's bits"
+    outs = {mode: np.empty((m, n), dtype) for mode in libs}
+    checked = m * n * k <= 1 << 27          # (the NumPy loops of the bigger ones take minutes)
+    for mode, lib in libs.items():
+        c_side(lib, a, b, outs[mode], 1, threads)()
+        if checked:
+            want = (fused_loop if mode == "fused" else plain_loop)(a, b)
+            assert outs[mode].tobytes() == want.tobytes(), f"{label}: {mode} lost its loop's bits"
     flops = 2.0 * m * n * k
     number = max(1, int(2e7 // flops))           # about a millisecond or more per timed call
-    sides = {"gemm": sampler(c_side(lib, a, b, c, number), reps=5),
-             "numpy": sampler(numpy_side(a, b, number), reps=5)}
+    sides = {mode: sampler(c_side(lib, a, b, outs[mode], number, threads), reps=3)
+             for mode, lib in libs.items()}
+    sides["numpy"] = sampler(numpy_side(a, b, number), reps=3)
     best = interleave(sides, rounds=rounds)
-    return {name: flops * number / secs[0] / 1e9 for name, secs in best.items()}
+    return {name: flops * number / secs[0] / 1e9 for name, secs in best.items()}, checked
+
+
+def build(fused, threads):
+    lib, compiled = cpu.library(prelude() + gemm.gemm_c(fused=fused) + WRAPPERS + PEAK_C,
+                                extra_flags=["-fopenmp"] if threads > 1 else [])
+    if threads > 1:
+        ctypes.c_int.in_dll(lib, "vk_gemm_threads").value = threads
+    return lib, compiled
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return "unknown CPU"
+
+
+def blas() -> str:
+    try:
+        config = np.show_config(mode="dicts")
+        info = config["Build Dependencies"]["blas"]
+        return f"{info.get('name')} {info.get('version', '')}".strip()
+    except Exception:                       # (older NumPy: no dict form)
+        return "NumPy's BLAS"
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="the MLP shapes only, fewer rounds")
+    parser.add_argument("--quick", action="store_true", help="the MLP shapes and 1024^3 only")
+    parser.add_argument("--threads", type=int, default=1, help="threads per side (default 1)")
     args = parser.parse_args(argv)
-    specs, rounds = (MLP, 3) if args.quick else (MLP + BIG, 7)
-    print(f"gemm (the naive loop's bits) against np.matmul -- {PINNED}")
-    print(f"numpy {np.__version__}; pack scratch {gemm.PACK_BYTES} bytes")
+    specs, rounds = (MLP + SQUARES[1:2], 3) if args.quick else (MLP + SQUARES + BIG_MLP, 5)
+    print(f"gemm (k in index order) in both modes against np.matmul -- {PINNED}")
+    print(f"CPU: {cpu_model()}; numpy {np.__version__} with {blas()}")
     t0 = time.perf_counter()
-    lib, compiled = cpu.library(prelude() + gemm.GEMM_C + WRAPPERS)
+    libs = {}
+    for mode in ("fused", "plain"):
+        libs[mode], compiled = build(mode == "fused", args.threads)
     print(f"compiled in {time.perf_counter() - t0:.2f} s" if compiled
-          else "compiled library from the cache")
+          else "compiled libraries from the cache")
+    peak = fma_peak(libs["fused"])
+    if peak:
+        print(f"this core's FMA peak (register-only loop, one thread): {peak:.1f} GFLOPS"
+              + (f"; x{args.threads} threads: {peak * args.threads:.1f}" if args.threads > 1 else ""))
+    peak = peak * args.threads if peak else None
     rng = np.random.default_rng(0)
-    head = ("product", "M x N x K", "dtype", "gemm GFLOPS", "numpy GFLOPS", "gemm/numpy")
+    head = ("product", "M x N x K", "dtype", "fused", "plain", "numpy", "fused/numpy",
+            "fused % peak")
     rows = []
     for spec in specs:
-        g = measure(lib, spec, rounds, rng)
+        g, checked = measure(libs, spec, rounds, rng, args.threads)
         label, m, n, k, dtype = spec[:5]
-        rows.append((label, f"{m}x{n}x{k}", np.dtype(dtype).name, f"{g['gemm']:.1f}",
-                     f"{g['numpy']:.1f}", f"{g['gemm'] / g['numpy']:.2f}x"))
+        share = f"{100 * g['fused'] / peak / (2 if dtype == np.float64 else 1):.0f}%" if peak else "-"
+        rows.append((label + ("" if checked else " *"), f"{m}x{n}x{k}", np.dtype(dtype).name,
+                     f"{g['fused']:.1f}", f"{g['plain']:.1f}", f"{g['numpy']:.1f}",
+                     f"{g['fused'] / g['numpy']:.2f}x", share))
     widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
     for r in [head] + rows:
         cells = [r[0].ljust(widths[0])] + [x.rjust(w) for x, w in zip(r[1:], widths[1:])]
         print("  " + "  ".join(cells))
+    print("  (GFLOPS; fused/numpy > 1: vkml faster; float64 peak is half the float32 one; "
+          "* too big for the NumPy oracle: checked at the smaller sizes only)")
     return 0
 
 

@@ -26,7 +26,8 @@ deterministic matmul (the tree over k).  A program made of these may
 therefore start on NumPy and switch to C when hot (``Tiered``) without
 changing a bit.  Two things differ: a default ``matmul`` adds over k in
 index order in C (at every size: a big float product is one call of a
-blocked, vectorised GEMM that adds in that very order, ``codegen.products``)
+blocked, vectorised GEMM that adds in that very order, ``codegen.products``;
+each step one fused multiply-add unless ``VKML_FMA=0``, ``fused_products``)
 but in BLAS's order on NumPy, and exp/log/sin/cos/tanh/pow
 (and the other libm functions, ``codegen/libm.py``) come from libm in C, within a few
 ulps of NumPy's own SIMD versions (tests use rtol 1e-12 in float64, 1e-5 in

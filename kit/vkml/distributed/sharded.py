@@ -25,6 +25,7 @@ import numpy as np
 from ..errors import ArgumentError, Busy, RecordError, RefusedError, ShapeError
 from ..graph.diff import Reverse
 from ..graph.reversible import Reversible
+from ..runtime import current_backend
 from .blocks import block_size, check_block, shard_bounds
 from .engine import da, dask, distributed
 from .gradients import ShardedGradients, ShardedReport, param_gradients
@@ -268,7 +269,8 @@ class Sharded(Reversible):
                 inputs = self._inputs[i] if previous is None else list(self.input_names)
                 states.append(self.client.submit(
                     launch_shard, self.make, inputs, previous, dict(self.params), self.record_mode,
-                    self.memory_budget, int(runs), s, e, key=self._key("launch", i, self.generation + 1)))
+                    self.memory_budget, int(runs), s, e, current_backend().name,
+                    key=self._key("launch", i, self.generation + 1)))
             try:
                 self._await_all(states)
             except BaseException:

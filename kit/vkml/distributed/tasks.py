@@ -6,7 +6,8 @@ launch, with the Record a recording launch keeps -- is the *result* of a task
 worker dies, Dask runs the task again from its inputs (the shard's samples, the Params, the
 previous launch's state) and gets the same bits: everything here is deterministic.  A state
 that Dask moves to another worker travels as that same recipe (:meth:`ShardState.__reduce__`)
-and is launched again on arrival, never as a pickled Graph.
+and is launched again on arrival, never as a pickled Graph.  A shard runs on the client's
+backend (named in the task), whatever the worker's own default is: its bits are the client's.
 
 Tasks never write their inputs: a launch copies the planes it is given first (Dask may hand
 the same input to a second run).  A ``VkmlError`` raised in a shard leaves with the shard's
@@ -25,6 +26,7 @@ import time
 import numpy as np
 
 from ..errors import ExecutionError, RefusedError, VkmlError
+from ..runtime import use_backend
 from ..graph import Graph, Simulation, diff
 from ..graph.simulation import available_memory
 
@@ -49,8 +51,9 @@ class ShardState:
     """One shard after a launch: the forward (Graph or simulation), its planes by name, and the
     recipe that made it (what a move to another worker carries instead of the objects)."""
 
-    def __init__(self, recipe, forward, planes, start, stop, seconds):
+    def __init__(self, recipe, forward, planes, start, stop, seconds, backend):
         self.recipe = recipe
+        self.backend = backend
         self.forward = forward
         self.planes = planes
         self.start, self.stop = start, stop
@@ -142,28 +145,36 @@ def carry_over(named, previous):
             plane[...] = old
 
 
-def launch_shard(make, inputs, previous, params, record, budget, runs, start, stop):
+def launch_shard(make, inputs, previous, params, record, budget, runs, start, stop, backend):
     """Build the shard's forward over copies of its planes (``inputs``; after a first launch,
     the names of the planes to take from the ``previous`` launch's state), set ``params``,
-    launch it ``runs`` times (a simulation: run it): the new :class:`ShardState`."""
-    recipe = (make, inputs, previous, params, record, budget, runs, start, stop)
+    launch it ``runs`` times (a simulation: run it) on ``backend``: the new :class:`ShardState`."""
+    recipe = (make, inputs, previous, params, record, budget, runs, start, stop, backend)
     t0 = time.perf_counter()
     try:
-        source = inputs if previous is None else {name: previous.planes[name] for name in inputs}
-        planes = {name: np.array(plane, copy=True) for name, plane in source.items()}
-        forward = build(make, planes, record, budget, start, stop)
-        named = named_planes(forward, planes)
-        if previous is not None:
-            carry_over(named, previous)
-        if isinstance(forward, Graph):
-            if params:
-                forward.update(params)
-            forward.launch(runs)
-        else:
-            forward.run()
+        with use_backend(backend):
+            forward, named = _launch(make, inputs, previous, params, record, budget, runs, start,
+                                     stop)
     except (Exception, SystemExit, KeyboardInterrupt) as err:   # noqa: BLE001 - named after its
         raise relabel(err, start, stop) from None     # shard; the user's exit never ends a worker
-    return ShardState(recipe, forward, named, start, stop, time.perf_counter() - t0)
+    return ShardState(recipe, forward, named, start, stop, time.perf_counter() - t0, backend)
+
+
+def _launch(make, inputs, previous, params, record, budget, runs, start, stop):
+    """The launch itself: the shard's forward and its planes by name."""
+    source = inputs if previous is None else {name: previous.planes[name] for name in inputs}
+    planes = {name: np.array(plane, copy=True) for name, plane in source.items()}
+    forward = build(make, planes, record, budget, start, stop)
+    named = named_planes(forward, planes)
+    if previous is not None:
+        carry_over(named, previous)
+    if isinstance(forward, Graph):
+        if params:
+            forward.update(params)
+        forward.launch(runs)
+    else:
+        forward.run()
+    return forward, named
 
 
 def peak_memory() -> int:
@@ -178,7 +189,8 @@ def reverse_shard(state, seeds, wrt, vjps, strict):
     start, stop = state.start, state.stop
     t0, c0 = time.perf_counter(), time.thread_time()
     try:
-        grads = diff.reverse(state.record, seeds, wrt=wrt, vjps=vjps, strict=strict)
+        with use_backend(state.backend):
+            grads = diff.reverse(state.record, seeds, wrt=wrt, vjps=vjps, strict=strict)
     except Exception as err:     # noqa: BLE001 - every error leaves named after its shard
         raise relabel(err, start, stop) from None
     forward = state.forward

@@ -2,16 +2,21 @@
 
 Contract: ``vk_gemm_float`` / ``vk_gemm_double`` (in :data:`GEMM_C`) compute, for every output,
 ``acc = 0; for k in 0..K-1: acc = acc + A[i,k] * B[k,j]`` -- each product rounded to the element
-type, then each sum rounded, k in index order, no fused multiply-add -- for operands and result of
+type, then each sum rounded, k in index order, no fused multiply-add -- or, in the fused mode
+(:data:`FUSED_GEMM_C`), ``acc = fma(A[i,k], B[k,j], acc)``, each step rounded once (the FMA
+instructions where the CPU has them, C's exactly rounded ``fma`` a lane at a time elsewhere: the
+same bits everywhere) -- for operands and result of
 any strides (a transposed operand is just other strides), writing only C's M x N elements, with
 ``pack``, at least :data:`PACK_BYTES` bytes aligned to 64, as scratch.  Why it is fast anyway: the
 order constrains only the sequence of additions *into one output*, not which outputs are worked on
 together.  A register-blocked micro-kernel keeps an MR x NR tile of outputs in vector registers --
-MR * NR / lanes independent accumulators, enough to keep the CPU's separate multiply and add pipes
-busy -- and walks k, one product and one add per output per step, in order: a row of NR values of
-B times one value of A broadcast.  B's rows come from a panel packed so that they are adjacent
-(GotoBLAS/BLIS style; a row-major B that only a few tiles read is read in place), A's values from
-A itself, any strides: a broadcast value costs the same from anywhere.  A K longer than the k-block is split; each block
+MR * NR / lanes independent accumulators, enough to keep the CPU's multiply-add pipes busy -- and
+walks k, one step per output, in order: a row of NR values of B times one value of A broadcast.
+B's rows come from a panel packed so that they are adjacent (GotoBLAS/BLIS style; a row-major B
+that only a few tiles read is read in place), A's values from a block of it packed per thread
+where several panels read it (a tile's values for one k adjacent: rows far apart in A would
+share the L1 cache's sets and the TLB's pages), else from A itself, any strides.  Threads take
+blocks of rows: each output is still one thread's sum in k order.  A K longer than the k-block is split; each block
 continues from the values stored in C, which hold the accumulator exactly because it has the
 element type.  Rows and columns past the matrix's edge are padded (their results discarded);
 k never is (adding 0 * 0 would turn an accumulator of -0.0 into +0.0).  From a rough cost of

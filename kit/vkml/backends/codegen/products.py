@@ -3,11 +3,12 @@
 Why: a default ``matmul`` in generated C adds each output's products over k in index order.
 Written as three loops that order is slow (a scalar dependency chain per output), so programs
 with big products used to stay on NumPy, whose BLAS picks its own order -- and then every
-equation around the product paid NumPy's dispatch too.  ``gemm.GEMM_C`` computes the very same
+equation around the product paid NumPy's dispatch too.  ``gemm.gemm_c`` computes the very same
 sums (each output's accumulator starts at 0 and adds its products for k = 0, 1, ... in turn,
-no fused multiply-add) blocked for the caches and in SIMD registers across outputs, so a
-product has one set of bits on this tier whatever its size, the machine's vector width or
-the blocking.
+each step a fused multiply-add in the fused mode, a rounded product and sum in the plain one:
+``Lowering.fused``, as the plain loops do) blocked for the caches and in SIMD registers across
+outputs, so a product has one set of bits on this tier whatever its size, the machine's vector
+width, the blocking or the threads.
 
 Two things make the call cheap to feed:
 
