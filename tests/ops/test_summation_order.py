@@ -313,11 +313,7 @@ def reference():
 
 
 @pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "numpy"] + CUDA)
-def test_every_reduction_has_the_numpy_backends_bits(backend, reference, monkeypatch):
-    # the order of the sums is what is checked: on the cpu tier the few entries holding exp, log
-    # or sin run them on scalar libm (whose results match NumPy's on these inputs), not on the
-    # vector versions its programs call by default (within a few ulps, not bit for bit)
-    monkeypatch.setenv("VKML_VECTOR_MATH", "0")
+def test_every_reduction_has_the_numpy_backends_bits(backend, reference):
     got = _run_all(backend)
     bad = [name for name in reference
            if not all(_same(p, q) for p, q in zip(reference[name], got[name]))]
