@@ -48,17 +48,14 @@ schedule is stepped by compiled per-step programs, a graph's programs: where
 all their loops come out in vector blocks, as the pendulum's do, they call the
 very vector functions of the window schedule's loops and give its bits; else
 they run on scalar libm, within a few ulps of it.)
-Every program compiled here -- a graph's (a kernel batched over the samples,
-a whole fused launch or reverse), a jitted one, a lazy tensor's -- calls the
-same vector versions in its elementwise loops: each loop runs in blocks of
-8 elements through one block function compiled the same way whatever the
-number of samples, the last block moved back over the end and a short loop
-padded (``codegen.vector_nests``), so a sample's bits do not depend on the
-number of samples, a thread's chunk or a reverse's chunk either, and an
-element's bits do not depend on the array's size (a training step's GELU,
-softmax and normalisation run about ten times faster than through scalar
-libm).  A result computed in such a loop is never computed over its argument
-(the moved-back block would read values already updated).
+A graph's programs -- a kernel batched over the samples, a whole fused
+launch or reverse (``GRAPH_PROGRAMS``) -- call the same vector versions in
+their elementwise loops: each loop runs in blocks of 8 elements through one
+block function compiled the same way whatever the number of samples, the
+last block moved back over the end and a short loop padded
+(``codegen.vector_nests``), so a sample's bits do not depend on the number of
+samples, a thread's chunk or a reverse's chunk either.  Jitted programs and
+lazy tensors keep scalar libm: their bits on this tier stay what they were.
 The library of a vector build is checked after compiling (its imported
 symbols: every libm call of one vector version, none scalar) and built again
 with scalar libm otherwise; ``VKML_VECTOR_MATH=0`` asks for scalar libm
@@ -439,7 +436,7 @@ def c_source(program, vector_math=()):
     outs = [f"o{i}" for i in range(len(program.outputs))]
     stmts = low.program(program, ins, outs)
     # (vector blocks compute a nest's last elements twice: never over an argument)
-    low.overwritable = overwritable(stmts, ins, outs, program, vector_math)
+    low.overwritable = {} if vector_math else overwritable(stmts, ins, outs, program)
     low.may_fail = may_fail(stmts)
     return render(low, stmts, len(ins), [v.dtype for v in program.inputs],
                   len(outs), [v.dtype for v in program.outputs], data_offset=DATA_OFFSET,
@@ -849,8 +846,9 @@ class Tiered:
         return self.current(args)
 
 
-#: the keys (their first item) of the programs a graph builds: a kernel batched over the samples,
-#: a whole fused launch or reverse
+#: the keys (their first item) of the programs a graph builds -- a kernel batched over the samples,
+#: a whole fused launch or reverse -- whose elementwise loops call libm's vector versions
+#: (``vector_math``); jitted programs and lazy tensors keep scalar libm
 GRAPH_PROGRAMS = frozenset({"graph", "graph-launch", "graph-reverse"})
 
 
@@ -986,7 +984,7 @@ class CpuBackend(Backend):
 
     def _compile_vector(self, program, math):
         """The program's C function with the libm functions ``math`` called in vector versions
-        in its elementwise loops; None where no loop
+        in its elementwise loops (a graph's programs, ``GRAPH_PROGRAMS``); None where no loop
         calls one, or where a call came out scalar in the built library (then the caller builds
         it with scalar libm throughout: one program never mixes the two)."""
         try:
@@ -1013,10 +1011,10 @@ class CpuBackend(Backend):
         return self.executable(("nested", program), lambda: program)
 
     def executable(self, key, make_program):
-        # programs call libm in vector versions; which ones is part of their key
+        # a graph's programs call libm in vector versions; which ones is part of their key
         # (VKML_VECTOR_MATH=0 set later gets programs of scalar libm, not ones built before);
         # so are the products' mode and threads (VKML_FMA, VKML_THREADS)
-        math = self.graph_variant()
+        math = self.graph_variant() if key[0] in GRAPH_PROGRAMS else frozenset()
         key = key + build_settings()
         return self._cached(key + (math,) if math else key,
                             lambda: self._compile(check_sizes(make_program()), math),
@@ -1054,8 +1052,7 @@ class CpuBackend(Backend):
                                   "(the plain loops' bits; VKML_FMA=1 fuses them)"),
                      "threads": gemm_threads(),
                      "simulation vector math": math,
-                     "graph vector math": math,
-                     "program vector math": math})
+                     "graph vector math": math})
         return info
 
 
