@@ -158,7 +158,7 @@ def transformer_block(F, p, x, linear):
     qkv = linear(norm(x, g1, b1), wqkv, bqkv)                            # n, s, 3d
     qkv = F.transpose(F.reshape(qkv, (n, s, 3, HEADS, hd)), (2, 0, 3, 1, 4))
     q, k, v = qkv[0], qkv[1], qkv[2]                                     # n, h, s, hd
-    scores = q @ F.swapaxes(k, -1, -2) * (1.0 / np.sqrt(hd))
+    scores = q @ F.swapaxes(k, -1, -2) * (1.0 / hd ** 0.5)      # (a Python float: float32 stays)
     scores = scores - F.max(scores, axis=-1, keepdims=True)
     e = F.exp(scores)
     att = e / F.sum(e, axis=-1, keepdims=True)

@@ -118,6 +118,8 @@ class Lowering:
         self.gemm = False
         self.gemm_types = set()
         self.gemm_packs = {}     # dtype -> the GEMM's packing scratch (``products._pack``)
+        #: the transposes of the program being lowered that only GEMMs read (never stored)
+        self.free_transposes = set()
         #: the threads the GEMM splits a product's rows over (its scratch holds a block of A each)
         self.gemm_threads = 1
         #: whether a default-order float product adds each of its terms with one fused
@@ -146,6 +148,27 @@ class Lowering:
         return name
 
     # -- a whole program ----------------------------------------------------------------------
+    def _free_transposes(self, prog, outputs) -> set:
+        """The transposes every reader of which reads them in place -- GEMM-computed products
+        and other such transposes -- so they are never stored however many read them (a
+        weight's transpose read by the forward product and by the input gradient's)."""
+        readers = {}
+        for e in prog.eqns:
+            for v in e.inputs:
+                readers.setdefault(v, []).append(e)
+        def reads_in_place(r):
+            method = getattr(self.rules.get(r.prim.name), "reads_in_place", None)
+            return method is not None and method(self, r)
+        free = set()
+        for e in reversed(prog.eqns):
+            out = e.outputs[0]
+            if not getattr(self.rules.get(e.prim.name), "read_in_place", False) or out in outputs:
+                continue
+            if readers.get(out) and all(reads_in_place(r) or r.outputs[0] in free
+                                        for r in readers[out]):
+                free.add(out)
+        return free
+
     def program(self, prog: Program, in_ptrs, out_ptrs):
         """Statements computing ``prog`` from buffers ``in_ptrs`` into buffers ``out_ptrs``."""
         self.depth += 1
@@ -166,6 +189,7 @@ class Lowering:
         outputs = {}
         for v, p in zip(prog.outputs, out_ptrs):
             outputs.setdefault(v, p)
+        self.free_transposes = self._free_transposes(prog, outputs)
         stored = set()
         for e in prog.eqns:
             rule = self.rules.get(e.prim.name)
@@ -198,8 +222,8 @@ class Lowering:
                 self.site = k if self.sites is None else self.sites[k]
             rule = self.rules.get(e.prim.name)
             inline = all(o not in outputs for o in e.outputs) and len(e.outputs) == 1 and \
-                rule is not None and rule.fusible(e) and uses.get(e.outputs[0], 0) == 1 and \
-                e.outputs[0] not in stored
+                rule is not None and rule.fusible(e) and e.outputs[0] not in stored and \
+                (uses.get(e.outputs[0], 0) == 1 or e.outputs[0] in self.free_transposes)
             if inline:
                 # a long chain is cut into stored pieces, so one expression stays of modest size
                 d = 1 + max((depth.get(v, 0) for v in e.inputs), default=0)

@@ -137,12 +137,14 @@ def _offset(idx, strides):
     return " + ".join(terms) if terms else "0"
 
 
-def gemm_operands(e, producer, uses) -> list:
+def gemm_operands(e, producer, uses, free=frozenset()) -> list:
     """The values a GEMM-computed product ``e`` has stored: each operand, or for one that is a
-    transpose read only here (of a transpose ...), that transpose's source, read in place."""
+    transpose read only here or only by GEMMs (``free``; of a transpose ...), that transpose's
+    source, read in place."""
     stored = []
     for v in e.inputs:
-        while uses.get(v) == 1 and v in producer and producer[v].prim.name == "transpose":
+        while (uses.get(v) == 1 or v in free) and v in producer and \
+                producer[v].prim.name == "transpose":
             v = producer[v].inputs[0]
         stored.append(v)
     return stored

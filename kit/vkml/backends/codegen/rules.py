@@ -85,11 +85,14 @@ class View:
 
     ``stores_operands(eqn)``: whether an operand's elements are read more than once (a
     broadcast that repeats them), so they are computed once into a buffer rather than inlined;
-    ``fusible``: whether the view itself may be inlined into its reader.
+    ``fusible``: whether the view itself may be inlined into its reader; ``read_in_place``:
+    whether a product computed by the GEMM reads it where its operand is (a transpose: other
+    strides), so it is never stored however many such products read it.
     """
 
-    def __init__(self, expr, stores_operands=lambda e: False, fusible=True):
+    def __init__(self, expr, stores_operands=lambda e: False, fusible=True, read_in_place=False):
         self.expr, self._stores, self._fusible = expr, stores_operands, fusible
+        self.read_in_place = read_in_place
 
     def expression(self, env, e, idx):
         return self.expr(env.read, e, idx)
@@ -134,7 +137,12 @@ class Product(Statement):
         return low.gemm and by_gemm(e)
 
     def stored_operands(self, low, e, producer, uses):
-        return gemm_operands(e, producer, uses) if self._gemm(low, e) else e.inputs
+        return gemm_operands(e, producer, uses, low.free_transposes) if self._gemm(low, e) \
+            else e.inputs
+
+    def reads_in_place(self, low, e):
+        """Whether product ``e`` reads a transposed operand in place (the GEMM does)."""
+        return self._gemm(low, e)
 
     def _lower(self, low, e, env, targets):
         return (lower_gemm if self._gemm(low, e) else self.loops)(low, e, env, targets)
@@ -334,7 +342,7 @@ C_RULES = {
     "where": Elementwise(_where),
     # movement
     "broadcast_in_dim": View(_broadcast_in_dim, stores_operands=_broadcast_repeats),
-    "transpose": View(_transpose),
+    "transpose": View(_transpose, read_in_place=True),
     "slice": View(_slice),
     "flip": View(_flip),
     "reshape": View(_reshape),
