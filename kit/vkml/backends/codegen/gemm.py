@@ -293,12 +293,17 @@ static void vk_gemm_$S(int64_t M, int64_t N, int64_t K,
         const int pack_a = mr > 1 && nc > nr;
         for (int64_t pc = 0; pc < K; pc += kstep) {
             int64_t kc = K - pc < kstep ? K - pc : kstep;
+            /* one team of threads per block: B's panels packed between them, then (after the
+               loop's barrier) their shares of the rows */
+#pragma omp parallel num_threads(vk_gemm_threads) if (split)
+            {
+#pragma omp for schedule(static)
             for (int64_t jr = 0; jr < nc; jr += nr)
                 if (!VK_GEMM_IN_PLACE(jr))
                     vk_gemm_pack_b_$T(kc, nc - jr < nr ? nc - jr : nr,
                                       B + pc * sbk + (jc + jr) * sbn, sbk, sbn, bpack + jr * kc,
                                       nr);
-#pragma omp parallel for schedule(static) num_threads(vk_gemm_threads) if (split)
+#pragma omp for schedule(static)
             for (int64_t ic = 0; ic < M; ic += mcb) {
                 int64_t mc = M - ic < mcb ? M - ic : mcb;
                 /* A's block packed (each thread its own slot) where several panels read it: its
@@ -320,6 +325,7 @@ static void vk_gemm_$S(int64_t M, int64_t N, int64_t K,
                                         mc - ir < mr ? mc - ir : mr, nc - jr < nr ? nc - jr : nr,
                                         pc == 0);
                 }
+            }
             }
         }
     }
