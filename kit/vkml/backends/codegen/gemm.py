@@ -45,6 +45,17 @@ KC = {"float": 256, "double": 256}
 NC = {"float": 768, "double": 768}
 #: rows of A worked on against one packed B block before the next (a multiple of every MR)
 MC = {"float": 96, "double": 48}
+#: the plain mode's own tiles and blocks (a separate multiply and add need twice the cycles per
+#: step, so a narrower tile and longer k-blocks keep its pipes as busy: 97-100 GFLOPS on the
+#: squares where the fused mode's blocking gave it 83-89)
+PLAIN = {"VARIANTS": {"wide": {32: (8, 2), 16: (6, 2)}, "narrow": {32: (16, 1), 16: (12, 1)},
+                      "row": {32: (1, 4), 16: (1, 4)}},
+         "KC": {"float": 1024, "double": 512}, "NC": {"float": 256, "double": 256}}
+
+
+def _blocking(fused: bool):
+    """``(VARIANTS, KC, NC)`` of a mode."""
+    return (VARIANTS, KC, NC) if fused else (PLAIN["VARIANTS"], PLAIN["KC"], PLAIN["NC"])
 
 SIZEOF = {"float": 4, "double": 8}
 
@@ -58,7 +69,8 @@ def pack_bytes(threads: int = 1) -> int:
     """Bytes of scratch the caller passes as ``pack`` to a GEMM splitting its rows over
     ``threads`` (``vk_gemm_threads`` at most that): one packed B block and a packed A block
     per thread."""
-    return max((KC[t] * NC[t] + threads * MC[t] * KC[t]) * SIZEOF[t] for t in SIZEOF)
+    return max((kc[t] * nc[t] + threads * MC[t] * kc[t]) * SIZEOF[t] for t in SIZEOF
+               for kc, nc in ((KC, NC), (PLAIN["KC"], PLAIN["NC"])))
 
 
 #: bytes of scratch a one-thread GEMM takes as ``pack``
@@ -474,12 +486,13 @@ def _transpose8(t: str) -> str:
 
 def _source(t: str, fused: bool) -> str:
     """``vk_gemm_<t>`` and everything it calls."""
-    parts = [_TYPE.substitute(T=t, KC=KC[t], NC=NC[t], MC=MC[t], TRANSPOSE8=_transpose8(t))]
-    for variant, tiles in VARIANTS.items():
+    variants, kc, nc = _blocking(fused)
+    parts = [_TYPE.substitute(T=t, KC=kc[t], NC=nc[t], MC=MC[t], TRANSPOSE8=_transpose8(t))]
+    for variant, tiles in variants.items():
         for registers, (mr, nv) in tiles.items():
             parts.append("\n#if VK_GEMM_VBYTES == 64\n" if registers == 32 else "\n#else\n")
-            parts.append(_VARIANT.substitute(T=t, S=f"{t}_{variant}", MR=mr, NV=nv, KC=KC[t],
-                                             NC=NC[t], MC=MC[t], SLOWER=_SLOWER[variant],
+            parts.append(_VARIANT.substitute(T=t, S=f"{t}_{variant}", MR=mr, NV=nv, KC=kc[t],
+                                             NC=nc[t], MC=MC[t], SLOWER=_SLOWER[variant],
                                              KERNEL=_kernel(t, variant, mr, nv, fused)))
         parts.append("#endif\n")
     parts.append(_entry(t, fused))
