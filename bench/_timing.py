@@ -135,8 +135,34 @@ def print_table(title: str, rows, *, baselines=(), unit: str = "us", extra=()) -
         line += [f"{secs / times[b]:.2f}x" for b in baselines if b in times]
         line += [str(col.get(name, "-")) for _, col in extra]
         body.append(line)
-    widths = [max(len(r[i]) for r in [head] + body) for i in range(len(head))]
     print(title)
-    for r in [head] + body:
+    print_rows(head, body)
+
+
+def print_rows(head, rows) -> None:
+    """Print a header and rows of strings aligned: the first column to the left, the rest to
+    the right."""
+    widths = [max(len(r[i]) for r in [head] + list(rows)) for i in range(len(head))]
+    for r in [head] + list(rows):
         cells = [r[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(r[1:], widths[1:])]
         print("  " + "  ".join(cells))
+
+
+def cpu_model() -> str:
+    """The CPU's model name as ``/proc/cpuinfo`` gives it (every table names the machine)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return "unknown CPU"
+
+
+def blas() -> str:
+    """NumPy's BLAS library and version (import NumPy only after ``pin``)."""
+    import numpy as np
+    try:
+        config = np.show_config(mode="dicts")
+        info = config["Build Dependencies"]["blas"]
+        return f"{info.get('name')} {info.get('version', '')}".strip()
+    except Exception:                       # (older NumPy: no dict form)
+        return "NumPy's BLAS"

@@ -28,7 +28,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import interleave, pin_from_argv, sampler  # noqa: E402
+from _timing import blas, cpu_model, interleave, pin_from_argv, print_rows, sampler  # noqa: E402
 
 if __name__ == "__main__":        # before NumPy loads its thread pools
     PINNED = pin_from_argv()
@@ -178,23 +178,6 @@ def build(fused, threads):
     return lib, compiled
 
 
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return "unknown CPU"
-
-
-def blas() -> str:
-    try:
-        config = np.show_config(mode="dicts")
-        info = config["Build Dependencies"]["blas"]
-        return f"{info.get('name')} {info.get('version', '')}".strip()
-    except Exception:                       # (older NumPy: no dict form)
-        return "NumPy's BLAS"
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the MLP shapes and 1024^3 only")
@@ -226,10 +209,7 @@ def main(argv=None):
         rows.append((label + ("" if checked else " *"), f"{m}x{n}x{k}", np.dtype(dtype).name,
                      f"{g['fused']:.1f}", f"{g['plain']:.1f}", f"{g['numpy']:.1f}",
                      f"{g['fused'] / g['numpy']:.2f}x", share))
-    widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
-    for r in [head] + rows:
-        cells = [r[0].ljust(widths[0])] + [x.rjust(w) for x, w in zip(r[1:], widths[1:])]
-        print("  " + "  ".join(cells))
+    print_rows(head, rows)
     print("  (GFLOPS; fused/numpy > 1: vkml faster; float64 peak is half the float32 one; "
           "* too big for the NumPy oracle: checked at the smaller sizes only)")
     return 0

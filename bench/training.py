@@ -27,7 +27,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import interleave, pin, sampler  # noqa: E402
+from _timing import blas, cpu_model, interleave, pin, print_rows, sampler  # noqa: E402
 
 STEPS = ("mlp-256", "mlp-1024", "big-mlp", "cnn", "transformer")
 
@@ -359,6 +359,7 @@ def main():
     args = ARGS
     names = [n for n in args.only.split(",") if n]
     print(f"training steps -- {PINNED}")
+    print(f"CPU: {cpu_model()}; numpy {np.__version__} with {blas()}")
     print(f"vkml: {vkml.backend_info()['backend']} tier, products: {vkml.backend_info()['products']}")
     rounds, reps = (3, 3) if args.quick else (5, 5)
     rows = []
@@ -387,10 +388,7 @@ def main():
                        for p in ("numpy", "torch", "torch.compile", "jax.jit")],
                      f"{times['vkml'] / times[fastest]:.2f}x ({fastest})" if fastest else "-"))
     head = ("step", "vkml", "/numpy", "/torch", "/torch.compile", "/jax.jit", "/best peer")
-    widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
-    for r in [head] + rows:
-        print("  " + "  ".join([r[0].ljust(widths[0])] +
-                               [c.rjust(w) for c, w in zip(r[1:], widths[1:])]))
+    print_rows(head, rows)
     print("  (vkml's time over each peer's: below 1 means vkml is faster)")
 
 

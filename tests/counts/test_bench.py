@@ -82,7 +82,7 @@ def test_pin_binds_the_process_to_one_cpu_and_sets_one_thread_everywhere():
 def test_run_all_finds_the_benches_but_not_the_helpers_or_tools():
     names = [Path(p).name for p in run_all.benches()]
     assert {"compiled.py", "mlp_step.py", "scan_grad.py", "graph_reverse.py", "simulation.py",
-            "gpu.py"} <= set(names)
+            "gpu.py", "gemm.py", "training.py"} <= set(names)
     assert not any(n.startswith("_") or n in run_all.TOOLS for n in names)
 
 
@@ -113,6 +113,24 @@ def test_a_bench_runs_its_vkml_side_and_notes_a_missing_peer():
     assert proc.returncode == 0, proc.stderr
     assert "eagle unavailable" in proc.stdout
     assert {"vkml", "numpy"} <= table_rows(proc.stdout) and "eagle" not in table_rows(proc.stdout)
+
+
+def test_the_training_bench_runs_vkml_and_names_each_missing_peer():
+    """``training.py`` on one step: vkml's compiled step and the hand-written NumPy one agree on
+    the first loss and are timed; each peer that cannot be imported is named as skipped, and the
+    table names the CPU."""
+    code = ("import runpy, sys; sys.modules.update(jax=None, torch=None); "
+            "sys.argv = ['training.py', '--quick', '--only', 'mlp-256']; "
+            "runpy.run_path(sys.argv[0], run_name='__main__')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, env=tree_env(), cwd=BENCH)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "CPU: " in out and "mlp-256: vkml ready" in out and "mlp-256: numpy ready" in out
+    for peer in ("torch", "torch.compile", "jax.jit"):
+        assert f"mlp-256: {peer} skipped" in out, peer
+    row = next(line.split() for line in out.splitlines() if line.strip().startswith("mlp-256 "))
+    assert row[1].replace(".", "", 1).isdigit() and row[3].endswith("x"), row   # time, /numpy
 
 
 def test_no_bench_script_shadows_an_installed_package():
