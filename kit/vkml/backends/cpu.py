@@ -366,16 +366,21 @@ def _run_compiler(command, size) -> subprocess.CompletedProcess:
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True) as proc:
         try:
-            out, err = proc.communicate(timeout=COMPILE_NOTE_AFTER)
-        except subprocess.TimeoutExpired:
-            note = progress_enabled()
-            if note:
-                sys.stderr.write(f"vkml: compiling a new program ({size // 1024} KB of C) ...\n")
-            start = time.perf_counter() - COMPILE_NOTE_AFTER
-            out, err = proc.communicate()
-            if note:
-                sys.stderr.write(f"vkml: compiled in {time.perf_counter() - start:.1f} s "
-                                 "(kept in the disk cache: next time it loads at once)\n")
+            try:
+                out, err = proc.communicate(timeout=COMPILE_NOTE_AFTER)
+            except subprocess.TimeoutExpired:
+                note = progress_enabled()
+                if note:
+                    sys.stderr.write(f"vkml: compiling a new program ({size // 1024} KB of C) "
+                                     "...\n")
+                start = time.perf_counter() - COMPILE_NOTE_AFTER
+                out, err = proc.communicate()
+                if note:
+                    sys.stderr.write(f"vkml: compiled in {time.perf_counter() - start:.1f} s "
+                                     "(kept in the disk cache: next time it loads at once)\n")
+        except BaseException:          # Ctrl-C while compiling: the compiler stops too
+            proc.kill()
+            raise
         return subprocess.CompletedProcess(command, proc.returncode, out, err)
 
 
