@@ -1,10 +1,12 @@
 """binder/ is exercised, not just written.
 
 mybinder installs ``binder/requirements.txt`` (and ``apt.txt``), then runs ``binder/postBuild`` from
-the repository root. The second test does the same on this machine: a fresh virtual environment, the
-requirements alone, postBuild itself (with the environment's pip first on PATH, in a copy of the
-repository), and then a tutorial executed in that environment (nbclient and its kernel both from
-it) whose outputs must match the stored ones after the same sanitizing nbval does. It needs the
+the repository root, and starts the server through ``binder/start``. The second test does the same
+on this machine: a fresh virtual environment, the requirements alone, postBuild itself (with the
+environment's pip first on PATH, in a copy of the repository), and then a tutorial executed in that
+environment through ``binder/start`` (nbclient and its kernel both from it; no ``VKML_BACKEND`` but
+what the start script sets) whose outputs must match the stored ones after the same sanitizing
+nbval does. It needs the
 package index (PyPI or the machine's mirror); with pip's cache warm it takes about 40 s.
 """
 
@@ -72,9 +74,10 @@ def test_binder_recipe_builds_an_environment_that_runs_a_tutorial(tmp_path):
     # A fresh environment from the base interpreter: nothing of this test suite's .venv leaks in.
     run([sys.executable, "-m", "venv", str(env_dir)], env=os.environ.copy(), cwd=tmp_path, timeout=300)
     bin_dir = env_dir / "bin"
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "VKML_BACKEND")}
     env.update(VIRTUAL_ENV=str(env_dir), PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
-               PIP_DISABLE_PIP_VERSION_CHECK="1", VKML_BACKEND="numpy")
+               PIP_DISABLE_PIP_VERSION_CHECK="1")
     env.pop("MPLBACKEND", None)
     python = str(bin_dir / "python")
 
@@ -104,7 +107,8 @@ def test_binder_recipe_builds_an_environment_that_runs_a_tutorial(tmp_path):
                        resources={{"metadata": {{"path": {str(repo / "notebooks")!r}}}}}).execute()
         nbformat.write(nb, {str(executed)!r})
     """)
-    run([python, "-c", runner], env=env, cwd=repo / "notebooks", timeout=900)
+    run(["bash", str(repo / "binder" / "start"), python, "-c", runner], env=env,
+        cwd=repo / "notebooks", timeout=900)
 
     stored = nbformat.read(ROOT / "notebooks" / NOTEBOOK, as_version=4)
     fresh = nbformat.read(executed, as_version=4)
