@@ -50,8 +50,8 @@ MC = {"float": 96, "double": 48}
 #: the plain mode's own tiles and blocks (a separate multiply and add need twice the cycles per
 #: step, so a narrower tile and longer k-blocks keep its pipes as busy: 97-100 GFLOPS on the
 #: squares where the fused mode's blocking gave it 83-89)
-PLAIN = {"VARIANTS": {"wide": {32: (8, 2), 16: (6, 2)}, "narrow": {32: (16, 1), 16: (12, 1)},
-                      "row": {32: (1, 4), 16: (1, 4)}},
+PLAIN = {"VARIANTS": {**{name: tiles for name, tiles in VARIANTS.items() if name != "wide2"},
+                      "wide": VARIANTS["wide2"]},
          "KC": {"float": 1024, "double": 512}, "NC": {"float": 256, "double": 256}}
 
 
