@@ -53,6 +53,8 @@ FUNCTIONS = {
     "matmul": (lambda a, b: (a @ b, a + 1.0, b * b), 2),
     "a view returned": (lambda a, b: (a.reshape(-1), a + b, b * 3.0), 2),
     "broadcast row": (lambda a, r: (a * r, r + 1.0), 2),
+    # a vector-math nest (its last block moved back over elements already computed)
+    "exp": (lambda a, b: (a * vkml.exp(b), b + 1.0, vkml.tanh(a) - b), 2),
 }
 
 
@@ -385,6 +387,21 @@ def test_the_statement_rule_refuses_late_reads_other_elements_and_bare_pointers(
     # a nest that is not over the result's elements one by one: refused
     short = _nest(f"o0[{index}] = a0[{index}];", extents=(2, 3))
     assert 0 not in _rule(short).get(0, frozenset())
+
+
+def test_the_statement_rule_refuses_results_of_nests_calling_vector_math():
+    """A nest calling a libm function run in vector blocks computes its last block again over
+    elements already stored: its results are never computed over an argument; a nest beside it
+    without such a call still is."""
+    from vkml.backends.codegen.lower import overwritable
+    from vkml.ir import Program, Var
+    index = "(i0)*3 + i1"
+    stmts = _nest(f"o0[{index}] = expf(a0[{index}]);") + _nest(f"o1[{index}] = a1[{index}] + 1;")
+    ins = [Var((4, 3), np.dtype(np.float32)) for _ in range(2)]
+    program = Program(ins, [], [Var((4, 3), np.dtype(np.float32)) for _ in range(2)])
+    rule = overwritable(stmts, ["a0", "a1"], ["o0", "o1"], program, vector_calls={"expf"})
+    assert 0 not in rule and rule[1] == frozenset({0, 1})
+    assert overwritable(stmts, ["a0", "a1"], ["o0", "o1"], program)[0] == frozenset({0})
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

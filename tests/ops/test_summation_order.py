@@ -313,7 +313,11 @@ def reference():
 
 
 @pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "numpy"] + CUDA)
-def test_every_reduction_has_the_numpy_backends_bits(backend, reference):
+def test_every_reduction_has_the_numpy_backends_bits(backend, reference, monkeypatch):
+    # the order of the sums is what is checked: on the cpu tier the few entries holding exp, log
+    # or sin run them on scalar libm (whose results match NumPy's on these inputs), not on the
+    # vector versions its programs call by default (within a few ulps, not bit for bit)
+    monkeypatch.setenv("VKML_VECTOR_MATH", "0")
     got = _run_all(backend)
     bad = [name for name in reference
            if not all(_same(p, q) for p, q in zip(reference[name], got[name]))]
@@ -353,7 +357,8 @@ def test_a_program_with_a_blas_matmul_is_never_switched_between_numpy_and_c(monk
     monkeypatch.setattr(cpu, "Tiered", lambda *a: tiered.append(a) or pytest.fail("tiered"))
     real = cpu.CpuBackend._compile_c
     monkeypatch.setattr(cpu.CpuBackend, "_compile_c",
-                        lambda self, program: compiled.append(program) or real(self, program))
+                        lambda self, program, *math: compiled.append(program) or
+                        real(self, program, *math))
     rng = np.random.default_rng(11)
     small = rng.standard_normal((8, 130)), rng.standard_normal((130, 5))
     large = rng.standard_normal((300, 300)), rng.standard_normal((300, 300))

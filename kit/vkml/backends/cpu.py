@@ -48,14 +48,17 @@ schedule is stepped by compiled per-step programs, a graph's programs: where
 all their loops come out in vector blocks, as the pendulum's do, they call the
 very vector functions of the window schedule's loops and give its bits; else
 they run on scalar libm, within a few ulps of it.)
-A graph's programs -- a kernel batched over the samples, a whole fused
-launch or reverse (``GRAPH_PROGRAMS``) -- call the same vector versions in
-their elementwise loops: each loop runs in blocks of 8 elements through one
-block function compiled the same way whatever the number of samples, the
-last block moved back over the end and a short loop padded
-(``codegen.vector_nests``), so a sample's bits do not depend on the number of
-samples, a thread's chunk or a reverse's chunk either.  Jitted programs and
-lazy tensors keep scalar libm: their bits on this tier stay what they were.
+Every program compiled here -- a graph's (a kernel batched over the samples,
+a whole fused launch or reverse), a jitted one, a lazy tensor's -- calls the
+same vector versions in its elementwise loops: each loop runs in blocks of
+8 elements through one block function compiled the same way whatever the
+number of samples, the last block moved back over the end and a short loop
+padded (``codegen.vector_nests``), so a sample's bits do not depend on the
+number of samples, a thread's chunk or a reverse's chunk either, and an
+element's bits do not depend on the array's size (a training step's GELU,
+softmax and normalisation run about ten times faster than through scalar
+libm).  A result computed in such a loop is never computed over its argument
+(the moved-back block would read values already updated).
 The library of a vector build is checked after compiling (its imported
 symbols: every libm call of one vector version, none scalar) and built again
 with scalar libm otherwise; ``VKML_VECTOR_MATH=0`` asks for scalar libm
@@ -141,7 +144,7 @@ from .codegen.c_render import ALLOCATION_FAILED, INTERRUPTED, POLL, render, scra
 from .codegen.lower import Lowering, Unsupported, may_fail, overwritable
 from .codegen.products import transposed_products
 from .codegen.sample_loops import LoopSpec, forward_source, reverse_source
-from .codegen.vector_nests import SIMD_MARKER, VECTOR_MATH
+from .codegen.vector_nests import SIMD_MARKER, VECTOR_MATH, calls_any
 from .interrupts import NEVER, Armed, interrupted
 from .numpy_backend import compile_program as compile_numpy
 
@@ -421,12 +424,29 @@ def fused_products() -> bool:
 def c_source(program, vector_math=()):
     """The C source of ``program`` and its lowering (whose ``errors``, ``error_sites`` and
     ``temp_vars`` decode what the function reports; raises Unsupported for what the lowering
-    cannot compile).  ``vector_math``: the libm functions its elementwise loop nests call in
-    vector versions (``codegen.vector_nests``)."""
+    cannot compile).  ``vector_math``: the libm functions it calls in vector versions -- in
+    vector blocks in its elementwise loop nests, through lane functions elsewhere
+    (``codegen.vector_nests``); a program that calls none of them is plain C."""
     origin = {}
     flat = _calls_inlined(program, origin)       # (a product and its transpose may be in two calls)
     program, sites = transposed_products(flat, None if flat is program else
                                          [origin[id(e)] for e in flat.eqns])
+    low, stmts, ins, outs = _lowered(program, sites, scalars_in_locals=True)
+    if not calls_any(stmts, vector_math):
+        vector_math = ()
+    elif any(v.shape == () for v in program.inputs):
+        # block functions take every buffer they read: no 0-d argument read into a local
+        low, stmts, ins, outs = _lowered(program, sites, scalars_in_locals=False)
+    # (vector blocks compute a nest's last elements twice: never over an argument)
+    low.overwritable = overwritable(stmts, ins, outs, program, vector_math)
+    low.may_fail = may_fail(stmts)
+    return render(low, stmts, len(ins), [v.dtype for v in program.inputs],
+                  len(outs), [v.dtype for v in program.outputs], data_offset=DATA_OFFSET,
+                  vector_math=vector_math), low
+
+
+def _lowered(program, sites, scalars_in_locals):
+    """``program`` lowered for the cpu tier: ``(lowering, statements, inputs, outputs)``."""
     low = Lowering()
     low.sites = sites
     low.gemm = True
@@ -434,18 +454,11 @@ def c_source(program, vector_math=()):
     low.fused = fused_products()
     low.checks = True
     low.fuse_loops = True
-    # (not where nests become vector block functions: those take every buffer they read)
-    low.scalars_in_locals = not vector_math
+    low.scalars_in_locals = scalars_in_locals
     low.interrupt_poll = POLL
     ins = [f"a{i}" for i in range(len(program.inputs))]
     outs = [f"o{i}" for i in range(len(program.outputs))]
-    stmts = low.program(program, ins, outs)
-    # (vector blocks compute a nest's last elements twice: never over an argument)
-    low.overwritable = {} if vector_math else overwritable(stmts, ins, outs, program)
-    low.may_fail = may_fail(stmts)
-    return render(low, stmts, len(ins), [v.dtype for v in program.inputs],
-                  len(outs), [v.dtype for v in program.outputs], data_offset=DATA_OFFSET,
-                  vector_math=vector_math), low
+    return low, low.program(program, ins, outs), ins, outs
 
 
 def _data_offset():
@@ -851,9 +864,8 @@ class Tiered:
         return self.current(args)
 
 
-#: the keys (their first item) of the programs a graph builds -- a kernel batched over the samples,
-#: a whole fused launch or reverse -- whose elementwise loops call libm's vector versions
-#: (``vector_math``); jitted programs and lazy tensors keep scalar libm
+#: the keys (their first item) of the programs a graph builds: a kernel batched over the samples,
+#: a whole fused launch or reverse
 GRAPH_PROGRAMS = frozenset({"graph", "graph-launch", "graph-reverse"})
 
 
@@ -969,40 +981,30 @@ class CpuBackend(Backend):
             return self._numpy(program)
         hot = hot_threshold()
         if hot == 0 or _has_loop(program) or _differs_from_numpy(program):
-            return (math and self._compile_vector(program, math)) or self._compile_c(program) or \
-                self._numpy(program)
+            return self._compile_c(program, math) or self._numpy(program)
         return Tiered(self, program, self._numpy(program, fallback=False), hot)
 
-    def _compile_c(self, program):
-        """The program's C function, or None when the lowering does not cover it."""
-        try:
-            source, lowering = c_source(program)
-        except Unsupported:
-            return None
-        threads = _product_threads(lowering)
-        lib = _built(source, ["-fopenmp"] if threads > 1 else [])
-        if lib is None:
-            return None
-        if threads > 1:
-            ctypes.c_int.in_dll(lib, "vk_gemm_threads").value = threads
-        return CompiledProgram(program, lib, source, lowering)
-
-    def _compile_vector(self, program, math):
-        """The program's C function with the libm functions ``math`` called in vector versions
-        in its elementwise loops (a graph's programs, ``GRAPH_PROGRAMS``); None where no loop
-        calls one, or where a call came out scalar in the built library (then the caller builds
-        it with scalar libm throughout: one program never mixes the two)."""
+    def _compile_c(self, program, math=frozenset()):
+        """The program's C function, or None when the lowering does not cover it.  ``math``:
+        the libm functions it calls in vector versions (``vector_math``); where the built
+        library still calls one in a scalar (or a second vector) version, it is built again
+        with scalar libm throughout: one program never mixes the two."""
         try:
             source, lowering = c_source(program, math)
         except Unsupported:
             return None
-        if SIMD_MARKER not in source:
-            return None
+        vector = SIMD_MARKER in source
+        threads = _product_threads(lowering)
         imports = {}
-        lib = _built(source, ["-fopenmp-simd"], lambda data: imports.update(math_imports(data, math)))
+        lib = _built(source, ["-fopenmp"] if threads > 1 else ["-fopenmp-simd"] if vector else [],
+                     (lambda data: imports.update(math_imports(data, math))) if vector else None)
         if lib is None:
             return None
-        return CompiledProgram(program, lib, source, lowering) if all_vector(imports) else None
+        if vector and not all_vector(imports):
+            return self._compile_c(program)
+        if threads > 1:
+            ctypes.c_int.in_dll(lib, "vk_gemm_threads").value = threads
+        return CompiledProgram(program, lib, source, lowering)
 
     def _numpy(self, program, fallback=True):
         """The program on the NumPy backend: a fallback (counted in ``info()``) when C does not
@@ -1016,10 +1018,10 @@ class CpuBackend(Backend):
         return self.executable(("nested", program), lambda: program)
 
     def executable(self, key, make_program):
-        # a graph's programs call libm in vector versions; which ones is part of their key
+        # programs call libm in vector versions; which ones is part of their key
         # (VKML_VECTOR_MATH=0 set later gets programs of scalar libm, not ones built before);
         # so are the products' mode and threads (VKML_FMA, VKML_THREADS)
-        math = self.graph_variant() if key[0] in GRAPH_PROGRAMS else frozenset()
+        math = self.graph_variant()
         key = key + build_settings()
         return self._cached(key + (math,) if math else key,
                             lambda: self._compile(check_sizes(make_program()), math),
@@ -1057,7 +1059,8 @@ class CpuBackend(Backend):
                                   "(the plain loops' bits; VKML_FMA=1 fuses them)"),
                      "threads": gemm_threads(),
                      "simulation vector math": math,
-                     "graph vector math": math})
+                     "graph vector math": math,
+                     "program vector math": math})
         return info
 
 

@@ -25,7 +25,7 @@ from .libm import declarations
 from .lower import CTYPE
 from .gemm import gemm_c
 from .statements import Block, If, Loop, While
-from .vector_nests import simd_declarations, vectorised
+from .vector_nests import lane_calls, simd_declarations, vectorised
 
 # No #include: parsing system headers is most of a small compile's time, so the few
 # declarations generated code needs are written out here.
@@ -93,17 +93,18 @@ def render(lowering, stmts, n_in, in_types, n_out, out_types, name="vk_main", da
     """The program as C: ``name(in, out, info, vk_stop)`` over data pointers, its temporaries
     malloc'ed and freed per call; with ``data_offset`` (where a NumPy array object keeps its data
     pointer) also ``vk_objs`` (see :func:`_objects_entry`).  ``vector_math``: libm functions
-    whose calls in elementwise loop nests run in vector blocks (``vector_nests``; the source
-    then needs ``-fopenmp-simd``)."""
+    whose calls run in vector blocks in elementwise loop nests and through lane functions
+    elsewhere (``vector_nests``; the source then needs ``-fopenmp-simd``)."""
     lines = [prelude()] + ([gemm_c(sorted(lowering.gemm_types), lowering.fused)] if lowering.gemm_types else [])
     buffers = {f"a{i}": CTYPE[t] for i, t in enumerate(in_types)}
     buffers.update({f"o{i}": CTYPE[t] for i, t in enumerate(out_types)})
     buffers.update({tname: ctype for tname, ctype, _ in lowering.temps})
     stmts, blocks = vectorised(stmts, vector_math, buffers)
-    if blocks:
+    stmts, lanes = lane_calls(stmts, vector_math)
+    if blocks or lanes:
         lines += simd_declarations(vector_math)
     lines += lowering.statics
-    lines += blocks
+    lines += blocks + lanes
     offsets, _ = scratch_layout(lowering.temps)
     lines.append("static int vk_main_body(void** in, void** out, int64_t* info, const volatile int* vk_stop, "
                  "char* vk_scratch) {")

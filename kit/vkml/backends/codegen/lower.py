@@ -905,7 +905,7 @@ class _Env:
 
 # -- which results may be written over which arguments ----------------------------------------------
 
-def overwritable(stmts, in_ptrs, out_ptrs, program) -> dict:
+def overwritable(stmts, in_ptrs, out_ptrs, program, vector_calls=()) -> dict:
     """Per result ``j`` of ``program`` lowered to ``stmts``, the arguments ``k`` whose buffer the
     result may be computed in (``{j: frozenset(k, ...)}``, only results that have one): what
     lets an optimiser's step update a parameter and its moments where they are.
@@ -918,10 +918,15 @@ def overwritable(stmts, in_ptrs, out_ptrs, program) -> dict:
     index, one element per iteration; an elementwise update reads ``p[i]``, ``m[i]`` and
     ``v[i]`` and then writes them).  A buffer named without an index (handed to a helper)
     is never shared, nor is one stored before a check that may stop the function (an index
-    out of range): a call that fails leaves the caller's arrays as they were."""
+    out of range): a call that fails leaves the caller's arrays as they were.  Nor is one stored
+    in a nest calling one of ``vector_calls`` (libm functions run in vector blocks, whose last
+    block is moved back over elements already computed: ``vector_nests``)."""
     lines = []
     _flat_lines(stmts, (), lines)
     checks = [n for n, (text, _) in enumerate(lines) if "goto " in text]
+    calling = re.compile(r"(?<![\w])(?:" + "|".join(map(re.escape, sorted(vector_calls))) + r")\(") \
+        if vector_calls else None
+    vector_lines = [n for n, (text, _) in enumerate(lines) if calling and calling.search(text)]
     found = {}
     for j, (o, ov) in enumerate(zip(out_ptrs, program.outputs)):
         if ov.shape == () or program.outputs.count(ov) > 1 or not _indexed_only(o, lines):
@@ -929,6 +934,8 @@ def overwritable(stmts, in_ptrs, out_ptrs, program) -> dict:
         stores = [(n, index) for n, (text, _) in enumerate(lines)
                   for index in _indices(o, text, stores=True)]
         if any(_may_run_after(c, at, lines) for c in checks for at, _ in stores):
+            continue
+        if any(_shares_a_loop(v, at, lines) for v in vector_lines for at, _ in stores):
             continue
         ks = frozenset(k for k, (a, av) in enumerate(zip(in_ptrs, program.inputs))
                        if (av.shape, av.dtype) == (ov.shape, ov.dtype) and stores and

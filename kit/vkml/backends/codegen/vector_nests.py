@@ -28,10 +28,17 @@ the same bits wherever it is.  Only a *flat* nest is rewritten: a perfect
 nest of counted loops whose body stores one element of its own index per
 line (``t3[i1] = sin(a0[i1]);``) and reads buffers only at that index or at
 a fixed one (a Param's ``a2[0]``) -- what the lowering makes of an
-elementwise chain.  Anything else keeps its scalar calls; the backend's
-check of the built library (every call of one vector version, none scalar)
-then builds the program again with scalar libm throughout, so one program
-never mixes the two.
+elementwise chain.  Every other call (in a reduction's loop, a scan's step,
+a branch) goes through a *lane function* (:func:`lane_calls`): the operand
+put in every lane of a block, the same vector loop run over it, lane 0's
+result returned.  So an ``exp`` gives one value for one operand wherever the
+lowering put it -- in an elementwise chain, summed into a softmax's
+denominator, in one fused program or split over two -- and a function's
+first call (traced and run as separate programs) has the bits of its later
+calls (one program).  The backend's check of the built library (every call
+of one vector version, none scalar) builds the program again with scalar
+libm throughout where the compiler left a call scalar: one program never
+mixes the two.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ from __future__ import annotations
 import re
 
 from .libm import vector_math
-from .statements import Block, Loop
+from .statements import Block, HelperCall, If, Loop, While
 
 #: the libm functions the lowering calls that glibc's vector math library (libmvec) has in vector
 #: versions: C name -> (type, arguments)
@@ -84,8 +91,7 @@ def vectorised(stmts, names, ctypes):
     """``stmts`` with every flat nest (see the module docstring) that calls one of the functions
     ``names`` rewritten into calls of a block function; ``(statements, block functions' C)``.
     ``ctypes``: the C element type of every buffer a nest may touch, by name."""
-    calls = re.compile(r"(?<![\w])(?:" + "|".join(sorted(map(re.escape, names))) + r")\(") \
-        if names else None
+    calls = _calls_pattern(names)
     out, functions = [], []
     for s in stmts:
         nest = _Nest.of(s) if calls is not None and isinstance(s, Loop) else None
@@ -97,6 +103,80 @@ def vectorised(stmts, names, ctypes):
         else:
             out.append(s)
     return out, functions
+
+
+def _calls_pattern(names):
+    """A regular expression finding a call of one of ``names`` (None when there are none)."""
+    return re.compile(r"(?<![\w])(" + "|".join(sorted(map(re.escape, names))) + r")\(") \
+        if names else None
+
+
+def calls_any(stmts, names) -> bool:
+    """Whether a line of ``stmts`` (loop bodies, branch and loop tests included) calls one of
+    the functions ``names``."""
+    calls, found = _calls_pattern(names), []
+    if calls is not None:
+        _map_lines(stmts, lambda text: found.append(calls.search(text)) or text)
+    return any(found)
+
+
+def lane_calls(stmts, names):
+    """``stmts`` (those :func:`vectorised` left) with every remaining call of one of the
+    functions ``names`` made a call of its *lane function*, and the lane functions' C:
+    ``(statements, functions)``.  A lane function computes its operand through the very loop
+    of a block function (:data:`BLOCK` lanes, ``#pragma omp simd``, never inlined), so it
+    calls the vector version the blocks call and gives the value they give that operand."""
+    calls = _calls_pattern(names)
+    if calls is None:
+        return stmts, []
+    used = set()
+
+    def line(text):
+        new = calls.sub(lambda m: used.add(m.group(1)) or f"vk_lane_{m.group(1)}(", text)
+        if new == text:
+            return text
+        return HelperCall(new, text.reads) if isinstance(text, HelperCall) else new
+
+    stmts = _map_lines(stmts, line)
+    return stmts, [_lane_function(name) for name in sorted(used)]
+
+
+def _map_lines(stmts, line):
+    """``stmts`` with every line of C (loop bodies, branch and loop tests included) replaced by
+    ``line(text)``."""
+    out = []
+    for s in stmts:
+        if isinstance(s, str):
+            out.append(line(s))
+        elif isinstance(s, Loop):
+            out.append(Loop(s.var, s.extent, _map_lines(s.body, line), s.parallel))
+        elif isinstance(s, Block):
+            out.append(Block(_map_lines(s.body, line)))
+        elif isinstance(s, If):
+            out.append(If(line(s.test), _map_lines(s.body, line), s.first))
+        elif isinstance(s, While):
+            out.append(While(line(s.test), _map_lines(s.body, line)))
+        else:
+            out.append(s)
+    return out
+
+
+def _lane_function(name):
+    """The C of ``vk_lane_<name>``: ``name`` of its operands, computed in every lane of a
+    block's vector loop and read back from lane 0."""
+    ctype, arity = VECTOR_MATH[name]
+    params = [f"vk_x{k}" for k in range(arity)]
+    lines = [f"__attribute__((noipa)) static {ctype} vk_lane_{name}("
+             f"{', '.join(f'{ctype} {p}' for p in params)}) {{",
+             f"    {ctype} {', '.join(f'vk_in{k}[{BLOCK}]' for k in range(arity))}, vk_out[{BLOCK}];",
+             f"    for (int64_t vk_l = 0; vk_l < {BLOCK}; vk_l++) {{ " +
+             " ".join(f"vk_in{k}[vk_l] = {p};" for k, p in enumerate(params)) + " }",
+             "    #pragma omp simd",
+             f"    for (int64_t vk_l = 0; vk_l < {BLOCK}; vk_l++) vk_out[vk_l] = {name}(" +
+             ", ".join(f"vk_in{k}[vk_l]" for k in range(arity)) + ");",
+             "    return vk_out[0];",
+             "}"]
+    return "\n".join(lines)
 
 
 #: a line storing one element: ``name[...] = ...;``
