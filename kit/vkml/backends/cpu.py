@@ -44,10 +44,10 @@ stopped samples computed and discarded), and the reverse recomputes a window
 with the same code as the forward, so a sample's bits still never depend on
 the number of samples, the threads or the memory budget's passes; + - * /
 and sqrt keep NumPy's bits there too.  (A ``"full"`` or ``"binomial"``
-schedule is stepped by compiled per-step programs, a graph's programs: where
-all their loops come out in vector blocks, as the pendulum's do, they call the
-very vector functions of the window schedule's loops and give its bits; else
-they run on scalar libm, within a few ulps of it.)
+schedule is stepped by compiled per-step programs, a graph's programs: they
+call the very vector functions of the window schedule's loops and give its
+bits, unless the compiler left a call scalar: then they run on scalar libm,
+within a few ulps of it.)
 Every program compiled here -- a graph's (a kernel batched over the samples,
 a whole fused launch or reverse), a jitted one, a lazy tensor's -- calls the
 same vector versions in its elementwise loops: each loop runs in blocks of
@@ -56,9 +56,13 @@ number of samples, the last block moved back over the end and a short loop
 padded (``codegen.vector_nests``), so a sample's bits do not depend on the
 number of samples, a thread's chunk or a reverse's chunk either, and an
 element's bits do not depend on the array's size (a training step's GELU,
-softmax and normalisation run about ten times faster than through scalar
-libm).  A result computed in such a loop is never computed over its argument
-(the moved-back block would read values already updated).
+softmax and normalisation run about six times faster than through scalar
+libm).  Every other call (a scan's step, a branch, a reduction's loop) goes
+through a lane function running the blocks' loop on its operand: one
+operand, one value, wherever the lowering put the call -- so a function's
+first call (run as separate programs) has the bits of its later calls (one
+fused program).  A result computed in a vector block is never computed over
+its argument (the moved-back block would read values already updated).
 The library of a vector build is checked after compiling (its imported
 symbols: every libm call of one vector version, none scalar) and built again
 with scalar libm otherwise; ``VKML_VECTOR_MATH=0`` asks for scalar libm
