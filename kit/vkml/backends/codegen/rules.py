@@ -276,9 +276,43 @@ def _reshape(read, e, idx):
     x = e.inputs[0]
     if x.size == 0:         # never read (no loop runs); no index divided by an empty axis's 0
         return read(x, ["0"] * x.ndim)
-    lin = linear_index(idx, e.outputs[0].shape)
-    return read(x, [f"((({lin}) / {s}) % {d})" if d > 1 else "0"
-                    for d, s in zip(x.shape, row_major_strides(x.shape))])
+    return read(x, reshaped_index(idx, e.outputs[0].shape, x.shape))
+
+
+def reshaped_index(idx, out_shape, in_shape):
+    """The index expressions into a C-contiguous ``in_shape`` of the element that index
+    expressions ``idx`` name in its reshape to ``out_shape`` (the same number of elements).
+
+    Axes are matched in groups of equal size -- (n, c, h, w) -> (n, c, h * w) is the groups
+    n | c | h w -- and each group maps on its own: merged axes become one linear combination,
+    a split axis is divided and reduced within its group only, and an axis of one element is
+    0.  A loop over a merge or a split of a reshape then reads plain strides instead of
+    dividing the whole flat index by every stride (a division the vectoriser cannot do, in
+    every copy of an image batch or an attention's heads)."""
+    outs = [k for k, d in enumerate(out_shape) if d != 1]
+    ins = [k for k, d in enumerate(in_shape) if d != 1]
+    sub = ["0"] * len(in_shape)
+    o = i = 0
+    while o < len(outs) and i < len(ins):
+        group_out, group_in = [outs[o]], [ins[i]]
+        size_out, size_in = out_shape[outs[o]], in_shape[ins[i]]
+        while size_out != size_in:
+            if size_out < size_in:
+                o += 1
+                group_out.append(outs[o])
+                size_out *= out_shape[outs[o]]
+            else:
+                i += 1
+                group_in.append(ins[i])
+                size_in *= in_shape[ins[i]]
+        o, i = o + 1, i + 1
+        lin = linear_index([idx[k] for k in group_out], [out_shape[k] for k in group_out])
+        shape = [in_shape[k] for k in group_in]
+        for n, (k, stride) in enumerate(zip(group_in, row_major_strides(shape))):
+            part = f"({lin})" if len(group_in) == 1 else f"(({lin}) / {stride})" if n == 0 else \
+                f"(({lin}) % {shape[n]})" if stride == 1 else f"((({lin}) / {stride}) % {shape[n]})"
+            sub[k] = part
+    return sub
 
 
 def _pad(read, e, idx):

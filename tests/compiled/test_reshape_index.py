@@ -1,0 +1,79 @@
+"""The reshape rule's index expressions, evaluated for every element of random reshapes (axes of
+one element, merges, splits, groups that are both), against NumPy's own ravel/unravel; and a
+reshape-heavy program's bits on the cpu tier against the NumPy backend."""
+
+import itertools
+import re
+
+import numpy as np
+import pytest
+
+import vkml
+from vkml.backends import cpu
+from vkml.backends.codegen.rules import reshaped_index
+
+
+def _factorisations(rng, size):
+    """A random shape of ``size`` elements (ones sprinkled in)."""
+    factors = []
+    n = size
+    for p in (2, 3, 5, 7):
+        while n % p == 0:
+            factors.append(p)
+            n //= p
+    rng.shuffle(factors)
+    shape, k = [], 0
+    while k < len(factors):
+        take = int(rng.integers(1, 3))
+        shape.append(int(np.prod(factors[k:k + take])))
+        k += take
+        if rng.random() < 0.2:
+            shape.append(1)
+    return tuple(shape)
+
+
+def _evaluate(expression, names):
+    """A C index expression of non-negative ints evaluated in Python (``/`` is ``//`` there)."""
+    return eval(re.sub(r"(?<!/)/(?!/)", "//", expression), {}, names)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_every_element_of_a_random_reshape_maps_to_numpys(seed):
+    rng = np.random.default_rng(seed)
+    size = int(rng.choice([1, 6, 12, 30, 36, 60, 72, 210]))
+    out_shape, in_shape = _factorisations(rng, size), _factorisations(rng, size)
+    names = [f"i{k}" for k in range(len(out_shape))]
+    sub = reshaped_index(names, out_shape, in_shape)
+    assert len(sub) == len(in_shape)
+    for point in itertools.product(*(range(d) for d in out_shape)):
+        env = dict(zip(names, point))
+        got = tuple(_evaluate(s, env) for s in sub)
+        flat = np.ravel_multi_index(point, out_shape) if out_shape else 0
+        want = np.unravel_index(flat, in_shape) if in_shape else ()
+        assert got == tuple(int(w) for w in want), (out_shape, in_shape, point)
+
+
+def test_merges_and_splits_read_plain_strides():
+    """An image batch's (n, c, h, w) -> (n, c, h * w) and an attention's (n, s, 3d) -> (n, s, 3,
+    h, d) divide no index but the split axis's own."""
+    assert reshaped_index(["a", "b", "c"], (64, 32, 144), (64, 32, 12, 12)) == \
+        ["(a)", "(b)", "((c) / 12)", "((c) % 12)"]
+    assert reshaped_index(list("abcde"), (8, 128, 3, 4, 32), (8, 128, 384)) == \
+        ["(a)", "(b)", "((c)*128 + (d)*32 + e)"]
+
+
+@pytest.mark.skipif(cpu.compiler() is None, reason="needs a C compiler")
+def test_a_reshape_heavy_program_has_the_numpy_backends_bits():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((4, 6, 10, 3)).astype(np.float32)
+
+    def f(v):
+        heads = vkml.transpose(vkml.reshape(v, (4, 6, 5, 2, 3)), (2, 0, 3, 1, 4))
+        flat = vkml.reshape(heads * 1.5 + 1.0, (5, 4, 36))
+        return vkml.reshape(vkml.swapaxes(flat, 0, 2), (6, 6, 20)) - vkml.reshape(v, (6, 6, 20))
+
+    outs = {}
+    for backend in ("numpy", "cpu"):
+        with vkml.use_backend(backend):
+            outs[backend] = np.asarray(vkml.jit(f)(x))
+    assert outs["cpu"].tobytes() == outs["numpy"].tobytes()
