@@ -231,8 +231,8 @@ class CudaLowering(Lowering):
         i = self.fresh("c")
         return [Loop(i, max(1, var.size), [f"{dst}[{i}] = {src}[{i}];"])]
 
-    def store(self, shape, target, value_at, checks=None):
-        return _mark(super().store(shape, target, value_at, checks), len(shape))
+    def store(self, shape, target, value_at, checks=None, at=None):
+        return _mark(super().store(shape, target, value_at, checks, at), len(shape))
 
     def copy(self, var, src, dst):
         return _mark(super().copy(var, src, dst), 1)

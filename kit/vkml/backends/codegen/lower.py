@@ -255,11 +255,13 @@ class Lowering:
             stmts += self.store(v.shape, p, lambda idx, v=v: env.read(v, idx))
         return stmts
 
-    def store(self, shape, target, value_at, checks=None):
+    def store(self, shape, target, value_at, checks=None, at=None):
         """A loop nest over ``shape`` storing ``value_at(idx)`` into ``target``; ``checks(idx)``:
-        lines run before each store (that refuse an element's operands)."""
+        lines run before each store (that refuse an element's operands); ``at(idx)``: where in
+        ``target`` (by default its row-major element ``idx`` of ``shape``)."""
         idx = [self.fresh("i") for _ in shape]
-        body = [f"{target}[{linear_index(idx, shape)}] = {value_at(idx)};"]
+        where = at(idx) if at is not None else linear_index(idx, shape)
+        body = [f"{target}[{where}] = {value_at(idx)};"]
         if checks is not None:
             body = [Block(checks(idx) + body)]
         for var, extent in reversed(list(zip(idx, shape))):
@@ -923,23 +925,31 @@ def overwritable(stmts, in_ptrs, out_ptrs, program, vector_calls=()) -> dict:
     block is moved back over elements already computed: ``vector_nests``)."""
     lines = []
     _flat_lines(stmts, (), lines)
+    # the lines naming each identifier: each question below reads only those (a transformer
+    # step's thousands of lines asked about every buffer took a second)
+    naming = {}
+    for n, (text, _) in enumerate(lines):
+        for name in set(_IDENTIFIER.findall(text)) | _whole_reads(text):
+            naming.setdefault(name, []).append(n)
     checks = [n for n, (text, _) in enumerate(lines) if "goto " in text]
     calling = re.compile(r"(?<![\w])(?:" + "|".join(map(re.escape, sorted(vector_calls))) + r")\(") \
         if vector_calls else None
     vector_lines = [n for n, (text, _) in enumerate(lines) if calling and calling.search(text)]
     found = {}
     for j, (o, ov) in enumerate(zip(out_ptrs, program.outputs)):
-        if ov.shape == () or program.outputs.count(ov) > 1 or not _indexed_only(o, lines):
+        if ov.shape == () or program.outputs.count(ov) > 1 or \
+                not _indexed_only(o, lines, naming.get(o, ())):
             continue
-        stores = [(n, index) for n, (text, _) in enumerate(lines)
-                  for index in _indices(o, text, stores=True)]
+        stores = [(n, index) for n in naming.get(o, ())
+                  for index in _indices(o, lines[n][0], stores=True)]
         if any(_may_run_after(c, at, lines) for c in checks for at, _ in stores):
             continue
         if any(_shares_a_loop(v, at, lines) for v in vector_lines for at, _ in stores):
             continue
         ks = frozenset(k for k, (a, av) in enumerate(zip(in_ptrs, program.inputs))
                        if (av.shape, av.dtype) == (ov.shape, ov.dtype) and stores and
-                       _indexed_only(a, lines) and _reads_before(a, ov.shape, stores, lines))
+                       _indexed_only(a, lines, naming.get(a, ())) and
+                       _reads_before(a, ov.shape, stores, lines, naming.get(a, ())))
         if ks:
             found[j] = ks
     return found
@@ -999,11 +1009,16 @@ def _indices(name, text, stores=False) -> list:
 _ASSIGNED = re.compile(r"\s*(?:[-+*/%&|^]|<<|>>)?=(?!=)")
 
 
-def _indexed_only(name, lines) -> bool:
-    """Whether every use of buffer ``name`` in ``lines`` is an element (``name[...]``) or a
-    whole read by a helper (``HelperCall.reads``)."""
+#: a C identifier
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _indexed_only(name, lines, naming) -> bool:
+    """Whether every use of buffer ``name`` in ``lines`` (on the lines ``naming`` it) is an
+    element (``name[...]``) or a whole read by a helper (``HelperCall.reads``)."""
     bare = re.compile(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_\[])")
-    return not any(bare.search(text) and name not in _whole_reads(text) for text, _ in lines)
+    return not any(bare.search(lines[n][0]) and name not in _whole_reads(lines[n][0])
+                   for n in naming)
 
 
 def _whole_reads(text) -> frozenset:
@@ -1011,10 +1026,12 @@ def _whole_reads(text) -> frozenset:
     return getattr(text, "reads", frozenset())
 
 
-def _reads_before(a, shape, stores, lines) -> bool:
-    """Whether every line reading buffer ``a`` is done with each element before a store of
-    ``stores`` (line number, index) writes it (see ``overwritable``)."""
-    for n, (text, loops) in enumerate(lines):
+def _reads_before(a, shape, stores, lines, naming) -> bool:
+    """Whether every line reading buffer ``a`` (of the lines ``naming`` it) is done with each
+    element before a store of ``stores`` (line number, index) writes it (see
+    ``overwritable``)."""
+    for n in naming:
+        text, loops = lines[n]
         reads = _indices(a, text)
         whole = a in _whole_reads(text)
         if not reads and not whole:

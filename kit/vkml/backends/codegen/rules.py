@@ -328,6 +328,30 @@ def _pad(read, e, idx):
     return f"(({cond}) ? {read(x, sub)} : ({CTYPE[e.outputs[0].dtype]})0)"
 
 
+class Concatenation(View):
+    """A concatenate, always stored: one loop nest per operand, each storing the operand's
+    elements into its part of the result.  Its operands are read where they are (an im2col's
+    25 strided windows of an image batch are read straight from the batch, not each copied out
+    first) and no element runs a chain of selects over the operands (the expression form,
+    :func:`_concatenate`, a reader of a concatenate never inlines)."""
+
+    def __init__(self):
+        super().__init__(_concatenate, fusible=False)
+
+    def lower(self, low, e, env, targets):
+        axis, out = e.params["axis"], e.outputs[0]
+        stmts, offset = [], 0
+        for x in e.inputs:
+            if x.size:
+                stmts += low.store(
+                    x.shape, targets[0], lambda idx, x=x: env.read(x, idx),
+                    at=lambda idx, offset=offset: linear_index(
+                        [f"({i} + {offset})" if a == axis and offset else i
+                         for a, i in enumerate(idx)], out.shape))
+            offset += x.shape[axis]
+        return stmts
+
+
 def _concatenate(read, e, idx):
     """A chain of selects on the concatenated axis, each operand read at its own offset."""
     axis = e.params["axis"]
@@ -381,7 +405,7 @@ C_RULES = {
     "flip": View(_flip),
     "reshape": View(_reshape),
     "pad": View(_pad),
-    "concatenate": View(_concatenate, stores_operands=lambda e: True, fusible=False),
+    "concatenate": Concatenation(),
     # loops of their own
     "reduce_sum": Statement(Lowering._lower_reduce_sum),
     "reduce_max": Statement(Lowering._lower_reduce_max),
