@@ -131,6 +131,35 @@ def test_a_transpose_read_by_several_products_is_read_in_place_not_stored():
         assert _same_bits(g.numpy(), want)
 
 
+def test_a_reshape_is_read_in_place_where_strides_describe_it():
+    """A reshape of a stored buffer (an image batch's (n, c, h, w) -> (n, c, h * w), a
+    convolution's weight gradient reads so) is read where it is, as a transpose is, also
+    through a transpose: the one buffer of that size is ``g * 2.0`` itself.  A reshape merging
+    two axes a transpose has parted cannot be strides: the transpose is stored (laid out as
+    the reshape wants) and read in place.  The bits are the index order's either way."""
+    g, x = _operands(np.float32, (4, 8, 6, 6), (4, 36, 50), seed=5)
+
+    def in_place(g, x):
+        h = g * 2.0                                        # stored: read by two products
+        return vkml.reshape(h, (4, 8, 36)) @ x, vkml.swapaxes(vkml.reshape(h, (4, 8, 36)), -1, -2)
+
+    def parted(g, x):
+        h = vkml.transpose(g * 2.0, (0, 2, 1, 3))            # (4, 6, 8, 6): c and h parted
+        return vkml.reshape(h, (4, 8, 36)) @ x
+
+    for fn, layout in ((in_place, (4, 8, 6, 6)), (parted, (4, 6, 8, 6))):
+        program = _program(fn, g, x)
+        _, low = cpu.c_source(program)
+        assert [v.shape for v in low.temp_vars if v.size == g.size] == [layout], fn.__name__
+        with vkml.use_backend("cpu"):
+            got = vkml.jit(fn)(g, x)
+        h = g * np.float32(2.0)
+        if fn is parted:
+            h = np.transpose(h, (0, 2, 1, 3))
+        assert _same_bits(np.asarray(got[0] if fn is in_place else got),
+                          index_order(np.ascontiguousarray(h).reshape(4, 8, 36), x))
+
+
 def test_a_transposed_product_is_computed_in_the_layout_wanted():
     """``(d.T @ x).T`` becomes ``x.T @ d``: one GEMM writing the result buffer itself, its
     operands read in place (no temporary holds a transpose or the product)."""

@@ -77,3 +77,22 @@ def test_a_reshape_heavy_program_has_the_numpy_backends_bits():
         with vkml.use_backend(backend):
             outs[backend] = np.asarray(vkml.jit(f)(x))
     assert outs["cpu"].tobytes() == outs["numpy"].tobytes()
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_reshaped_strides_are_numpys_view_strides_or_none_where_numpy_copies(seed):
+    """The strides a GEMM reads a reshape of a (transposed) buffer with, against the view NumPy
+    makes of the same reshape; None exactly where NumPy has to copy."""
+    from vkml.backends.codegen.lower import reshaped_strides
+    rng = np.random.default_rng(100 + seed)
+    size = int(rng.choice([6, 12, 30, 36, 60, 72, 210]))
+    base = np.arange(size, dtype=np.float32).reshape(_factorisations(rng, size))
+    view = np.transpose(base, rng.permutation(base.ndim)) if rng.random() < 0.6 else base
+    out_shape = _factorisations(rng, size)
+    got = reshaped_strides(view.shape, [s // 4 for s in view.strides], out_shape)
+    reshaped = view.reshape(out_shape)
+    is_view = np.shares_memory(reshaped, base)
+    assert (got is not None) == is_view, (view.shape, view.strides, out_shape)
+    if is_view:
+        for d, mine, theirs in zip(out_shape, got, reshaped.strides):
+            assert d == 1 or mine == theirs // 4, (view.shape, out_shape, got, reshaped.strides)

@@ -74,6 +74,47 @@ def row_major_strides(shape):
     return list(reversed(out))
 
 
+def axis_groups(out_shape, in_shape):
+    """The axes of a reshape from ``in_shape`` to ``out_shape`` (the same number of elements)
+    matched in the smallest groups of equal size, axes of one element left out: ``[(out_axes,
+    in_axes), ...]`` in order -- (n, c, h, w) -> (n, c, h * w) is ([0], [0]), ([1], [1]),
+    ([2], [2, 3]).  Each group maps on its own (``rules.reshaped_index``)."""
+    outs = [k for k, d in enumerate(out_shape) if d != 1]
+    ins = [k for k, d in enumerate(in_shape) if d != 1]
+    groups, o, i = [], 0, 0
+    while o < len(outs) and i < len(ins):
+        group_out, group_in = [outs[o]], [ins[i]]
+        size_out, size_in = out_shape[outs[o]], in_shape[ins[i]]
+        while size_out != size_in:
+            if size_out < size_in:
+                o += 1
+                group_out.append(outs[o])
+                size_out *= out_shape[outs[o]]
+            else:
+                i += 1
+                group_in.append(ins[i])
+                size_in *= in_shape[ins[i]]
+        groups.append((group_out, group_in))
+        o, i = o + 1, i + 1
+    return groups
+
+
+def reshaped_strides(in_shape, in_strides, out_shape):
+    """The element strides of a reshape to ``out_shape`` of a view of ``in_shape`` with
+    ``in_strides``, or None where the reshape needs a copy (a group of merged axes that are not
+    laid out one after the other, as a transpose's may not be)."""
+    out = [0] * len(out_shape)
+    for group_out, group_in in axis_groups(out_shape, in_shape):
+        for a, b in zip(group_in, group_in[1:]):
+            if in_strides[a] != in_strides[b] * in_shape[b]:
+                return None
+        stride = in_strides[group_in[-1]]
+        for k in reversed(group_out):
+            out[k] = stride
+            stride *= out_shape[k]
+    return out
+
+
 def linear_index(idx, shape):
     """The C expression of the flat offset of index expressions ``idx`` in a C-contiguous buffer
     of ``shape`` (shared by the C and CUDA lowerings and the rules table)."""

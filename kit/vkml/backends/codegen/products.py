@@ -31,7 +31,7 @@ import numpy as np
 
 from ...ir import Eqn, Program, Var
 from .gemm import pack_bytes
-from .lower import CTYPE, row_major_strides
+from .lower import CTYPE, reshaped_strides, row_major_strides
 from .statements import HelperCall, Loop
 
 #: the fewest multiply-adds of a product computed by the GEMM (the plain loops below it)
@@ -94,19 +94,32 @@ def transposed_products(program, sites=None):
     return Program(program.inputs, eqns, program.outputs, program.consts), named
 
 
+#: the views a GEMM reads where their operand is, with other strides
+IN_PLACE_VIEWS = ("transpose", "reshape")
+
+
+def _view_strides(e, strides):
+    """The element strides of view ``e``'s result, its operand's being ``strides`` (None where
+    no strides describe it: a reshape merging axes a transpose has parted)."""
+    if e.prim.name == "transpose":
+        return [strides[q] for q in e.params["perm"]]
+    return reshaped_strides(e.inputs[0].shape, strides, e.outputs[0].shape)
+
+
 def _in_place(env, v):
     """``(buffer, element strides)`` where ``v`` can be read without a copy: a buffer, or a
-    transpose (of a transpose ...) of one; None otherwise."""
+    transpose or reshape (of a transpose ...) of one; None otherwise."""
     if v in env.scalars:
         return None
     if v in env.buffers or v in env.consts:
         return env.pointer(v), row_major_strides(v.shape)
-    if v in env.inline and env.producer[v].prim.name == "transpose":
+    if v in env.inline and env.producer[v].prim.name in IN_PLACE_VIEWS:
         t = env.producer[v]
         inner = _in_place(env, t.inputs[0])
         if inner is not None:
-            buffer, strides = inner
-            return buffer, [strides[q] for q in t.params["perm"]]
+            strides = _view_strides(t, inner[1])
+            if strides is not None:
+                return inner[0], strides
     return None
 
 
@@ -139,15 +152,32 @@ def _offset(idx, strides):
 
 def gemm_operands(e, producer, uses, free=frozenset()) -> list:
     """The values a GEMM-computed product ``e`` has stored: each operand, or for one that is a
-    transpose read only here or only by GEMMs (``free``; of a transpose ...), that transpose's
-    source, read in place."""
+    transpose or reshape read only here or only by GEMMs (``free``; of a transpose ...), that
+    view's source, read in place (a reshape only where strides describe the chain of views
+    from a stored source)."""
     stored = []
     for v in e.inputs:
+        chain = []
         while (uses.get(v) == 1 or v in free) and v in producer and \
-                producer[v].prim.name == "transpose":
+                producer[v].prim.name in IN_PLACE_VIEWS:
+            chain.append(producer[v])
             v = producer[v].inputs[0]
+        # the longest chain from the operand back whose views strides describe
+        while chain and not _strides_describe(chain):
+            v = chain.pop().outputs[0]
         stored.append(v)
     return stored
+
+
+def _strides_describe(chain) -> bool:
+    """Whether views ``chain`` (from a product's operand back to a stored source) read the
+    source in place."""
+    strides = row_major_strides(chain[-1].inputs[0].shape)
+    for t in reversed(chain):
+        strides = _view_strides(t, strides)
+        if strides is None:
+            return False
+    return True
 
 
 def lower_gemm(low, e, env, targets) -> list:

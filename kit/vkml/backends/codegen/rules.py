@@ -38,7 +38,7 @@ from __future__ import annotations
 import numpy as np
 
 from .libm import PRIMITIVE_CALLS
-from .lower import CTYPE, Lowering, linear_index, row_major_strides
+from .lower import CTYPE, Lowering, axis_groups, linear_index, row_major_strides
 from .products import by_gemm, gemm_operands, lower_gemm
 
 #: the unsigned type of an integer's width: integer arithmetic that may overflow is done in it
@@ -289,23 +289,8 @@ def reshaped_index(idx, out_shape, in_shape):
     0.  A loop over a merge or a split of a reshape then reads plain strides instead of
     dividing the whole flat index by every stride (a division the vectoriser cannot do, in
     every copy of an image batch or an attention's heads)."""
-    outs = [k for k, d in enumerate(out_shape) if d != 1]
-    ins = [k for k, d in enumerate(in_shape) if d != 1]
     sub = ["0"] * len(in_shape)
-    o = i = 0
-    while o < len(outs) and i < len(ins):
-        group_out, group_in = [outs[o]], [ins[i]]
-        size_out, size_in = out_shape[outs[o]], in_shape[ins[i]]
-        while size_out != size_in:
-            if size_out < size_in:
-                o += 1
-                group_out.append(outs[o])
-                size_out *= out_shape[outs[o]]
-            else:
-                i += 1
-                group_in.append(ins[i])
-                size_in *= in_shape[ins[i]]
-        o, i = o + 1, i + 1
+    for group_out, group_in in axis_groups(out_shape, in_shape):
         lin = linear_index([idx[k] for k in group_out], [out_shape[k] for k in group_out])
         shape = [in_shape[k] for k in group_in]
         for n, (k, stride) in enumerate(zip(group_in, row_major_strides(shape))):
