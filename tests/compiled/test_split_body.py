@@ -1,0 +1,88 @@
+"""A long program's body compiled as several part functions (``c_render.split_body``): the same
+bits as the one-function body, errors found in a later part reported as before with nothing
+written, and values passed between parts -- heap temporaries, stack temporaries several parts
+read, 0-d arguments read into locals -- intact.  The cut is forced down to a statement per part
+here (``SPLIT_BYTES`` and ``PART_BYTES`` of 1)."""
+
+import numpy as np
+import pytest
+
+import vkml
+from vkml.backends import cpu
+from vkml.backends.codegen import c_render
+
+pytestmark = pytest.mark.skipif(cpu.compiler() is None, reason="needs a C compiler")
+
+
+@pytest.fixture(autouse=True)
+def private_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("VKML_CACHE_DIR", str(tmp_path))
+
+
+def _long(x, w, s, idx):
+    """Reductions to a few values (stack temporaries) read by later statements, a 0-d
+    argument, a product, a gather at the end."""
+    m = vkml.max(x, axis=1, keepdims=True)
+    e = vkml.exp(x - m)
+    p = e / vkml.sum(e, axis=1, keepdims=True)
+    h = vkml.tanh(p @ w) * s
+    col = vkml.sum(h, axis=0)                      # 7 values: on the stack
+    y = h - col / (1.0 + vkml.abs(s))
+    z = vkml.sqrt(y * y + 1.0) + vkml.mean(y)
+    return vkml.take(z, idx, axis=0) * 2.0, col, p
+
+
+def _arguments():
+    rng = np.random.default_rng(8)
+    return (rng.standard_normal((96, 40)).astype(np.float32),
+            rng.standard_normal((40, 7)).astype(np.float32),
+            np.float32(0.75), np.array([3, 0, 95, 17]))
+
+
+def _run(monkeypatch, split, args):
+    if split:
+        monkeypatch.setattr(c_render, "SPLIT_BYTES", 1)
+        monkeypatch.setattr(c_render, "PART_BYTES", 1)
+    else:
+        monkeypatch.setattr(c_render, "SPLIT_BYTES", 1 << 30)
+    sources = []
+    real = cpu.c_source
+    vkml.clear_caches()                # (the cut is not part of an executable's key)
+
+    def spy(program, math=()):
+        source, low = real(program, math)
+        sources.append(source)
+        return source, low
+    monkeypatch.setattr(cpu, "c_source", spy)
+    with vkml.use_backend("cpu"):
+        out = [np.asarray(o) for o in vkml.jit(_long)(*args)]
+    monkeypatch.undo()
+    return out, sources
+
+
+def test_a_split_body_gives_the_one_function_bodys_bits(monkeypatch):
+    whole, whole_sources = _run(monkeypatch, False, _arguments())
+    parts, part_sources = _run(monkeypatch, True, _arguments())
+    assert not any("vk_part" in s for s in whole_sources)
+    assert max(s.count("static int vk_part") for s in part_sources) >= 5
+    for w, p in zip(whole, parts):
+        assert w.tobytes() == p.tobytes()
+    with vkml.use_backend("numpy"):
+        reference = [np.asarray(o) for o in vkml.jit(_long)(*_arguments())]
+    for r, p in zip(reference, parts):
+        np.testing.assert_allclose(p, r, rtol=2e-6, atol=1e-6)
+
+
+def test_an_error_in_a_later_part_is_reported_and_writes_nothing(monkeypatch):
+    monkeypatch.setattr(c_render, "SPLIT_BYTES", 1)
+    monkeypatch.setattr(c_render, "PART_BYTES", 1)
+    vkml.clear_caches()
+    x, w, s, _ = _arguments()
+    f = vkml.jit(_long)
+    with vkml.use_backend("cpu"):
+        good = [np.asarray(o) for o in f(x, w, s, np.array([1, 2, 3, 4]))]
+        with pytest.raises(vkml.VkmlError, match="take|index"):
+            f(x, w, s, np.array([1, 2, 300, 4]))
+        again = [np.asarray(o) for o in f(x, w, s, np.array([1, 2, 3, 4]))]
+    for g, a in zip(good, again):
+        assert g.tobytes() == a.tobytes()
