@@ -1,10 +1,12 @@
 """Every libm call of a cpu-tier program goes through one vector version: the same operand gives
 the same bits wherever the lowering put the call.
 
-An elementwise chain becomes a vector block function; a call anywhere else (a scan's step here)
-goes through a lane function that runs the blocks' very loop on the operand.  Compared bit for
-bit, never timed: the block results, the lane results, a function's first call (traced, run as
-separate programs) and its later calls (one program).  That the lanes really are the vector
+An elementwise chain becomes a vector block function, at the top of a program or inside a
+scan's steps (a step's rows of its operands passed to the block); a call anywhere else (a scan
+over single values, a padded read under a condition) goes through a lane function that runs
+the blocks' very loop on the operand.  Compared bit for bit, never timed: the block results,
+the lane results, a function's first call (traced, run as separate programs) and its later
+calls (one program).  That the lanes really are the vector
 versions -- not scalar libm that happens to agree -- is shown by the scalar build
 (``VKML_VECTOR_MATH=0``) differing from both somewhere on the same operands.
 """
@@ -45,23 +47,49 @@ def _operands(name, dtype):
     return np.random.default_rng(len(name)).uniform(low, high, SIZE).astype(dtype)
 
 
-def _block_and_lane(name, x):
-    """``f(x)`` as an elementwise program (vector blocks) and through a scan's step (lanes)."""
+#: where a call may sit, each computing ``f`` of every operand (what C makes of it in brackets)
+CONTEXTS = {
+    "an elementwise program": lambda f, x: f(x),                                 # [block]
+    "a scan over rows": lambda f, x: vkml.scan(                                   # [block, rows]
+        lambda c, row: (c, f(row)), 0.0, x.reshape(64, -1))[1].reshape(-1),
+    "a scan over single values": lambda f, x: vkml.scan(                         # [lanes]
+        lambda c, v: (c, f(v)), 0.0, x[:512])[1],
+    "a padded result": lambda f, x: vkml.pad(f(x), (3,), (5,))[3:-5],           # [lanes]
+}
+
+
+def _in_every_context(name, x):
+    """``f(x)`` computed in each of ``CONTEXTS`` (jitted on the cpu tier), and the C sources."""
     f = UNARY[name][0]
-    with vkml.use_backend("cpu"):
-        block = np.asarray(vkml.jit(lambda v: f(v))(x))      # (a fresh function: a new plan)
-        rows = x.reshape(64, -1)
-        lane = np.asarray(vkml.jit(lambda r: vkml.scan(lambda c, row: (c, f(row)), 0.0, r)[1])(rows))
-    return block, lane.reshape(-1)
+    sources = []
+    real = cpu.c_source
+
+    def spy(program, math=()):
+        source, low = real(program, math)
+        sources.append(source)
+        return source, low
+    cpu.c_source = spy
+    try:
+        with vkml.use_backend("cpu"):
+            got = {where: np.asarray(vkml.jit(lambda v, c=c: c(f, v))(x))     # fresh plans
+                   for where, c in CONTEXTS.items()}
+    finally:
+        cpu.c_source = real
+    return got, sources
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("name", sorted(UNARY))
-def test_a_call_in_a_scan_step_has_the_bits_of_the_same_call_in_an_elementwise_program(name, dtype):
+def test_a_call_has_the_same_bits_wherever_the_lowering_put_it(name, dtype):
     x = _operands(name, dtype)
-    block, lane = _block_and_lane(name, x)
-    assert block.dtype == lane.dtype == dtype
-    assert block.tobytes() == lane.tobytes()
+    got, sources = _in_every_context(name, x)
+    block = got["an elementwise program"]
+    assert block.dtype == dtype
+    for where, value in got.items():
+        assert value.dtype == dtype, where
+        assert value.tobytes() == block[:value.size].tobytes(), where
+    # the contexts are what they claim: vector blocks, and lane functions
+    assert any("vk_block" in s for s in sources) and any("vk_lane_" in s for s in sources)
     # and within a few ulps of NumPy's (another implementation)
     np.testing.assert_allclose(block, _numpy_reference(name, x), rtol=8 * np.finfo(dtype).eps,
                                atol=4 * np.finfo(dtype).tiny)
@@ -79,17 +107,18 @@ def _numpy_reference(name, x):
 
 def test_the_lanes_are_the_vector_versions_not_scalar_libm(monkeypatch):
     """On these operands the scalar build differs from the vector one somewhere (else the test
-    above could pass with both sides on scalar libm)."""
+    above could pass with every context on scalar libm)."""
     differ = []
     for name in sorted(UNARY):
         for dtype in (np.float32, np.float64):
             x = _operands(name, dtype)
-            vector = _block_and_lane(name, x)
+            vector, _ = _in_every_context(name, x)
             monkeypatch.setenv("VKML_VECTOR_MATH", "0")
-            scalar = _block_and_lane(name, x)
+            scalar, _ = _in_every_context(name, x)
             monkeypatch.delenv("VKML_VECTOR_MATH")
-            assert scalar[0].tobytes() == scalar[1].tobytes()
-            if vector[1].tobytes() != scalar[1].tobytes():
+            lanes = vector["a padded result"]
+            assert lanes.tobytes() == vector["an elementwise program"].tobytes()
+            if lanes.tobytes() != scalar["a padded result"].tobytes():
                 differ.append((name, np.dtype(dtype).name))
     assert len(differ) >= 4, differ
 

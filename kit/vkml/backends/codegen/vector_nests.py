@@ -28,7 +28,11 @@ the same bits wherever it is.  Only a *flat* nest is rewritten: a perfect
 nest of counted loops whose body stores one element of its own index per
 line (``t3[i1] = sin(a0[i1]);``) and reads buffers only at that index or at
 a fixed one (a Param's ``a2[0]``) -- what the lowering makes of an
-elementwise chain.  Every other call (in a reduction's loop, a scan's step,
+elementwise chain -- wherever it sits: at the top of the program or inside
+a scan's steps (a step's row of a buffer, ``(a0 + (row6)*37)[i7]``, is
+passed to the block as a pointer of its own), never an element it has
+already updated (read before the line storing it: the moved-back block
+would update it twice).  Every other call (in a reduction's loop, a scan's step,
 a branch) goes through a *lane function* (:func:`lane_calls`): the operand
 put in every lane of a block, the same vector loop run over it, lane 0's
 result returned.  So an ``exp`` gives one value for one operand wherever the
@@ -92,17 +96,33 @@ def vectorised(stmts, names, ctypes):
     ``names`` rewritten into calls of a block function; ``(statements, block functions' C)``.
     ``ctypes``: the C element type of every buffer a nest may touch, by name."""
     calls = _calls_pattern(names)
-    out, functions = [], []
-    for s in stmts:
-        nest = _Nest.of(s) if calls is not None and isinstance(s, Loop) else None
-        if nest is not None and nest.elements and any(calls.search(line) for line in nest.body) and \
-                all(b in ctypes for b in nest.buffers()):
-            name = f"vk_block{len(functions)}"
-            functions.append(nest.block_function(name, ctypes, calls))
-            out.append(nest.calls(name, ctypes))
-        else:
-            out.append(s)
-    return out, functions
+    functions = []
+    if calls is None:
+        return stmts, functions
+
+    def walk(body):
+        out = []
+        for s in body:
+            nest = _Nest.of(s) if isinstance(s, Loop) else None
+            types = nest.types(ctypes) if nest is not None else ctypes
+            if nest is not None and nest.elements and \
+                    any(calls.search(line) for line in nest.body) and \
+                    all(b in types for b in nest.buffers()):
+                name = f"vk_block{len(functions)}"
+                functions.append(nest.block_function(name, types, calls))
+                out.append(nest.calls(name, types))
+            elif isinstance(s, (Loop, Block, If, While)):   # a scan's steps: the nests inside
+                before = len(functions)
+                body = walk(s.body)
+                out.append(s if len(functions) == before else
+                           Loop(s.var, s.extent, body, s.parallel) if isinstance(s, Loop) else
+                           Block(body) if isinstance(s, Block) else
+                           If(s.test, body, s.first) if isinstance(s, If) else While(s.test, body))
+            else:
+                out.append(s)
+        return out
+
+    return walk(stmts), functions
 
 
 def _calls_pattern(names):
@@ -179,6 +199,9 @@ def _lane_function(name):
     return "\n".join(lines)
 
 
+#: a scan step's row of a buffer: ``(t31 + (row47)*1)[`` (buffer, row variable)
+_ROW = re.compile(r"\(([A-Za-z_]\w*) \+ \(([A-Za-z_]\w*)\)\*\d+\)\[")
+
 #: a line storing one element: ``name[...] = ...;``
 _STORE = re.compile(r"^([A-Za-z_]\w*)\[.*;$")
 #: a buffer read or written, and the index it is read at (no nested brackets)
@@ -192,11 +215,22 @@ class _Nest:
     broadcast along a per-sample vector, ``t1[i4]``): ``gathers`` maps each such read to the
     private array a block gathers it into first."""
 
-    def __init__(self, idx, extents, body, gathers):
+    def __init__(self, idx, extents, body, gathers, rows=None):
         self.idx, self.extents, self.body, self.gathers = idx, extents, body, gathers
+        #: a scan's row of a buffer (``(t31 + (row47)*1)``) by the name the nest's lines give it
+        self.rows = rows or {}
         self.elements = 1
         for e in extents:
             self.elements *= e
+
+    def types(self, ctypes):
+        """``ctypes`` with the C type of each row of a buffer the nest reads or writes."""
+        rows = {alias: ctypes[base] for alias, (base, _) in self.rows.items() if base in ctypes}
+        return {**ctypes, **rows} if rows else ctypes
+
+    def _argument(self, b):
+        """What the nest's caller passes for buffer ``b`` (a row: the pointer expression)."""
+        return self.rows[b][1] if b in self.rows else b
 
     @classmethod
     def of(cls, loop):
@@ -215,11 +249,30 @@ class _Nest:
             break
         from .lower import linear_index   # local: lower imports statements, as this module does
         here = linear_index(idx, extents)
-        stored = [_STORE.match(line).group(1) if _STORE.match(line) else None for line in loop.body]
+        # a scan step's row of a buffer, ``(t31 + (row47)*1)[i48]``: named for the nest (its
+        # block function takes the row's pointer), unless its offset moves with the nest's loops
+        rows = {}
+
+        def row(m):
+            if m.group(2) in idx:
+                return m.group(0)
+            text = m.group(0)[:-1]
+            alias = next((a for a, (_, t) in rows.items() if t == text), None)
+            if alias is None:
+                alias = f"vk_row{len(rows)}"
+                rows[alias] = (m.group(1), text)
+            return alias + "["
+        lines = [_ROW.sub(row, line) for line in loop.body]
+        stored = [_STORE.match(line).group(1) if _STORE.match(line) else None for line in lines]
         if None in stored:
             return None
         body, gathers = [], {}
-        for line, target in zip(loop.body, stored):
+        for at, (line, target) in enumerate(zip(lines, stored)):
+            # an element read before this nest stores it (``t4[i] = t4[i] + ...``): computed
+            # twice where the last block moves back, it would be updated twice
+            if any(name in stored[at:] and index == here for name, index in _ACCESS.findall(
+                    line.split(" = ", 1)[1] if " = " in line else line)):
+                return None
             if not line.startswith(f"{target}[{here}] = ") or \
                     line.count("[") != len(_ACCESS.findall(line)):
                 return None            # a nested index, or a read through a cast pointer
@@ -236,7 +289,7 @@ class _Nest:
                 line = re.sub(rf"(?<![\w]){re.escape(f'{name}[{index}]')}", f"{g}[vk_l]", line)
             body.append(re.sub(rf"(?<![\w])([A-Za-z_]\w*)\[{re.escape(here)}\]",
                                lambda m: f"{m.group(1)}[{_FLAT}]", line))
-        return cls(idx, extents, body, gathers)
+        return cls(idx, extents, body, gathers, rows)
 
     def buffers(self):
         """The buffers the nest touches, in order of appearance (then those it gathers from)."""
@@ -301,16 +354,17 @@ class _Nest:
         n = self.elements
         if n >= BLOCK:
             at = f"(vk_b * {BLOCK} + {BLOCK} <= {n} ? vk_b * {BLOCK} : {n - BLOCK})"
-            return Loop("vk_b", -(-n // BLOCK), [f"{name}({at}, {n}, {', '.join(self.buffers())});"])
+            args = ", ".join(self._argument(b) for b in self.buffers())
+            return Loop("vk_b", -(-n // BLOCK), [f"{name}({at}, {n}, {args});"])
         # fewer elements than a block: private copies of what is read and written at the flat
         # index, padded with the last element
         flat, stored = self.at_flat(), self.stored()
         lines = [f"{ctypes[b]} vk_p_{b}[{BLOCK}];" for b in flat]
         last = f"({_FLAT} < {n} ? {_FLAT} : {n - 1})"
-        lines += [f"for (int64_t {_FLAT} = 0; {_FLAT} < {BLOCK}; {_FLAT}++) vk_p_{b}[{_FLAT}] = {b}[{last}];"
-                  for b in flat if b not in stored]
-        args = ", ".join(f"vk_p_{b}" if b in flat else b for b in self.buffers())
+        lines += [f"for (int64_t {_FLAT} = 0; {_FLAT} < {BLOCK}; {_FLAT}++) "
+                  f"vk_p_{b}[{_FLAT}] = {self._argument(b)}[{last}];" for b in flat if b not in stored]
+        args = ", ".join(f"vk_p_{b}" if b in flat else self._argument(b) for b in self.buffers())
         lines.append(f"{name}(0, {n}, {args});")
-        lines += [f"for (int64_t {_FLAT} = 0; {_FLAT} < {n}; {_FLAT}++) {b}[{_FLAT}] = vk_p_{b}[{_FLAT}];"
-                  for b in stored]
+        lines += [f"for (int64_t {_FLAT} = 0; {_FLAT} < {n}; {_FLAT}++) "
+                  f"{self._argument(b)}[{_FLAT}] = vk_p_{b}[{_FLAT}];" for b in stored]
         return Block(lines)
