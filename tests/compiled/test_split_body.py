@@ -49,8 +49,8 @@ def _run(monkeypatch, split, args):
     real = cpu.c_source
     vkml.clear_caches()                # (the cut is not part of an executable's key)
 
-    def spy(program, math=()):
-        source, low = real(program, math)
+    def spy(program, *rest):
+        source, low = real(program, *rest)
         sources.append(source)
         return source, low
     monkeypatch.setattr(cpu, "c_source", spy)

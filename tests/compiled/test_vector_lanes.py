@@ -64,8 +64,8 @@ def _in_every_context(name, x):
     sources = []
     real = cpu.c_source
 
-    def spy(program, math=()):
-        source, low = real(program, math)
+    def spy(program, *rest):
+        source, low = real(program, *rest)
         sources.append(source)
         return source, low
     cpu.c_source = spy

@@ -6,7 +6,8 @@ from NumPy.  What must hold: a sample's bits never depend on where it sits -- th
 samples (a loop's last, partial vector), the threads a launch is split over -- and the reverse
 stays within a few ulps of the NumPy backend, agreeing with central finite differences and with
 HIPS autograd.  ``VKML_VECTOR_MATH=0`` gives the scalar libm of before, bit for bit; so does the
-check of the built library when a call came out scalar.
+check of the built library when a call came out scalar even through lane functions (where only
+a block's loop stayed scalar, its calls go through lane functions: still the vector versions).
 """
 
 from __future__ import annotations
@@ -261,28 +262,38 @@ def test_a_call_left_scalar_sends_the_program_back_to_scalar_libm(on_cpu, scalar
 
 
 @needs_libmvec
-def test_a_function_libmvec_lacks_keeps_its_loop_scalar_and_the_program_falls_back(on_cpu,
-                                                                                  monkeypatch):
-    """Without a vector cos, a loop calling sin and cos cannot be vectorised: the program runs
-    on scalar libm, as with VKML_VECTOR_MATH=0."""
+def test_a_function_libmvec_lacks_keeps_its_calls_scalar_and_the_others_stay_vector(on_cpu,
+                                                                                    monkeypatch):
+    """Without a vector cos, a loop calling sin and cos cannot be a vector block: the program
+    is built again with its sin through a lane function -- the vector sin every other program
+    calls, so the bits of sin(k u) are those of a kernel holding sin alone -- and its cos on
+    scalar libm (there is no other)."""
     @vkml.kernel
     def both(u, k: vkml.Param):
         return {"y": vkml.sin(k * u) * vkml.cos(u)}
 
-    def launch():
+    @vkml.kernel
+    def sine(u, k: vkml.Param):
+        return {"y": vkml.sin(k * u)}
+
+    def launch(kernel):
         u = np.linspace(-2.0, 2.0, 100)
         y = np.zeros(100)
-        vkml.Graph().add(both.bind(u=u, k=K, y=y), name="both").build().launch()
-        return y
+        vkml.Graph().add(kernel.bind(u=u, k=K, y=y), name="one").build().launch()
+        return u, y
     available = cpu.vector_math()
     monkeypatch.setattr(cpu, "vector_math", lambda: available - {"cos"})
     vkml.clear_caches()
-    lacking = launch()
-    assert not any(SIMD_MARKER in s for s in graph_sources())
+    u, lacking = launch(both)
+    assert any("vk_lane_sin" in s for s in graph_sources())
+    assert not any("vk_block" in s for s in graph_sources())
+    _, vector_sine = launch(sine)
+    assert lacking.tobytes() == (vector_sine * scalar_libm("cos")(u)).tobytes()
     monkeypatch.undo()
     monkeypatch.setenv("VKML_VECTOR_MATH", "0")
     vkml.clear_caches()
-    assert lacking.tobytes() == launch().tobytes()
+    _, scalar = launch(both)
+    assert scalar.tobytes() == (scalar_libm("sin")(K * u) * scalar_libm("cos")(u)).tobytes()
 
 
 @needs_libmvec
@@ -315,9 +326,11 @@ TYPES = {"a0": "double", "a1": "double", "o0": "double", "t1": "double"}
 def test_a_block_functions_text_does_not_depend_on_the_number_of_elements():
     from vkml.backends.codegen.vector_nests import vectorised
     line = "o0[i1] = sin((a1[0] * a0[i1]));"
-    texts = {n: vectorised(nest(n, line), {"sin"}, TYPES)[1] for n in (1, 7, 8, 9, 1001)}
+    texts = {n: vectorised(nest(n, line), {"sin"}, TYPES)[1] for n in (2, 7, 8, 9, 1001)}
     assert all(len(t) == 1 for t in texts.values())
     assert len({t[0] for t in texts.values()}) == 1          # one text for every length
+    # one element: its loop stays, its call goes through the lane function (the same bits)
+    assert vectorised(nest(1, line), {"sin"}, TYPES)[1] == []
     assert "noipa" in texts[9][0] and "#pragma omp simd" in texts[9][0]
 
 

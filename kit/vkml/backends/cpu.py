@@ -425,12 +425,13 @@ def fused_products() -> bool:
     return text == "1"
 
 
-def c_source(program, vector_math=()):
+def c_source(program, vector_math=(), blocks=True):
     """The C source of ``program`` and its lowering (whose ``errors``, ``error_sites`` and
     ``temp_vars`` decode what the function reports; raises Unsupported for what the lowering
     cannot compile).  ``vector_math``: the libm functions it calls in vector versions -- in
     vector blocks in its elementwise loop nests, through lane functions elsewhere
-    (``codegen.vector_nests``); a program that calls none of them is plain C."""
+    (``codegen.vector_nests``); a program that calls none of them is plain C.  Without
+    ``blocks``: through lane functions everywhere."""
     origin = {}
     flat = _calls_inlined(program, origin)       # (a product and its transpose may be in two calls)
     program, sites = transposed_products(flat, None if flat is program else
@@ -446,7 +447,7 @@ def c_source(program, vector_math=()):
     low.may_fail = may_fail(stmts)
     return render(low, stmts, len(ins), [v.dtype for v in program.inputs],
                   len(outs), [v.dtype for v in program.outputs], data_offset=DATA_OFFSET,
-                  vector_math=vector_math), low
+                  vector_math=vector_math, blocks=blocks), low
 
 
 def _lowered(program, sites, scalars_in_locals):
@@ -988,13 +989,16 @@ class CpuBackend(Backend):
             return self._compile_c(program, math) or self._numpy(program)
         return Tiered(self, program, self._numpy(program, fallback=False), hot)
 
-    def _compile_c(self, program, math=frozenset()):
+    def _compile_c(self, program, math=frozenset(), blocks=True):
         """The program's C function, or None when the lowering does not cover it.  ``math``:
-        the libm functions it calls in vector versions (``vector_math``); where the built
-        library still calls one in a scalar (or a second vector) version, it is built again
-        with scalar libm throughout: one program never mixes the two."""
+        the libm functions it calls in vector versions (``vector_math``).  Where the built
+        library still calls one in a scalar (or a second vector) version -- a block loop the
+        compiler left scalar -- it is built again with every call through a lane function (a
+        loop of one call, which always vectorises), and only if that fails too with scalar
+        libm throughout: one program never mixes the two, and a call gives the bits it gives
+        in every other program."""
         try:
-            source, lowering = c_source(program, math)
+            source, lowering = c_source(program, math, blocks)
         except Unsupported:
             return None
         vector = SIMD_MARKER in source
@@ -1005,7 +1009,8 @@ class CpuBackend(Backend):
         if lib is None:
             return None
         if vector and not all_vector(imports):
-            return self._compile_c(program)
+            return self._compile_c(program, math, blocks=False) if blocks else \
+                self._compile_c(program)
         if threads > 1:
             ctypes.c_int.in_dll(lib, "vk_gemm_threads").value = threads
         return CompiledProgram(program, lib, source, lowering)

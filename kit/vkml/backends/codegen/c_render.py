@@ -96,22 +96,23 @@ CSIZE = {"double": 8, "float": 4, "int64_t": 8, "int32_t": 4, "int8_t": 1, "uint
 
 
 def render(lowering, stmts, n_in, in_types, n_out, out_types, name="vk_main", data_offset=None,
-           vector_math=()):
+           vector_math=(), blocks=True):
     """The program as C: ``name(in, out, info, vk_stop)`` over data pointers, its temporaries
     malloc'ed and freed per call; with ``data_offset`` (where a NumPy array object keeps its data
     pointer) also ``vk_objs`` (see :func:`_objects_entry`).  ``vector_math``: libm functions
     whose calls run in vector blocks in elementwise loop nests and through lane functions
-    elsewhere (``vector_nests``; the source then needs ``-fopenmp-simd``)."""
+    elsewhere (``vector_nests``; the source then needs ``-fopenmp-simd``); without ``blocks``,
+    through lane functions everywhere."""
     lines = [prelude()] + ([gemm_c(sorted(lowering.gemm_types), lowering.fused)] if lowering.gemm_types else [])
     buffers = {f"a{i}": CTYPE[t] for i, t in enumerate(in_types)}
     buffers.update({f"o{i}": CTYPE[t] for i, t in enumerate(out_types)})
     buffers.update({tname: ctype for tname, ctype, _ in lowering.temps})
-    stmts, blocks = vectorised(stmts, vector_math, buffers)
+    stmts, block_functions = vectorised(stmts, vector_math, buffers) if blocks else (stmts, [])
     stmts, lanes = lane_calls(stmts, vector_math)
-    if blocks or lanes:
+    if block_functions or lanes:
         lines += simd_declarations(vector_math)
     lines += lowering.statics
-    lines += blocks + lanes
+    lines += block_functions + lanes
     offsets, _ = scratch_layout(lowering.temps)
     lines.append("static int vk_main_body(void** in, void** out, int64_t* info, const volatile int* vk_stop, "
                  "char* vk_scratch) {")

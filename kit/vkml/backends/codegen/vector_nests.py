@@ -24,7 +24,7 @@ length.  So every element goes through the very same code:
   private copies padded with its last element and stores only its own.
 
 A lane's result depends only on that lane's operands, so every element gets
-the same bits wherever it is.  Only a *flat* nest is rewritten: a perfect
+the same bits wherever it is.  Only a *flat* nest of more than one element is rewritten: a perfect
 nest of counted loops whose body stores one element of its own index per
 line (``t3[i1] = sin(a0[i1]);``) and reads buffers only at that index or at
 a fixed one (a Param's ``a2[0]``) -- what the lowering makes of an
@@ -40,9 +40,10 @@ lowering put it -- in an elementwise chain, summed into a softmax's
 denominator, in one fused program or split over two -- and a function's
 first call (traced and run as separate programs) has the bits of its later
 calls (one program).  The backend's check of the built library (every call
-of one vector version, none scalar) builds the program again with scalar
-libm throughout where the compiler left a call scalar: one program never
-mixes the two.
+of one vector version, none scalar) builds the program again with lane
+functions only where the compiler left a block's call scalar (a lane's loop
+of one call always vectorises), and with scalar libm throughout only if that
+fails too: one program never mixes the two.
 """
 
 from __future__ import annotations
@@ -105,7 +106,9 @@ def vectorised(stmts, names, ctypes):
         for s in body:
             nest = _Nest.of(s) if isinstance(s, Loop) else None
             types = nest.types(ctypes) if nest is not None else ctypes
-            if nest is not None and nest.elements and \
+            # (a nest of one element keeps its loop, its calls through lane functions: the
+            # same bits as a padded block for a fraction of the work)
+            if nest is not None and nest.elements > 1 and \
                     any(calls.search(line) for line in nest.body) and \
                     all(b in types for b in nest.buffers()):
                 name = f"vk_block{len(functions)}"
