@@ -69,3 +69,27 @@ VK_FN T vk_tree_fold_##T(const T* st, int64_t n, int levels) { \
     return acc; }
 VK_TREE_HELPERS(float)
 VK_TREE_HELPERS(double)
+/* n canonical trees side by side (a sum over rows of each of n columns): the items of one push
+   are v[0..n-1], the stack is levels x n; every tree carries at the same counts, so each step
+   of vk_tree_push / vk_tree_fold above becomes a loop over the columns (the same additions in
+   the same order per column) */
+#define VK_TREE_COLS_HELPERS(T) \
+VK_FN void vk_tree_cols_push_##T(T* st, int64_t count, int level, T* v, int64_t n) { \
+    int64_t q = count >> level; \
+    while (q & 1) { const T* s = st + (int64_t)level * n; \
+        for (int64_t c = 0; c < n; c++) v[c] = s[c] + v[c]; q >>= 1; level++; } \
+    T* d = st + (int64_t)level * n; \
+    for (int64_t c = 0; c < n; c++) d[c] = v[c]; } \
+VK_FN void vk_tree_cols_fold_##T(const T* st, int64_t count, int levels, T* acc, int64_t n, \
+                                 T* out) { \
+    if (count <= 0) { for (int64_t c = 0; c < n; c++) out[c] = (T)0; return; } \
+    int low = 0; \
+    while (!((count >> low) & 1)) low++; \
+    for (int64_t c = 0; c < n; c++) acc[c] = st[(int64_t)low * n + c]; \
+    for (int l = low; l < levels; l++) { \
+        const T* s = st + (int64_t)l * n; \
+        if (l > low && ((count >> l) & 1)) { for (int64_t c = 0; c < n; c++) acc[c] = s[c] + acc[c]; } \
+        else { for (int64_t c = 0; c < n; c++) acc[c] = acc[c] + (T)0; } } \
+    for (int64_t c = 0; c < n; c++) out[c] = acc[c]; }
+VK_TREE_COLS_HELPERS(float)
+VK_TREE_COLS_HELPERS(double)

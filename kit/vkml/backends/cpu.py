@@ -460,6 +460,7 @@ def _lowered(program, sites, scalars_in_locals):
     low.checks = True
     low.fuse_loops = True
     low.scalars_in_locals = scalars_in_locals
+    low.column_trees = True
     low.interrupt_poll = POLL
     ins = [f"a{i}" for i in range(len(program.inputs))]
     outs = [f"o{i}" for i in range(len(program.outputs))]

@@ -166,6 +166,9 @@ class Lowering:
         #: whether a default-order float product adds each of its terms with one fused
         #: multiply-add (the cpu tier's fused mode: the GEMM and the plain loops alike)
         self.fused = False
+        #: whether a float sum that keeps its operand's last axis runs its canonical trees
+        #: side by side along that axis (``_column_trees``; the C tier's programs)
+        self.column_trees = False
         self.site = 0            # the top-level equation being lowered
 
     def fresh(self, prefix):
@@ -366,6 +369,9 @@ class Lowering:
         element pushed onto a binary-counter stack and the stack folded at the end."""
         x, out = e.inputs[0], e.outputs[0]
         axes = sorted(e.params["axes"])
+        if self.column_trees and axes and x.ndim - 1 not in axes and x.shape[-1] > 1 and \
+                math.prod(x.shape[a] for a in axes) > 1:
+            return self._column_trees(e, env, target)
         total = math.prod(x.shape[a] for a in axes)
         oidx, ridx, full = self._reduce_indices(x, axes)
         t = CTYPE[out.dtype]
@@ -390,6 +396,46 @@ class Lowering:
         body = [Block(decl + [f"int64_t {cnt} = 0; (void){cnt};"] + inner +
                        [f"{target}[{linear_index(oidx, out.shape)}] = {self.tree_fold(out.dtype, st, total)};"])]
         for v, extent in reversed(list(zip(oidx, out.shape))):
+            body = [Loop(v, extent, body)]
+        return body
+
+    def _column_trees(self, e, env, target):
+        """A float sum keeping its operand's last axis (a bias's gradient: the sum over a
+        batch's rows of each column), its trees run side by side along that axis: every
+        column's tree pushes its items at the same counts, so the carries of the binary-counter
+        stacks (``vk_tree_cols_push``) and the fold are one control flow for all columns and
+        each step is a loop over the columns the compiler vectorises -- the same additions,
+        in the same order, as one tree per column read down a column's stride."""
+        x, out = e.inputs[0], e.outputs[0]
+        axes = sorted(e.params["axes"])
+        total = math.prod(x.shape[a] for a in axes)
+        oidx, ridx, full = self._reduce_indices(x, axes)
+        t = CTYPE[out.dtype]
+        width = x.shape[-1]
+        levels = int(total).bit_length() + 1
+        stack = self.temp(Var((levels * width,), out.dtype))
+        items = self.temp(Var((width,), out.dtype))
+        cnt, col = self.fresh("n"), oidx[-1]
+        extents = [x.shape[a] for a in axes]
+        if extents[-1] % TREE_BLOCK == 0:
+            last, r = axes[-1], ridx[-1]
+            leaves = [env.read(x, [f"({r} * {TREE_BLOCK} + {j})" if i == last else v
+                                   for i, v in enumerate(full)]) for j in range(TREE_BLOCK)]
+            while len(leaves) > 1:
+                leaves = [f"({leaves[j]} + {leaves[j + 1]})" for j in range(0, len(leaves), 2)]
+            level, step = TREE_BLOCK.bit_length() - 1, TREE_BLOCK
+            extents[-1] //= TREE_BLOCK
+        else:
+            leaves, level, step = [env.read(x, full)], 0, 1
+        inner = [Loop(col, width, [f"{items}[{col}] = {leaves[0]};"]),
+                 f"vk_tree_cols_push_{t}({stack}, {cnt}, {level}, {items}, {width}); {cnt} += {step};"]
+        for v, extent in reversed(list(zip(ridx, extents))):
+            inner = [Loop(v, extent, inner)]
+        row = linear_index(oidx[:-1] + ["0"], out.shape)
+        body = [Block([f"int64_t {cnt} = 0; (void){cnt};"] + inner +
+                      [f"vk_tree_cols_fold_{t}({stack}, {total}, {(int(total) - 1).bit_length()}, "
+                       f"{items}, {width}, {target} + {row});"])]
+        for v, extent in reversed(list(zip(oidx[:-1], out.shape[:-1]))):
             body = [Loop(v, extent, body)]
         return body
 
