@@ -27,7 +27,9 @@ therefore start on NumPy and switch to C when hot (``Tiered``) without
 changing a bit.  Two things differ: a default ``matmul`` adds over k in
 index order in C (at every size: a big float product is one call of a
 blocked, vectorised GEMM that adds in that very order, ``codegen.products``;
-each step one fused multiply-add unless ``VKML_FMA=0``, ``fused_products``)
+each step one fused multiply-add unless ``VKML_FMA=0``, ``fused_products``;
+the GEMM is a library of its own built once, ``gemm_library``, that a
+program's products call through pointers)
 but in BLAS's order on NumPy, and exp/log/sin/cos/tanh/pow
 (and the other libm functions, ``codegen/libm.py``) come from libm in C, within a few
 ulps of NumPy's own SIMD versions (tests use rtol 1e-12 in float64, 1e-5 in
@@ -144,7 +146,8 @@ from ..stats import STATS
 from . import disk_cache
 from .base import Backend, ExecutionFailure, check_sizes, failure_error, product_threads, register
 from .codegen.libm import INEXACT_PRIMITIVES
-from .codegen.c_render import ALLOCATION_FAILED, INTERRUPTED, POLL, render, scratch_layout
+from .codegen.c_render import ALLOCATION_FAILED, INTERRUPTED, POLL, prelude, render, scratch_layout
+from .codegen.gemm import library_source
 from .codegen.lower import Lowering, Unsupported, may_fail, overwritable
 from .codegen.products import transposed_products
 from .codegen.sample_loops import LoopSpec, forward_source, reverse_source
@@ -225,17 +228,19 @@ def cache_dir() -> str:
     return disk_cache.cache_dir("cpu")
 
 
-def library(source: str, extra_flags=(), inspect=None):
+def library(source: str, extra_flags=(), inspect=None, generated=True):
     """The compiled library for ``source``: from the disk cache if a trusted one is there, else built.
 
     Returns ``(ctypes.CDLL, compiled)`` where ``compiled`` says whether the compiler ran.  What
     is trusted, and how a library is loaded from the very bytes that were checked, is in
-    ``disk_cache``; ``inspect``, if given, is called with those bytes before they are loaded."""
+    ``disk_cache``; ``inspect``, if given, is called with those bytes before they are loaded.
+    A ``generated`` source longer than ``LARGE_SOURCE`` compiles at -O1 (the GEMM library,
+    written by hand and built once, always at -O2)."""
     cc = compiler()
     if cc is None:
         raise BackendError("no C compiler found (set $CC or install gcc)")
     flags = FLAGS + (GCC_FLAGS if is_gcc(cc) else []) + list(extra_flags)
-    if len(source) > LARGE_SOURCE:
+    if generated and len(source) > LARGE_SOURCE:
         flags = ["-O1" if f == "-O2" else f for f in flags]
     signature = [cpu_signature()] if "-march=native" in flags else []
     key = hashlib.sha256("\0".join([source, cc] + flags + signature).encode()).hexdigest()[:32]
@@ -340,11 +345,11 @@ def all_vector(imports) -> bool:
     return all(len(versions) == 1 and name not in versions for name, versions in imports.items())
 
 
-def _built(source, extra_flags, inspect=None):
+def _built(source, extra_flags, inspect=None, generated=True):
     """``library(source, ...)``'s library, or None (after one warning) when no folder could hold
     the build (disk full, read-only, gone): the program then runs on NumPy."""
     try:
-        return library(source, extra_flags, inspect)[0]
+        return library(source, extra_flags, inspect, generated)[0]
     except BackendError as e:
         if disk_cache.folder_fault(e) is None:
             raise
@@ -573,7 +578,9 @@ class CompiledProgram:
     caller's arrays as they were (``Backend.run`` copies the results in once the call has
     succeeded).  A shorter scan runs to its end, as a loop-free program does."""
 
-    def __init__(self, program, lib, source, lowering):
+    def __init__(self, program, lib, source, lowering, gemm=None):
+        #: the GEMM library its products call (held with the program that points into it)
+        self.gemm = gemm
         self.fn = lib.vk_main
         self.fn.restype = ctypes.c_int
         self.fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
@@ -963,6 +970,21 @@ def _build_settings(*environment):
     return fused_products(), gemm_threads()
 
 
+@functools.lru_cache(maxsize=None)
+def gemm_library(types, fused, threads):
+    """The GEMM as a library of its own for element ``types``, in the fused or plain mode,
+    splitting big products over ``threads`` (built with OpenMP where more than one): built
+    once and kept in the disk cache, loaded once per process, and called by every program's
+    products through pointers (``codegen.gemm.library_source``) -- its 90 KB of C no longer
+    compile with each program (0.3 s of every first call).  None where no folder could hold
+    the build (the program then runs on NumPy)."""
+    lib = _built(prelude() + library_source(types, fused), ["-fopenmp"] if threads > 1 else [],
+                 generated=False)
+    if lib is not None and threads > 1:
+        ctypes.c_int.in_dll(lib, "vk_gemm_threads").value = threads
+    return lib
+
+
 def _product_threads(lowering) -> int:
     """The threads a compiled program's products split over (1 when it has none)."""
     return lowering.gemm_threads if lowering.gemm_types else 1
@@ -1003,18 +1025,24 @@ class CpuBackend(Backend):
         except Unsupported:
             return None
         vector = SIMD_MARKER in source
-        threads = _product_threads(lowering)
+        gemm = None
+        if lowering.gemm_types:
+            gemm = gemm_library(tuple(sorted(lowering.gemm_types)), lowering.fused,
+                                _product_threads(lowering))
+            if gemm is None:
+                return None
         imports = {}
-        lib = _built(source, ["-fopenmp"] if threads > 1 else ["-fopenmp-simd"] if vector else [],
+        lib = _built(source, ["-fopenmp-simd"] if vector else [],
                      (lambda data: imports.update(math_imports(data, math))) if vector else None)
         if lib is None:
             return None
         if vector and not all_vector(imports):
             return self._compile_c(program, math, blocks=False) if blocks else \
                 self._compile_c(program)
-        if threads > 1:
-            ctypes.c_int.in_dll(lib, "vk_gemm_threads").value = threads
-        return CompiledProgram(program, lib, source, lowering)
+        for t in lowering.gemm_types:          # the program's products call the GEMM library
+            ctypes.c_void_p.in_dll(lib, f"vk_gemm_{t}").value = \
+                ctypes.cast(getattr(gemm, f"vk_gemm_lib_{t}"), ctypes.c_void_p).value
+        return CompiledProgram(program, lib, source, lowering, gemm)
 
     def _numpy(self, program, fallback=True):
         """The program on the NumPy backend: a fallback (counted in ``info()``) when C does not

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from .libm import declarations
 from .lower import CTYPE
-from .gemm import gemm_c
+from .gemm import pointer_declarations
 from .statements import Block, If, Loop, While
 from .vector_nests import lane_calls, simd_declarations, vectorised
 
@@ -103,7 +103,9 @@ def render(lowering, stmts, n_in, in_types, n_out, out_types, name="vk_main", da
     whose calls run in vector blocks in elementwise loop nests and through lane functions
     elsewhere (``vector_nests``; the source then needs ``-fopenmp-simd``); without ``blocks``,
     through lane functions everywhere."""
-    lines = [prelude()] + ([gemm_c(sorted(lowering.gemm_types), lowering.fused)] if lowering.gemm_types else [])
+    # the products call the GEMM library through pointers (``gemm.library_source``)
+    lines = [prelude()] + ([pointer_declarations(sorted(lowering.gemm_types))]
+                           if lowering.gemm_types else [])
     buffers = {f"a{i}": CTYPE[t] for i, t in enumerate(in_types)}
     buffers.update({f"o{i}": CTYPE[t] for i, t in enumerate(out_types)})
     buffers.update({tname: ctype for tname, ctype, _ in lowering.temps})

@@ -510,6 +510,29 @@ def gemm_c(types=("float", "double"), fused=False) -> str:
     return _COMMON + "".join(_source(t, fused) for t in types)
 
 
+#: the parameters of ``vk_gemm_<T>``: C = A @ B of M x K and K x N, each operand and the result
+#: at any element strides, ``pack`` the scratch (``pack_bytes``)
+_PARAMS = ("int64_t M, int64_t N, int64_t K, const {T}* A, int64_t sam, int64_t sak, "
+           "const {T}* B, int64_t sbk, int64_t sbn, {T}* C, int64_t scm, int64_t scn, {T}* pack")
+_ARGS = "M, N, K, A, sam, sak, B, sbk, sbn, C, scm, scn, pack"
+
+
+def library_source(types=("float", "double"), fused=False) -> str:
+    """The C of the GEMM as a library of its own (after the program's prelude): ``vk_gemm_<T>``
+    exported as ``vk_gemm_lib_<T>`` for each of ``types``, and ``vk_gemm_threads``.  Programs
+    call it through a pointer (``pointer_declarations``) instead of compiling its 90 KB of C
+    each: it is built once per mode and thread setting and kept in the disk cache."""
+    exports = "".join(f"\nvoid vk_gemm_lib_{t}({_PARAMS.format(T=t)}) {{ vk_gemm_{t}({_ARGS}); }}\n"
+                      for t in types)
+    return gemm_c(types, fused) + exports
+
+
+def pointer_declarations(types) -> str:
+    """What a program calling the GEMM library declares: ``vk_gemm_<T>`` as a pointer the
+    backend sets to the library's function when it loads the program (a call reads the same)."""
+    return "".join(f"void (*vk_gemm_{t})({_PARAMS.format(T=t)}) = 0;\n" for t in types)
+
+
 #: the C text of ``vk_gemm_float`` and ``vk_gemm_double`` (after the program's prelude types),
 #: separate multiply and add: the plain loops' bits
 GEMM_C = gemm_c()
