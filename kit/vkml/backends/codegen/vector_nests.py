@@ -24,11 +24,11 @@ length.  So every element goes through the very same code:
   private copies padded with its last element and stores only its own.
 
 A lane's result depends only on that lane's operands, so every element gets
-the same bits wherever it is.  Only a *flat* nest of more than one element is rewritten: a perfect
-nest of counted loops whose body stores one element of its own index per
-line (``t3[i1] = sin(a0[i1]);``) and reads buffers only at that index or at
-a fixed one (a Param's ``a2[0]``) -- what the lowering makes of an
-elementwise chain -- wherever it sits: at the top of the program or inside
+the same bits wherever it is.  Only a *flat* nest of more than one element is
+rewritten: a perfect nest of counted loops whose body stores one element of
+its own index per line (``t3[i1] = sin(a0[i1]);``) and reads buffers only
+at that index or at a fixed one (a Param's ``a2[0]``) -- what the lowering
+makes of an elementwise chain -- wherever it sits: at the top of the program or inside
 a scan's steps (a step's row of a buffer, ``(a0 + (row6)*37)[i7]``, is
 passed to the block as a pointer of its own), never an element it has
 already updated (read before the line storing it: the moved-back block
@@ -117,10 +117,7 @@ def vectorised(stmts, names, ctypes):
             elif isinstance(s, (Loop, Block, If, While)):   # a scan's steps: the nests inside
                 before = len(functions)
                 body = walk(s.body)
-                out.append(s if len(functions) == before else
-                           Loop(s.var, s.extent, body, s.parallel) if isinstance(s, Loop) else
-                           Block(body) if isinstance(s, Block) else
-                           If(s.test, body, s.first) if isinstance(s, If) else While(s.test, body))
+                out.append(s if len(functions) == before else _rebuilt(s, body))
             else:
                 out.append(s)
         return out
@@ -171,17 +168,22 @@ def _map_lines(stmts, line):
     for s in stmts:
         if isinstance(s, str):
             out.append(line(s))
-        elif isinstance(s, Loop):
-            out.append(Loop(s.var, s.extent, _map_lines(s.body, line), s.parallel))
-        elif isinstance(s, Block):
-            out.append(Block(_map_lines(s.body, line)))
-        elif isinstance(s, If):
-            out.append(If(line(s.test), _map_lines(s.body, line), s.first))
-        elif isinstance(s, While):
-            out.append(While(line(s.test), _map_lines(s.body, line)))
+        elif isinstance(s, (Loop, Block, If, While)):
+            out.append(_rebuilt(s, _map_lines(s.body, line), line(getattr(s, "test", ""))))
         else:
             out.append(s)
     return out
+
+
+def _rebuilt(s, body, test=None):
+    """Statement ``s`` (a Loop, Block, If or While) with ``body`` (and, for a branch or a
+    while loop, ``test``) in place of its own."""
+    test = s.test if test is None and hasattr(s, "test") else test
+    if isinstance(s, Loop):
+        return Loop(s.var, s.extent, body, s.parallel)
+    if isinstance(s, Block):
+        return Block(body)
+    return If(test, body, s.first) if isinstance(s, If) else While(test, body)
 
 
 def _lane_function(name):
