@@ -86,3 +86,25 @@ def test_an_error_in_a_later_part_is_reported_and_writes_nothing(monkeypatch):
         again = [np.asarray(o) for o in f(x, w, s, np.array([1, 2, 3, 4]))]
     for g, a in zip(good, again):
         assert g.tobytes() == a.tobytes()
+
+
+def test_a_split_body_that_does_not_compile_is_built_whole(monkeypatch):
+    """A cut that parted a declaration from its use would not compile: the program is built
+    again as one function, with the same bits (here every part is made to name a variable no
+    part declares)."""
+    whole, _ = _run(monkeypatch, False, _arguments())
+    real = c_render.split_body
+
+    def broken(*args):
+        parts = real(*args)
+        if parts is None:
+            return None
+        functions, passed = parts
+        return [f.replace("    goto done;\ndone:", "    vk_undeclared = 1;\n    goto done;\ndone:")
+                for f in functions], passed
+    monkeypatch.setattr(c_render, "split_body", broken)
+    got, sources = _run(monkeypatch, True, _arguments())
+    assert any("vk_undeclared" in s for s in sources)            # the cut was tried
+    assert any("vk_part" not in s and "vk_main_body" in s for s in sources)   # then whole
+    for w, g in zip(whole, got):
+        assert w.tobytes() == g.tobytes()

@@ -430,13 +430,14 @@ def fused_products() -> bool:
     return text == "1"
 
 
-def c_source(program, vector_math=(), blocks=True):
+def c_source(program, vector_math=(), blocks=True, split=True):
     """The C source of ``program`` and its lowering (whose ``errors``, ``error_sites`` and
     ``temp_vars`` decode what the function reports; raises Unsupported for what the lowering
     cannot compile).  ``vector_math``: the libm functions it calls in vector versions -- in
     vector blocks in its elementwise loop nests, through lane functions elsewhere
     (``codegen.vector_nests``); a program that calls none of them is plain C.  Without
-    ``blocks``: through lane functions everywhere."""
+    ``blocks``: through lane functions everywhere; without ``split``, the body one function
+    however long (``c_render.split_body``)."""
     origin = {}
     flat = _calls_inlined(program, origin)       # (a product and its transpose may be in two calls)
     program, sites = transposed_products(flat, None if flat is program else
@@ -452,7 +453,7 @@ def c_source(program, vector_math=(), blocks=True):
     low.may_fail = may_fail(stmts)
     return render(low, stmts, len(ins), [v.dtype for v in program.inputs],
                   len(outs), [v.dtype for v in program.outputs], data_offset=DATA_OFFSET,
-                  vector_math=vector_math, blocks=blocks), low
+                  vector_math=vector_math, blocks=blocks, split=split), low
 
 
 def _lowered(program, sites, scalars_in_locals):
@@ -1012,16 +1013,17 @@ class CpuBackend(Backend):
             return self._compile_c(program, math) or self._numpy(program)
         return Tiered(self, program, self._numpy(program, fallback=False), hot)
 
-    def _compile_c(self, program, math=frozenset(), blocks=True):
+    def _compile_c(self, program, math=frozenset(), blocks=True, split=True):
         """The program's C function, or None when the lowering does not cover it.  ``math``:
         the libm functions it calls in vector versions (``vector_math``).  Where the built
         library still calls one in a scalar (or a second vector) version -- a block loop the
         compiler left scalar -- it is built again with every call through a lane function (a
         loop of one call, which always vectorises), and only if that fails too with scalar
         libm throughout: one program never mixes the two, and a call gives the bits it gives
-        in every other program."""
+        in every other program.  Should a body cut into part functions not compile, it is
+        built again whole (the same statements, the same bits)."""
         try:
-            source, lowering = c_source(program, math, blocks)
+            source, lowering = c_source(program, math, blocks, split)
         except Unsupported:
             return None
         vector = SIMD_MARKER in source
@@ -1032,13 +1034,18 @@ class CpuBackend(Backend):
             if gemm is None:
                 return None
         imports = {}
-        lib = _built(source, ["-fopenmp-simd"] if vector else [],
-                     (lambda data: imports.update(math_imports(data, math))) if vector else None)
+        try:
+            lib = _built(source, ["-fopenmp-simd"] if vector else [],
+                         (lambda data: imports.update(math_imports(data, math))) if vector else None)
+        except BackendError:
+            if not split or "vk_part0(" not in source:
+                raise
+            return self._compile_c(program, math, blocks, split=False)
         if lib is None:
             return None
         if vector and not all_vector(imports):
-            return self._compile_c(program, math, blocks=False) if blocks else \
-                self._compile_c(program)
+            return self._compile_c(program, math, blocks=False, split=split) if blocks else \
+                self._compile_c(program, split=split)
         for t in lowering.gemm_types:          # the program's products call the GEMM library
             ctypes.c_void_p.in_dll(lib, f"vk_gemm_{t}").value = \
                 ctypes.cast(getattr(gemm, f"vk_gemm_lib_{t}"), ctypes.c_void_p).value

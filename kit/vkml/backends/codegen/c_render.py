@@ -96,13 +96,14 @@ CSIZE = {"double": 8, "float": 4, "int64_t": 8, "int32_t": 4, "int8_t": 1, "uint
 
 
 def render(lowering, stmts, n_in, in_types, n_out, out_types, name="vk_main", data_offset=None,
-           vector_math=(), blocks=True):
+           vector_math=(), blocks=True, split=True):
     """The program as C: ``name(in, out, info, vk_stop)`` over data pointers, its temporaries
     malloc'ed and freed per call; with ``data_offset`` (where a NumPy array object keeps its data
     pointer) also ``vk_objs`` (see :func:`_objects_entry`).  ``vector_math``: libm functions
     whose calls run in vector blocks in elementwise loop nests and through lane functions
     elsewhere (``vector_nests``; the source then needs ``-fopenmp-simd``); without ``blocks``,
-    through lane functions everywhere."""
+    through lane functions everywhere.  ``split``: a long body may be compiled as part
+    functions (:func:`split_body`)."""
     # the products call the GEMM library through pointers (``gemm.library_source``)
     lines = [prelude()] + ([pointer_declarations(sorted(lowering.gemm_types))]
                            if lowering.gemm_types else [])
@@ -137,7 +138,7 @@ def render(lowering, stmts, n_in, in_types, n_out, out_types, name="vk_main", da
                          f": ({ctype}*)malloc({nbytes});")
             lines.append(f"    if (!{tname}) {{ info[0] = {slot}; info[1] = (int64_t)({nbytes}); "
                          f"err_ = {ALLOCATION_FAILED}; goto done; }}")
-    parts = split_body(stmts, in_types, out_types, lowering.temps)
+    parts = split_body(stmts, in_types, out_types, lowering.temps) if split else None
     if parts is None:
         emit(stmts, lines, "    ")
     else:
