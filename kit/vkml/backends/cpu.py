@@ -971,7 +971,10 @@ def _build_settings(*environment):
     return fused_products(), gemm_threads()
 
 
-@functools.lru_cache(maxsize=None)
+#: the GEMM libraries this process has loaded, by (element types, fused, threads)
+_GEMM_LIBRARIES = {}
+
+
 def gemm_library(types, fused, threads):
     """The GEMM as a library of its own for element ``types``, in the fused or plain mode,
     splitting big products over ``threads`` (built with OpenMP where more than one): built
@@ -979,10 +982,16 @@ def gemm_library(types, fused, threads):
     products through pointers (``codegen.gemm.library_source``) -- its 90 KB of C no longer
     compile with each program (0.3 s of every first call).  None where no folder could hold
     the build (the program then runs on NumPy)."""
-    lib = _built(prelude() + library_source(types, fused), ["-fopenmp"] if threads > 1 else [],
-                 generated=False)
-    if lib is not None and threads > 1:
-        ctypes.c_int.in_dll(lib, "vk_gemm_threads").value = threads
+    key = (types, fused, threads)
+    lib = _GEMM_LIBRARIES.get(key)
+    if lib is None:
+        lib = _built(prelude() + library_source(types, fused), ["-fopenmp"] if threads > 1 else [],
+                     generated=False)
+        if lib is None:
+            return None            # (not remembered: the folder may take the build next time)
+        if threads > 1:
+            ctypes.c_int.in_dll(lib, "vk_gemm_threads").value = threads
+        lib = _GEMM_LIBRARIES.setdefault(key, lib)
     return lib
 
 
