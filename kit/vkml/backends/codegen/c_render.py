@@ -29,7 +29,7 @@ import re
 from pathlib import Path
 
 from .libm import declarations
-from .lower import CTYPE
+from .lower import CTYPE, IDENTIFIER
 from .gemm import pointer_declarations
 from .statements import Block, If, Loop, While
 from .vector_nests import lane_calls, simd_declarations, vectorised
@@ -117,6 +117,7 @@ def render(lowering, stmts, n_in, in_types, n_out, out_types, name="vk_main", da
     lines += lowering.statics
     lines += block_functions + lanes
     offsets, _ = scratch_layout(lowering.temps)
+    head = len(lines)              # (where part functions go, before the body that calls them)
     lines.append("static int vk_main_body(void** in, void** out, int64_t* info, const volatile int* vk_stop, "
                  "char* vk_scratch) {")
     lines.append("    int err_ = 0; int* err = &err_; (void)err; (void)info; (void)vk_stop;")
@@ -143,8 +144,7 @@ def render(lowering, stmts, n_in, in_types, n_out, out_types, name="vk_main", da
         emit(stmts, lines, "    ")
     else:
         functions, passed = parts
-        lines[lines.index("static int vk_main_body(void** in, void** out, int64_t* info, "
-                          "const volatile int* vk_stop, char* vk_scratch) {"):0] = functions
+        lines[head:head] = functions
         lines.append(f"    void* vk_t[{max(1, len(passed))}];")
         lines += [f"    vk_t[{k}] = {tname};" for k, tname in enumerate(passed)]
         lines += [f"    if ((err_ = vk_part{k}(in, out, info, vk_stop, vk_t)) != 0) goto done;"
@@ -170,8 +170,6 @@ def render(lowering, stmts, n_in, in_types, n_out, out_types, name="vk_main", da
 SPLIT_BYTES = 24 * 1024
 PART_BYTES = 12 * 1024
 
-#: a C identifier
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: a 0-d argument read once into a local (``Lowering.scalars_in_locals``): copied into each part
 _SCALAR_LOCAL = re.compile(r"const \w+ (\w+) = a\d+\[0\];")
 #: a declaration at the top of the body: ``type name`` or ``type* name``
@@ -194,7 +192,7 @@ def split_body(stmts, in_types, out_types, temps):
         texts.append("\n".join(out))
     if sum(map(len, texts)) <= SPLIT_BYTES:
         return None
-    names = [set(_IDENTIFIER.findall(t)) for t in texts]
+    names = [set(IDENTIFIER.findall(t)) for t in texts]
     scalars, scalar_lines, last_use = {}, set(), {}
     for k, st in enumerate(stmts):
         if isinstance(st, str):
@@ -228,7 +226,7 @@ def split_body(stmts, in_types, out_types, temps):
     results = {f"o{i}": t for i, t in enumerate(out_types)}
     used_by = [set().union(*(names[k] for k in run)) for run in runs]
     for used in used_by:            # a 0-d argument read into a local: the argument too
-        used.update(_IDENTIFIER.findall(" ".join(line for name, line in scalars.items()
+        used.update(IDENTIFIER.findall(" ".join(line for name, line in scalars.items()
                                                  if name in used)))
     stack = {tname for tname, _, count in temps if count <= STACK_LIMIT}
     shared = [tname for tname, _, count in temps

@@ -115,6 +115,17 @@ def reshaped_strides(in_shape, in_strides, out_shape):
     return out
 
 
+#: a C identifier
+IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def calls_pattern(names):
+    """A regular expression finding a call of one of the C functions ``names`` (its group 1:
+    the name), or None when there are none."""
+    return re.compile(r"(?<![\w])(" + "|".join(sorted(map(re.escape, names))) + r")\(") \
+        if names else None
+
+
 def linear_index(idx, shape):
     """The C expression of the flat offset of index expressions ``idx`` in a C-contiguous buffer
     of ``shape`` (shared by the C and CUDA lowerings and the rules table)."""
@@ -1016,11 +1027,10 @@ def overwritable(stmts, in_ptrs, out_ptrs, program, vector_calls=()) -> dict:
     # step's thousands of lines asked about every buffer took a second)
     naming = {}
     for n, (text, _) in enumerate(lines):
-        for name in set(_IDENTIFIER.findall(text)) | _whole_reads(text):
+        for name in set(IDENTIFIER.findall(text)) | _whole_reads(text):
             naming.setdefault(name, []).append(n)
     checks = [n for n, (text, _) in enumerate(lines) if "goto " in text]
-    calling = re.compile(r"(?<![\w])(?:" + "|".join(map(re.escape, sorted(vector_calls))) + r")\(") \
-        if vector_calls else None
+    calling = calls_pattern(vector_calls)
     vector_lines = [n for n, (text, _) in enumerate(lines) if calling and calling.search(text)]
     found = {}
     for j, (o, ov) in enumerate(zip(out_ptrs, program.outputs)):
@@ -1094,10 +1104,6 @@ def _indices(name, text, stores=False) -> list:
 
 #: an assignment after an element (``= ``, ``+= ``, ..., not ``==``)
 _ASSIGNED = re.compile(r"\s*(?:[-+*/%&|^]|<<|>>)?=(?!=)")
-
-
-#: a C identifier
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _indexed_only(name, lines, naming) -> bool:

@@ -51,6 +51,7 @@ from __future__ import annotations
 import re
 
 from .libm import vector_math
+from .lower import calls_pattern, linear_index, row_major_strides
 from .statements import Block, HelperCall, If, Loop, While
 
 #: the libm functions the lowering calls that glibc's vector math library (libmvec) has in vector
@@ -96,7 +97,7 @@ def vectorised(stmts, names, ctypes):
     """``stmts`` with every flat nest (see the module docstring) that calls one of the functions
     ``names`` rewritten into calls of a block function; ``(statements, block functions' C)``.
     ``ctypes``: the C element type of every buffer a nest may touch, by name."""
-    calls = _calls_pattern(names)
+    calls = calls_pattern(names)
     functions = []
     if calls is None:
         return stmts, functions
@@ -125,16 +126,10 @@ def vectorised(stmts, names, ctypes):
     return walk(stmts), functions
 
 
-def _calls_pattern(names):
-    """A regular expression finding a call of one of ``names`` (None when there are none)."""
-    return re.compile(r"(?<![\w])(" + "|".join(sorted(map(re.escape, names))) + r")\(") \
-        if names else None
-
-
 def calls_any(stmts, names) -> bool:
     """Whether a line of ``stmts`` (loop bodies, branch and loop tests included) calls one of
     the functions ``names``."""
-    calls, found = _calls_pattern(names), []
+    calls, found = calls_pattern(names), []
     if calls is not None:
         _map_lines(stmts, lambda text: found.append(calls.search(text)) or text)
     return any(found)
@@ -146,7 +141,7 @@ def lane_calls(stmts, names):
     ``(statements, functions)``.  A lane function computes its operand through the very loop
     of a block function (:data:`BLOCK` lanes, ``#pragma omp simd``, never inlined), so it
     calls the vector version the blocks call and gives the value they give that operand."""
-    calls = _calls_pattern(names)
+    calls = calls_pattern(names)
     if calls is None:
         return stmts, []
     used = set()
@@ -252,7 +247,6 @@ class _Nest:
             if not loop.body or not all(isinstance(line, str) for line in loop.body):
                 return None
             break
-        from .lower import linear_index   # local: lower imports statements, as this module does
         here = linear_index(idx, extents)
         # a scan step's row of a buffer, ``(t31 + (row47)*1)[i48]``: named for the nest (its
         # block function takes the row's pointer), unless its offset moves with the nest's loops
@@ -321,7 +315,6 @@ class _Nest:
         lines = [f"__attribute__((noipa)) static void {name}(int64_t vk_at, int64_t vk_n, "
                  f"{params}) {{", "    (void)vk_n;"]
         if self.gathers:
-            from .lower import row_major_strides   # local: see _Nest.of
             strides = row_major_strides(self.extents)
             coords = [f"const int64_t {v} = ({_FLAT} / {st})" + (f" % {e};" if k else ";")
                       for k, (v, st, e) in enumerate(zip(self.idx, strides, self.extents))]
