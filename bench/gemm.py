@@ -16,7 +16,8 @@ between); NumPy's ``@`` the same number of times in a Python loop.  The sides ar
 rounds (``_timing.py``).  ``--threads N``: every side on N threads (the C routine splitting rows
 over N OpenMP threads, BLAS its own way); without it one thread, pinned to one CPU.
 
-    python bench/gemm.py [--quick] [--threads N]   (--quick: the MLP shapes and 1024^3 only)
+    python bench/gemm.py [--quick] [--threads N] [--training]
+      (--quick: the MLP shapes and 1024^3 only; --training: the CNN's and transformer's)
 """
 
 from __future__ import annotations
@@ -68,6 +69,22 @@ SQUARES = [("512^3", 512, 512, 512, np.float32, False, False),
 BIG_MLP = [("h @ W2.T", 256, 4096, 4096, np.float32, False, True),
            ("d2 @ W2", 256, 4096, 4096, np.float32, False, False),
            ("d2.T @ h1", 4096, 4096, 256, np.float32, True, False)]
+
+#: the CNN's and the transformer's products (``bench/training.py``) in the layouts their steps
+#: read: a convolution's columns (pixels x window) times its weight, the columns' gradient, the
+#: weight's (over every pixel of the batch); the transformer's Linear layers over its 1024 rows
+#: and one attention head's products
+TRAINING = [("conv1 cols @ W.T", 36864, 32, 25, np.float32, False, True),
+            ("conv1 dW = d.T @ cols", 32, 25, 36864, np.float32, True, False),
+            ("conv2 cols @ W.T", 4096, 64, 800, np.float32, False, True),
+            ("conv2 d @ W", 4096, 800, 64, np.float32, False, False),
+            ("conv2 dW = d.T @ cols", 64, 800, 4096, np.float32, True, False),
+            ("qkv x @ W.T", 1024, 384, 128, np.float32, False, True),
+            ("mlp up x @ W.T", 1024, 512, 128, np.float32, False, True),
+            ("mlp down h @ W.T", 1024, 128, 512, np.float32, False, True),
+            ("qkv dW = d.T @ x", 384, 128, 1024, np.float32, True, False),
+            ("attention q @ k.T", 128, 128, 32, np.float32, False, True),
+            ("attention p @ v", 128, 32, 128, np.float32, False, False)]
 
 #: the register-only loop the peak is measured with: 16 independent accumulators (enough to
 #: keep two FMA units with a 4-cycle latency busy), ``vk_bench_peak_lanes`` floats per vector
@@ -182,8 +199,12 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the MLP shapes and 1024^3 only")
     parser.add_argument("--threads", type=int, default=1, help="threads per side (default 1)")
+    parser.add_argument("--training", action="store_true",
+                        help="the CNN's and the transformer's products only")
     args = parser.parse_args(argv)
     specs, rounds = (MLP + SQUARES[1:2], 3) if args.quick else (MLP + SQUARES + BIG_MLP, 5)
+    if args.training:
+        specs = TRAINING
     print(f"gemm (k in index order) in both modes against np.matmul -- {PINNED}")
     print(f"CPU: {cpu_model()}; numpy {np.__version__} with {blas()}")
     t0 = time.perf_counter()

@@ -1068,6 +1068,14 @@ def matmul(a, b, *, deterministic=None):
                          "axis of the first must equal the second-to-last of the second): "
                          "transpose an operand (x.T, x.mT) or check the layer sizes")
     batch = broadcast_shapes("matmul", a2.shape[:-2], b2.shape[:-2])
+    if b2.ndim == 2 and a2.ndim > 2 and 0 not in a2.shape:
+        # a stack of rows times one matrix (a Linear layer on a batch of sequences, a convolution's
+        # columns times its weight): one product of all the rows, not one per batch entry over
+        # copies of the matrix -- and its gradient one product over every row, not a sum of
+        # per-entry products (each output's own sum over k is the same either way)
+        rows = reshape(a2, (-1, a2.shape[-1]))
+        out = reshape(bind(matmul_p, rows, b2, **params), batch + (a2.shape[-2], b2.shape[-1]))
+        return reshape(out, out.shape[:-1]) if b.ndim == 1 else out
     a2 = broadcast_to(a2, batch + a2.shape[-2:])
     b2 = broadcast_to(b2, batch + b2.shape[-2:])
     out = bind(matmul_p, a2, b2, **params)

@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import ArgumentError, ShapeError
 from ..validate import check_int, check_sequence, describe
 from .operands import as_floating, as_var, constant, promote
-from .api import (MAX_PAD, add, concatenate, matmul, max, mean, pad, reshape, slice, stack,
+from .api import (MAX_PAD, add, broadcast_to, concatenate, matmul, max, mean, pad, reshape, slice, stack,
     transpose, where)
 
 
@@ -90,7 +90,10 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     # columns: (N, C, kh*kw, Ho*Wo) -> (N, Ho*Wo, C*kh*kw)
     cols = stack([reshape(t, (n, c, ho * wo)) for t in taps], axis=2)
     cols = transpose(reshape(cols, (n, c * kh * kw, ho * wo)), (0, 2, 1))
-    out = matmul(cols, transpose(reshape(weight, (o, c * kh * kw))))   # (N, Ho*Wo, O)
+    # one product per image, each reading its columns transposed where the taps put them (one
+    # product over every pixel of the batch would first copy them into rows: slower, measured)
+    kernel = transpose(reshape(weight, (o, c * kh * kw)))
+    out = matmul(cols, broadcast_to(kernel, (n,) + kernel.shape))      # (N, Ho*Wo, O)
     out = reshape(transpose(out, (0, 2, 1)), (n, o, ho, wo))
     if bias is not None:
         out = add(out, reshape(as_var(bias), (1, o, 1, 1)))

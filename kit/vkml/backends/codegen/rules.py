@@ -388,7 +388,7 @@ C_RULES = {
     "transpose": View(_transpose, read_in_place=True),
     "slice": View(_slice),
     "flip": View(_flip),
-    "reshape": View(_reshape),
+    "reshape": View(_reshape, read_in_place=True),
     "pad": View(_pad),
     "concatenate": Concatenation(),
     # loops of their own
