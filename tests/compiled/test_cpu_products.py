@@ -271,3 +271,39 @@ def test_vkml_fma_0_gives_the_plain_loops_bits_and_the_mode_is_part_of_the_cache
         monkeypatch.setenv("VKML_FMA", "yes")
         with pytest.raises(vkml.ArgumentError, match="VKML_FMA"):
             vkml.jit(lambda a, b: a @ b)(*big)
+
+
+def test_rows_times_one_matrix_is_one_product_over_every_row():
+    """A Linear layer on a batch of sequences, ``x (B, T, in) @ w.T``: one product of all B*T
+    rows (not B products over B copies of the weight), and its weight gradient one product over
+    every row (not B products summed).  The forward has the index order's bits of the 2-D
+    product; the gradient agrees with float64 NumPy and with central differences."""
+    x, w = _operands(np.float32, (6, 40, 30), (20, 30), seed=31)
+    x, w = x / np.abs(x).max(), w / np.abs(w).max()        # (finite differences need O(1) values)
+
+    def loss(x, w):
+        return vkml.sum((x @ vkml.swapaxes(w, -1, -2)) ** 2)
+
+    grad_program = vkml.program(vkml.grad(loss, argnums=(0, 1)), x, w)
+    source, low = cpu.c_source(grad_program)
+    calls = [line for line in source.splitlines() if "vk_gemm_float(" in line and "LL," in line]
+    assert len(calls) == 3                                   # forward, dx, dw
+    assert not any(v.shape == (6, 30, 20) or v.shape == (6, 20, 30) for v in low.temp_vars)
+    shapes = {tuple(int(t.strip()[:-2]) for t in call.split("(", 1)[1].split(",")[:3])
+              for call in calls}
+    # (M, N, K): forward 240 x 20 x 30, input gradient 240 x 30 x 20, weight gradient 20 x 30 x 240
+    assert shapes == {(240, 20, 30), (240, 30, 20), (20, 30, 240)}, shapes
+    with vkml.use_backend("cpu"):
+        value = np.asarray(vkml.jit(lambda x, w: x @ vkml.swapaxes(w, -1, -2))(x, w))
+        dx, dw = (np.asarray(g) for g in vkml.jit(vkml.grad(loss, argnums=(0, 1)))(x, w))
+    assert _same_bits(value, index_order(x.reshape(240, 30), np.ascontiguousarray(w.T))
+                      .reshape(6, 40, 20))
+    y = x.astype(np.float64) @ w.T.astype(np.float64)
+    np.testing.assert_allclose(dw, 2 * np.einsum("btj,bti->ji", y, x), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(dx, 2 * y @ w.astype(np.float64), rtol=1e-4, atol=1e-5)
+    x64, w64 = x.astype(np.float64), w.astype(np.float64)
+    for j, i in ((0, 0), (7, 11), (19, 29)):
+        e = np.zeros_like(w64)
+        e[j, i] = 1e-6
+        numeric = (np.sum((x64 @ (w64 + e).T) ** 2) - np.sum((x64 @ (w64 - e).T) ** 2)) / 2e-6
+        assert abs(dw[j, i] - numeric) <= 1e-3 * max(1.0, abs(numeric)), (j, i)
