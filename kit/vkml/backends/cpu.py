@@ -151,6 +151,7 @@ from .codegen.gemm import library_source
 from .codegen.lower import Lowering, Unsupported, may_fail, overwritable
 from .codegen.products import transposed_products
 from .codegen.sample_loops import LoopSpec, forward_source, reverse_source
+from .codegen.threaded_nests import THREADED_MARKER
 from .codegen.vector_nests import SIMD_MARKER, VECTOR_MATH, calls_any
 from .interrupts import NEVER, Armed, interrupted
 from .numpy_backend import compile_program as compile_numpy
@@ -453,7 +454,8 @@ def c_source(program, vector_math=(), blocks=True, split=True):
     low.may_fail = may_fail(stmts)
     return render(low, stmts, len(ins), [v.dtype for v in program.inputs],
                   len(outs), [v.dtype for v in program.outputs], data_offset=DATA_OFFSET,
-                  vector_math=vector_math, blocks=blocks, split=split), low
+                  vector_math=vector_math, blocks=blocks, split=split,
+                  threads=low.gemm_threads), low
 
 
 def _lowered(program, sites, scalars_in_locals):
@@ -1044,7 +1046,8 @@ class CpuBackend(Backend):
                 return None
         imports = {}
         try:
-            lib = _built(source, ["-fopenmp-simd"] if vector else [],
+            flags = ["-fopenmp"] if THREADED_MARKER in source else ["-fopenmp-simd"] if vector else []
+            lib = _built(source, flags,
                          (lambda data: imports.update(math_imports(data, math))) if vector else None)
         except BackendError:
             if not split or "vk_part0(" not in source:

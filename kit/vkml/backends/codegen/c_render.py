@@ -32,6 +32,7 @@ from .libm import declarations
 from .lower import CTYPE, IDENTIFIER
 from .gemm import pointer_declarations
 from .statements import Block, If, Loop, While
+from .threaded_nests import threaded
 from .vector_nests import lane_calls, simd_declarations, vectorised
 
 # No #include: parsing system headers is most of a small compile's time, so the few
@@ -96,14 +97,15 @@ CSIZE = {"double": 8, "float": 4, "int64_t": 8, "int32_t": 4, "int8_t": 1, "uint
 
 
 def render(lowering, stmts, n_in, in_types, n_out, out_types, name="vk_main", data_offset=None,
-           vector_math=(), blocks=True, split=True):
+           vector_math=(), blocks=True, split=True, threads=1):
     """The program as C: ``name(in, out, info, vk_stop)`` over data pointers, its temporaries
     malloc'ed and freed per call; with ``data_offset`` (where a NumPy array object keeps its data
     pointer) also ``vk_objs`` (see :func:`_objects_entry`).  ``vector_math``: libm functions
     whose calls run in vector blocks in elementwise loop nests and through lane functions
     elsewhere (``vector_nests``; the source then needs ``-fopenmp-simd``); without ``blocks``,
     through lane functions everywhere.  ``split``: a long body may be compiled as part
-    functions (:func:`split_body`)."""
+    functions (:func:`split_body`).  ``threads``: big parallel nests split over that many
+    OpenMP threads (``threaded_nests``; the source then needs ``-fopenmp``)."""
     # the products call the GEMM library through pointers (``gemm.library_source``)
     lines = [prelude()] + ([pointer_declarations(sorted(lowering.gemm_types))]
                            if lowering.gemm_types else [])
@@ -112,6 +114,7 @@ def render(lowering, stmts, n_in, in_types, n_out, out_types, name="vk_main", da
     buffers.update({tname: ctype for tname, ctype, _ in lowering.temps})
     stmts, block_functions = vectorised(stmts, vector_math, buffers) if blocks else (stmts, [])
     stmts, lanes = lane_calls(stmts, vector_math)
+    stmts = threaded(stmts, threads)
     if block_functions or lanes:
         lines += simd_declarations(vector_math)
     lines += lowering.statics

@@ -95,7 +95,7 @@ from dataclasses import dataclass, field
 
 from ...ir import Program
 from .c_render import template
-from .lower import CTYPE, Lowering, Unsupported, linear_index
+from .lower import CTYPE, Lowering, Unsupported, linear_index, mark_parallel as _mark
 from .rules import C_RULES, Statement
 from .statements import Block, If, Loop, Matmul, SampleLoop, TreeChunks, While
 
@@ -130,17 +130,6 @@ NVCC_FLAGS = ["-fmad=false", "-prec-div=true", "-prec-sqrt=true", "-ftz=false"]
 
 
 # -- annotating the lowering ----------------------------------------------------------------------
-
-def _mark(stmts, depth):
-    """Mark the outer ``depth`` loops of each loop nest in ``stmts`` as parallel (independent)."""
-    for s in stmts:
-        loop, d = s, 0
-        while isinstance(loop, Loop) and d < depth:
-            loop.parallel = True
-            d += 1
-            loop = loop.body[0] if len(loop.body) == 1 else None
-    return stmts
-
 
 class CudaLowering(Lowering):
     """The shared lowering, with loops marked parallel where each element is independent.

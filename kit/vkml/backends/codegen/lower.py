@@ -126,6 +126,20 @@ def calls_pattern(names):
         if names else None
 
 
+def mark_parallel(stmts, depth):
+    """Mark the outer ``depth`` loops of each loop nest in ``stmts`` as parallel (every iteration
+    independent of the others: each stores its own elements and reads none another stores), what
+    a renderer may spread over threads -- CUDA's grids, the cpu tier's OpenMP threads
+    (``threaded_nests``)."""
+    for s in stmts:
+        loop, d = s, 0
+        while isinstance(loop, Loop) and d < depth:
+            loop.parallel = True
+            d += 1
+            loop = loop.body[0] if len(loop.body) == 1 else None
+    return stmts
+
+
 def linear_index(idx, shape):
     """The C expression of the flat offset of index expressions ``idx`` in a C-contiguous buffer
     of ``shape`` (shared by the C and CUDA lowerings and the rules table)."""
@@ -321,7 +335,7 @@ class Lowering:
             body = [Block(checks(idx) + body)]
         for var, extent in reversed(list(zip(idx, shape))):
             body = [Loop(var, extent, body)]
-        return body
+        return mark_parallel(body, len(shape))
 
     # -- one equation ---------------------------------------------------------------------------
     def eqn(self, e, env, targets):
@@ -408,7 +422,7 @@ class Lowering:
                        [f"{target}[{linear_index(oidx, out.shape)}] = {self.tree_fold(out.dtype, st, total)};"])]
         for v, extent in reversed(list(zip(oidx, out.shape))):
             body = [Loop(v, extent, body)]
-        return body
+        return mark_parallel(body, out.ndim)
 
     def _column_trees(self, e, env, target):
         """A float sum keeping its operand's last axis (a bias's gradient: the sum over a
@@ -474,7 +488,7 @@ class Lowering:
         body = [Block(body)]
         for v, extent in reversed(list(zip(oidx, out.shape))):
             body = [Loop(v, extent, body)]
-        return body
+        return mark_parallel(body, out.ndim)
 
     def _lower_argmax(self, e, env, targets):
         x, out = e.inputs[0], e.outputs[0]
@@ -914,7 +928,7 @@ class _LoopGroup:
         nest = self.body
         for var, extent in reversed(list(zip(self.idx, self.shape))):
             nest = [Loop(var, extent, nest)]
-        stmts += nest
+        stmts += mark_parallel(nest, len(self.shape))   # (what joins reads only its own element)
         self.writes = [target]
 
     def _store(self, e, env, target, idx):

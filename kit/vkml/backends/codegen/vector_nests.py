@@ -114,7 +114,10 @@ def vectorised(stmts, names, ctypes):
                     all(b in types for b in nest.buffers()):
                 name = f"vk_block{len(functions)}"
                 functions.append(nest.block_function(name, types, calls))
-                out.append(nest.calls(name, types))
+                call = nest.calls(name, types)
+                if isinstance(call, Loop):
+                    call.parallel = s.parallel         # (its blocks as independent as the elements)
+                out.append(call)
             elif isinstance(s, (Loop, Block, If, While)):   # a scan's steps: the nests inside
                 before = len(functions)
                 body = walk(s.body)

@@ -1,0 +1,82 @@
+"""The cpu tier's big loop nests split over threads, with the bits of one thread.
+
+A nest the lowering marked parallel (``Loop.parallel``: an elementwise or movement store, a
+reduction's per-output loops) computes each element on its own -- an element's value, and the
+order of the additions of a sum, never depend on which iterations run beside it -- so running its
+iterations on several threads changes no bit, whatever their number.  Only top-level nests
+are split (a scan's steps run in turn), only those with at least :data:`THREAD_MIN_WORK`
+iterations of their innermost statements (below it, waking the threads costs more than they
+save), and never one that may leave the function early (a check's ``goto``) or calls a helper
+that splits its own work (a product's GEMM).  The split nest is preceded by an OpenMP
+``parallel for`` over its outer parallel loops (the innermost elementwise loop stays whole, for
+the vectoriser); the program is then built with ``-fopenmp``.
+"""
+
+from __future__ import annotations
+
+from .statements import Block, HelperCall, If, Loop, While
+
+#: the fewest innermost iterations of a nest split over threads (a 128 x 128 elementwise nest has
+#: 16384 and takes a few microseconds: about what starting the threads costs)
+THREAD_MIN_WORK = 1 << 15
+
+#: what marks a program whose nests are split over threads (it needs ``-fopenmp``)
+THREADED_MARKER = "#pragma omp parallel for"
+
+
+def threaded(stmts, threads):
+    """``stmts`` (a program's top-level statements) with each big parallel nest wrapped in a
+    block whose OpenMP pragma splits its outer loops over ``threads`` threads; as they are for
+    one thread."""
+    if threads <= 1:
+        return stmts
+    out = []
+    for s in stmts:
+        split = _collapsed(s, threads) if isinstance(s, Loop) and s.parallel else 0
+        if split:
+            pragma = f"{THREADED_MARKER} collapse({split}) num_threads({threads}) schedule(static)"
+            out.append(Block([pragma, s]))
+        else:
+            out.append(s)
+    return out
+
+
+def _collapsed(nest, threads) -> int:
+    """How many outer loops of ``nest`` to split over ``threads`` threads (0: none)."""
+    loops = []
+    loop = nest
+    while isinstance(loop, Loop) and loop.parallel and isinstance(loop.extent, int):
+        loops.append(loop)
+        loop = loop.body[0] if len(loop.body) == 1 else None
+    if not loops or not _may_split(nest) or _work(nest) < THREAD_MIN_WORK:
+        return 0
+    innermost = loops[-1]
+    depth = len(loops)
+    if depth > 1 and all(isinstance(line, str) for line in innermost.body):
+        depth -= 1                    # (the elementwise innermost loop stays whole: SIMD)
+    iterations = 1
+    for loop in loops[:depth]:
+        iterations *= loop.extent
+    return depth if iterations >= 2 * threads else 0
+
+
+def _work(s) -> int:
+    """Innermost statements ``s`` runs (a loop: its extent times its body's)."""
+    if isinstance(s, str):
+        return 1
+    if isinstance(s, Loop):
+        return (s.extent if isinstance(s.extent, int) else 1) * max(1, sum(map(_work, s.body)))
+    if isinstance(s, (Block, If, While)):
+        return max(1, sum(map(_work, s.body)))
+    return 1
+
+
+def _may_split(s) -> bool:
+    """Whether ``s`` never leaves the function early nor calls a helper with threads of its own."""
+    if isinstance(s, HelperCall):
+        return False
+    if isinstance(s, str):
+        return "goto " not in s and "return" not in s and "break;" not in s
+    if isinstance(s, (Loop, Block, If, While)):
+        return all(_may_split(b) for b in s.body) and _may_split(getattr(s, "test", ""))
+    return False
