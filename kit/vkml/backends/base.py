@@ -58,9 +58,10 @@ def cores() -> int:
 
 
 def product_threads() -> int:
-    """Threads the cpu tier's big matrix products split their rows over: ``VKML_THREADS`` when
-    it is set, else every core (as NumPy's BLAS, PyTorch and JAX do).  Each output is still one
-    thread's sum in index order, so the bits are the one-thread bits.  (A graph's samples and a
+    """Threads the cpu tier's big matrix products split their rows over, and its programs' big
+    loop nests their elements: ``VKML_THREADS`` when it is set, else every core (as NumPy's
+    BLAS, PyTorch and JAX do).  Each output is still one thread's sum in index order (a
+    reduction's, its fixed tree), so the bits are the one-thread bits.  (A graph's samples and a
     simulation's loops stay on one thread unless ``VKML_THREADS`` says otherwise: one thread
     runs a graph's launch and reverse as single fused programs, which more threads would split
     node by node.)"""

@@ -950,10 +950,10 @@ def _has_loop(program) -> bool:
 
 
 def gemm_threads() -> int:
-    """The threads big products split their rows over (``base.product_threads``: every core
-    unless ``VKML_THREADS`` says otherwise; read when a program is compiled) where GCC builds it
-    with OpenMP; 1 otherwise.  The bits do not change: each output is computed by one thread,
-    in index order."""
+    """The threads big products split their rows over, and a program's big loop nests their
+    elements (``threaded_nests``) (``base.product_threads``: every core unless ``VKML_THREADS``
+    says otherwise; read when a program is compiled) where GCC builds it with OpenMP; 1
+    otherwise.  The bits do not change: each output is computed by one thread, in index order."""
     cc = compiler()
     return product_threads() if cc is not None and is_gcc(cc) else 1
 
