@@ -44,7 +44,7 @@ void* malloc(unsigned long); void free(void*);
 #define NAN (__builtin_nanf(""))
 #define INFINITY (__builtin_inff())
 
-#define VK_FN static inline
+#define VK_FN static inline __attribute__((always_inline))
 """ + declarations()
 
 

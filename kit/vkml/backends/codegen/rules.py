@@ -122,6 +122,65 @@ class Statement:
         return True
 
 
+#: the most elements a float sum or max may reduce per output and still be an expression
+#: (``SmallReduction``): a pooling window of 2 x 2, a softmax over 8
+SMALL_REDUCTION = 8
+
+
+class SmallReduction(Statement):
+    """``reduce_sum`` / ``reduce_max`` (``lower``: the general loop per output).  A float one over
+    at most :data:`SMALL_REDUCTION` elements per output -- a pooling window, the tie count of
+    its gradient -- is an expression of those elements instead, in the very order the loop
+    takes them: the sum the canonical tree padded with zeros (``(x0 + x1) + (x2 + 0)`` for three:
+    the +0.0 the loop's fold adds, so -0.0 comes out alike), the max the loop's comparisons one
+    after another (``vk_max``: NaN wins, the first of equals stays).  As an expression it is
+    computed in the nests around it, which vectorise, rather than in a scalar loop of a few
+    iterations per output; its operand is stored (read at several elements per output)."""
+
+    def __init__(self, loops, combine):
+        super().__init__(self._lower)
+        self.loops, self.combine = loops, combine           # combine: "sum" or "max"
+
+    def _small(self, e):
+        x = e.inputs[0]
+        total = 1
+        for a in e.params["axes"]:
+            total *= x.shape[a]
+        return x.dtype.kind == "f" and x.dtype in CTYPE and 0 < total <= SMALL_REDUCTION
+
+    def fusible(self, e):
+        return self._small(e)
+
+    def _lower(self, low, e, env, targets):
+        if not self._small(e):
+            return self.loops(low, e, env, targets)
+        return low.store(e.outputs[0].shape, targets[0], lambda idx: env.expr(e, idx))
+
+    def expression(self, env, e, idx):
+        x, axes = e.inputs[0], sorted(e.params["axes"])
+        kept = iter(idx)
+        full = [None if a in axes else next(kept) for a in range(x.ndim)]
+        leaves = []                      # the reduced elements in row-major order
+        for at in np.ndindex(*[x.shape[a] for a in axes]):
+            sub = list(full)
+            for a, k in zip(axes, at):
+                sub[a] = str(k)
+            leaves.append(env.read(x, sub))
+        t = CTYPE[x.dtype]
+        if self.combine == "max":
+            acc = leaves[0]
+            for leaf in leaves[1:]:
+                acc = f"vk_max_{t}({acc}, {leaf})"
+            return acc
+        zero = "0.0f" if t == "float" else "0.0"
+        size = 1 << (len(leaves) - 1).bit_length()
+        level = leaves + [None] * (size - len(leaves))
+        while len(level) > 1:
+            level = [None if a is None else f"({a} + {zero})" if b is None else f"({a} + {b})"
+                     for a, b in zip(level[::2], level[1::2])]
+        return level[0]
+
+
 class Product(Statement):
     """The ``matmul`` rule: one GEMM call (``products``) for a big float product where the
     lowering allows it (``Lowering.gemm``: the C tier's programs), else the plain loops.  Only
@@ -392,8 +451,8 @@ C_RULES = {
     "pad": View(_pad),
     "concatenate": Concatenation(),
     # loops of their own
-    "reduce_sum": Statement(Lowering._lower_reduce_sum),
-    "reduce_max": Statement(Lowering._lower_reduce_max),
+    "reduce_sum": SmallReduction(Lowering._lower_reduce_sum, "sum"),
+    "reduce_max": SmallReduction(Lowering._lower_reduce_max, "max"),
     "argmax": Statement(Lowering._lower_argmax),
     "matmul": Product(Lowering._lower_matmul),
     "gather": Statement(Lowering._lower_gather),
