@@ -223,3 +223,29 @@ def test_a_failure_in_a_rewritten_program_names_the_equation_that_failed():
         got = g(x, w, np.array([5, 299])).numpy()
     with vkml.use_backend("numpy"):
         np.testing.assert_allclose(got, vkml.jit(f)(x, w, np.array([5, 299])).numpy(), rtol=1e-12)
+
+
+def test_a_cheap_value_read_by_several_nests_is_computed_again_not_stored():
+    """``y = x * 3 + 1`` read by two reductions' operands: computed in each of their nests (two
+    operations each time) rather than stored and read back -- the same bits, one buffer of
+    x's size fewer; an expensive value (an exp) read twice is still stored once."""
+    x = np.random.default_rng(4).standard_normal((300, 200)).astype(np.float32)
+
+    def cheap(x):
+        y = x * 3.0 + 1.0
+        return vkml.sum(y * y, axis=1), vkml.max(y - 2.0, axis=1)
+
+    def costly(x):
+        y = vkml.exp(x)
+        return vkml.sum(y * y, axis=1), vkml.max(y - 2.0, axis=1)
+
+    for fn, stored in ((cheap, 2), (costly, 3)):
+        _, low = cpu.c_source(vkml.program(fn, x))
+        assert sum(v.shape == x.shape for v in low.temp_vars) == stored, fn.__name__
+    with vkml.use_backend("numpy"):
+        want = [np.asarray(w) for w in vkml.jit(cheap)(x)]
+    with vkml.use_backend("cpu"):
+        got = [np.asarray(g) for g in vkml.jit(cheap)(x)]
+    assert [g.tobytes() for g in got] == [w.tobytes() for w in want]
+    np.testing.assert_allclose(got[0], ((x.astype(np.float64) * 3 + 1) ** 2).sum(axis=1),
+                               rtol=1e-5)

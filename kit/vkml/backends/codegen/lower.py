@@ -44,6 +44,18 @@ TREE_BLOCK = 8
 #: the longest chain of inlined expressions before a value is stored
 MAX_INLINE_DEPTH = 32
 
+#: the cheap steps a value read several times may be computed again for in each reader
+#: (``Lowering._recomputed``): no libm call, no division
+RECOMPUTED = frozenset({"add", "sub", "mul", "neg", "max", "min", "where", "cast", "eq", "ne",
+                        "lt", "le", "gt", "ge"})
+#: ... with at most this many operations in the recomputed expression (a view of a value,
+#: a constant broadcast, costs none)
+MAX_RECOMPUTE_COST = 3
+#: the views that cost nothing to read through
+FREE_VIEWS = frozenset({"broadcast_in_dim", "reshape", "transpose"})
+#: ... read by at most this many equations
+MAX_RECOMPUTE_USES = 3
+
 
 class Unsupported(Exception):
     """A program this lowering cannot compile; the backend runs it on NumPy instead."""
@@ -124,6 +136,11 @@ def calls_pattern(names):
     the name), or None when there are none."""
     return re.compile(r"(?<![\w])(" + "|".join(sorted(map(re.escape, names))) + r")\(") \
         if names else None
+
+
+def _step_cost(e) -> int:
+    """The operations equation ``e`` adds to an inlined expression (a free view: none)."""
+    return 0 if e.prim.name in FREE_VIEWS else 1
 
 
 def mark_parallel(stmts, depth):
@@ -238,6 +255,18 @@ class Lowering:
                 free.add(out)
         return free
 
+    def _recomputed(self, e, uses, cost) -> bool:
+        """Whether ``e``'s value, read by several equations, is computed again in each reader
+        instead of stored: a cheap arithmetic step (:data:`RECOMPUTED`, at most
+        :data:`MAX_RECOMPUTE_COST` operations with the values inlined into it) read by at most
+        :data:`MAX_RECOMPUTE_USES`.  A training step's elementwise work is bound by memory --
+        an intermediate stored and read back costs more than its multiply computed again in
+        each nest that reads it -- and the value computed again is the same value, bit for
+        bit."""
+        return self.fuse_loops and e.prim.name in RECOMPUTED and \
+            uses.get(e.outputs[0], 0) <= MAX_RECOMPUTE_USES and \
+            _step_cost(e) + sum(cost.get(v, 0) for v in e.inputs) <= MAX_RECOMPUTE_COST
+
     def program(self, prog: Program, in_ptrs, out_ptrs):
         """Statements computing ``prog`` from buffers ``in_ptrs`` into buffers ``out_ptrs``."""
         self.depth += 1
@@ -285,6 +314,7 @@ class Lowering:
                     stmts.append(f"const {CTYPE[v.dtype]} {p}_s = {p}[0];")
                     env.scalars[v] = f"{p}_s"
         depth = {}
+        cost = {}                # the operations an inlined value's expression holds
         group = None             # the loop nest elementwise results join (``fuse_loops``)
         for k, e in enumerate(prog.eqns):
             if self.depth == 1:
@@ -292,13 +322,15 @@ class Lowering:
             rule = self.rules.get(e.prim.name)
             inline = all(o not in outputs for o in e.outputs) and len(e.outputs) == 1 and \
                 rule is not None and rule.fusible(e) and e.outputs[0] not in stored and \
-                (uses.get(e.outputs[0], 0) == 1 or e.outputs[0] in self.free_transposes)
+                (uses.get(e.outputs[0], 0) == 1 or e.outputs[0] in self.free_transposes or
+                 self._recomputed(e, uses, cost))
             if inline:
                 # a long chain is cut into stored pieces, so one expression stays of modest size
                 d = 1 + max((depth.get(v, 0) for v in e.inputs), default=0)
                 inline = d <= MAX_INLINE_DEPTH
             if inline:
                 depth[e.outputs[0]] = d
+                cost[e.outputs[0]] = _step_cost(e) + sum(cost.get(v, 0) for v in e.inputs)
                 env.inline.add(e.outputs[0])
                 continue
             targets = []
