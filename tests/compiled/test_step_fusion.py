@@ -162,7 +162,7 @@ def test_an_adam_update_is_one_loop_nest_per_parameter(monkeypatch):
 
 def test_a_result_read_at_another_element_gets_a_nest_of_its_own(monkeypatch):
     def f(x):
-        y = x * 2.0 + 1.0
+        y = x / 2.0 + 1.0          # (a division: stored, not computed again in each reader)
         return vkml.flip(y, 0) + y, y * 3.0, (x * x).sum() * 2.0
     x = np.linspace(-1.0, 1.0, 1001)
     source, _ = cpu.c_source(vkml.program(f, x))

@@ -139,8 +139,10 @@ def calls_pattern(names):
 
 
 def _step_cost(e) -> int:
-    """The operations equation ``e`` adds to an inlined expression (a free view: none)."""
-    return 0 if e.prim.name in FREE_VIEWS else 1
+    """The operations equation ``e`` adds to an inlined expression: a free view none, a cheap
+    step one, anything else (a division, a libm call) more than a recomputed value may hold."""
+    return 0 if e.prim.name in FREE_VIEWS else 1 if e.prim.name in RECOMPUTED else \
+        MAX_RECOMPUTE_COST + 1
 
 
 def mark_parallel(stmts, depth):
