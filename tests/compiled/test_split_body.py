@@ -108,3 +108,32 @@ def test_a_split_body_that_does_not_compile_is_built_whole(monkeypatch):
     assert any("vk_part" not in s and "vk_main_body" in s for s in sources)   # then whole
     for w, g in zip(whole, got):
         assert w.tobytes() == g.tobytes()
+
+
+def test_a_long_body_on_two_threads_compiles_as_two_units_side_by_side(monkeypatch, tmp_path):
+    """With two threads allowed, the last half of the part functions is a compilation unit of
+    its own (the two compilers run at once, then one link): the bits of one unit, an error in
+    a part of the second unit reported as before."""
+    monkeypatch.setenv("VKML_THREADS", "1")
+    one, one_sources = _run(monkeypatch, True, _arguments())
+    monkeypatch.setenv("VKML_THREADS", "2")         # (``_run`` undid the fixture's cache too)
+    monkeypatch.setenv("VKML_CACHE_DIR", str(tmp_path / "two"))
+    commands = []
+    real = cpu._run_compiler
+    monkeypatch.setattr(cpu, "_run_compiler",
+                        lambda cmds, size: commands.append(cmds) or real(cmds, size))
+    two, two_sources = _run(monkeypatch, True, _arguments())
+    assert all(len(c_render.units_of(s)) == 1 for s in one_sources)
+    assert max(len(c_render.units_of(s)) for s in two_sources) == 2
+    assert [len(c) for c in commands[:2]] == [2, 1]                    # two compiles, a link
+    for a, b in zip(one, two):
+        assert a.tobytes() == b.tobytes()
+    monkeypatch.setattr(c_render, "SPLIT_BYTES", 1)
+    monkeypatch.setattr(c_render, "PART_BYTES", 1)
+    monkeypatch.setenv("VKML_THREADS", "2")
+    monkeypatch.setenv("VKML_CACHE_DIR", str(tmp_path / "error"))
+    vkml.clear_caches()
+    x, w, s, _ = _arguments()
+    with vkml.use_backend("cpu"):
+        with pytest.raises(vkml.VkmlError, match="take|index"):
+            vkml.jit(_long)(x, w, s, np.array([1, 2, 300, 4]))

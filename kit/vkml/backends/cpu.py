@@ -146,7 +146,8 @@ from ..stats import STATS
 from . import disk_cache
 from .base import Backend, ExecutionFailure, check_sizes, failure_error, product_threads, register
 from .codegen.libm import INEXACT_PRIMITIVES
-from .codegen.c_render import ALLOCATION_FAILED, INTERRUPTED, POLL, prelude, render, scratch_layout
+from .codegen.c_render import (ALLOCATION_FAILED, INTERRUPTED, POLL, prelude, render,
+                               scratch_layout, units_of)
 from .codegen.gemm import library_source
 from .codegen.lower import Lowering, Unsupported, may_fail, overwritable
 from .codegen.products import transposed_products
@@ -372,39 +373,60 @@ def _load(data: bytes, folder) -> ctypes.CDLL:
 COMPILE_NOTE_AFTER = 1.0
 
 
-def _run_compiler(command, size) -> subprocess.CompletedProcess:
-    """``command`` run to the end; one that takes longer than ``COMPILE_NOTE_AFTER`` seconds
-    is announced on stderr where progress is shown (in a notebook, or ``VKML_PROGRESS=1``),
-    with its time when it ends: the first call of a big program is not a silent wait."""
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True) as proc:
-        try:
-            try:
-                out, err = proc.communicate(timeout=COMPILE_NOTE_AFTER)
-            except subprocess.TimeoutExpired:
-                note = progress_enabled()
-                if note:
-                    sys.stderr.write(f"vkml: compiling a new program ({size // 1024} KB of C) "
-                                     "...\n")
-                start = time.perf_counter() - COMPILE_NOTE_AFTER
-                out, err = proc.communicate()
-                if note:
-                    sys.stderr.write(f"vkml: compiled in {time.perf_counter() - start:.1f} s "
-                                     "(kept in the disk cache: next time it loads at once)\n")
-        except BaseException:          # Ctrl-C while compiling: the compiler stops too
+def _run_compiler(commands, size) -> subprocess.CompletedProcess:
+    """``commands`` (compiler runs, side by side) run to the end: the first that fails, else the
+    last.  A compile that takes longer than ``COMPILE_NOTE_AFTER`` seconds is announced on stderr
+    where progress is shown (in a notebook, or ``VKML_PROGRESS=1``), with its time when it ends:
+    the first call of a big program is not a silent wait."""
+    procs = []
+    try:
+        for command in commands:
+            procs.append(subprocess.Popen(command, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True))
+        start, note, results = time.perf_counter(), None, []
+        for proc in procs:
+            while True:
+                try:
+                    left = max(0.0, start + COMPILE_NOTE_AFTER - time.perf_counter())
+                    out, err = proc.communicate(timeout=None if note is not None else left)
+                    break
+                except subprocess.TimeoutExpired:
+                    note = progress_enabled()
+                    if note:
+                        sys.stderr.write(f"vkml: compiling a new program ({size // 1024} KB of "
+                                         "C) ...\n")
+            results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+        if note:
+            sys.stderr.write(f"vkml: compiled in {time.perf_counter() - start:.1f} s "
+                             "(kept in the disk cache: next time it loads at once)\n")
+    except BaseException:          # Ctrl-C while compiling: the compilers stop too
+        for proc in procs:
             proc.kill()
-            raise
-        return subprocess.CompletedProcess(command, proc.returncode, out, err)
+            proc.wait()
+        raise
+    return next((r for r in results if r.returncode != 0), results[-1])
 
 
 def _compile_c(cc, flags, source, folder) -> bytes:
     """The shared library the C compiler makes of ``source`` in a scratch folder inside ``folder``,
-    as bytes (counted as a compile)."""
+    as bytes (counted as a compile).  A source of several units (``c_render.units_of``: a long
+    program's part functions) has each compiled by its own compiler, side by side, then linked."""
     with tempfile.TemporaryDirectory(prefix=".build-", dir=folder) as work:
-        src, out = os.path.join(work, "vk.c"), os.path.join(work, "vk.so")
-        with open(src, "w") as f:
-            f.write(source)
-        proc = _run_compiler([cc] + flags + ["-o", out, src, "-lm"], len(source))
+        out = os.path.join(work, "vk.so")
+        units = units_of(source)
+        sources = [os.path.join(work, f"vk{k}.c") for k in range(len(units))]
+        for path, text in zip(sources, units):
+            with open(path, "w") as f:
+                f.write(text)
+        if len(units) == 1:
+            commands = [[cc] + flags + ["-o", out, sources[0], "-lm"]]
+        else:
+            objects = [path[:-2] + ".o" for path in sources]
+            commands = [[cc] + [f for f in flags if f != "-shared"] + ["-c", "-o", o, path]
+                        for path, o in zip(sources, objects)]
+        proc = _run_compiler(commands, len(source))
+        if proc.returncode == 0 and len(units) > 1:
+            proc = _run_compiler([[cc] + flags + ["-o", out] + objects + ["-lm"]], 0)
         if proc.returncode != 0:
             error = BackendError(f"the C compiler failed on generated code:\n{proc.stderr[-2000:]}")
             raise error from disk_cache.fault_in_message(proc.stderr, work)
@@ -455,7 +477,7 @@ def c_source(program, vector_math=(), blocks=True, split=True):
     return render(low, stmts, len(ins), [v.dtype for v in program.inputs],
                   len(outs), [v.dtype for v in program.outputs], data_offset=DATA_OFFSET,
                   vector_math=vector_math, blocks=blocks, split=split,
-                  threads=low.gemm_threads), low
+                  threads=low.gemm_threads, units=min(2, low.gemm_threads)), low
 
 
 def _lowered(program, sites, scalars_in_locals):

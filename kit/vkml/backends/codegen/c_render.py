@@ -97,7 +97,7 @@ CSIZE = {"double": 8, "float": 4, "int64_t": 8, "int32_t": 4, "int8_t": 1, "uint
 
 
 def render(lowering, stmts, n_in, in_types, n_out, out_types, name="vk_main", data_offset=None,
-           vector_math=(), blocks=True, split=True, threads=1):
+           vector_math=(), blocks=True, split=True, threads=1, units=1):
     """The program as C: ``name(in, out, info, vk_stop)`` over data pointers, its temporaries
     malloc'ed and freed per call; with ``data_offset`` (where a NumPy array object keeps its data
     pointer) also ``vk_objs`` (see :func:`_objects_entry`).  ``vector_math``: libm functions
@@ -105,7 +105,9 @@ def render(lowering, stmts, n_in, in_types, n_out, out_types, name="vk_main", da
     elsewhere (``vector_nests``; the source then needs ``-fopenmp-simd``); without ``blocks``,
     through lane functions everywhere.  ``split``: a long body may be compiled as part
     functions (:func:`split_body`).  ``threads``: big parallel nests split over that many
-    OpenMP threads (``threaded_nests``; the source then needs ``-fopenmp``)."""
+    OpenMP threads (``threaded_nests``; the source then needs ``-fopenmp``).  ``units``: a body
+    cut into part functions may be written as that many compilation units (:func:`units_of`),
+    which the compilers build side by side."""
     # the products call the GEMM library through pointers (``gemm.library_source``)
     lines = [prelude()] + ([pointer_declarations(sorted(lowering.gemm_types))]
                            if lowering.gemm_types else [])
@@ -147,6 +149,18 @@ def render(lowering, stmts, n_in, in_types, n_out, out_types, name="vk_main", da
         emit(stmts, lines, "    ")
     else:
         functions, passed = parts
+        apart = _apart(functions) if units > 1 else 0
+        if apart:
+            # the last parts in a unit of their own: the same header (the GEMM pointers read
+            # from the first unit), the functions visible to the first unit's body
+            header = lines[:head]
+            if lowering.gemm_types:
+                header[1] = pointer_declarations(sorted(lowering.gemm_types), extern=True)
+            second = [f.replace(_PART_HEAD, _SHARED_PART_HEAD, 1) for f in functions[-apart:]]
+            functions = functions[:-apart] + [
+                f"{_SHARED_PART_HEAD}{k}(void** in, void** out, int64_t* info, "
+                "const volatile int* vk_stop, void** vk_t);"
+                for k in range(len(functions) - apart, len(functions))]
         lines[head:head] = functions
         lines.append(f"    void* vk_t[{max(1, len(passed))}];")
         lines += [f"    vk_t[{k}] = {tname};" for k, tname in enumerate(passed)]
@@ -164,7 +178,33 @@ def render(lowering, stmts, n_in, in_types, n_out, out_types, name="vk_main", da
     lines.append("}")
     if data_offset is not None:
         lines += _objects_entry(n_in, n_out, 3 + len(lowering.warnings), data_offset)
+    if parts is not None and units > 1 and apart:
+        lines += [UNIT_MARKER] + header + second
     return "\n".join(lines) + "\n"
+
+
+#: the line between two compilation units of one program's source (:func:`units_of`)
+UNIT_MARKER = "//@vkml-unit"
+
+#: a part function's head, and the same visible to another unit of the program
+_PART_HEAD = "__attribute__((noinline)) static int vk_part"
+_SHARED_PART_HEAD = '__attribute__((noinline, visibility("hidden"))) int vk_part'
+
+
+def _apart(functions) -> int:
+    """How many of the last part functions go into a second unit: about half the C."""
+    total, tail = sum(map(len, functions)), 0
+    for k in range(len(functions) - 1, 0, -1):
+        tail += len(functions[k])
+        if tail * 2 >= total:
+            return len(functions) - k
+    return 0
+
+
+def units_of(source) -> list:
+    """The compilation units of a program's ``source``: one, or those :data:`UNIT_MARKER` lines
+    part (each compiles on its own; linked together they are the program)."""
+    return source.split("\n" + UNIT_MARKER + "\n")
 
 
 #: a program body whose statements' C is longer than this is compiled as several functions of
@@ -237,7 +277,7 @@ def split_body(stmts, in_types, out_types, temps):
     slot = {tname: k for k, tname in enumerate(shared)}
     functions = []
     for p, (run, used) in enumerate(zip(runs, used_by)):
-        lines = [f"__attribute__((noinline)) static int vk_part{p}(void** in, void** out, "
+        lines = [f"{_PART_HEAD}{p}(void** in, void** out, "
                  "int64_t* info, const volatile int* vk_stop, void** vk_t) {",
                  "    int err_ = 0; int* err = &err_; (void)err; (void)info; (void)vk_stop; "
                  "(void)in; (void)out; (void)vk_t;"]

@@ -527,9 +527,12 @@ def library_source(types=("float", "double"), fused=False) -> str:
     return gemm_c(types, fused) + exports
 
 
-def pointer_declarations(types) -> str:
+def pointer_declarations(types, extern=False) -> str:
     """What a program calling the GEMM library declares: ``vk_gemm_<T>`` as a pointer the
-    backend sets to the library's function when it loads the program (a call reads the same)."""
+    backend sets to the library's function when it loads the program (a call reads the same).
+    ``extern``: the declaration a second compilation unit of the program reads it through."""
+    if extern:
+        return "".join(f"extern void (*vk_gemm_{t})({_PARAMS.format(T=t)});\n" for t in types)
     return "".join(f"void (*vk_gemm_{t})({_PARAMS.format(T=t)}) = 0;\n" for t in types)
 
 
