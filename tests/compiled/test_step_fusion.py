@@ -229,7 +229,7 @@ def test_a_cheap_value_read_by_several_nests_is_computed_again_not_stored():
     """``y = x * 3 + 1`` read by two reductions' operands: computed in each of their nests (two
     operations each time) rather than stored and read back -- the same bits, one buffer of
     x's size fewer; an expensive value (an exp) read twice is still stored once."""
-    x = np.random.default_rng(4).standard_normal((300, 200)).astype(np.float32)
+    x = np.random.default_rng(4).standard_normal((300, 200)).astype(np.float32)   # (60,000)
 
     def cheap(x):
         y = x * 3.0 + 1.0

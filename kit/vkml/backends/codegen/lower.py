@@ -55,6 +55,8 @@ MAX_RECOMPUTE_COST = 3
 FREE_VIEWS = frozenset({"broadcast_in_dim", "reshape", "transpose"})
 #: ... read by at most this many equations
 MAX_RECOMPUTE_USES = 3
+#: ... of at least this many elements (smaller ones stay in the caches anyway)
+RECOMPUTE_MIN_SIZE = 1 << 14
 
 
 class Unsupported(Exception):
@@ -261,11 +263,14 @@ class Lowering:
         """Whether ``e``'s value, read by several equations, is computed again in each reader
         instead of stored: a cheap arithmetic step (:data:`RECOMPUTED`, at most
         :data:`MAX_RECOMPUTE_COST` operations with the values inlined into it) read by at most
-        :data:`MAX_RECOMPUTE_USES`.  A training step's elementwise work is bound by memory --
+        :data:`MAX_RECOMPUTE_USES`, an array of at least :data:`RECOMPUTE_MIN_SIZE` elements at
+        the program's top level (a scan's step, or a small array, is bound by its arithmetic,
+        not by memory).  A training step's elementwise work is bound by memory --
         an intermediate stored and read back costs more than its multiply computed again in
         each nest that reads it -- and the value computed again is the same value, bit for
         bit."""
-        return self.fuse_loops and e.prim.name in RECOMPUTED and \
+        return self.fuse_loops and self.depth == 1 and e.prim.name in RECOMPUTED and \
+            e.outputs[0].size >= RECOMPUTE_MIN_SIZE and \
             uses.get(e.outputs[0], 0) <= MAX_RECOMPUTE_USES and \
             _step_cost(e) + sum(cost.get(v, 0) for v in e.inputs) <= MAX_RECOMPUTE_COST
 
