@@ -62,6 +62,44 @@ def test_merges_and_splits_read_plain_strides():
         ["(a)", "(b)", "((c)*128 + (d)*32 + e)"]
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_a_reshape_read_from_a_buffer_names_the_same_flat_element(seed):
+    """Read from a row-major buffer (``runs``), each group's offset rides on its last axis: the
+    flat offset the index makes is NumPy's ravel of the element, with no division at all."""
+    rng = np.random.default_rng(100 + seed)
+    size = int(rng.choice([1, 6, 12, 30, 36, 60, 72, 210]))
+    out_shape, in_shape = _factorisations(rng, size), _factorisations(rng, size)
+    names = [f"i{k}" for k in range(len(out_shape))]
+    sub = reshaped_index(names, out_shape, in_shape, runs=True)
+    assert not any("/" in s or "%" in s for s in sub)
+    strides = [int(np.prod(in_shape[k + 1:])) for k in range(len(in_shape))]
+    for point in itertools.product(*(range(d) for d in out_shape)):
+        env = dict(zip(names, point))
+        offset = sum(_evaluate(s, env) * st for s, st in zip(sub, strides))
+        assert offset == (np.ravel_multi_index(point, out_shape) if out_shape else 0)
+
+
+@pytest.mark.skipif(cpu.compiler() is None, reason="needs a C compiler")
+def test_a_pooling_gradient_reads_its_windows_at_unit_stride():
+    """A 2 x 2 max pool's gradient reads the (n, c, 12, 2, 12, 2) windows back in the image's
+    (n, c, 24, 24) layout: the stored buffer is read at the image's own index (no / or %), and
+    the bits are the NumPy backend's."""
+    x = np.random.default_rng(6).standard_normal((4, 3, 24, 24)).astype(np.float32)
+
+    def loss(v):
+        return vkml.sum(vkml.max_pool2d(vkml.relu(v * 2.0 - 0.5), 2) ** 2)
+
+    source, _ = cpu.c_source(vkml.program(vkml.grad(loss), x))
+    body = source[source.index("static int vk_main_body"):]
+    windows = [line for line in body.splitlines() if "*48 + (" in line and " = " in line]
+    assert windows and not any(re.search(r"i\d+\) / 2\)\)\*48", line) for line in windows)
+    outs = {}
+    for backend in ("numpy", "cpu"):
+        with vkml.use_backend(backend):
+            outs[backend] = np.asarray(vkml.jit(vkml.grad(loss))(x))
+    assert outs["cpu"].tobytes() == outs["numpy"].tobytes()
+
+
 @pytest.mark.skipif(cpu.compiler() is None, reason="needs a C compiler")
 def test_a_reshape_heavy_program_has_the_numpy_backends_bits():
     rng = np.random.default_rng(5)

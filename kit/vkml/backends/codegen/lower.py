@@ -1015,6 +1015,18 @@ class _LoopGroup:
 _BUFFER = re.compile(r"(?<![A-Za-z0-9_])([A-Za-z_]\w*)\[")
 
 
+class RunsIndex(list):
+    """An index into an array of ``shape`` (a reshape's operand: ``rules.Reshape``), one C
+    expression per axis, that also carries ``runs``: index expressions naming the same element
+    of a *row-major buffer* of that shape by flat offset, with no division (a split group's
+    offset on its last axis).  Elementwise steps pass an index on unchanged, so a buffer of
+    ``shape`` they read is read at ``runs``; a view builds an index of its own, per axis."""
+
+    def __init__(self, index, shape, runs):
+        super().__init__(index)
+        self.shape, self.runs = tuple(shape), runs
+
+
 class _Env:
     """Reading values: from buffers, constants, or inlined expressions at an index."""
 
@@ -1039,6 +1051,9 @@ class _Env:
     def read(self, v, idx):
         if v in self.scalars:
             return self.scalars[v]
+        if isinstance(idx, RunsIndex) and idx.shape == v.shape and \
+                (v in self.buffers or v in self.consts):
+            idx = idx.runs
         if v in self.buffers:
             return f"{self.buffers[v]}[{linear_index(idx, v.shape)}]"
         if v in self.consts:

@@ -38,7 +38,7 @@ from __future__ import annotations
 import numpy as np
 
 from .libm import PRIMITIVE_CALLS
-from .lower import CTYPE, Lowering, axis_groups, linear_index, row_major_strides
+from .lower import CTYPE, Lowering, RunsIndex, axis_groups, linear_index, row_major_strides
 from .products import by_gemm, gemm_operands, lower_gemm
 
 #: the unsigned type of an integer's width: integer arithmetic that may overflow is done in it
@@ -338,7 +338,27 @@ def _reshape(read, e, idx):
     return read(x, reshaped_index(idx, e.outputs[0].shape, x.shape))
 
 
-def reshaped_index(idx, out_shape, in_shape):
+class Reshape(View):
+    """A reshape (read in place by a GEMM where strides describe it).  Its operand is read at
+    a :class:`~.lower.RunsIndex`: the per-axis index ``reshaped_index`` gives, which views
+    below read axis by axis, and its ``runs`` form, which a stored buffer of the operand's
+    shape reached through elementwise steps is read at instead -- row-major, each group of
+    axes is one run of it, so a split group's element is its offset within the group times the
+    group's last stride: no division or remainder, and a loop over the reshape reads the buffer
+    at unit stride (a pooling window's gradient read back in the image's layout vectorises)."""
+
+    def __init__(self):
+        super().__init__(_reshape, read_in_place=True)
+
+    def expression(self, env, e, idx):
+        x, out = e.inputs[0], e.outputs[0]
+        if not x.size:
+            return self.expr(env.read, e, idx)
+        return env.read(x, RunsIndex(reshaped_index(idx, out.shape, x.shape), x.shape,
+                                     reshaped_index(idx, out.shape, x.shape, runs=True)))
+
+
+def reshaped_index(idx, out_shape, in_shape, runs=False):
     """The index expressions into a C-contiguous ``in_shape`` of the element that index
     expressions ``idx`` name in its reshape to ``out_shape`` (the same number of elements).
 
@@ -347,10 +367,15 @@ def reshaped_index(idx, out_shape, in_shape):
     a split axis is divided and reduced within its group only, and an axis of one element is
     0.  A loop over a merge or a split of a reshape then reads plain strides instead of
     dividing the whole flat index by every stride (a division the vectoriser cannot do, in
-    every copy of an image batch or an attention's heads)."""
+    every copy of an image batch or an attention's heads).  ``runs``: the input is a row-major
+    buffer, read at the flat index these make -- a group's offset is then carried whole by its
+    last axis (the others 0), which names the same element."""
     sub = ["0"] * len(in_shape)
     for group_out, group_in in axis_groups(out_shape, in_shape):
         lin = linear_index([idx[k] for k in group_out], [out_shape[k] for k in group_out])
+        if runs and group_in:
+            sub[group_in[-1]] = f"({lin})"
+            continue
         shape = [in_shape[k] for k in group_in]
         for n, (k, stride) in enumerate(zip(group_in, row_major_strides(shape))):
             part = f"({lin})" if len(group_in) == 1 else f"(({lin}) / {stride})" if n == 0 else \
@@ -447,7 +472,7 @@ C_RULES = {
     "transpose": View(_transpose, read_in_place=True),
     "slice": View(_slice),
     "flip": View(_flip),
-    "reshape": View(_reshape, read_in_place=True),
+    "reshape": Reshape(),
     "pad": View(_pad),
     "concatenate": Concatenation(),
     # loops of their own
