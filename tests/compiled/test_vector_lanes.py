@@ -140,3 +140,19 @@ def test_a_softmax_first_call_and_later_calls_give_the_same_bits():
         lazy = np.asarray(softmax_gelu(vkml.tensor(x)).numpy()).tobytes()
     assert len(set(calls)) == 1
     assert lazy == calls[0]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_strided_pads_condition_keeps_its_nest_out_of_the_vector_blocks(dtype, monkeypatch):
+    """The gradient of ``sin(x)[::2]`` stores ``(i % 2 == 0 ? 1 : 0) * cos(x)``: the condition
+    names the nest's loop variable outside an index, which a block function does not have --
+    the nest calls cos through a lane function instead (found by the fuzzer: the block did not
+    compile).  Checked against NumPy's cos at the even places, 0 at the odd ones."""
+    monkeypatch.setenv("VKML_CPU_HOT", "0")
+    x0 = np.linspace(-2.0, 2.0, 20).astype(dtype)
+    with vkml.use_backend("cpu"):
+        x = vkml.tensor(x0, requires_grad=True)
+        vkml.backward(vkml.sum(vkml.sin(x)[::2]))
+        got = x.grad.numpy()
+    want = np.where(np.arange(20) % 2 == 0, np.cos(x0), 0).astype(dtype)
+    np.testing.assert_allclose(got, want, rtol=8 * np.finfo(dtype).eps, atol=0)

@@ -51,7 +51,7 @@ from __future__ import annotations
 import re
 
 from .libm import vector_math
-from .lower import calls_pattern, linear_index, row_major_strides
+from .lower import IDENTIFIER, calls_pattern, linear_index, row_major_strides
 from .statements import Block, HelperCall, If, Loop, While
 
 #: the libm functions the lowering calls that glibc's vector math library (libmvec) has in vector
@@ -289,8 +289,12 @@ class _Nest:
                 gathers.setdefault((name, index), f"vk_g{len(gathers)}")
             for (name, index), g in gathers.items():
                 line = re.sub(rf"(?<![\w]){re.escape(f'{name}[{index}]')}", f"{g}[vk_l]", line)
-            body.append(re.sub(rf"(?<![\w])([A-Za-z_]\w*)\[{re.escape(here)}\]",
-                               lambda m: f"{m.group(1)}[{_FLAT}]", line))
+            line = re.sub(rf"(?<![\w])([A-Za-z_]\w*)\[{re.escape(here)}\]",
+                          lambda m: f"{m.group(1)}[{_FLAT}]", line)
+            if set(IDENTIFIER.findall(line)) & set(idx):
+                return None            # a loop variable outside an index (a strided pad's
+                #                        condition): the block function has no such variable
+            body.append(line)
         return cls(idx, extents, body, gathers, rows)
 
     def buffers(self):
