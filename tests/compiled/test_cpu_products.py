@@ -13,6 +13,9 @@
   call, and never lets a GEMM write over an argument.
 """
 
+import os
+import subprocess
+import sys
 import weakref
 
 import numpy as np
@@ -307,3 +310,43 @@ def test_rows_times_one_matrix_is_one_product_over_every_row():
         e[j, i] = 1e-6
         numeric = (np.sum((x64 @ (w64 + e).T) ** 2) - np.sum((x64 @ (w64 - e).T) ** 2)) / 2e-6
         assert abs(dw[j, i] - numeric) <= 1e-3 * max(1.0, abs(numeric)), (j, i)
+
+
+BATCHED_SCRIPT = r"""
+import os, sys, numpy as np, vkml
+sys.path.insert(0, sys.argv[1])
+from product_oracles import fused_loop
+rng = np.random.default_rng(11)
+a = (rng.standard_normal((6, 96, 200)) * 2.0 ** rng.integers(-20, 20, (6, 96, 200))).astype(np.float32)
+b = rng.standard_normal((6, 200, 80)).astype(np.float32)
+with vkml.use_backend("cpu"):
+    got = np.asarray(vkml.jit(lambda a, b: a @ b)(a, b))
+print(got.tobytes() == fused_loop(a, b).tobytes())
+"""
+
+
+@pytest.mark.skipif(not cpu.is_gcc(cpu.compiler() or ""), reason="needs GCC (OpenMP)")
+def test_a_batch_of_small_products_runs_its_matrices_side_by_side(monkeypatch, tmp_path):
+    """An attention's heads or a convolution's images (a batch of matrices each too small to
+    split by rows) run on the threads side by side, each thread its own matrices and packing
+    slot: the index order's bits for any thread count -- also where nested OpenMP teams are
+    allowed (a product called from a thread never splits again, or two would share a slot)."""
+    from vkml.backends.codegen.threaded_nests import THREADED_MARKER
+    a, b = _operands(np.float32, (8, 4, 128, 32), (8, 4, 32, 128), seed=12)
+    results = {}
+    for threads in ("1", "2", "3"):
+        monkeypatch.setenv("VKML_THREADS", threads)
+        monkeypatch.setenv("VKML_CACHE_DIR", str(tmp_path / threads))
+        source, _ = cpu.c_source(_program(lambda a, b: a @ b, a, b))
+        assert (THREADED_MARKER in source and "omp_get_thread_num()" in source) == (threads != "1")
+        vkml.clear_caches()
+        with vkml.use_backend("cpu"):
+            results[threads] = np.asarray(vkml.jit(lambda a, b: a @ b)(a, b))
+    want = index_order(a, b)
+    assert all(_same_bits(r, want) for r in results.values())
+    env = dict(os.environ, OMP_MAX_ACTIVE_LEVELS="3", OMP_NESTED="true", VKML_THREADS="2",
+               VKML_CACHE_DIR=str(tmp_path / "nested"),
+               PYTHONPATH=os.pathsep.join(sys.path))
+    out = subprocess.run([sys.executable, "-c", BATCHED_SCRIPT, os.path.dirname(__file__)],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.stdout.strip() == "True", out.stderr[-2000:]

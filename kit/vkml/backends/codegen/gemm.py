@@ -78,6 +78,9 @@ def pack_bytes(threads: int = 1) -> int:
 #: bytes of scratch a one-thread GEMM takes as ``pack``
 PACK_BYTES = pack_bytes(1)
 
+#: the fewest multiply-adds of a product the GEMM splits over its threads (``VK_GEMM_SPLIT_WORK``)
+SPLIT_WORK = 1 << 20
+
 _COMMON = r"""
 #if defined(__AVX512F__)
 #define VK_GEMM_VBYTES 64
@@ -134,12 +137,17 @@ static inline vk_gemm_vdouble VK_GEMM_FMA_double(vk_gemm_vdouble a, vk_gemm_vdou
    backend sets it from VKML_THREADS): each output is still computed by one thread, in order */
 int vk_gemm_threads = 1;
 /* the fewest multiply-adds of a product split over threads (waking them costs microseconds) */
-#define VK_GEMM_SPLIT_WORK (1 << 20)
+#define VK_GEMM_SPLIT_WORK $SPLIT_WORK
+/* a product called from threads already running side by side (a batch of them, each thread
+   its own matrices and packing slot) is never split again: its one thread uses slot 0 */
 #ifdef _OPENMP
 int omp_get_thread_num(void);
+int omp_in_parallel(void);
 #define vk_gemm_thread() omp_get_thread_num()
+#define vk_gemm_nested() omp_in_parallel()
 #else
 #define vk_gemm_thread() 0
+#define vk_gemm_nested() 0
 #endif
 """
 
@@ -296,7 +304,8 @@ static void vk_gemm_$S(int64_t M, int64_t N, int64_t K,
     /* over threads: as many blocks of rows as makes each thread's share equal (rounded to
        tiles, at most MC), for a product worth waking them for */
     int64_t mcb = $MC;
-    const int split = vk_gemm_threads > 1 && M > mr && (double)M * N * K >= VK_GEMM_SPLIT_WORK;
+    const int split = vk_gemm_threads > 1 && M > mr && (double)M * N * K >= VK_GEMM_SPLIT_WORK &&
+                      !vk_gemm_nested();
     if (split) {
         int64_t blocks = (M + $MC - 1) / $MC;
         blocks = (blocks + vk_gemm_threads - 1) / vk_gemm_threads * vk_gemm_threads;
@@ -507,7 +516,7 @@ def gemm_c(types=("float", "double"), fused=False) -> str:
     double version (about 0.2 s instead of 0.45 s with GCC at -O2).  ``fused``: each step of an
     output's sum is one fused multiply-add (the fused mode), else a rounded product then a
     rounded sum (the plain loops' bits)."""
-    return _COMMON + "".join(_source(t, fused) for t in types)
+    return _COMMON.replace("$SPLIT_WORK", str(SPLIT_WORK)) + "".join(_source(t, fused) for t in types)
 
 
 #: the parameters of ``vk_gemm_<T>``: C = A @ B of M x K and K x N, each operand and the result

@@ -205,6 +205,7 @@ class Lowering:
         self.gemm = False
         self.gemm_types = set()
         self.gemm_packs = {}     # dtype -> the GEMM's packing scratch (``products._pack``)
+        self.gemm_batch_packs = {}   # dtype -> the packing slots of products run side by side
         #: the transposes of the program being lowered that only GEMMs read (never stored)
         self.free_transposes = set()
         #: the threads the GEMM splits a product's rows over (its scratch holds a block of A each)

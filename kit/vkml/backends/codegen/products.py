@@ -30,9 +30,10 @@ from collections import Counter
 import numpy as np
 
 from ...ir import Eqn, Program, Var
-from .gemm import pack_bytes
+from .gemm import PACK_BYTES, SPLIT_WORK, pack_bytes
 from .lower import CTYPE, reshaped_strides, row_major_strides
-from .statements import HelperCall, Loop
+from .statements import Block, HelperCall, Loop
+from .threaded_nests import THREADED_MARKER
 
 #: the fewest multiply-adds of a product computed by the GEMM (the plain loops below it)
 GEMM_MIN = 1 << 12
@@ -145,6 +146,39 @@ def _pack(low, dtype):
     return packs[dtype]
 
 
+#: the most multiply-adds of each matrix of a batch whose matrices run side by side on threads
+#: (bigger ones are split by rows, the threads sharing the packed panels of B)
+BATCH_SPLIT_WORK = 8 * SPLIT_WORK
+
+
+def _batch_pack(low, dtype, threads):
+    """The scratch of products whose matrices run on ``threads`` threads at once (each thread's
+    calls a packing slot of one thread's size, :data:`~.gemm.PACK_BYTES`, 64-byte aligned):
+    ``(C expression of the first slot, elements between slots)``."""
+    stride = -(-PACK_BYTES // 64) * 64 // dtype.itemsize
+    packs = low.gemm_batch_packs
+    if dtype not in packs:
+        name = low.temp(Var((threads * stride + 64 // dtype.itemsize,), dtype))
+        t = CTYPE[dtype]
+        packs[dtype] = f"({t}*)((char*){name} + ((64 - ((unsigned long long){name} & 63)) & 63))"
+    return packs[dtype], stride
+
+
+def _batch_threads(low, e) -> int:
+    """Threads the matrices of product ``e`` run on side by side (1: one after another, each
+    split over the threads itself if big enough): a top-level batch of at least two matrices
+    per thread, each of fewer than ``BATCH_SPLIT_WORK`` multiply-adds (an attention's heads, a
+    convolution's images: too small to split well by rows, and each thread's own packed
+    operands stay in its own caches)."""
+    a, b = e.inputs
+    out = e.outputs[0]
+    batch = int(np.prod(out.shape[:-2], dtype=np.int64))
+    work = a.shape[-2] * a.shape[-1] * b.shape[-1]
+    threads = low.gemm_threads
+    return threads if threads > 1 and low.depth == 1 and batch >= 2 * threads and \
+        work < BATCH_SPLIT_WORK else 1
+
+
 def _offset(idx, strides):
     terms = [f"{i} * {s}LL" for i, s in zip(idx, strides) if s]
     return " + ".join(terms) if terms else "0"
@@ -190,14 +224,26 @@ def lower_gemm(low, e, env, targets) -> list:
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
     idx = [low.fresh("i") for _ in out.shape[:-2]]
     so = row_major_strides(out.shape)
+    threads = _batch_threads(low, e)
+    if threads > 1:
+        first, stride = _batch_pack(low, out.dtype, threads)
+        pack = f"{first} + (int64_t)omp_get_thread_num() * {stride}LL"
+    else:
+        pack = _pack(low, out.dtype)
     call = HelperCall(
         f"vk_gemm_{CTYPE[out.dtype]}({m}LL, {n}LL, {k}LL, "
         f"{pa} + {_offset(idx, sa)}, {sa[-2]}LL, {sa[-1]}LL, "
         f"{pb} + {_offset(idx, sb)}, {sb[-2]}LL, {sb[-1]}LL, "
-        f"{targets[0]} + {_offset(idx, so)}, {so[-2]}LL, {so[-1]}LL, {_pack(low, out.dtype)});",
+        f"{targets[0]} + {_offset(idx, so)}, {so[-2]}LL, {so[-1]}LL, {pack});",
         reads=(pa, pb))
     body = [call]
     for v, extent in reversed(list(zip(idx, out.shape))):
         body = [Loop(v, extent, body)]
+    if threads > 1:
+        # the matrices side by side, each one thread's (its outputs' sums in index order, so
+        # the bits of one thread), each thread with its own packing slot
+        body = [Block(["int omp_get_thread_num(void);",
+                       f"{THREADED_MARKER} collapse({len(idx)}) num_threads({threads}) "
+                       "schedule(static)"] + body)]
     low.gemm_types.add(CTYPE[out.dtype])
     return stmts + body
