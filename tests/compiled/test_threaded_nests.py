@@ -119,3 +119,26 @@ def test_an_in_place_update_split_over_threads_matches_one_thread(monkeypatch):
                 step(vkml.tensor(x), vkml.tensor(y))
             results.append([p.numpy().tobytes() for p in params])
     assert results[0] == results[1]
+
+
+def test_a_middling_nest_wakes_a_few_threads_not_all(monkeypatch):
+    """On a machine of many cores (``VKML_THREADS=8`` here) each thread of a split nest gets at
+    least half of ``THREAD_MIN_WORK`` iterations: a nest of 40,000 elements runs on 2, one of
+    1,000,000 on all 8; a batch of six small products on 3 (two matrices each).  The bits are
+    one thread's either way."""
+    import re
+
+    def teams(source):
+        return sorted(int(t) for t in re.findall(r"num_threads\((\d+)\)", source))
+
+    middling = np.ones((200, 200), np.float32)
+    big = np.ones((1000, 1000), np.float32)
+    assert teams(_source(monkeypatch, 8, lambda a: a * 2.0 + 1.0, middling)) == [2]
+    assert teams(_source(monkeypatch, 8, lambda a: a * 2.0 + 1.0, big)) == [8]
+    rng = np.random.default_rng(9)
+    a, b = rng.standard_normal((6, 64, 48)).astype(np.float32), \
+        rng.standard_normal((6, 48, 40)).astype(np.float32)
+    assert teams(_source(monkeypatch, 8, lambda a, b: a @ b, a, b)) == [3]
+    one, eight = _run(monkeypatch, 1, lambda a, b: a @ b, a, b), \
+        _run(monkeypatch, 8, lambda a, b: a @ b, a, b)
+    assert one[0].tobytes() == eight[0].tobytes()

@@ -151,14 +151,15 @@ def _pack(low, dtype):
 BATCH_SPLIT_WORK = 8 * SPLIT_WORK
 
 
-def _batch_pack(low, dtype, threads):
-    """The scratch of products whose matrices run on ``threads`` threads at once (each thread's
-    calls a packing slot of one thread's size, :data:`~.gemm.PACK_BYTES`, 64-byte aligned):
-    ``(C expression of the first slot, elements between slots)``."""
+def _batch_pack(low, dtype):
+    """The scratch of products whose matrices run on threads at once (a packing slot of one
+    thread's size, :data:`~.gemm.PACK_BYTES`, 64-byte aligned, for each of the program's
+    threads -- the most any such product uses): ``(C expression of the first slot, elements
+    between slots)``."""
     stride = -(-PACK_BYTES // 64) * 64 // dtype.itemsize
     packs = low.gemm_batch_packs
     if dtype not in packs:
-        name = low.temp(Var((threads * stride + 64 // dtype.itemsize,), dtype))
+        name = low.temp(Var((low.gemm_threads * stride + 64 // dtype.itemsize,), dtype))
         t = CTYPE[dtype]
         packs[dtype] = f"({t}*)((char*){name} + ((64 - ((unsigned long long){name} & 63)) & 63))"
     return packs[dtype], stride
@@ -174,9 +175,8 @@ def _batch_threads(low, e) -> int:
     out = e.outputs[0]
     batch = int(np.prod(out.shape[:-2], dtype=np.int64))
     work = a.shape[-2] * a.shape[-1] * b.shape[-1]
-    threads = low.gemm_threads
-    return threads if threads > 1 and low.depth == 1 and batch >= 2 * threads and \
-        work < BATCH_SPLIT_WORK else 1
+    threads = min(low.gemm_threads, batch // 2)      # (two matrices or more per thread)
+    return threads if threads > 1 and low.depth == 1 and work < BATCH_SPLIT_WORK else 1
 
 
 def _offset(idx, strides):
@@ -226,7 +226,7 @@ def lower_gemm(low, e, env, targets) -> list:
     so = row_major_strides(out.shape)
     threads = _batch_threads(low, e)
     if threads > 1:
-        first, stride = _batch_pack(low, out.dtype, threads)
+        first, stride = _batch_pack(low, out.dtype)
         pack = f"{first} + (int64_t)omp_get_thread_num() * {stride}LL"
     else:
         pack = _pack(low, out.dtype)

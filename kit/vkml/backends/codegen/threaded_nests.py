@@ -32,24 +32,28 @@ def threaded(stmts, threads):
         return stmts
     out = []
     for s in stmts:
-        split = _collapsed(s, threads) if isinstance(s, Loop) and s.parallel else 0
+        split, team = _collapsed(s, threads) if isinstance(s, Loop) and s.parallel else (0, 1)
         if split:
-            pragma = f"{THREADED_MARKER} collapse({split}) num_threads({threads}) schedule(static)"
+            pragma = f"{THREADED_MARKER} collapse({split}) num_threads({team}) schedule(static)"
             out.append(Block([pragma, s]))
         else:
             out.append(s)
     return out
 
 
-def _collapsed(nest, threads) -> int:
-    """How many outer loops of ``nest`` to split over ``threads`` threads (0: none)."""
+def _collapsed(nest, threads):
+    """``(loops, team)``: how many outer loops of ``nest`` to split, over how many of at most
+    ``threads`` threads -- each with at least half of :data:`THREAD_MIN_WORK` and two of the
+    split iterations (on a machine of many cores a middling nest wakes a few, not all); ``(0,
+    1)``: none."""
     loops = []
     loop = nest
     while isinstance(loop, Loop) and loop.parallel and isinstance(loop.extent, int):
         loops.append(loop)
         loop = loop.body[0] if len(loop.body) == 1 else None
-    if not loops or not _may_split(nest) or _work(nest) < THREAD_MIN_WORK:
-        return 0
+    work = _work(nest)
+    if not loops or not _may_split(nest) or work < THREAD_MIN_WORK:
+        return 0, 1
     innermost = loops[-1]
     depth = len(loops)
     if depth > 1 and all(isinstance(line, str) for line in innermost.body):
@@ -57,7 +61,8 @@ def _collapsed(nest, threads) -> int:
     iterations = 1
     for loop in loops[:depth]:
         iterations *= loop.extent
-    return depth if iterations >= 2 * threads else 0
+    team = min(threads, work // (THREAD_MIN_WORK // 2), iterations // 2)
+    return (depth, team) if team >= 2 else (0, 1)
 
 
 def _work(s) -> int:
