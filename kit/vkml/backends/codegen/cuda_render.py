@@ -220,9 +220,6 @@ class CudaLowering(Lowering):
         i = self.fresh("c")
         return [Loop(i, max(1, var.size), [f"{dst}[{i}] = {src}[{i}];"])]
 
-    def store(self, shape, target, value_at, checks=None, at=None):
-        return _mark(super().store(shape, target, value_at, checks, at), len(shape))
-
     def copy(self, var, src, dst):
         return _mark(super().copy(var, src, dst), 1)
 
@@ -275,14 +272,14 @@ class CudaLowering(Lowering):
         total = math.prod(x.shape[a] for a in axes)
         if total >= SPLIT_MIN_ELEMENTS and 0 < out.size <= SPLIT_MAX_OUTPUTS:
             return self._split_reduce(e, env, target, step, init, first, total)
-        return _mark(super()._reduce(e, env, target, step, init, first), out.ndim)
+        return super()._reduce(e, env, target, step, init, first)      # (marked there)
 
     def _tree_reduce(self, e, env, target):
         x, out = e.inputs[0], e.outputs[0]
         total = math.prod(x.shape[a] for a in e.params["axes"])
         if total >= SPLIT_MIN_ELEMENTS and 0 < out.size <= SPLIT_MAX_OUTPUTS:
             return self._split_tree_reduce(e, env, target, total)
-        return _mark(super()._tree_reduce(e, env, target), out.ndim)
+        return super()._tree_reduce(e, env, target)                    # (marked there)
 
     def _split_tree_reduce(self, e, env, target, total):
         """A float sum in two stages with the canonical tree's bits: each partial is the tree over

@@ -147,6 +147,27 @@ def _step_cost(e) -> int:
         MAX_RECOMPUTE_COST + 1
 
 
+def tree_expression(leaves, zero="0"):
+    """The canonical tree over the C expressions ``leaves`` as one expression: pairs added
+    left to right, level by level, the leaves padded with zeros to a power of two (a leaf
+    whose partner is padding gets ``+ zero`` -- the +0.0 the streamed tree's fold adds, which
+    turns -0.0 into +0.0 -- and a pair of padding stays padding)."""
+    level = list(leaves) + [None] * ((1 << (len(leaves) - 1).bit_length()) - len(leaves))
+    while len(level) > 1:
+        level = [None if a is None else f"({a} + {zero})" if b is None else f"({a} + {b})"
+                 for a, b in zip(level[::2], level[1::2])]
+    return level[0]
+
+
+def _block_tree(env, x, full, last, r):
+    """The tree over ``TREE_BLOCK`` consecutive elements of ``x`` along axis ``last`` (block
+    ``r`` of it), at the other axes' indices ``full``: one item of a streamed tree's level
+    log2(TREE_BLOCK)."""
+    return tree_expression([env.read(x, [f"({r} * {TREE_BLOCK} + {j})" if i == last else v
+                                         for i, v in enumerate(full)])
+                            for j in range(TREE_BLOCK)])
+
+
 def mark_parallel(stmts, depth):
     """Mark the outer ``depth`` loops of each loop nest in ``stmts`` as parallel (every iteration
     independent of the others: each stores its own elements and reads none another stores), what
@@ -260,11 +281,11 @@ class Lowering:
                 free.add(out)
         return free
 
-    def _recomputed(self, e, uses, cost) -> bool:
+    def _recomputed(self, e, uses, ops) -> bool:
         """Whether ``e``'s value, read by several equations, is computed again in each reader
         instead of stored: a cheap arithmetic step (:data:`RECOMPUTED`, at most
-        :data:`MAX_RECOMPUTE_COST` operations with the values inlined into it) read by at most
-        :data:`MAX_RECOMPUTE_USES`, an array of at least :data:`RECOMPUTE_MIN_SIZE` elements at
+        :data:`MAX_RECOMPUTE_COST` operations -- ``ops`` -- with the values inlined into it)
+        read by at most :data:`MAX_RECOMPUTE_USES`, an array of at least :data:`RECOMPUTE_MIN_SIZE` elements at
         the program's top level (a scan's step, or a small array, is bound by its arithmetic,
         not by memory).  A training step's elementwise work is bound by memory --
         an intermediate stored and read back costs more than its multiply computed again in
@@ -272,8 +293,7 @@ class Lowering:
         bit."""
         return self.fuse_loops and self.depth == 1 and e.prim.name in RECOMPUTED and \
             e.outputs[0].size >= RECOMPUTE_MIN_SIZE and \
-            uses.get(e.outputs[0], 0) <= MAX_RECOMPUTE_USES and \
-            _step_cost(e) + sum(cost.get(v, 0) for v in e.inputs) <= MAX_RECOMPUTE_COST
+            uses.get(e.outputs[0], 0) <= MAX_RECOMPUTE_USES and ops <= MAX_RECOMPUTE_COST
 
     def program(self, prog: Program, in_ptrs, out_ptrs):
         """Statements computing ``prog`` from buffers ``in_ptrs`` into buffers ``out_ptrs``."""
@@ -328,17 +348,18 @@ class Lowering:
             if self.depth == 1:
                 self.site = k if self.sites is None else self.sites[k]
             rule = self.rules.get(e.prim.name)
+            ops = _step_cost(e) + sum(cost.get(v, 0) for v in e.inputs)
             inline = all(o not in outputs for o in e.outputs) and len(e.outputs) == 1 and \
                 rule is not None and rule.fusible(e) and e.outputs[0] not in stored and \
                 (uses.get(e.outputs[0], 0) == 1 or e.outputs[0] in self.free_transposes or
-                 self._recomputed(e, uses, cost))
+                 self._recomputed(e, uses, ops))
             if inline:
                 # a long chain is cut into stored pieces, so one expression stays of modest size
                 d = 1 + max((depth.get(v, 0) for v in e.inputs), default=0)
                 inline = d <= MAX_INLINE_DEPTH
             if inline:
                 depth[e.outputs[0]] = d
-                cost[e.outputs[0]] = _step_cost(e) + sum(cost.get(v, 0) for v in e.inputs)
+                cost[e.outputs[0]] = ops
                 env.inline.add(e.outputs[0])
                 continue
             targets = []
@@ -446,13 +467,9 @@ class Lowering:
         if extents and extents[-1] % TREE_BLOCK == 0:
             # full aligned blocks along the innermost reduced axis: a fixed tree of TREE_BLOCK
             # elements (independent adds), pushed as one item of level log2(TREE_BLOCK)
-            last, r = axes[-1], ridx[-1]
-            leaves = [env.read(x, [f"({r} * {TREE_BLOCK} + {j})" if i == last else v
-                                   for i, v in enumerate(full)]) for j in range(TREE_BLOCK)]
-            while len(leaves) > 1:
-                leaves = [f"({leaves[j]} + {leaves[j + 1]})" for j in range(0, len(leaves), 2)]
             level = TREE_BLOCK.bit_length() - 1
-            inner = [f"vk_tree_push_{t}({st}, {cnt}, {level}, {leaves[0]}); {cnt} += {TREE_BLOCK};"]
+            block = _block_tree(env, x, full, axes[-1], ridx[-1])
+            inner = [f"vk_tree_push_{t}({st}, {cnt}, {level}, {block}); {cnt} += {TREE_BLOCK};"]
             extents[-1] //= TREE_BLOCK
         else:
             inner = [f"vk_tree_push_{t}({st}, {cnt}, 0, {env.read(x, full)}); {cnt}++;"]
@@ -483,16 +500,12 @@ class Lowering:
         cnt, col = self.fresh("n"), oidx[-1]
         extents = [x.shape[a] for a in axes]
         if extents[-1] % TREE_BLOCK == 0:
-            last, r = axes[-1], ridx[-1]
-            leaves = [env.read(x, [f"({r} * {TREE_BLOCK} + {j})" if i == last else v
-                                   for i, v in enumerate(full)]) for j in range(TREE_BLOCK)]
-            while len(leaves) > 1:
-                leaves = [f"({leaves[j]} + {leaves[j + 1]})" for j in range(0, len(leaves), 2)]
+            item = _block_tree(env, x, full, axes[-1], ridx[-1])
             level, step = TREE_BLOCK.bit_length() - 1, TREE_BLOCK
             extents[-1] //= TREE_BLOCK
         else:
-            leaves, level, step = [env.read(x, full)], 0, 1
-        inner = [Loop(col, width, [f"{items}[{col}] = {leaves[0]};"]),
+            item, level, step = env.read(x, full), 0, 1
+        inner = [Loop(col, width, [f"{items}[{col}] = {item};"]),
                  f"vk_tree_cols_push_{t}({stack}, {cnt}, {level}, {items}, {width}); {cnt} += {step};"]
         for v, extent in reversed(list(zip(ridx, extents))):
             inner = [Loop(v, extent, inner)]
@@ -593,12 +606,11 @@ class Lowering:
             return f"({env.read(a, idx[:-1] + [at])} * {bt}[{linear_index(idx[:-2] + [idx[-1], at], bt_var.shape)}])"
         decl, st = self.tree_stack(out.dtype, n_k)
         if n_k % TREE_BLOCK == 0:
-            leaves = [product(f"({k} * {TREE_BLOCK} + {j})") for j in range(TREE_BLOCK)]
-            while len(leaves) > 1:
-                leaves = [f"({leaves[j]} + {leaves[j + 1]})" for j in range(0, len(leaves), 2)]
+            block = tree_expression([product(f"({k} * {TREE_BLOCK} + {j})")
+                                     for j in range(TREE_BLOCK)])
             level = TREE_BLOCK.bit_length() - 1
             loop = Loop(k, n_k // TREE_BLOCK,
-                        [f"vk_tree_push_{t}({st}, {k} * {TREE_BLOCK}, {level}, {leaves[0]});"])
+                        [f"vk_tree_push_{t}({st}, {k} * {TREE_BLOCK}, {level}, {block});"])
         else:
             loop = Loop(k, n_k, [f"vk_tree_push_{t}({st}, {k}, 0, {product(k)});"])
         result = f"{targets[0]}[{linear_index(idx, out.shape)}] = {self.tree_fold(out.dtype, st, n_k)};"

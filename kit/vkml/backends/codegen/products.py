@@ -33,7 +33,7 @@ from ...ir import Eqn, Program, Var
 from .gemm import PACK_BYTES, SPLIT_WORK, pack_bytes
 from .lower import CTYPE, reshaped_strides, row_major_strides
 from .statements import Block, HelperCall, Loop
-from .threaded_nests import THREADED_MARKER
+from .threaded_nests import parallel_for
 
 #: the fewest multiply-adds of a product computed by the GEMM (the plain loops below it)
 GEMM_MIN = 1 << 12
@@ -141,9 +141,13 @@ def _pack(low, dtype):
     packs = low.gemm_packs
     if dtype not in packs:
         name = low.temp(Var(((pack_bytes(low.gemm_threads) + 64) // dtype.itemsize,), dtype))
-        t = CTYPE[dtype]
-        packs[dtype] = f"({t}*)((char*){name} + ((64 - ((unsigned long long){name} & 63)) & 63))"
+        packs[dtype] = _aligned(name, dtype)
     return packs[dtype]
+
+
+def _aligned(name, dtype):
+    """Temporary ``name`` (64 bytes longer than its use) as a 64-byte aligned pointer, in C."""
+    return f"({CTYPE[dtype]}*)((char*){name} + ((64 - ((unsigned long long){name} & 63)) & 63))"
 
 
 #: the most multiply-adds of each matrix of a batch whose matrices run side by side on threads
@@ -160,8 +164,7 @@ def _batch_pack(low, dtype):
     packs = low.gemm_batch_packs
     if dtype not in packs:
         name = low.temp(Var((low.gemm_threads * stride + 64 // dtype.itemsize,), dtype))
-        t = CTYPE[dtype]
-        packs[dtype] = f"({t}*)((char*){name} + ((64 - ((unsigned long long){name} & 63)) & 63))"
+        packs[dtype] = _aligned(name, dtype)
     return packs[dtype], stride
 
 
@@ -242,8 +245,6 @@ def lower_gemm(low, e, env, targets) -> list:
     if threads > 1:
         # the matrices side by side, each one thread's (its outputs' sums in index order, so
         # the bits of one thread), each thread with its own packing slot
-        body = [Block(["int omp_get_thread_num(void);",
-                       f"{THREADED_MARKER} collapse({len(idx)}) num_threads({threads}) "
-                       "schedule(static)"] + body)]
+        body = [Block(["int omp_get_thread_num(void);", parallel_for(len(idx), threads)] + body)]
     low.gemm_types.add(CTYPE[out.dtype])
     return stmts + body

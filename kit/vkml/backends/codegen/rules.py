@@ -38,7 +38,8 @@ from __future__ import annotations
 import numpy as np
 
 from .libm import PRIMITIVE_CALLS
-from .lower import CTYPE, Lowering, RunsIndex, axis_groups, linear_index, row_major_strides
+from .lower import (CTYPE, Lowering, RunsIndex, axis_groups, linear_index, row_major_strides,
+                    tree_expression)
 from .products import by_gemm, gemm_operands, lower_gemm
 
 #: the unsigned type of an integer's width: integer arithmetic that may overflow is done in it
@@ -172,13 +173,7 @@ class SmallReduction(Statement):
             for leaf in leaves[1:]:
                 acc = f"vk_max_{t}({acc}, {leaf})"
             return acc
-        zero = "0.0f" if t == "float" else "0.0"
-        size = 1 << (len(leaves) - 1).bit_length()
-        level = leaves + [None] * (size - len(leaves))
-        while len(level) > 1:
-            level = [None if a is None else f"({a} + {zero})" if b is None else f"({a} + {b})"
-                     for a, b in zip(level[::2], level[1::2])]
-        return level[0]
+        return tree_expression(leaves, "0.0f" if t == "float" else "0.0")
 
 
 class Product(Statement):

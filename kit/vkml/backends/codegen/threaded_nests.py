@@ -34,11 +34,16 @@ def threaded(stmts, threads):
     for s in stmts:
         split, team = _collapsed(s, threads) if isinstance(s, Loop) and s.parallel else (0, 1)
         if split:
-            pragma = f"{THREADED_MARKER} collapse({split}) num_threads({team}) schedule(static)"
-            out.append(Block([pragma, s]))
+            out.append(Block([parallel_for(split, team), s]))
         else:
             out.append(s)
     return out
+
+
+def parallel_for(loops, team) -> str:
+    """The pragma splitting the ``loops`` outer loops of the nest after it over ``team`` threads
+    (in equal runs of iterations)."""
+    return f"{THREADED_MARKER} collapse({loops}) num_threads({team}) schedule(static)"
 
 
 def _collapsed(nest, threads):
