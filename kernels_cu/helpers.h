@@ -14,8 +14,18 @@ VK_FN float vk_sign_float(float a) { return a > 0 ? 1.0f : (a < 0 ? -1.0f : (a =
 // where(c, a, b) with both a and b computed for every element (a C function's arguments are),
 // so a libm call in either is never a conditional call: the loop vectorises whatever the
 // condition, and a sample's bits never depend on what the compiler could fold.
+// A renderer defining VK_WHERE_BITS gets the float ones as a select of bits (the same value: a's
+// bits or b's), which a compiler never turns into a branch on the condition.
 #define VK_WHERE(T) VK_FN T vk_where_##T(int c, T a, T b) { return c ? a : b; }
-VK_WHERE(double) VK_WHERE(float) VK_WHERE(int64_t) VK_WHERE(int32_t) VK_WHERE(uint8_t)
+#ifdef VK_WHERE_BITS
+#define VK_WHERE_BITS_OF(T, U) VK_FN T vk_where_##T(int c, T a, T b) { \
+    union { T f; U u; } x = {a}, y = {b}; U m = (U)0 - (U)(c != 0); \
+    x.u = (x.u & m) | (y.u & ~m); return x.f; }
+VK_WHERE_BITS_OF(double, uint64_t) VK_WHERE_BITS_OF(float, uint32_t)
+#else
+VK_WHERE(double) VK_WHERE(float)
+#endif
+VK_WHERE(int64_t) VK_WHERE(int32_t) VK_WHERE(uint8_t)
 // Float to integer as NumPy converts on x86, on every backend: truncation toward zero, and the
 // type's minimum (x86's "integer indefinite") for NaN and for values outside the type, where a
 // plain C cast is undefined -- a GPU saturates instead (NaN to 0, +inf to the maximum), x86 gives

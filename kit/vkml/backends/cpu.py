@@ -199,11 +199,25 @@ FLAGS = ["-O2", "-pipe", "-fPIC", "-shared", "-std=c99", "-ffp-contract=off", "-
 GCC_FLAGS = ["-fvect-cost-model=dynamic", "--param=vect-max-version-for-alias-checks=64"]
 
 
-#: generated C longer than this compiles at -O1 (with the vectoriser still on): GCC's -O2 passes
-#: grow faster than linearly with a function's size -- a 370 KB program (a special function's
-#: series and its derivatives, unrolled) took 158 s at -O2 and 5.6 s at -O1 -ftree-vectorize.
-#: The bits are the same at either level (no fast-math, no contraction).
+#: generated C with a function longer than this compiles at -O1 (with the vectoriser still on):
+#: GCC's -O2 passes grow faster than linearly with a function's size -- a 370 KB program (a
+#: special function's series and its derivatives, unrolled) took 158 s at -O2 and 5.6 s at -O1
+#: -ftree-vectorize.  A long body cut into part functions (``c_render.split_body``) stays at
+#: -O2: its parts are small, and -O2 runs them faster (a transformer step on two cores 16.3 ->
+#: 13.7 ms, its first call 0.76 -> 0.96 s).  The bits are the same at either level (no
+#: fast-math, no contraction).
 LARGE_SOURCE = 64 * 1024
+
+#: a line starting a function's definition in generated C (its head ends the line with ``{``)
+_FUNCTION_HEAD = re.compile(r"^[A-Za-z_][^\n;]*\)\s*\{[ \t]*$", re.M)
+
+
+def longest_function(source: str) -> int:
+    """Characters of the longest stretch of ``source`` from one function's head to the next (or
+    to the end): an upper bound of its longest function's C, which is what -O2's time grows
+    with."""
+    starts = [0] + [m.start() for m in _FUNCTION_HEAD.finditer(source)] + [len(source)]
+    return max(b - a for a, b in zip(starts, starts[1:]))
 
 
 @functools.lru_cache(maxsize=None)
@@ -236,13 +250,13 @@ def library(source: str, extra_flags=(), inspect=None, generated=True):
     Returns ``(ctypes.CDLL, compiled)`` where ``compiled`` says whether the compiler ran.  What
     is trusted, and how a library is loaded from the very bytes that were checked, is in
     ``disk_cache``; ``inspect``, if given, is called with those bytes before they are loaded.
-    A ``generated`` source longer than ``LARGE_SOURCE`` compiles at -O1 (the GEMM library,
-    written by hand and built once, always at -O2)."""
+    A ``generated`` source with a function longer than ``LARGE_SOURCE`` compiles at -O1 (the
+    GEMM library, written by hand and built once, always at -O2)."""
     cc = compiler()
     if cc is None:
         raise BackendError("no C compiler found (set $CC or install gcc)")
     flags = FLAGS + (GCC_FLAGS if is_gcc(cc) else []) + list(extra_flags)
-    if generated and len(source) > LARGE_SOURCE:
+    if generated and len(source) > LARGE_SOURCE and longest_function(source) > LARGE_SOURCE:
         flags = ["-O1" if f == "-O2" else f for f in flags]
     signature = [cpu_signature()] if "-march=native" in flags else []
     key = hashlib.sha256("\0".join([source, cc] + flags + signature).encode()).hexdigest()[:32]

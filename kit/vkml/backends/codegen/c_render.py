@@ -45,6 +45,10 @@ void* malloc(unsigned long); void free(void*);
 #define INFINITY (__builtin_inff())
 
 #define VK_FN static inline __attribute__((always_inline))
+/* where(c, a, b) on floats as a select of bits: a loop the compiler leaves scalar (a gather it
+   cannot vectorise) would otherwise branch on the condition -- a ReLU's gradient on random signs
+   mispredicts every other element (4 ns each; a CNN step 46 -> 40 ms on one core) */
+#define VK_WHERE_BITS 1
 """ + declarations()
 
 
