@@ -102,7 +102,10 @@ float vk_bench_peak(int64_t n)
 {
     vk_peak_v m, b, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15;
     for (int i = 0; i < vk_bench_peak_lanes(); i++) m[i] = 0.9999999f, b[i] = 1e-7f;
-    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = a8 = a9 = a10 = a11 = a12 = a13 = a14 = a15 = b;
+    /* sixteen different starting values: identical chains would be merged into one by -O2 */
+    a0 = b; a1 = 2 * b; a2 = 3 * b; a3 = 4 * b; a4 = 5 * b; a5 = 6 * b; a6 = 7 * b; a7 = 8 * b;
+    a8 = 9 * b; a9 = 10 * b; a10 = 11 * b; a11 = 12 * b; a12 = 13 * b; a13 = 14 * b;
+    a14 = 15 * b; a15 = 16 * b;
 #define VK_PEAK_STEP(x) x = VK_PEAK_FMA(x, m, b);
     for (int64_t i = 0; i < n; i++) {
         VK_PEAK_STEP(a0) VK_PEAK_STEP(a1) VK_PEAK_STEP(a2) VK_PEAK_STEP(a3) VK_PEAK_STEP(a4)
