@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import ArgumentError, ShapeError
 from ..validate import check_int, check_sequence, describe
 from .operands import as_floating, as_var, constant, promote
-from .api import (MAX_PAD, add, broadcast_to, concatenate, matmul, max, mean, pad, reshape, slice, stack,
+from .api import (MAX_PAD, add, concatenate, matmul, max, mean, pad, reshape, slice, stack,
     transpose, where)
 
 
@@ -87,14 +87,15 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
         out = concatenate(outs, 1)
         return out if bias is None else add(out, reshape(as_var(bias), (1, o, 1, 1)))
     taps, ho, wo = _windows(x, kh, kw, sh, sw, dh, dw)
-    # columns: (N, C, kh*kw, Ho*Wo) -> (N, Ho*Wo, C*kh*kw)
-    cols = stack([reshape(t, (n, c, ho * wo)) for t in taps], axis=2)
-    cols = transpose(reshape(cols, (n, c * kh * kw, ho * wo)), (0, 2, 1))
-    # one product per image, each reading its columns transposed where the taps put them (one
-    # product over every pixel of the batch would first copy them into rows: slower, measured)
-    kernel = transpose(reshape(weight, (o, c * kh * kw)))
-    out = matmul(cols, broadcast_to(kernel, (n,) + kernel.shape))      # (N, Ho*Wo, O)
-    out = reshape(transpose(out, (0, 2, 1)), (n, o, ho, wo))
+    # the columns (C*kh*kw, N*Ho*Wo): a row per (channel, tap), the whole batch's pixels along
+    # it, so that the convolution is one product with the weight as it is stored, (O, C*kh*kw)
+    # -- and its gradients one product each (the weight's summed over every pixel of the batch
+    # in k order), where a product per image would read the weight once per image and sum the
+    # images' weight gradients afterwards
+    cols = stack([transpose(reshape(t, (n, c, ho * wo)), (1, 0, 2)) for t in taps], axis=1)
+    cols = reshape(cols, (c * kh * kw, n * ho * wo))
+    out = matmul(reshape(weight, (o, c * kh * kw)), cols)              # (O, N*Ho*Wo)
+    out = transpose(reshape(out, (o, n, ho, wo)), (1, 0, 2, 3))
     if bias is not None:
         out = add(out, reshape(as_var(bias), (1, o, 1, 1)))
     return out
