@@ -134,3 +134,35 @@ def test_reshaped_strides_are_numpys_view_strides_or_none_where_numpy_copies(see
     if is_view:
         for d, mine, theirs in zip(out_shape, got, reshaped.strides):
             assert d == 1 or mine == theirs // 4, (view.shape, out_shape, got, reshaped.strides)
+
+
+@pytest.mark.skipif(cpu.compiler() is None, reason="needs a C compiler")
+def test_a_stored_reshape_of_a_temporary_is_that_temporary():
+    """A convolution's input gradient: its columns' gradient (a product's result, (C*kh*kw,
+    N*Ho*Wo)) is read back as (C, taps, N, Ho*Wo), tap by tap, by padded windows -- a reshape
+    stored for its many readers: it is the product's own buffer, never a copy of it; the
+    gradient is the NumPy backend's, bit for bit, and a finite difference's."""
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((2, 3, 10, 10))
+    w = rng.standard_normal((4, 3, 3, 3)) / 3
+
+    def loss(x):
+        return vkml.sum(vkml.conv2d(x, w) ** 2)
+
+    source, _ = cpu.c_source(vkml.program(vkml.grad(loss), x))
+    body = source[source.index("static int vk_main_body"):]
+    product = re.search(r"vk_gemm_double\(27LL, 128LL, 4LL, (?:[^,]+, \d+LL, \d+LL, ){2}"
+                        r"(t\d+) \+ 0, ", body)
+    assert product, "the columns' gradient is one product"
+    copies = [line for line in body.splitlines()
+              if re.match(rf"\s*t\d+\[[^\]]*\] = \(*{product.group(1)}\[", line)]
+    assert not copies
+    outs = {}
+    for backend in ("numpy", "cpu"):
+        with vkml.use_backend(backend):
+            outs[backend] = np.asarray(vkml.jit(vkml.grad(loss))(x))
+    assert outs["cpu"].tobytes() == outs["numpy"].tobytes()
+    e = np.zeros_like(x)
+    e[1, 2, 4, 7] = 1e-6
+    numeric = (float(loss(x + e)) - float(loss(x - e))) / 2e-6
+    assert abs(outs["cpu"][1, 2, 4, 7] - numeric) < 1e-5 * max(1.0, abs(numeric))

@@ -362,6 +362,9 @@ class Lowering:
                 cost[e.outputs[0]] = ops
                 env.inline.add(e.outputs[0])
                 continue
+            if self._aliased_reshape(e, buffers, outputs):
+                group = None        # (a nest reading it joins no nest writing its operand)
+                continue
             targets = []
             for o in e.outputs:
                 if o in outputs and o not in buffers:
@@ -384,6 +387,21 @@ class Lowering:
                 continue
             stmts += self.store(v.shape, p, lambda idx, v=v: env.read(v, idx))
         return stmts
+
+    def _aliased_reshape(self, e, buffers, outputs) -> bool:
+        """Whether ``e``, a reshape (its rule's ``same_bytes``) to be stored, is its operand's
+        temporary itself: a stored array is row-major, so its reshape is the same bytes (a
+        convolution's column gradient (C*kh*kw, N*Ho*Wo) read back as (C, taps, N, Ho*Wo) was
+        copied, 3 MB a step).  The
+        reshape's buffer is named as its operand's: everything that tracks buffers by name
+        (fused nests, in-place reuse) sees its reads as the operand's."""
+        if not getattr(self.rules.get(e.prim.name), "same_bytes", False) or e.outputs[0] in outputs:
+            return False
+        x = e.inputs[0]
+        if x not in buffers or buffers[x] not in {name for name, _, _ in self.temps}:
+            return False
+        buffers[e.outputs[0]] = buffers[x]
+        return True
 
     def store(self, shape, target, value_at, checks=None, at=None):
         """A loop nest over ``shape`` storing ``value_at(idx)`` into ``target``; ``checks(idx)``:

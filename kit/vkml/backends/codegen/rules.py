@@ -340,7 +340,11 @@ class Reshape(View):
     shape reached through elementwise steps is read at instead -- row-major, each group of
     axes is one run of it, so a split group's element is its offset within the group times the
     group's last stride: no division or remainder, and a loop over the reshape reads the buffer
-    at unit stride (a pooling window's gradient read back in the image's layout vectorises)."""
+    at unit stride (a pooling window's gradient read back in the image's layout vectorises).
+    ``same_bytes``: stored, it is its stored operand's bytes (row-major both), so the lowering
+    names the operand's buffer instead of copying it."""
+
+    same_bytes = True
 
     def __init__(self):
         super().__init__(_reshape, read_in_place=True)
