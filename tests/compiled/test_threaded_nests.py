@@ -142,3 +142,22 @@ def test_a_middling_nest_wakes_a_few_threads_not_all(monkeypatch):
     one, eight = _run(monkeypatch, 1, lambda a, b: a @ b, a, b), \
         _run(monkeypatch, 8, lambda a, b: a @ b, a, b)
     assert one[0].tobytes() == eight[0].tobytes()
+
+
+def test_only_enough_outer_loops_are_collapsed_for_the_threads(monkeypatch):
+    """A max pool's (n, c, 12, 2, 12, 2) nest splits its batch loop alone on two threads (64
+    iterations: 32 each), keeping the loops inside whole; with a batch of 2 the channels are
+    collapsed with it; the bits are one thread's either way."""
+    import re
+    rng = np.random.default_rng(3)
+
+    def pool(v):
+        return vkml.max_pool2d(vkml.relu(v - 0.2), 2)
+
+    for batch, loops in ((64, 1), (2, 2)):
+        x = rng.standard_normal((batch, 32, 24, 24)).astype(np.float32)
+        source = _source(monkeypatch, 2, pool, x)
+        collapsed = {int(n) for n in re.findall(r"collapse\((\d+)\)", source)}
+        assert collapsed == {loops}, (batch, collapsed)
+        one = _run(monkeypatch, 1, pool, x)
+        assert _run(monkeypatch, 2, pool, x)[0].tobytes() == one[0].tobytes()

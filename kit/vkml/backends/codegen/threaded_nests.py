@@ -8,8 +8,9 @@ are split (a scan's steps run in turn), only those with at least :data:`THREAD_M
 iterations of their innermost statements (below it, waking the threads costs more than they
 save), and never one that may leave the function early (a check's ``goto``) or calls a helper
 that splits its own work (a product's GEMM).  The split nest is preceded by an OpenMP
-``parallel for`` over its outer parallel loops (the innermost elementwise loop stays whole, for
-the vectoriser); the program is then built with ``-fopenmp``.
+``parallel for`` over as few of its outer parallel loops as give every thread enough
+iterations (the loops inside stay whole, for the vectoriser); the program is then built with
+``-fopenmp``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,13 @@ from .statements import Block, HelperCall, If, Loop, While
 #: the fewest innermost iterations of a nest split over threads (a 128 x 128 elementwise nest has
 #: 16384 and takes a few microseconds: about what starting the threads costs)
 THREAD_MIN_WORK = 1 << 15
+
+#: the split iterations per thread the outer loops collapsed together should reach: no more of
+#: them are collapsed than that takes (each further loop collapsed costs every iteration a
+#: division of the shared counter, and loops left whole inside keep their vectorised, unit
+#: stride form: a pooling's (64, 32, 12, 2, 12, 2) nest collapsed down to its pairs ran 3x slower
+#: on two threads than on one)
+SPLIT_ITERATIONS_PER_THREAD = 16
 
 #: what marks a program whose nests are split over threads (it needs ``-fopenmp``)
 THREADED_MARKER = "#pragma omp parallel for"
@@ -63,11 +71,14 @@ def _collapsed(nest, threads):
     depth = len(loops)
     if depth > 1 and all(isinstance(line, str) for line in innermost.body):
         depth -= 1                    # (the elementwise innermost loop stays whole: SIMD)
-    iterations = 1
+    iterations, split = 1, 0
     for loop in loops[:depth]:
+        if iterations >= SPLIT_ITERATIONS_PER_THREAD * threads:
+            break
         iterations *= loop.extent
+        split += 1
     team = min(threads, work // (THREAD_MIN_WORK // 2), iterations // 2)
-    return (depth, team) if team >= 2 else (0, 1)
+    return (split, team) if team >= 2 else (0, 1)
 
 
 def _work(s) -> int:
