@@ -392,9 +392,8 @@ class Lowering:
         """Whether ``e``, a reshape (its rule's ``same_bytes``) to be stored, is its operand's
         temporary itself: a stored array is row-major, so its reshape is the same bytes (a
         convolution's column gradient (C*kh*kw, N*Ho*Wo) read back as (C, taps, N, Ho*Wo) was
-        copied, 3 MB a step).  The
-        reshape's buffer is named as its operand's: everything that tracks buffers by name
-        (fused nests, in-place reuse) sees its reads as the operand's."""
+        copied, 3 MB a step).  The reshape's buffer is named as its operand's: everything that
+        tracks buffers by name (fused nests, in-place reuse) sees its reads as the operand's."""
         if not getattr(self.rules.get(e.prim.name), "same_bytes", False) or e.outputs[0] in outputs:
             return False
         x = e.inputs[0]
