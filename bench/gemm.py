@@ -71,14 +71,14 @@ BIG_MLP = [("h @ W2.T", 256, 4096, 4096, np.float32, False, True),
            ("d2.T @ h1", 4096, 4096, 256, np.float32, True, False)]
 
 #: the CNN's and the transformer's products (``bench/training.py``) in the layouts their steps
-#: read: a convolution's columns (pixels x window) times its weight, the columns' gradient, the
-#: weight's (over every pixel of the batch); the transformer's Linear layers over its 1024 rows
-#: and one attention head's products
-TRAINING = [("conv1 cols @ W.T", 36864, 32, 25, np.float32, False, True),
-            ("conv1 dW = d.T @ cols", 32, 25, 36864, np.float32, True, False),
-            ("conv2 cols @ W.T", 4096, 64, 800, np.float32, False, True),
-            ("conv2 d @ W", 4096, 800, 64, np.float32, False, False),
-            ("conv2 dW = d.T @ cols", 64, 800, 4096, np.float32, True, False),
+#: read: a convolution's weight (out x window) times its columns (window x every pixel of the
+#: batch), the columns' gradient, the weight's (over every pixel of the batch); the
+#: transformer's Linear layers over its 1024 rows and one attention head's products
+TRAINING = [("conv1 W @ cols", 32, 36864, 25, np.float32, False, False),
+            ("conv1 dW = d @ cols.T", 32, 25, 36864, np.float32, False, True),
+            ("conv2 W @ cols", 64, 4096, 800, np.float32, False, False),
+            ("conv2 dcols = W.T @ d", 800, 4096, 64, np.float32, True, False),
+            ("conv2 dW = d @ cols.T", 64, 800, 4096, np.float32, False, True),
             ("qkv x @ W.T", 1024, 384, 128, np.float32, False, True),
             ("mlp up x @ W.T", 1024, 512, 128, np.float32, False, True),
             ("mlp down h @ W.T", 1024, 128, 512, np.float32, False, True),
