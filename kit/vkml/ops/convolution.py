@@ -92,7 +92,9 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     # -- and its gradients one product each (the weight's summed over every pixel of the batch
     # in k order), where a product per image would read the weight once per image and sum the
     # images' weight gradients afterwards
-    cols = stack([transpose(reshape(t, (n, c, ho * wo)), (1, 0, 2)) for t in taps], axis=1)
+    # (each window kept 4-D until stored: its rows are read and written at unit stride, where
+    # merging its pixels first would divide every index by the row's width)
+    cols = stack([transpose(t, (1, 0, 2, 3)) for t in taps], axis=1)  # (C, taps, N, Ho, Wo)
     cols = reshape(cols, (c * kh * kw, n * ho * wo))
     out = matmul(reshape(weight, (o, c * kh * kw)), cols)              # (O, N*Ho*Wo)
     out = transpose(reshape(out, (o, n, ho, wo)), (1, 0, 2, 3))
