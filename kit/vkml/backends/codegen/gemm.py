@@ -315,6 +315,10 @@ static void vk_gemm_$S(int64_t M, int64_t N, int64_t K,
         blocks = (blocks + vk_gemm_threads - 1) / vk_gemm_threads * vk_gemm_threads;
         mcb = ((M + blocks - 1) / blocks + mr - 1) / mr * mr;
     }
+    /* one team of threads for the whole product (every thread walks the same blocks; a
+       long K of many blocks would otherwise start and join the team once a block: a conv's
+       weight gradient, K = 36864, 144 times for 16 x 25 outputs a thread) */
+#pragma omp parallel num_threads(vk_gemm_threads) if (split)
     for (int64_t jc = 0; jc < N; jc += $NC) {
         int64_t nc = N - jc < $NC ? N - jc : $NC;
         /* an A whose rows are adjacent (a transposed row-major matrix: a layer's weight in
@@ -323,9 +327,8 @@ static void vk_gemm_$S(int64_t M, int64_t N, int64_t K,
         const int pack_a = mr > 1 && nc > nr && !(sam == 1 && VK_GEMM_A_IN_PLACE);
         for (int64_t pc = 0; pc < K; pc += kstep) {
             int64_t kc = K - pc < kstep ? K - pc : kstep;
-            /* one team of threads per block: B's panels packed between them, then (after the
-               loop's barrier) their shares of the rows */
-#pragma omp parallel num_threads(vk_gemm_threads) if (split)
+            /* B's panels packed between the threads, then (after the loop's barrier) their
+               shares of the rows (whose closing barrier keeps B's panels until all are done) */
             {
 #pragma omp for schedule(static)
             for (int64_t jr = 0; jr < nc; jr += nr)
