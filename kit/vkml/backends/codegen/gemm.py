@@ -329,7 +329,6 @@ static void vk_gemm_$S(int64_t M, int64_t N, int64_t K,
             int64_t kc = K - pc < kstep ? K - pc : kstep;
             /* B's panels packed between the threads, then (after the loop's barrier) their
                shares of the rows (whose closing barrier keeps B's panels until all are done) */
-            {
 #pragma omp for schedule(static)
             for (int64_t jr = 0; jr < nc; jr += nr)
                 if (!VK_GEMM_IN_PLACE(jr))
@@ -358,7 +357,6 @@ static void vk_gemm_$S(int64_t M, int64_t N, int64_t K,
                                         mc - ir < mr ? mc - ir : mr, nc - jr < nr ? nc - jr : nr,
                                         pc == 0);
                 }
-            }
             }
         }
     }

@@ -285,9 +285,10 @@ class Lowering:
         """Whether ``e``'s value, read by several equations, is computed again in each reader
         instead of stored: a cheap arithmetic step (:data:`RECOMPUTED`, at most
         :data:`MAX_RECOMPUTE_COST` operations -- ``ops`` -- with the values inlined into it)
-        read by at most :data:`MAX_RECOMPUTE_USES`, an array of at least :data:`RECOMPUTE_MIN_SIZE` elements at
-        the program's top level (a scan's step, or a small array, is bound by its arithmetic,
-        not by memory).  A training step's elementwise work is bound by memory --
+        read by at most :data:`MAX_RECOMPUTE_USES`, an array of at least
+        :data:`RECOMPUTE_MIN_SIZE` elements at the program's top level (a scan's step, or a
+        small array, is bound by its arithmetic, not by memory).  A training step's elementwise
+        work is bound by memory --
         an intermediate stored and read back costs more than its multiply computed again in
         each nest that reads it -- and the value computed again is the same value, bit for
         bit."""
