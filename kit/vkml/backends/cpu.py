@@ -131,6 +131,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from sys import getrefcount
@@ -143,7 +144,7 @@ from ..ops.checks import warn_at_user
 from ..ops.core import rebind
 from ..progress import progress_enabled
 from ..stats import STATS
-from . import disk_cache
+from . import background, disk_cache
 from .base import Backend, ExecutionFailure, check_sizes, failure_error, product_threads, register
 from .codegen.libm import INEXACT_PRIMITIVES
 from .codegen.c_render import (ALLOCATION_FAILED, INTERRUPTED, POLL, prelude, render,
@@ -244,22 +245,16 @@ def cache_dir() -> str:
     return disk_cache.cache_dir("cpu")
 
 
-def library(source: str, extra_flags=(), inspect=None, generated=True):
+def library(source: str, extra_flags=(), inspect=None, generated=True, quick=False):
     """The compiled library for ``source``: from the disk cache if a trusted one is there, else built.
 
     Returns ``(ctypes.CDLL, compiled)`` where ``compiled`` says whether the compiler ran.  What
     is trusted, and how a library is loaded from the very bytes that were checked, is in
     ``disk_cache``; ``inspect``, if given, is called with those bytes before they are loaded.
     A ``generated`` source with a function longer than ``LARGE_SOURCE`` compiles at -O1 (the
-    GEMM library, written by hand and built once, always at -O2)."""
-    cc = compiler()
-    if cc is None:
-        raise BackendError("no C compiler found (set $CC or install gcc)")
-    flags = FLAGS + (GCC_FLAGS if is_gcc(cc) else []) + list(extra_flags)
-    if generated and len(source) > LARGE_SOURCE and longest_function(source) > LARGE_SOURCE:
-        flags = ["-O1" if f == "-O2" else f for f in flags]
-    signature = [cpu_signature()] if "-march=native" in flags else []
-    key = hashlib.sha256("\0".join([source, cc] + flags + signature).encode()).hexdigest()[:32]
+    GEMM library, written by hand and built once, always at -O2), and so does a ``quick`` one
+    (the first build of a big program: see ``SECOND_BUILD_SOURCE``)."""
+    cc, flags, key = _build_key(source, extra_flags, generated, quick)
 
     def load(data, folder):
         if inspect is not None:
@@ -267,6 +262,45 @@ def library(source: str, extra_flags=(), inspect=None, generated=True):
         return _load(data, folder)
     return disk_cache.cached("cpu", key, ".so", lambda folder: _compile_c(cc, flags, source, folder),
                              load)
+
+
+def _build_key(source, extra_flags, generated, quick=False):
+    """``(compiler, flags, cache key)`` of ``library(source, ...)``'s build."""
+    cc = compiler()
+    if cc is None:
+        raise BackendError("no C compiler found (set $CC or install gcc)")
+    flags = FLAGS + (GCC_FLAGS if is_gcc(cc) else []) + list(extra_flags)
+    if generated and (quick or len(source) > LARGE_SOURCE and
+                      longest_function(source) > LARGE_SOURCE):
+        flags = ["-O1" if f == "-O2" else f for f in flags]
+    signature = [cpu_signature()] if "-march=native" in flags else []
+    key = hashlib.sha256("\0".join([source, cc] + flags + signature).encode()).hexdigest()[:32]
+    return cc, flags, key
+
+
+#: generated C longer than this is built twice when no build of it is in the disk cache: at -O1
+#: first, which the first call runs (a transformer step's 118 KB: its first call 1.1 -> 0.8 s),
+#: then at -O2 on a background thread, which the program switches to when it is ready (about a
+#: second later; the same bits, see ``CpuBackend._compile_c``) and which the cache keeps.
+#: ``VKML_SECOND_BUILD=0``: build once, at -O2, before the first call.
+SECOND_BUILD_SOURCE = 64 * 1024
+#: seconds the second build waits for the program's first call to return before it starts
+SECOND_BUILD_WAIT = 5.0
+
+
+def wants_second_build(source, extra_flags) -> bool:
+    """Whether ``source``'s first build is a quick -O1 one, its -O2 build following in the
+    background: a big generated source (``SECOND_BUILD_SOURCE``) that compiles at -O2, not in
+    the disk cache yet, with ``VKML_SECOND_BUILD`` not ``0``."""
+    if len(source) <= SECOND_BUILD_SOURCE or os.environ.get("VKML_SECOND_BUILD", "1") == "0":
+        return False
+    _, flags, key = _build_key(source, extra_flags, True)
+    if "-O2" not in flags:
+        return False
+    try:
+        return disk_cache.read_entry(cache_dir(), f"vk_{key}.so", key) is None
+    except OSError:                 # no cache folder: ``library`` says why, and builds once
+        return False
 
 
 def vector_math() -> frozenset:
@@ -361,11 +395,11 @@ def all_vector(imports) -> bool:
     return all(len(versions) == 1 and name not in versions for name, versions in imports.items())
 
 
-def _built(source, extra_flags, inspect=None, generated=True):
+def _built(source, extra_flags, inspect=None, generated=True, quick=False):
     """``library(source, ...)``'s library, or None (after one warning) when no folder could hold
     the build (disk full, read-only, gone): the program then runs on NumPy."""
     try:
-        return library(source, extra_flags, inspect, generated)[0]
+        return library(source, extra_flags, inspect, generated, quick)[0]
     except BackendError as e:
         if disk_cache.folder_fault(e) is None:
             raise
@@ -397,6 +431,8 @@ def _run_compiler(commands, size) -> subprocess.CompletedProcess:
         for command in commands:
             procs.append(subprocess.Popen(command, stdout=subprocess.PIPE,
                                           stderr=subprocess.PIPE, text=True))
+            if not background.started(procs[-1]):      # the process is ending
+                break
         start, note, results = time.perf_counter(), None, []
         for proc in procs:
             while True:
@@ -405,7 +441,7 @@ def _run_compiler(commands, size) -> subprocess.CompletedProcess:
                     out, err = proc.communicate(timeout=None if note is not None else left)
                     break
                 except subprocess.TimeoutExpired:
-                    note = progress_enabled()
+                    note = progress_enabled() and not background.active()
                     if note:
                         sys.stderr.write(f"vkml: compiling a new program ({size // 1024} KB of "
                                          "C) ...\n")
@@ -418,6 +454,9 @@ def _run_compiler(commands, size) -> subprocess.CompletedProcess:
             proc.kill()
             proc.wait()
         raise
+    finally:
+        for proc in procs:
+            background.finished(proc)
     return next((r for r in results if r.returncode != 0), results[-1])
 
 
@@ -608,6 +647,13 @@ def _replayed(program, args, origin, checks, site=None) -> list:
     return [env.get(v, v) for v in program.outputs]
 
 
+def _link_products(lib, types, gemm):
+    """Point ``lib``'s products of element ``types`` at the GEMM library ``gemm``'s routines."""
+    for t in types:
+        ctypes.c_void_p.in_dll(lib, f"vk_gemm_{t}").value = \
+            ctypes.cast(getattr(gemm, f"vk_gemm_lib_{t}"), ctypes.c_void_p).value
+
+
 class CompiledProgram:
     """A program's C function, called with contiguous arrays.
 
@@ -645,14 +691,29 @@ class CompiledProgram:
         #: whether a call may stop with an error (a check in its code, an interrupt, a warning
         #: issued after it that the caller's filters may turn into one)
         self.may_fail = self.interruptible or lowering.may_fail or bool(self.warnings)
-        self._keep = lib
+        self.gemm_types = tuple(lowering.gemm_types)
+        _link_products(lib, self.gemm_types, gemm)
+        #: the libraries its functions come from (a call may still run in one it switched from)
+        self._keep = [lib]
         self._pool = self._prepare(lib, lowering)
+        #: set once a second, optimised build has been switched to or given up (``take``); set
+        #: from the start where there is none
+        self.optimised = threading.Event()
+        self.optimised.set()
 
     writes_into = True
 
     def _prepare(self, lib, lowering):
         """What the pooled call reuses (see ``call_ready``); None without ``vk_objs`` or where
         a tuple's items cannot be handed over as the block of objects (``TUPLE_ITEMS``)."""
+        fn = self._objs_function(lib)
+        if fn is None:
+            return None
+        info = np.zeros(3 + len(self.warnings), np.int64)
+        return _Pool(fn, info, [None] * len(self.out_types), scratch_layout(lowering.temps)[1])
+
+    def _objs_function(self, lib):
+        """``lib``'s ``vk_objs`` as the pooled call calls it, or None (see ``_prepare``)."""
         fn = getattr(lib, "vk_objs", None) if DATA_OFFSET is not None else None
         if fn is None or TUPLE_ITEMS is None:
             return None
@@ -660,8 +721,27 @@ class CompiledProgram:
         fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         if self.quick:          # called holding the GIL: no release and take-back around it
             fn = _HOLDING_GIL(ctypes.cast(fn, ctypes.c_void_p).value)
-        info = np.zeros(3 + len(self.warnings), np.int64)
-        return _Pool(fn, info, [None] * len(self.out_types), scratch_layout(lowering.temps)[1])
+        return fn
+
+    def first_call_done(self, limit):
+        """Return once a pooled call has run and returned (or after ``limit`` seconds): what the
+        second build waits for, so its compilers do not take the cores from the first call."""
+        if self._pool is not None:
+            self._pool.called.wait(limit)
+
+    def take(self, lib):
+        """Switch to ``lib``: the same source built again, optimised (``CpuBackend._compile_c``).
+        Each call runs in one library or the other, whole: a call running meanwhile finishes in
+        the one it started in, which stays loaded."""
+        _link_products(lib, self.gemm_types, self.gemm)
+        fn = lib.vk_main
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        objs = self._objs_function(lib)
+        self._keep.append(lib)
+        self.fn = fn
+        if self._pool is not None and objs is not None:
+            self._pool.fn = objs
 
     def __call__(self, args, into=None):
         """Run once; ``into`` (see ``Backend.run``): destinations the C function writes directly.
@@ -700,7 +780,7 @@ class CompiledProgram:
             return self._call_fresh(args, into)
         free = pool.free
         try:
-            free.pop()              # the pool's token (an atomic list.pop)
+            token = free.pop()      # the pool's token (an atomic list.pop)
         except IndexError:          # held by a call running in another thread: fresh arrays
             return self._call_fresh(args, into)
         try:
@@ -730,6 +810,8 @@ class CompiledProgram:
             return list(outs)
         finally:
             free.append(True)
+            if token is NOT_CALLED:
+                pool.called.set()
 
     def _pooled_or_into(self, pool, into):
         """Per output, its destination in ``into`` where one fits (``_destinations``), else the
@@ -803,6 +885,10 @@ class CompiledProgram:
 _NO_SCRATCH = np.empty(1, np.uint8)
 
 
+#: a pool's token before its first call
+NOT_CALLED = object()
+
+
 class _Pool:
     """What one executable's pooled calls reuse (one call at a time: the one that took the
     token from ``free``, a one-item list -- ``list.pop`` and ``append`` are atomic, and cost a
@@ -818,7 +904,10 @@ class _Pool:
         self.info_address = info.ctypes.data
         self.scratch_bytes = scratch_bytes
         self.scratch = None if scratch_bytes else _NO_SCRATCH
-        self.free = [True]
+        #: the token: ``NOT_CALLED`` until the first call returns it as ``True`` and sets
+        #: ``called``
+        self.free = [NOT_CALLED]
+        self.called = threading.Event()
         #: arrays this pool allocated (outputs and the scratch block): what tests count
         self.allocations = 0
 
@@ -1080,11 +1169,14 @@ class CpuBackend(Backend):
                                 _product_threads(lowering))
             if gemm is None:
                 return None
+        flags = ["-fopenmp"] if THREADED_MARKER in source else ["-fopenmp-simd"] if vector else []
+        quick = wants_second_build(source, flags)
         imports = {}
+
+        def inspect(into):
+            return (lambda data: into.update(math_imports(data, math))) if vector else None
         try:
-            flags = ["-fopenmp"] if THREADED_MARKER in source else ["-fopenmp-simd"] if vector else []
-            lib = _built(source, flags,
-                         (lambda data: imports.update(math_imports(data, math))) if vector else None)
+            lib = _built(source, flags, inspect(imports), quick=quick)
         except BackendError:
             if not split or "vk_part0(" not in source:
                 raise
@@ -1094,10 +1186,25 @@ class CpuBackend(Backend):
         if vector and not all_vector(imports):
             return self._compile_c(program, math, blocks=False, split=split) if blocks else \
                 self._compile_c(program, split=split)
-        for t in lowering.gemm_types:          # the program's products call the GEMM library
-            ctypes.c_void_p.in_dll(lib, f"vk_gemm_{t}").value = \
-                ctypes.cast(getattr(gemm, f"vk_gemm_lib_{t}"), ctypes.c_void_p).value
-        return CompiledProgram(program, lib, source, lowering, gemm)
+        compiled = CompiledProgram(program, lib, source, lowering, gemm)
+        if quick:
+            compiled.optimised.clear()
+            # the -O2 build, beside the running program; it is switched to only if it calls
+            # libm's functions in the very vector versions the -O1 build calls (the same bits:
+            # both are built from one source with no fast-math and no contraction)
+            def optimise():
+                compiled.first_call_done(SECOND_BUILD_WAIT)
+                found = {}
+                try:
+                    better = _built(source, flags, inspect(found))
+                except Exception:       # a failed rebuild leaves the -O1 build running
+                    better = None
+                if better is not None and found == imports:
+                    compiled.take(better)
+                compiled.optimised.set()
+            if background.later(optimise) is None:
+                compiled.optimised.set()
+        return compiled
 
     def _numpy(self, program, fallback=True):
         """The program on the NumPy backend: a fallback (counted in ``info()``) when C does not
