@@ -111,6 +111,19 @@ def test_small_programs_and_the_switch_turned_off_build_once_at_O2(on_cpu, monke
     assert builds == [("-O2", "MainThread")] * 2 and exe2.optimised.is_set()
 
 
+def test_a_bad_VKML_SECOND_BUILD_is_refused_with_the_fix_and_builds_nothing(
+        on_cpu, monkeypatch, builds):
+    monkeypatch.setattr(cpu, "SECOND_BUILD_SOURCE", 1000)
+    monkeypatch.setenv("VKML_SECOND_BUILD", "yes")
+    prog, _ = _step_program()
+    with pytest.raises(vkml.ArgumentError, match="VKML_SECOND_BUILD must be 1 .* or 0"):
+        _compile(prog)
+    assert builds == []
+    assert "VKML_SECOND_BUILD must be" in vkml.backend_info()["big programs"]
+    monkeypatch.setenv("VKML_SECOND_BUILD", "1")
+    assert "-O1 for the first call" in vkml.backend_info()["big programs"]
+
+
 def test_a_process_ending_during_a_second_build_leaves_no_compiler_and_no_build_folder(tmp_path):
     """The optimised build is still compiling when the script ends (its compiler made to take a
     minute): the compiler is stopped, its scratch folder removed, and the process ends at once."""

@@ -288,11 +288,32 @@ SECOND_BUILD_SOURCE = 64 * 1024
 SECOND_BUILD_WAIT = 5.0
 
 
+def second_builds() -> bool:
+    """Whether big programs get a quick build first (``VKML_SECOND_BUILD``: 1, the default, or 0)."""
+    text = os.environ.get("VKML_SECOND_BUILD", "1")
+    if text not in ("0", "1"):
+        raise ArgumentError(f"VKML_SECOND_BUILD must be 1 (a big program's first build quick, "
+                            f"its optimised one in the background, the default) or 0 (one "
+                            f"optimised build before the first call), got {text!r}")
+    return text == "1"
+
+
+def _big_programs() -> str:
+    """How big programs are built (``backend_info``)."""
+    try:
+        quick = second_builds()
+    except ArgumentError as e:
+        return str(e)
+    return (f"over {SECOND_BUILD_SOURCE // 1024} KB of C: built with -O1 for the first call, then "
+            "with -O2 in the background (VKML_SECOND_BUILD=0: once, with -O2)" if quick else
+            "built once, with -O2 (VKML_SECOND_BUILD=0)")
+
+
 def wants_second_build(source, extra_flags) -> bool:
     """Whether ``source``'s first build is a quick -O1 one, its -O2 build following in the
     background: a big generated source (``SECOND_BUILD_SOURCE``) that compiles at -O2, not in
     the disk cache yet, with ``VKML_SECOND_BUILD`` not ``0``."""
-    if len(source) <= SECOND_BUILD_SOURCE or os.environ.get("VKML_SECOND_BUILD", "1") == "0":
+    if len(source) <= SECOND_BUILD_SOURCE or not second_builds():
         return False
     _, flags, key = _build_key(source, extra_flags, True)
     if "-O2" not in flags:
@@ -544,6 +565,7 @@ def _lowered(program, sites, scalars_in_locals):
     low.fuse_loops = True
     low.scalars_in_locals = scalars_in_locals
     low.column_trees = True
+    low.padded_sums = True
     low.interrupt_poll = POLL
     ins = [f"a{i}" for i in range(len(program.inputs))]
     outs = [f"o{i}" for i in range(len(program.outputs))]
@@ -1258,6 +1280,7 @@ class CpuBackend(Backend):
                                   "a rounded product then a rounded sum, k in index order "
                                   "(the plain loops' bits; VKML_FMA=1 fuses them)"),
                      "threads": gemm_threads(),
+                     "big programs": _big_programs(),
                      "simulation vector math": math,
                      "graph vector math": math,
                      "program vector math": math})

@@ -237,6 +237,9 @@ class Lowering:
         #: whether a float sum that keeps its operand's last axis runs its canonical trees
         #: side by side along that axis (``_column_trees``; the C tier's programs)
         self.column_trees = False
+        #: whether a float sum of zero-padded windows is stored by one pass per window
+        #: (``padded_sums``; the C tier's programs)
+        self.padded_sums = False
         self.site = 0            # the top-level equation being lowered
 
     def fresh(self, prefix):
@@ -308,10 +311,11 @@ class Lowering:
         for v in list(prog.inputs) + [o for o in prog.outputs]:
             if v.dtype not in CTYPE:
                 raise Unsupported(f"dtype {v.dtype}")
-        uses = {}
+        uses, readers = {}, {}
         for e in prog.eqns:
             for v in e.inputs:
                 uses[v] = uses.get(v, 0) + 1
+                readers.setdefault(v, []).append(e)
         producer = {o: e for e in prog.eqns for o in e.outputs}
         outputs = {}
         for v, p in zip(prog.outputs, out_ptrs):
@@ -357,7 +361,9 @@ class Lowering:
             if inline:
                 # a long chain is cut into stored pieces, so one expression stays of modest size
                 d = 1 + max((depth.get(v, 0) for v in e.inputs), default=0)
-                inline = d <= MAX_INLINE_DEPTH
+                stored_when = getattr(rule, "stored_when", None)
+                inline = d <= MAX_INLINE_DEPTH and not (
+                    stored_when is not None and stored_when(self, e, env, readers))
             if inline:
                 depth[e.outputs[0]] = d
                 cost[e.outputs[0]] = ops
@@ -373,6 +379,12 @@ class Lowering:
                 elif o not in buffers:
                     buffers[o] = self.temp(o)
                 targets.append(buffers[o])
+            own = getattr(rule, "own_loops", None)
+            alone = own(self, e, env, targets) if own is not None and len(targets) == 1 else None
+            if alone is not None:
+                group = None
+                stmts += alone
+                continue
             if self.fuse_loops and rule is not None and rule.fusible(e) and len(targets) == 1:
                 if group is not None and group.take(e, env, targets[0], stmts):
                     continue

@@ -39,6 +39,7 @@ import numpy as np
 
 from ...ir import Eqn
 from .libm import PRIMITIVE_CALLS
+from .padded_sums import padded_sum_loops, padded_sum_top
 from .lower import (CTYPE, Lowering, RunsIndex, axis_groups, linear_index, row_major_strides,
                     tree_expression)
 from .products import by_gemm, gemm_operands, lower_gemm
@@ -59,8 +60,12 @@ class Elementwise:
     then lowered by the statement rule ``checked`` instead, with its check, and never fused.
     """
 
-    def __init__(self, expr, refuses=None, checked=None):
+    def __init__(self, expr, refuses=None, checked=None, own_loops=None, stored_when=None):
         self.expr, self.refuses, self.checked = expr, refuses, checked
+        #: ``own_loops(lowering, eqn, env, targets)``: statements of its own for a stored result
+        #: where they beat one expression (``padded_sums``), else None; ``stored_when(lowering,
+        #: eqn, env, readers)``: whether to store a result it would otherwise inline, for them
+        self.own_loops, self.stored_when = own_loops, stored_when
 
     def expression(self, env, e, idx):
         args = [env.read(v, idx) for v in e.inputs]
@@ -93,9 +98,11 @@ class View:
     """
 
     def __init__(self, expr, stores_operands=lambda e: False, fusible=True, read_in_place=False,
-                 offsets=()):
+                 offsets=(), zero_border=False):
         self.expr, self._stores, self._fusible = expr, stores_operands, fusible
         self.read_in_place = read_in_place
+        #: whether it is its operand inside a border of zeros (a pad: ``padded_sums``)
+        self.zero_border = zero_border
         #: the params of per-axis integer offsets (a slice's starts and limits) that ``expr``
         #: also takes as C expressions: a stack of such views is then one loop nest
         #: (``Concatenation``)
@@ -537,7 +544,7 @@ def _concatenate(read, e, idx):
 #: every primitive the compiled tiers lower, by name: what it becomes in C
 C_RULES = {
     # arithmetic (+, -, *, / and sqrt are IEEE operations: NumPy's bits)
-    "add": Elementwise(_wrapping("+")),
+    "add": Elementwise(_wrapping("+"), own_loops=padded_sum_loops, stored_when=padded_sum_top),
     "sub": Elementwise(_wrapping("-")),
     "mul": Elementwise(_wrapping("*")),
     "div": Elementwise(_div),
@@ -569,7 +576,7 @@ C_RULES = {
     "slice": View(_slice, offsets=("starts", "limits")),
     "flip": View(_flip),
     "reshape": Reshape(),
-    "pad": View(_pad),
+    "pad": View(_pad, zero_border=True),
     "concatenate": Concatenation(),
     # loops of their own
     "reduce_sum": SmallReduction(Lowering._lower_reduce_sum, "sum"),

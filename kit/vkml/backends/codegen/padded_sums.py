@@ -1,0 +1,137 @@
+"""A float sum of zero-padded windows, lowered as one accumulation pass per window.
+
+A convolution's input gradient is such a sum: its columns' gradient holds one window of the
+image per kernel tap, and each is padded back to the image's size and added, 25 terms
+``((p0 + p1) + p2) + ...`` for a 5 x 5 kernel.  As one expression every element tests 25
+windows' bounds and adds 25 terms, most of them the padding's zeros, in a loop the compiler
+leaves scalar (2.8 ms of a LeNet step on one core).
+
+The same bits come from passes: an accumulator starts at -0.0 (the identity of +: -0.0 + v
+is v for every v, +0.0 included), each window is added where it lies, in the sum's order --
+a vectorised loop over the window alone -- and an element some window misses gets the + 0.0
+that window's padding would have added.  That is exact because adding +0.0 changes nothing but
+-0.0 (to +0.0): the skipped zeros could only have turned a -0.0 accumulator into +0.0, and an
+accumulator of -0.0 at the end means every term added was -0.0, so the sum with the zeros
+is +0.0 exactly where some window was missed.  NaN and infinities pass through either way.
+
+The passes over one image sit inside the loops over the axes no window pads (the batch and
+channels), so an image's accumulator stays in the L1 cache between passes, and those loops
+are the ones spread over threads.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .lower import CTYPE, linear_index, mark_parallel
+from .statements import Block, Loop
+
+#: fewer windows than this stay one expression (two or three pads: a split's gradient)
+MIN_WINDOWS = 4
+#: the most elements of one image's sum kept in a local array (16 KB of floats)
+LOCAL_ELEMENTS = 4096
+
+
+def padded_sum_loops(low, e, env, targets):
+    """Statements storing add ``e``'s result into ``targets[0]`` by passes, or None where ``e``
+    is not the top of a float sum of at least :data:`MIN_WINDOWS` zero-padded windows (or the
+    lowering does not ask for passes: ``Lowering.padded_sums``)."""
+    out = e.outputs[0]
+    if not low.padded_sums or out.dtype.kind != "f" or out.dtype not in CTYPE:
+        return None
+    pads = _windows(env, e)
+    if pads is None or len(pads) < MIN_WINDOWS:
+        return None
+    shape, nd = out.shape, out.ndim
+    common = 0                    # leading axes no window pads: the loops around the passes
+    while common < nd and all(p.params["lo"][common] == 0 and p.params["hi"][common] == 0
+                              for p in pads):
+        common += 1
+    if common == nd:
+        return None
+    ctype, target = CTYPE[out.dtype], targets[0]
+    outer = [low.fresh("i") for _ in range(common)]
+    rest = shape[common:]
+    # one image's sum in an array of its own (cached, and apart from every buffer: no run-time
+    # overlap check per pass) where the loops around the passes leave a small one
+    local = low.fresh("vk_acc") if common and 0 < math.prod(rest) <= LOCAL_ELEMENTS else None
+
+    def element(inner, shift=None):
+        at = [f"({i} + {s})" if s else i for i, s in zip(inner, shift or [0] * len(inner))]
+        if local is not None:
+            return f"{local}[{linear_index(at, rest)}]"
+        return f"{target}[{linear_index(outer + at, shape)}]"
+
+    def nest(extents, line):
+        idx = [low.fresh("i") for _ in extents]
+        body = [line(idx)]
+        for var, n in reversed(list(zip(idx, extents))):
+            body = [Loop(var, n, body)]
+        return body if common else mark_parallel(body, len(extents))
+
+    zero = "0.0f" if ctype == "float" else "0.0"
+    passes = nest(rest, lambda r: f"{element(r)} = -{zero};")
+    for p in pads:
+        x, lo = p.inputs[0], p.params["lo"][common:]
+        passes += nest(x.shape[common:], lambda r, x=x, lo=lo: (
+            f"{element(r, lo)} = {element(r, lo)} + {env.read(x, outer + r)};"))
+    inside = [(max(p.params["lo"][a] for p in pads),
+               min(p.params["lo"][a] + p.inputs[0].shape[a] for p in pads)) for a in range(common, nd)]
+    missing = any(first > 0 or end < n for (first, end), n in zip(inside, rest))
+    covered = all(first < end for first, end in inside)    # some element by every window
+
+    def result(r):
+        store = f"{target}[{linear_index(outer + r, shape)}] = "
+        if not missing:
+            return store + f"{element(r)};"
+        if not covered:
+            return store + f"{element(r)} + {zero};"
+        test = " && ".join(f"{i} >= {first} && {i} < {end}" for i, (first, end) in zip(r, inside))
+        return store + f"({test}) ? {element(r)} : {element(r)} + {zero};"
+    if missing or local is not None:
+        passes += nest(rest, result)
+    if local is not None:
+        passes = [Block([f"{ctype} {local}[{math.prod(rest)}];"] + passes)]
+    if not common:
+        return passes
+    for var, n in reversed(list(zip(outer, shape[:common]))):
+        passes = [Loop(var, n, passes)]
+    return mark_parallel(passes, common)
+
+
+def padded_sum_top(low, e, env, readers) -> bool:
+    """Whether add ``e`` is the last of a float sum of at least :data:`MIN_WINDOWS` zero-padded
+    windows (no add reading it continues the sum): such a result is stored, by passes, rather
+    than inlined into its readers (``readers``: each value's reading equations)."""
+    out = e.outputs[0]
+    if not low.padded_sums or out.dtype.kind != "f" or out.dtype not in CTYPE:
+        return False
+    if any(r.prim is e.prim and r.inputs[0] is out for r in readers.get(out, ())):
+        return False
+    pads = _windows(env, e)
+    return pads is not None and len(pads) >= MIN_WINDOWS
+
+
+def _windows(env, e):
+    """The pads of the sum ``e`` tops, in its order of additions (``((p0 + p1) + p2) + ...``,
+    each add inlined into the next), or None: where a term is not a pad of zeros, with no
+    interior padding and no cropping, inlined into the sum."""
+    rules = env.lowering.rules
+    own = rules[e.prim.name]
+    terms, node = [], e
+    while True:
+        a, b = node.inputs
+        terms.append(b)
+        if a in env.inline and rules[env.producer[a].prim.name] is own:
+            node = env.producer[a]
+            continue
+        terms.append(a)
+        break
+    pads = []
+    for t in reversed(terms):
+        p = env.producer.get(t) if t in env.inline else None
+        if p is None or not getattr(rules[p.prim.name], "zero_border", False) or \
+                any(p.params["interior"]) or min(p.params["lo"] + p.params["hi"], default=0) < 0:
+            return None
+        pads.append(p)
+    return pads

@@ -1,0 +1,85 @@
+"""A float sum of zero-padded windows (a convolution's input gradient) is computed by one pass
+per window into an accumulator that starts at -0.0, with + 0.0 where a window misses: the NumPy
+backend's bits for the sum as written -- signed zeros, NaN and the buffers reused by later calls
+included -- in every arrangement of the passes (inside the loops over the batch and channels,
+with the image in a local array or not, or over the whole array), against a finite difference."""
+
+import re
+
+import numpy as np
+import pytest
+
+import vkml
+from vkml.backends import cpu
+from vkml.backends.codegen import padded_sums
+
+pytestmark = pytest.mark.skipif(cpu.compiler() is None, reason="needs a C compiler")
+
+
+def _windows_loss(shape, k, coef):
+    """sum(windows(x)^2 * coef): its gradient is the sum of the k*k windows, each padded back."""
+    ho, wo = shape[-2] - k + 1, shape[-1] - k + 1
+
+    def loss(x):
+        s = vkml.stack([x[..., i:i + ho, j:j + wo] for i in range(k) for j in range(k)])
+        return vkml.sum(s * s * coef)
+    return loss
+
+
+def _both(fn, x, calls=3):
+    """``fn``'s results on the NumPy backend (once) and on the cpu tier (``calls`` times)."""
+    with vkml.use_backend("numpy"):
+        want = np.array(vkml.jit(fn)(x))
+    with vkml.use_backend("cpu"):
+        f = vkml.jit(fn)
+        got = [np.array(f(x)) for _ in range(calls)]
+    return want, got
+
+
+@pytest.mark.parametrize("shape, k, dtype", [((2, 3, 12, 12), 5, np.float32),
+                                             ((1, 2, 7, 9), 3, np.float64),
+                                             ((3, 1, 6, 6), 2, np.float32),
+                                             ((1, 1, 70, 66), 3, np.float32),   # no local array
+                                             ((30, 9), 3, np.float64)])         # no outer loop
+@pytest.mark.parametrize("fill", [-0.0, 0.0, np.nan])
+def test_the_passes_give_the_sums_bits(shape, k, dtype, fill):
+    rng = np.random.default_rng(len(shape) * 10 + k)
+    x = (np.abs(rng.standard_normal(shape)) + 0.1).astype(dtype)
+    coef = np.full((k * k,) + shape[:-2] + (shape[-2] - k + 1, shape[-1] - k + 1), -0.0, dtype)
+    coef[rng.random(coef.shape) < 0.05] = fill
+    coef[rng.random(coef.shape) < 0.03] = rng.standard_normal() + 1.0
+    g = vkml.grad(_windows_loss(shape, k, coef))
+    source, _ = cpu.c_source(vkml.program(g, x))
+    assert re.search(r"= -0\.0f?;", source), "the sum is computed by passes"
+    want, got = _both(g, x)
+    assert (want == 0).any() and np.signbit(want[want == 0]).any(), "some sums are -0.0"
+    for g_ in got:
+        assert g_.tobytes() == want.tobytes()
+
+
+def test_three_windows_stay_one_expression():
+    x = np.ones((2, 10), np.float32)
+    g = vkml.grad(lambda v: vkml.sum(vkml.stack([v[:, i:i + 8] for i in range(3)]) ** 2))
+    assert padded_sums.MIN_WINDOWS > 3
+    assert not re.search(r"= -0\.0f?;", cpu.c_source(vkml.program(g, np.ones((2, 10))))[0])
+    want, got = _both(g, x, 1)
+    assert got[0].tobytes() == want.tobytes()
+
+
+def test_a_convolutions_input_gradient_against_central_differences():
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 3, 9, 9))
+    w = rng.standard_normal((4, 3, 3, 3)) / 3
+
+    def loss(v):
+        return vkml.sum(vkml.tanh(vkml.conv2d(v, w, padding=1)) ** 2)
+
+    source, _ = cpu.c_source(vkml.program(vkml.grad(loss), x))
+    assert re.search(r"= -0\.0;", source)
+    with vkml.use_backend("cpu"):
+        got = np.asarray(vkml.jit(vkml.grad(loss))(x))
+    for at in [(0, 0, 0, 0), (1, 2, 4, 8), (0, 1, 8, 3), (1, 0, 5, 5)]:
+        e = np.zeros_like(x)
+        e[at] = 1e-6
+        numeric = (float(loss(x + e)) - float(loss(x - e))) / 2e-6
+        assert abs(got[at] - numeric) < 1e-6 * max(1.0, abs(numeric)), at
