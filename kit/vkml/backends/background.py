@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import threading
+import time
 
 #: per thread: whether it is a background build (its compiles print no progress note)
 STATE = threading.local()
@@ -71,6 +72,17 @@ def later(work) -> threading.Thread | None:
         _THREADS.add(thread)
     thread.start()
     return thread
+
+
+def wait(timeout=None) -> bool:
+    """Wait for the background builds running now (a benchmark times the optimised programs);
+    False if some is still running after ``timeout`` seconds."""
+    with _LOCK:
+        threads = list(_THREADS)
+    end = None if timeout is None else time.monotonic() + timeout
+    for thread in threads:
+        thread.join(None if end is None else max(0.0, end - time.monotonic()))
+    return not any(t.is_alive() for t in threads)
 
 
 @atexit.register
