@@ -12,7 +12,7 @@ import pytest
 
 import vkml
 from vkml.backends import cpu
-from vkml.backends.codegen.rules import _following
+from vkml.backends.codegen.stacked_views import _following
 
 needs_cc = pytest.mark.skipif(cpu.compiler() is None, reason="needs a C compiler")
 

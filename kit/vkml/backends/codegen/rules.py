@@ -37,9 +37,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...ir import Eqn
 from .libm import PRIMITIVE_CALLS
 from .padded_sums import padded_sum_loops, padded_sum_top
+from .stacked_views import stacked_value
 from .lower import (CTYPE, Lowering, RunsIndex, axis_groups, linear_index, row_major_strides,
                     tree_expression)
 from .products import by_gemm, gemm_operands, lower_gemm
@@ -419,14 +419,14 @@ class Concatenation(View):
     A stack of one expression at offsets that follow the operand's number (the windows of a
     convolution or a pooling: the same slice of the same image, its starts ``(k / kw, k %
     kw)`` for tap k) is one loop nest instead, over the whole result, the offsets computed from
-    the loop over the stacked axis (:func:`_stacked`): one loop nest, and one team of threads,
+    the loop over the stacked axis (``stacked_views``): one loop nest, and one team of threads,
     where there were 25."""
 
     def __init__(self):
         super().__init__(_concatenate, fusible=False)
 
     def lower(self, low, e, env, targets):
-        stacked = _stacked(env, e)
+        stacked = stacked_value(env, e)
         if stacked is not None:
             return low.store(e.outputs[0].shape, targets[0], stacked)
         axis, out = e.params["axis"], e.outputs[0]
@@ -440,88 +440,6 @@ class Concatenation(View):
                          for a, i in enumerate(idx)], out.shape))
             offset += x.shape[axis]
         return stmts
-
-
-def _stacked(env, e):
-    """``value_at(idx)`` of concatenate ``e`` as one expression, or None: when its operands are
-    each one element thick along the axis and are one inlined expression of the same values,
-    but for the offsets of the views in it (``View.offsets``), and each offset is a constant,
-    ``a + b k`` or ``a + b (k / m) + c (k % m)`` of the operand's number k.  The element at
-    ``idx`` is operand ``idx[axis]``'s, read with its offsets computed from that index (the
-    views are read through stand-in equations carrying those expressions)."""
-    axis, xs = e.params["axis"], e.inputs
-    if len(xs) < 2 or any(x.shape != xs[0].shape for x in xs) or xs[0].shape[axis] != 1:
-        return None
-    views = [[] for _ in xs]
-    forms = [_expression_form(env, x, found) for x, found in zip(xs, views)]
-    if forms[0] is None or any(f != forms[0] for f in forms[1:]):
-        return None
-    offsets = []          # per view of operand 0 and offset param: per axis, a function of k
-    for j, view in enumerate(views[0]):
-        for name in env.lowering.rules[view.prim.name].offsets:
-            per_axis = [_following([found[j].params[name][a] for found in views])
-                        for a in range(len(view.params[name]))]
-            if any(f is None for f in per_axis):
-                return None
-            offsets.append((view, name, per_axis))
-
-    def value_at(idx):
-        k, sub = f"({idx[axis]})", list(idx)
-        sub[axis] = "0"
-        saved, params = {}, {}
-        for view, name, per_axis in offsets:
-            v = view.outputs[0]
-            saved.setdefault(v, env.producer[v])
-            params.setdefault(v, dict(view.params))[name] = tuple(f(k) for f in per_axis)
-            env.producer[v] = Eqn(view.prim, view.inputs, view.outputs, params[v])
-        try:
-            return env.read(xs[0], sub)
-        finally:
-            env.producer.update(saved)
-    return value_at
-
-
-def _expression_form(env, v, views):
-    """What ``v``'s inlined expression is, up to the offsets of its views (appended to
-    ``views`` in the order met): nested tuples of each step's primitive, params and shape down
-    to the buffers, constants and scalars it reads (by identity); None where ``env`` cannot read
-    ``v`` yet."""
-    if v in env.scalars or v in env.buffers or v in env.consts:
-        return id(v)
-    if v not in env.inline:
-        return None
-    p = env.producer[v]
-    names = getattr(env.lowering.rules[p.prim.name], "offsets", ())
-    params = p.params
-    if names:
-        views.append(p)
-        params = {k: value for k, value in params.items() if k not in names}
-    inputs = tuple(_expression_form(env, x, views) for x in p.inputs)
-    if None in inputs:
-        return None
-    return p.prim.name, params, v.shape, v.dtype, inputs
-
-
-def _following(values):
-    """A function of the C expression of k giving ``values[k]``: a constant, ``a + b k`` or
-    ``a + b (k / m) + c (k % m)`` (a kernel's taps in row-major order, m of them a row); None
-    when none of these fits."""
-    n, a = len(values), values[0]
-    if all(v == a for v in values):
-        return lambda k: a
-    for m in range(2, n + 1):            # m = n: a + c k
-        b, c = values[m] - a if m < n else 0, values[1] - a
-        if all(v == a + b * (i // m) + c * (i % m) for i, v in enumerate(values)):
-            return lambda k, m=m, b=b, c=c: _sum_of_terms(
-                a, (b, f"({k} / {m})"), (c, k if m == n else f"({k} % {m})"))
-    return None
-
-
-def _sum_of_terms(a, *terms):
-    """``a + b x + ...`` as C, with no zero term and no factor of one."""
-    parts = [str(a)] if a else []
-    parts += [x if b == 1 else f"{b} * {x}" for b, x in terms if b]
-    return f"({' + '.join(parts)})"
 
 
 def _concatenate(read, e, idx):
