@@ -147,7 +147,7 @@ from ..stats import STATS
 from . import background, disk_cache
 from .base import Backend, ExecutionFailure, check_sizes, failure_error, product_threads, register
 from .codegen.libm import INEXACT_PRIMITIVES
-from .codegen.c_render import (ALLOCATION_FAILED, INTERRUPTED, POLL, prelude, render,
+from .codegen.c_render import (ALLOCATION_FAILED, INTERRUPTED, POLL, SIMD_LOOP, prelude, render,
                                scratch_layout, units_of)
 from .codegen.gemm import library_source
 from .codegen.lower import Lowering, Unsupported, may_fail, overwritable
@@ -1191,7 +1191,8 @@ class CpuBackend(Backend):
                                 _product_threads(lowering))
             if gemm is None:
                 return None
-        flags = ["-fopenmp"] if THREADED_MARKER in source else ["-fopenmp-simd"] if vector else []
+        flags = ["-fopenmp"] if THREADED_MARKER in source else \
+            ["-fopenmp-simd"] if vector or SIMD_LOOP in source else []
         quick = wants_second_build(source, flags)
         imports = {}
 

@@ -150,7 +150,7 @@ def render(lowering, stmts, n_in, in_types, n_out, out_types, name="vk_main", da
                          f"err_ = {ALLOCATION_FAILED}; goto done; }}")
     parts = split_body(stmts, in_types, out_types, lowering.temps) if split else None
     if parts is None:
-        emit(stmts, lines, "    ")
+        emit(stmts, lines, "    ", simd=True)
     else:
         functions, passed = parts
         apart = _apart(functions) if units > 1 else 0
@@ -235,7 +235,7 @@ def split_body(stmts, in_types, out_types, temps):
     texts = []
     for st in stmts:
         out = []
-        emit([st], out, "    ")
+        emit([st], out, "    ", simd=True)
         texts.append("\n".join(out))
     if sum(map(len, texts)) <= SPLIT_BYTES:
         return None
@@ -297,7 +297,7 @@ def split_body(stmts, in_types, out_types, temps):
             else:
                 lines.append(f"    {ctype} {tname}[{count}];")
         lines += ["    " + line for name, line in scalars.items() if name in used]
-        emit([stmts[k] for k in run], lines, "    ")
+        emit([stmts[k] for k in run], lines, "    ", simd=True)
         lines += ["    goto done;", "done:", "    return err_;", "}"]
         functions.append("\n".join(lines))
     return functions, shared
@@ -325,28 +325,55 @@ def _objects_entry(n_in, n_out, n_info, data_offset):
     return lines
 
 
-def emit(stmts, lines, ind):
+#: the pragma before an innermost loop whose iterations are independent (``emit``'s ``simd``)
+SIMD_LOOP = "#pragma omp simd"
+#: the loops an OpenMP pragma collapses into one
+_COLLAPSED = re.compile(r"#pragma omp .*collapse\((\d+)\)")
+
+
+def emit(stmts, lines, ind, simd=False, collapsed=0):
     """Append the C text of ``stmts`` (strings and ``statements`` objects) to ``lines``, indented
-    by ``ind``: the one printer of statements, shared by the program and per-sample loop renderers."""
+    by ``ind``: the one printer of statements, shared by the program and per-sample loop renderers.
+
+    ``simd``: an innermost loop marked parallel (its iterations independent: each stores its
+    own elements and reads none another stores) gets :data:`SIMD_LOOP`, so the compiler
+    vectorises it without proving its buffers apart -- which it cannot where a read's index is
+    no linear function of the loop (a pooling's upsampled gradient, ``g[x / 2]``), and where it
+    can, it checks them at run time before every run of the loop.  The loop's arithmetic is
+    the same, element by element (no reduction: the same bits).  ``collapsed``: loops of the
+    first nest in ``stmts`` an OpenMP pragma before it collapses (no other pragma may come
+    between them)."""
     for s in stmts:
         if isinstance(s, str):
             lines.append(ind + s)
+            found = _COLLAPSED.search(s)
+            collapsed = int(found.group(1)) if found else 0
         elif isinstance(s, Loop):
+            if simd and not collapsed and _independent_innermost(s):
+                lines.append(ind + SIMD_LOOP)
             lines.append(f"{ind}for (int64_t {s.var} = 0; {s.var} < {s.extent}; {s.var}++) {{")
-            emit(s.body, lines, ind + "    ")
+            emit(s.body, lines, ind + "    ", simd, max(0, collapsed - 1))
             lines.append(ind + "}")
+            collapsed = 0
         elif isinstance(s, Block):
             lines.append(ind + "{")
-            emit(s.body, lines, ind + "    ")
+            emit(s.body, lines, ind + "    ", simd)
             lines.append(ind + "}")
         elif isinstance(s, If):
             head = f"if ({s.test}) {{" if s.first else (f"{s.test} {{")
             lines.append(ind + head)
-            emit(s.body, lines, ind + "    ")
+            emit(s.body, lines, ind + "    ", simd)
             lines.append(ind + "}")
         elif isinstance(s, While):
             lines.append(f"{ind}while ({s.test}) {{")
-            emit(s.body, lines, ind + "    ")
+            emit(s.body, lines, ind + "    ", simd)
             lines.append(ind + "}")
         else:
             raise TypeError(s)
+
+
+def _independent_innermost(loop) -> bool:
+    """Whether ``loop`` is marked parallel and holds only statements of one line that never
+    leave it (no nested loop, no check jumping out: an OpenMP SIMD loop allows neither)."""
+    return loop.parallel and all(isinstance(s, str) and "goto " not in s and "return" not in s
+                                 and "break;" not in s and "#" not in s for s in loop.body)
