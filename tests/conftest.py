@@ -48,6 +48,10 @@ def vk_backend(request):
     # On the compiled tier every program is compiled at its first run (no NumPy warm-up), so
     # each test exercises the generated C.
     os.environ["VKML_CPU_HOT"] = "0"
+    # A big program is built once, optimised, before its first call: a background build
+    # outliving its test would compile (and count) in the next one.  tests/compiled/
+    # test_second_build.py turns the quick first build on where it tests it.
+    os.environ["VKML_SECOND_BUILD"] = "0"
     vkml.set_backend(name)
     vkml.set_eager(False)
     vkml.reset_stats()

@@ -83,3 +83,27 @@ def test_a_convolutions_input_gradient_against_central_differences():
         e[at] = 1e-6
         numeric = (float(loss(x + e)) - float(loss(x - e))) / 2e-6
         assert abs(got[at] - numeric) < 1e-6 * max(1.0, abs(numeric)), at
+
+
+@pytest.mark.parametrize("pieces", [(0, 4, 8, 12), (0, 3, 7, 10), (0, 2, 4, 6, 8, 10, 12)])
+def test_disjoint_windows_are_a_copy_each_with_the_sums_bits(pieces):
+    """A split's gradient (its pieces padded back, side by side, maybe with a gap): each
+    element is one window's term plus the others' zeros -- -0.0 terms come out +0.0."""
+    rng = np.random.default_rng(len(pieces))
+    x = rng.standard_normal((4, 6, 12)).astype(np.float32)
+    x[rng.random(x.shape) < 0.2] = -0.0
+    c = rng.standard_normal((4, 6, pieces[-1])).astype(np.float32)
+    c[rng.random(c.shape) < 0.3] = -0.0
+
+    def loss(v):
+        parts = [v[..., a:b] for a, b in zip(pieces, pieces[1:])]
+        return vkml.sum(vkml.concatenate([p * p for p in parts], -1) * c)
+    g = vkml.grad(loss)
+    source, _ = cpu.c_source(vkml.program(g, x))
+    assert "+ 0.0f;" in source and not re.search(r"= -0\.0f;", source)
+    want, got = _both(g, x)
+    zeros = want == 0
+    assert zeros.any() and not np.signbit(want[zeros]).any()
+    assert (np.signbit(x) & (x == 0)).any()
+    for g_ in got:
+        assert g_.tobytes() == want.tobytes()

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import vkml
-from vkml.backends import cpu
+from vkml.backends import background, cpu
 from vkml.backends.numpy_backend import compile_program
 
 pytestmark = pytest.mark.skipif(cpu.compiler() is None, reason="needs a C compiler")
@@ -42,7 +42,10 @@ def _compile(prog):
 
 @pytest.fixture
 def builds(monkeypatch):
-    """Each compile of a generated program: ``(optimisation level, thread name)``."""
+    """Each compile of a generated program: ``(optimisation level, thread name)``, with quick
+    first builds on (the suite turns them off elsewhere: see conftest)."""
+    monkeypatch.setenv("VKML_SECOND_BUILD", "1")
+    assert background.wait(120)
     seen = []
     real = cpu._compile_c
 
@@ -152,7 +155,8 @@ def test_a_process_ending_during_a_second_build_leaves_no_compiler_and_no_build_
         print("leaving", flush=True)
     """)
     cache = tmp_path / "cache"
-    env = dict(os.environ, VKML_CACHE_DIR=str(cache), PYTHONPATH=os.pathsep.join(sys.path))
+    env = dict(os.environ, VKML_CACHE_DIR=str(cache), PYTHONPATH=os.pathsep.join(sys.path),
+               VKML_SECOND_BUILD="1")
     env.pop("CC", None)
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
                           timeout=50)

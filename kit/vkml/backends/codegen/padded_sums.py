@@ -17,6 +17,10 @@ is +0.0 exactly where some window was missed.  NaN and infinities pass through e
 The passes over one image sit inside the loops over the axes no window pads (the batch and
 channels), so an image's accumulator stays in the L1 cache between passes, and those loops
 are the ones spread over threads.
+
+Windows that do not overlap (the gradient of a split: an attention's q, k and v padded back
+into the 3d columns they came from) need no accumulator: each element is one window's term
+plus the others' zeros, ``v + 0.0`` whatever the order, so the sum is one copy per window.
 """
 
 from __future__ import annotations
@@ -26,21 +30,27 @@ import math
 from .lower import CTYPE, linear_index, mark_parallel
 from .statements import Block, Loop
 
-#: fewer windows than this stay one expression (two or three pads: a split's gradient)
+#: fewer windows than this stay one expression (two or three pads: a split's gradient),
+#: unless they are disjoint and at least :data:`MIN_DISJOINT` (a copy each)
 MIN_WINDOWS = 4
+MIN_DISJOINT = 3
 #: the most elements of one image's sum kept in a local array (16 KB of floats)
 LOCAL_ELEMENTS = 4096
 
 
 def padded_sum_loops(low, e, env, targets):
-    """Statements storing add ``e``'s result into ``targets[0]`` by passes, or None where ``e``
-    is not the top of a float sum of at least :data:`MIN_WINDOWS` zero-padded windows (or the
-    lowering does not ask for passes: ``Lowering.padded_sums``)."""
+    """Statements storing add ``e``'s result into ``targets[0]`` by passes (a copy per window
+    where they are disjoint), or None where ``e`` is not the top of a float sum of enough
+    zero-padded windows (or the lowering does not ask for passes: ``Lowering.padded_sums``)."""
     out = e.outputs[0]
     if not low.padded_sums or out.dtype.kind != "f" or out.dtype not in CTYPE:
         return None
     pads = _windows(env, e)
-    if pads is None or len(pads) < MIN_WINDOWS:
+    if pads is None or len(pads) < min(MIN_WINDOWS, MIN_DISJOINT):
+        return None
+    if _disjoint(pads):
+        return _copies(low, out, pads, env, targets[0])
+    if len(pads) < MIN_WINDOWS:
         return None
     shape, nd = out.shape, out.ndim
     common = 0                    # leading axes no window pads: the loops around the passes
@@ -109,7 +119,32 @@ def padded_sum_top(low, e, env, readers) -> bool:
     if any(r.prim is e.prim and r.inputs[0] is out for r in readers.get(out, ())):
         return False
     pads = _windows(env, e)
-    return pads is not None and len(pads) >= MIN_WINDOWS
+    return pads is not None and (len(pads) >= MIN_WINDOWS or
+                                 len(pads) >= MIN_DISJOINT and _disjoint(pads))
+
+
+def _disjoint(pads) -> bool:
+    """Whether no two of the windows overlap (a split's gradient: its pieces padded back)."""
+    boxes = [[(lo, lo + n) for lo, n in zip(p.params["lo"], p.inputs[0].shape)] for p in pads]
+    return all(any(a_end <= b_first or b_end <= a_first
+                   for (a_first, a_end), (b_first, b_end) in zip(a, b))
+               for k, a in enumerate(boxes) for b in boxes[k + 1:])
+
+
+def _copies(low, out, pads, env, target):
+    """Disjoint windows (two at least): each element is one window's term plus the zeros of the
+    others, ``v + 0.0`` in any order of the sum, and +0.0 where no window lies -- a copy per
+    window (after +0.0 everywhere, if the windows leave gaps)."""
+    zero = "0.0f" if CTYPE[out.dtype] == "float" else "0.0"
+    stmts = []
+    if sum(p.inputs[0].size for p in pads) < out.size:
+        stmts += low.store(out.shape, target, lambda idx: zero)
+    for p in pads:
+        x, lo = p.inputs[0], p.params["lo"]
+        stmts += low.store(x.shape, target, lambda idx, x=x: f"{env.read(x, idx)} + {zero}",
+                           at=lambda idx, lo=lo: linear_index(
+                               [f"({i} + {s})" if s else i for i, s in zip(idx, lo)], out.shape))
+    return stmts
 
 
 def _windows(env, e):
