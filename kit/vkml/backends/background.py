@@ -74,6 +74,16 @@ def later(work) -> threading.Thread | None:
     return thread
 
 
+def wait_for(event, limit) -> bool:
+    """Wait up to ``limit`` seconds for ``event`` (a program's first call), less if the process
+    ends meanwhile; whether it is set."""
+    end = time.monotonic() + limit
+    while not _STOPPING.is_set():
+        if event.wait(min(0.05, max(0.0, end - time.monotonic()))) or time.monotonic() >= end:
+            break
+    return event.is_set()
+
+
 def wait(timeout=None) -> bool:
     """Wait for the background builds running now (a benchmark times the optimised programs);
     False if some is still running after ``timeout`` seconds."""

@@ -749,7 +749,7 @@ class CompiledProgram:
         """Return once a pooled call has run and returned (or after ``limit`` seconds): what the
         second build waits for, so its compilers do not take the cores from the first call."""
         if self._pool is not None:
-            self._pool.called.wait(limit)
+            background.wait_for(self._pool.called, limit)
 
     def take(self, lib):
         """Switch to ``lib``: the same source built again, optimised (``CpuBackend._compile_c``).

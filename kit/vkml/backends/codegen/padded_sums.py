@@ -43,7 +43,7 @@ def padded_sum_loops(low, e, env, targets):
     where they are disjoint), or None where ``e`` is not the top of a float sum of enough
     zero-padded windows (or the lowering does not ask for passes: ``Lowering.padded_sums``)."""
     out = e.outputs[0]
-    if not low.padded_sums or out.dtype.kind != "f" or out.dtype not in CTYPE:
+    if not _float_sums(low, out):
         return None
     pads = _windows(env, e)
     if pads is None or len(pads) < min(MIN_WINDOWS, MIN_DISJOINT):
@@ -110,17 +110,23 @@ def padded_sum_loops(low, e, env, targets):
 
 
 def padded_sum_top(low, e, env, readers) -> bool:
-    """Whether add ``e`` is the last of a float sum of at least :data:`MIN_WINDOWS` zero-padded
-    windows (no add reading it continues the sum): such a result is stored, by passes, rather
-    than inlined into its readers (``readers``: each value's reading equations)."""
+    """Whether add ``e`` is the last of a float sum of zero-padded windows that
+    ``padded_sum_loops`` takes (no add reading it continues the sum): such a result is stored,
+    by passes or copies, rather than inlined into its readers (``readers``: each value's
+    reading equations)."""
     out = e.outputs[0]
-    if not low.padded_sums or out.dtype.kind != "f" or out.dtype not in CTYPE:
+    if not _float_sums(low, out):
         return False
     if any(r.prim is e.prim and r.inputs[0] is out for r in readers.get(out, ())):
         return False
     pads = _windows(env, e)
     return pads is not None and (len(pads) >= MIN_WINDOWS or
                                  len(pads) >= MIN_DISJOINT and _disjoint(pads))
+
+
+def _float_sums(low, out) -> bool:
+    """Whether the lowering asks for passes (``Lowering.padded_sums``) and ``out`` is a float."""
+    return low.padded_sums and out.dtype.kind == "f" and out.dtype in CTYPE
 
 
 def _disjoint(pads) -> bool:
