@@ -324,6 +324,33 @@ def wants_second_build(source, extra_flags) -> bool:
         return False
 
 
+def _import_reader(math, vector, into):
+    """What a build's ``inspect`` is: where the program calls libm in vector versions, a reader
+    of the ``math`` functions' versions the built bytes import (into the dict ``into``)."""
+    return (lambda data: into.update(math_imports(data, math))) if vector else None
+
+
+def _build_later(compiled, source, flags, math, vector, imports):
+    """Build ``source`` at -O2 on a background thread once ``compiled`` (its -O1 build) has
+    run a first call, and switch ``compiled`` to it if it imports libm's vector versions
+    ``imports`` exactly as the -O1 build does (the same bits: both come from one source with
+    no fast-math and no contraction)."""
+    compiled.optimised.clear()
+
+    def optimise():
+        compiled.first_call_done(SECOND_BUILD_WAIT)
+        found = {}
+        try:
+            better = _built(source, flags, _import_reader(math, vector, found))
+        except Exception:           # a failed rebuild leaves the -O1 build running
+            better = None
+        if better is not None and found == imports:
+            compiled.take(better)
+        compiled.optimised.set()
+    if background.later(optimise) is None:
+        compiled.optimised.set()
+
+
 def vector_math() -> frozenset:
     """The libm functions a simulation's compiled loops and a graph's programs may call in glibc's
     vector versions (libmvec), several samples at once in SIMD registers: those of
@@ -1195,11 +1222,8 @@ class CpuBackend(Backend):
             ["-fopenmp-simd"] if vector or SIMD_LOOP in source else []
         quick = wants_second_build(source, flags)
         imports = {}
-
-        def inspect(into):
-            return (lambda data: into.update(math_imports(data, math))) if vector else None
         try:
-            lib = _built(source, flags, inspect(imports), quick=quick)
+            lib = _built(source, flags, _import_reader(math, vector, imports), quick=quick)
         except BackendError:
             if not split or "vk_part0(" not in source:
                 raise
@@ -1211,22 +1235,7 @@ class CpuBackend(Backend):
                 self._compile_c(program, split=split)
         compiled = CompiledProgram(program, lib, source, lowering, gemm)
         if quick:
-            compiled.optimised.clear()
-            # the -O2 build, beside the running program; it is switched to only if it calls
-            # libm's functions in the very vector versions the -O1 build calls (the same bits:
-            # both are built from one source with no fast-math and no contraction)
-            def optimise():
-                compiled.first_call_done(SECOND_BUILD_WAIT)
-                found = {}
-                try:
-                    better = _built(source, flags, inspect(found))
-                except Exception:       # a failed rebuild leaves the -O1 build running
-                    better = None
-                if better is not None and found == imports:
-                    compiled.take(better)
-                compiled.optimised.set()
-            if background.later(optimise) is None:
-                compiled.optimised.set()
+            _build_later(compiled, source, flags, math, vector, imports)
         return compiled
 
     def _numpy(self, program, fallback=True):

@@ -31,8 +31,8 @@ from pathlib import Path
 from .libm import declarations
 from .lower import CTYPE, IDENTIFIER
 from .gemm import pointer_declarations
-from .statements import Block, If, Loop, While
-from .threaded_nests import threaded
+from .statements import Block, If, Loop, While, leaves
+from .threaded_nests import collapsed_by, threaded
 from .vector_nests import lane_calls, simd_declarations, vectorised
 
 # No #include: parsing system headers is most of a small compile's time, so the few
@@ -327,8 +327,6 @@ def _objects_entry(n_in, n_out, n_info, data_offset):
 
 #: the pragma before an innermost loop whose iterations are independent (``emit``'s ``simd``)
 SIMD_LOOP = "#pragma omp simd"
-#: the loops an OpenMP pragma collapses into one
-_COLLAPSED = re.compile(r"#pragma omp .*collapse\((\d+)\)")
 
 
 def emit(stmts, lines, ind, simd=False, collapsed=0):
@@ -341,13 +339,11 @@ def emit(stmts, lines, ind, simd=False, collapsed=0):
     no linear function of the loop (a pooling's upsampled gradient, ``g[x / 2]``), and where it
     can, it checks them at run time before every run of the loop.  The loop's arithmetic is
     the same, element by element (no reduction: the same bits).  ``collapsed``: loops of the
-    first nest in ``stmts`` an OpenMP pragma before it collapses (no other pragma may come
-    between them)."""
+    first nest in ``stmts`` that a ``threaded_nests.parallel_for`` line before it collapses."""
     for s in stmts:
         if isinstance(s, str):
             lines.append(ind + s)
-            found = _COLLAPSED.search(s)
-            collapsed = int(found.group(1)) if found else 0
+            collapsed = collapsed_by(s)
         elif isinstance(s, Loop):
             if simd and not collapsed and _independent_innermost(s):
                 lines.append(ind + SIMD_LOOP)
@@ -375,5 +371,5 @@ def emit(stmts, lines, ind, simd=False, collapsed=0):
 def _independent_innermost(loop) -> bool:
     """Whether ``loop`` is marked parallel and holds only statements of one line that never
     leave it (no nested loop, no check jumping out: an OpenMP SIMD loop allows neither)."""
-    return loop.parallel and all(isinstance(s, str) and "goto " not in s and "return" not in s
-                                 and "break;" not in s and "#" not in s for s in loop.body)
+    return loop.parallel and all(isinstance(s, str) and not leaves(s) and "#" not in s
+                                 for s in loop.body)

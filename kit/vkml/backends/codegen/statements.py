@@ -100,3 +100,9 @@ class HelperCall(str):
         line = super().__new__(cls, text)
         line.reads = frozenset(reads)
         return line
+
+
+def leaves(line: str) -> bool:
+    """Whether a line of C may jump out of the loop around it (a check's ``goto``, a ``return``,
+    a ``break``): such a loop is neither split over threads nor an OpenMP SIMD loop."""
+    return "goto " in line or "return" in line or "break;" in line

@@ -15,7 +15,9 @@ iterations (the loops inside stay whole, for the vectoriser); the program is the
 
 from __future__ import annotations
 
-from .statements import Block, HelperCall, If, Loop, While
+import re
+
+from .statements import Block, HelperCall, If, Loop, While, leaves
 
 #: the fewest innermost iterations of a nest split over threads (a 128 x 128 elementwise nest has
 #: 16384 and takes a few microseconds: about what starting the threads costs)
@@ -52,6 +54,16 @@ def parallel_for(loops, team) -> str:
     """The pragma splitting the ``loops`` outer loops of the nest after it over ``team`` threads
     (in equal runs of iterations)."""
     return f"{THREADED_MARKER} collapse({loops}) num_threads({team}) schedule(static)"
+
+
+_COLLAPSE = re.compile(rf"^{re.escape(THREADED_MARKER)} collapse\((\d+)\)")
+
+
+def collapsed_by(line: str) -> int:
+    """The loops a line of :func:`parallel_for` collapses into one (0 for any other line): no
+    other pragma may come between them."""
+    found = _COLLAPSE.match(line)
+    return int(found.group(1)) if found else 0
 
 
 def _collapsed(nest, threads):
@@ -97,7 +109,7 @@ def _may_split(s) -> bool:
     if isinstance(s, HelperCall):
         return False
     if isinstance(s, str):
-        return "goto " not in s and "return" not in s and "break;" not in s
+        return not leaves(s)
     if isinstance(s, (Loop, Block, If, While)):
         return all(_may_split(b) for b in s.body) and _may_split(getattr(s, "test", ""))
     return False
