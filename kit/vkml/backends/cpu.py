@@ -593,6 +593,7 @@ def _lowered(program, sites, scalars_in_locals):
     low.scalars_in_locals = scalars_in_locals
     low.column_trees = True
     low.padded_sums = True
+    low.vector_max = True
     low.interrupt_poll = POLL
     ins = [f"a{i}" for i in range(len(program.inputs))]
     outs = [f"o{i}" for i in range(len(program.outputs))]

@@ -46,7 +46,7 @@ MAX_INLINE_DEPTH = 32
 
 #: the cheap steps a value read several times may be computed again for in each reader
 #: (``Lowering._recomputed``): no libm call, no division
-RECOMPUTED = frozenset({"add", "sub", "mul", "neg", "max", "min", "where", "cast", "eq", "ne",
+RECOMPUTED = frozenset({"broadcast_in_dim", "add", "sub", "mul", "neg", "max", "min", "where", "cast", "eq", "ne",
                         "lt", "le", "gt", "ge"})
 #: ... with at most this many operations in the recomputed expression (a view of a value,
 #: a constant broadcast, costs none)
@@ -57,6 +57,10 @@ FREE_VIEWS = frozenset({"broadcast_in_dim", "reshape", "transpose"})
 MAX_RECOMPUTE_USES = 3
 #: ... of at least this many elements (smaller ones stay in the caches anyway)
 RECOMPUTE_MIN_SIZE = 1 << 14
+#: a float max over at least this many elements (per output) runs its quick SIMD pass first
+VECTOR_MAX_MIN = 16
+#: the pragma of that pass: the largest value and whether any element is NaN, lane by lane
+SIMD_MAX = "#pragma omp simd reduction(max:vk_hi) reduction(|:vk_nan)"
 
 
 class Unsupported(Exception):
@@ -240,6 +244,9 @@ class Lowering:
         #: whether a float sum of zero-padded windows is stored by one pass per window
         #: (``padded_sums``; the C tier's programs)
         self.padded_sums = False
+        #: whether a float max over a long axis first runs an OpenMP SIMD pass (``_vector_max``;
+        #: the C tier's programs)
+        self.vector_max = False
         self.site = 0            # the top-level equation being lowered
 
     def fresh(self, prefix):
@@ -552,9 +559,29 @@ class Lowering:
         first = "acc = {x};"
         step = "if (!(acc >= {x}) && !(acc != acc)) acc = {x};" if x.dtype.kind == "f" else \
             "if ({x} > acc) acc = {x};"
-        return self._reduce(e, env, targets[0], step, None, first)
+        quick = self._vector_max if self.vector_max and x.dtype.kind == "f" and \
+            math.prod(x.shape[a] for a in e.params["axes"]) >= VECTOR_MAX_MIN else None
+        return self._reduce(e, env, targets[0], step, None, first, quick)
 
-    def _reduce(self, e, env, target, step, init, first=None):
+    def _vector_max(self, x, ridx, axes, val, scalar_loops):
+        """A float max's loops with a quick pass before them: the NaN-aware scalar loop (the
+        first NaN, else the largest value, the first of equals) branches on every element
+        and stays scalar.  An OpenMP SIMD pass finds the largest value and whether any is
+        NaN in vector registers; when none is NaN and the largest is not zero, that value is
+        the answer whatever order the lanes compared in (equal floats other than zeros have
+        the same bits), and the scalar loop runs only otherwise (a NaN, or a -0.0 beside a
+        +0.0 where the first one counts)."""
+        t = CTYPE[x.dtype]
+        start = "{x}".format(x=val)
+        for r in ridx:
+            start = re.sub(rf"(?<![\w]){r}(?![\w])", "0", start)
+        inner = [f"vk_hi = {val} > vk_hi ? {val} : vk_hi; vk_nan |= {val} != {val};"]
+        for k, (v, a) in enumerate(reversed(list(zip(ridx, axes)))):
+            inner = ([SIMD_MAX] if k == 0 else []) + [Loop(v, x.shape[a], inner)]
+        return [f"{t} vk_hi = {start}; int vk_nan = 0;"] + inner + \
+            [If("!vk_nan && vk_hi != 0", ["acc = vk_hi;"], True), If("else", scalar_loops, False)]
+
+    def _reduce(self, e, env, target, step, init, first=None, quick=None):
         x, out = e.inputs[0], e.outputs[0]
         axes = e.params["axes"]
         oidx, ridx, full = self._reduce_indices(x, axes)
@@ -566,6 +593,8 @@ class Lowering:
             inner = [f"if ({cond}) {{ {first.format(x=val)} }} else {{ {step.format(x=val)} }}"]
         for v, a in reversed(list(zip(ridx, axes))):
             inner = [Loop(v, x.shape[a], inner)]
+        if quick is not None:       # (``quick(x, ridx, axes, val, loops)``: loops with a pass first)
+            inner = quick(x, ridx, axes, val, inner)
         body = [f"{acc_t} acc = {init if init is not None else 0};"] + inner + \
             [f"{target}[{linear_index(oidx, out.shape)}] = acc;"]
         body = [Block(body)]
