@@ -156,3 +156,44 @@ def test_a_strided_pads_condition_keeps_its_nest_out_of_the_vector_blocks(dtype,
         got = x.grad.numpy()
     want = np.where(np.arange(20) % 2 == 0, np.cos(x0), 0).astype(dtype)
     np.testing.assert_allclose(got, want, rtol=8 * np.finfo(dtype).eps, atol=0)
+
+
+@pytest.mark.parametrize("shape", [(70, 130), (5, 16), (9, 12), (3, 1)])
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_a_gathered_operand_gives_each_element_the_bits_of_its_sum(shape, threads, monkeypatch):
+    """``exp(x + b)`` with ``b`` broadcast along the rows: a block inside one row takes the row's
+    indices from its first element, a block crossing a row's end (rows of 12 or 130) each
+    element's from its flat index, a nest of many blocks is called in runs (split over two
+    threads).  Every element has the bits of ``exp`` of the sum computed first and passed
+    whole (no gather), and a reshape's read of the flat index is read in place."""
+    monkeypatch.setenv("VKML_THREADS", threads)
+    rng = np.random.default_rng(shape[0])
+    x = rng.uniform(-5, 5, shape).astype(np.float32)
+    b = rng.uniform(-5, 5, shape[1:]).astype(np.float32)
+
+    def gathered(x, b):
+        return vnp.exp(x + b)
+
+    def flat(y):
+        return vnp.exp(vkml.reshape(vkml.reshape(y, (-1,)), y.shape))
+    source, _ = cpu.c_source(vkml.program(gathered, x, b), cpu.vector_math())
+    assert "vk_h0" in source
+    assert "vk_block" in cpu.c_source(vkml.program(flat, x + b), cpu.vector_math())[0] and \
+        "vk_g" not in cpu.c_source(vkml.program(flat, x + b), cpu.vector_math())[0]
+    with vkml.use_backend("cpu"):
+        got = np.asarray(vkml.jit(gathered)(x, b))
+        want = np.asarray(vkml.jit(flat)(x + b))
+    assert got.tobytes() == want.tobytes()
+    assert np.allclose(got, np.exp(x.astype(np.float64) + b), rtol=1e-6)
+
+
+def test_index_forms_are_linear_forms_or_none():
+    from vkml.backends.codegen.lower import index_form
+    names = ["i1", "i2", "i3"]
+    assert index_form("(((i1)*128 + i2))*512 + (i3)", names) == \
+        index_form("(i1)*65536 + (i2)*512 + i3 + 0", names) == \
+        (0, (("i1", 65536), ("i2", 512), ("i3", 1)))
+    assert index_form("-i1 + 3 - (i2 - i2)", names) == (3, (("i1", -1),))
+    assert index_form("(i1)*4 + i9", names, fixed={"i9"}) == (0, (("i1", 4),))
+    for other in ("i1 / 2", "i1 % 3", "i1 * i2", "x + i1", "i1 ? 1 : 0", "a[i1]", "i1 +"):
+        assert index_form(other, names) is None, other

@@ -24,6 +24,7 @@ transcendental functions come from libm and match NumPy within a few ulps.
 
 from __future__ import annotations
 
+import ast
 import math
 import re
 
@@ -197,6 +198,46 @@ def linear_index(idx, shape):
             continue
         terms.append(i if s == 1 else f"({i})*{s}")
     return " + ".join(terms) if terms else "0"
+
+
+def index_form(index, names, fixed=frozenset()):
+    """The C index expression ``index`` as a linear form in the variables ``names``: ``(constant,
+    ((name, coefficient), ...))`` with the zero coefficients left out, or None where it is not
+    one (a division, a remainder, a product of two variables, another name).  The variables
+    ``fixed`` are 0 (a loop of one iteration)."""
+    try:
+        tree = ast.parse(index, mode="eval").body
+    except SyntaxError:
+        return None
+    names = set(names)
+
+    def form(node):
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value, {}
+        if isinstance(node, ast.Name) and node.id in names:
+            return 0, {node.id: 1}
+        if isinstance(node, ast.Name) and node.id in fixed:
+            return 0, {}
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            inner = form(node.operand)
+            return None if inner is None else (-inner[0], {v: -c for v, c in inner[1].items()})
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult)):
+            a, b = form(node.left), form(node.right)
+            if a is None or b is None:
+                return None
+            if isinstance(node.op, ast.Mult):
+                if a[1] and b[1]:
+                    return None
+                (k, _), (c, terms) = (a, b) if not a[1] else (b, a)
+                return k * c, {v: k * x for v, x in terms.items()}
+            sign = 1 if isinstance(node.op, ast.Add) else -1
+            terms = dict(a[1])
+            for v, x in b[1].items():
+                terms[v] = terms.get(v, 0) + sign * x
+            return a[0] + sign * b[0], terms
+        return None
+    got = form(tree)
+    return None if got is None else (got[0], tuple(sorted((v, c) for v, c in got[1].items() if c)))
 
 
 class Lowering:
@@ -559,9 +600,10 @@ class Lowering:
         first = "acc = {x};"
         step = "if (!(acc >= {x}) && !(acc != acc)) acc = {x};" if x.dtype.kind == "f" else \
             "if ({x} > acc) acc = {x};"
-        quick = self._vector_max if self.vector_max and x.dtype.kind == "f" and \
-            math.prod(x.shape[a] for a in e.params["axes"]) >= VECTOR_MAX_MIN else None
-        return self._reduce(e, env, targets[0], step, None, first, quick)
+        if self.vector_max and x.dtype.kind == "f" and \
+                math.prod(x.shape[a] for a in e.params["axes"]) >= VECTOR_MAX_MIN:
+            return self._reduce(e, env, targets[0], step, None, first, quick=self._vector_max)
+        return self._reduce(e, env, targets[0], step, None, first)
 
     def _vector_max(self, x, ridx, axes, val, scalar_loops):
         """A float max's loops with a quick pass before them: the NaN-aware scalar loop (the

@@ -18,10 +18,11 @@ length.  So every element goes through the very same code:
   whose text does not depend on the number of elements and which the
   compiler may neither inline nor specialise (``noipa``): it is compiled the
   same way in every program;
-- the nest calls it block after block, the last block moved back to end at
-  the last element (a few elements are computed twice, the same values
-  stored again); a nest of fewer than ``BLOCK`` elements calls it once on
-  private copies padded with its last element and stores only its own.
+- one call computes a run of blocks (:data:`CHUNK`; the runs are what a
+  nest splits over threads), the last block moved back to end at the last
+  element (a few elements are computed twice, the same values stored
+  again); a nest of fewer than ``BLOCK`` elements calls it once on private
+  copies padded with its last element and stores only its own.
 
 A lane's result depends only on that lane's operands, so every element gets
 the same bits wherever it is.  Only a *flat* nest of more than one element is
@@ -51,7 +52,7 @@ from __future__ import annotations
 import re
 
 from .libm import vector_math
-from .lower import IDENTIFIER, calls_pattern, linear_index, row_major_strides
+from .lower import IDENTIFIER, calls_pattern, index_form, linear_index, row_major_strides
 from .statements import Block, HelperCall, If, Loop, While
 
 #: the libm functions the lowering calls that glibc's vector math library (libmvec) has in vector
@@ -89,6 +90,10 @@ def simd_declarations(names):
 #: AVX2 or four SSE ones, so a block is a whole number of vector iterations at every width
 BLOCK = 8
 
+#: blocks one call of a block function computes, one after another (a nest's calls are split
+#: over threads by these chunks)
+CHUNK = 64
+
 #: the element index of a rewritten nest's lines (one flat index over the whole nest)
 _FLAT = "vk_f"
 
@@ -117,7 +122,7 @@ def vectorised(stmts, names, ctypes):
                 call = nest.calls(name, types)
                 if isinstance(call, Loop):
                     call.parallel = s.parallel         # (its blocks as independent as the elements)
-                out.append(call)
+                out += call if isinstance(call, list) else [call]
             elif isinstance(s, (Loop, Block, If, While)):   # a scan's steps: the nests inside
                 before = len(functions)
                 body = walk(s.body)
@@ -251,6 +256,8 @@ class _Nest:
                 return None
             break
         here = linear_index(idx, extents)
+        moving = [v for v, e in zip(idx, extents) if e != 1]     # (an index of one value is 0)
+        flat_form = index_form(here, moving, fixed=set(idx) - set(moving))
         # a scan step's row of a buffer, ``(t31 + (row47)*1)[i48]``: named for the nest (its
         # block function takes the row's pointer), unless its offset moves with the nest's loops
         rows = {}
@@ -280,6 +287,12 @@ class _Nest:
                 return None            # a nested index, or a read through a cast pointer
             for name, index in _ACCESS.findall(line):
                 if index == here or index.isdigit():
+                    continue
+                if name not in stored and \
+                        index_form(index, moving, fixed=set(idx) - set(moving)) == flat_form:
+                    # the flat index spelled another way (a reshape's read): read where it is
+                    line = re.sub(rf"(?<![\w]){re.escape(f'{name}[{index}]')}", f"{name}[{here}]",
+                                  line)
                     continue
                 if name in stored:
                     return None        # another element of what the nest computes
@@ -312,26 +325,18 @@ class _Nest:
                                   if index == _FLAT))
 
     def block_function(self, name, ctypes, calls):
-        """The C of block function ``name``: the nest's lines for the ``BLOCK`` elements from
-        ``vk_at`` of ``vk_n``, each buffer a parameter of its own name.  Its text holds neither
-        the number of elements nor where the block starts (they are arguments).  The lines
+        """The C of block function ``name``: the nest's lines for blocks ``vk_b0`` to ``vk_b1`` of
+        ``vk_n`` elements, each block's ``BLOCK`` elements from ``vk_at``, each buffer a parameter
+        of its own name.  Its text holds neither the number of elements nor where the blocks
+        start (they are arguments).  The lines
         after the last one that calls a vector function (``calls``) run in a loop of their own
         after the vector loop: a comparison stored as a byte (a simulation's "terminated") would
         keep GCC 12 from vectorising a loop of doubles."""
         params = ", ".join(f"{ctypes[b]}* {b}" for b in self.buffers())
-        lines = [f"__attribute__((noipa)) static void {name}(int64_t vk_at, int64_t vk_n, "
-                 f"{params}) {{", "    (void)vk_n;"]
+        lines = [f"    const int64_t vk_at = vk_b * {BLOCK} + {BLOCK} <= vk_n || vk_n < {BLOCK} ? "
+                 f"vk_b * {BLOCK} : vk_n - {BLOCK};"]
         if self.gathers:
-            strides = row_major_strides(self.extents)
-            coords = [f"const int64_t {v} = ({_FLAT} / {st})" + (f" % {e};" if k else ";")
-                      for k, (v, st, e) in enumerate(zip(self.idx, strides, self.extents))]
-            lines += [f"    {ctypes[b]} {g}[{BLOCK}];" for (b, _), g in self.gathers.items()]
-            lines += [f"    for (int64_t vk_l = 0; vk_l < {BLOCK}; vk_l++) {{",
-                      f"        const int64_t {_FLAT} = vk_at + vk_l < vk_n ? vk_at + vk_l : vk_n - 1;"]
-            lines += ["        " + c for c in coords]
-            lines += [f"        (void){v};" for v in self.idx]
-            lines += [f"        {g}[vk_l] = {b}[{index}];" for (b, index), g in self.gathers.items()]
-            lines.append("    }")
+            lines += self._gathers(ctypes)
         body = self.body
         # Elements read at a fixed index (a Param's ``a2[0]``, a 0-d temporary ``t1[0]``) are
         # read once, before the loops: the loops then see values that do not change, which the
@@ -351,16 +356,52 @@ class _Nest:
                 [f"    for (int64_t vk_l = 0; vk_l < {BLOCK}; vk_l++) {{"]
             lines += ["        " + line.replace(f"[{_FLAT}]", "[vk_at + vk_l]") for line in part]
             lines.append("    }")
-        lines.append("}")
-        return "\n".join(lines)
+        head = [f"__attribute__((noipa)) static void {name}(int64_t vk_b0, int64_t vk_b1, "
+                f"int64_t vk_n, {params}) {{", "    for (int64_t vk_b = vk_b0; vk_b < vk_b1; vk_b++) {"]
+        return "\n".join(head + ["    " + line for line in lines] + ["    }", "}"])
+
+    def _gathers(self, ctypes):
+        """The lines filling each gathered read's private array for the block at ``vk_at``.  A
+        block inside one row of the innermost loop (every block, where the row is a whole number
+        of blocks) takes the outer loops' indices from its first element and the innermost one
+        counting up from there: no division per element, reads the compiler vectorises (a
+        Param broadcast along the rows, a row read in place).  Any other block (one crossing a
+        row's end, a nest of fewer elements than a block) takes each element's indices from its
+        flat index.  The values gathered are the same either way."""
+        strides = row_major_strides(self.extents)
+
+        def coords(flat, names):
+            return [f"const int64_t {v} = ({flat} / {st})" + (f" % {e};" if k else ";")
+                    for k, (v, st, e) in enumerate(zip(names, strides, self.extents))]
+
+        def fill(first):
+            out = [f"for (int64_t vk_l = 0; vk_l < {BLOCK}; vk_l++) {{"] + ["    " + c for c in first]
+            out += [f"    (void){v};" for v in self.idx]
+            out += [f"    {g}[vk_l] = {b}[{index}];" for (b, index), g in self.gathers.items()]
+            return out + ["}"]
+        first = [f"vk_h{k}" for k in range(len(self.idx))]
+        inner, row = self.idx[-1], self.extents[-1]
+        same_row = [f"const int64_t {v} = {h};" for v, h in zip(self.idx[:-1], first[:-1])]
+        same_row.append(f"const int64_t {inner} = {first[-1]} + vk_l;")
+        each = [f"const int64_t {_FLAT} = vk_at + vk_l < vk_n ? vk_at + vk_l : vk_n - 1;"]
+        each += coords(_FLAT, self.idx)
+        lines = [f"{ctypes[b]} {g}[{BLOCK}];" for (b, _), g in self.gathers.items()]
+        lines += coords("vk_at", first) + [f"(void){h};" for h in first]
+        lines += [f"if ({first[-1]} + {BLOCK} <= {row} && vk_at + {BLOCK} <= vk_n) {{"]
+        lines += ["    " + line for line in fill(same_row)] + ["} else {"]
+        lines += ["    " + line for line in fill(each)] + ["}"]
+        return ["    " + line for line in lines]
 
     def calls(self, name, ctypes):
         """The nest as calls of its block function (module docstring)."""
         n = self.elements
         if n >= BLOCK:
-            at = f"(vk_b * {BLOCK} + {BLOCK} <= {n} ? vk_b * {BLOCK} : {n - BLOCK})"
+            blocks = -(-n // BLOCK)
             args = ", ".join(self._argument(b) for b in self.buffers())
-            return Loop("vk_b", -(-n // BLOCK), [f"{name}({at}, {n}, {args});"])
+            if blocks <= CHUNK:
+                return [f"{name}(0, {blocks}, {n}, {args});"]
+            end = f"(vk_c * {CHUNK} + {CHUNK} <= {blocks} ? vk_c * {CHUNK} + {CHUNK} : {blocks})"
+            return Loop("vk_c", -(-blocks // CHUNK), [f"{name}(vk_c * {CHUNK}, {end}, {n}, {args});"])
         # fewer elements than a block: private copies of what is read and written at the flat
         # index, padded with the last element
         flat, stored = self.at_flat(), self.stored()
@@ -369,7 +410,7 @@ class _Nest:
         lines += [f"for (int64_t {_FLAT} = 0; {_FLAT} < {BLOCK}; {_FLAT}++) "
                   f"vk_p_{b}[{_FLAT}] = {self._argument(b)}[{last}];" for b in flat if b not in stored]
         args = ", ".join(f"vk_p_{b}" if b in flat else self._argument(b) for b in self.buffers())
-        lines.append(f"{name}(0, {n}, {args});")
+        lines.append(f"{name}(0, 1, {n}, {args});")
         lines += [f"for (int64_t {_FLAT} = 0; {_FLAT} < {n}; {_FLAT}++) "
                   f"{self._argument(b)}[{_FLAT}] = vk_p_{b}[{_FLAT}];" for b in stored]
         return Block(lines)
