@@ -73,7 +73,8 @@ BIG_MLP = [("h @ W2.T", 256, 4096, 4096, np.float32, False, True),
 #: the CNN's and the transformer's products (``bench/training.py``) in the layouts their steps
 #: read: a convolution's weight (out x window) times its columns (window x every pixel of the
 #: batch), the columns' gradient, the weight's (over every pixel of the batch); the
-#: transformer's Linear layers over its 1024 rows and one attention head's products
+#: transformer's Linear layers over its 1024 rows (forward and both gradients) and one attention
+#: head's products (forward and backward)
 TRAINING = [("conv1 W @ cols", 32, 36864, 25, np.float32, False, False),
             ("conv1 dW = d @ cols.T", 32, 25, 36864, np.float32, False, True),
             ("conv2 W @ cols", 64, 4096, 800, np.float32, False, False),
@@ -83,8 +84,17 @@ TRAINING = [("conv1 W @ cols", 32, 36864, 25, np.float32, False, False),
             ("mlp up x @ W.T", 1024, 512, 128, np.float32, False, True),
             ("mlp down h @ W.T", 1024, 128, 512, np.float32, False, True),
             ("qkv dW = d.T @ x", 384, 128, 1024, np.float32, True, False),
+            ("qkv dx = d @ W", 1024, 128, 384, np.float32, False, False),
+            ("mlp up dW = d.T @ x", 512, 128, 1024, np.float32, True, False),
+            ("mlp up dx = d @ W", 1024, 128, 512, np.float32, False, False),
+            ("mlp down dW = d.T @ h", 128, 512, 1024, np.float32, True, False),
+            ("mlp down dh = d @ W", 1024, 512, 128, np.float32, False, False),
             ("attention q @ k.T", 128, 128, 32, np.float32, False, True),
-            ("attention p @ v", 128, 32, 128, np.float32, False, False)]
+            ("attention p @ v", 128, 32, 128, np.float32, False, False),
+            ("attention dp = d @ v.T", 128, 128, 32, np.float32, False, True),
+            ("attention dv = p.T @ d", 128, 32, 128, np.float32, True, False),
+            ("attention dq = ds @ k", 128, 32, 128, np.float32, False, False),
+            ("attention dk = ds.T @ q", 128, 32, 128, np.float32, True, False)]
 
 #: the register-only loop the peak is measured with: 16 independent accumulators (enough to
 #: keep two FMA units with a 4-cycle latency busy), ``vk_bench_peak_lanes`` floats per vector
