@@ -40,9 +40,10 @@ from string import Template
 VARIANTS = {"wide": {32: (8, 3), 16: (6, 2)}, "wide2": {32: (8, 2), 16: (6, 2)},
             "narrow": {32: (16, 1), 16: (12, 1)}, "row": {32: (1, 4), 16: (1, 4)}}
 #: the k-block (values of k per packed block): the B micro-panel (KC x NR) streams from the L2
-#: cache, every further k-block reloads and restores C's tiles; 256 measured best for the
-#: fused mode (on a Sapphire Rapids core: 1024 -3 %, 192 -5 %) and costs the plain one nothing
-KC = {"float": 256, "double": 256}
+#: cache, every further k-block reloads and restores C's tiles.  Floats: 512 (on a Zen 4 core
+#: +1-4 % over 256 on the training steps' products and the squares, 128 and 192 -2-4 %, 1024
+#: mixed; a Sapphire Rapids core measured 256 best of 192, 256 and 1024); doubles: 256
+KC = {"float": 512, "double": 256}
 #: columns of B packed at once (a multiple of every variant's NR at every vector width): each
 #: packed block of A is read by NC / NR micro-panels before the next is packed
 NC = {"float": 768, "double": 768}
