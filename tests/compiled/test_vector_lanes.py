@@ -197,3 +197,17 @@ def test_index_forms_are_linear_forms_or_none():
     assert index_form("(i1)*4 + i9", names, fixed={"i9"}) == (0, (("i1", 4),))
     for other in ("i1 / 2", "i1 % 3", "i1 * i2", "x + i1", "i1 ? 1 : 0", "a[i1]", "i1 +"):
         assert index_form(other, names) is None, other
+
+
+@pytest.mark.parametrize("shape, axis", [((2, 2), 0), ((3, 2), 0), ((2, 5), 0), ((40, 3), 0)])
+def test_a_buffer_read_at_the_flat_index_and_elsewhere_is_gathered_everywhere(shape, axis):
+    """``logsumexp`` over the first axis: its last nest reads the sum's operand at the flat index
+    spelled another way (``t[(0)*2 + i]``) and at another element (``t[(1)*2 + i]``).  A nest of
+    fewer elements than a block passes what it reads at the flat index as padded copies of its
+    own length, so such a buffer is gathered at every read; the values against float64."""
+    x = np.random.default_rng(sum(shape)).uniform(-3, 3, shape).astype(np.float32)
+    with vkml.use_backend("cpu"):
+        got = np.asarray(vkml.jit(lambda v: vkml.logsumexp(v, axis=axis))(x))
+    x64 = x.astype(np.float64)
+    want = np.log(np.exp(x64).sum(axis=axis))
+    np.testing.assert_allclose(got, want, rtol=2e-6)

@@ -594,6 +594,7 @@ def _lowered(program, sites, scalars_in_locals):
     low.column_trees = True
     low.padded_sums = True
     low.vector_max = True
+    low.inline_reductions = True
     low.interrupt_poll = POLL
     ins = [f"a{i}" for i in range(len(program.inputs))]
     outs = [f"o{i}" for i in range(len(program.outputs))]

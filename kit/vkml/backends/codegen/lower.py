@@ -58,6 +58,10 @@ FREE_VIEWS = frozenset({"broadcast_in_dim", "reshape", "transpose"})
 MAX_RECOMPUTE_USES = 3
 #: ... of at least this many elements (smaller ones stay in the caches anyway)
 RECOMPUTE_MIN_SIZE = 1 << 14
+#: the most elements a reduction reads as an expression (``Lowering.inline_reductions``): past
+#: it the operand is stored first as before, so an operand too big to allocate is still the
+#: allocation's clean error rather than a loop running for hours (a broadcast of 2^44 elements)
+REDUCED_INLINE_MAX = 1 << 26
 #: a float max over at least this many elements (per output) runs its quick SIMD pass first
 VECTOR_MAX_MIN = 16
 #: the pragma of that pass: the largest value and whether any element is NaN, lane by lane
@@ -288,6 +292,9 @@ class Lowering:
         #: whether a float max over a long axis first runs an OpenMP SIMD pass (``_vector_max``;
         #: the C tier's programs)
         self.vector_max = False
+        #: whether a reduction's loops read a cheap elementwise operand read by nothing else
+        #: as its expression instead of storing it first (``_program``; the C tier's programs)
+        self.inline_reductions = False
         self.site = 0            # the top-level equation being lowered
 
     def fresh(self, prefix):
@@ -370,12 +377,18 @@ class Lowering:
             outputs.setdefault(v, p)
         self.free_transposes = self._free_transposes(prog, outputs)
         stored = set()
+        # operands a reduction may read as their expressions: a mask, a difference squared, a
+        # product -- each element read once, so storing it first only writes and reads it again
+        reduced = set()
         for e in prog.eqns:
             rule = self.rules.get(e.prim.name)
             if rule is None:
                 stored.update(e.inputs)
             elif hasattr(rule, "stored_operands"):      # (a rule choosing which to store)
                 stored.update(rule.stored_operands(self, e, producer, uses))
+            elif self.inline_reductions and self.depth == 1 and \
+                    getattr(rule, "reads_inline", lambda e: False)(e):
+                reduced.update(e.inputs)
             elif rule.stores_operands(e):
                 stored.update(e.inputs)
         buffers = {}
@@ -406,6 +419,9 @@ class Lowering:
                 rule is not None and rule.fusible(e) and e.outputs[0] not in stored and \
                 (uses.get(e.outputs[0], 0) == 1 or e.outputs[0] in self.free_transposes or
                  self._recomputed(e, uses, ops))
+            if inline and e.outputs[0] in reduced and (ops > MAX_RECOMPUTE_COST or
+                                                       e.outputs[0].size > REDUCED_INLINE_MAX):
+                inline = False     # (a libm call or a division: computed in a vector nest first)
             if inline:
                 # a long chain is cut into stored pieces, so one expression stays of modest size
                 d = 1 + max((depth.get(v, 0) for v in e.inputs), default=0)

@@ -165,6 +165,11 @@ class SmallReduction(Statement):
     def fusible(self, e):
         return self._small(e)
 
+    def reads_inline(self, e):
+        """Whether the loops may read the operand as an expression rather than from a buffer
+        (``Lowering.inline_reductions``): each element is read once, in the loop's order."""
+        return not self._small(e)
+
     def _lower(self, low, e, env, targets):
         if not self._small(e):
             return self.loops(low, e, env, targets)

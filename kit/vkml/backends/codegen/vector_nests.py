@@ -275,6 +275,12 @@ class _Nest:
         stored = [_STORE.match(line).group(1) if _STORE.match(line) else None for line in lines]
         if None in stored:
             return None
+        def flat_spelled(index):
+            return index_form(index, moving, fixed=set(idx) - set(moving)) == flat_form
+        # buffers read somewhere at another element: every read of them stays a gather (a nest
+        # of fewer elements than a block passes what it reads at the flat index as padded copies)
+        gathered = {name for line in lines for name, index in _ACCESS.findall(line)
+                    if index != here and not index.isdigit() and not flat_spelled(index)}
         body, gathers = [], {}
         for at, (line, target) in enumerate(zip(lines, stored)):
             # an element read before this nest stores it (``t4[i] = t4[i] + ...``): computed
@@ -286,10 +292,9 @@ class _Nest:
                     line.count("[") != len(_ACCESS.findall(line)):
                 return None            # a nested index, or a read through a cast pointer
             for name, index in _ACCESS.findall(line):
-                if index == here or index.isdigit():
+                if index.isdigit() or name not in gathered and index == here:
                     continue
-                if name not in stored and \
-                        index_form(index, moving, fixed=set(idx) - set(moving)) == flat_form:
+                if name not in stored and name not in gathered and flat_spelled(index):
                     # the flat index spelled another way (a reshape's read): read where it is
                     line = re.sub(rf"(?<![\w]){re.escape(f'{name}[{index}]')}", f"{name}[{here}]",
                                   line)
