@@ -147,6 +147,7 @@ from ..stats import STATS
 from . import background, disk_cache
 from .base import Backend, ExecutionFailure, check_sizes, failure_error, product_threads, register
 from .codegen.libm import INEXACT_PRIMITIVES
+from .codegen.digit_loops import split_digit_loops
 from .codegen.c_render import (ALLOCATION_FAILED, INTERRUPTED, POLL, SIMD_LOOP, prelude, render,
                                scratch_layout, units_of)
 from .codegen.gemm import library_source
@@ -598,7 +599,7 @@ def _lowered(program, sites, scalars_in_locals):
     low.interrupt_poll = POLL
     ins = [f"a{i}" for i in range(len(program.inputs))]
     outs = [f"o{i}" for i in range(len(program.outputs))]
-    return low, low.program(program, ins, outs), ins, outs
+    return low, split_digit_loops(low.program(program, ins, outs)), ins, outs
 
 
 def _data_offset():
