@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 
-from .statements import Block, If, Loop, While
+from .statements import Block, If, Loop, While, rebuilt
 
 #: the fewest iterations of the innermost digit loop: a split pays where that loop fills a vector
 MIN_INNER = 8
@@ -31,14 +31,8 @@ def split_digit_loops(stmts):
     for s in stmts:
         if isinstance(s, Loop) and s.body and all(isinstance(line, str) for line in s.body):
             out += _split(s) or [s]
-        elif isinstance(s, Loop):
-            out.append(Loop(s.var, s.extent, split_digit_loops(s.body), s.parallel))
-        elif isinstance(s, Block):
-            out.append(Block(split_digit_loops(s.body)))
-        elif isinstance(s, If):
-            out.append(If(s.test, split_digit_loops(s.body), s.first))
-        elif isinstance(s, While):
-            out.append(While(s.test, split_digit_loops(s.body)))
+        elif isinstance(s, (Loop, Block, If, While)):
+            out.append(rebuilt(s, split_digit_loops(s.body)))
         else:
             out.append(s)
     return out

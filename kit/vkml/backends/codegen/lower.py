@@ -630,7 +630,7 @@ class Lowering:
         the same bits), and the scalar loop runs only otherwise (a NaN, or a -0.0 beside a
         +0.0 where the first one counts)."""
         t = CTYPE[x.dtype]
-        start = "{x}".format(x=val)
+        start = val
         for r in ridx:
             start = re.sub(rf"(?<![\w]){r}(?![\w])", "0", start)
         inner = [f"vk_hi = {val} > vk_hi ? {val} : vk_hi; vk_nan |= {val} != {val};"]

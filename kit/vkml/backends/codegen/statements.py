@@ -102,6 +102,17 @@ class HelperCall(str):
         return line
 
 
+def rebuilt(s, body, test=None):
+    """Statement ``s`` (a Loop, Block, If or While) with ``body`` (and, for a branch or a while
+    loop, ``test``) in place of its own: what a pass rewriting the statements inside makes."""
+    test = s.test if test is None and hasattr(s, "test") else test
+    if isinstance(s, Loop):
+        return Loop(s.var, s.extent, body, s.parallel)
+    if isinstance(s, Block):
+        return Block(body)
+    return If(test, body, s.first) if isinstance(s, If) else While(test, body)
+
+
 def leaves(line: str) -> bool:
     """Whether a line of C may jump out of the loop around it (a check's ``goto``, a ``return``,
     a ``break``): such a loop is neither split over threads nor an OpenMP SIMD loop."""

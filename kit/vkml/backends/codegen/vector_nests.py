@@ -53,7 +53,7 @@ import re
 
 from .libm import vector_math
 from .lower import IDENTIFIER, calls_pattern, index_form, linear_index, row_major_strides
-from .statements import Block, HelperCall, If, Loop, While
+from .statements import Block, HelperCall, If, Loop, While, rebuilt
 
 #: the libm functions the lowering calls that glibc's vector math library (libmvec) has in vector
 #: versions: C name -> (type, arguments)
@@ -126,7 +126,7 @@ def vectorised(stmts, names, ctypes):
             elif isinstance(s, (Loop, Block, If, While)):   # a scan's steps: the nests inside
                 before = len(functions)
                 body = walk(s.body)
-                out.append(s if len(functions) == before else _rebuilt(s, body))
+                out.append(s if len(functions) == before else rebuilt(s, body))
             else:
                 out.append(s)
         return out
@@ -172,21 +172,10 @@ def _map_lines(stmts, line):
         if isinstance(s, str):
             out.append(line(s))
         elif isinstance(s, (Loop, Block, If, While)):
-            out.append(_rebuilt(s, _map_lines(s.body, line), line(getattr(s, "test", ""))))
+            out.append(rebuilt(s, _map_lines(s.body, line), line(getattr(s, "test", ""))))
         else:
             out.append(s)
     return out
-
-
-def _rebuilt(s, body, test=None):
-    """Statement ``s`` (a Loop, Block, If or While) with ``body`` (and, for a branch or a
-    while loop, ``test``) in place of its own."""
-    test = s.test if test is None and hasattr(s, "test") else test
-    if isinstance(s, Loop):
-        return Loop(s.var, s.extent, body, s.parallel)
-    if isinstance(s, Block):
-        return Block(body)
-    return If(test, body, s.first) if isinstance(s, If) else While(test, body)
 
 
 def _lane_function(name):
@@ -214,6 +203,11 @@ _ROW = re.compile(r"\(([A-Za-z_]\w*) \+ \(([A-Za-z_]\w*)\)\*\d+\)\[")
 _STORE = re.compile(r"^([A-Za-z_]\w*)\[.*;$")
 #: a buffer read or written, and the index it is read at (no nested brackets)
 _ACCESS = re.compile(r"(?<![\w])([A-Za-z_]\w*)\[([^\[\]]*)\]")
+
+
+def _read_as(line, name, index, new):
+    """``line`` with every read ``name[index]`` written ``new``."""
+    return re.sub(rf"(?<![\w]){re.escape(f'{name}[{index}]')}", new, line)
 
 
 class _Nest:
@@ -257,7 +251,8 @@ class _Nest:
             break
         here = linear_index(idx, extents)
         moving = [v for v, e in zip(idx, extents) if e != 1]     # (an index of one value is 0)
-        flat_form = index_form(here, moving, fixed=set(idx) - set(moving))
+        fixed = set(idx) - set(moving)
+        flat_form = index_form(here, moving, fixed)
         # a scan step's row of a buffer, ``(t31 + (row47)*1)[i48]``: named for the nest (its
         # block function takes the row's pointer), unless its offset moves with the nest's loops
         rows = {}
@@ -275,8 +270,9 @@ class _Nest:
         stored = [_STORE.match(line).group(1) if _STORE.match(line) else None for line in lines]
         if None in stored:
             return None
+
         def flat_spelled(index):
-            return index_form(index, moving, fixed=set(idx) - set(moving)) == flat_form
+            return index_form(index, moving, fixed) == flat_form
         # buffers read somewhere at another element: every read of them stays a gather (a nest
         # of fewer elements than a block passes what it reads at the flat index as padded copies)
         gathered = {name for line in lines for name, index in _ACCESS.findall(line)
@@ -296,8 +292,7 @@ class _Nest:
                     continue
                 if name not in stored and name not in gathered and flat_spelled(index):
                     # the flat index spelled another way (a reshape's read): read where it is
-                    line = re.sub(rf"(?<![\w]){re.escape(f'{name}[{index}]')}", f"{name}[{here}]",
-                                  line)
+                    line = _read_as(line, name, index, f"{name}[{here}]")
                     continue
                 if name in stored:
                     return None        # another element of what the nest computes
@@ -306,7 +301,7 @@ class _Nest:
                     #                    would be read unguarded
                 gathers.setdefault((name, index), f"vk_g{len(gathers)}")
             for (name, index), g in gathers.items():
-                line = re.sub(rf"(?<![\w]){re.escape(f'{name}[{index}]')}", f"{g}[vk_l]", line)
+                line = _read_as(line, name, index, f"{g}[vk_l]")
             line = re.sub(rf"(?<![\w])([A-Za-z_]\w*)\[{re.escape(here)}\]",
                           lambda m: f"{m.group(1)}[{_FLAT}]", line)
             if set(IDENTIFIER.findall(line)) & set(idx):
