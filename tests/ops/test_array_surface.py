@@ -437,6 +437,32 @@ def test_fori_loop_empty_range_and_traced_bounds():
     assert f(np.int32(7)).item() == 21
 
 
+def test_a_long_fori_loop_is_compiled_on_the_cpu_tier_and_differentiates(on_cpu):
+    """Past 65,536 iterations the loop stays in C (its indices were a constant as long as the
+    loop, which a compiled program does not hold: the whole loop fell back to NumPy, 250 times
+    slower); the index counts right at the int32 edge."""
+    n = 70_000
+
+    def f_np(a):
+        c = 0.25
+        for _ in range(n):
+            c = c * a + 1e-5
+        return c
+
+    f = vkml.jit(lambda a: vkml.fori_loop(0, n, lambda i, c: c * a + 1e-5, 0.25))
+    g = vkml.jit(vkml.grad(lambda a: vkml.fori_loop(0, n, lambda i, c: c * a + 1e-5, 0.25)))
+    before = vkml.backend_info()["numpy fallbacks"]
+    a = 0.99999
+    assert np.isclose(f(np.float64(a)).item(), f_np(a), rtol=1e-10)
+    assert np.isclose(g(np.float64(a)).item(), central_diff(f_np, a, 1e-7), rtol=1e-5)
+    assert vkml.backend_info()["numpy fallbacks"] == before
+    last = 2**31 - 1                  # the final index is int32's largest: no overflow on the way
+    top = vkml.fori_loop(last - 3, last + 1, lambda i, c: vkml.maximum(c, i), np.int64(0))
+    assert top.item() == last
+    low = vkml.fori_loop(-2**31, -2**31 + 2, lambda i, c: c + i, np.int64(0))
+    assert low.item() == -2**32 + 1
+
+
 @pytest.mark.parametrize("axis", [0, 1, -1])
 @pytest.mark.parametrize("reverse", [False, True])
 def test_associative_scan_matches_cumsum_and_cumprod(axis, reverse):

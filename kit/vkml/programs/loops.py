@@ -30,11 +30,16 @@ def fori_loop(lower, upper, body_fun, init_val):
     if lo is not None and hi is not None:
         if hi <= lo:
             return init_val
-        dtype = np.int32 if -2**31 <= lo and hi <= 2**31 else np.int64
+        dtype = np.int32 if -2**31 <= lo and hi < 2**31 else np.int64
         check_int(hi - lo, "upper - lower (the number of iterations)", "fori_loop", high=MAX_ELEMENTS)
-        with host_memory("fori_loop", f"an index for each of {hi - lo} iterations"):
-            indices = np.arange(lo, hi, dtype=dtype)
-        carry, _ = scan(lambda c, i: (body_fun(i, c), None), init_val, indices)
+        # the index is carried (one scalar), not scanned over: an array of every index would be
+        # a constant of the program as long as the loop, which a compiled program cannot hold
+        # past a size (and would be memory for nothing)
+        def step(c, _):
+            i, value = c
+            return (i + np.asarray(1, dtype), body_fun(i, value)), None
+
+        (_, carry), _ = scan(step, (tensor(np.asarray(lo, dtype)), init_val), None, length=hi - lo)
         return carry
     _, carry = while_loop(lambda s: s[0] < upper, lambda s: (s[0] + 1, body_fun(s[0], s[1])),
                           (lower, init_val))
