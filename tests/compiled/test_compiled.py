@@ -196,3 +196,34 @@ def test_generated_source_for_a_fused_chain_is_one_loop(monkeypatch):
     body = source.split("int vk_main")[1]
     assert body.count("for (int64_t") == 1              # four elementwise ops, one loop, no temps
     assert "malloc" not in body
+
+
+def test_a_jitted_function_closing_over_a_large_array_is_compiled(on_cpu, monkeypatch):
+    """A constant of more than ``STATIC_MAX`` elements (a dataset the function closes over) is
+    handed to the C function as an argument, not written into its source: the program is
+    compiled (it fell back to NumPy), its value and gradient are NumPy's, the constant is never
+    written (no result is computed in its buffer), and the source holds none of its data."""
+    from vkml.backends.codegen.lower import STATIC_MAX
+    monkeypatch.setenv("VKML_CPU_HOT", "0")
+    data = RNG.uniform(-1, 1, (2000, 40))        # (past 65,536 elements: was a fallback)
+    assert data.size > STATIC_MAX
+    kept = data.copy()
+    small = RNG.uniform(-1, 1, 7)
+
+    def loss(w):
+        return vkml.sum(vkml.tanh(data @ w[:40]) * 2.0) + vkml.sum(w[40:] * small)
+
+    w = RNG.uniform(-1, 1, 47)
+    before = vkml.backend_info()["numpy fallbacks"]
+    value = vkml.jit(loss)(w).item()
+    grad = vkml.jit(vkml.grad(loss))(w).numpy()
+    update = vkml.jit(lambda w: data * w[0] + 1.0)(w).numpy()     # a result of the constant's shape
+    assert vkml.backend_info()["numpy fallbacks"] == before
+    np.testing.assert_allclose(value, np.sum(np.tanh(data @ w[:40]) * 2.0) + np.sum(w[40:] * small),
+                               rtol=1e-12)
+    inner = 1.0 - np.tanh(data @ w[:40]) ** 2
+    np.testing.assert_allclose(grad, np.concatenate([data.T @ (2.0 * inner), small]), rtol=1e-10)
+    np.testing.assert_array_equal(update, data * w[0] + 1.0)
+    np.testing.assert_array_equal(data, kept)
+    source, lowering = cpu.c_source(vkml.program(loss, w))
+    assert len(lowering.lifted) == 1 and repr(float(data[0, 0]))[:12] not in source

@@ -573,10 +573,12 @@ def c_source(program, vector_math=(), blocks=True, split=True):
     elif any(v.shape == () for v in program.inputs):
         # block functions take every buffer they read: no 0-d argument read into a local
         low, stmts, ins, outs = _lowered(program, sites, scalars_in_locals=False)
-    # (vector blocks compute a nest's last elements twice: never over an argument)
+    # (vector blocks compute a nest's last elements twice: never over an argument; never
+    # over a lifted constant: ``ins`` are the caller's arguments only)
     low.overwritable = overwritable(stmts, ins, outs, program, vector_math)
     low.may_fail = may_fail(stmts)
-    return render(low, stmts, len(ins), [v.dtype for v in program.inputs],
+    in_types = [v.dtype for v in program.inputs] + [c.dtype for c in low.lifted]
+    return render(low, stmts, len(in_types), in_types,
                   len(outs), [v.dtype for v in program.outputs], data_offset=DATA_OFFSET,
                   vector_math=vector_math, blocks=blocks, split=split,
                   threads=low.gemm_threads, units=min(2, low.gemm_threads)), low
@@ -596,6 +598,7 @@ def _lowered(program, sites, scalars_in_locals):
     low.padded_sums = True
     low.vector_max = True
     low.inline_reductions = True
+    low.lift_from = len(program.inputs)
     low.interrupt_poll = POLL
     ins = [f"a{i}" for i in range(len(program.inputs))]
     outs = [f"o{i}" for i in range(len(program.outputs))]
@@ -706,6 +709,7 @@ def _link_products(lib, types, gemm):
             ctypes.cast(getattr(gemm, f"vk_gemm_lib_{t}"), ctypes.c_void_p).value
 
 
+
 class CompiledProgram:
     """A program's C function, called with contiguous arrays.
 
@@ -724,7 +728,10 @@ class CompiledProgram:
         self.interruptible = _may_run_long(program)
         #: whether a call is too short for letting other threads run during it to pay
         self.quick = _work(program) <= QUICK_WORK
-        self.in_types = [v.dtype for v in program.inputs]
+        #: the constants too large for the source, handed in after the caller's arguments
+        #: (``Lowering.lift_from``)
+        self.constants = tuple(lowering.lifted)
+        self.in_types = [v.dtype for v in program.inputs] + [c.dtype for c in self.constants]
         self.out_types = [(v.shape, v.dtype) for v in program.outputs]
         producer = {v: i for i, e in enumerate(program.eqns) for v in e.outputs}
         self.out_sites = [producer.get(v, 0) for v in program.outputs]
@@ -849,7 +856,7 @@ class CompiledProgram:
                 scratch = pool.allocate_scratch()
                 if scratch is None:       # refused: the C function mallocs them (and reports)
                     return self._call_fresh(args, into)
-            block = (*args, *outs, scratch)
+            block = (*args, *self.constants, *outs, scratch)
             if self.interruptible:
                 with Armed() as stop:
                     code = pool.fn(id(block) + TUPLE_ITEMS, pool.info_address, stop)
@@ -900,7 +907,7 @@ class CompiledProgram:
 
     def _call_fresh(self, args, into):
         """One call with fresh outputs and the temporaries malloc'ed by the C function."""
-        ins = [np.ascontiguousarray(a, dtype=t) for a, t in zip(args, self.in_types)]
+        ins = [np.ascontiguousarray(a, dtype=t) for a, t in zip([*args, *self.constants], self.in_types)]
         dests = self._destinations(into) if into is not None and not self.interruptible else \
             [None] * len(self.out_types)
         outs = [_empty_result(shape, dtype, "a result", site) if dest is None else dest

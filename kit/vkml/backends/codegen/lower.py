@@ -68,6 +68,16 @@ VECTOR_MAX_MIN = 16
 SIMD_MAX = "#pragma omp simd reduction(max:vk_hi) reduction(|:vk_nan)"
 
 
+#: the most elements a constant is written into the C source as (a static array) where the
+#: lowering lifts larger ones (``Lowering.lift_from``): a larger one would make the source, and
+#: its compile time, grow with the data (a jitted function closing over a dataset), so it is
+#: read from an argument the caller appends
+STATIC_MAX = 4096
+
+#: the most elements of a static array where constants are not lifted (past it the program is
+#: not compiled)
+STATIC_LIMIT = 65536
+
 class Unsupported(Exception):
     """A program this lowering cannot compile; the backend runs it on NumPy instead."""
 
@@ -295,6 +305,11 @@ class Lowering:
         #: whether a reduction's loops read a cheap elementwise operand read by nothing else
         #: as its expression instead of storing it first (``_program``; the C tier's programs)
         self.inline_reductions = False
+        #: where set, the number of the program's own arguments: a constant of more than
+        #: ``STATIC_MAX`` elements becomes the argument after them (``lifted``: their values,
+        #: which every call hands in after its own arguments)
+        self.lift_from = None
+        self.lifted = []
         self.site = 0            # the top-level equation being lowered
 
     def fresh(self, prefix):
@@ -302,9 +317,13 @@ class Lowering:
         return f"{prefix}{self.counter}"
 
     def static(self, var, value):
-        """A constant as a static C array (programs capture small constants)."""
+        """A constant as a static C array (programs capture small constants), or a large one
+        as an argument (see ``lift_from``)."""
         value = np.asarray(value, dtype=var.dtype).reshape(-1)
-        if value.size > 65536:
+        if value.size > STATIC_MAX and self.lift_from is not None:
+            self.lifted.append(value)
+            return f"a{self.lift_from + len(self.lifted) - 1}"
+        if value.size > STATIC_LIMIT:
             raise Unsupported("a large array constant")
         name = self.fresh("k")
         items = ", ".join(_c_literal(x, var.dtype) for x in value) or "0"
