@@ -30,6 +30,10 @@ void vk_test_gemm_{t}(int64_t M, int64_t N, int64_t K, const {t}* A, int64_t sam
                       const {t}* B, int64_t sbk, int64_t sbn, {t}* C, int64_t scm, int64_t scn,
                       {t}* pack)
 {{ vk_gemm_{t}(M, N, K, A, sam, sak, B, sbk, sbn, C, scm, scn, pack); }}
+void vk_test_gemm_gathered_{t}(int64_t M, int64_t N, int64_t K, const {t}* A, int64_t sam,
+                               int64_t sak, const {t}* B, const int64_t* rk, const int64_t* cj,
+                               {t}* C, int64_t scm, int64_t scn, {t}* pack)
+{{ vk_gemm_gathered_{t}(M, N, K, A, sam, sak, B, rk, cj, C, scm, scn, pack); }}
 """ for t in ("float", "double"))
 
 #: builds of the routine: the machine's own vector width, the narrower fallbacks (-mno-... after
@@ -387,3 +391,53 @@ def test_threads_split_the_rows_and_change_no_bit(dtype):
                     assert_same_bits(got, want)
     finally:
         knob.value = 1
+
+
+def _gathered_tables(rng, kind, k, n):
+    """``(rk, cj)`` of a gathered B of k x n: element (k, j) at ``rk[k] + cj[j]``."""
+    if kind == "conv":           # columns in runs of 8 (a row of pixels), rows a channel and tap
+        cj = np.array([(j // 8) * 40 + j % 8 for j in range(n)])
+        rk = np.array([(q // 3) * 7 + q % 3 for q in range(k)]) * 400
+    elif kind == "conv transposed":   # rows in runs of 8 (pixels), columns in runs of 5 (taps)
+        rk = np.array([(q // 8) * 40 + q % 8 for q in range(k)])
+        cj = np.array([(j // 5) * 13 + j % 5 for j in range(n)]) * 9000
+    elif kind == "long runs":
+        rk, cj = np.arange(k) * (n + 3), np.arange(n)
+    else:                        # anywhere (repeats too): the element-at-a-time path
+        rk, cj = rng.integers(0, 500, k) * 97, rng.integers(0, 90, n)
+    return rk.astype(np.int64), cj.astype(np.int64)
+
+
+def run_gathered(a, source, rk, cj, build="native", threads=1):
+    t = CTYPES[a.dtype.type]
+    m, n = a.shape[0], len(cj)
+    c = np.full((m, n), np.nan, a.dtype)
+    size = gemm.pack_bytes(threads)
+    raw, start = pack_buffer(size)
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    getattr(library(build), f"vk_test_gemm_gathered_{t}")(
+        i64(m), i64(n), i64(a.shape[1]), ptr(a.ctypes.data), *map(i64, element_strides(a)),
+        ptr(source.ctypes.data), ptr(rk.ctypes.data), ptr(cj.ctypes.data), ptr(c.ctypes.data),
+        i64(n), i64(1), ptr(raw.ctypes.data + start))
+    assert (raw[start + size:] == 0xA5).all(), "wrote past pack_bytes(threads) of the scratch"
+    return c
+
+
+@pytest.mark.parametrize("build", ["native", "no shuffles", "avx2", "sse"] + WAYS[::2])
+@pytest.mark.parametrize("kind", ["conv", "conv transposed", "long runs", "anywhere"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_gathered_b_gives_the_bits_of_its_copy(build, kind, dtype):
+    """``vk_gemm_gathered``: B's element (k, j) read at ``rk[k] + cj[j]`` of a buffer (a
+    convolution's columns read from the images) -- packed by runs of columns, by 8 x 8
+    transposes where rows run, else element by element -- gives the bits of the product with
+    B copied out first, on every shape and way (the plain loop of small products too)."""
+    if build in WAYS and way_flags(build, MODE) is None:
+        pytest.skip(f"the {MODE} mode has no {build.split()[0]} tile")
+    rng = np.random.default_rng(23)
+    for m, n, k in [(1, 1, 1), (2, 3, 4), (9, 33, 31), (64, 50, 256), (13, 97, 19), (129, 20, 300),
+                    (8, 200, 70), (40, 45, 2 * gemm.KC["float"] + 9), (3, 520, 17)]:
+        rk, cj = _gathered_tables(rng, kind, k, n)
+        source = cancelling(rng, dtype, (int(rk.max() + cj.max()) + 1,))
+        a = layout(cancelling(rng, dtype, (m, k)), ["row", "transposed"][n % 2], rng)
+        b = source[rk[:, None] + cj[None, :]]
+        assert_same_bits(run_gathered(a, source, rk, cj, build), naive(np.ascontiguousarray(a), b))

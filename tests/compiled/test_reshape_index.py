@@ -151,8 +151,11 @@ def test_a_stored_reshape_of_a_temporary_is_that_temporary():
 
     source, _ = cpu.c_source(vkml.program(vkml.grad(loss), x))
     body = source[source.index("static int vk_main_body"):]
+    # (the output's gradient read as (O, N*Ho*Wo) where it is: a gathered B, see
+    # ``products.gathered_operands``)
     product = re.search(r"vk_gemm_double\(27LL, 128LL, 4LL, (?:[^,]+, \d+LL, \d+LL, ){2}"
-                        r"(t\d+) \+ 0, ", body)
+                        r"(t\d+) \+ 0, ", body) or \
+        re.search(r"vk_gemm_gathered_double\(27LL, 128LL, 4LL, (?:[^,]+, ){6}(t\d+), ", body)
     assert product, "the columns' gradient is one product"
     copies = [line for line in body.splitlines()
               if re.match(rf"\s*t\d+\[[^\]]*\] = \(*{product.group(1)}\[", line)]

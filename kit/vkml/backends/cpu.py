@@ -152,7 +152,7 @@ from .codegen.c_render import (ALLOCATION_FAILED, INTERRUPTED, POLL, SIMD_LOOP, 
                                scratch_layout, units_of)
 from .codegen.gemm import library_source
 from .codegen.lower import Lowering, Unsupported, may_fail, overwritable
-from .codegen.products import transposed_products
+from .codegen.products import gathered_operands, transposed_products
 from .codegen.sample_loops import LoopSpec, forward_source, reverse_source
 from .codegen.threaded_nests import THREADED_MARKER
 from .codegen.vector_nests import SIMD_MARKER, VECTOR_MATH, calls_any
@@ -599,6 +599,7 @@ def _lowered(program, sites, scalars_in_locals):
     low.vector_max = True
     low.inline_reductions = True
     low.lift_from = len(program.inputs)
+    low.gather_operands = gathered_operands
     low.interrupt_poll = POLL
     ins = [f"a{i}" for i in range(len(program.inputs))]
     outs = [f"o{i}" for i in range(len(program.outputs))]
@@ -705,8 +706,9 @@ def _replayed(program, args, origin, checks, site=None) -> list:
 def _link_products(lib, types, gemm):
     """Point ``lib``'s products of element ``types`` at the GEMM library ``gemm``'s routines."""
     for t in types:
-        ctypes.c_void_p.in_dll(lib, f"vk_gemm_{t}").value = \
-            ctypes.cast(getattr(gemm, f"vk_gemm_lib_{t}"), ctypes.c_void_p).value
+        for name in (t, f"gathered_{t}"):
+            ctypes.c_void_p.in_dll(lib, f"vk_gemm_{name}").value = \
+                ctypes.cast(getattr(gemm, f"vk_gemm_lib_{name}"), ctypes.c_void_p).value
 
 
 

@@ -208,6 +208,65 @@ static void vk_gemm_pack_b_$T(int64_t kc, int64_t n, const $T* B, int64_t sbk, i
     }
 }
 
+#if VK_GEMM_SHUFFLE
+/* dst[kk * ld + jj] = rows[jj][off + kk] for an 8 x 8 block: as vk_gemm_transpose8_$T, the
+   rows anywhere */
+static void vk_gemm_transpose8_rows_$T(const $T* const* rows, int64_t off, $T* dst, int64_t ld)
+{
+$TRANSPOSE8_ROWS
+}
+#endif
+
+/* a gathered B (B[k, j] = B[rk[k] + cj[j]], see vk_gemm_gathered_$T) -> dst as above.  Columns
+   in runs of adjacent elements (cj[j + 1] == cj[j] + 1: a convolution's pixels along an image
+   row) are copied 8 at a time; else rows in runs of 8 (rk: a weight gradient's pixels, its
+   columns the taps) are transposed 8 x 8; what is left, an element at a time */
+static void vk_gemm_pack_b_gathered_$T(int64_t kc, int64_t n, const $T* B, const int64_t* rk,
+                                       const int64_t* cj, $T* dst, int64_t nr)
+{
+    if (n < nr)
+        __builtin_memset(dst, 0, (unsigned long)(kc * nr) * sizeof($T));
+    int64_t start[n], length[n], runs = 0;
+    for (int64_t j = 0; j < n; j++) {
+        if (j > 0 && cj[j] == cj[j - 1] + 1) {
+            length[runs - 1]++;
+        } else {
+            start[runs] = j, length[runs] = 1;
+            runs++;
+        }
+    }
+    int64_t k0 = 0;
+#if VK_GEMM_SHUFFLE
+    if (runs * 8 > n && n >= 8) {               /* short runs: transposes where k runs */
+        const $T* rows[8];
+        int64_t j8 = n / 8 * 8;
+        for (; k0 + 8 <= kc; k0 += 8) {
+            int adjacent = 1;
+            for (int t = 1; t < 8; t++) adjacent &= rk[k0 + t] == rk[k0] + t;
+            if (!adjacent) break;
+            for (int64_t j = 0; j < j8; j += 8) {
+                for (int t = 0; t < 8; t++) rows[t] = B + cj[j + t];
+                vk_gemm_transpose8_rows_$T(rows, rk[k0], dst + k0 * nr + j, nr);
+            }
+            for (int64_t kk = k0; kk < k0 + 8; kk++)
+                for (int64_t j = j8; j < n; j++) dst[kk * nr + j] = B[rk[kk] + cj[j]];
+        }
+    }
+#endif
+    for (int64_t k = k0; k < kc; k++) {
+        const $T* row = B + rk[k];
+        $T* d = dst + k * nr;
+        for (int64_t r = 0; r < runs; r++) {
+            const $T* src = row + cj[start[r]];
+            $T* to = d + start[r];
+            int64_t t = 0;
+            for (; t + 8 <= length[r]; t += 8)
+                *(vk_gemm_v8$T*)(to + t) = *(const vk_gemm_v8$T*)(src + t);
+            for (; t < length[r]; t++) to[t] = src[t];
+        }
+    }
+}
+
 /* A[i0.., k0..] (mc x kc) -> one panel of kc x mr per tile of mr rows, dst[ir * kc + k * mr + i]
    (a tile's values for one k adjacent, the tiles one after another); a last tile of fewer rows
    has only its real rows (the kernel never reads past row m - 1) */
@@ -293,16 +352,17 @@ static double vk_gemm_${S}_cost(int64_t M, int64_t N, int64_t K, int64_t sbk, in
     return vk_gemm_cost_$T(M, N, K, sbk, sbn, scn, $MR, VK_GEMM_NR_$S, $SLOWER);
 }
 
-/* the product with this tile, M, N, K > 0 */
+/* the product with this tile, M, N, K > 0; B at strides sbk, sbn, or gathered where rk is
+   not 0 (B[k, j] = B[rk[k] + cj[j]]) */
 static void vk_gemm_$S(int64_t M, int64_t N, int64_t K,
                        const $T* A, int64_t sam, int64_t sak,
-                       const $T* B, int64_t sbk, int64_t sbn,
+                       const $T* B, int64_t sbk, int64_t sbn, const int64_t* rk, const int64_t* cj,
                        $T* C, int64_t scm, int64_t scn, $T* bpack)
 {
     const int64_t mr = $MR, nr = VK_GEMM_NR_$S;
     /* a full panel of a row-major B read by a few tiles only: the kernel reads B's rows where
        they are (for many tiles a packed copy pays: rows far apart thrash the L1 cache) */
-    const int rows_in_place = VK_GEMM_ROWS_IN_PLACE && sbn == 1 && M <= 4 * mr;
+    const int rows_in_place = VK_GEMM_ROWS_IN_PLACE && !rk && sbn == 1 && M <= 4 * mr;
 #define VK_GEMM_IN_PLACE(jr) (rows_in_place && nc - (jr) >= nr)
     int64_t kblocks = (K + $KC - 1) / $KC;
     int64_t kstep = (K + kblocks - 1) / kblocks;
@@ -332,7 +392,10 @@ static void vk_gemm_$S(int64_t M, int64_t N, int64_t K,
                shares of the rows (whose closing barrier keeps B's panels until all are done) */
 #pragma omp for schedule(static)
             for (int64_t jr = 0; jr < nc; jr += nr)
-                if (!VK_GEMM_IN_PLACE(jr))
+                if (rk)
+                    vk_gemm_pack_b_gathered_$T(kc, nc - jr < nr ? nc - jr : nr, B, rk + pc,
+                                               cj + jc + jr, bpack + jr * kc, nr);
+                else if (!VK_GEMM_IN_PLACE(jr))
                     vk_gemm_pack_b_$T(kc, nc - jr < nr ? nc - jr : nr,
                                       B + pc * sbk + (jc + jr) * sbn, sbk, sbn, bpack + jr * kc,
                                       nr);
@@ -419,6 +482,44 @@ $CALLS
 }
 """)
 
+# the entry point of a product whose B is gathered: never transposed (A's reads have strides only)
+_GATHERED = Template(r"""
+/* C = A @ B where B[k, j] = B[rk[k] + cj[j]]: a movement of one buffer whose element offset is
+   a sum of a part from k and a part from j (a convolution's columns, read from the images
+   where they are: rk per (channel, tap), cj per output pixel), packed from there instead of
+   from a copy.  The same sums in the same order as vk_gemm_$T */
+static void vk_gemm_gathered_$T(int64_t M, int64_t N, int64_t K,
+                                const $T* A, int64_t sam, int64_t sak,
+                                const $T* B, const int64_t* rk, const int64_t* cj,
+                                $T* C, int64_t scm, int64_t scn, $T* pack)
+{
+    if (M <= 0 || N <= 0) return;
+    double plain = (double)M * (double)N * (double)K;
+    double cost[$WAYS] = {$COSTS};
+    int way = 0;
+    for (int w = 1; w < $WAYS; w++)
+        if (cost[w] < cost[way]) way = w;
+#ifdef VK_GEMM_WAY
+    way = VK_GEMM_WAY / 2;
+    if (K <= 0) {
+#else
+    if (K <= 0 || plain <= cost[way]) {
+#endif
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++) {
+                $T acc = 0;
+                for (int64_t k = 0; k < K; k++)
+                    acc = $MULADD;
+                C[i * scm + j * scn] = acc;
+            }
+        return;
+    }
+    switch (way) {
+$CALLS
+    }
+}
+""")
+
 
 def _entry(t: str, fused: bool) -> str:
     """``vk_gemm_<t>``: every variant on the product (way 2 v) and on its transpose (2 v + 1)."""
@@ -428,12 +529,19 @@ def _entry(t: str, fused: bool) -> str:
     for n, variant in enumerate(_blocking(fused)[0]):
         f = f"vk_gemm_{t}_{variant}"
         costs += [f"{f}_cost(M, N, K, sbk, sbn, scn)", f"{f}_cost(N, M, K, sak, sam, scm)"]
-        calls += [f"    case {2 * n}: {f}(M, N, K, A, sam, sak, B, sbk, sbn, C, scm, scn, pack); "
+        calls += [f"    case {2 * n}: {f}(M, N, K, A, sam, sak, B, sbk, sbn, 0, 0, C, scm, scn, pack); "
                   "break;",
-                  f"    case {2 * n + 1}: {f}(N, M, K, B, sbn, sbk, A, sak, sam, C, scn, scm, pack); "
-                  "break;"]
+                  f"    case {2 * n + 1}: {f}(N, M, K, B, sbn, sbk, A, sak, sam, 0, 0, C, scn, scm, "
+                  "pack); break;"]
+    gathered_costs = costs[::2]
+    gathered_calls = [f"    case {n}: vk_gemm_{t}_{variant}(M, N, K, A, sam, sak, B, 0, 0, rk, cj, C, "
+                      "scm, scn, pack); break;" for n, variant in enumerate(_blocking(fused)[0])]
     return _ENTRY.substitute(T=t, TINY=TINY, MULADD=muladd, WAYS=len(costs), COSTS=",\n        ".join(costs),
-                             CALLS="\n".join(calls))
+                             CALLS="\n".join(calls)) + \
+        _GATHERED.substitute(T=t, MULADD=muladd.replace("B[k * sbk + j * sbn]", "B[rk[k] + cj[j]]"),
+                             WAYS=len(gathered_costs),
+                             COSTS=",\n        ".join(gathered_costs).replace("sbk, sbn", "N, 1"),
+                             CALLS="\n".join(gathered_calls))
 
 #: how much slower per product a variant's kernel runs than the wide one (measured on Zen 5; the
 #: row's 4 accumulators wait on the adder's latency)
@@ -488,11 +596,11 @@ def _kernel(t: str, variant: str, mr: int, nv: int, fused: bool) -> str:
     return "\n".join(lines)
 
 
-def _transpose8(t: str) -> str:
+def _transpose8(t: str, row="src + {i} * ss") -> str:
     """The body of the 8 x 8 transpose, written out (named registers, no arrays: an array of
-    vectors would live in memory at -O2)."""
+    vectors would live in memory at -O2); ``row``: where its row ``i`` starts."""
     v8 = f"vk_gemm_v8{t}"
-    lines = ["    " + " ".join(f"{v8} r0_{i} = *(const {v8}*)(src + {i} * ss);" for i in range(8))]
+    lines = ["    " + " ".join(f"{v8} r0_{i} = *(const {v8}*)({row.format(i=i)});" for i in range(8))]
     for rnd in range(3):
         for i in range(4):
             a, b = f"r{rnd}_{i}", f"r{rnd}_{i + 4}"
@@ -507,7 +615,8 @@ def _transpose8(t: str) -> str:
 def _source(t: str, fused: bool) -> str:
     """``vk_gemm_<t>`` and everything it calls."""
     variants, kc, nc = _blocking(fused)
-    parts = [_TYPE.substitute(T=t, KC=kc[t], NC=nc[t], MC=MC[t], TRANSPOSE8=_transpose8(t))]
+    parts = [_TYPE.substitute(T=t, KC=kc[t], NC=nc[t], MC=MC[t], TRANSPOSE8=_transpose8(t),
+                             TRANSPOSE8_ROWS=_transpose8(t, "rows[{i}] + off"))]
     for variant, tiles in variants.items():
         for registers, (mr, nv) in tiles.items():
             parts.append("\n#if VK_GEMM_VBYTES == 64\n" if registers == 32 else "\n#else\n")
@@ -533,6 +642,11 @@ def gemm_c(types=("float", "double"), fused=False) -> str:
 _PARAMS = ("int64_t M, int64_t N, int64_t K, const {T}* A, int64_t sam, int64_t sak, "
            "const {T}* B, int64_t sbk, int64_t sbn, {T}* C, int64_t scm, int64_t scn, {T}* pack")
 _ARGS = "M, N, K, A, sam, sak, B, sbk, sbn, C, scm, scn, pack"
+#: those of ``vk_gemm_gathered_<T>``: B[k, j] at ``B[rk[k] + cj[j]]``
+_GATHERED_PARAMS = ("int64_t M, int64_t N, int64_t K, const {T}* A, int64_t sam, int64_t sak, "
+                    "const {T}* B, const int64_t* rk, const int64_t* cj, {T}* C, int64_t scm, "
+                    "int64_t scn, {T}* pack")
+_GATHERED_ARGS = "M, N, K, A, sam, sak, B, rk, cj, C, scm, scn, pack"
 
 
 def library_source(types=("float", "double"), fused=False) -> str:
@@ -541,7 +655,8 @@ def library_source(types=("float", "double"), fused=False) -> str:
     call it through a pointer (``pointer_declarations``) instead of compiling its 90 KB of C
     each: it is built once per mode and thread setting and kept in the disk cache."""
     exports = "".join(f"\nvoid vk_gemm_lib_{t}({_PARAMS.format(T=t)}) {{ vk_gemm_{t}({_ARGS}); }}\n"
-                      for t in types)
+                      f"void vk_gemm_lib_gathered_{t}({_GATHERED_PARAMS.format(T=t)}) "
+                      f"{{ vk_gemm_gathered_{t}({_GATHERED_ARGS}); }}\n" for t in types)
     return gemm_c(types, fused) + exports
 
 
@@ -549,9 +664,11 @@ def pointer_declarations(types, extern=False) -> str:
     """What a program calling the GEMM library declares: ``vk_gemm_<T>`` as a pointer the
     backend sets to the library's function when it loads the program (a call reads the same).
     ``extern``: the declaration a second compilation unit of the program reads it through."""
-    if extern:
-        return "".join(f"extern void (*vk_gemm_{t})({_PARAMS.format(T=t)});\n" for t in types)
-    return "".join(f"void (*vk_gemm_{t})({_PARAMS.format(T=t)}) = 0;\n" for t in types)
+    head = "extern " if extern else ""
+    tail = "" if extern else " = 0"
+    return "".join(f"{head}void (*vk_gemm_{t})({_PARAMS.format(T=t)}){tail};\n"
+                   f"{head}void (*vk_gemm_gathered_{t})({_GATHERED_PARAMS.format(T=t)}){tail};\n"
+                   for t in types)
 
 
 #: the C text of ``vk_gemm_float`` and ``vk_gemm_double`` (after the program's prelude types),

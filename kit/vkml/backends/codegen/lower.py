@@ -310,6 +310,11 @@ class Lowering:
         #: which every call hands in after its own arguments)
         self.lift_from = None
         self.lifted = []
+        #: where set (the C tier), ``products.gathered_operands``: which products' operands the
+        #: GEMM gathers from where they are (``gathered``, by ``id`` of the product) and the
+        #: movements then never computed (``skipped``)
+        self.gather_operands = None
+        self.gathered, self.skipped = {}, set()
         self.site = 0            # the top-level equation being lowered
 
     def fresh(self, prefix):
@@ -395,6 +400,9 @@ class Lowering:
         for v, p in zip(prog.outputs, out_ptrs):
             outputs.setdefault(v, p)
         self.free_transposes = self._free_transposes(prog, outputs)
+        if self.gather_operands is not None and self.depth == 1:
+            self.gathered, self.skipped = self.gather_operands(self, prog, outputs, uses, readers,
+                                                               producer)
         stored = set()
         # operands a reduction may read as their expressions: a mask, a difference squared, a
         # product -- each element read once, so storing it first only writes and reads it again
@@ -433,6 +441,8 @@ class Lowering:
             if self.depth == 1:
                 self.site = k if self.sites is None else self.sites[k]
             rule = self.rules.get(e.prim.name)
+            if e.outputs[0:1] and e.outputs[0] in self.skipped:
+                continue            # (a movement a product gathers: never computed)
             ops = _step_cost(e) + sum(cost.get(v, 0) for v in e.inputs)
             inline = all(o not in outputs for o in e.outputs) and len(e.outputs) == 1 and \
                 rule is not None and rule.fusible(e) and e.outputs[0] not in stored and \

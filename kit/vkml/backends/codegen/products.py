@@ -187,13 +187,17 @@ def _offset(idx, strides):
     return " + ".join(terms) if terms else "0"
 
 
-def gemm_operands(e, producer, uses, free=frozenset()) -> list:
+def gemm_operands(e, producer, uses, free=frozenset(), gathered=None) -> list:
     """The values a GEMM-computed product ``e`` has stored: each operand, or for one that is a
     transpose or reshape read only here or only by GEMMs (``free``; of a transpose ...), that
     view's source, read in place (a reshape only where strides describe the chain of views
-    from a stored source)."""
+    from a stored source); for the operand it gathers (``gathered``: ``(k, source, ...)``, see
+    ``gathered_operands``), the source."""
     stored = []
-    for v in e.inputs:
+    for n, v in enumerate(e.inputs):
+        if gathered is not None and gathered[0] == n:
+            stored.append(gathered[1])
+            continue
         chain = []
         while (uses.get(v) == 1 or v in free) and v in producer and \
                 producer[v].prim.name in IN_PLACE_VIEWS:
@@ -204,6 +208,94 @@ def gemm_operands(e, producer, uses, free=frozenset()) -> list:
             v = chain.pop().outputs[0]
         stored.append(v)
     return stored
+
+
+#: the most elements of an operand whose gathering is worked out (an array of each element's
+#: offset in its source, in NumPy, when the program is lowered)
+GATHER_MAX = 1 << 24
+
+
+def gathered_operands(low, prog, outputs, uses, readers, producer):
+    """``({id(product): (k, source, rk, cj)}, skipped)``: the 2-D products whose operand ``k``
+    the GEMM packs from where its elements are instead of from a stored copy
+    (``vk_gemm_gathered``), and the movements it then never computes.
+
+    An operand qualifies when the GEMM would otherwise store a movement of a buffer -- a
+    convolution's columns, 25 strided windows of an image batch stacked, 25 times the images'
+    size written and read back each step -- and the movements (every ``View`` rule's ``moved``)
+    take all its elements from one stored value ``source``, element ``(k, j)`` at offset
+    ``rk[k] + cj[j]`` there: one part from the row, one from the column (the columns' row is a
+    channel and a tap, the column a pixel).  NumPy works the offsets out from an array of
+    element numbers moved as the program moves the values.  B is gathered (A of a product
+    whose B does not qualify: the product is then computed transposed).  A movement is skipped
+    when every reader of it is a skipped movement or a product gathering it."""
+    rules = low.rules
+
+    def movement(v):
+        e = producer.get(v)
+        return e if e is not None and getattr(rules.get(e.prim.name), "moved", None) is not None \
+            else None
+
+    found, by_product, chains = {}, {}, []
+    for e in prog.eqns:
+        if not (low.gemm and by_gemm(e)) or e.outputs[0].ndim != 2:
+            continue
+        stored = gemm_operands(e, producer, uses, low.free_transposes)
+        for k in (1, 0):
+            v = e.inputs[k]
+            if v in outputs or v.size > GATHER_MAX or movement(stored[k]) is None:
+                continue
+            if v not in found:
+                found[v] = _gathering(v, movement, rules)
+            if found[v] is not None:
+                by_product[id(e)] = (k, *found[v][0])
+                chains.append(found[v][1])
+                break
+    skipped = set().union(*chains)
+    eqn_of = {id(e): e for e in prog.eqns}
+    gathering = {(key, eqn_of[key].inputs[k]) for key, (k, *_) in by_product.items()}
+    changed = True
+    while changed:                 # a movement something else reads is computed after all
+        changed = False
+        for v in list(skipped):
+            if v in outputs or any((id(r), v) not in gathering and not any(o in skipped for o in r.outputs)
+                                   for r in readers.get(v, ())):
+                skipped.discard(v)
+                changed = True
+    gathered = {key: g for key, g in by_product.items() if eqn_of[key].inputs[g[0]] in skipped}
+    return gathered, skipped
+
+
+def _gathering(v, movement, rules):
+    """``((source, rk, cj), chain)`` for 2-D ``v`` made by movements (``chain``: their results)
+    of one value, each element at ``rk[k] + cj[j]`` in it; None otherwise."""
+    chain, sources, stack = set(), set(), [v]
+    while stack:
+        u = stack.pop()
+        e = movement(u)
+        if e is None:
+            sources.add(u)
+        elif u not in chain:
+            chain.add(u)
+            stack += e.inputs
+    if len(sources) != 1:
+        return None
+    source, = sources
+    moved = {source: np.arange(source.size, dtype=np.int64).reshape(source.shape)}
+
+    def offsets_of(u):
+        if u not in moved:
+            e = movement(u)
+            moved[u] = np.asarray(rules[e.prim.name].moved([offsets_of(x) for x in e.inputs], e))
+        return moved[u]
+
+    offsets = offsets_of(v)
+    first_row, first_col = offsets[:, 0], offsets[0, :]
+    cj = first_col - first_col.min()
+    rk = first_row - first_row[0] + first_col.min()
+    if not np.array_equal(offsets, rk[:, None] + cj[None, :]):
+        return None
+    return (source, rk, cj), chain
 
 
 def _strides_describe(chain) -> bool:
@@ -217,10 +309,39 @@ def _strides_describe(chain) -> bool:
     return True
 
 
+def _lower_gathered(low, e, env, targets) -> list:
+    """A 2-D product with a gathered operand (``gathered_operands``) as one
+    ``vk_gemm_gathered_<type>`` call: B gathered, or A (then ``C^T = B^T A^T``, the same
+    products added in the same order)."""
+    a, b = e.inputs
+    out = e.outputs[0]
+    so = row_major_strides(out.shape)
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    stmts = []
+    which, source, rk, cj = low.gathered[id(e)]
+    if which == 1:
+        other, sa = _operand(low, env, a, stmts)
+        sc = so
+    else:
+        other, sb = _operand(low, env, b, stmts)
+        rk, cj, sa = cj, rk, sb[::-1]
+        m, n, sc = n, m, so[::-1]
+    tables = [low.static(Var(t.shape, np.dtype(np.int64)), t) for t in (rk, cj)]
+    pointer = env.pointer(source)
+    call = HelperCall(
+        f"vk_gemm_gathered_{CTYPE[out.dtype]}({m}LL, {n}LL, {k}LL, {other}, {sa[-2]}LL, "
+        f"{sa[-1]}LL, {pointer}, {tables[0]}, {tables[1]}, {targets[0]}, {sc[-2]}LL, {sc[-1]}LL, "
+        f"{_pack(low, out.dtype)});", reads=(other, pointer))
+    low.gemm_types.add(CTYPE[out.dtype])
+    return stmts + [call]
+
+
 def lower_gemm(low, e, env, targets) -> list:
     """Product ``e`` as one ``vk_gemm_<type>`` call per matrix of its batch (a loop over them)."""
     a, b = e.inputs
     out = e.outputs[0]
+    if id(e) in low.gathered:
+        return _lower_gathered(low, e, env, targets)
     stmts = []
     pa, sa = _operand(low, env, a, stmts)
     pb, sb = _operand(low, env, b, stmts)

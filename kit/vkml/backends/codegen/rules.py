@@ -94,13 +94,17 @@ class View:
     broadcast that repeats them), so they are computed once into a buffer rather than inlined;
     ``fusible``: whether the view itself may be inlined into its reader; ``read_in_place``:
     whether a product computed by the GEMM reads it where its operand is (a transpose: other
-    strides), so it is never stored however many such products read it.
+    strides), so it is never stored however many such products read it; ``moved(arrays, eqn)``:
+    the same movement done by NumPy on arrays of the operands' shapes (on arrays of element
+    numbers it tells where each element comes from: ``products.gathered_operands``), None for
+    a view that makes elements of its own (a pad's zeros).
     """
 
     def __init__(self, expr, stores_operands=lambda e: False, fusible=True, read_in_place=False,
-                 offsets=(), zero_border=False):
+                 offsets=(), zero_border=False, moved=None):
         self.expr, self._stores, self._fusible = expr, stores_operands, fusible
         self.read_in_place = read_in_place
+        self.moved = moved
         #: whether it is its operand inside a border of zeros (a pad: ``padded_sums``)
         self.zero_border = zero_border
         #: the params of per-axis integer offsets (a slice's starts and limits) that ``expr``
@@ -209,8 +213,8 @@ class Product(Statement):
         return low.gemm and by_gemm(e)
 
     def stored_operands(self, low, e, producer, uses):
-        return gemm_operands(e, producer, uses, low.free_transposes) if self._gemm(low, e) \
-            else e.inputs
+        return gemm_operands(e, producer, uses, low.free_transposes, low.gathered.get(id(e))) \
+            if self._gemm(low, e) else e.inputs
 
     def reads_in_place(self, low, e):
         """Whether product ``e`` reads a transposed operand in place (the GEMM does)."""
@@ -325,6 +329,19 @@ def _broadcast_repeats(e):
     return e.inputs[0].size != e.outputs[0].size
 
 
+def _broadcast_moved(xs, e):
+    x, p = xs[0], e.params
+    shape = [1] * len(p["shape"])
+    for i, d in enumerate(p["dims"]):
+        shape[d] = x.shape[i]
+    return np.broadcast_to(x.reshape(shape), p["shape"])
+
+
+def _slice_moved(xs, e):
+    p = e.params
+    return xs[0][tuple(slice(s, lim, st) for s, lim, st in zip(p["starts"], p["limits"], p["strides"]))]
+
+
 def _transpose(read, e, idx):
     sub = [None] * len(idx)
     for i, q in enumerate(e.params["perm"]):
@@ -365,7 +382,8 @@ class Reshape(View):
     same_bytes = True
 
     def __init__(self):
-        super().__init__(_reshape, read_in_place=True)
+        super().__init__(_reshape, read_in_place=True,
+                         moved=lambda xs, e: xs[0].reshape(e.outputs[0].shape))
 
     def expression(self, env, e, idx):
         x, out = e.inputs[0], e.outputs[0]
@@ -428,7 +446,8 @@ class Concatenation(View):
     where there were 25."""
 
     def __init__(self):
-        super().__init__(_concatenate, fusible=False)
+        super().__init__(_concatenate, fusible=False,
+                         moved=lambda xs, e: np.concatenate(xs, e.params["axis"]))
 
     def lower(self, low, e, env, targets):
         stacked = stacked_value(env, e)
@@ -494,10 +513,12 @@ C_RULES = {
     "logical_or": Elementwise("({0} || {1})"),
     "where": Elementwise(_where),
     # movement
-    "broadcast_in_dim": View(_broadcast_in_dim, stores_operands=_broadcast_repeats),
-    "transpose": View(_transpose, read_in_place=True),
-    "slice": View(_slice, offsets=("starts", "limits")),
-    "flip": View(_flip),
+    "broadcast_in_dim": View(_broadcast_in_dim, stores_operands=_broadcast_repeats,
+                             moved=_broadcast_moved),
+    "transpose": View(_transpose, read_in_place=True,
+                      moved=lambda xs, e: np.transpose(xs[0], e.params["perm"])),
+    "slice": View(_slice, offsets=("starts", "limits"), moved=_slice_moved),
+    "flip": View(_flip, moved=lambda xs, e: np.flip(xs[0], e.params["axes"])),
     "reshape": Reshape(),
     "pad": View(_pad, zero_border=True),
     "concatenate": Concatenation(),
