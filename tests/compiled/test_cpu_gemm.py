@@ -441,3 +441,23 @@ def test_a_gathered_b_gives_the_bits_of_its_copy(build, kind, dtype):
         a = layout(cancelling(rng, dtype, (m, k)), ["row", "transposed"][n % 2], rng)
         b = source[rk[:, None] + cj[None, :]]
         assert_same_bits(run_gathered(a, source, rk, cj, build), naive(np.ascontiguousarray(a), b))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("how", ["row", "transposed", "strided"])
+def test_matrix_vector_products_whose_outputs_are_adjacent(dtype, how):
+    """``w @ X`` of a row-major X and ``X.T @ w`` run without packing (``vk_gemv``: blocks of
+    1024 outputs, four of the matrix's rows at a time, then the rest one at a time): the naive
+    loop's bits across the block and unrolling edges, with NaN, infinities and signed zeros,
+    for vectors and results at any stride."""
+    rng = np.random.default_rng(29)
+    for n, k in [(16, 1), (17, 3), (1023, 4), (1024, 5), (1025, 9), (2100, 7), (40, 300)]:
+        mat = cancelling(rng, dtype, (k, n))
+        mat[0, :3] = [np.nan, np.inf, -0.0]
+        vec = cancelling(rng, dtype, (1, k))
+        vec[0, -1] = -0.0
+        v, x = layout(vec, how, rng), layout(mat, "row", rng)
+        assert_same_bits(product(v, x), naive(vec, mat))                          # w @ X
+        c = np.full((n + 3, 3), np.nan, dtype)[1:n + 1, 1:2]                       # y at a stride
+        assert_same_bits(run_gemm(x.T, layout(vec.T, how, rng), c),
+                         naive(mat.T, vec.T))                                      # X.T @ w

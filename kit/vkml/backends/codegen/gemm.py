@@ -444,6 +444,36 @@ static void vk_gemm_plain_$T(int64_t M, int64_t N, int64_t K,
         }
 }
 
+/* y = A @ x for a matrix-vector product whose outputs are adjacent in A (A[i, k] at
+   A[i + k * sak]: a vector-matrix product w @ X of a row-major X, or X.T @ w), y[i] = the sum
+   over k in order of A[i, k] * x[k], each step as the mode rounds it.  The blocked kernels
+   would pad the one row or column to a register tile and pack all of A, which is read only
+   once; here blocks of 1024 outputs are kept in a local array (the L1 cache) and four of A's
+   rows at a time streamed through them, each output one chain in k order */
+static void vk_gemv_$T(int64_t M, int64_t K, const $T* A, int64_t sak, const $T* x, int64_t sx,
+                       $T* y, int64_t sy)
+{
+    enum { OUTPUTS = 1024 };
+    $T acc[OUTPUTS];
+    for (int64_t i0 = 0; i0 < M; i0 += OUTPUTS) {
+        int64_t m = M - i0 < OUTPUTS ? M - i0 : OUTPUTS;
+        for (int64_t i = 0; i < m; i++) acc[i] = 0;
+        int64_t k = 0;
+        for (; k + 4 <= K; k += 4) {
+            const $T* r0 = A + i0 + k * sak;
+            const $T *r1 = r0 + sak, *r2 = r1 + sak, *r3 = r2 + sak;
+            const $T x0 = x[k * sx], x1 = x[(k + 1) * sx], x2 = x[(k + 2) * sx], x3 = x[(k + 3) * sx];
+            for (int64_t i = 0; i < m; i++) acc[i] = $STEP4;
+        }
+        for (; k < K; k++) {
+            const $T* r0 = A + i0 + k * sak;
+            const $T x0 = x[k * sx];
+            for (int64_t i = 0; i < m; i++) acc[i] = $STEP1;
+        }
+        for (int64_t i = 0; i < m; i++) y[(i0 + i) * sy] = acc[i];
+    }
+}
+
 static void vk_gemm_$T(int64_t M, int64_t N, int64_t K,
                        const $T* A, int64_t sam, int64_t sak,
                        const $T* B, int64_t sbk, int64_t sbn,
@@ -463,6 +493,18 @@ static void vk_gemm_$T(int64_t M, int64_t N, int64_t K,
             for (int64_t j = 0; j < N; j++) C[i * scm + j * scn] = 0;
         return;
     }
+#ifndef VK_GEMM_WAY
+    /* a matrix-vector product whose outputs are adjacent in the matrix, either way round
+       (b * a is a * b exactly) */
+    if (N == 1 && sam == 1) {
+        vk_gemv_$T(M, K, A, sak, B, sbk, C, scm);
+        return;
+    }
+    if (M == 1 && sbn == 1) {
+        vk_gemv_$T(N, K, B, sbk, A, sak, C, scn);
+        return;
+    }
+#endif
     /* the ways: each tile, on the product or on its transpose C^T = B^T A^T */
     double cost[$WAYS] = {$COSTS};
     int way = 0;
@@ -536,8 +578,16 @@ def _entry(t: str, fused: bool) -> str:
     gathered_costs = costs[::2]
     gathered_calls = [f"    case {n}: vk_gemm_{t}_{variant}(M, N, K, A, sam, sak, B, 0, 0, rk, cj, C, "
                       "scm, scn, pack); break;" for n, variant in enumerate(_blocking(fused)[0])]
-    return _ENTRY.substitute(T=t, TINY=TINY, MULADD=muladd, WAYS=len(costs), COSTS=",\n        ".join(costs),
-                             CALLS="\n".join(calls)) + \
+    def step(n, acc):
+        return f"VK_GEMM_FMA1_{t}(r{n}[i], x{n}, {acc})" if fused else f"({acc} + r{n}[i] * x{n})"
+
+    four = "acc[i]"
+    for n in range(4):
+        four = step(n, four)
+    entry = _ENTRY.safe_substitute(T=t, TINY=TINY, MULADD=muladd, WAYS=len(costs),
+                                   COSTS=",\n        ".join(costs), CALLS="\n".join(calls))
+    entry = entry.replace("$STEP4", four).replace("$STEP1", step(0, "acc[i]"))
+    return entry + \
         _GATHERED.substitute(T=t, MULADD=muladd.replace("B[k * sbk + j * sbn]", "B[rk[k] + cj[j]]"),
                              WAYS=len(gathered_costs),
                              COSTS=",\n        ".join(gathered_costs).replace("sbk, sbn", "N, 1"),
