@@ -64,6 +64,11 @@ SQUARES = [("512^3", 512, 512, 512, np.float32, False, False),
            ("1024^3 B^T", 1024, 1024, 1024, np.float32, False, True),
            ("2048^3", 2048, 2048, 2048, np.float32, False, False),
            ("512^3 f64", 512, 512, 512, np.float64, False, False)]
+#: matrix-vector products (bound by memory, not arithmetic: their "% peak" means little): a
+#: vector times a row-major matrix streams the matrix once, a matrix times a vector packs it
+VECTORS = [("w @ X", 1, 2048, 2048, np.float32, False, False),
+           ("w @ X f64", 1, 512, 512, np.float64, False, False),
+           ("X @ w", 2048, 1, 2048, np.float32, False, False)]
 #: the 1024-4096-4096-10 MLP at batch 256: forward x @ W.T, input gradient d @ W, weight
 #: gradient d.T @ h
 BIG_MLP = [("h @ W2.T", 256, 4096, 4096, np.float32, False, True),
@@ -215,7 +220,7 @@ def main(argv=None):
     parser.add_argument("--training", action="store_true",
                         help="the CNN's and the transformer's products only")
     args = parser.parse_args(argv)
-    specs, rounds = (MLP + SQUARES[1:2], 3) if args.quick else (MLP + SQUARES + BIG_MLP, 5)
+    specs, rounds = (MLP + SQUARES[1:2], 3) if args.quick else (MLP + SQUARES + BIG_MLP + VECTORS, 5)
     if args.training:
         specs = TRAINING
     print(f"gemm (k in index order) in both modes against np.matmul -- {PINNED}")
