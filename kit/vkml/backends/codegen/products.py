@@ -237,6 +237,7 @@ def gathered_operands(low, prog, outputs, uses, readers, producer):
             else None
 
     found, by_product, chains = {}, {}, []
+    moved = {}          # each value's element offsets, shared by the operands moving it further
     for e in prog.eqns:
         if not (low.gemm and by_gemm(e)) or e.outputs[0].ndim != 2:
             continue
@@ -246,7 +247,7 @@ def gathered_operands(low, prog, outputs, uses, readers, producer):
             if v in outputs or v.size > GATHER_MAX or movement(stored[k]) is None:
                 continue
             if v not in found:
-                found[v] = _gathering(v, movement, rules)
+                found[v] = _gathering(v, movement, rules, moved)
             if found[v] is not None:
                 by_product[id(e)] = (k, *found[v][0])
                 chains.append(found[v][1])
@@ -266,9 +267,10 @@ def gathered_operands(low, prog, outputs, uses, readers, producer):
     return gathered, skipped
 
 
-def _gathering(v, movement, rules):
+def _gathering(v, movement, rules, moved):
     """``((source, rk, cj), chain)`` for 2-D ``v`` made by movements (``chain``: their results)
-    of one value, each element at ``rk[k] + cj[j]`` in it; None otherwise."""
+    of one value, each element at ``rk[k] + cj[j]`` in it; None otherwise.  ``moved``: the
+    offsets worked out so far, by value (int32 where they fit: half the memory to move)."""
     chain, sources, stack = set(), set(), [v]
     while stack:
         u = stack.pop()
@@ -281,7 +283,9 @@ def _gathering(v, movement, rules):
     if len(sources) != 1:
         return None
     source, = sources
-    moved = {source: np.arange(source.size, dtype=np.int64).reshape(source.shape)}
+    if source not in moved:
+        kind = np.int32 if source.size < 2 ** 31 else np.int64
+        moved[source] = np.arange(source.size, dtype=kind).reshape(source.shape)
 
     def offsets_of(u):
         if u not in moved:
@@ -290,11 +294,15 @@ def _gathering(v, movement, rules):
         return moved[u]
 
     offsets = offsets_of(v)
-    first_row, first_col = offsets[:, 0], offsets[0, :]
+    first_row, first_col = offsets[:, 0].astype(np.int64), offsets[0, :].astype(np.int64)
     cj = first_col - first_col.min()
     rk = first_row - first_row[0] + first_col.min()
-    if not np.array_equal(offsets, rk[:, None] + cj[None, :]):
-        return None
+    # every element checked, a block of rows at a time (no array of the operand's size made)
+    step = max(1, (1 << 16) // max(1, offsets.shape[1]))
+    for k0 in range(0, offsets.shape[0], step):
+        block = offsets[k0:k0 + step] - first_col
+        if not (block == (first_row[k0:k0 + step] - first_row[0])[:, None]).all():
+            return None
     return (source, rk, cj), chain
 
 
