@@ -461,3 +461,23 @@ def test_matrix_vector_products_whose_outputs_are_adjacent(dtype, how):
         c = np.full((n + 3, 3), np.nan, dtype)[1:n + 1, 1:2]                       # y at a stride
         assert_same_bits(run_gemm(x.T, layout(vec.T, how, rng), c),
                          naive(mat.T, vec.T))                                      # X.T @ w
+
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_matrix_vector_products_split_over_threads_change_no_bit(dtype):
+    """A big ``w @ X`` shares its blocks of outputs out between 2, 3 or 4 threads (each output
+    one thread's chain): the one-thread bits."""
+    lib = library("openmp")
+    knob = ctypes.c_int.in_dll(lib, "vk_gemm_threads")
+    rng = np.random.default_rng(37)
+    try:
+        for n, k in [(2100, 600), (700, 1500), (5000, 300)]:
+            mat, vec = cancelling(rng, dtype, (k, n)), cancelling(rng, dtype, (1, k))
+            want = naive(vec, mat)
+            for threads in (1, 2, 3, 4):
+                knob.value = threads
+                got = run_gemm(vec, mat, np.full((1, n), np.nan, dtype), lib=lib, threads=threads)
+                assert_same_bits(got, want)
+    finally:
+        knob.value = 1

@@ -23,7 +23,11 @@ element type.  Rows and columns past the matrix's edge are padded (their results
 k never is (adding 0 * 0 would turn an accumulator of -0.0 into +0.0).  From a rough cost of
 each (padding, packing, scattering C), the routine picks a tile (wide, narrow or one row) and
 the product or its transpose ``C^T = B^T A^T`` (the same products, ``a * b == b * a``, in the
-same order).  A tiny product runs as the plain loop itself.
+same order).  A tiny product runs as the plain loop itself; a matrix-vector product whose outputs
+lie side by side in the matrix streams it once instead of packing it (``vk_gemv``).
+``vk_gemm_gathered_float`` / ``_double`` take a B that is no array of its own but a movement of
+one buffer, element (k, j) at ``B[rk[k] + cj[j]]`` (a convolution's columns, read from the images):
+packed from there, with the same sums in the same order.
 """
 
 from __future__ import annotations
@@ -448,15 +452,25 @@ static void vk_gemm_plain_$T(int64_t M, int64_t N, int64_t K,
    A[i + k * sak]: a vector-matrix product w @ X of a row-major X, or X.T @ w), y[i] = the sum
    over k in order of A[i, k] * x[k], each step as the mode rounds it.  The blocked kernels
    would pad the one row or column to a register tile and pack all of A, which is read only
-   once; here blocks of 1024 outputs are kept in a local array (the L1 cache) and four of A's
-   rows at a time streamed through them, each output one chain in k order */
+   once; here blocks of up to 1024 outputs are kept in a local array (the L1 cache) and four of
+   A's rows at a time streamed through them, each output one chain in k order (a big product's
+   blocks shared out between the threads: each output still one thread's chain) */
 static void vk_gemv_$T(int64_t M, int64_t K, const $T* A, int64_t sak, const $T* x, int64_t sx,
                        $T* y, int64_t sy)
 {
     enum { OUTPUTS = 1024 };
-    $T acc[OUTPUTS];
-    for (int64_t i0 = 0; i0 < M; i0 += OUTPUTS) {
-        int64_t m = M - i0 < OUTPUTS ? M - i0 : OUTPUTS;
+    /* over threads (each block of outputs one thread's): blocks of an equal share each */
+    const int split = vk_gemm_threads > 1 && (double)M * K >= VK_GEMM_SPLIT_WORK && !vk_gemm_nested();
+    int64_t block = OUTPUTS;
+    if (split) {
+        int64_t share = (M + vk_gemm_threads - 1) / vk_gemm_threads;
+        share = (share + 63) / 64 * 64;
+        block = share < OUTPUTS ? share : OUTPUTS;
+    }
+#pragma omp parallel for num_threads(vk_gemm_threads) schedule(static) if (split)
+    for (int64_t i0 = 0; i0 < M; i0 += block) {
+        $T acc[OUTPUTS];
+        int64_t m = M - i0 < block ? M - i0 : block;
         for (int64_t i = 0; i < m; i++) acc[i] = 0;
         int64_t k = 0;
         for (; k + 4 <= K; k += 4) {
@@ -564,7 +578,9 @@ $CALLS
 
 
 def _entry(t: str, fused: bool) -> str:
-    """``vk_gemm_<t>``: every variant on the product (way 2 v) and on its transpose (2 v + 1)."""
+    """``vk_gemm_<t>`` (every variant on the product, way 2 v, and on its transpose, 2 v + 1;
+    the matrix-vector path ``vk_gemv_<t>``) and ``vk_gemm_gathered_<t>`` (the variants on the
+    product only: its B is gathered)."""
     a, b = "A[i * sam + k * sak]", "B[k * sbk + j * sbn]"
     muladd = f"VK_GEMM_FMA1_{t}({a}, {b}, acc)" if fused else f"acc + {a} * {b}"
     costs, calls = [], []
