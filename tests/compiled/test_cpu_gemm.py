@@ -465,19 +465,38 @@ def test_matrix_vector_products_whose_outputs_are_adjacent(dtype, how):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("how", ["row", "strided"])
+def test_matrix_vector_products_along_rows(dtype, how):
+    """``X @ w`` of a row-major X (``vk_gemv_rows``: 16 rows at a time, 128 columns transposed
+    8 x 8 at a time, the last columns and rows one chain each): the naive loop's bits across
+    those edges, with NaN, infinities and signed zeros, vector and result at any stride."""
+    rng = np.random.default_rng(41)
+    for m, k in [(16, 8), (17, 9), (15, 300), (40, 127), (33, 128), (64, 129), (300, 1000), (5, 3)]:
+        mat = cancelling(rng, dtype, (m, k))
+        mat[0, :3] = [np.nan, np.inf, -0.0][:min(3, k)]
+        vec = cancelling(rng, dtype, (k, 1))
+        vec[-1, 0] = -0.0
+        c = np.full((m + 3, 3), np.nan, dtype)[1:m + 1, 1:2]
+        assert_same_bits(run_gemm(layout(mat, "row", rng), layout(vec, how, rng), c), naive(mat, vec))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_matrix_vector_products_split_over_threads_change_no_bit(dtype):
-    """A big ``w @ X`` shares its blocks of outputs out between 2, 3 or 4 threads (each output
-    one thread's chain): the one-thread bits."""
+    """A big ``w @ X`` or ``X @ w`` shares its blocks of outputs out between 2, 3 or 4 threads
+    (each output one thread's chain): the one-thread bits."""
     lib = library("openmp")
     knob = ctypes.c_int.in_dll(lib, "vk_gemm_threads")
     rng = np.random.default_rng(37)
     try:
         for n, k in [(2100, 600), (700, 1500), (5000, 300)]:
             mat, vec = cancelling(rng, dtype, (k, n)), cancelling(rng, dtype, (1, k))
-            want = naive(vec, mat)
+            want, want_rows = naive(vec, mat), naive(mat.T, vec.T)
+            rows = np.ascontiguousarray(mat.T)                  # (n, k) row-major: X @ w
             for threads in (1, 2, 3, 4):
                 knob.value = threads
                 got = run_gemm(vec, mat, np.full((1, n), np.nan, dtype), lib=lib, threads=threads)
                 assert_same_bits(got, want)
+                got = run_gemm(rows, vec.T, np.full((n, 1), np.nan, dtype), lib=lib, threads=threads)
+                assert_same_bits(got, want_rows)
     finally:
         knob.value = 1

@@ -170,6 +170,14 @@ _TYPE = Template(r"""
 typedef $T vk_gemm_v8$T __attribute__((vector_size(8 * sizeof($T)), aligned(sizeof($T)),
                                       may_alias));
 
+/* the fused step on 8 lanes (the matrix-vector product's): C's exactly rounded fma a lane at
+   a time, which GCC makes one vector instruction where the CPU has them */
+static inline vk_gemm_v8$T vk_gemm_fma8_$T(vk_gemm_v8$T a, vk_gemm_v8$T b, vk_gemm_v8$T c)
+{
+    for (int l = 0; l < 8; l++) c[l] = VK_GEMM_FMA1_$T(a[l], b[l], c[l]);
+    return c;
+}
+
 #if VK_GEMM_SHUFFLE
 /* dst[kk * ld + jj] = src[jj * ss + kk] for an 8 x 8 block (k contiguous in src): three rounds
    of interleaving the rows i and i + 4 transpose it in registers */
@@ -488,6 +496,54 @@ static void vk_gemv_$T(int64_t M, int64_t K, const $T* A, int64_t sak, const $T*
     }
 }
 
+#if VK_GEMM_SHUFFLE
+/* y = A @ x for a row-major A (A[i, k] at A[i * sam + k]), y[i] = the sum over k in order of
+   A[i, k] * x[k]: each output is a chain along its row, so 16 rows are taken at a time (more
+   rows read side by side slow the memory down), 128 of their columns at a time transposed
+   8 x 8 in registers into a local block, and each k is one step of 2 vectors of 8 chains
+   (a big product's blocks of rows shared between the threads); the rows left over, one chain
+   each */
+static void vk_gemv_rows_$T(int64_t M, int64_t K, const $T* A, int64_t sam, const $T* x,
+                            int64_t sx, $T* y, int64_t sy)
+{
+    enum { KB = 128, R = 16 };
+    const int64_t whole = M / R * R;
+    const int split = vk_gemm_threads > 1 && (double)M * K >= VK_GEMM_SPLIT_WORK && !vk_gemm_nested();
+#pragma omp parallel for num_threads(vk_gemm_threads) schedule(static) if (split)
+    for (int64_t i0 = 0; i0 < whole; i0 += R) {
+        $T cols[KB * R] __attribute__((aligned(64)));
+        vk_gemm_v8$T c0 = {0}, c1 = {0};
+        int64_t k8 = K / 8 * 8;
+        for (int64_t k0 = 0; k0 < k8; k0 += KB) {
+            int64_t kb = k8 - k0 < KB ? k8 - k0 : KB;
+            for (int64_t r = 0; r < R; r += 8)
+                for (int64_t kk = 0; kk < kb; kk += 8)
+                    vk_gemm_transpose8_$T(A + (i0 + r) * sam + k0 + kk, sam, cols + kk * R + r, R);
+            for (int64_t kk = 0; kk < kb; kk++) {
+                const $T* a = cols + kk * R;
+                vk_gemm_v8$T xk = x[(k0 + kk) * sx] - (vk_gemm_v8$T){0};
+                c0 = $V8STEP(0); c1 = $V8STEP(1);
+            }
+        }
+        $T out[R];
+        *(vk_gemm_v8$T*)out = c0;
+        *(vk_gemm_v8$T*)(out + 8) = c1;
+        for (int64_t r = 0; r < R; r++) {
+            $T acc = out[r];
+            const $T* row = A + (i0 + r) * sam;
+            for (int64_t k = k8; k < K; k++) acc = $RSTEP;
+            y[(i0 + r) * sy] = acc;
+        }
+    }
+    for (int64_t i0 = whole; i0 < M; i0++) {
+        $T acc = 0;
+        const $T* row = A + i0 * sam;
+        for (int64_t k = 0; k < K; k++) acc = $RSTEP;
+        y[i0 * sy] = acc;
+    }
+}
+#endif
+
 static void vk_gemm_$T(int64_t M, int64_t N, int64_t K,
                        const $T* A, int64_t sam, int64_t sak,
                        const $T* B, int64_t sbk, int64_t sbn,
@@ -514,6 +570,12 @@ static void vk_gemm_$T(int64_t M, int64_t N, int64_t K,
         vk_gemv_$T(M, K, A, sak, B, sbk, C, scm);
         return;
     }
+#if VK_GEMM_SHUFFLE
+    if (N == 1 && sak == 1 && K >= 8) {
+        vk_gemv_rows_$T(M, K, A, sam, B, sbk, C, scm);
+        return;
+    }
+#endif
     if (M == 1 && sbn == 1) {
         vk_gemv_$T(N, K, B, sbk, A, sak, C, scn);
         return;
@@ -603,6 +665,11 @@ def _entry(t: str, fused: bool) -> str:
     entry = _ENTRY.safe_substitute(T=t, TINY=TINY, MULADD=muladd, WAYS=len(costs),
                                    COSTS=",\n        ".join(costs), CALLS="\n".join(calls))
     entry = entry.replace("$STEP4", four).replace("$STEP1", step(0, "acc[i]"))
+    for n in range(2):
+        entry = entry.replace(f"$V8STEP({n})", f"vk_gemm_fma8_{t}(*(const vk_gemm_v8{t}*)(a + {n} * 8), xk, c{n})"
+                              if fused else f"c{n} + *(const vk_gemm_v8{t}*)(a + {n} * 8) * xk")
+    entry = entry.replace("$RSTEP", f"VK_GEMM_FMA1_{t}(row[k], x[k * sx], acc)" if fused
+                          else "acc + row[k] * x[k * sx]")
     return entry + \
         _GATHERED.substitute(T=t, MULADD=muladd.replace("B[k * sbk + j * sbn]", "B[rk[k] + cj[j]]"),
                              WAYS=len(gathered_costs),
