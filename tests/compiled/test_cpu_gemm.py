@@ -478,6 +478,8 @@ def test_matrix_vector_products_along_rows(dtype, how):
         vec[-1, 0] = -0.0
         c = np.full((m + 3, 3), np.nan, dtype)[1:m + 1, 1:2]
         assert_same_bits(run_gemm(layout(mat, "row", rng), layout(vec, how, rng), c), naive(mat, vec))
+        assert_same_bits(run_gemm(layout(vec.T, how, rng), layout(mat, "row", rng).T, c.T),
+                         naive(vec.T, mat.T))                                      # w @ X.T
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

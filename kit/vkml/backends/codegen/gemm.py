@@ -580,6 +580,12 @@ static void vk_gemm_$T(int64_t M, int64_t N, int64_t K,
         vk_gemv_$T(N, K, B, sbk, A, sak, C, scn);
         return;
     }
+#if VK_GEMM_SHUFFLE
+    if (M == 1 && sbk == 1 && K >= 8) {     /* x @ W.T: a layer's forward at batch 1 */
+        vk_gemv_rows_$T(N, K, B, sbn, A, sak, C, scn);
+        return;
+    }
+#endif
 #endif
     /* the ways: each tile, on the product or on its transpose C^T = B^T A^T */
     double cost[$WAYS] = {$COSTS};
