@@ -9,7 +9,7 @@ from ..errors import ArgumentError, ShapeError
 from ..ops import api
 from ..pytree import flatten, unflatten
 from ..tensor import Tensor, concatenate, flip, tensor
-from ..validate import MAX_ELEMENTS, check_bool, check_int, host_memory
+from ..validate import MAX_ELEMENTS, check_bool, check_int
 from .control_flow import scan, while_loop
 from .batching import move_axis, wrap_like
 from .checks import INT64_MAX, check_step, is_int

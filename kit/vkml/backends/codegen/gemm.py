@@ -149,6 +149,8 @@ int vk_gemm_threads = 1;
 #define VK_GEMM_SPLIT_WORK $SPLIT_WORK
 /* a product called from threads already running side by side (a batch of them, each thread
    its own matrices and packing slot) is never split again: its one thread uses slot 0 */
+/* whether a product of ``work`` multiply-adds is split over the threads */
+#define VK_GEMM_SPLIT(work) (vk_gemm_threads > 1 && (work) >= VK_GEMM_SPLIT_WORK && !vk_gemm_nested())
 #ifdef _OPENMP
 int omp_get_thread_num(void);
 int omp_in_parallel(void);
@@ -381,8 +383,7 @@ static void vk_gemm_$S(int64_t M, int64_t N, int64_t K,
     /* over threads: as many blocks of rows as makes each thread's share equal (rounded to
        tiles, at most MC), for a product worth waking them for */
     int64_t mcb = $MC;
-    const int split = vk_gemm_threads > 1 && M > mr && (double)M * N * K >= VK_GEMM_SPLIT_WORK &&
-                      !vk_gemm_nested();
+    const int split = M > mr && VK_GEMM_SPLIT((double)M * N * K);
     if (split) {
         int64_t blocks = (M + $MC - 1) / $MC;
         blocks = (blocks + vk_gemm_threads - 1) / vk_gemm_threads * vk_gemm_threads;
@@ -468,7 +469,7 @@ static void vk_gemv_$T(int64_t M, int64_t K, const $T* A, int64_t sak, const $T*
 {
     enum { OUTPUTS = 1024 };
     /* over threads (each block of outputs one thread's): blocks of an equal share each */
-    const int split = vk_gemm_threads > 1 && (double)M * K >= VK_GEMM_SPLIT_WORK && !vk_gemm_nested();
+    const int split = VK_GEMM_SPLIT((double)M * K);
     int64_t block = OUTPUTS;
     if (split) {
         int64_t share = (M + vk_gemm_threads - 1) / vk_gemm_threads;
@@ -508,7 +509,7 @@ static void vk_gemv_rows_$T(int64_t M, int64_t K, const $T* A, int64_t sam, cons
 {
     enum { KB = 128, R = 16 };
     const int64_t whole = M / R * R;
-    const int split = vk_gemm_threads > 1 && (double)M * K >= VK_GEMM_SPLIT_WORK && !vk_gemm_nested();
+    const int split = VK_GEMM_SPLIT((double)M * K);
 #pragma omp parallel for num_threads(vk_gemm_threads) schedule(static) if (split)
     for (int64_t i0 = 0; i0 < whole; i0 += R) {
         $T cols[KB * R] __attribute__((aligned(64)));
@@ -649,9 +650,12 @@ def _entry(t: str, fused: bool) -> str:
     """``vk_gemm_<t>`` (every variant on the product, way 2 v, and on its transpose, 2 v + 1;
     the matrix-vector path ``vk_gemv_<t>``) and ``vk_gemm_gathered_<t>`` (the variants on the
     product only: its B is gathered)."""
-    a, b = "A[i * sam + k * sak]", "B[k * sbk + j * sbn]"
-    muladd = f"VK_GEMM_FMA1_{t}({a}, {b}, acc)" if fused else f"acc + {a} * {b}"
-    costs, calls = [], []
+    def step(x, y, acc, fma=f"VK_GEMM_FMA1_{t}"):
+        """``acc`` plus ``x * y`` as the mode rounds it (one fused step, or two roundings)."""
+        return f"{fma}({x}, {y}, {acc})" if fused else f"({acc} + {x} * {y})"
+
+    a = "A[i * sam + k * sak]"
+    costs, calls, gathered_costs, gathered_calls = [], [], [], []
     for n, variant in enumerate(_blocking(fused)[0]):
         f = f"vk_gemm_{t}_{variant}"
         costs += [f"{f}_cost(M, N, K, sbk, sbn, scn)", f"{f}_cost(N, M, K, sak, sam, scm)"]
@@ -659,28 +663,26 @@ def _entry(t: str, fused: bool) -> str:
                   "break;",
                   f"    case {2 * n + 1}: {f}(N, M, K, B, sbn, sbk, A, sak, sam, 0, 0, C, scn, scm, "
                   "pack); break;"]
-    gathered_costs = costs[::2]
-    gathered_calls = [f"    case {n}: vk_gemm_{t}_{variant}(M, N, K, A, sam, sak, B, 0, 0, rk, cj, C, "
-                      "scm, scn, pack); break;" for n, variant in enumerate(_blocking(fused)[0])]
-    def step(n, acc):
-        return f"VK_GEMM_FMA1_{t}(r{n}[i], x{n}, {acc})" if fused else f"({acc} + r{n}[i] * x{n})"
-
+        # a gathered B is packed as a row-major one is
+        gathered_costs.append(f"{f}_cost(M, N, K, N, 1, scn)")
+        gathered_calls.append(f"    case {n}: {f}(M, N, K, A, sam, sak, B, 0, 0, rk, cj, C, scm, "
+                              "scn, pack); break;")
     four = "acc[i]"
     for n in range(4):
-        four = step(n, four)
-    entry = _ENTRY.safe_substitute(T=t, TINY=TINY, MULADD=muladd, WAYS=len(costs),
-                                   COSTS=",\n        ".join(costs), CALLS="\n".join(calls))
-    entry = entry.replace("$STEP4", four).replace("$STEP1", step(0, "acc[i]"))
+        four = step(f"r{n}[i]", f"x{n}", four)
+    entry = _ENTRY.safe_substitute(T=t, TINY=TINY, MULADD=step(a, "B[k * sbk + j * sbn]", "acc"),
+                                   WAYS=len(costs), COSTS=",\n        ".join(costs),
+                                   CALLS="\n".join(calls))
+    entry = entry.replace("$STEP4", four).replace("$STEP1", step("r0[i]", "x0", "acc[i]"))
     for n in range(2):
-        entry = entry.replace(f"$V8STEP({n})", f"vk_gemm_fma8_{t}(*(const vk_gemm_v8{t}*)(a + {n} * 8), xk, c{n})"
-                              if fused else f"c{n} + *(const vk_gemm_v8{t}*)(a + {n} * 8) * xk")
-    entry = entry.replace("$RSTEP", f"VK_GEMM_FMA1_{t}(row[k], x[k * sx], acc)" if fused
-                          else "acc + row[k] * x[k * sx]")
-    return entry + \
-        _GATHERED.substitute(T=t, MULADD=muladd.replace("B[k * sbk + j * sbn]", "B[rk[k] + cj[j]]"),
-                             WAYS=len(gathered_costs),
-                             COSTS=",\n        ".join(gathered_costs).replace("sbk, sbn", "N, 1"),
-                             CALLS="\n".join(gathered_calls))
+        entry = entry.replace(f"$V8STEP({n})", step(f"*(const vk_gemm_v8{t}*)(a + {n} * 8)", "xk",
+                                                    f"c{n}", fma=f"vk_gemm_fma8_{t}"))
+    entry = entry.replace("$RSTEP", step("row[k]", "x[k * sx]", "acc"))
+    return entry + _GATHERED.substitute(T=t, MULADD=step(a, "B[rk[k] + cj[j]]", "acc"),
+                                        WAYS=len(gathered_costs),
+                                        COSTS=",\n        ".join(gathered_costs),
+                                        CALLS="\n".join(gathered_calls))
+
 
 #: how much slower per product a variant's kernel runs than the wide one (measured on Zen 5; the
 #: row's 4 accumulators wait on the adder's latency)
