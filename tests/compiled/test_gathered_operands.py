@@ -108,3 +108,71 @@ def test_a_slice_or_a_stack_of_rows_is_gathered_and_a_column_read_elsewhere_is_s
         np.testing.assert_allclose(vkml.jit(f)(a, w).numpy(), want, rtol=1e-12, atol=1e-12)
     assert cpu.c_source(vkml.program(windows, a, w))[0].count("vk_gemm_gathered_double(") == 1
     assert "vk_gemm_gathered_double(" not in cpu.c_source(vkml.program(shared, a, w))[0]
+
+
+def _random_movement(rng, x):
+    """A random chain of movements of ``x`` (transposes, stepped slices, flips, concatenations
+    and stacks of it with itself), flattened: the NumPy array or the vkml tensor."""
+    F = np if isinstance(x, np.ndarray) else vkml
+    t = x
+    for _ in range(rng.integers(1, 4)):
+        choice = rng.integers(0, 4)
+        if choice == 0:
+            t = F.transpose(t, tuple(rng.permutation(t.ndim)))
+        elif choice == 1:
+            cuts = []
+            for n in t.shape:
+                start = int(rng.integers(0, max(1, n // 3)))
+                cuts.append(slice(start, int(rng.integers(start + 1, n + 1)), int(rng.integers(1, 3))))
+            t = t[tuple(cuts)]
+        elif choice == 2:
+            t = F.flip(t, int(rng.integers(0, t.ndim)))
+        else:
+            axis = int(rng.integers(0, t.ndim))
+            t = F.concatenate([t, t], axis) if rng.random() < 0.5 else F.stack([t, t], axis)
+    return F.reshape(t, (-1,))
+
+
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_random_movements_into_products_keep_their_bits(fresh_cpu, monkeypatch, threads):
+    """Random chains of movements of one array, cut into a matrix, as either operand of a product
+    and in a gradient: the bits of the program with the operand stored, NumPy's values."""
+    monkeypatch.setenv("VKML_THREADS", threads)
+    rng = np.random.default_rng(43 + int(threads))
+    gathered = 0
+    for case in range(24):
+        dtype = [np.float32, np.float64][case % 2]
+        x = rng.standard_normal(tuple(int(s) for s in rng.integers(4, 15, 3))).astype(dtype)
+        seed = int(rng.integers(1 << 30))
+        flat = _random_movement(np.random.default_rng(seed), x)
+        sizes = [d for d in range(1, flat.size + 1) if flat.size % d == 0]
+        rows = sizes[int(rng.integers(0, len(sizes)))]
+        cols = flat.size // rows
+        w = rng.standard_normal((cols, 40)).astype(dtype)
+        v = rng.standard_normal((30, rows)).astype(dtype)
+
+        def products(x, w, v):
+            b = vkml.reshape(_random_movement(np.random.default_rng(seed), x), (rows, cols))
+            return b @ w, v @ b
+
+        def programs():
+            return (vkml.jit(products),
+                    vkml.jit(vkml.grad(lambda x, w, v: vkml.sum(products(x, w, v)[0] ** 2),
+                                       argnums=(0, 1))))
+
+        def run(fns):
+            return [t.numpy() for t in fns[0](x, w, v)] + [t.numpy() for t in fns[1](x, w, v)]
+
+        got = run(programs())
+        gathered += "vk_gemm_gathered" in cpu.c_source(vkml.program(products, x, w, v))[0]
+        with monkeypatch.context() as m:
+            m.setattr(cpu, "gathered_operands", lambda *a: ({}, set()))
+            m.setattr(vkml.backends.current(), "_executables", Cache("stored operands"))
+            want = run(programs())
+        for g, s in zip(got, want):
+            assert np.array_equal(g.view(np.uint8), s.view(np.uint8)), case
+        b = flat.reshape(rows, cols)
+        tol = 1e-4 if dtype == np.float32 else 1e-10
+        np.testing.assert_allclose(got[0], b @ w, rtol=tol, atol=tol)
+        np.testing.assert_allclose(got[1], v @ b, rtol=tol, atol=tol)
+    assert gathered >= 8                 # (the chains do reach the gathered products)
