@@ -596,6 +596,7 @@ def _lowered(program, sites, scalars_in_locals):
     low.scalars_in_locals = scalars_in_locals
     low.column_trees = True
     low.padded_sums = True
+    low.row_trees = True
     low.vector_max = True
     low.inline_reductions = True
     low.lift_from = len(program.inputs)

@@ -29,7 +29,7 @@ import re
 from pathlib import Path
 
 from .libm import declarations
-from .lower import CTYPE, IDENTIFIER
+from .lower import CTYPE, IDENTIFIER, SIMD_LOOP
 from .gemm import pointer_declarations
 from .statements import Block, If, Loop, While, leaves
 from .threaded_nests import collapsed_by, threaded
@@ -50,6 +50,53 @@ void* malloc(unsigned long); void free(void*);
    mispredicts every other element (4 ns each; a CNN step 46 -> 40 ms on one core) */
 #define VK_WHERE_BITS 1
 """ + declarations()
+
+
+def _row_tree_helpers() -> str:
+    """``vk_tree_row_float`` / ``_double(buf, n)``: the canonical tree of the ``n`` values at
+    ``buf`` (a power of two, at least 16; 64-byte aligned), summed in place level by level.
+    Each level adds adjacent pairs, the earlier on the left -- in vectors, where two shuffles
+    (the even lanes of two vectors, the odd lanes) and one add make a vector of pair sums in
+    order -- until one vector is left, which pairs with itself until its first lane holds the
+    sum (the other lanes repeat it or hold pairs nobody reads): the additions of
+    ``vk_tree_push`` on the same values, so the same bits.  Without ``__builtin_shufflevector``
+    (GCC before 12, or ``VK_ROW_NO_SHUFFLE`` defined: the tests) every level is the scalar loop."""
+    lines = ["#if !defined(VK_ROW_NO_SHUFFLE) && (defined(__clang__) || __GNUC__ >= 12)",
+             "#if defined(__AVX512F__)", "#define VK_ROW_VBYTES 64",
+             "#elif defined(__AVX__)", "#define VK_ROW_VBYTES 32",
+             "#else", "#define VK_ROW_VBYTES 16", "#endif"]
+    for vbytes in (64, 32, 16):
+        lines.append(f"#{'if' if vbytes == 64 else 'elif'} VK_ROW_VBYTES == {vbytes}")
+        for t, size in (("float", 4), ("double", 8)):
+            lanes = vbytes // size
+            even = ", ".join(str(2 * i) for i in range(lanes))
+            odd = ", ".join(str(2 * i + 1) for i in range(lanes))
+            lines.append(f"#define VK_ROW_PAIRS_{t}(a, b) (__builtin_shufflevector(a, b, {even}) "
+                         f"+ __builtin_shufflevector(a, b, {odd}))")
+    lines += ["#endif", "#define VK_ROW_VECTORS 1", "#else", "#define VK_ROW_VBYTES 16",
+              "#define VK_ROW_VECTORS 0", "#endif"]
+    for t in ("float", "double"):
+        lines += [
+            f"typedef {t} vk_row_v{t} __attribute__((vector_size(VK_ROW_VBYTES), may_alias));",
+            f"VK_FN {t} vk_tree_row_{t}({t}* buf, int64_t n) {{",
+            f"    const int64_t lanes = VK_ROW_VBYTES / sizeof({t});",
+            "#if VK_ROW_VECTORS",
+            f"    vk_row_v{t}* v = (vk_row_v{t}*)buf;",
+            "    for (; n > lanes; n >>= 1)",
+            "        for (int64_t i = 0; i < n / lanes / 2; i++)",
+            f"            v[i] = VK_ROW_PAIRS_{t}(v[2 * i], v[2 * i + 1]);",
+            f"    vk_row_v{t} w = v[0];",
+            f"    for (; n > 1; n >>= 1) w = VK_ROW_PAIRS_{t}(w, w);",
+            "    return w[0];",
+            "#endif",
+            "    for (; n > 1; n >>= 1)",
+            "        for (int64_t i = 0; i < n / 2; i++) buf[i] = buf[2 * i] + buf[2 * i + 1];",
+            "    return buf[0];",
+            "}"]
+    return "\n".join(lines) + "\n"
+
+
+HELPERS += _row_tree_helpers()
 
 
 def template(name: str) -> str:
@@ -323,10 +370,6 @@ def _objects_entry(n_in, n_out, n_info, data_offset):
     lines.append("    return vk_main_body(in, out, info, vk_stop, scratch);")
     lines.append("}")
     return lines
-
-
-#: the pragma before an innermost loop whose iterations are independent (``emit``'s ``simd``)
-SIMD_LOOP = "#pragma omp simd"
 
 
 def emit(stmts, lines, ind, simd=False, collapsed=0):

@@ -42,6 +42,12 @@ CTYPE = {np.dtype(np.float64): "double", np.dtype(np.float32): "float",
 #: subtree each (a power of two: an aligned block is a subtree of the canonical tree)
 TREE_BLOCK = 8
 
+#: a float sum whose innermost reduced extent has a power-of-two factor of at least
+#: ``ROW_CHUNK_MIN`` elements (``Lowering.row_trees``) works through it in aligned chunks of
+#: that many, at most ``ROW_CHUNK_MAX``: each chunk's values computed into a buffer by a SIMD
+#: loop, the chunk's subtree summed there in vectors (``vk_tree_row``), one push per chunk
+ROW_CHUNK_MIN, ROW_CHUNK_MAX = 16, 1024
+
 #: the longest chain of inlined expressions before a value is stored
 MAX_INLINE_DEPTH = 32
 
@@ -64,6 +70,9 @@ RECOMPUTE_MIN_SIZE = 1 << 14
 REDUCED_INLINE_MAX = 1 << 26
 #: a float max over at least this many elements (per output) runs its quick SIMD pass first
 VECTOR_MAX_MIN = 16
+#: the pragma before a loop whose iterations are independent, vectorised as it stands (an
+#: innermost loop marked parallel: ``c_render.emit``'s ``simd``)
+SIMD_LOOP = "#pragma omp simd"
 #: the pragma of that pass: the largest value and whether any element is NaN, lane by lane
 SIMD_MAX = "#pragma omp simd reduction(max:vk_hi) reduction(|:vk_nan)"
 
@@ -296,6 +305,9 @@ class Lowering:
         #: whether a float sum that keeps its operand's last axis runs its canonical trees
         #: side by side along that axis (``_column_trees``; the C tier's programs)
         self.column_trees = False
+        #: whether a float sum along its operand's rows computes them a chunk at a time in
+        #: vectors (``_row_chunks``; the C tier's programs)
+        self.row_trees = False
         #: whether a float sum of zero-padded windows is stored by one pass per window
         #: (``padded_sums``; the C tier's programs)
         self.padded_sums = False
@@ -587,7 +599,11 @@ class Lowering:
         decl, st = self.tree_stack(out.dtype, total)
         cnt = self.fresh("n")
         extents = [x.shape[a] for a in axes]
-        if extents and extents[-1] % TREE_BLOCK == 0:
+        chunk = min(extents[-1] & -extents[-1], ROW_CHUNK_MAX) if extents else 0
+        if self.row_trees and chunk >= ROW_CHUNK_MIN:
+            inner = self._row_chunks(env, x, full, axes[-1], ridx[-1], chunk, st, cnt)
+            extents[-1] //= chunk
+        elif extents and extents[-1] % TREE_BLOCK == 0:
             # full aligned blocks along the innermost reduced axis: a fixed tree of TREE_BLOCK
             # elements (independent adds), pushed as one item of level log2(TREE_BLOCK)
             level = TREE_BLOCK.bit_length() - 1
@@ -603,6 +619,20 @@ class Lowering:
         for v, extent in reversed(list(zip(oidx, out.shape))):
             body = [Loop(v, extent, body)]
         return mark_parallel(body, out.ndim)
+
+    def _row_chunks(self, env, x, full, last, r, chunk, st, cnt):
+        """The statements pushing chunk ``r`` of ``chunk`` consecutive elements of ``x`` along
+        axis ``last`` (a power of two, aligned: a subtree of the canonical tree) as one item:
+        its values computed into a buffer by a SIMD loop -- the operand's expression in vectors,
+        where the streamed tree would compute it an element at a time between its adds -- then
+        summed there level by level with the same additions (``vk_tree_row``)."""
+        t = CTYPE[x.dtype]
+        buf, j = self.fresh("buf"), self.fresh("j")
+        at = [f"({r} * {chunk} + {j})" if i == last else v for i, v in enumerate(full)]
+        return [Block([f"{t} {buf}[{chunk}] __attribute__((aligned(64)));",
+                       SIMD_LOOP, Loop(j, chunk, [f"{buf}[{j}] = {env.read(x, at)};"]),
+                       f"vk_tree_push_{t}({st}, {cnt}, {chunk.bit_length() - 1}, "
+                       f"vk_tree_row_{t}({buf}, {chunk})); {cnt} += {chunk};"])]
 
     def _column_trees(self, e, env, target):
         """A float sum keeping its operand's last axis (a bias's gradient: the sum over a
