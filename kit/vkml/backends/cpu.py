@@ -149,7 +149,7 @@ from .base import Backend, ExecutionFailure, check_sizes, failure_error, product
 from .codegen.libm import INEXACT_PRIMITIVES
 from .codegen.digit_loops import split_digit_loops
 from .codegen.c_render import (ALLOCATION_FAILED, INTERRUPTED, POLL, SIMD_LOOP, prelude, render,
-                               scratch_layout, units_of)
+                               units_of)
 from .codegen.gemm import library_source
 from .codegen.lower import Lowering, Unsupported, may_fail, overwritable
 from .codegen.products import gathered_operands, transposed_products
@@ -772,7 +772,7 @@ class CompiledProgram:
         if fn is None:
             return None
         info = np.zeros(3 + len(self.warnings), np.int64)
-        return _Pool(fn, info, [None] * len(self.out_types), scratch_layout(lowering.temps)[1])
+        return _Pool(fn, info, [None] * len(self.out_types), lowering.scratch[1])
 
     def _objs_function(self, lib):
         """``lib``'s ``vk_objs`` as the pooled call calls it, or None (see ``_prepare``)."""

@@ -274,6 +274,9 @@ class Lowering:
         from .rules import C_RULES  # local: cycle (rules imports this module: its table names our methods)
         self.rules = C_RULES
         self.temps = []          # (name, ctype, count)
+        #: where the C renderer put the heap temporaries in a caller's scratch block:
+        #: ``(offsets, total bytes)`` (``c_render.scratch_layout``)
+        self.scratch = None
         self.temp_vars = []      # the Var each temporary holds (named in an allocation failure)
         self.statics = []        # static const arrays (constants the program holds)
         self.errors = []         # primitive names, by error code - 1
