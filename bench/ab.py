@@ -35,7 +35,7 @@ sys.path.insert(0, HERE)
 from _timing import interleave  # noqa: E402
 
 #: the benches with an ``ab_workloads``: the ones whose vkml side a change to vkml moves
-BENCHES = ("compiled", "simulation", "graph_reverse", "mlp_step")
+BENCHES = ("compiled", "simulation", "graph_reverse", "mlp_step", "training")
 
 #: glibc's allocator held still in both workers: by default it raises its mmap threshold after a
 #: big block is freed, so whether a worker's large buffers (a 100,000-sample plane is 800 KB) come

@@ -394,5 +394,20 @@ def main():
     print("  (vkml's time over each peer's: below 1 means vkml is faster)")
 
 
+def ab_workloads(quick):
+    """vkml's side of each step (``bench/ab.py``), on the cpu tier, built (its optimised build
+    waited for) and warmed: name -> (phase names, sampler)."""
+    vkml.set_backend("cpu")
+    out = {}
+    for name in ("mlp-256", "cnn", "transformer") if quick else STEPS:
+        run, first = vkml_side(name)
+        first()
+        background.wait(120)
+        run(), run()
+        out[f"training step, {name}"] = (("step",), sampler(run, reps=3 if name == "big-mlp"
+                                                             else 10 if quick else 20))
+    return out
+
+
 if __name__ == "__main__":
     main()
