@@ -132,6 +132,12 @@ POLL = f"if (*vk_stop) {{ *err = {INTERRUPTED}; goto done; }}"
 
 #: bytes each temporary's place in a caller's scratch block is aligned to
 SCRATCH_ALIGN = 64
+#: a temporary of at least a page starts 0, 1, 2, ... lines (in the order they are placed, modulo
+#: a page) past its place, so that arrays of power-of-two sizes do not all start at one offset
+#: modulo the page -- one L1 cache set for all of them: a reverse reading twelve saved 8 MB
+#: trajectories at one index per step ran 9% faster once they started on twelve lines.  Placed
+#: end to end, the n-th starts n(n+1)/2 lines past a page boundary: distinct for 64 in a row
+SCRATCH_PAGE = 4096
 
 
 def scratch_layout(temps, stmts=None):
@@ -165,16 +171,22 @@ def scratch_layout(temps, stmts=None):
             last[slot[name]] = at
     offsets = [None] * len(temps)
     live, total = [], 0                  # (offset, end, last statement) of the placed ones
+    coloured = 0
     for k in sorted(first, key=lambda k: (first[k], k)):
+        shift = 0
+        if sizes[k] >= SCRATCH_PAGE:
+            shift = SCRATCH_ALIGN * (coloured % (SCRATCH_PAGE // SCRATCH_ALIGN))
+            coloured += 1
+        need = shift + sizes[k]
         live = sorted((p for p in live if p[2] >= first[k]), key=lambda p: p[0])
         place = 0
         for start, end, _ in live:
-            if place + sizes[k] <= start:
+            if place + need <= start:
                 break
             place = max(place, end)
-        offsets[k] = place
-        live.append((place, place + sizes[k], last[k]))
-        total = max(total, place + sizes[k])
+        offsets[k] = place + shift
+        live.append((place, place + need, last[k]))
+        total = max(total, place + need)
     for k, size in enumerate(sizes):     # named by no statement: never read or written
         if size is not None and offsets[k] is None:
             offsets[k] = 0
