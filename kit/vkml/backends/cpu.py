@@ -712,7 +712,6 @@ def _link_products(lib, types, gemm):
                 ctypes.cast(getattr(gemm, f"vk_gemm_lib_{name}"), ctypes.c_void_p).value
 
 
-
 class CompiledProgram:
     """A program's C function, called with contiguous arrays.
 

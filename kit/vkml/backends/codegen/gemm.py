@@ -65,12 +65,12 @@ def _blocking(fused: bool):
     """``(VARIANTS, KC, NC)`` of a mode."""
     return (VARIANTS, KC, NC) if fused else (PLAIN["VARIANTS"], PLAIN["KC"], PLAIN["NC"])
 
+
 SIZEOF = {"float": 4, "double": 8}
 
 #: products of fewer multiply-adds than this run as the plain loop (the blocked routine's set-up
 #: would cost more than the loop itself)
 TINY = 512
-
 
 
 def pack_bytes(threads: int = 1) -> int:
@@ -151,6 +151,14 @@ int vk_gemm_threads = 1;
    its own matrices and packing slot) is never split again: its one thread uses slot 0 */
 /* whether a product of ``work`` multiply-adds is split over the threads */
 #define VK_GEMM_SPLIT(work) (vk_gemm_threads > 1 && (work) >= VK_GEMM_SPLIT_WORK && !vk_gemm_nested())
+/* the way of least cost, the first of equals */
+static int vk_gemm_cheapest(const double* cost, int ways)
+{
+    int way = 0;
+    for (int w = 1; w < ways; w++)
+        if (cost[w] < cost[way]) way = w;
+    return way;
+}
 #ifdef _OPENMP
 int omp_get_thread_num(void);
 int omp_in_parallel(void);
@@ -590,9 +598,7 @@ static void vk_gemm_$T(int64_t M, int64_t N, int64_t K,
 #endif
     /* the ways: each tile, on the product or on its transpose C^T = B^T A^T */
     double cost[$WAYS] = {$COSTS};
-    int way = 0;
-    for (int w = 1; w < $WAYS; w++)
-        if (cost[w] < cost[way]) way = w;
+    int way = vk_gemm_cheapest(cost, $WAYS);
 #ifdef VK_GEMM_WAY
     way = VK_GEMM_WAY;                          /* tests: every way on every input */
 #else
@@ -621,9 +627,7 @@ static void vk_gemm_gathered_$T(int64_t M, int64_t N, int64_t K,
     if (M <= 0 || N <= 0) return;
     double plain = (double)M * (double)N * (double)K;
     double cost[$WAYS] = {$COSTS};
-    int way = 0;
-    for (int w = 1; w < $WAYS; w++)
-        if (cost[w] < cost[way]) way = w;
+    int way = vk_gemm_cheapest(cost, $WAYS);
 #ifdef VK_GEMM_WAY
     way = VK_GEMM_WAY / 2;
     if (K <= 0) {

@@ -87,6 +87,7 @@ STATIC_MAX = 4096
 #: not compiled)
 STATIC_LIMIT = 65536
 
+
 class Unsupported(Exception):
     """A program this lowering cannot compile; the backend runs it on NumPy instead."""
 
