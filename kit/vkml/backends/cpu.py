@@ -146,6 +146,7 @@ from ..progress import progress_enabled
 from ..stats import STATS
 from . import background, disk_cache
 from .base import Backend, ExecutionFailure, check_sizes, failure_error, product_threads, register
+from .codegen.blocked_products import blocked_products
 from .codegen.libm import INEXACT_PRIMITIVES
 from .codegen.digit_loops import split_digit_loops
 from .codegen.c_render import (ALLOCATION_FAILED, INTERRUPTED, POLL, SIMD_LOOP, prelude, render,
@@ -601,6 +602,7 @@ def _lowered(program, sites, scalars_in_locals):
     low.inline_reductions = True
     low.lift_from = len(program.inputs)
     low.gather_operands = gathered_operands
+    low.block_products = blocked_products
     low.interrupt_poll = POLL
     ins = [f"a{i}" for i in range(len(program.inputs))]
     outs = [f"o{i}" for i in range(len(program.outputs))]

@@ -331,6 +331,11 @@ class Lowering:
         #: movements then never computed (``skipped``)
         self.gather_operands = None
         self.gathered, self.skipped = {}, set()
+        #: where set (the C tier), ``blocked_products.blocked_products``: which products are
+        #: computed an image at a time by the padded sums reading them (``blocked``, by ``id``
+        #: of the sum's last add; the products and their movements join ``skipped``)
+        self.block_products = None
+        self.blocked = {}
         self.site = 0            # the top-level equation being lowered
 
     def fresh(self, prefix):
@@ -419,6 +424,10 @@ class Lowering:
         if self.gather_operands is not None and self.depth == 1:
             self.gathered, self.skipped = self.gather_operands(self, prog, outputs, uses, readers,
                                                                producer)
+        if self.block_products is not None and self.depth == 1:
+            self.blocked, skipped = self.block_products(self, prog, outputs, uses, readers,
+                                                        producer)
+            self.skipped = self.skipped | skipped
         stored = set()
         # operands a reduction may read as their expressions: a mask, a difference squared, a
         # product -- each element read once, so storing it first only writes and reads it again
@@ -458,7 +467,7 @@ class Lowering:
                 self.site = k if self.sites is None else self.sites[k]
             rule = self.rules.get(e.prim.name)
             if e.outputs[0:1] and e.outputs[0] in self.skipped:
-                continue            # (a movement a product gathers: never computed)
+                continue            # (a movement a product gathers, a blocked product)
             ops = _step_cost(e) + sum(cost.get(v, 0) for v in e.inputs)
             inline = all(o not in outputs for o in e.outputs) and len(e.outputs) == 1 and \
                 rule is not None and rule.fusible(e) and e.outputs[0] not in stored and \

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 
-from .lower import CTYPE, linear_index, mark_parallel
+from .lower import CTYPE, Unsupported, linear_index, mark_parallel
 from .statements import Block, Loop
 
 #: fewer windows than this stay one expression (two or three pads: a split's gradient),
@@ -43,12 +43,15 @@ def padded_sum_loops(low, e, env, targets):
     where they are disjoint), or None where ``e`` is not the top of a float sum of enough
     zero-padded windows (or the lowering does not ask for passes: ``Lowering.padded_sums``)."""
     out = e.outputs[0]
-    if not _float_sums(low, out):
+    if not float_sums(low, out):
         return None
     pads = _windows(env, e)
     if pads is None or len(pads) < min(MIN_WINDOWS, MIN_DISJOINT):
         return None
-    if _disjoint(pads):
+    blocking = low.blocked.get(id(e))
+    if blocking is not None and [id(p) for p in pads] != [id(p) for p in blocking.pads]:
+        raise Unsupported(f"a blocked product's windows changed: {e.prim.name}")
+    if disjoint(pads):
         return _copies(low, out, pads, env, targets[0])
     if len(pads) < MIN_WINDOWS:
         return None
@@ -80,11 +83,15 @@ def padded_sum_loops(low, e, env, targets):
         return body if common else mark_parallel(body, len(extents))
 
     zero = "0.0f" if ctype == "float" else "0.0"
+    def window(k, x, r):
+        """Window ``k`` (pad operand ``x``) at the element of indices ``outer + r``."""
+        return blocking.read(k, outer[1:] + r) if blocking is not None else env.read(x, outer + r)
+
     passes = nest(rest, lambda r: f"{element(r)} = -{zero};")
-    for p in pads:
+    for k, p in enumerate(pads):
         x, lo = p.inputs[0], p.params["lo"][common:]
-        passes += nest(x.shape[common:], lambda r, x=x, lo=lo: (
-            f"{element(r, lo)} = {element(r, lo)} + {env.read(x, outer + r)};"))
+        passes += nest(x.shape[common:], lambda r, k=k, x=x, lo=lo: (
+            f"{element(r, lo)} = {element(r, lo)} + {window(k, x, r)};"))
     inside = [(max(p.params["lo"][a] for p in pads),
                min(p.params["lo"][a] + p.inputs[0].shape[a] for p in pads)) for a in range(common, nd)]
     missing = any(first > 0 or end < n for (first, end), n in zip(inside, rest))
@@ -104,8 +111,12 @@ def padded_sum_loops(low, e, env, targets):
         passes = [Block([f"{ctype} {local}[{math.prod(rest)}];"] + passes)]
     if not common:
         return passes
-    for var, n in reversed(list(zip(outer, shape[:common]))):
+    for var, n in reversed(list(zip(outer, shape[:common]))[1 if blocking else 0:]):
         passes = [Loop(var, n, passes)]
+    if blocking is not None:         # each image's block of the product, then its passes
+        stmts = []
+        loops = blocking.images(low, env, outer[0], passes, stmts)
+        return stmts + loops
     return mark_parallel(passes, common)
 
 
@@ -115,21 +126,21 @@ def padded_sum_top(low, e, env, readers) -> bool:
     by passes or copies, rather than inlined into its readers (``readers``: each value's
     reading equations)."""
     out = e.outputs[0]
-    if not _float_sums(low, out):
+    if not float_sums(low, out):
         return False
     if any(r.prim is e.prim and r.inputs[0] is out for r in readers.get(out, ())):
         return False
     pads = _windows(env, e)
     return pads is not None and (len(pads) >= MIN_WINDOWS or
-                                 len(pads) >= MIN_DISJOINT and _disjoint(pads))
+                                 len(pads) >= MIN_DISJOINT and disjoint(pads))
 
 
-def _float_sums(low, out) -> bool:
+def float_sums(low, out) -> bool:
     """Whether the lowering asks for passes (``Lowering.padded_sums``) and ``out`` is a float."""
     return low.padded_sums and out.dtype.kind == "f" and out.dtype in CTYPE
 
 
-def _disjoint(pads) -> bool:
+def disjoint(pads) -> bool:
     """Whether no two of the windows overlap (a split's gradient: its pieces padded back)."""
     boxes = [[(lo, lo + n) for lo, n in zip(p.params["lo"], p.inputs[0].shape)] for p in pads]
     return all(any(a_end <= b_first or b_end <= a_first
@@ -154,24 +165,28 @@ def _copies(low, out, pads, env, target):
 
 
 def _windows(env, e):
+    """:func:`windows_of` the sum ``e`` tops as it is being lowered."""
+    return windows_of(e, env.lowering.rules, env.producer, env.inline.__contains__)
+
+
+def windows_of(e, rules, producer, inline):
     """The pads of the sum ``e`` tops, in its order of additions (``((p0 + p1) + p2) + ...``,
     each add inlined into the next), or None: where a term is not a pad of zeros, with no
-    interior padding and no cropping, inlined into the sum."""
-    rules = env.lowering.rules
+    interior padding and no cropping, inlined into the sum (``inline(value)``: whether it is)."""
     own = rules[e.prim.name]
     terms, node = [], e
     while True:
         a, b = node.inputs
         terms.append(b)
-        if a in env.inline and rules[env.producer[a].prim.name] is own:
-            node = env.producer[a]
+        if inline(a) and a in producer and rules.get(producer[a].prim.name) is own:
+            node = producer[a]
             continue
         terms.append(a)
         break
     pads = []
     for t in reversed(terms):
-        p = env.producer.get(t) if t in env.inline else None
-        if p is None or not getattr(rules[p.prim.name], "zero_border", False) or \
+        p = producer.get(t) if inline(t) else None
+        if p is None or not getattr(rules.get(p.prim.name), "zero_border", False) or \
                 any(p.params["interior"]) or min(p.params["lo"] + p.params["hi"], default=0) < 0:
             return None
         pads.append(p)

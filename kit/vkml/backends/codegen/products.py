@@ -135,17 +135,17 @@ def _operand(low, env, v, stmts):
     return buffer, row_major_strides(v.shape)
 
 
-def _pack(low, dtype):
+def pack_scratch(low, dtype):
     """The GEMM's packing scratch for ``dtype`` (one temporary per program and dtype, 64-byte
     aligned), as a C expression."""
     packs = low.gemm_packs
     if dtype not in packs:
         name = low.temp(Var(((pack_bytes(low.gemm_threads) + 64) // dtype.itemsize,), dtype))
-        packs[dtype] = _aligned(name, dtype)
+        packs[dtype] = aligned_pointer(name, dtype)
     return packs[dtype]
 
 
-def _aligned(name, dtype):
+def aligned_pointer(name, dtype):
     """Temporary ``name`` (64 bytes longer than its use) as a 64-byte aligned pointer, in C."""
     return f"({CTYPE[dtype]}*)((char*){name} + ((64 - ((unsigned long long){name} & 63)) & 63))"
 
@@ -164,8 +164,15 @@ def _batch_pack(low, dtype):
     packs = low.gemm_batch_packs
     if dtype not in packs:
         name = low.temp(Var((low.gemm_threads * stride + 64 // dtype.itemsize,), dtype))
-        packs[dtype] = _aligned(name, dtype)
+        packs[dtype] = aligned_pointer(name, dtype)
     return packs[dtype], stride
+
+
+def thread_pack(low, dtype) -> str:
+    """The calling thread's packing slot (``_batch_pack``), in C, for a product run on one of
+    the threads of an OpenMP loop (which never splits it again)."""
+    first, stride = _batch_pack(low, dtype)
+    return f"{first} + (int64_t)omp_get_thread_num() * {stride}LL"
 
 
 def _batch_threads(low, e) -> int:
@@ -267,10 +274,12 @@ def gathered_operands(low, prog, outputs, uses, readers, producer):
     return gathered, skipped
 
 
-def _gathering(v, movement, rules, moved):
-    """``((source, rk, cj), chain)`` for 2-D ``v`` made by movements (``chain``: their results)
-    of one value, each element at ``rk[k] + cj[j]`` in it; None otherwise.  ``moved``: the
-    offsets worked out so far, by value (int32 where they fit: half the memory to move)."""
+def moved_offsets(v, movement, rules, moved):
+    """``(source, offsets, chain)`` for ``v`` made by movements (``movement(u)``: the movement
+    equation making ``u``, or None; ``chain``: their results) of one value ``source``, where
+    ``offsets`` holds each element's flat offset in it; None where the movements read more than
+    one value.  ``moved``: the offsets worked out so far, by value, shared between the operands
+    moving a value further (int32 where they fit: half the memory to move)."""
     chain, sources, stack = set(), set(), [v]
     while stack:
         u = stack.pop()
@@ -293,7 +302,17 @@ def _gathering(v, movement, rules, moved):
             moved[u] = np.asarray(rules[e.prim.name].moved([offsets_of(x) for x in e.inputs], e))
         return moved[u]
 
-    offsets = offsets_of(v)
+    return source, offsets_of(v), chain
+
+
+def _gathering(v, movement, rules, moved):
+    """``((source, rk, cj), chain)`` for 2-D ``v`` made by movements (``chain``: their results)
+    of one value, each element at ``rk[k] + cj[j]`` in it; None otherwise (``moved``: see
+    :func:`moved_offsets`)."""
+    found = moved_offsets(v, movement, rules, moved)
+    if found is None:
+        return None
+    source, offsets, chain = found
     first_row, first_col = offsets[:, 0].astype(np.int64), offsets[0, :].astype(np.int64)
     cj = first_col - first_col.min()
     rk = first_row - first_row[0] + first_col.min()
@@ -317,6 +336,11 @@ def _strides_describe(chain) -> bool:
     return True
 
 
+def _gather_tables(low, rk, cj):
+    """The gathered operand's tables of row and column offsets, as static arrays (C names)."""
+    return [low.static(Var(t.shape, np.dtype(np.int64)), t) for t in (rk, cj)]
+
+
 def _lower_gathered(low, e, env, targets) -> list:
     """A 2-D product with a gathered operand (``gathered_operands``) as one
     ``vk_gemm_gathered_<type>`` call: B gathered, or A (then ``C^T = B^T A^T``, the same
@@ -334,12 +358,12 @@ def _lower_gathered(low, e, env, targets) -> list:
         other, sb = _operand(low, env, b, stmts)
         rk, cj, sa = cj, rk, sb[::-1]
         m, n, sc = n, m, so[::-1]
-    tables = [low.static(Var(t.shape, np.dtype(np.int64)), t) for t in (rk, cj)]
+    tables = _gather_tables(low, rk, cj)
     pointer = env.pointer(source)
     call = HelperCall(
         f"vk_gemm_gathered_{CTYPE[out.dtype]}({m}LL, {n}LL, {k}LL, {other}, {sa[-2]}LL, "
         f"{sa[-1]}LL, {pointer}, {tables[0]}, {tables[1]}, {targets[0]}, {sc[-2]}LL, {sc[-1]}LL, "
-        f"{_pack(low, out.dtype)});", reads=(other, pointer))
+        f"{pack_scratch(low, out.dtype)});", reads=(other, pointer))
     low.gemm_types.add(CTYPE[out.dtype])
     return stmts + [call]
 
@@ -357,11 +381,7 @@ def lower_gemm(low, e, env, targets) -> list:
     idx = [low.fresh("i") for _ in out.shape[:-2]]
     so = row_major_strides(out.shape)
     threads = _batch_threads(low, e)
-    if threads > 1:
-        first, stride = _batch_pack(low, out.dtype)
-        pack = f"{first} + (int64_t)omp_get_thread_num() * {stride}LL"
-    else:
-        pack = _pack(low, out.dtype)
+    pack = thread_pack(low, out.dtype) if threads > 1 else pack_scratch(low, out.dtype)
     call = HelperCall(
         f"vk_gemm_{CTYPE[out.dtype]}({m}LL, {n}LL, {k}LL, "
         f"{pa} + {_offset(idx, sa)}, {sa[-2]}LL, {sa[-1]}LL, "
@@ -377,3 +397,28 @@ def lower_gemm(low, e, env, targets) -> list:
         body = [Block(["int omp_get_thread_num(void);", parallel_for(len(idx), threads)] + body)]
     low.gemm_types.add(CTYPE[out.dtype])
     return stmts + body
+
+
+def column_block(low, e, env, stmts, first, width, target, pack) -> HelperCall:
+    """The GEMM call computing columns ``first`` (a C expression) to ``first + width - 1`` of
+    2-D product ``e`` into ``target``, its rows ``width`` elements apart (each output the same
+    sum in the same order as in the whole product); statements storing an operand the GEMM
+    cannot read in place are appended to ``stmts``.  A gathered B (``gathered_operands``) is
+    read from where it is; a gathered A is not taken (its product is computed transposed)."""
+    a, b = e.inputs
+    (m, k), ctype = a.shape, CTYPE[e.outputs[0].dtype]
+    pa, sa = _operand(low, env, a, stmts)
+    gathered = low.gathered.get(id(e))
+    if gathered is None:
+        pb, sb = _operand(low, env, b, stmts)
+        routine, reads = f"vk_gemm_{ctype}", (pa, pb)
+        operand = f"{pb} + ({first}) * {sb[1]}LL, {sb[0]}LL, {sb[1]}LL"
+    else:
+        which, source, rk, cj = gathered
+        assert which == 1, "a product gathering A is computed transposed: not by column blocks"
+        rows, columns = _gather_tables(low, rk, cj)
+        routine, reads = f"vk_gemm_gathered_{ctype}", (pa, env.pointer(source))
+        operand = f"{env.pointer(source)}, {rows}, {columns} + ({first})"
+    low.gemm_types.add(ctype)
+    return HelperCall(f"{routine}({m}LL, {width}LL, {k}LL, {pa}, {sa[0]}LL, {sa[1]}LL, {operand}, "
+                      f"{target}, {width}LL, 1LL, {pack});", reads=reads)
