@@ -184,25 +184,32 @@ def _top(rules, producer, uses, readers, candidates):
 def _place_in_block(offsets, columns, width):
     """``(constant, strides)``: where the element ``(b, *rest)`` of a window, at flat ``offsets``
     in the product, lies in image ``b``'s block of ``width`` columns -- the same affine function
-    of ``rest`` for every ``b`` -- or None where some element lies in another image's block."""
-    offsets = offsets.astype(np.int64)
-    images = offsets.shape[0]
-    row, column = np.divmod(offsets, columns)
-    image = np.arange(images).reshape((images,) + (1,) * (offsets.ndim - 1))
-    if not (column // width == image).all():
+    of ``rest`` for every ``b`` -- or None where some element lies elsewhere.  The function is
+    read off image 0's first element and its neighbours along each axis, then every element is
+    compared with where it puts it (one pass: the proof, at compile time)."""
+    if offsets.size == 0:
         return None
-    place = row * width + column % width
-    if not (place == place[:1]).all():
-        return None
-    first = place[0]
-    constant = int(first.reshape(-1)[0]) if first.size else 0
+    first = offsets[(0,) * offsets.ndim]
+
+    def place(offset):
+        row, column = divmod(int(offset), columns)
+        return row * width + column % width if column < width else None
+
+    constant = place(first)
     strides = []
-    for axis, n in enumerate(first.shape):
-        unit = [0] * first.ndim
+    for axis, n in enumerate(offsets.shape[1:], 1):
+        unit = [0] * offsets.ndim
         unit[axis] = 1 if n > 1 else 0
-        strides.append(int(first[tuple(unit)]) - constant if n > 1 else 0)
-    grid = np.indices(first.shape)
-    affine = constant + sum(g * s for g, s in zip(grid, strides)) if strides else constant
-    if not (first == affine).all():
-        return None
-    return constant, strides
+        there = place(offsets[tuple(unit)])
+        if constant is None or there is None:
+            return None
+        strides.append(there - constant if n > 1 else 0)
+    rest = np.full((1,) * (offsets.ndim - 1), constant, np.int64)
+    for axis, (n, s) in enumerate(zip(offsets.shape[1:], strides)):
+        rest = rest + (np.arange(n, dtype=np.int64) * s).reshape((-1,) + (1,) * (len(strides) - axis - 1))
+    # (an element placed before the block's start or past its end would be expected at an
+    # offset no element of the product has: the comparison refuses it too)
+    row, column = np.divmod(rest, width)
+    image = np.arange(offsets.shape[0], dtype=np.int64).reshape((-1,) + (1,) * len(strides))
+    expected = row * columns + column + image * width
+    return (constant, strides) if np.array_equal(offsets, expected) else None
