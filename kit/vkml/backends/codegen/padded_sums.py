@@ -83,6 +83,7 @@ def padded_sum_loops(low, e, env, targets):
         return body if common else mark_parallel(body, len(extents))
 
     zero = "0.0f" if ctype == "float" else "0.0"
+
     def window(k, x, r):
         """Window ``k`` (pad operand ``x``) at the element of indices ``outer + r``."""
         return blocking.read(k, outer[1:] + r) if blocking is not None else env.read(x, outer + r)
