@@ -275,16 +275,25 @@ static void vk_gemm_pack_b_gathered_$T(int64_t kc, int64_t n, const $T* B, const
         }
     }
 #endif
-    for (int64_t k = k0; k < kc; k++) {
-        const $T* row = B + rk[k];
-        $T* d = dst + k * nr;
-        for (int64_t r = 0; r < runs; r++) {
-            const $T* src = row + cj[start[r]];
-            $T* to = d + start[r];
+    /* a run at a time, down k: the loop over k is a load of rk and a copy or a few (the run's
+       strip of the panel; its image rows stay in the L1 cache), where a row at a time reloaded
+       every run's start, length and offset for each k (a LeNet's second convolution, 64 x 4096
+       x 800 on one Zen 4 core, 4.76 -> 4.15 ms) */
+    for (int64_t r = 0; r < runs; r++) {
+        const $T* src = B + cj[start[r]];
+        $T* to = dst + k0 * nr + start[r];
+        int64_t len = length[r], len8 = len / 8 * 8;
+        if (len == 8) {
+            for (int64_t k = k0; k < kc; k++, to += nr)
+                *(vk_gemm_v8$T*)to = *(const vk_gemm_v8$T*)(src + rk[k]);
+            continue;
+        }
+        for (int64_t k = k0; k < kc; k++, to += nr) {
+            const $T* from = src + rk[k];
             int64_t t = 0;
-            for (; t + 8 <= length[r]; t += 8)
-                *(vk_gemm_v8$T*)(to + t) = *(const vk_gemm_v8$T*)(src + t);
-            for (; t < length[r]; t++) to[t] = src[t];
+            for (; t < len8; t += 8)
+                *(vk_gemm_v8$T*)(to + t) = *(const vk_gemm_v8$T*)(from + t);
+            for (; t < len; t++) to[t] = from[t];
         }
     }
 }
