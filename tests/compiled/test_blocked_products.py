@@ -18,9 +18,10 @@ pytestmark = pytest.mark.skipif(cpu.compiler() is None, reason="no C compiler on
 RNG = np.random.default_rng(53)
 
 #: (batch, channels, size, outputs, kernel, stride, padding, dilation): each input gradient's
-#: product big enough per image to be blocked (a stride's gradient is no sum of padded windows)
+#: product big enough per image to be blocked
 GEOMETRIES = [(4, 8, 12, 16, 5, 1, 0, 1), (5, 4, 14, 24, 3, 1, 2, 2), (2, 12, 9, 8, 4, 1, 1, 1),
-              (6, 5, 11, 32, 3, 1, 1, 1), (2, 16, 10, 16, 2, 1, 0, 1)]
+              (6, 5, 11, 32, 3, 1, 1, 1), (2, 16, 10, 16, 2, 1, 0, 1), (3, 8, 15, 24, 3, 2, 1, 1),
+              (2, 8, 17, 32, 3, 2, 0, 1)]
 
 
 def _arguments(geometry, dtype):

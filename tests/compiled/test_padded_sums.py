@@ -107,3 +107,76 @@ def test_disjoint_windows_are_a_copy_each_with_the_sums_bits(pieces):
     assert (np.signbit(x) & (x == 0)).any()
     for g_ in got:
         assert g_.tobytes() == want.tobytes()
+
+
+def _strided_loss(shape, k, step, coef, taps=None):
+    """sum(windows(x)^2 * coef) over windows taking every ``step``-th element: its gradient is a
+    sum of windows padded back with interior padding (a strided convolution's input gradient)."""
+    ho, wo = (shape[-2] - k) // step + 1, (shape[-1] - k) // step + 1
+    taps = taps or [(i, j) for i in range(k) for j in range(k)]
+
+    def loss(x):
+        s = vkml.stack([x[..., i:i + (ho - 1) * step + 1:step, j:j + (wo - 1) * step + 1:step]
+                        for i, j in taps])
+        return vkml.sum(s * s * coef)
+    return loss, (len(taps),) + shape[:-2] + (ho, wo)
+
+
+@pytest.mark.parametrize("shape, k, step, dtype", [((2, 3, 13, 13), 3, 2, np.float32),
+                                                   ((1, 2, 11, 14), 4, 3, np.float64),
+                                                   ((3, 2, 9, 9), 2, 2, np.float32),
+                                                   ((1, 1, 80, 70), 3, 2, np.float32)])
+@pytest.mark.parametrize("fill", [-0.0, 0.0, np.nan])
+def test_windows_a_step_apart_take_the_passes_with_the_sums_bits(shape, k, step, dtype, fill):
+    """Interior padding: each window's elements land ``step`` apart; every element is missed by
+    some window here, so each gets + 0.0 after the passes (signed zeros, NaN as the sum)."""
+    rng = np.random.default_rng(shape[-1] * 10 + k + step)
+    x = (np.abs(rng.standard_normal(shape)) + 0.1).astype(dtype)
+    loss, coef_shape = _strided_loss(shape, k, step, None)
+    coef = np.full(coef_shape, -0.0, dtype)
+    coef[rng.random(coef.shape) < 0.05] = fill
+    coef[rng.random(coef.shape) < 0.03] = rng.standard_normal() + 1.0
+    g = vkml.grad(_strided_loss(shape, k, step, coef)[0])
+    source, _ = cpu.c_source(vkml.program(g, x))
+    assert re.search(r"= -0\.0f?;", source), "the sum is computed by passes"
+    assert re.search(rf"\* {step} \+ 1\)", source), "a window's elements a step apart"
+    want, got = _both(g, x)
+    assert (want == 0).any() and not np.signbit(want[want == 0]).any()
+    for g_ in got:
+        assert g_.tobytes() == want.tobytes()
+
+
+def test_windows_a_step_apart_that_all_cover_some_elements_but_not_others_stay_one_expression():
+    """Four windows on the even positions only, overlapping in the middle: some elements every
+    window covers, some one misses -- no box says which, so the sum stays as written."""
+    shape, step = (2, 2, 15, 15), 2
+    taps = [(0, 0), (0, 2), (2, 0), (2, 2)]
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(shape)
+    loss, coef_shape = _strided_loss(shape, 5, step, None, taps)
+    coef = rng.standard_normal(coef_shape)
+    coef[rng.random(coef.shape) < 0.2] = -0.0
+    g = vkml.grad(_strided_loss(shape, 5, step, coef, taps)[0])
+    assert not re.search(r"= -0\.0;", cpu.c_source(vkml.program(g, x))[0])
+    want, got = _both(g, x, 2)
+    for g_ in got:
+        assert g_.tobytes() == want.tobytes()
+
+
+def test_a_strided_convolutions_input_gradient_against_central_differences():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 3, 11, 11))
+    w = rng.standard_normal((4, 3, 3, 3)) / 3
+
+    def loss(v):
+        return vkml.sum(vkml.tanh(vkml.conv2d(v, w, stride=2, padding=1)) ** 2)
+
+    source, _ = cpu.c_source(vkml.program(vkml.grad(loss), x))
+    assert re.search(r"= -0\.0;", source)
+    with vkml.use_backend("cpu"):
+        got = np.asarray(vkml.jit(vkml.grad(loss))(x))
+    for at in [(0, 0, 0, 0), (1, 2, 4, 8), (0, 1, 10, 3), (1, 0, 5, 5), (1, 1, 10, 10)]:
+        e = np.zeros_like(x)
+        e[at] = 1e-6
+        numeric = (float(loss(x + e)) - float(loss(x - e))) / 2e-6
+        assert abs(got[at] - numeric) < 1e-6 * max(1.0, abs(numeric)), at

@@ -31,7 +31,7 @@ import numpy as np
 
 from ...ir import Var
 from .lower import CTYPE
-from .padded_sums import MIN_WINDOWS, disjoint, float_sums, windows_of
+from .padded_sums import MIN_WINDOWS, disjoint, float_sums, passes_plan, windows_of
 from .products import (aligned_pointer, by_gemm, column_block, moved_offsets, pack_scratch,
                        thread_pack)
 from .statements import Block, Loop
@@ -144,9 +144,9 @@ def _blocking(low, e, outputs, uses, readers, producer, movement, moved):
     if windows is None or sorted(map(id, windows)) != sorted(map(id, pads)) or disjoint(windows):
         return None
     out = top.outputs[0]
-    if any(p.params["lo"][0] or p.params["hi"][0] for p in windows) or \
-            not any(any(p.params["lo"]) or any(p.params["hi"]) for p in windows):
-        return None         # (the first axis, the images, is one no window pads; some other is)
+    plan = passes_plan(windows, out.shape)
+    if plan is None or plan[0] == 0:
+        return None         # (the sum's passes run inside a loop over the first axis, the images)
     images = out.shape[0]
     rows, columns = product.shape
     width = columns // images if columns % images == 0 else 0

@@ -18,6 +18,13 @@ The passes over one image sit inside the loops over the axes no window pads (the
 channels), so an image's accumulator stays in the L1 cache between passes, and those loops
 are the ones spread over threads.
 
+A strided convolution's windows take every second (third ...) pixel: padded back, each has
+interior padding, its elements a step apart, and a pass adds it at those places.  Then an
+element some window misses is the rule, not the edge: where every element is missed by some
+window (different phases of the stride), each gets the + 0.0 after the passes; where some
+elements are covered by every window and others are not, no box says which, and the sum stays
+one expression.
+
 Windows that do not overlap (the gradient of a split: an attention's q, k and v padded back
 into the 3d columns they came from) need no accumulator: each element is one window's term
 plus the others' zeros, ``v + 0.0`` whatever the order, so the sum is one copy per window.
@@ -26,6 +33,8 @@ plus the others' zeros, ``v + 0.0`` whatever the order, so the sum is one copy p
 from __future__ import annotations
 
 import math
+
+import numpy as np
 
 from .lower import CTYPE, Unsupported, linear_index, mark_parallel
 from .statements import Block, Loop
@@ -53,15 +62,13 @@ def padded_sum_loops(low, e, env, targets):
         raise Unsupported(f"a blocked product's windows changed: {e.prim.name}")
     if disjoint(pads):
         return _copies(low, out, pads, env, targets[0])
-    if len(pads) < MIN_WINDOWS:
+    plan = passes_plan(pads, out.shape) if len(pads) >= MIN_WINDOWS else None
+    if plan is None:
+        if blocking is not None:
+            raise Unsupported(f"a blocked product's sum takes no passes: {e.prim.name}")
         return None
-    shape, nd = out.shape, out.ndim
-    common = 0                    # leading axes no window pads: the loops around the passes
-    while common < nd and all(p.params["lo"][common] == 0 and p.params["hi"][common] == 0
-                              for p in pads):
-        common += 1
-    if common == nd:
-        return None
+    common, missing, inside = plan
+    shape = out.shape
     ctype, target = CTYPE[out.dtype], targets[0]
     outer = [low.fresh("i") for _ in range(common)]
     rest = shape[common:]
@@ -69,8 +76,14 @@ def padded_sum_loops(low, e, env, targets):
     # overlap check per pass) where the loops around the passes leave a small one
     local = low.fresh("vk_acc") if common and 0 < math.prod(rest) <= LOCAL_ELEMENTS else None
 
-    def element(inner, shift=None):
-        at = [f"({i} + {s})" if s else i for i, s in zip(inner, shift or [0] * len(inner))]
+    def element(inner, pad=None):
+        """The accumulator's element at ``inner``, or where ``pad`` puts its operand's element
+        ``inner`` (its low edge plus the index times the step its interior padding makes)."""
+        at = list(inner)
+        if pad is not None:
+            lo, step = pad.params["lo"][common:], [d + 1 for d in pad.params["interior"][common:]]
+            at = [f"({i}{f' * {t}' if t > 1 else ''}{f' + {s}' if s else ''})" if s or t > 1 else i
+                  for i, s, t in zip(inner, lo, step)]
         if local is not None:
             return f"{local}[{linear_index(at, rest)}]"
         return f"{target}[{linear_index(outer + at, shape)}]"
@@ -90,19 +103,15 @@ def padded_sum_loops(low, e, env, targets):
 
     passes = nest(rest, lambda r: f"{element(r)} = -{zero};")
     for k, p in enumerate(pads):
-        x, lo = p.inputs[0], p.params["lo"][common:]
-        passes += nest(x.shape[common:], lambda r, k=k, x=x, lo=lo: (
-            f"{element(r, lo)} = {element(r, lo)} + {window(k, x, r)};"))
-    inside = [(max(p.params["lo"][a] for p in pads),
-               min(p.params["lo"][a] + p.inputs[0].shape[a] for p in pads)) for a in range(common, nd)]
-    missing = any(first > 0 or end < n for (first, end), n in zip(inside, rest))
-    covered = all(first < end for first, end in inside)    # some element by every window
+        x = p.inputs[0]
+        passes += nest(x.shape[common:], lambda r, k=k, x=x, p=p: (
+            f"{element(r, p)} = {element(r, p)} + {window(k, x, r)};"))
 
     def result(r):
         store = f"{target}[{linear_index(outer + r, shape)}] = "
         if not missing:
             return store + f"{element(r)};"
-        if not covered:
+        if inside is None:
             return store + f"{element(r)} + {zero};"
         test = " && ".join(f"{i} >= {first} && {i} < {end}" for i, (first, end) in zip(r, inside))
         return store + f"({test}) ? {element(r)} : {element(r)} + {zero};"
@@ -119,6 +128,45 @@ def padded_sum_loops(low, e, env, targets):
         loops = blocking.images(low, env, outer[0], passes, stmts)
         return stmts + loops
     return mark_parallel(passes, common)
+
+
+def passes_plan(pads, shape):
+    """How the passes add windows ``pads`` into a result of ``shape``: ``(common, missing,
+    inside)`` -- the leading axes no window pads or spreads (the loops around the passes),
+    whether some element is missed by some window (it then gets that window's + 0.0), and the
+    box ``[(first, end), ...]`` over the other axes of the elements every window covers (None:
+    there is none, every element missed) -- or None where passes do not apply: every axis is
+    a common one, or windows with interior padding (a strided convolution's gradient: a
+    window's elements a step apart) cover some elements all and others not (no box says which)."""
+    nd = len(shape)
+    common = 0
+    while common < nd and all(p.params["lo"][common] == 0 and p.params["hi"][common] == 0 and
+                              p.params["interior"][common] == 0 for p in pads):
+        common += 1
+    if common == nd:
+        return None
+    if not any(any(p.params["interior"]) for p in pads):
+        inside = [(max(p.params["lo"][a] for p in pads),
+                   min(p.params["lo"][a] + p.inputs[0].shape[a] for p in pads))
+                  for a in range(common, nd)]
+        missing = any(first > 0 or end < n for (first, end), n in zip(inside, shape[common:]))
+        return common, missing, inside if all(first < end for first, end in inside) else None
+    # along each axis, the positions each window covers; every window misses some element
+    # unless each covers every position of every axis, and every window covers some element
+    # when the positions all windows cover meet on every axis
+    every, whole = [], True
+    for a in range(common, nd):
+        on = []
+        for p in pads:
+            hit = np.zeros(shape[a], bool)
+            lo, step, n = p.params["lo"][a], p.params["interior"][a] + 1, p.inputs[0].shape[a]
+            hit[lo:lo + (n - 1) * step + 1:step] = True
+            on.append(hit)
+        whole = whole and all(hit.all() for hit in on)
+        every.append(np.logical_and.reduce(on).any())
+    if whole:
+        return common, False, None
+    return (common, True, None) if not all(every) else None
 
 
 def padded_sum_top(low, e, env, readers) -> bool:
@@ -142,7 +190,10 @@ def float_sums(low, out) -> bool:
 
 
 def disjoint(pads) -> bool:
-    """Whether no two of the windows overlap (a split's gradient: its pieces padded back)."""
+    """Whether no two of the windows overlap (a split's gradient: its pieces padded back); never
+    said of windows with interior padding (they take the passes)."""
+    if any(any(p.params["interior"]) for p in pads):
+        return False
     boxes = [[(lo, lo + n) for lo, n in zip(p.params["lo"], p.inputs[0].shape)] for p in pads]
     return all(any(a_end <= b_first or b_end <= a_first
                    for (a_first, a_end), (b_first, b_end) in zip(a, b))
@@ -188,7 +239,7 @@ def windows_of(e, rules, producer, inline):
     for t in reversed(terms):
         p = producer.get(t) if inline(t) else None
         if p is None or not getattr(rules.get(p.prim.name), "zero_border", False) or \
-                any(p.params["interior"]) or min(p.params["lo"] + p.params["hi"], default=0) < 0:
+                min(p.params["lo"] + p.params["hi"], default=0) < 0:
             return None
         pads.append(p)
     return pads
