@@ -401,6 +401,15 @@ def _gathered_tables(rng, kind, k, n):
     elif kind == "conv transposed":   # rows in runs of 8 (pixels), columns in runs of 5 (taps)
         rk = np.array([(q // 8) * 40 + q % 8 for q in range(k)])
         cj = np.array([(j // 5) * 13 + j % 5 for j in range(n)]) * 9000
+    elif kind == "strided conv":    # columns two apart in runs of 11 (a stride-2 row of pixels)
+        cj = np.array([(j // 11) * 50 + (j % 11) * 2 for j in range(n)])
+        rk = np.array([(q // 3) * 7 + q % 3 for q in range(k)]) * 400
+    elif kind == "strided conv transposed":   # rows two apart in runs of 8, columns runs of 5
+        rk = np.array([(q // 8) * 40 + (q % 8) * 2 for q in range(k)])
+        cj = np.array([(j // 5) * 13 + j % 5 for j in range(n)]) * 9000
+    elif kind == "mixed steps":     # one, two or three apart, changing anywhere
+        rk = np.cumsum(rng.choice([1, 2, 2, 3], k)) * (n * 3 + 1)
+        cj = np.cumsum(rng.choice([1, 2, 2, 3], n))
     elif kind == "long runs":
         rk, cj = np.arange(k) * (n + 3), np.arange(n)
     else:                        # anywhere (repeats too): the element-at-a-time path
@@ -424,12 +433,14 @@ def run_gathered(a, source, rk, cj, build="native", threads=1):
 
 
 @pytest.mark.parametrize("build", ["native", "no shuffles", "avx2", "sse"] + WAYS[::2])
-@pytest.mark.parametrize("kind", ["conv", "conv transposed", "long runs", "anywhere"])
+@pytest.mark.parametrize("kind", ["conv", "conv transposed", "strided conv", "strided conv transposed",
+                                  "mixed steps", "long runs", "anywhere"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_a_gathered_b_gives_the_bits_of_its_copy(build, kind, dtype):
     """``vk_gemm_gathered``: B's element (k, j) read at ``rk[k] + cj[j]`` of a buffer (a
-    convolution's columns read from the images) -- packed by runs of columns, by 8 x 8
-    transposes where rows run, else element by element -- gives the bits of the product with
+    convolution's columns read from the images) -- packed by runs of columns (elements one or
+    two apart), by 8 x 8 transposes where rows run (one or two apart), else element by element
+    -- gives the bits of the product with
     B copied out first, on every shape and way (the plain loop of small products too)."""
     if build in WAYS and way_flags(build, MODE) is None:
         pytest.skip(f"the {MODE} mode has no {build.split()[0]} tile")

@@ -237,6 +237,17 @@ static void vk_gemm_transpose8_rows_$T(const $T* const* rows, int64_t off, $T* d
 {
 $TRANSPOSE8_ROWS
 }
+
+/* p[0], p[2], ..., p[14]: two loads, every other lane kept (the second load starts at p[7], so
+   nothing past p[14] is read) -- a stride-2 convolution's pixels */
+#define VK_GEMM_EVENS_$T(p) __builtin_shufflevector(*(const vk_gemm_v8$T*)(p), \
+    *(const vk_gemm_v8$T*)((p) + 7), 0, 2, 4, 6, 9, 11, 13, 15)
+
+/* dst[kk * ld + jj] = rows[jj][off + 2 * kk] for an 8 x 8 block: the rows' elements two apart */
+static void vk_gemm_transpose8_rows2_$T(const $T* const* rows, int64_t off, $T* dst, int64_t ld)
+{
+$TRANSPOSE8_ROWS2
+}
 #endif
 
 /* a gathered B (B[k, j] = B[rk[k] + cj[j]], see vk_gemm_gathered_$T) -> dst as above.  Columns
@@ -248,12 +259,17 @@ static void vk_gemm_pack_b_gathered_$T(int64_t kc, int64_t n, const $T* B, const
 {
     if (n < nr)
         __builtin_memset(dst, 0, (unsigned long)(kc * nr) * sizeof($T));
-    int64_t start[n], length[n], runs = 0;
+    /* runs of columns whose elements are one apart (or two: a stride-2 convolution's pixels,
+       where copying 8 is two loads and a shuffle) */
+    int64_t start[n], length[n], step[n], runs = 0;
     for (int64_t j = 0; j < n; j++) {
-        if (j > 0 && cj[j] == cj[j - 1] + 1) {
+        int64_t d = j > 0 ? cj[j] - cj[j - 1] : 0;
+        if (j > 0 && (length[runs - 1] == 1 ? d == 1 || (d == 2 && VK_GEMM_SHUFFLE)
+                                            : d == step[runs - 1])) {
+            step[runs - 1] = d;
             length[runs - 1]++;
         } else {
-            start[runs] = j, length[runs] = 1;
+            start[runs] = j, length[runs] = 1, step[runs] = 1;
             runs++;
         }
     }
@@ -263,12 +279,16 @@ static void vk_gemm_pack_b_gathered_$T(int64_t kc, int64_t n, const $T* B, const
         const $T* rows[8];
         int64_t j8 = n / 8 * 8;
         for (; k0 + 8 <= kc; k0 += 8) {
-            int adjacent = 1;
-            for (int t = 1; t < 8; t++) adjacent &= rk[k0 + t] == rk[k0] + t;
-            if (!adjacent) break;
+            int64_t apart = rk[k0 + 1] - rk[k0];    /* (one, or two: a stride-2 weight gradient) */
+            int even = apart == 1 || apart == 2;
+            for (int t = 2; t < 8; t++) even &= rk[k0 + t] == rk[k0] + t * apart;
+            if (!even) break;
             for (int64_t j = 0; j < j8; j += 8) {
                 for (int t = 0; t < 8; t++) rows[t] = B + cj[j + t];
-                vk_gemm_transpose8_rows_$T(rows, rk[k0], dst + k0 * nr + j, nr);
+                if (apart == 1)
+                    vk_gemm_transpose8_rows_$T(rows, rk[k0], dst + k0 * nr + j, nr);
+                else
+                    vk_gemm_transpose8_rows2_$T(rows, rk[k0], dst + k0 * nr + j, nr);
             }
             for (int64_t kk = k0; kk < k0 + 8; kk++)
                 for (int64_t j = j8; j < n; j++) dst[kk * nr + j] = B[rk[kk] + cj[j]];
@@ -283,6 +303,18 @@ static void vk_gemm_pack_b_gathered_$T(int64_t kc, int64_t n, const $T* B, const
         const $T* src = B + cj[start[r]];
         $T* to = dst + k0 * nr + start[r];
         int64_t len = length[r], len8 = len / 8 * 8;
+#if VK_GEMM_SHUFFLE
+        if (step[r] == 2) {
+            for (int64_t k = k0; k < kc; k++, to += nr) {
+                const $T* from = src + rk[k];
+                int64_t t = 0;
+                for (; t < len8; t += 8)
+                    *(vk_gemm_v8$T*)(to + t) = VK_GEMM_EVENS_$T(from + 2 * t);
+                for (; t < len; t++) to[t] = from[2 * t];
+            }
+            continue;
+        }
+#endif
         if (len == 8) {
             for (int64_t k = k0; k < kc; k++, to += nr)
                 *(vk_gemm_v8$T*)to = *(const vk_gemm_v8$T*)(src + rk[k]);
@@ -750,11 +782,13 @@ def _kernel(t: str, variant: str, mr: int, nv: int, fused: bool) -> str:
     return "\n".join(lines)
 
 
-def _transpose8(t: str, row="src + {i} * ss") -> str:
+def _transpose8(t: str, row="src + {i} * ss", load="*(const vk_gemm_v8{t}*)") -> str:
     """The body of the 8 x 8 transpose, written out (named registers, no arrays: an array of
-    vectors would live in memory at -O2); ``row``: where its row ``i`` starts."""
+    vectors would live in memory at -O2); ``row``: where its row ``i`` starts; ``load``: what
+    reads a row's 8 values from there."""
     v8 = f"vk_gemm_v8{t}"
-    lines = ["    " + " ".join(f"{v8} r0_{i} = *(const {v8}*)({row.format(i=i)});" for i in range(8))]
+    lines = ["    " + " ".join(f"{v8} r0_{i} = {load.format(t=t)}({row.format(i=i)});"
+                             for i in range(8))]
     for rnd in range(3):
         for i in range(4):
             a, b = f"r{rnd}_{i}", f"r{rnd}_{i + 4}"
@@ -770,7 +804,8 @@ def _source(t: str, fused: bool) -> str:
     """``vk_gemm_<t>`` and everything it calls."""
     variants, kc, nc = _blocking(fused)
     parts = [_TYPE.substitute(T=t, KC=kc[t], NC=nc[t], MC=MC[t], TRANSPOSE8=_transpose8(t),
-                             TRANSPOSE8_ROWS=_transpose8(t, "rows[{i}] + off"))]
+                             TRANSPOSE8_ROWS=_transpose8(t, "rows[{i}] + off"),
+                             TRANSPOSE8_ROWS2=_transpose8(t, "rows[{i}] + off", "VK_GEMM_EVENS_{t}"))]
     for variant, tiles in variants.items():
         for registers, (mr, nv) in tiles.items():
             parts.append("\n#if VK_GEMM_VBYTES == 64\n" if registers == 32 else "\n#else\n")
