@@ -7,6 +7,8 @@ The steps (float32, Adam, one step = forward, gradient, update):
 - ``big-mlp``: 1024-4096-4096-10 MLP at batch 256;
 - ``cnn``: LeNet-style, 1x28x28 -> conv 5x5 32 -> ReLU -> max-pool 2 -> conv 5x5 64 -> ReLU ->
   max-pool 2 -> 1024-128-10, batch 64;
+- ``strided-cnn``: CIFAR-sized, 3x32x32 -> conv 3x3 32 -> ReLU -> conv 3x3 stride 2 64 -> ReLU ->
+  conv 3x3 stride 2 128 -> ReLU -> global mean -> 128-10 (every convolution padded by 1), batch 32;
 - ``transformer``: one pre-LN block (sequence 128, width 128, 4 heads, MLP 512 with GELU; mean
   squared error against a fixed target), batch 8.
 
@@ -29,7 +31,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _timing import blas, cpu_model, interleave, pin, print_rows, sampler  # noqa: E402
 
-STEPS = ("mlp-256", "mlp-1024", "big-mlp", "cnn", "transformer")
+STEPS = ("mlp-256", "mlp-1024", "big-mlp", "cnn", "strided-cnn", "transformer")
 
 
 def parse_args(argv=None):
@@ -78,6 +80,18 @@ def cnn_weights(seed=0):
             u(1024, 128, 1024), u(1024, 128), u(128, 10, 128), u(128, 10)]
 
 
+def strided_cnn_weights(seed=0):
+    rng = np.random.default_rng(seed)
+
+    def u(fan_in, *shape):
+        return rng.uniform(-1 / np.sqrt(fan_in), 1 / np.sqrt(fan_in), shape).astype(np.float32)
+    return [u(27, 32, 3, 3, 3), u(27, 32), u(288, 64, 32, 3, 3), u(288, 64),
+            u(576, 128, 64, 3, 3), u(576, 128), u(128, 10, 128), u(128, 10)]
+
+
+#: (stride, padding) of the strided CNN's three convolutions
+STRIDED = ((1, 1), (2, 1), (2, 1))
+
 D, HEADS, SEQ, HIDDEN, TBATCH = 128, 4, 128, 512, 8
 
 
@@ -99,6 +113,8 @@ def batch(name, seed=1):
         return rng.standard_normal((n, d_in)).astype(np.float32), rng.integers(0, 10, n)
     if name == "cnn":
         return rng.standard_normal((64, 1, 28, 28)).astype(np.float32), rng.integers(0, 10, 64)
+    if name == "strided-cnn":
+        return rng.standard_normal((32, 3, 32, 32)).astype(np.float32), rng.integers(0, 10, 32)
     return (rng.standard_normal((TBATCH, SEQ, D)).astype(np.float32),
             rng.standard_normal((TBATCH, SEQ, D)).astype(np.float32))
 
@@ -109,7 +125,7 @@ SIZES = {"mlp-256": (784, 256, 10), "mlp-1024": (784, 256, 10), "big-mlp": (1024
 def weights(name):
     if name in SIZES:
         return mlp_weights(SIZES[name])
-    return cnn_weights() if name == "cnn" else transformer_weights()
+    return {"cnn": cnn_weights, "strided-cnn": strided_cnn_weights}.get(name, transformer_weights)()
 
 
 # -- vkml ------------------------------------------------------------------------------------------
@@ -136,6 +152,13 @@ def vkml_side(name):
             h = F.reshape(F.max_pool2d(h, 2), (x.shape[0], 1024))
             h = F.relu(linear(h, f1w, f1b))
             return vkml.nn.cross_entropy(linear(h, f2w, f2b), y)
+    elif name == "strided-cnn":
+        def loss_fn(x, y):
+            h = x
+            for i, (s, p) in enumerate(STRIDED):
+                w, b = params[2 * i], params[2 * i + 1]
+                h = F.relu(F.conv2d(h, w, stride=s, padding=p) + F.reshape(b, (1, -1, 1, 1)))
+            return vkml.nn.cross_entropy(linear(F.mean(h, axis=(2, 3)), params[6], params[7]), y)
     else:
         def loss_fn(x, target):
             return F.mean((transformer_block(F, params, x, linear) - target) ** 2)
@@ -233,6 +256,11 @@ def torch_side(name, compiled=False):
             h = TF.max_pool2d(torch.relu(TF.conv2d(h, c2w, c2b)), 2).reshape(x.shape[0], 1024)
             h = torch.relu(TF.linear(h, f1w, f1b))
             return TF.cross_entropy(TF.linear(h, f2w, f2b), y)
+        if name == "strided-cnn":
+            h = x
+            for i, (s, p) in enumerate(STRIDED):
+                h = torch.relu(TF.conv2d(h, params[2 * i], params[2 * i + 1], stride=s, padding=p))
+            return TF.cross_entropy(TF.linear(h.mean(dim=(2, 3)), params[6], params[7]), y)
         return ((transformer_block(_TorchF, params, x, TF.linear) - y) ** 2).mean()
 
     def step():
@@ -325,6 +353,12 @@ def jax_side(name):
             h = pool(jax.nn.relu(conv(h, c2w, c2b))).reshape(x.shape[0], 1024)
             h = jax.nn.relu(linear(h, f1w, f1b))
             return xent(linear(h, f2w, f2b), y)
+        if name == "strided-cnn":
+            h = x
+            for i, (s, pad) in enumerate(STRIDED):
+                h = jax.lax.conv_general_dilated(h, p[2 * i], (s, s), ((pad, pad), (pad, pad)))
+                h = jax.nn.relu(h + p[2 * i + 1][None, :, None, None])
+            return xent(linear(h.mean(axis=(2, 3)), p[6], p[7]), y)
         return ((transformer_block(jnp, p, x, linear) - y) ** 2).mean()
 
     b1, b2 = BETAS
@@ -399,13 +433,13 @@ def ab_workloads(quick):
     waited for) and warmed: name -> (phase names, sampler)."""
     vkml.set_backend("cpu")
     out = {}
-    for name in ("mlp-256", "cnn", "transformer") if quick else STEPS:
+    for name in ("mlp-256", "cnn", "strided-cnn", "transformer") if quick else STEPS:
         run, first = vkml_side(name)
         first()
         background.wait(120)
         run(), run()
-        out[f"training step, {name}"] = (("step",), sampler(run, reps=3 if name == "big-mlp"
-                                                             else 10 if quick else 20))
+        reps = 3 if name == "big-mlp" else 10 if quick else 20
+        out[f"training step, {name}"] = (("step",), sampler(run, reps=reps))
     return out
 
 

@@ -32,6 +32,7 @@ plus the others' zeros, ``v + 0.0`` whatever the order, so the sum is one copy p
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -75,11 +76,30 @@ def padded_sum_loops(low, e, env, targets):
     # one image's sum in an array of its own (cached, and apart from every buffer: no run-time
     # overlap check per pass) where the loops around the passes leave a small one
     local = low.fresh("vk_acc") if common and 0 < math.prod(rest) <= LOCAL_ELEMENTS else None
+    # windows a step apart (the same steps for all) keep a local accumulator split by phase:
+    # the elements at positions of one remainder modulo the steps side by side, so a window
+    # (all of one phase) is added with unit stride, in vectors; the result is put back in order
+    steps = [d + 1 for d in pads[0].params["interior"][common:]]
+    phased = local is not None and max(steps) > 1 and \
+        all([d + 1 for d in p.params["interior"][common:]] == steps for p in pads)
+    quotients = [-(-n // t) for n, t in zip(rest, steps)]
+    block = math.prod(quotients)
+    phases = list(itertools.product(*map(range, steps))) if phased else []
+
+    def phase_element(phase, at):
+        """The phased accumulator's element of ``phase`` (remainders) at quotients ``at``."""
+        first = phases.index(tuple(phase)) * block
+        return f"{local}[{f'{first} + ' if first else ''}{linear_index(at, quotients)}]"
 
     def element(inner, pad=None):
         """The accumulator's element at ``inner``, or where ``pad`` puts its operand's element
         ``inner`` (its low edge plus the index times the step its interior padding makes)."""
         at = list(inner)
+        if pad is not None and phased:
+            lo = pad.params["lo"][common:]
+            return phase_element([a % t for a, t in zip(lo, steps)],
+                                 [f"({i} + {a // t})" if a // t else i
+                                  for i, a, t in zip(inner, lo, steps)])
         if pad is not None:
             lo, step = pad.params["lo"][common:], [d + 1 for d in pad.params["interior"][common:]]
             at = [f"({i}{f' * {t}' if t > 1 else ''}{f' + {s}' if s else ''})" if s or t > 1 else i
@@ -101,7 +121,10 @@ def padded_sum_loops(low, e, env, targets):
         """Window ``k`` (pad operand ``x``) at the element of indices ``outer + r``."""
         return blocking.read(k, outer[1:] + r) if blocking is not None else env.read(x, outer + r)
 
-    passes = nest(rest, lambda r: f"{element(r)} = -{zero};")
+    if phased:
+        passes = nest((len(phases) * block,), lambda r: f"{local}[{r[0]}] = -{zero};")
+    else:
+        passes = nest(rest, lambda r: f"{element(r)} = -{zero};")
     for k, p in enumerate(pads):
         x = p.inputs[0]
         passes += nest(x.shape[common:], lambda r, k=k, x=x, p=p: (
@@ -115,10 +138,24 @@ def padded_sum_loops(low, e, env, targets):
             return store + f"{element(r)} + {zero};"
         test = " && ".join(f"{i} >= {first} && {i} < {end}" for i, (first, end) in zip(r, inside))
         return store + f"({test}) ? {element(r)} : {element(r)} + {zero};"
-    if missing or local is not None:
+
+    def phase_result(phase, q):
+        """The result at quotients ``q`` of ``phase``: position ``q * step + remainder``."""
+        at = [f"({i} * {t} + {f})" if f else f"({i} * {t})" if t > 1 else i
+              for i, t, f in zip(q, steps, phase)]
+        plus = f" + {zero}" if missing else ""
+        return f"{target}[{linear_index(outer + at, shape)}] = {phase_element(phase, q)}{plus};"
+
+    if phased:                  # each phase's elements back to their places
+        for phase in phases:
+            extents = [-(-(n - f) // t) for n, f, t in zip(rest, phase, steps)]
+            if min(extents) > 0:
+                passes += nest(extents, lambda q, phase=phase: phase_result(phase, q))
+    elif missing or local is not None:
         passes += nest(rest, result)
     if local is not None:
-        passes = [Block([f"{ctype} {local}[{math.prod(rest)}];"] + passes)]
+        size = len(phases) * block if phased else math.prod(rest)
+        passes = [Block([f"{ctype} {local}[{size}];"] + passes)]
     if not common:
         return passes
     for var, n in reversed(list(zip(outer, shape[:common]))[1 if blocking else 0:]):
