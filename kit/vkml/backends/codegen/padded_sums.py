@@ -23,7 +23,9 @@ interior padding, its elements a step apart, and a pass adds it at those places.
 element some window misses is the rule, not the edge: where every element is missed by some
 window (different phases of the stride), each gets the + 0.0 after the passes; where some
 elements are covered by every window and others are not, no box says which, and the sum stays
-one expression.
+one expression.  An image's local accumulator is then kept split by phase -- the elements whose
+positions leave one remainder modulo the steps side by side -- so each window, all of one phase,
+is added with unit stride, and the result is put back in order phase by phase.
 
 Windows that do not overlap (the gradient of a split: an attention's q, k and v padded back
 into the 3d columns they came from) need no accumulator: each element is one window's term
