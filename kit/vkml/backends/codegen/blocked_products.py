@@ -32,8 +32,8 @@ import numpy as np
 from ...ir import Var
 from .lower import CTYPE
 from .padded_sums import MIN_WINDOWS, disjoint, float_sums, passes_plan, windows_of
-from .products import (aligned_pointer, by_gemm, column_block, moved_offsets, pack_scratch,
-                       thread_pack)
+from .products import (aligned_pointer, by_gemm, column_block, moved_offsets, movements,
+                       pack_scratch, thread_pack, thread_slot)
 from .statements import Block, Loop
 from .threaded_nests import parallel_for
 
@@ -47,14 +47,15 @@ BLOCK_MIN_WORK = 1 << 16
 
 @dataclass
 class Blocking:
-    """How sum ``top`` computes ``product`` an image at a time: ``width`` columns per image,
-    ``windows[k]``: where the k-th window's element ``(b, *rest)`` lies in image ``b``'s block
-    (``(constant, strides)`` over ``rest``)."""
+    """How a padded sum computes ``product`` an image at a time: ``width`` columns per image;
+    ``pads``: the sum's windows (pad equations) in its order; ``places[k]``: where window k's
+    element ``(b, *rest)`` lies in image ``b``'s block (``(constant, strides)`` over ``rest``);
+    ``name``: the block's pointer in the C."""
 
     product: object
     pads: list
     width: int
-    windows: list
+    places: list
     name: str
 
     def images(self, low, env, image, body, stmts):
@@ -70,8 +71,7 @@ class Blocking:
         first = aligned_pointer(low.temp(Var((max(1, team) * stride + 64 // dtype.itemsize,),
                                              dtype)), dtype)
         if team > 1:
-            at = f"{first} + (int64_t)omp_get_thread_num() * {stride}LL"
-            pack = thread_pack(low, dtype)
+            at, pack = thread_slot(first, stride), thread_pack(low, dtype)
         else:
             at, pack = first, pack_scratch(low, dtype)
         call = column_block(low, self.product, env, stmts, f"{image} * {self.width}LL",
@@ -83,7 +83,7 @@ class Blocking:
 
     def read(self, k, rest):
         """Window ``k``'s element at indices ``rest`` (past the image's) in the image's block."""
-        constant, strides = self.windows[k]
+        constant, strides = self.places[k]
         terms = [f"({i})*{s}" if s != 1 else f"({i})" for i, s in zip(rest, strides) if s]
         return f"{self.name}[{' + '.join([str(constant)] + terms)}]"
 
@@ -91,13 +91,7 @@ class Blocking:
 def blocked_products(low, prog, outputs, uses, readers, producer):
     """``({id(top of a sum): Blocking}, values never computed)`` for the program about to be
     lowered (see the module docstring)."""
-    rules = low.rules
-
-    def movement(v):
-        e = producer.get(v)
-        return e if e is not None and getattr(rules.get(e.prim.name), "moved", None) is not None \
-            else None
-
+    movement = movements(low.rules, producer)
     found, skipped = {}, set()
     moved = {}
     for e in prog.eqns:

@@ -168,11 +168,16 @@ def _batch_pack(low, dtype):
     return packs[dtype], stride
 
 
+def thread_slot(first, stride) -> str:
+    """The calling OpenMP thread's slot of a buffer of slots ``stride`` elements apart from
+    ``first`` (C expressions)."""
+    return f"{first} + (int64_t)omp_get_thread_num() * {stride}LL"
+
+
 def thread_pack(low, dtype) -> str:
     """The calling thread's packing slot (``_batch_pack``), in C, for a product run on one of
     the threads of an OpenMP loop (which never splits it again)."""
-    first, stride = _batch_pack(low, dtype)
-    return f"{first} + (int64_t)omp_get_thread_num() * {stride}LL"
+    return thread_slot(*_batch_pack(low, dtype))
 
 
 def _batch_threads(low, e) -> int:
@@ -237,12 +242,7 @@ def gathered_operands(low, prog, outputs, uses, readers, producer):
     whose B does not qualify: the product is then computed transposed).  A movement is skipped
     when every reader of it is a skipped movement or a product gathering it."""
     rules = low.rules
-
-    def movement(v):
-        e = producer.get(v)
-        return e if e is not None and getattr(rules.get(e.prim.name), "moved", None) is not None \
-            else None
-
+    movement = movements(rules, producer)
     found, by_product, chains = {}, {}, []
     moved = {}          # each value's element offsets, shared by the operands moving it further
     for e in prog.eqns:
@@ -272,6 +272,16 @@ def gathered_operands(low, prog, outputs, uses, readers, producer):
                 changed = True
     gathered = {key: g for key, g in by_product.items() if eqn_of[key].inputs[g[0]] in skipped}
     return gathered, skipped
+
+
+def movements(rules, producer):
+    """``movement(v)``: the equation making ``v`` where its rule is a movement NumPy can replay
+    on offsets (a ``View`` with ``moved``), else None."""
+    def movement(v):
+        e = producer.get(v)
+        return e if e is not None and getattr(rules.get(e.prim.name), "moved", None) is not None \
+            else None
+    return movement
 
 
 def moved_offsets(v, movement, rules, moved):
