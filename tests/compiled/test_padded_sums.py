@@ -180,3 +180,34 @@ def test_a_strided_convolutions_input_gradient_against_central_differences():
         e[at] = 1e-6
         numeric = (float(loss(x + e)) - float(loss(x - e))) / 2e-6
         assert abs(got[at] - numeric) < 1e-6 * max(1.0, abs(numeric)), at
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32])
+def test_a_stored_pad_is_its_border_and_its_operand_apart(dtype):
+    """A stored pad (a program's result, or a convolution's padded input) is one nest per side of
+    each padded axis and one over its operand, with no bounds test per element: NumPy's values
+    (signed zeros and NaN of the operand kept) for random shapes and widths, zero widths too."""
+    rng = np.random.default_rng(7)
+    for case in range(12):
+        nd = int(rng.integers(1, 5))
+        shape = tuple(int(s) for s in rng.integers(1, 7, nd))
+        lo = [int(v) for v in rng.integers(0, 3, nd)]
+        hi = [int(v) for v in rng.integers(0, 3, nd)]
+        x = (rng.standard_normal(shape) * 4).astype(dtype)
+        if x.dtype.kind == "f":
+            x[rng.random(shape) < 0.2] = -0.0
+            x[rng.random(shape) < 0.1] = np.nan
+
+        def f(v):
+            return vkml.pad(vkml.maximum(v, v * 0.5) if x.dtype.kind == "f" else v + 1, lo, hi)
+        want = np.pad(np.maximum(x, x * 0.5) if x.dtype.kind == "f" else x + 1,
+                      list(zip(lo, hi)))
+        with vkml.use_backend("cpu"):
+            jitted = vkml.jit(f)
+            for _ in range(3):       # (past the first calls, which may run on NumPy)
+                got = np.asarray(jitted(x))
+                assert got.dtype == want.dtype and got.tobytes() == want.tobytes(), (shape, lo, hi)
+        body = cpu.c_source(vkml.program(f, x))[0].split("static int vk_main_body")[1]
+        assert ">= 0 &&" not in body, "no bounds test per element"
+        zeros = re.findall(r"\] = \((?:float|double|int32_t)\)0;", body)
+        assert len(zeros) == sum(a > 0 for a in lo) + sum(b > 0 for b in hi), (shape, lo, hi)

@@ -208,6 +208,32 @@ def passes_plan(pads, shape):
     return (common, True, None) if not all(every) else None
 
 
+def padded_store(low, e, env, targets):
+    """A stored pad (zeros around its operand, no interior padding, no cropping: a convolution's
+    padded input) as its border of zeros and its operand's copy -- one loop nest per side of
+    each padded axis (the axes before it inside, the ones after whole: the border exactly once)
+    and one over the operand, with no bounds test per element (the test of the expression form
+    kept a padded ReLU's nest scalar); None where it is no such pad or the lowering does not ask
+    for passes (``Lowering.padded_sums``)."""
+    x, out, p = e.inputs[0], e.outputs[0], e.params
+    if not low.padded_sums or out.dtype not in CTYPE or any(p["interior"]) or \
+            min(p["lo"] + p["hi"], default=0) < 0 or x.size == 0 or x.size == out.size:
+        return None
+    target, zero = targets[0], f"({CTYPE[out.dtype]})0"
+
+    def at(offsets):
+        return lambda idx: linear_index([f"({i} + {o})" if o else i for i, o in zip(idx, offsets)],
+                                        out.shape)
+    stmts = []
+    for a, (lo, n, size) in enumerate(zip(p["lo"], x.shape, out.shape)):
+        for first, end in ((0, lo), (lo + n, size)):
+            if end > first:
+                extents = list(x.shape[:a]) + [end - first] + list(out.shape[a + 1:])
+                offsets = list(p["lo"][:a]) + [first] + [0] * (out.ndim - a - 1)
+                stmts += low.store(extents, target, lambda idx: zero, at=at(offsets))
+    return stmts + low.store(x.shape, target, lambda idx: env.read(x, idx), at=at(p["lo"]))
+
+
 def padded_sum_top(low, e, env, readers) -> bool:
     """Whether add ``e`` is the last of a float sum of zero-padded windows that
     ``padded_sum_loops`` takes (no add reading it continues the sum): such a result is stored,

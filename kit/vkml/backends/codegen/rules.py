@@ -38,7 +38,7 @@ from __future__ import annotations
 import numpy as np
 
 from .libm import PRIMITIVE_CALLS
-from .padded_sums import padded_sum_loops, padded_sum_top
+from .padded_sums import padded_store, padded_sum_loops, padded_sum_top
 from .stacked_views import stacked_value
 from .lower import (CTYPE, Lowering, RunsIndex, axis_groups, linear_index, row_major_strides,
                     tree_expression)
@@ -101,8 +101,11 @@ class View:
     """
 
     def __init__(self, expr, stores_operands=lambda e: False, fusible=True, read_in_place=False,
-                 offsets=(), zero_border=False, moved=None):
+                 offsets=(), zero_border=False, moved=None, own_loops=None):
         self.expr, self._stores, self._fusible = expr, stores_operands, fusible
+        #: ``own_loops(lowering, eqn, env, targets)``: statements of its own for a stored result
+        #: (a pad's border and operand apart: ``padded_sums.padded_store``), or None
+        self.own_loops = own_loops
         self.read_in_place = read_in_place
         self.moved = moved
         #: whether it is its operand inside a border of zeros (a pad: ``padded_sums``)
@@ -520,7 +523,7 @@ C_RULES = {
     "slice": View(_slice, offsets=("starts", "limits"), moved=_slice_moved),
     "flip": View(_flip, moved=lambda xs, e: np.flip(xs[0], e.params["axes"])),
     "reshape": Reshape(),
-    "pad": View(_pad, zero_border=True),
+    "pad": View(_pad, zero_border=True, own_loops=padded_store),
     "concatenate": Concatenation(),
     # loops of their own
     "reduce_sum": SmallReduction(Lowering._lower_reduce_sum, "sum"),
