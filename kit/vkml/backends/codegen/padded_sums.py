@@ -82,10 +82,11 @@ def padded_sum_loops(low, e, env, targets):
     # the elements at positions of one remainder modulo the steps side by side, so a window
     # (all of one phase) is added with unit stride, in vectors; the result is put back in order
     steps = [d + 1 for d in pads[0].params["interior"][common:]]
-    phased = local is not None and max(steps) > 1 and \
-        all([d + 1 for d in p.params["interior"][common:]] == steps for p in pads)
     quotients = [-(-n // t) for n, t in zip(rest, steps)]
     block = math.prod(quotients)
+    phased = local is not None and max(steps) > 1 and \
+        math.prod(steps) * block <= 2 * LOCAL_ELEMENTS and \
+        all([d + 1 for d in p.params["interior"][common:]] == steps for p in pads)
     phases = list(itertools.product(*map(range, steps))) if phased else []
 
     def phase_element(phase, at):
