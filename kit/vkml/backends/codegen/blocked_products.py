@@ -189,12 +189,14 @@ def _place_in_block(offsets, columns, width):
         return row * width + column % width if column < width else None
 
     constant = place(first)
+    if constant is None:
+        return None
     strides = []
     for axis, n in enumerate(offsets.shape[1:], 1):
         unit = [0] * offsets.ndim
         unit[axis] = 1 if n > 1 else 0
         there = place(offsets[tuple(unit)])
-        if constant is None or there is None:
+        if there is None:
             return None
         strides.append(there - constant if n > 1 else 0)
     rest = np.full((1,) * (offsets.ndim - 1), constant, np.int64)
