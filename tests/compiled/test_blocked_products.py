@@ -21,7 +21,7 @@ RNG = np.random.default_rng(53)
 #: product big enough per image to be blocked
 GEOMETRIES = [(4, 8, 12, 16, 5, 1, 0, 1), (5, 4, 14, 24, 3, 1, 2, 2), (2, 12, 9, 8, 4, 1, 1, 1),
               (6, 5, 11, 32, 3, 1, 1, 1), (2, 16, 10, 16, 2, 1, 0, 1), (3, 8, 15, 24, 3, 2, 1, 1),
-              (2, 8, 17, 32, 3, 2, 0, 1)]
+              (2, 8, 17, 32, 3, 2, 0, 1), (1, 8, 12, 16, 5, 1, 0, 1), (3, 8, 12, 16, 5, 1, 0, 1)]
 
 
 def _arguments(geometry, dtype):
@@ -96,6 +96,10 @@ def test_the_input_gradients_product_is_never_stored_whole(on_cpu, monkeypatch):
     monkeypatch.setenv("VKML_THREADS", "2")
     threaded_source, threaded = cpu.c_source(prog)
     assert "omp_get_thread_num() * 12800LL" in threaded_source       # (a block per thread)
+    # one image: blocked too, on one thread (no team of none: OpenMP's num_threads must be > 0)
+    one = vkml.program(vkml.grad(lambda x, w: vkml.sum(vkml.conv2d(x, w) ** 2)), x[:1], w)
+    one_source = cpu.c_source(one)[0]
+    assert "vk_image" in one_source and "num_threads(0)" not in one_source
 
 
 def test_a_product_read_by_anything_else_is_stored_whole(fresh_cpu):

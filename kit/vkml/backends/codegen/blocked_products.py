@@ -77,7 +77,7 @@ class Blocking:
         call = column_block(low, self.product, env, stmts, f"{image} * {self.width}LL",
                             self.width, self.name, pack)
         loop = Loop(image, batch, [f"{CTYPE[dtype]}* {self.name} = {at};", call] + body)
-        if team == 1:
+        if team <= 1:            # (one thread, or a batch too small to split: one image)
             return [loop]
         return [Block(["int omp_get_thread_num(void);", parallel_for(1, team), loop])]
 
