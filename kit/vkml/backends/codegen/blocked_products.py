@@ -35,8 +35,8 @@ import numpy as np
 from ...ir import Var
 from .lower import CTYPE
 from .padded_sums import MIN_WINDOWS, disjoint, float_sums, passes_plan, windows_of
-from .products import (aligned_pointer, by_gemm, column_block, moved_offsets, movements,
-                       pack_scratch, thread_pack, thread_slot)
+from .products import (aligned_pointer, batch_team, by_gemm, column_block, moved_offsets,
+                       movements, pack_scratch, thread_pack, thread_slot)
 from .statements import Block, Loop
 from .threaded_nests import parallel_for
 
@@ -66,7 +66,7 @@ class Blocking:
         out = self.product.outputs[0]
         dtype = out.dtype
         batch = out.shape[1] // self.width
-        team = min(low.gemm_threads, batch // 2)        # (two images or more per thread)
+        team = batch_team(low, batch)
         stride = -(-out.shape[0] * self.width * dtype.itemsize // 64) * 64 // dtype.itemsize
         first = aligned_pointer(low.temp(Var((max(1, team) * stride + 64 // dtype.itemsize,),
                                              dtype)), dtype)

@@ -1,4 +1,5 @@
-"""A float sum of zero-padded windows, lowered as one accumulation pass per window.
+"""A float sum of zero-padded windows, lowered as one accumulation pass per window; and a
+stored zero-padded array, lowered as its border and its values apart (``padded_store``).
 
 A convolution's input gradient is such a sum: its columns' gradient holds one window of the
 image per kernel tap, and each is padded back to the image's size and added, 25 terms

@@ -180,6 +180,12 @@ def thread_pack(low, dtype) -> str:
     return thread_slot(*_batch_pack(low, dtype))
 
 
+def batch_team(low, batch) -> int:
+    """Threads that run ``batch`` independent products side by side: the program's, as long as
+    each gets two or more (0 or 1: one thread runs them all)."""
+    return min(low.gemm_threads, batch // 2)
+
+
 def _batch_threads(low, e) -> int:
     """Threads the matrices of product ``e`` run on side by side (1: one after another, each
     split over the threads itself if big enough): a top-level batch of at least two matrices
@@ -190,7 +196,7 @@ def _batch_threads(low, e) -> int:
     out = e.outputs[0]
     batch = int(np.prod(out.shape[:-2], dtype=np.int64))
     work = a.shape[-2] * a.shape[-1] * b.shape[-1]
-    threads = min(low.gemm_threads, batch // 2)      # (two matrices or more per thread)
+    threads = batch_team(low, batch)
     return threads if threads > 1 and low.depth == 1 and work < BATCH_SPLIT_WORK else 1
 
 
