@@ -16,6 +16,12 @@ between); NumPy's ``@`` the same number of times in a Python loop.  The sides ar
 rounds (``_timing.py``).  ``--threads N``: every side on N threads (the C routine splitting rows
 over N OpenMP threads, BLAS its own way); without it one thread, pinned to one CPU.
 
+Intel's MKL is a third side where its runtime library (``libmkl_rt``, the ``mkl`` wheel on PyPI)
+is in this Python's environment or on the loader's path: ``cblas_sgemm``/``cblas_dgemm`` on the
+same operands (its transpose flags for the transposed layouts), on as many threads as the others.
+The header names the code branch MKL picked for this CPU where MKL says (its kernels differ
+between Intel's and other vendors' cores, and on the latter it names none).
+
     python bench/gemm.py [--quick] [--threads N] [--training]
       (--quick: the MLP shapes and 1024^3 only; --training: the CNN's and transformer's)
 """
@@ -24,6 +30,8 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import ctypes.util
+import glob
 import os
 import sys
 import time
@@ -186,7 +194,49 @@ def numpy_side(a, b, number):
     return call
 
 
-def measure(libs, spec, rounds, rng, threads):
+#: mkl_cbwr_get_auto_branch()'s answers (MKL's ``MKL_CBWR_*`` constants): the code branch it runs
+MKL_BRANCHES = {2: "auto (MKL names none for this processor)", 3: "compatible", 4: "SSE2", 8: "SSE4.2", 10: "AVX2", 12: "AVX-512",
+                14: "AVX-512 E1", 15: "AVX10"}
+
+
+def mkl_library(threads):
+    """Intel MKL's runtime library set to ``threads`` threads, with a line naming its version and
+    code branch; (None, reason) where it is not installed."""
+    names = sorted(glob.glob(os.path.join(sys.prefix, "lib", "libmkl_rt.so*")))
+    name = names[0] if names else ctypes.util.find_library("mkl_rt")
+    if not name:
+        return None, "MKL: not installed (pip install mkl adds it as a side)"
+    lib = ctypes.CDLL(name)
+    lib.MKL_Set_Num_Threads(ctypes.c_int(threads))
+    text = ctypes.create_string_buffer(256)
+    lib.mkl_get_version_string(text, ctypes.c_int(256))
+    branch = lib.mkl_cbwr_get_auto_branch()
+    return lib, (f"MKL: {text.value.decode().strip()}; code branch "
+                 f"{MKL_BRANCHES.get(branch, branch)}; {threads} thread(s)")
+
+
+def mkl_side(lib, a, b, c, number):
+    """A zero-argument callable running MKL's cblas_?gemm ``number`` times on views a, b -> c."""
+    row_major, no_trans, trans = 101, 111, 112
+    (m, k), n = a.shape, b.shape[1]
+
+    def layout(x):              # (transpose flag, leading dimension) of a row-major or its .T
+        return (no_trans, x.strides[0] // x.itemsize) if x.flags.c_contiguous \
+            else (trans, x.strides[1] // x.itemsize)
+    (ta, lda), (tb, ldb) = layout(a), layout(b)
+    real = ctypes.c_float if a.dtype == np.float32 else ctypes.c_double
+    fn = lib.cblas_sgemm if a.dtype == np.float32 else lib.cblas_dgemm
+    fn.restype = None
+    args = (row_major, ta, tb, m, n, k, real(1.0), ctypes.c_void_p(a.ctypes.data), lda,
+            ctypes.c_void_p(b.ctypes.data), ldb, real(0.0), ctypes.c_void_p(c.ctypes.data), n)
+
+    def call():
+        for _ in range(number):
+            fn(*args)
+    return call
+
+
+def measure(libs, spec, rounds, rng, threads, mkl=None):
     label, m, n, k, dtype, ta, tb = spec
     a, b = operand(rng, m, k, dtype, ta), operand(rng, k, n, dtype, tb)
     outs = {mode: np.empty((m, n), dtype) for mode in libs}
@@ -201,6 +251,12 @@ def measure(libs, spec, rounds, rng, threads):
     sides = {mode: sampler(c_side(lib, a, b, outs[mode], number, threads), reps=3)
              for mode, lib in libs.items()}
     sides["numpy"] = sampler(numpy_side(a, b, number), reps=3)
+    if mkl is not None:
+        c = np.empty((m, n), dtype)
+        mkl_side(mkl, a, b, c, 1)()
+        np.testing.assert_allclose(c, outs["fused"], rtol=1e-3 if dtype == np.float32 else 1e-9,
+                                   atol=1e-3 * np.sqrt(k), err_msg=f"{label}: MKL's product")
+        sides["mkl"] = sampler(mkl_side(mkl, a, b, c, number), reps=3)
     best = interleave(sides, rounds=rounds)
     return {name: flops * number / secs[0] / 1e9 for name, secs in best.items()}, checked
 
@@ -231,6 +287,8 @@ def main(argv=None):
         libs[mode], compiled = build(mode == "fused", args.threads)
     print(f"compiled in {time.perf_counter() - t0:.2f} s" if compiled
           else "compiled libraries from the cache")
+    mkl, said = mkl_library(args.threads)
+    print(said)
     peak = fma_peak(libs["fused"])
     if peak:
         print(f"this core's FMA peak (register-only loop, one thread): {peak:.1f} GFLOPS"
@@ -238,18 +296,19 @@ def main(argv=None):
     peak = peak * args.threads if peak else None
     rng = np.random.default_rng(0)
     head = ("product", "M x N x K", "dtype", "fused", "plain", "numpy", "fused/numpy",
-            "fused % peak")
+            "fused % peak") + (("mkl", "fused/mkl") if mkl else ())
     rows = []
     for spec in specs:
-        g, checked = measure(libs, spec, rounds, rng, args.threads)
+        g, checked = measure(libs, spec, rounds, rng, args.threads, mkl)
         label, m, n, k, dtype = spec[:5]
         ceiling = peak / 2 if dtype == np.float64 else peak      # (half the lanes per vector)
         share = f"{100 * g['fused'] / ceiling:.0f}%" if peak else "-"
         rows.append((label + ("" if checked else " *"), f"{m}x{n}x{k}", np.dtype(dtype).name,
                      f"{g['fused']:.1f}", f"{g['plain']:.1f}", f"{g['numpy']:.1f}",
-                     f"{g['fused'] / g['numpy']:.2f}x", share))
+                     f"{g['fused'] / g['numpy']:.2f}x", share)
+                    + ((f"{g['mkl']:.1f}", f"{g['fused'] / g['mkl']:.2f}x") if mkl else ()))
     print_rows(head, rows)
-    print("  (GFLOPS; fused/numpy > 1: vkml faster; float64 peak is half the float32 one; "
+    print("  (GFLOPS; fused/numpy, fused/mkl > 1: vkml faster; float64 peak is half the float32 one; "
           "* too big for the NumPy oracle: checked at the smaller sizes only)")
     return 0
 
