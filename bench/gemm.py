@@ -195,8 +195,8 @@ def numpy_side(a, b, number):
 
 
 #: mkl_cbwr_get_auto_branch()'s answers (MKL's ``MKL_CBWR_*`` constants): the code branch it runs
-MKL_BRANCHES = {2: "auto (MKL names none for this processor)", 3: "compatible", 4: "SSE2", 8: "SSE4.2", 10: "AVX2", 12: "AVX-512",
-                14: "AVX-512 E1", 15: "AVX10"}
+MKL_BRANCHES = {2: "auto (MKL names none for this processor)", 3: "compatible", 4: "SSE2",
+                8: "SSE4.2", 10: "AVX2", 12: "AVX-512", 14: "AVX-512 E1", 15: "AVX10"}
 
 
 def mkl_library(threads):
@@ -308,8 +308,8 @@ def main(argv=None):
                      f"{g['fused'] / g['numpy']:.2f}x", share)
                     + ((f"{g['mkl']:.1f}", f"{g['fused'] / g['mkl']:.2f}x") if mkl else ()))
     print_rows(head, rows)
-    print("  (GFLOPS; fused/numpy, fused/mkl > 1: vkml faster; float64 peak is half the float32 one; "
-          "* too big for the NumPy oracle: checked at the smaller sizes only)")
+    print("  (GFLOPS; fused/numpy, fused/mkl > 1: vkml faster; float64 peak is half the float32 "
+          "one; * too big for the NumPy oracle: checked at the smaller sizes only)")
     return 0
 
 
