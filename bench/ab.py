@@ -1,6 +1,7 @@
 """A/B: vkml at one git revision against vkml at another (or the working tree), workload by workload.
 
     python bench/ab.py OLD [NEW] [--quick] [--bench compiled,simulation] [--rounds N]
+                       [--only mlp-1024,cnn]
 
 OLD (and NEW, when given) is anything ``git rev-parse`` takes; it is checked out with
 ``git worktree add`` into a temporary folder that is removed at the end.  Without NEW the new side
@@ -133,9 +134,10 @@ def working_tree():
 
 # -- the comparison ----------------------------------------------------------------------------------
 
-def compare(bench, trees, quick, rounds):
+def compare(bench, trees, quick, rounds, only=()):
     """Rows (bench, workload, phase, old s, new s, least and most new/old of one round) of one bench,
-    the two sides interleaved."""
+    the two sides interleaved; with ``only``, of the workloads whose names contain one of its
+    words."""
     with tempfile.TemporaryDirectory(prefix="vkml-ab-cache-") as caches:
         sides = {}
         try:
@@ -144,6 +146,8 @@ def compare(bench, trees, quick, rounds):
             names = sides["old"].workloads
             rows = []
             for name, phases in names.items():
+                if only and not any(word in name for word in only):
+                    continue
                 if name not in sides["new"].workloads:
                     print(f"  {bench}: {name!r} only exists on the old side: skipped")
                     continue
@@ -194,6 +198,9 @@ def main(argv=None):
     ap.add_argument("--bench", default=",".join(BENCHES),
                     help=f"benches to compare, comma-separated (default {','.join(BENCHES)})")
     ap.add_argument("--rounds", type=int, default=None, help="rounds per workload (7; 5 with --quick)")
+    ap.add_argument("--only", default="",
+                    help="time only the workloads whose names contain one of these comma-separated "
+                         "words (every workload is still built)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--tree", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -213,7 +220,8 @@ def main(argv=None):
             rows = []
             for bench in benches:
                 print(f"ab: {bench} ...", flush=True)
-                rows += compare(bench, trees, args.quick, rounds)
+                rows += compare(bench, trees, args.quick, rounds,
+                                [w for w in args.only.split(",") if w])
             report(rows, trees, rounds)
     except subprocess.CalledProcessError as err:
         raise SystemExit(f"ab: {' '.join(err.cmd)} failed: {err.stderr.strip()}")

@@ -433,7 +433,7 @@ def ab_workloads(quick):
     waited for) and warmed: name -> (phase names, sampler)."""
     vkml.set_backend("cpu")
     out = {}
-    for name in ("mlp-256", "cnn", "strided-cnn", "transformer") if quick else STEPS:
+    for name in ("mlp-256", "mlp-1024", "cnn", "strided-cnn", "transformer") if quick else STEPS:
         run, first = vkml_side(name)
         first()
         background.wait(120)

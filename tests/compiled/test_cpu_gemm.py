@@ -478,11 +478,14 @@ def test_matrix_vector_products_whose_outputs_are_adjacent(dtype, how):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("how", ["row", "strided"])
 def test_matrix_vector_products_along_rows(dtype, how):
-    """``X @ w`` of a row-major X (``vk_gemv_rows``: 16 rows at a time, 128 columns transposed
-    8 x 8 at a time, the last columns and rows one chain each): the naive loop's bits across
-    those edges, with NaN, infinities and signed zeros, vector and result at any stride."""
+    """``X @ w`` of a row-major X (``vk_gemv_rows``: 64 rows at a time, 64 columns transposed
+    8 x 8 at a time, for a matrix from the caches, 16 rows and 128 columns for a bigger one,
+    then 8 rows at a time, the last columns and rows one chain each): the naive loop's bits
+    across those edges, with NaN, infinities and signed zeros, vector and result at any
+    stride."""
     rng = np.random.default_rng(41)
-    for m, k in [(16, 8), (17, 9), (15, 300), (40, 127), (33, 128), (64, 129), (300, 1000), (5, 3)]:
+    for m, k in [(16, 8), (17, 9), (15, 300), (40, 127), (33, 128), (64, 129), (300, 1000), (5, 3),
+                 (10, 256), (72, 65), (137, 70), (1100, 1000)]:
         mat = cancelling(rng, dtype, (m, k))
         mat[0, :3] = [np.nan, np.inf, -0.0][:min(3, k)]
         vec = cancelling(rng, dtype, (k, 1))

@@ -547,51 +547,7 @@ static void vk_gemv_$T(int64_t M, int64_t K, const $T* A, int64_t sak, const $T*
 }
 
 #if VK_GEMM_SHUFFLE
-/* y = A @ x for a row-major A (A[i, k] at A[i * sam + k]), y[i] = the sum over k in order of
-   A[i, k] * x[k]: each output is a chain along its row, so 16 rows are taken at a time (more
-   rows read side by side slow the memory down), 128 of their columns at a time transposed
-   8 x 8 in registers into a local block, and each k is one step of 2 vectors of 8 chains
-   (a big product's blocks of rows shared between the threads); the rows left over, one chain
-   each */
-static void vk_gemv_rows_$T(int64_t M, int64_t K, const $T* A, int64_t sam, const $T* x,
-                            int64_t sx, $T* y, int64_t sy)
-{
-    enum { KB = 128, R = 16 };
-    const int64_t whole = M / R * R;
-    const int split = VK_GEMM_SPLIT((double)M * K);
-#pragma omp parallel for num_threads(vk_gemm_threads) schedule(static) if (split)
-    for (int64_t i0 = 0; i0 < whole; i0 += R) {
-        $T cols[KB * R] __attribute__((aligned(64)));
-        vk_gemm_v8$T c0 = {0}, c1 = {0};
-        int64_t k8 = K / 8 * 8;
-        for (int64_t k0 = 0; k0 < k8; k0 += KB) {
-            int64_t kb = k8 - k0 < KB ? k8 - k0 : KB;
-            for (int64_t r = 0; r < R; r += 8)
-                for (int64_t kk = 0; kk < kb; kk += 8)
-                    vk_gemm_transpose8_$T(A + (i0 + r) * sam + k0 + kk, sam, cols + kk * R + r, R);
-            for (int64_t kk = 0; kk < kb; kk++) {
-                const $T* a = cols + kk * R;
-                vk_gemm_v8$T xk = x[(k0 + kk) * sx] - (vk_gemm_v8$T){0};
-                c0 = $V8STEP(0); c1 = $V8STEP(1);
-            }
-        }
-        $T out[R];
-        *(vk_gemm_v8$T*)out = c0;
-        *(vk_gemm_v8$T*)(out + 8) = c1;
-        for (int64_t r = 0; r < R; r++) {
-            $T acc = out[r];
-            const $T* row = A + (i0 + r) * sam;
-            for (int64_t k = k8; k < K; k++) acc = $RSTEP;
-            y[(i0 + r) * sy] = acc;
-        }
-    }
-    for (int64_t i0 = whole; i0 < M; i0++) {
-        $T acc = 0;
-        const $T* row = A + i0 * sam;
-        for (int64_t k = 0; k < K; k++) acc = $RSTEP;
-        y[i0 * sy] = acc;
-    }
-}
+$GEMV_ROWS
 #endif
 
 static void vk_gemm_$T(int64_t M, int64_t N, int64_t K,
@@ -719,10 +675,7 @@ def _entry(t: str, fused: bool) -> str:
                                    WAYS=len(costs), COSTS=",\n        ".join(costs),
                                    CALLS="\n".join(calls))
     entry = entry.replace("$STEP4", four).replace("$STEP1", step("r0[i]", "x0", "acc[i]"))
-    for n in range(2):
-        entry = entry.replace(f"$V8STEP({n})", step(f"*(const vk_gemm_v8{t}*)(a + {n} * 8)", "xk",
-                                                    f"c{n}", fma=f"vk_gemm_fma8_{t}"))
-    entry = entry.replace("$RSTEP", step("row[k]", "x[k * sx]", "acc"))
+    entry = entry.replace("$GEMV_ROWS", _gemv_rows(t, step))
     return entry + _GATHERED.substitute(T=t, MULADD=step(a, "B[rk[k] + cj[j]]", "acc"),
                                         WAYS=len(gathered_costs),
                                         COSTS=",\n        ".join(gathered_costs),
@@ -780,6 +733,95 @@ def _kernel(t: str, variant: str, mr: int, nv: int, fused: bool) -> str:
             f"*({v}*)(c + {i} * ldc + {j} * {lanes}) = {accs[i][j]};" for j in range(nv)))
     lines.append("}")
     return "\n".join(lines)
+
+
+#: groups of 8 rows a matrix-vector product along rows takes side by side (one chain of 8
+#: outputs per group): many where the matrix comes from the caches (8 chains in flight hide the
+#: multiply-add's latency: 512^2 and 1024^2 14 -> 17 GFLOPS, 10 x 256 2 -> 6 on a Zen 4 core),
+#: few where it streams from memory (64 rows side by side are more streams than the hardware's
+#: prefetchers follow: 4096^2 went 7.5 -> 4.6)
+GEMV_GROUPS = (8, 2)
+#: bytes of matrix up to which it is taken to come from the caches
+GEMV_CACHED = 4 << 20
+
+
+def _gemv_rows(t: str, step) -> str:
+    """``vk_gemv_rows_<t>``: y = A @ x for a row-major A, each output the chain of its row's
+    products in k order (``step(a, b, acc)``: one step as the mode rounds it)."""
+    v8 = f"vk_gemm_v8{t}"
+
+    def block(groups, kb):
+        """The function for ``8 * groups`` rows at A: per ``kb`` values of k, the rows' block
+        transposed 8 x 8 into a local array (each group's rows read kb values at a time, so
+        rows a page apart do not evict each other from the L1 cache), then per k one step of
+        every group's chain, the groups independent of each other."""
+        rows = 8 * groups
+
+        def chain_step(g):
+            return step(f"*(const {v8}*)(a + {8 * g})", "xk", f"c{g}", fma=f"vk_gemm_fma8_{t}")
+        lines = [f"static inline void vk_gemv_rows{groups}_{t}(int64_t K, const {t}* A, "
+                 f"int64_t sam, const {t}* x, int64_t sx, {t}* y, int64_t sy)", "{",
+                 f"    enum {{ KB = {kb} }};",
+                 f"    {t} cols[KB * {rows}] __attribute__((aligned(64)));",
+                 "    " + " ".join(f"{v8} c{g} = {{0}};" for g in range(groups)),
+                 "    const int64_t k8 = K / 8 * 8;",
+                 "    for (int64_t k0 = 0; k0 < k8; k0 += KB) {",
+                 "        int64_t kb = k8 - k0 < KB ? k8 - k0 : KB;",
+                 f"        for (int64_t r = 0; r < {rows}; r += 8)",
+                 "            for (int64_t kk = 0; kk < kb; kk += 8)",
+                 f"                vk_gemm_transpose8_{t}(A + r * sam + k0 + kk, sam, "
+                 f"cols + kk * {rows} + r, {rows});",
+                 "        for (int64_t kk = 0; kk < kb; kk++) {",
+                 f"            const {t}* a = cols + kk * {rows};",
+                 f"            {v8} xk = x[(k0 + kk) * sx] - ({v8}){{0}};",
+                 "            " + " ".join(f"c{g} = {chain_step(g)};" for g in range(groups)),
+                 "        }", "    }"]
+        lines += [f"    {t} out[{rows}];"]
+        lines += [f"    *({v8}*)(out + {8 * g}) = c{g};" for g in range(groups)]
+        lines += [f"    for (int64_t r = 0; r < {rows}; r++) {{",
+                  f"        {t} acc = out[r];",
+                  f"        const {t}* row = A + r * sam;",
+                  "        for (int64_t k = k8; k < K; k++) acc = "
+                  f"{step('row[k]', 'x[k * sx]', 'acc')};",
+                  "        y[r * sy] = acc;", "    }", "}"]
+        return "\n".join(lines)
+
+    many, few = GEMV_GROUPS
+    return f"""{block(many, 64)}
+
+{block(few, 128)}
+
+{block(1, 128)}
+
+/* y = A @ x for a row-major A (A[i, k] at A[i * sam + k]), y[i] = the sum over k in order of
+   A[i, k] * x[k]: each output is a chain along its row, so rows are taken side by side,
+   {8 * many} at a time where the matrix is at most {GEMV_CACHED >> 20} MB (from the caches),
+   else {8 * few} (more rows read side by side than the memory's prefetchers follow slow a
+   bigger one down), the rest 8 at a time, the last few one chain each (a big product's blocks
+   shared out between the threads: each output still one thread's chain) */
+static void vk_gemv_rows_{t}(int64_t M, int64_t K, const {t}* A, int64_t sam, const {t}* x,
+                            int64_t sx, {t}* y, int64_t sy)
+{{
+    const int cached = (double)M * (double)sam * sizeof({t}) <= {GEMV_CACHED}.0;
+    const int64_t R = cached ? {8 * many} : {8 * few};
+    const int64_t whole = M / R * R, eights = M / 8 * 8;
+    const int split = VK_GEMM_SPLIT((double)M * K);
+#pragma omp parallel for num_threads(vk_gemm_threads) schedule(static) if (split)
+    for (int64_t i0 = 0; i0 < whole; i0 += R) {{
+        if (cached)
+            vk_gemv_rows{many}_{t}(K, A + i0 * sam, sam, x, sx, y + i0 * sy, sy);
+        else
+            vk_gemv_rows{few}_{t}(K, A + i0 * sam, sam, x, sx, y + i0 * sy, sy);
+    }}
+    for (int64_t i0 = whole; i0 < eights; i0 += 8)
+        vk_gemv_rows1_{t}(K, A + i0 * sam, sam, x, sx, y + i0 * sy, sy);
+    for (int64_t i0 = eights; i0 < M; i0++) {{
+        {t} acc = 0;
+        const {t}* row = A + i0 * sam;
+        for (int64_t k = 0; k < K; k++) acc = {step('row[k]', 'x[k * sx]', 'acc')};
+        y[i0 * sy] = acc;
+    }}
+}}"""
 
 
 def _transpose8(t: str, row="src + {i} * ss", load="*(const vk_gemm_v8{t}*)") -> str:
