@@ -39,10 +39,10 @@ void vk_test_gemm_gathered_{t}(int64_t M, int64_t N, int64_t K, const {t}* A, in
 #: builds of the routine: the machine's own vector width, the narrower fallbacks (-mno-... after
 #: -march=native turns the wider instruction sets off), the scalar transposing copy a compiler
 #: without __builtin_shufflevector gets, a row-major B always packed (never read in place) and
-#: an A whose rows are adjacent always packed too
+#: an A whose rows or whose k are adjacent always packed too
 BUILDS = {"native": (), "avx2": ("-mno-avx512f",), "sse": ("-mno-avx",),
           "no shuffles": ("-DVK_GEMM_NO_SHUFFLE",), "B rows packed": ("-DVK_GEMM_ROWS_IN_PLACE=0",),
-          "A columns packed": ("-DVK_GEMM_A_IN_PLACE=0",),
+          "A always packed": ("-DVK_GEMM_A_IN_PLACE=0",),
           # the fused mode a lane at a time through C's fma, and with no FMA instructions at all
           # (libm's fma: a machine without FMA units gets the same bits, slowly)
           "fma by lanes": ("-DVK_GEMM_SOFT_FMA",), "no fma instructions": ("-mno-fma",),

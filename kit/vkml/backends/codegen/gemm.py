@@ -13,10 +13,9 @@ together.  A register-blocked micro-kernel keeps an MR x NR tile of outputs in v
 MR * NR / lanes independent accumulators, enough to keep the CPU's multiply-add pipes busy -- and
 walks k, one step per output, in order: a row of NR values of B times one value of A broadcast.
 B's rows come from a panel packed so that they are adjacent (GotoBLAS/BLIS style; a row-major B
-that only a few tiles read is read in place), A's values from a block of it packed per thread
-where several panels read it (a tile's values for one k adjacent: rows far apart in A would
-share the L1 cache's sets and the TLB's pages), else -- and where A's rows are adjacent
-already -- from A itself, any strides.  Threads take
+that only a few tiles read is read in place), A's values from A itself where its rows or its k
+are adjacent (each broadcast from where it is), else from a block of it packed per thread
+where several panels read it (a tile's values for one k adjacent).  Threads take
 blocks of rows: each output is still one thread's sum in k order.  A K longer than the k-block is split; each block
 continues from the values stored in C, which hold the accumulator exactly because it has the
 element type.  Rows and columns past the matrix's edge are padded (their results discarded);
@@ -151,6 +150,16 @@ int vk_gemm_threads = 1;
    its own matrices and packing slot) is never split again: its one thread uses slot 0 */
 /* whether a product of ``work`` multiply-adds is split over the threads */
 #define VK_GEMM_SPLIT(work) (vk_gemm_threads > 1 && (work) >= VK_GEMM_SPLIT_WORK && !vk_gemm_nested())
+/* whether rows ``apart`` bytes apart, ``rows`` of them, fall at most 4 to a set of the L1
+   cache (64 sets of 64-byte lines, 8 or more ways): read side by side in place, more would
+   evict each other (rows a multiple of 4 KB apart all share one set) */
+static int vk_gemm_rows_spread(int64_t apart, int64_t rows)
+{
+    int in_set[64] = {0};
+    for (int64_t i = 0; i < rows; i++)
+        if (++in_set[(i * apart >> 6) & 63] > 4) return 0;
+    return 1;
+}
 /* the way of least cost, the first of equals */
 static int vk_gemm_cheapest(const double* cost, int ways)
 {
@@ -446,8 +455,14 @@ static void vk_gemm_$S(int64_t M, int64_t N, int64_t K,
         int64_t nc = N - jc < $NC ? N - jc : $NC;
         /* an A whose rows are adjacent (a transposed row-major matrix: a layer's weight in
            its forward product) already holds a tile's values for one k side by side: read in
-           place (a conv's 64x64x800 per image 71 -> 110 GFLOPS, 1024^3 93 -> 104 on Zen 4) */
-        const int pack_a = mr > 1 && nc > nr && !(sam == 1 && VK_GEMM_A_IN_PLACE);
+           place (a conv's 64x64x800 per image 71 -> 110 GFLOPS, 1024^3 93 -> 104 on Zen 4);
+           so is a row-major A whose rows do not crowd into a few of the L1 cache's sets (each
+           of a tile's rows a stream along k: packing it cost a pass over A that the kernel's
+           broadcasts do not need -- a 784-256 layer's forward at batch 1024 100 -> 103 GFLOPS
+           from memory, 1024 x 128 x 512 104 -> 112 from the caches, on Zen 4; rows 16 KB
+           apart, a conv's weight gradient, ran at half speed in place) */
+        const int pack_a = mr > 1 && nc > nr && !(VK_GEMM_A_IN_PLACE && (sam == 1 ||
+            (sak == 1 && vk_gemm_rows_spread(sam * (int64_t)sizeof($T), mr))));
         for (int64_t pc = 0; pc < K; pc += kstep) {
             int64_t kc = K - pc < kstep ? K - pc : kstep;
             /* B's panels packed between the threads, then (after the loop's barrier) their
