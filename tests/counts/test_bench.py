@@ -140,3 +140,46 @@ def test_no_bench_script_shadows_an_installed_package():
     installed = set(importlib.metadata.packages_distributions())
     clashes = sorted(p.stem for p in BENCH.glob("*.py") if p.stem in installed)
     assert not clashes, f"bench scripts named like installed packages: {clashes}"
+
+
+def test_the_gemm_bench_describes_each_layout_to_mkl_as_cblas_reads_it():
+    """``gemm.py``'s MKL side passes cblas_?gemm (row-major) a transpose flag and a leading
+    dimension per operand: a stand-in library that reads the operands back from those, as cblas
+    does, gets ``a @ b`` for a row-major operand and for a transposed view alike."""
+    import ctypes
+
+    import numpy as np
+    gemm_bench = pytest.importorskip("gemm")
+
+    calls = []
+
+    def cblas_gemm(order, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
+        assert order == 101 and alpha.value == 1.0 and beta.value == 0.0
+        calls.append((ta, tb))
+        real = np.ctypeslib.as_ctypes_type(np.float32 if isinstance(alpha, ctypes.c_float)
+                                           else np.float64)
+
+        def at(ptr, shape):
+            return np.ctypeslib.as_array(ctypes.cast(ptr.value, ctypes.POINTER(real)), shape=shape)
+
+        def read(ptr, trans, rows, cols, ld):         # the (rows, cols) operand cblas reads
+            return at(ptr, (cols, ld))[:, :rows].T if trans == 112 else at(ptr, (rows, ld))[:, :cols]
+        at(c, (m, ldc))[:, :n] = read(a, ta, m, k, lda) @ read(b, tb, k, n, ldb)
+
+    class CblasStandIn:
+        cblas_sgemm = cblas_dgemm = staticmethod(cblas_gemm)
+
+    lib = CblasStandIn()
+    rng = np.random.default_rng(3)
+    for dtype in (np.float32, np.float64):
+        for ta in (False, True):
+            for tb in (False, True):
+                a = gemm_bench.operand(rng, 5, 7, dtype, ta)
+                b = gemm_bench.operand(rng, 7, 3, dtype, tb)
+                c = np.full((5, 3), np.nan, dtype)
+                gemm_bench.mkl_side(lib, a, b, c, 2)()
+                np.testing.assert_allclose(c, a @ b, rtol=1e-5)
+    assert sorted(set(calls)) == [(111, 111), (111, 112), (112, 111), (112, 112)]
+    assert len(calls) == 16
+    lib, said = gemm_bench.mkl_library(1)             # (None where MKL is not installed)
+    assert said.startswith("MKL: ") and (lib is not None or "not installed" in said)
