@@ -145,6 +145,9 @@ def compare(bench, trees, quick, rounds, only=()):
                 sides[label] = Side(label, tree, bench, quick, os.path.join(caches, label))
             names = sides["old"].workloads
             rows = []
+            if only and not any(word in name for name in names for word in only):
+                print(f"  {bench}: no workload's name holds {', '.join(only)}; its workloads: "
+                      + "; ".join(names))
             for name, phases in names.items():
                 if only and not any(word in name for word in only):
                     continue
@@ -222,6 +225,8 @@ def main(argv=None):
                 print(f"ab: {bench} ...", flush=True)
                 rows += compare(bench, trees, args.quick, rounds,
                                 [w for w in args.only.split(",") if w])
+            if not rows:
+                raise SystemExit("ab: no workload was timed (--only matched none, see above)")
             report(rows, trees, rounds)
     except subprocess.CalledProcessError as err:
         raise SystemExit(f"ab: {' '.join(err.cmd)} failed: {err.stderr.strip()}")
