@@ -144,13 +144,13 @@ def compare(bench, trees, quick, rounds, only=()):
             for label, (tree, _) in trees.items():
                 sides[label] = Side(label, tree, bench, quick, os.path.join(caches, label))
             names = sides["old"].workloads
-            rows = []
-            if only and not any(word in name for name in names for word in only):
+            chosen = [name for name in names if not only or any(word in name for word in only)]
+            if not chosen:
                 print(f"  {bench}: no workload's name holds {', '.join(only)}; its workloads: "
                       + "; ".join(names))
-            for name, phases in names.items():
-                if only and not any(word in name for word in only):
-                    continue
+            rows = []
+            for name in chosen:
+                phases = names[name]
                 if name not in sides["new"].workloads:
                     print(f"  {bench}: {name!r} only exists on the old side: skipped")
                     continue

@@ -447,22 +447,24 @@ static void vk_gemm_$S(int64_t M, int64_t N, int64_t K,
         blocks = (blocks + vk_gemm_threads - 1) / vk_gemm_threads * vk_gemm_threads;
         mcb = ((M + blocks - 1) / blocks + mr - 1) / mr * mr;
     }
+    /* an A whose rows are adjacent (a transposed row-major matrix: a layer's weight in
+       its forward product) already holds a tile's values for one k side by side: read in
+       place (a conv's 64x64x800 per image 71 -> 110 GFLOPS, 1024^3 93 -> 104 on Zen 4);
+       so is a row-major A whose rows do not crowd into a few of the L1 cache's sets (each
+       of a tile's rows a stream along k: packing it cost a pass over A that the kernel's
+       broadcasts do not need -- a 784-256 layer's forward at batch 1024 100 -> 103 GFLOPS
+       from memory, 1024 x 128 x 512 104 -> 112 from the caches, on Zen 4; rows 16 KB
+       apart, a conv's weight gradient, ran at half speed in place) */
+    const int a_in_place = VK_GEMM_A_IN_PLACE && (sam == 1 ||
+        (sak == 1 && vk_gemm_rows_spread(sam * (int64_t)sizeof($T), mr)));
     /* one team of threads for the whole product (every thread walks the same blocks; a
        long K of many blocks would otherwise start and join the team once a block: a conv's
        weight gradient, K = 36864, 144 times for 16 x 25 outputs a thread) */
 #pragma omp parallel num_threads(vk_gemm_threads) if (split)
     for (int64_t jc = 0; jc < N; jc += $NC) {
         int64_t nc = N - jc < $NC ? N - jc : $NC;
-        /* an A whose rows are adjacent (a transposed row-major matrix: a layer's weight in
-           its forward product) already holds a tile's values for one k side by side: read in
-           place (a conv's 64x64x800 per image 71 -> 110 GFLOPS, 1024^3 93 -> 104 on Zen 4);
-           so is a row-major A whose rows do not crowd into a few of the L1 cache's sets (each
-           of a tile's rows a stream along k: packing it cost a pass over A that the kernel's
-           broadcasts do not need -- a 784-256 layer's forward at batch 1024 100 -> 103 GFLOPS
-           from memory, 1024 x 128 x 512 104 -> 112 from the caches, on Zen 4; rows 16 KB
-           apart, a conv's weight gradient, ran at half speed in place) */
-        const int pack_a = mr > 1 && nc > nr && !(VK_GEMM_A_IN_PLACE && (sam == 1 ||
-            (sak == 1 && vk_gemm_rows_spread(sam * (int64_t)sizeof($T), mr))));
+        /* A packed where several panels read it, unless it is read in place (above) */
+        const int pack_a = mr > 1 && nc > nr && !a_in_place;
         for (int64_t pc = 0; pc < K; pc += kstep) {
             int64_t kc = K - pc < kstep ? K - pc : kstep;
             /* B's panels packed between the threads, then (after the loop's barrier) their
